@@ -1,0 +1,54 @@
+"""The storage library's exceptions: each one an ``OdradekError`` carrying its protocol code.
+
+Pure and I/O-free (imported by ``log.records``, which clients import too). Every error the log
+raises is one of these, so the log actor turns any of them into ``(code, message)`` for its
+reply without a lookup table. Whose fault it is: ``CorruptRecordError`` and
+``RecordTooLargeError`` blame the batch the caller handed in (or bytes found on disk, during
+reads); ``StorageError`` blames the disk (retriable once the fault clears);
+``OffsetOutOfRangeError`` blames the requested offset.
+"""
+from __future__ import annotations
+
+from network.protocol import ErrorCode, OdradekError
+
+
+class CorruptRecordError(OdradekError):
+    """A record batch failed a check: size, magic, CRC, offsets, counts or its encoding."""
+
+    code = ErrorCode.CORRUPT_MESSAGE
+
+
+class RecordTooLargeError(OdradekError):
+    """A batch is larger than ``max.message.bytes``."""
+
+    code = ErrorCode.MESSAGE_TOO_LARGE
+
+
+class RecordListTooLargeError(OdradekError):
+    """A batch cannot fit in a segment (larger than ``segment.bytes``)."""
+
+    code = ErrorCode.RECORD_LIST_TOO_LARGE
+
+
+class InvalidRecordError(OdradekError):
+    """A well-formed batch the log refuses (e.g. a follower's offsets going backwards)."""
+
+    code = ErrorCode.INVALID_RECORD
+
+
+class OffsetOutOfRangeError(OdradekError):
+    """The requested offset is below the log start offset or above the log end offset."""
+
+    code = ErrorCode.OFFSET_OUT_OF_RANGE
+
+
+class StorageError(OdradekError):
+    """A disk operation failed (ENOSPC, EIO, ...). The log is left consistent: retry later."""
+
+    code = ErrorCode.KAFKA_STORAGE_ERROR
+
+
+class InvalidConfigError(OdradekError):
+    """A log configuration value is missing its type, out of range or unknown."""
+
+    code = ErrorCode.INVALID_CONFIG

@@ -1,0 +1,363 @@
+"""The record-batch format: one binary layout shared by producer, broker log and consumer.
+
+Layer 1 (pure, no I/O): imported by the client and by the broker alike; it imports only the
+stdlib, msgpack, lz4 and ``log.errors``. Nothing here holds state, so every function is safe
+to call from any thread or process. Byte-level description: docs/FORMAT.md.
+
+Who does what:
+
+- The **broker** works on headers only: ``BatchHeader`` (a cheap view of the fixed
+  61-byte header), ``validate_batch`` / ``validate_batches`` (size, magic, CRC, offset span,
+  count), ``patch_base_offset`` (in place; the CRC does not cover base offset and leader
+  epoch) and ``iter_batches`` (walk concatenated batches). It never decodes records.
+- **Clients** and the **compactor** encode and decode records: ``encode_batch`` (from
+  ``(key, value[, headers[, timestamp_ms]])`` tuples), ``encode_records`` (from ``Record``
+  values with their own offsets; used by the compactor to keep offsets), ``decode_batch``.
+
+Decoding or validating arbitrary bytes raises ``CorruptRecordError`` and nothing else
+(``validate_batch`` may also raise ``RecordTooLargeError`` when given a ``max_size``).
+"""
+from __future__ import annotations
+
+import struct
+import time
+import zlib
+from typing import Iterator, NamedTuple, Sequence
+
+import lz4.block
+import msgpack
+
+from log.errors import CorruptRecordError, RecordTooLargeError
+
+# baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 | crc u32 |
+# attributes i16 | lastOffsetDelta i32 | firstTimestamp i64 | maxTimestamp i64 |
+# producerId i64 | producerEpoch i16 | baseSequence i32 | recordCount i32
+HEADER = struct.Struct(">qiibIhiqqqhii")
+HEADER_SIZE = HEADER.size  # 61
+LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
+MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49
+MAGIC = 0x4F  # 'O': Odradek's format 1; distinct from Kafka's magic 2 on purpose
+
+OFFSET_BASE = 0
+OFFSET_LENGTH = 8
+OFFSET_LEADER_EPOCH = 12
+OFFSET_MAGIC = 16
+OFFSET_CRC = 17
+OFFSET_ATTRIBUTES = 21  # the CRC covers [21, end)
+OFFSET_MAX_TIMESTAMP = 35
+CRC_START = OFFSET_ATTRIBUTES
+
+COMPRESSION_MASK = 0x07
+COMPRESSION_NONE = 0
+COMPRESSION_LZ4 = 1
+TIMESTAMP_TYPE_BIT = 0x08  # 0 CreateTime, 1 LogAppendTime
+CONTROL_BIT = 0x20
+KNOWN_ATTRIBUTE_BITS = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | CONTROL_BIT
+
+NO_TIMESTAMP = -1
+LZ4_MAX_RATIO = 255  # lz4 cannot expand a block by more than this (plus a small constant)
+MAX_DECOMPRESSED = 1 << 30
+
+_I64 = struct.Struct(">q")
+_I32 = struct.Struct(">i")
+_U32 = struct.Struct(">I")
+_I16 = struct.Struct(">h")
+_LZ4_SIZE = struct.Struct("<I")
+
+
+class Record(NamedTuple):
+    """One decoded record (client side). ``headers`` is a list of ``[str, bytes]``."""
+
+    offset: int
+    timestamp: int
+    key: bytes | None
+    value: bytes | None
+    headers: list
+
+
+class BatchHeader(NamedTuple):
+    """The fixed 61-byte header, read in one ``struct.unpack_from`` without touching records."""
+
+    base_offset: int
+    batch_length: int
+    partition_leader_epoch: int
+    magic: int
+    crc: int
+    attributes: int
+    last_offset_delta: int
+    first_timestamp: int
+    max_timestamp: int
+    producer_id: int
+    producer_epoch: int
+    base_sequence: int
+    record_count: int
+
+    @classmethod
+    def read(cls, buf, pos: int = 0) -> "BatchHeader":
+        """The header at ``pos``; ``CorruptRecordError`` if fewer than 61 bytes are there."""
+        try:
+            return cls._make(HEADER.unpack_from(buf, pos))
+        except struct.error:
+            raise CorruptRecordError(
+                f"truncated batch header at position {pos}: need {HEADER_SIZE} bytes") from None
+
+    @property
+    def size(self) -> int:
+        """Bytes the whole batch occupies (header and records)."""
+        return self.batch_length + LOG_OVERHEAD
+
+    @property
+    def last_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta
+
+    @property
+    def next_offset(self) -> int:
+        return self.base_offset + self.last_offset_delta + 1
+
+    @property
+    def compression(self) -> int:
+        return self.attributes & COMPRESSION_MASK
+
+    @property
+    def log_append_time(self) -> bool:
+        return bool(self.attributes & TIMESTAMP_TYPE_BIT)
+
+    @property
+    def is_control(self) -> bool:
+        return bool(self.attributes & CONTROL_BIT)
+
+
+# ----------------------------------------------------------------------------- broker side
+
+def check_header(h: BatchHeader, where: str = "batch") -> None:
+    """Field checks that need no CRC: magic, length, counts, offset span, attributes."""
+    if h.magic != MAGIC:
+        raise CorruptRecordError(f"{where}: magic {h.magic} is not {MAGIC}")
+    if h.batch_length < MIN_BATCH_LENGTH:
+        raise CorruptRecordError(
+            f"{where}: batchLength {h.batch_length} is shorter than the header ({MIN_BATCH_LENGTH})")
+    if h.record_count < 1:
+        raise CorruptRecordError(f"{where}: recordCount {h.record_count} < 1")
+    if h.last_offset_delta < h.record_count - 1:
+        raise CorruptRecordError(
+            f"{where}: lastOffsetDelta {h.last_offset_delta} < recordCount - 1 ({h.record_count - 1})")
+    if h.attributes & ~KNOWN_ATTRIBUTE_BITS or h.compression > COMPRESSION_LZ4:
+        raise CorruptRecordError(f"{where}: unknown attributes 0x{h.attributes & 0xFFFF:04x}")
+    if h.base_offset < 0:
+        raise CorruptRecordError(f"{where}: negative baseOffset {h.base_offset}")
+
+
+def crc_of(buf, pos: int, size: int) -> int:
+    """CRC-32 of the covered bytes of the batch at ``pos`` occupying ``size`` bytes."""
+    with memoryview(buf) as mv:
+        return zlib.crc32(mv[pos + CRC_START:pos + size])
+
+
+def validate_batch(buf, max_size: int | None = None) -> BatchHeader:
+    """Check that ``buf`` holds exactly one sound batch; return its header.
+
+    Raises ``CorruptRecordError`` (with the failing check in the message) or, when
+    ``max_size`` is given and exceeded, ``RecordTooLargeError``.
+    """
+    n = len(buf)
+    h = BatchHeader.read(buf)
+    if h.size != n:
+        raise CorruptRecordError(f"batchLength {h.batch_length} says {h.size} bytes; buffer holds {n}")
+    if max_size is not None and n > max_size:
+        raise RecordTooLargeError(f"batch of {n} bytes exceeds max.message.bytes {max_size}")
+    check_header(h)
+    crc = crc_of(buf, 0, n)
+    if crc != h.crc:
+        raise CorruptRecordError(f"CRC mismatch: header says {h.crc:#010x}, bytes give {crc:#010x}")
+    return h
+
+
+def validate_batches(buf, max_size: int | None = None) -> list[BatchHeader]:
+    """Validate a buffer of one or more concatenated batches, every byte accounted for."""
+    n = len(buf)
+    headers = []
+    pos = 0
+    while pos < n:
+        if n - pos < HEADER_SIZE:
+            raise CorruptRecordError(f"{n - pos} trailing bytes at {pos} are not a whole batch")
+        h = BatchHeader.read(buf, pos)
+        where = f"batch at byte {pos}"
+        check_header(h, where)
+        if pos + h.size > n:
+            raise CorruptRecordError(f"{where}: batchLength {h.batch_length} runs past the end ({n})")
+        if max_size is not None and h.size > max_size:
+            raise RecordTooLargeError(f"{where}: {h.size} bytes exceeds max.message.bytes {max_size}")
+        if crc_of(buf, pos, h.size) != h.crc:
+            raise CorruptRecordError(f"{where}: CRC mismatch")
+        headers.append(h)
+        pos += h.size
+    if not headers:
+        raise CorruptRecordError("empty record set")
+    return headers
+
+
+def patch_base_offset(buf, base_offset: int, leader_epoch: int | None = None, pos: int = 0) -> None:
+    """Rewrite baseOffset (and partitionLeaderEpoch) of the batch at ``pos`` in place.
+
+    Neither field is covered by the CRC, so the batch stays valid.
+    """
+    _I64.pack_into(buf, pos + OFFSET_BASE, base_offset)
+    if leader_epoch is not None:
+        _I32.pack_into(buf, pos + OFFSET_LEADER_EPOCH, leader_epoch)
+
+
+def set_log_append_time(buf, timestamp_ms: int, pos: int = 0) -> None:
+    """Mark the batch at ``pos`` LogAppendTime with maxTimestamp ``timestamp_ms``; redo its CRC.
+
+    Both fields are covered by the CRC, so this costs one C-speed crc32 over the batch (still no
+    record decoding). Used when a topic has ``message.timestamp.type=LogAppendTime``.
+    """
+    attributes = _I16.unpack_from(buf, pos + OFFSET_ATTRIBUTES)[0]
+    _I16.pack_into(buf, pos + OFFSET_ATTRIBUTES, attributes | TIMESTAMP_TYPE_BIT)
+    _I64.pack_into(buf, pos + OFFSET_MAX_TIMESTAMP, timestamp_ms)
+    size = _I32.unpack_from(buf, pos + OFFSET_LENGTH)[0] + LOG_OVERHEAD
+    _U32.pack_into(buf, pos + OFFSET_CRC, crc_of(buf, pos, size))
+
+
+def iter_batches(buf, pos: int = 0, end: int | None = None) -> Iterator[tuple[int, BatchHeader]]:
+    """Yield ``(position, header)`` for each whole batch in ``buf[pos:end]``.
+
+    Stops cleanly at a partial trailing batch (a fetch response may end with one). Raises
+    ``CorruptRecordError`` if a header is impossible (bad magic or length). Does not check CRCs.
+    """
+    end = len(buf) if end is None else end
+    while end - pos >= HEADER_SIZE:
+        h = BatchHeader.read(buf, pos)
+        check_header(h, f"batch at byte {pos}")
+        if pos + h.size > end:
+            return
+        yield pos, h
+        pos += h.size
+
+
+# ----------------------------------------------------------------------------- client side
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _build(entries: list, base_offset: int, last_offset_delta: int, first_ts: int, max_ts: int,
+           compression: str | None, *, producer_id: int, producer_epoch: int, base_sequence: int,
+           partition_leader_epoch: int, control: bool, log_append_time: bool) -> bytes:
+    payload = msgpack.packb(entries, use_bin_type=True)
+    attributes = 0
+    if compression == "lz4":
+        payload = lz4.block.compress(payload, store_size=True)
+        attributes |= COMPRESSION_LZ4
+    elif compression not in (None, "none"):
+        raise ValueError(f"unsupported compression {compression!r} (use 'lz4' or None)")
+    if control:
+        attributes |= CONTROL_BIT
+    if log_append_time:
+        attributes |= TIMESTAMP_TYPE_BIT
+    out = bytearray(HEADER_SIZE + len(payload))
+    HEADER.pack_into(out, 0, base_offset, len(out) - LOG_OVERHEAD, partition_leader_epoch, MAGIC, 0,
+                     attributes, last_offset_delta, first_ts, max_ts, producer_id, producer_epoch,
+                     base_sequence, len(entries))
+    out[HEADER_SIZE:] = payload
+    _U32.pack_into(out, OFFSET_CRC, zlib.crc32(memoryview(out)[CRC_START:]))
+    return bytes(out)
+
+
+def encode_batch(records: Sequence, compression: str | None = "lz4", base_offset: int = 0, *,
+                 timestamp_ms: int | None = None, producer_id: int = -1, producer_epoch: int = -1,
+                 base_sequence: int = -1, partition_leader_epoch: int = -1,
+                 control: bool = False) -> bytes:
+    """Encode records into one batch (offsets ``base_offset``, ``base_offset + 1``, ...).
+
+    Each item is ``(key, value)``, ``(key, value, headers)`` or
+    ``(key, value, headers, timestamp_ms)``; key and value are bytes or None, headers a list
+    of ``(str, bytes)``. Records without their own timestamp get ``timestamp_ms`` (default:
+    now). The whole record list is packed by one ``msgpack.packb`` call.
+    """
+    n = len(records)
+    if n == 0:
+        raise ValueError("a batch holds at least one record")
+    ts = _now_ms() if timestamp_ms is None else timestamp_ms
+    try:  # fast path: plain (key, value) pairs
+        entries = [[i, 0, k, v, ()] for i, (k, v) in enumerate(records)]
+        first_ts = max_ts = ts
+    except ValueError:
+        entries, first_ts, max_ts = _general_entries(records, ts)
+    return _build(entries, base_offset, n - 1, first_ts, max_ts, compression,
+                  producer_id=producer_id, producer_epoch=producer_epoch,
+                  base_sequence=base_sequence, partition_leader_epoch=partition_leader_epoch,
+                  control=control, log_append_time=False)
+
+
+def _general_entries(records: Sequence, default_ts: int) -> tuple[list, int, int]:
+    stamps = [r[3] if len(r) > 3 and r[3] is not None else default_ts for r in records]
+    first_ts = stamps[0]
+    entries = [[i, stamps[i] - first_ts, r[0], r[1], r[2] if len(r) > 2 and r[2] else ()]
+               for i, r in enumerate(records)]
+    return entries, first_ts, max(stamps)
+
+
+def encode_records(records: Sequence[Record], compression: str | None = "lz4", *,
+                   producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
+                   partition_leader_epoch: int = -1, control: bool = False,
+                   log_append_time: bool = False) -> bytes:
+    """Encode ``Record`` values keeping their offsets (gaps allowed; increasing order).
+
+    The batch's base offset is the first record's offset; used by the compactor to rewrite a
+    batch with only its surviving records.
+    """
+    if not records:
+        raise ValueError("a batch holds at least one record")
+    base = records[0].offset
+    first_ts = records[0].timestamp
+    entries = [[r.offset - base, r.timestamp - first_ts, r.key, r.value, r.headers or ()]
+               for r in records]
+    max_ts = max(r.timestamp for r in records)
+    return _build(entries, base, records[-1].offset - base, first_ts, max_ts, compression,
+                  producer_id=producer_id, producer_epoch=producer_epoch,
+                  base_sequence=base_sequence, partition_leader_epoch=partition_leader_epoch,
+                  control=control, log_append_time=log_append_time)
+
+
+def _payload(buf, h: BatchHeader) -> bytes:
+    data = bytes(memoryview(buf)[HEADER_SIZE:h.size])
+    if h.compression == COMPRESSION_NONE:
+        return data
+    if len(data) < _LZ4_SIZE.size:
+        raise CorruptRecordError("lz4 block shorter than its size prefix")
+    size = _LZ4_SIZE.unpack_from(data)[0]
+    if size > min(MAX_DECOMPRESSED, LZ4_MAX_RATIO * len(data) + 64):
+        raise CorruptRecordError(f"lz4 block claims {size} bytes from {len(data)}: impossible")
+    try:
+        return lz4.block.decompress(data)
+    except Exception as e:  # lz4.block.LZ4BlockError and friends
+        raise CorruptRecordError(f"lz4 block does not decompress: {e}") from None
+
+
+def decode_batch(buf, verify_crc: bool = True) -> list[Record]:
+    """Decode the one batch in ``buf`` into records (client and compactor side)."""
+    h = validate_batch(buf) if verify_crc else BatchHeader.read(buf)
+    if not verify_crc:
+        check_header(h)
+        if h.size > len(buf):
+            raise CorruptRecordError("batch runs past the end of the buffer")
+    data = _payload(buf, h)
+    try:
+        entries = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
+    except Exception as e:  # msgpack raises several types for malformed input
+        raise CorruptRecordError(f"records do not decode: {type(e).__name__}") from None
+    if type(entries) is not list or len(entries) != h.record_count:
+        raise CorruptRecordError(f"records are not a list of {h.record_count}")
+    base, first_ts = h.base_offset, h.first_timestamp
+    try:
+        if h.log_append_time:
+            ts = h.max_timestamp
+            out = [Record(base + od, ts, k, v, hd) for od, _td, k, v, hd in entries]
+        else:
+            out = [Record(base + od, first_ts + td, k, v, hd) for od, td, k, v, hd in entries]
+    except (TypeError, ValueError) as e:
+        raise CorruptRecordError(f"malformed record entry: {e}") from None
+    if out[0].offset < base or out[-1].offset != base + h.last_offset_delta:
+        raise CorruptRecordError("record offsets disagree with the header's offset span")
+    return out
