@@ -1,0 +1,81 @@
+"""A blocking mailbox client for code that is not an actor: the command line, tests.
+
+Runs in the caller's process and thread. It binds a private reply mailbox in the run
+directory (``client-<pid>-<n>.mbox``), sends requests to actors by name and waits for the
+answer with a timeout. Not thread-safe: one client per thread.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from typing import Any, Sequence
+
+import zmq
+
+from actors.message import Message, decode, encode_header
+from actors.runtime import LINGER_MS, mailbox_address, mailbox_path
+from network.protocol import ErrorCode, OdradekError
+
+_seq = itertools.count()
+
+
+class MailboxClient:
+    def __init__(self, run_dir: str):
+        self.run_dir = run_dir
+        self.name = f"client-{os.getpid()}-{next(_seq)}"
+        self.ctx = zmq.Context()
+        self.inbox = self.ctx.socket(zmq.PULL)
+        self.inbox.setsockopt(zmq.LINGER, 0)
+        self.inbox.bind(mailbox_address(run_dir, self.name))
+        self._peers: dict[str, zmq.Socket] = {}
+        self._corr = itertools.count(1)
+
+    def _peer(self, name: str) -> zmq.Socket:
+        sock = self._peers.get(name)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, LINGER_MS)
+            sock.connect(mailbox_address(self.run_dir, name))
+            self._peers[name] = sock
+        return sock
+
+    def send(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+        self._peer(to).send_multipart([encode_header(type_, 0, None, fields), *frames], copy=False)
+
+    def request(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+                timeout: float = 5.0) -> Message:
+        """Send and wait for the answer. Raises OdradekError on an ``_error`` reply or on
+        timeout (REQUEST_TIMED_OUT)."""
+        corr = next(self._corr)
+        self._peer(to).send_multipart([encode_header(type_, corr, self.name, fields), *frames], copy=False)
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.inbox.poll(int(left * 1000) + 1):
+                if time.monotonic() >= deadline:
+                    raise OdradekError(f"no answer from {to} to '{type_}' within {timeout:g}s",
+                                       ErrorCode.REQUEST_TIMED_OUT)
+                continue
+            msg = decode(self.inbox.recv_multipart(copy=False))
+            if msg.corr != corr:
+                continue  # a late answer to an earlier request that timed out
+            if msg.is_error:
+                raise OdradekError(msg.error_message, ErrorCode.of(msg.error_code))
+            return msg
+
+    def close(self) -> None:
+        for sock in self._peers.values():
+            sock.close(linger=LINGER_MS)
+        self.inbox.close(linger=0)
+        try:
+            os.unlink(mailbox_path(self.run_dir, self.name))
+        except FileNotFoundError:
+            pass
+        self.ctx.term()
+
+    def __enter__(self) -> "MailboxClient":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

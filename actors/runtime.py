@@ -1,0 +1,536 @@
+"""The actor runtime: one actor per process, a mailbox, a poll loop, timers, request/reply.
+
+Concurrency model. An actor is one OS process started with multiprocessing's ``spawn``
+method. It owns one ZeroMQ context (created after the process starts), one mailbox (a PULL
+socket bound at ``ipc://<run_dir>/<name>.mbox``) and one PUSH socket per peer it has sent
+to. Everything runs on the process's single thread: the loop polls the mailbox, any raw
+file descriptors the actor watches (client TCP sockets, process sentinels) and a wake-up
+pipe for signals, then runs due timers. Nothing is shared with other processes but files.
+
+Lifecycle, three visible phases:
+  start   ``on_start()``: open resources; then the runtime reports ``_ready`` to the
+          supervisor (if any)
+  run     the loop dispatches each message to ``on_<type>(msg)`` (``on_message`` if there
+          is none); replies to this actor's own requests go to the callbacks given to
+          ``request()``
+  stop    on ``_stop``, SIGTERM, or ``stop()``: ``on_stop()``, then every request this actor
+          received and has not answered gets an ``_error`` reply, every request it sent and
+          is still waiting for fails its callback, and sockets close with a short linger
+
+Sending never blocks the loop: a peer whose queue is full (``mailbox.hwm``) raises
+``MailboxFull`` to the sender, which answers its own requester with an error instead.
+Nothing is dropped silently.
+"""
+from __future__ import annotations
+
+import ctypes
+import heapq
+import importlib
+import itertools
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import traceback
+from typing import Any, Callable, Sequence
+
+import zmq
+
+from actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
+from network.protocol import ErrorCode, OdradekError
+
+log = logging.getLogger("odradek.actors")
+
+HEARTBEAT_INTERVAL = 1.0  # seconds between heartbeats an actor sends its supervisor
+MAILBOX_HWM = 100_000  # messages queued towards one peer before MailboxFull
+LINGER_MS = 500  # how long close() waits to deliver queued messages
+MAX_BATCH = 256  # messages handled per wake-up before timers and fds get a turn
+
+
+class MailboxFull(OdradekError):
+    code = ErrorCode.REQUEST_TIMED_OUT
+
+
+def mailbox_address(run_dir: str, name: str) -> str:
+    return f"ipc://{os.path.join(run_dir, name)}.mbox"
+
+
+def mailbox_path(run_dir: str, name: str) -> str:
+    return os.path.join(run_dir, name) + ".mbox"
+
+
+def import_object(path: str) -> Any:
+    """``"package.module:Name"`` -> the object."""
+    module, _, attr = path.partition(":")
+    obj = importlib.import_module(module)
+    for part in attr.split("."):
+        obj = getattr(obj, part)
+    return obj
+
+
+class Timer:
+    """A handle on a scheduled callback; ``cancel()`` makes it a no-op."""
+
+    __slots__ = ("deadline", "callback", "interval", "cancelled")
+
+    def __init__(self, deadline: float, callback: Callable[[], Any], interval: float | None):
+        self.deadline = deadline
+        self.callback = callback
+        self.interval = interval
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Actor:
+    """Base class of every actor. Subclasses implement ``on_start``, ``on_stop`` and
+    ``on_<type>(msg)`` handlers, and use ``send``, ``request``, ``reply``, ``forward``,
+    ``call_later``/``call_every`` and ``watch``/``unwatch``.
+
+    ``args`` is the dict given in the actor's spec (plain data: it crossed a process
+    boundary by pickling). ``clock`` is injectable for tests (monotonic seconds).
+    """
+
+    stop_signals: tuple[int, ...] = (signal.SIGTERM,)
+
+    def __init__(self, name: str, run_dir: str, args: dict | None = None, supervisor: str | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.name = name
+        self.run_dir = run_dir
+        self.args = args or {}
+        self.supervisor = supervisor
+        self.clock = clock
+        self.ctx: zmq.Context | None = None
+        self.mailbox: zmq.Socket | None = None
+        self._peers: dict[str, zmq.Socket] = {}
+        self._poller = zmq.Poller()
+        self._watched: dict[int, Callable[[int], Any]] = {}
+        self._timers: list[tuple[float, int, Timer]] = []
+        self._timer_seq = itertools.count()
+        self._corr = itertools.count(1)
+        self._waiting: dict[int, tuple[Callable[[Message], Any], Timer | None]] = {}
+        self._open: dict[tuple[str, int], str] = {}  # requests received, not yet answered
+        self._stopping = False
+        self._running = False
+        self._wake_r: socket.socket | None = None
+        self._wake_w: socket.socket | None = None
+        self.retiring = False
+        self._fences_expected: set[str] = set()
+        self.processed = 0
+        self.started_at = time.time()
+        self.members: dict[str, list[str]] = {}
+
+    # ---- lifecycle hooks for subclasses -------------------------------------------------
+    def on_start(self) -> None:
+        """Open resources. Runs before the actor reports ready."""
+
+    def on_stop(self) -> None:
+        """Release resources. Pending requests are failed by the runtime afterwards."""
+
+    def on_message(self, msg: Message) -> None:
+        """Messages with no ``on_<type>`` handler. Default: error reply for requests."""
+        if msg.reply_to:
+            self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"{self.name} does not handle '{msg.type}'")
+        else:
+            log.warning("%s: dropping unexpected one-way message %r", self.name, msg.type)
+
+    def stats(self) -> dict:
+        """Extra numbers for ``odradek status`` (merged into the heartbeat)."""
+        return {}
+
+    def ready_fields(self) -> dict:
+        """Extra facts reported with ``_ready`` (a listener's bound address, ...)."""
+        return {}
+
+    def on_members(self, role: str, members: list[str]) -> None:
+        """The running instances of a watched role changed. ``self.members[role]`` is
+        already updated; override to re-route. Must stop sending to names not in
+        ``members`` before it returns: the runtime then fences the retired ones."""
+
+    # ---- sending ---------------------------------------------------------------------
+    def _peer(self, name: str) -> zmq.Socket:
+        sock = self._peers.get(name)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.SNDHWM, MAILBOX_HWM)
+            sock.setsockopt(zmq.LINGER, LINGER_MS)
+            sock.connect(mailbox_address(self.run_dir, name))
+            self._peers[name] = sock
+        return sock
+
+    def send(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+             corr: int = 0, reply_to: str | None = None) -> None:
+        """One-way message to the actor named ``to``. Raises MailboxFull, never blocks."""
+        parts = [encode_header(type_, corr, reply_to, fields)]
+        if frames:
+            parts.extend(frames)
+        try:
+            self._peer(to).send_multipart(parts, flags=zmq.NOBLOCK, copy=False)
+        except zmq.Again:
+            raise MailboxFull(f"mailbox of {to} is full ({MAILBOX_HWM} messages queued)") from None
+
+    def request(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+                callback: Callable[[Message], Any] | None = None, timeout: float | None = 30.0) -> int:
+        """Send a request; ``callback(reply)`` runs on the ``_reply`` or ``_error`` answer,
+        or with a REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr."""
+        corr = next(self._corr)
+        timer = None
+        if timeout is not None:
+            timer = self.call_later(timeout, lambda: self._expire(corr, to, type_, timeout))
+        self._waiting[corr] = (callback or _ignore, timer)
+        try:
+            self.send(to, type_, fields, frames, corr=corr, reply_to=self.name)
+        except MailboxFull as exc:
+            self._complete(corr, Message(ERROR, corr, None, error_fields(exc.code, exc.message)))
+        return corr
+
+    def _expire(self, corr: int, to: str, type_: str, timeout: float) -> None:
+        if corr in self._waiting:
+            self._complete(corr, Message(ERROR, corr, None, error_fields(
+                ErrorCode.REQUEST_TIMED_OUT, f"no answer from {to} to '{type_}' within {timeout:g}s")))
+
+    def _complete(self, corr: int, reply: Message) -> None:
+        callback, timer = self._waiting.pop(corr, (None, None))
+        if timer is not None:
+            timer.cancel()
+        if callback is not None:
+            callback(reply)
+
+    def cancel_request(self, corr: int) -> None:
+        """Forget a request: a late answer to it is ignored."""
+        _, timer = self._waiting.pop(corr, (None, None))
+        if timer is not None:
+            timer.cancel()
+
+    def reply(self, msg: Message, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+        """Answer a request with ``_reply``. A one-way message is answered by nothing."""
+        if not msg.reply_to:
+            return
+        self._open.pop((msg.reply_to, msg.corr), None)
+        self._send_answer(msg.reply_to, REPLY, msg.corr, fields, frames)
+
+    def reply_error(self, msg: Message, code: int, message: str) -> None:
+        if not msg.reply_to:
+            return
+        self._open.pop((msg.reply_to, msg.corr), None)
+        self._send_answer(msg.reply_to, ERROR, msg.corr, error_fields(code, message), ())
+
+    def reply_to(self, reply_to: str, corr: int, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+        """Answer a request held elsewhere (a purgatory): by its reply address and corr."""
+        self._open.pop((reply_to, corr), None)
+        self._send_answer(reply_to, REPLY, corr, fields, frames)
+
+    def reply_error_to(self, reply_to: str, corr: int, code: int, message: str) -> None:
+        self._open.pop((reply_to, corr), None)
+        self._send_answer(reply_to, ERROR, corr, error_fields(code, message), ())
+
+    def _send_answer(self, to: str, type_: str, corr: int, fields, frames) -> None:
+        try:
+            self.send(to, type_, fields, frames, corr=corr)
+        except MailboxFull:
+            log.error("%s: could not answer %s (corr %d): its mailbox is full", self.name, to, corr)
+
+    def forward(self, msg: Message, to: str, type_: str | None = None, fields: dict | None = None,
+                frames: Sequence[Any] | None = None) -> None:
+        """Pass a request on: the next actor answers the original requester directly."""
+        if msg.reply_to:
+            self._open.pop((msg.reply_to, msg.corr), None)
+        self.send(to, type_ or msg.type, msg.fields if fields is None else fields,
+                  msg.frames if frames is None else frames, corr=msg.corr, reply_to=msg.reply_to)
+
+    def hold(self, msg: Message) -> None:
+        """Nothing to do: a received request stays open until answered or forwarded.
+        Exists to make purgatory code read plainly."""
+
+    # ---- timers and file descriptors -------------------------------------------------
+    def call_later(self, delay: float, callback: Callable[[], Any]) -> Timer:
+        timer = Timer(self.clock() + delay, callback, None)
+        heapq.heappush(self._timers, (timer.deadline, next(self._timer_seq), timer))
+        return timer
+
+    def call_every(self, interval: float, callback: Callable[[], Any]) -> Timer:
+        timer = Timer(self.clock() + interval, callback, interval)
+        heapq.heappush(self._timers, (timer.deadline, next(self._timer_seq), timer))
+        return timer
+
+    def watch(self, fd: int, callback: Callable[[int], Any], events: int = zmq.POLLIN) -> None:
+        """Call ``callback(events)`` when the raw fd (or zmq socket) is ready."""
+        key = fd if isinstance(fd, int) else fd
+        self._watched[key] = callback
+        self._poller.register(fd, events)
+
+    def unwatch(self, fd: int) -> None:
+        if self._watched.pop(fd, None) is not None:
+            try:
+                self._poller.unregister(fd)
+            except KeyError:
+                pass
+
+    # ---- the loop ----------------------------------------------------------------------
+    def _bind(self) -> None:
+        path = mailbox_path(self.run_dir, self.name)
+        if os.path.exists(path):  # a stale socket of a killed predecessor
+            os.unlink(path)
+        self.mailbox = self.ctx.socket(zmq.PULL)
+        self.mailbox.setsockopt(zmq.RCVHWM, MAILBOX_HWM)
+        self.mailbox.setsockopt(zmq.LINGER, 0)
+        self.mailbox.bind(mailbox_address(self.run_dir, self.name))
+        self._poller.register(self.mailbox, zmq.POLLIN)
+
+    def _install_signal_wakeup(self) -> None:
+        import threading
+        if threading.current_thread() is not threading.main_thread():
+            return  # an actor run on a thread (tests) is stopped with stop(), not signals
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._wake_w.setblocking(False)
+        signal.set_wakeup_fd(self._wake_w.fileno(), warn_on_full_buffer=False)
+        self._poller.register(self._wake_r.fileno(), zmq.POLLIN)
+        for signum in self.stop_signals:
+            signal.signal(signum, lambda *_: self.stop())
+
+    def stop(self) -> None:
+        """Ask the loop to finish after the current message. Safe from a signal handler
+        or another thread (it only sets a flag and pokes the wake-up pipe)."""
+        self._stopping = True
+        if self._wake_w is not None:
+            try:
+                self._wake_w.send(b"x")
+            except OSError:
+                pass
+
+    def run(self, ready: Callable[[], Any] | None = None) -> None:
+        """Start, run until stopped, stop. The calling process becomes this actor."""
+        self.ctx = zmq.Context()
+        self._bind()
+        self._install_signal_wakeup()
+        try:
+            self.on_start()
+            if self.supervisor:
+                self.send(self.supervisor, "_ready", {"name": self.name, "pid": os.getpid(),
+                                                      **self.ready_fields()})
+                self.call_every(HEARTBEAT_INTERVAL, self._heartbeat)
+            if ready:
+                ready()
+            self._running = True
+            self._loop()
+        finally:
+            self._running = False
+            self._shutdown()
+
+    def _loop(self) -> None:
+        poller = self._poller
+        mailbox = self.mailbox
+        while not self._stopping:
+            events = poller.poll(self._poll_timeout_ms())
+            for sock, ev in events:
+                if sock is mailbox:
+                    self._drain_mailbox()
+                elif self._wake_r is not None and sock == self._wake_r.fileno():
+                    try:
+                        self._wake_r.recv(512)
+                    except BlockingIOError:
+                        pass
+                else:
+                    cb = self._watched.get(sock)
+                    if cb is not None:
+                        self._guarded(cb, ev)
+                if self._stopping:
+                    break
+            self._run_timers()
+
+    def _poll_timeout_ms(self) -> int:
+        if not self._timers:
+            return 1000
+        delay = self._timers[0][0] - self.clock()
+        return max(0, min(1000, int(delay * 1000) + 1)) if delay > 0 else 0
+
+    def _drain_mailbox(self) -> None:
+        recv = self.mailbox.recv_multipart
+        for _ in range(MAX_BATCH):
+            try:
+                frames = recv(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._dispatch(frames)
+            if self._stopping:
+                return
+
+    def _dispatch(self, frames) -> None:
+        try:
+            msg = decode(frames)
+        except MalformedMessage as exc:
+            log.error("%s: dropping a malformed message: %s", self.name, exc)
+            return
+        self.processed += 1
+        if msg.type == REPLY or msg.type == ERROR:
+            if msg.corr in self._waiting:
+                self._guarded(self._complete, msg.corr, msg)
+            return
+        if msg.reply_to:
+            self._open[(msg.reply_to, msg.corr)] = msg.type
+        handler = getattr(self, "on_" + msg.type, None) if not msg.type.startswith("__") else None
+        try:
+            if handler is None:
+                self.on_message(msg)
+            else:
+                handler(msg)
+        except OdradekError as exc:
+            self.reply_error(msg, exc.code, exc.message)
+        except Exception as exc:  # a bug here: answer, log, keep serving
+            log.error("%s: error handling %r:\n%s", self.name, msg.type, traceback.format_exc())
+            self.reply_error(msg, ErrorCode.UNKNOWN_SERVER_ERROR,
+                             f"{self.name} failed on '{msg.type}': {type(exc).__name__}: {exc}")
+
+    def _guarded(self, fn: Callable, *args) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            log.error("%s: error in callback %s:\n%s", self.name, getattr(fn, "__name__", fn),
+                      traceback.format_exc())
+
+    def _run_timers(self) -> None:
+        now = self.clock()
+        timers = self._timers
+        while timers and timers[0][0] <= now:
+            _, _, timer = heapq.heappop(timers)
+            if timer.cancelled:
+                continue
+            if timer.interval is not None:
+                timer.deadline = max(timer.deadline + timer.interval, now)
+                heapq.heappush(timers, (timer.deadline, next(self._timer_seq), timer))
+            self._guarded(timer.callback)
+
+    # ---- runtime messages ------------------------------------------------------------
+    def _heartbeat(self) -> None:
+        if self.supervisor:
+            try:
+                self.send(self.supervisor, "_heartbeat", self.heartbeat_fields())
+            except MailboxFull:
+                pass
+
+    def heartbeat_fields(self) -> dict:
+        fields = {"name": self.name, "pid": os.getpid(), "processed": self.processed,
+                  "open": len(self._open), "waiting": len(self._waiting)}
+        fields.update(self.stats())
+        return fields
+
+    def on__stop(self, msg: Message) -> None:
+        self.reply(msg, {"name": self.name})
+        self.stop()
+
+    def on__ping(self, msg: Message) -> None:
+        self.reply(msg, {"name": self.name, "pid": os.getpid()})
+
+    def on__stats(self, msg: Message) -> None:
+        self.reply(msg, self.heartbeat_fields())
+
+    def on__members(self, msg: Message) -> None:
+        """From the supervisor: the running members of a role this actor watches. Names in
+        ``retired`` are leaving the pool: after re-routing, send each a ``_fence`` (our last
+        message to it), then acknowledge."""
+        role, members = msg.get("role"), list(msg.get("members") or [])
+        self.members[role] = members
+        self.on_members(role, members)
+        for name in msg.get("retired") or []:
+            try:
+                self.send(name, "_fence", {"sender": self.name})
+            except MailboxFull:
+                log.error("%s: could not fence %s: mailbox full", self.name, name)
+        self.reply(msg, {"name": self.name})
+
+    def on__retire(self, msg: Message) -> None:
+        """Leave a pool without failing a request: wait for a ``_fence`` from each sender
+        named in ``fences`` (each sends it after its last request to us), then stop."""
+        self.retiring = True
+        self._fences_expected = set(msg.get("fences", [])) - getattr(self, "_fences_seen", set())
+        self.reply(msg, {"name": self.name})
+        timeout = msg.get("timeout", 10.0)
+        self.call_later(timeout, self.stop)
+        if not self._fences_expected:
+            self.call_later(0, self.stop)
+
+    def on__fence(self, msg: Message) -> None:
+        sender = msg.get("sender")
+        seen = getattr(self, "_fences_seen", set())
+        seen.add(sender)
+        self._fences_seen = seen
+        self._fences_expected.discard(sender)
+        if self.retiring and not self._fences_expected:
+            self.call_later(0, self.stop)
+
+    # ---- stop ------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        try:
+            self.on_stop()
+        except Exception:
+            log.error("%s: error in on_stop:\n%s", self.name, traceback.format_exc())
+        # Requests still in the mailbox, and ones we hold, get an error instead of silence.
+        if self.mailbox is not None:
+            while True:
+                try:
+                    frames = self.mailbox.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                try:
+                    msg = decode(frames)
+                except MalformedMessage:
+                    continue
+                if msg.reply_to and not msg.is_reply:
+                    self._open[(msg.reply_to, msg.corr)] = msg.type
+        for (reply_to, corr), type_ in list(self._open.items()):
+            self.reply_error_to(reply_to, corr, ErrorCode.BROKER_NOT_AVAILABLE,
+                                f"{self.name} is stopping; '{type_}' was not completed")
+        for corr in list(self._waiting):
+            self._complete(corr, Message(ERROR, corr, None, error_fields(
+                ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} stopped before an answer arrived")))
+        path = mailbox_path(self.run_dir, self.name)
+        for sock in self._peers.values():
+            sock.close(linger=LINGER_MS)
+        if self.mailbox is not None:
+            self.mailbox.close(linger=0)
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        if self._wake_r is not None:
+            signal.set_wakeup_fd(-1)
+            self._wake_r.close()
+            self._wake_w.close()
+        self.ctx.term()
+
+
+def _ignore(_msg: Message) -> None:
+    pass
+
+
+def _die_with_parent() -> None:
+    """Ask Linux to SIGTERM us if the supervisor dies (even by kill -9): no orphans."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        PR_SET_PDEATHSIG = 1
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except OSError:
+        pass
+
+
+def actor_main(spec: dict) -> None:
+    """Entry point of a spawned actor process. ``spec`` is plain data:
+    ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level"}``."""
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
+    logging.basicConfig(level=spec.get("log_level", "INFO"), stream=sys.stderr,
+                        format=f"%(asctime)s %(levelname)s [{spec['name']}] %(message)s")
+    parent = os.getppid()
+    cls = import_object(spec["cls"])
+    actor = cls(spec["name"], spec["run_dir"], spec.get("args") or {}, spec.get("supervisor"))
+    if spec.get("supervisor"):
+        # Belt and braces for the parent-death signal: notice a new parent within a second.
+        actor.call_every(1.0, lambda: os.getppid() != parent and actor.stop())
+    try:
+        actor.run()
+    except KeyboardInterrupt:
+        pass

@@ -1,0 +1,471 @@
+"""The generic supervisor: starts a tree of actors from a spec, watches and restarts them.
+
+Runs in the main process of a broker (``odradek serve``), as an actor whose mailbox is also
+the control endpoint (``odradek status``, run-time scaling, shutdown). It knows no broker
+role: the spec names roles, counts and the class to run; the top layer (``odradek/``)
+assembles the spec from the configuration.
+
+What it does:
+  * start: groups in spec order; each group's instances are spawned together and the next
+    group starts only once all of them reported ``_ready`` (``start_timeout``).
+  * watch: each child's process sentinel is in the poll loop, so a death is seen at once;
+    psutil samples memory, CPU and open files; heartbeats carry each actor's own numbers.
+    A child silent for ``liveness_timeout`` is killed and so restarted.
+  * restart: one-for-one with exponential backoff; a child restarted more than
+    ``max_restarts`` times within ``restart_window`` seconds shuts the whole tree down
+    with a message naming it (exit code 1).
+  * membership: roles listed as a spec's ``watchers`` receive ``_members`` whenever the
+    set of running instances of that role changes.
+  * scaling: ``scale {role, count}`` adds instances (ready before they join) or retires
+    the newest ones without failing a request: watchers stop routing to them and each
+    sends a ``_fence`` after its last request; a retiring actor leaves after every fence.
+  * stop: SIGTERM/SIGINT or ``shutdown``: groups in reverse order get ``_stop`` and
+    ``shutdown_timeout`` in all to leave; stragglers are killed; the run directory is left
+    without socket files.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+import glob
+import logging
+import multiprocessing
+import os
+import signal
+import time
+from typing import Any, Callable
+
+import psutil
+
+from actors.message import Message
+from actors.runtime import Actor, actor_main, mailbox_path
+from network.protocol import ErrorCode, OdradekError
+
+log = logging.getLogger("odradek.supervisor")
+
+SUPERVISOR_NAME = "supervisor"
+SAMPLE_INTERVAL = 1.0  # seconds between psutil samples of the children
+PIDFILE = "supervisor.pid"
+
+
+@dataclasses.dataclass
+class ChildSpec:
+    """One role in the tree. ``count`` instances named ``<role>-<i>`` (or ``<role>`` when
+    the role is a singleton that cannot scale)."""
+
+    role: str
+    cls: str  # "package.module:Class"
+    count: int = 1
+    args: dict = dataclasses.field(default_factory=dict)
+    watchers: tuple[str, ...] = ()  # roles told about this role's membership
+    scalable: bool = False
+    min_count: int = 1
+    max_count: int = 64
+
+    def instance_name(self, i: int) -> str:
+        return f"{self.role}-{i}" if (self.scalable or self.count > 1) else self.role
+
+
+@dataclasses.dataclass
+class RestartPolicy:
+    max_restarts: int = 5
+    restart_window: float = 60.0
+    backoff_initial: float = 0.1
+    backoff_max: float = 5.0
+    start_timeout: float = 30.0
+    shutdown_timeout: float = 30.0
+    liveness_timeout: float = 30.0
+    memory_limit_bytes: int = 0  # 0: no limit
+
+
+class Child:
+    """The supervisor's record of one actor process."""
+
+    def __init__(self, name: str, spec: ChildSpec):
+        self.name = name
+        self.spec = spec
+        self.process: multiprocessing.process.BaseProcess | None = None
+        self.state = "new"  # new, starting, running, restarting, retiring, stopping, stopped
+        self.restarts = 0
+        self.restart_times: collections.deque[float] = collections.deque()
+        self.last_exit: int | None = None
+        self.last_heartbeat = 0.0
+        self.heartbeat: dict = {}
+        self.sample: dict = {}
+        self.ready_info: dict = {}
+        self.ps: psutil.Process | None = None
+        self.started_at = 0.0
+
+    @property
+    def pid(self) -> int | None:
+        return self.process.pid if self.process is not None else None
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.is_alive()
+
+
+class ShutdownRequested(Exception):
+    pass
+
+
+class Supervisor(Actor):
+    def __init__(self, run_dir: str, children: list[ChildSpec], policy: RestartPolicy | None = None,
+                 on_ready: Callable[["Supervisor"], Any] | None = None, info: dict | None = None,
+                 log_level: str = "INFO"):
+        super().__init__(SUPERVISOR_NAME, run_dir, {}, None)
+        self.specs = children
+        self.policy = policy or RestartPolicy()
+        self.on_ready = on_ready
+        self.info = info or {}
+        self.log_level = log_level
+        self.children: dict[str, Child] = {}
+        self.mp = multiprocessing.get_context("spawn")
+        self.exit_code = 0
+        self.fatal: str | None = None
+        self.ready = False
+        self._scaling: dict[str, Any] = {}
+
+    # ---- start -------------------------------------------------------------------------
+    stop_signals = (signal.SIGTERM, signal.SIGINT)
+
+    def on_start(self) -> None:
+        for spec in self.specs:
+            names = [spec.instance_name(i) for i in range(spec.count)]
+            for name in names:
+                self.children[name] = Child(name, spec)
+                self._spawn(self.children[name])
+            self._await_ready(names, self.policy.start_timeout)
+            for name in names:
+                self._announce(self.children[name])
+        self.call_every(SAMPLE_INTERVAL, self._sample)
+        self.ready = True
+        log.info("actor tree started: %s", ", ".join(self.children))
+        if self.on_ready:
+            self.on_ready(self)
+
+    def _spawn(self, child: Child) -> None:
+        spec = {"name": child.name, "cls": child.spec.cls, "run_dir": self.run_dir,
+                "args": child.spec.args, "supervisor": self.name, "log_level": self.log_level}
+        proc = self.mp.Process(target=actor_main, args=(spec,), name=f"odradek-{child.name}")
+        proc.start()
+        child.process = proc
+        child.state = "starting"
+        child.started_at = time.time()
+        child.last_heartbeat = self.clock()
+        try:
+            child.ps = psutil.Process(proc.pid)
+            child.ps.cpu_percent(None)
+        except psutil.Error:
+            child.ps = None
+        self.watch(proc.sentinel, lambda _ev, c=child, p=proc: self._on_exit(c, p))
+
+    def _await_ready(self, names: list[str], timeout: float) -> None:
+        """Block (running the mailbox) until every named child reported ready."""
+        deadline = self.clock() + timeout
+        while any(self.children[n].state == "starting" for n in names):
+            if self._stopping:
+                raise ShutdownRequested()
+            if self.fatal:
+                raise OdradekError(self.fatal, ErrorCode.BROKER_NOT_AVAILABLE)
+            if self.clock() > deadline:
+                late = [n for n in names if self.children[n].state == "starting"]
+                raise OdradekError(f"actors did not report ready within {timeout:g}s: {', '.join(late)}",
+                                   ErrorCode.BROKER_NOT_AVAILABLE)
+            for sock, ev in self._poller.poll(100):
+                if sock is self.mailbox:
+                    self._drain_mailbox()
+                else:
+                    cb = self._watched.get(sock)
+                    if cb is not None:
+                        cb(ev)
+            self._run_timers()
+
+    # ---- messages from children ------------------------------------------------------
+    def on__ready(self, msg: Message) -> None:
+        child = self.children.get(msg.get("name"))
+        if child is None or child.pid != msg.get("pid"):
+            return
+        child.state = "running" if child.state in ("starting", "restarting") else child.state
+        child.last_heartbeat = self.clock()
+        child.ready_info = {k: v for k, v in msg.fields.items() if k not in ("name", "pid")}
+        log.info("%s ready (pid %d)", child.name, child.pid)
+        if self.ready:
+            self._announce(child)
+
+    def on__heartbeat(self, msg: Message) -> None:
+        child = self.children.get(msg.get("name"))
+        if child is not None and child.pid == msg.get("pid"):
+            child.heartbeat = msg.fields
+            child.last_heartbeat = self.clock()
+
+    def _announce(self, child: Child) -> None:
+        """Tell watchers about the role's new membership; tell a new watcher what it watches."""
+        self._broadcast_members(child.spec)
+        for spec in self.specs:
+            if child.spec.role in spec.watchers:
+                self._send_quiet(child.name, "_members", self._members_fields(spec))
+
+    def _members_fields(self, spec: ChildSpec) -> dict:
+        members = [c.name for c in self.children.values() if c.spec is spec and c.state == "running"]
+        return {"role": spec.role, "members": members}
+
+    def _broadcast_members(self, spec: ChildSpec) -> None:
+        fields = self._members_fields(spec)
+        for watcher in self._running_of(spec.watchers):
+            self._send_quiet(watcher.name, "_members", fields)
+
+    def _running_of(self, roles) -> list[Child]:
+        return [c for c in self.children.values() if c.spec.role in roles and c.state == "running"]
+
+    def _send_quiet(self, to: str, type_: str, fields: dict) -> None:
+        try:
+            self.send(to, type_, fields)
+        except OdradekError as exc:
+            log.warning("could not tell %s about %s: %s", to, type_, exc)
+
+    # ---- deaths and restarts ---------------------------------------------------------
+    def _on_exit(self, child: Child, proc) -> None:
+        self.unwatch(proc.sentinel)
+        proc.join(0.1)
+        if proc is not child.process:
+            return
+        child.last_exit = proc.exitcode
+        if child.state in ("stopping", "retiring"):
+            child.state = "stopped"
+            self._maybe_finish_scaling(child.spec.role)
+            return
+        was_running = child.state == "running"
+        child.state = "restarting"
+        if was_running:
+            self._broadcast_members(child.spec)
+        now = self.clock()
+        child.restart_times.append(now)
+        while child.restart_times and child.restart_times[0] < now - self.policy.restart_window:
+            child.restart_times.popleft()
+        if len(child.restart_times) > self.policy.max_restarts:
+            self.fatal = (f"{child.name} died {len(child.restart_times)} times within "
+                          f"{self.policy.restart_window:g}s (last exit code {proc.exitcode}); "
+                          f"shutting the broker down")
+            log.critical(self.fatal)
+            self.exit_code = 1
+            self.stop()
+            return
+        backoff = min(self.policy.backoff_max,
+                      self.policy.backoff_initial * (2 ** (len(child.restart_times) - 1)))
+        log.warning("%s (pid %s) exited with code %s; restarting in %.2fs", child.name, proc.pid,
+                    proc.exitcode, backoff)
+        self.call_later(backoff, lambda: self._restart(child))
+
+    def _restart(self, child: Child) -> None:
+        if self._stopping or child.state != "restarting":
+            return
+        child.restarts += 1
+        self._spawn(child)
+        child.state = "restarting"
+
+    def _sample(self) -> None:
+        now = self.clock()
+        for child in self.children.values():
+            if child.ps is None or child.state not in ("running", "starting", "restarting"):
+                continue
+            try:
+                with child.ps.oneshot():
+                    child.sample = {"rss": child.ps.memory_info().rss,
+                                    "cpu": child.ps.cpu_percent(None),
+                                    "fds": child.ps.num_fds()}
+            except psutil.Error:
+                continue
+            limit = self.policy.memory_limit_bytes
+            if limit and child.sample["rss"] > limit:
+                log.error("%s uses %d bytes of memory (limit %d); restarting it", child.name,
+                          child.sample["rss"], limit)
+                self._kill(child)
+            elif child.state == "running" and now - child.last_heartbeat > self.policy.liveness_timeout:
+                log.error("%s sent no heartbeat for %.1fs; restarting it", child.name,
+                          now - child.last_heartbeat)
+                self._kill(child)
+
+    def _kill(self, child: Child) -> None:
+        try:
+            os.kill(child.pid, signal.SIGKILL)
+        except (ProcessLookupError, TypeError):
+            pass
+
+    # ---- control endpoint ------------------------------------------------------------
+    def on_status(self, msg: Message) -> None:
+        self.reply(msg, self.status())
+
+    def status(self) -> dict:
+        rows = []
+        for child in self.children.values():
+            hb, sample = child.heartbeat, child.sample
+            rows.append({"name": child.name, "role": child.spec.role, "pid": child.pid,
+                         "state": child.state, "restarts": child.restarts,
+                         "last_exit": child.last_exit,
+                         "rss": sample.get("rss"), "cpu": sample.get("cpu"), "fds": sample.get("fds"),
+                         "processed": hb.get("processed"), "open": hb.get("open"),
+                         "backlog": hb.get("backlog", 0),
+                         "uptime": round(time.time() - child.started_at, 1) if child.started_at else None})
+        return {"supervisor": {"pid": os.getpid(), "state": "running" if self.ready else "starting",
+                               **self.info},
+                "actors": [r for r in rows if r["state"] != "stopped"]}
+
+    def on_shutdown(self, msg: Message) -> None:
+        self.reply(msg, {"pid": os.getpid()})
+        self.stop()
+
+    def on_scale(self, msg: Message) -> None:
+        role, count = msg.get("role"), msg.get("count")
+        spec = next((s for s in self.specs if s.role == role), None)
+        if spec is None or not spec.scalable:
+            scalable = [s.role for s in self.specs if s.scalable]
+            raise OdradekError(f"role '{role}' cannot be scaled; scalable roles: {', '.join(scalable)}",
+                               ErrorCode.INVALID_CONFIG)
+        if not isinstance(count, int) or isinstance(count, bool) or not spec.min_count <= count <= spec.max_count:
+            raise OdradekError(f"{role} count must be an integer from {spec.min_count} to {spec.max_count}, "
+                               f"got {count!r}", ErrorCode.INVALID_CONFIG)
+        if role in self._scaling:
+            raise OdradekError(f"a change of the {role} pool is already in progress", ErrorCode.REBALANCE_IN_PROGRESS)
+        current = [c for c in self.children.values() if c.spec is spec and c.state != "stopped"]
+        if count > len(current):
+            self._scale_up(spec, count, msg)
+        elif count < len(current):
+            self._scale_down(spec, current, count, msg)
+        else:
+            self.reply(msg, {"role": role, "count": count})
+
+    def _scale_up(self, spec: ChildSpec, count: int, msg: Message) -> None:
+        used = {c.name for c in self.children.values()}
+        new = []
+        i = 0
+        while len(new) + len([c for c in self.children.values() if c.spec is spec and c.state != "stopped"]) < count:
+            name = spec.instance_name(i)
+            if name not in used or self.children[name].state == "stopped":
+                self.children[name] = Child(name, spec)
+                self._spawn(self.children[name])
+                new.append(name)
+            i += 1
+        spec.count = count
+        self._scaling[spec.role] = {"msg": msg, "new": new}
+        self.call_later(0.01, lambda: self._check_scale_up(spec))
+
+    def _check_scale_up(self, spec: ChildSpec) -> None:
+        job = self._scaling.get(spec.role)
+        if job is None:
+            return
+        if all(self.children[n].state != "starting" for n in job["new"]):
+            del self._scaling[spec.role]
+            self.reply(job["msg"], {"role": spec.role, "count": spec.count, "added": job["new"]})
+        else:
+            self.call_later(0.01, lambda: self._check_scale_up(spec))
+
+    def _scale_down(self, spec: ChildSpec, current: list[Child], count: int, msg: Message) -> None:
+        current.sort(key=lambda c: int(c.name.rsplit("-", 1)[-1]))
+        leaving = current[count:]
+        for child in leaving:
+            child.state = "retiring"
+        spec.count = count
+        fields = self._members_fields(spec)
+        fields["retired"] = [c.name for c in leaving]
+        watchers = self._running_of(spec.watchers)
+        job = {"msg": msg, "leaving": [c.name for c in leaving], "acks": set(w.name for w in watchers)}
+        self._scaling[spec.role] = job
+
+        def retire_all() -> None:
+            fences = [w.name for w in watchers]
+            for child in leaving:
+                self.request(child.name, "_retire", {"fences": fences, "timeout": 10.0}, timeout=15.0)
+
+        if not watchers:
+            retire_all()
+        for watcher in watchers:
+            def acked(reply: Message, w=watcher.name) -> None:
+                job["acks"].discard(w)
+                if not job["acks"]:
+                    retire_all()
+            self.request(watcher.name, "_members", fields, callback=acked, timeout=10.0)
+
+    def _maybe_finish_scaling(self, role: str) -> None:
+        job = self._scaling.get(role)
+        if job is None or "leaving" not in job:
+            return
+        if all(self.children[n].state == "stopped" for n in job["leaving"]):
+            del self._scaling[role]
+            for n in job["leaving"]:
+                del self.children[n]
+            spec = next(s for s in self.specs if s.role == role)
+            self.reply(job["msg"], {"role": role, "count": spec.count, "removed": job["leaving"]})
+
+    # ---- stop --------------------------------------------------------------------------
+    def on_stop(self) -> None:
+        deadline = time.monotonic() + self.policy.shutdown_timeout
+        for spec in reversed(self.specs):
+            group = [c for c in self.children.values() if c.spec is spec and c.alive()]
+            for child in group:
+                child.state = "stopping"
+                self._send_quiet(child.name, "_stop", {})
+            for child in group:
+                left = max(0.0, deadline - time.monotonic())
+                child.process.join(left)
+                if child.process.is_alive():
+                    log.error("%s did not stop in time; killing it", child.name)
+                    child.process.kill()
+                    child.process.join(1.0)
+                child.state = "stopped"
+        for child in self.children.values():  # restarting ones never got spawned again
+            if child.process is not None and child.process.is_alive():
+                child.process.kill()
+                child.process.join(1.0)
+        clear_run_dir(self.run_dir, keep_pidfile=False)
+        log.info("actor tree stopped")
+
+
+def prepare_run_dir(run_dir: str) -> None:
+    """Claim the run directory for this supervisor: refuse if a live supervisor holds it,
+    else clear what a killed one left (socket files, pid file)."""
+    os.makedirs(run_dir, exist_ok=True)
+    pidfile = os.path.join(run_dir, PIDFILE)
+    try:
+        with open(pidfile) as f:
+            pid = int(f.read().strip() or 0)
+    except (FileNotFoundError, ValueError):
+        pid = 0
+    if pid and pid != os.getpid() and psutil.pid_exists(pid):
+        try:
+            alive = psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+        except psutil.Error:
+            alive = False
+        if alive:
+            raise OdradekError(f"another broker (pid {pid}) is running with run directory {run_dir}; "
+                               f"stop it first or use another log.dirs", ErrorCode.BROKER_NOT_AVAILABLE)
+    clear_run_dir(run_dir, keep_pidfile=False)
+    tmp = pidfile + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(os.getpid()))
+    os.replace(tmp, pidfile)
+
+
+def clear_run_dir(run_dir: str, keep_pidfile: bool = True) -> None:
+    for path in glob.glob(os.path.join(run_dir, "*.mbox")) + glob.glob(os.path.join(run_dir, "*.sock")):
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+    if not keep_pidfile:
+        try:
+            os.unlink(os.path.join(run_dir, PIDFILE))
+        except FileNotFoundError:
+            pass
+
+
+def run_supervisor(sup: Supervisor) -> int:
+    """Run the tree in this process until it stops; returns the process exit code."""
+    prepare_run_dir(sup.run_dir)
+    try:
+        sup.run()
+    except ShutdownRequested:
+        pass
+    except OdradekError as exc:
+        log.critical("start-up failed: %s", exc.message)
+        sup.exit_code = 1
+    return sup.exit_code

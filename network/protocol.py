@@ -1,0 +1,147 @@
+"""Protocol constants: API keys and error codes. Pure, I/O-free, importable everywhere.
+
+This is the bottom layer (see docs/ARCHITECTURE.md): the broker's actors, the log library
+and the client all import it; it imports nothing of the project. Numbers are Kafka's where
+the meaning is the same, so a Kafka operator reading a log line or an error code knows it.
+
+The wire framing of client requests lives in ``network.codec``; this module holds only the
+closed sets of names and numbers, described in docs/PROTOCOL.md.
+"""
+from __future__ import annotations
+
+import enum
+
+
+class ApiKey(enum.IntEnum):
+    """Request types a client may send. Kafka's numbers; Odradek-only APIs start at 1000."""
+
+    PRODUCE = 0
+    FETCH = 1
+    LIST_OFFSETS = 2
+    METADATA = 3
+    OFFSET_COMMIT = 8
+    OFFSET_FETCH = 9
+    FIND_COORDINATOR = 10
+    LEAVE_GROUP = 13
+    DESCRIBE_GROUPS = 15
+    LIST_GROUPS = 16
+    API_VERSIONS = 18
+    CREATE_TOPICS = 19
+    DELETE_TOPICS = 20
+    DELETE_RECORDS = 21
+    OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_CONFIGS = 32
+    ALTER_CONFIGS = 33
+    DELETE_GROUPS = 42
+    INCREMENTAL_ALTER_CONFIGS = 44
+    CONSUMER_GROUP_HEARTBEAT = 68
+    CONSUMER_GROUP_DESCRIBE = 69
+    # Odradek-only: a no-op round trip through the whole chain (processor, handler), used
+    # by `odradek perf ping` to measure the request path itself.
+    PING = 1000
+
+
+class ErrorCode(enum.IntEnum):
+    """The closed set of errors. Each member carries a one-line meaning and whether a client
+    may retry the same request (``retriable``). Kafka's numbers and meanings."""
+
+    def __new__(cls, value: int, retriable: bool, meaning: str):
+        obj = int.__new__(cls, value)
+        obj._value_ = value
+        obj.retriable = retriable
+        obj.meaning = meaning
+        return obj
+
+    UNKNOWN_SERVER_ERROR = (-1, False, "The server experienced an unexpected error when processing the request.")
+    NONE = (0, False, "No error.")
+    OFFSET_OUT_OF_RANGE = (1, False, "The requested offset is not within the range of offsets maintained by the server.")
+    CORRUPT_MESSAGE = (2, True, "The record batch failed its CRC check, has an invalid size or fields, or is otherwise corrupt.")
+    UNKNOWN_TOPIC_OR_PARTITION = (3, True, "This server does not host this topic-partition.")
+    INVALID_FETCH_SIZE = (4, False, "The requested fetch size is invalid.")
+    LEADER_NOT_AVAILABLE = (5, True, "There is no leader for this topic-partition as we are in the middle of a leadership election.")
+    NOT_LEADER_OR_FOLLOWER = (6, True, "This broker is not the leader (or not a replica) of the topic-partition.")
+    REQUEST_TIMED_OUT = (7, True, "The request timed out.")
+    BROKER_NOT_AVAILABLE = (8, False, "The broker is not available.")
+    REPLICA_NOT_AVAILABLE = (9, True, "The replica is not available for the requested topic-partition.")
+    MESSAGE_TOO_LARGE = (10, False, "The request included a record batch larger than the max message size the server will accept.")
+    STALE_CONTROLLER_EPOCH = (11, False, "The controller moved to another broker.")
+    OFFSET_METADATA_TOO_LARGE = (12, False, "The metadata field of the offset request was too large.")
+    NETWORK_EXCEPTION = (13, True, "The server disconnected before a response was received.")
+    COORDINATOR_LOAD_IN_PROGRESS = (14, True, "The coordinator is loading and hence can't process requests.")
+    COORDINATOR_NOT_AVAILABLE = (15, True, "The coordinator is not available.")
+    NOT_COORDINATOR = (16, True, "This is not the correct coordinator.")
+    INVALID_TOPIC_EXCEPTION = (17, False, "The request attempted to perform an operation on an invalid topic.")
+    RECORD_LIST_TOO_LARGE = (18, False, "The request included a batch list larger than the configured segment size.")
+    NOT_ENOUGH_REPLICAS = (19, True, "Messages are rejected since there are fewer in-sync replicas than required.")
+    NOT_ENOUGH_REPLICAS_AFTER_APPEND = (20, True, "Messages are written to the log, but to fewer in-sync replicas than required.")
+    INVALID_REQUIRED_ACKS = (21, False, "Produce request specified an invalid value for required acks (must be 0, 1 or -1/all).")
+    ILLEGAL_GENERATION = (22, False, "Specified group generation id is not valid.")
+    INVALID_GROUP_ID = (24, False, "The configured groupId is invalid.")
+    UNKNOWN_MEMBER_ID = (25, False, "The coordinator is not aware of this member.")
+    INVALID_SESSION_TIMEOUT = (26, False, "The session timeout is not within the range allowed by the broker.")
+    REBALANCE_IN_PROGRESS = (27, False, "The group is rebalancing, so a rejoin is needed.")
+    INVALID_COMMIT_OFFSET_SIZE = (28, False, "The committing offset data size is not valid.")
+    INVALID_TIMESTAMP = (32, False, "The timestamp of the message is out of acceptable range.")
+    UNSUPPORTED_VERSION = (35, False, "The version of API is not supported.")
+    TOPIC_ALREADY_EXISTS = (36, False, "Topic with this name already exists.")
+    INVALID_PARTITIONS = (37, False, "Number of partitions is below 1.")
+    INVALID_REPLICATION_FACTOR = (38, False, "Replication factor is below 1 or larger than the number of available brokers.")
+    INVALID_REPLICA_ASSIGNMENT = (39, False, "Replica assignment is invalid.")
+    INVALID_CONFIG = (40, False, "Configuration is invalid.")
+    NOT_CONTROLLER = (41, True, "This is not the correct controller for this cluster.")
+    INVALID_REQUEST = (42, False, "This most likely occurs because of a request being malformed by the client library or the message was sent to an incompatible broker.")
+    POLICY_VIOLATION = (44, False, "Request parameters do not satisfy the configured policy.")
+    OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, "The broker received an out of order sequence number.")
+    DUPLICATE_SEQUENCE_NUMBER = (46, False, "The broker received a duplicate sequence number.")
+    INVALID_PRODUCER_EPOCH = (47, False, "Producer attempted to produce with an old epoch.")
+    KAFKA_STORAGE_ERROR = (56, True, "Disk error when trying to access log file on the disk.")
+    LOG_DIR_NOT_FOUND = (57, False, "The user-specified log directory is not found in the broker config.")
+    UNKNOWN_PRODUCER_ID = (59, False, "The broker could not locate the producer metadata associated with the producer id.")
+    NON_EMPTY_GROUP = (68, False, "The group is not empty.")
+    GROUP_ID_NOT_FOUND = (69, False, "The group id does not exist.")
+    FENCED_LEADER_EPOCH = (74, True, "The leader epoch in the request is older than the epoch on the broker.")
+    UNKNOWN_LEADER_EPOCH = (75, True, "The leader epoch in the request is newer than the epoch on the broker.")
+    UNSUPPORTED_COMPRESSION_TYPE = (76, False, "The requesting client does not support the compression type of given partition.")
+    OFFSET_NOT_AVAILABLE = (78, True, "The leader high watermark has not caught up from a recent leader election so the offsets cannot be guaranteed to be monotonically increasing.")
+    GROUP_MAX_SIZE_REACHED = (81, False, "The consumer group has reached its max size.")
+    FENCED_INSTANCE_ID = (82, False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")
+    INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
+    THROTTLING_QUOTA_EXCEEDED = (89, True, "There is a throttling quota violation.")
+    FENCED_MEMBER_EPOCH = (110, False, "The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin.")
+    UNRELEASED_INSTANCE_ID = (111, False, "The instance ID is still used by another member in the consumer group.")
+    UNSUPPORTED_ASSIGNOR = (112, False, "The assignor or its version range is not supported by the consumer group.")
+    STALE_MEMBER_EPOCH = (113, False, "The member epoch is stale. The member must retry after receiving its updated member epoch via the ConsumerGroupHeartbeat API.")
+
+    @classmethod
+    def of(cls, value: int) -> "ErrorCode":
+        """The member for a number; an unknown number maps to UNKNOWN_SERVER_ERROR."""
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN_SERVER_ERROR
+
+
+class OdradekError(Exception):
+    """An error with a protocol code and a message a person can act on.
+
+    Raised in the process where it happens and turned into ``(code, message)`` at every
+    process boundary: exceptions never cross one.
+    """
+
+    code: ErrorCode = ErrorCode.UNKNOWN_SERVER_ERROR
+
+    def __init__(self, message: str = "", code: ErrorCode | None = None):
+        if code is not None:
+            self.code = ErrorCode(code)
+        super().__init__(message or self.code.meaning)
+
+    @property
+    def message(self) -> str:
+        return self.args[0] if self.args else self.code.meaning
+
+    @property
+    def retriable(self) -> bool:
+        return self.code.retriable
+
+    def __str__(self) -> str:
+        return f"[{self.code.name}] {self.message}"
