@@ -119,6 +119,7 @@ class Actor:
         self._wake_w: socket.socket | None = None
         self.retiring = False
         self._fences_expected: set[str] = set()
+        self._fences_seen: set[str] = set()
         self.processed = 0
         self.started_at = time.time()
         self.members: dict[str, list[str]] = {}
@@ -444,23 +445,22 @@ class Actor:
 
     def on__retire(self, msg: Message) -> None:
         """Leave a pool without failing a request: wait for a ``_fence`` from each sender
-        named in ``fences`` (each sends it after its last request to us), then stop."""
+        named in ``fences`` (each sends it after its last message to us) and for our own
+        open and outstanding requests to finish, then stop (``timeout`` caps the wait)."""
         self.retiring = True
-        self._fences_expected = set(msg.get("fences", [])) - getattr(self, "_fences_seen", set())
+        self._fences_expected = set(msg.get("fences", [])) - self._fences_seen
         self.reply(msg, {"name": self.name})
-        timeout = msg.get("timeout", 10.0)
-        self.call_later(timeout, self.stop)
-        if not self._fences_expected:
-            self.call_later(0, self.stop)
+        self.call_later(msg.get("timeout", 10.0), self.stop)
+        self._leave_check = self.call_every(0.01, self._maybe_leave)
 
     def on__fence(self, msg: Message) -> None:
         sender = msg.get("sender")
-        seen = getattr(self, "_fences_seen", set())
-        seen.add(sender)
-        self._fences_seen = seen
+        self._fences_seen.add(sender)
         self._fences_expected.discard(sender)
-        if self.retiring and not self._fences_expected:
-            self.call_later(0, self.stop)
+
+    def _maybe_leave(self) -> None:
+        if self.retiring and not self._fences_expected and not self._open and not self._waiting:
+            self.stop()
 
     # ---- stop ------------------------------------------------------------------------
     def _shutdown(self) -> None:

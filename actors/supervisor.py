@@ -231,8 +231,10 @@ class Supervisor(Actor):
             return
         child.last_exit = proc.exitcode
         if child.state in ("stopping", "retiring"):
+            retired = child.state == "retiring"
             child.state = "stopped"
-            self._maybe_finish_scaling(child.spec.role)
+            if retired:
+                self._forget_retired(child)
             return
         was_running = child.state == "running"
         child.state = "restarting"
@@ -326,7 +328,7 @@ class Supervisor(Actor):
                                f"got {count!r}", ErrorCode.INVALID_CONFIG)
         if role in self._scaling:
             raise OdradekError(f"a change of the {role} pool is already in progress", ErrorCode.REBALANCE_IN_PROGRESS)
-        current = [c for c in self.children.values() if c.spec is spec and c.state != "stopped"]
+        current = [c for c in self.children.values() if c.spec is spec and c.state not in ("stopped", "retiring")]
         if count > len(current):
             self._scale_up(spec, count, msg)
         elif count < len(current):
@@ -338,9 +340,10 @@ class Supervisor(Actor):
         used = {c.name for c in self.children.values()}
         new = []
         i = 0
-        while len(new) + len([c for c in self.children.values() if c.spec is spec and c.state != "stopped"]) < count:
+        have = len([c for c in self.children.values() if c.spec is spec and c.state not in ("stopped", "retiring")])
+        while have + len(new) < count:
             name = spec.instance_name(i)
-            if name not in used or self.children[name].state == "stopped":
+            if name not in used:
                 self.children[name] = Child(name, spec)
                 self._spawn(self.children[name])
                 new.append(name)
@@ -372,9 +375,13 @@ class Supervisor(Actor):
         self._scaling[spec.role] = job
 
         def retire_all() -> None:
+            # The pool is switched: no watcher routes to the leaving ones any more. They
+            # finish what they hold and exit on their own; the change is answered now.
             fences = [w.name for w in watchers]
             for child in leaving:
-                self.request(child.name, "_retire", {"fences": fences, "timeout": 10.0}, timeout=15.0)
+                self._send_quiet(child.name, "_retire", {"fences": fences, "timeout": 10.0})
+            del self._scaling[spec.role]
+            self.reply(msg, {"role": spec.role, "count": count, "removed": job["leaving"]})
 
         if not watchers:
             retire_all()
@@ -385,16 +392,9 @@ class Supervisor(Actor):
                     retire_all()
             self.request(watcher.name, "_members", fields, callback=acked, timeout=10.0)
 
-    def _maybe_finish_scaling(self, role: str) -> None:
-        job = self._scaling.get(role)
-        if job is None or "leaving" not in job:
-            return
-        if all(self.children[n].state == "stopped" for n in job["leaving"]):
-            del self._scaling[role]
-            for n in job["leaving"]:
-                del self.children[n]
-            spec = next(s for s in self.specs if s.role == role)
-            self.reply(job["msg"], {"role": role, "count": spec.count, "removed": job["leaving"]})
+    def _forget_retired(self, child: Child) -> None:
+        if self.children.get(child.name) is child:
+            del self.children[child.name]
 
     # ---- stop --------------------------------------------------------------------------
     def on_stop(self) -> None:
