@@ -1,0 +1,6 @@
+import sys
+
+from odradek.cli import main
+
+if __name__ == "__main__":
+    sys.exit(main())

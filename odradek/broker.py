@@ -1,0 +1,70 @@
+"""The broker's actor tree, assembled from the configuration.
+
+This is the top layer: it is the only place that knows which roles a broker has and in
+which order they start. ``actors.supervisor`` runs whatever spec it is given.
+
+Start order (stop order is the reverse): request handlers, processors, the acceptor — so a
+client can connect only once everything behind the listener is ready, and on shutdown the
+listener closes first while handlers still answer in-flight requests.
+"""
+from __future__ import annotations
+
+import logging
+import sys
+
+from actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
+from odradek import config as cfg
+
+log = logging.getLogger("odradek.broker")
+
+
+def actor_specs(config: dict) -> list[ChildSpec]:
+    args = {"config": config, "broker_id": config["broker.id"]}
+    return [
+        ChildSpec("handler", "network.handler:RequestHandler", count=config["num.io.threads"], args=args,
+                  watchers=("processor",), scalable=True, min_count=1, max_count=64),
+        ChildSpec("processor", "network.processor:Processor", count=config["num.network.threads"], args=args,
+                  watchers=("acceptor",), scalable=False),
+        ChildSpec("acceptor", "network.acceptor:Acceptor", count=1, args=dict(args)),
+    ]
+
+
+def restart_policy(config: dict) -> RestartPolicy:
+    return RestartPolicy(
+        max_restarts=config["supervisor.max.restarts"],
+        restart_window=config["supervisor.restart.window.ms"] / 1000,
+        backoff_initial=config["supervisor.restart.backoff.ms"] / 1000,
+        start_timeout=config["actor.start.timeout.ms"] / 1000,
+        shutdown_timeout=config["shutdown.timeout.ms"] / 1000,
+        liveness_timeout=config["supervisor.liveness.timeout.ms"] / 1000,
+        memory_limit_bytes=config["actor.memory.limit.bytes"],
+    )
+
+
+def build(config: dict, out=sys.stdout) -> Supervisor:
+    specs = actor_specs(config)
+    acceptor_spec = specs[-1]
+
+    def on_ready(sup: Supervisor) -> None:
+        info = sup.children["acceptor"].ready_info
+        host, port = info.get("host"), info.get("port")
+        # A restarted acceptor must come back on the port clients know, even if it was 0.
+        acceptor_spec.args["bound_port"] = port
+        sup.info["address"] = f"{host}:{port}"
+        print(f"odradek ready on {host}:{port} (broker {config['broker.id']})", file=out, flush=True)
+
+    info = {"broker_id": config["broker.id"], "cluster_id": config["cluster.id"],
+            "data_dir": cfg.data_dir(config)}
+    return Supervisor(cfg.run_dir(config), specs, restart_policy(config), on_ready=on_ready, info=info,
+                      log_level=config["log.level"])
+
+
+def serve(config: dict) -> int:
+    """Run a broker in this process until SIGTERM/SIGINT; returns the exit code."""
+    import os
+    os.makedirs(cfg.data_dir(config), exist_ok=True)
+    sup = build(config)
+    code = run_supervisor(sup)
+    if sup.fatal:
+        print(f"odradek: {sup.fatal}", file=sys.stderr, flush=True)
+    return code

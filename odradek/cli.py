@@ -1,0 +1,190 @@
+"""The ``odradek`` command line, shaped after Kafka's tools.
+
+    odradek serve [--config FILE] [--set key=value]...   run a broker (supervisor + actors)
+    odradek status [--config FILE] [--set ...] [--json]  the running broker's actor tree
+    odradek configs --describe | --alter key=value ...   broker configs (Kafka's kafka-configs)
+    odradek perf ping | hop ...                          benchmarks
+
+Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
+``listeners`` address of the config, so a plain ``odradek status`` next to a plain
+``odradek serve`` just works). Errors print one line naming the problem and exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+
+from network.protocol import OdradekError
+from odradek import config as cfg
+
+
+def _config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", metavar="FILE", help="TOML config file (Kafka property names)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                   help="override one setting (repeatable), e.g. --set num.io.threads=4")
+
+
+def _load(args) -> dict:
+    return cfg.load(args.config, args.set)
+
+
+def _bootstrap(args) -> str:
+    if getattr(args, "bootstrap_server", None):
+        return args.bootstrap_server
+    host, port = cfg.advertised(_load(args))
+    return f"{host}:{port}"
+
+
+# ---- serve / status --------------------------------------------------------------------
+def cmd_serve(args) -> int:
+    config = _load(args)
+    logging.basicConfig(level=config["log.level"], stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s [supervisor] %(message)s")
+    from odradek.broker import serve
+    return serve(config)
+
+
+def _fmt_bytes(n) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+        n /= 1024
+    return str(n)
+
+
+def cmd_status(args) -> int:
+    from actors.client import MailboxClient
+    config = _load(args)
+    run_dir = cfg.run_dir(config)
+    import os
+    if not os.path.exists(os.path.join(run_dir, "supervisor.mbox")):
+        raise OdradekError(f"no broker is running with run directory {run_dir} "
+                           f"(start one with `odradek serve`, or pass the same --config/--set it uses)")
+    with MailboxClient(run_dir) as client:
+        status = client.request("supervisor", "status", timeout=args.timeout).fields
+    if args.json:
+        print(json.dumps(status, indent=2))
+        return 0
+    sup = status["supervisor"]
+    print(f"broker {sup.get('broker_id')} ({sup.get('address', '?')}), supervisor pid {sup['pid']}, "
+          f"{sup['state']}, data {sup.get('data_dir')}")
+    cols = ["ACTOR", "ROLE", "PID", "STATE", "RESTARTS", "MEMORY", "CPU%", "FDS", "PROCESSED", "OPEN", "BACKLOG",
+            "UPTIME"]
+    rows = [[a["name"], a["role"], str(a["pid"] or "-"), a["state"], str(a["restarts"]), _fmt_bytes(a["rss"]),
+             "-" if a["cpu"] is None else f"{a['cpu']:.1f}", str(a["fds"] if a["fds"] is not None else "-"),
+             str(a["processed"] if a["processed"] is not None else "-"), str(a["open"] if a["open"] is not None else "-"),
+             str(a.get("backlog") or 0), f"{a['uptime']:.0f}s" if a["uptime"] is not None else "-"]
+            for a in status["actors"]]
+    widths = [max(len(r[i]) for r in [cols] + rows) for i in range(len(cols))]
+    for r in [cols] + rows:
+        print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    return 0
+
+
+# ---- configs -----------------------------------------------------------------------------
+def cmd_configs(args) -> int:
+    from network.client import BrokerConnection, parse_bootstrap
+    from network.protocol import ApiKey
+    host, port = parse_bootstrap(_bootstrap(args))[0]
+    entity = args.entity_name if args.entity_name is not None else "0"
+    conn = BrokerConnection(host, port, client_id="odradek-configs")
+    try:
+        if args.alter:
+            pairs = list(args.add_config or []) + list(args.pairs or [])
+            if not pairs:
+                raise OdradekError("--alter needs settings: --add-config key=value[,key=value] or key=value")
+            configs = []
+            for item in ",".join(pairs).split(","):
+                name, sep, value = item.partition("=")
+                if not sep:
+                    raise OdradekError(f"expected key=value, got {item!r}")
+                configs.append({"name": name.strip(), "value": value.strip(), "op": "set"})
+            body = {"resources": [{"type": "broker", "name": entity, "configs": configs}]}
+            resp = conn.request(ApiKey.INCREMENTAL_ALTER_CONFIGS, body)
+            for res in resp.body.get("resources", []):
+                if res.get("error_code"):
+                    raise OdradekError(res.get("error_message") or "alter failed", res["error_code"])
+            print(f"Completed updating config for broker {entity}.")
+            return 0
+        resp = conn.request(ApiKey.DESCRIBE_CONFIGS, {"resources": [{"type": "broker", "name": entity}]})
+        for res in resp.body.get("resources", []):
+            if res.get("error_code"):
+                raise OdradekError(res.get("error_message") or "describe failed", res["error_code"])
+            print(f"Configs for broker {res.get('name', entity)} are:")
+            for c in res.get("configs", []):
+                flag = " (dynamic)" if c.get("dynamic") else ""
+                print(f"  {c['name']}={c['value']}{flag}")
+        return 0
+    finally:
+        conn.close()
+
+
+# ---- perf --------------------------------------------------------------------------------
+def cmd_perf(args, rest: list[str]) -> int:
+    if args.what == "ping":
+        from network.bench import main as bench
+        if not any(a.startswith("--bootstrap-server") for a in rest):
+            rest = ["--bootstrap-server", _bootstrap(args)] + rest
+        return bench(rest) or 0
+    if args.what == "hop":
+        from actors.bench import main as bench
+        return bench(rest) or 0
+    raise OdradekError(f"unknown perf test {args.what!r}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="odradek", description="Odradek: a streaming log broker.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("serve", help="run a broker in the foreground (Ctrl-C or SIGTERM stops it)")
+    _config_args(p)
+    p.set_defaults(func=cmd_serve)
+
+    p = sub.add_parser("status", help="show the running broker's actor tree")
+    _config_args(p)
+    p.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the supervisor")
+    p.set_defaults(func=cmd_status)
+
+    p = sub.add_parser("configs", help="describe or alter broker configs (like kafka-configs)")
+    _config_args(p)
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--describe", action="store_true")
+    g.add_argument("--alter", action="store_true")
+    p.add_argument("--entity-type", default="brokers", choices=["brokers"])
+    p.add_argument("--entity-name", help="broker id (default 0)")
+    p.add_argument("--add-config", action="append", metavar="K=V[,K=V]")
+    p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
+    p.set_defaults(func=cmd_configs)
+
+    p = sub.add_parser("perf", help="benchmarks: ping (request path), hop (one actor hop)")
+    _config_args(p)
+    p.add_argument("what", choices=["ping", "hop"])
+    p.set_defaults(func=None)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    args, rest = parser.parse_known_args(argv)
+    try:
+        if args.command == "perf":
+            return cmd_perf(args, rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        return args.func(args)
+    except OdradekError as exc:
+        print(f"odradek: {exc.message} ({exc.code.name})", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

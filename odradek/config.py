@@ -1,0 +1,211 @@
+"""Broker configuration: one TOML file, Kafka's property names, ``--set key=value`` overrides.
+
+Every setting is declared once in ``SETTINGS`` (type, default, meaning, checks); docs/CONFIG.md
+lists the same table and a test keeps the two in step. Loading is strict: an unknown key, a
+value of the wrong type or out of range stops start-up with a message naming the setting.
+
+TOML accepts both spellings Kafka users reach for::
+
+    "log.dirs" = "/var/lib/odradek"      # a quoted flat key
+    [num]                                 # or nested tables, joined with dots
+    io.threads = 4
+
+The resolved config is a plain ``dict`` (name -> value) so it crosses process boundaries.
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import hashlib
+import os
+import tomllib
+from typing import Any, Callable
+from urllib.parse import urlsplit
+
+from network.protocol import ErrorCode, OdradekError
+
+
+class ConfigError(OdradekError):
+    code = ErrorCode.INVALID_CONFIG
+
+
+@dataclasses.dataclass(frozen=True)
+class Setting:
+    name: str
+    type: type
+    default: Any
+    doc: str
+    check: Callable[[Any], str | None] | None = None  # returns a problem, or None
+    dynamic: bool = False  # changeable at run time (IncrementalAlterConfigs)
+
+
+def _at_least(n: int) -> Callable[[Any], str | None]:
+    return lambda v: None if v >= n else f"must be at least {n}"
+
+
+def _between(lo: int, hi: int) -> Callable[[Any], str | None]:
+    return lambda v: None if lo <= v <= hi else f"must be from {lo} to {hi}"
+
+
+def _listener(v: str) -> str | None:
+    try:
+        parse_listener(v)
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _one_of(*choices: str) -> Callable[[Any], str | None]:
+    return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
+
+
+SETTINGS: dict[str, Setting] = {s.name: s for s in [
+    # --- identity and listeners ---
+    Setting("broker.id", int, 0, "This broker's id, unique in a cluster.", _at_least(0)),
+    Setting("cluster.id", str, "odradek", "The cluster's name, reported in Metadata."),
+    Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092",
+            "Address the acceptor listens on, `PLAINTEXT://host:port`; port 0 picks a free port.", _listener),
+    Setting("advertised.listeners", str, "",
+            "Address given to clients in Metadata; empty means the same as `listeners`.",
+            lambda v: None if not v else _listener(v)),
+    Setting("log.dirs", str, "./odradek-data",
+            "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),
+    Setting("run.dir", str, "",
+            "Directory for the actors' ipc sockets and the pid file; empty means `<log.dirs>/run` "
+            "(or a short path under /tmp when that would be too long for a Unix socket)."),
+    # --- network edge ---
+    Setting("num.network.threads", int, 2, "Processor actors: each owns a share of the client connections.",
+            _between(1, 64)),
+    Setting("num.io.threads", int, 2, "Request handler actors (a pool); changeable at run time with "
+            "`odradek configs --alter num.io.threads=N`.", _between(1, 64), dynamic=True),
+    Setting("socket.request.max.bytes", int, 104857600, "Largest request a processor accepts, in bytes.",
+            _at_least(1024)),
+    Setting("max.connections", int, 1000, "Connections the acceptor admits in all.", _at_least(1)),
+    Setting("max.connections.per.ip", int, 1000, "Connections the acceptor admits from one IP address.",
+            _at_least(1)),
+    Setting("connections.max.idle.ms", int, 600000, "A connection silent this long is closed.", _at_least(100)),
+    Setting("queued.max.requests", int, 500,
+            "Requests one processor keeps in flight before it stops reading its sockets.", _at_least(1)),
+    Setting("request.timeout.ms", int, 30000,
+            "A request still unanswered after this long gets REQUEST_TIMED_OUT from its processor.", _at_least(100)),
+    # --- supervision ---
+    Setting("shutdown.timeout.ms", int, 30000, "Time the supervisor gives the actors to stop on SIGTERM.",
+            _at_least(100)),
+    Setting("supervisor.max.restarts", int, 5,
+            "Restarts of one actor within `supervisor.restart.window.ms` before the broker shuts down.",
+            _at_least(0)),
+    Setting("supervisor.restart.window.ms", int, 60000, "Window for `supervisor.max.restarts`.", _at_least(1)),
+    Setting("supervisor.restart.backoff.ms", int, 100,
+            "First restart delay; it doubles with each restart in the window, up to 5 s.", _at_least(0)),
+    Setting("supervisor.liveness.timeout.ms", int, 30000,
+            "An actor that sends no heartbeat for this long is killed and restarted.", _at_least(1000)),
+    Setting("actor.memory.limit.bytes", int, 0,
+            "An actor whose resident memory passes this is restarted; 0 means no limit.", _at_least(0)),
+    Setting("actor.start.timeout.ms", int, 30000, "Time an actor has to report ready at start.", _at_least(100)),
+    Setting("log.level", str, "INFO", "Logging level of every actor.",
+            _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
+]}
+
+
+def parse_listener(value: str) -> tuple[str, int]:
+    """``PLAINTEXT://127.0.0.1:9092`` (or ``host:port``) -> ``("127.0.0.1", 9092)``."""
+    first = value.split(",")[0].strip()
+    if "://" not in first:
+        first = "PLAINTEXT://" + first
+    parts = urlsplit(first)
+    if parts.scheme.upper() != "PLAINTEXT":
+        raise ValueError(f"security protocol {parts.scheme!r} is not supported (only PLAINTEXT)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{value!r} has no valid port") from None
+    if not parts.hostname or port is None:
+        raise ValueError(f"{value!r} is not of the form PLAINTEXT://host:port")
+    return parts.hostname, port
+
+
+def _flatten(table: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in table.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = value
+    return out
+
+
+def _unknown(name: str) -> ConfigError:
+    near = difflib.get_close_matches(name, SETTINGS, n=1)
+    hint = f"; did you mean '{near[0]}'?" if near else "; see docs/CONFIG.md for every setting"
+    return ConfigError(f"unknown setting '{name}'{hint}")
+
+
+def coerce(name: str, value: Any) -> Any:
+    """Check (and, for strings from ``--set``, convert) one value. Raises ConfigError."""
+    setting = SETTINGS.get(name)
+    if setting is None:
+        raise _unknown(name)
+    if isinstance(value, str) and setting.type is not str:
+        text = value.strip()
+        try:
+            if setting.type is bool:
+                if text.lower() not in ("true", "false"):
+                    raise ValueError
+                value = text.lower() == "true"
+            else:
+                value = setting.type(text)
+        except ValueError:
+            raise ConfigError(f"setting '{name}' expects {setting.type.__name__}, got {value!r}") from None
+    if setting.type is int and isinstance(value, bool) or not isinstance(value, setting.type):
+        raise ConfigError(f"setting '{name}' expects {setting.type.__name__}, got {value!r}")
+    if setting.check is not None:
+        problem = setting.check(value)
+        if problem:
+            raise ConfigError(f"setting '{name}' = {value!r}: {problem}")
+    return value
+
+
+def load(path: str | None = None, overrides: list[str] | None = None) -> dict[str, Any]:
+    """Defaults, then the TOML file, then ``key=value`` overrides, each checked."""
+    config = {name: s.default for name, s in SETTINGS.items()}
+    if path:
+        try:
+            with open(path, "rb") as f:
+                table = tomllib.load(f)
+        except FileNotFoundError:
+            raise ConfigError(f"config file {path} does not exist") from None
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
+        for name, value in _flatten(table).items():
+            config[name] = coerce(name, value)
+    for item in overrides or []:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"--set expects key=value, got {item!r}")
+        config[name.strip()] = coerce(name.strip(), value)
+    return config
+
+
+def data_dir(config: dict) -> str:
+    return os.path.abspath(config["log.dirs"].split(",")[0].strip())
+
+
+# A Unix socket path must fit in sun_path (108 bytes on Linux) with the longest mailbox name.
+_MAX_RUN_DIR = 80
+
+
+def run_dir(config: dict) -> str:
+    """Where the actors' sockets live. Deterministic from the config, so ``odradek status``
+    finds a broker started with the same settings."""
+    if config.get("run.dir"):
+        return os.path.abspath(config["run.dir"])
+    path = os.path.join(data_dir(config), "run")
+    if len(path) <= _MAX_RUN_DIR:
+        return path
+    digest = hashlib.sha1(path.encode()).hexdigest()[:12]
+    return os.path.join("/tmp", f"odradek-run-{digest}")
+
+
+def advertised(config: dict) -> tuple[str, int]:
+    return parse_listener(config["advertised.listeners"] or config["listeners"])
