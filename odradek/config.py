@@ -141,12 +141,13 @@ def _unknown(name: str) -> ConfigError:
     return ConfigError(f"unknown setting '{name}'{hint}")
 
 
-def coerce(name: str, value: Any) -> Any:
-    """Check (and, for strings from ``--set``, convert) one value. Raises ConfigError."""
+def coerce(name: str, value: Any, from_text: bool = False) -> Any:
+    """Check one value; ``from_text`` values (``--set``, AlterConfigs) are converted from
+    strings first, TOML values must already have the right type. Raises ConfigError."""
     setting = SETTINGS.get(name)
     if setting is None:
         raise _unknown(name)
-    if isinstance(value, str) and setting.type is not str:
+    if from_text and isinstance(value, str) and setting.type is not str:
         text = value.strip()
         try:
             if setting.type is bool:
@@ -183,7 +184,7 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> dict[st
         name, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        config[name.strip()] = coerce(name.strip(), value)
+        config[name.strip()] = coerce(name.strip(), value, from_text=True)
     return config
 
 
@@ -209,3 +210,16 @@ def run_dir(config: dict) -> str:
 
 def advertised(config: dict) -> tuple[str, int]:
     return parse_listener(config["advertised.listeners"] or config["listeners"])
+
+
+def markdown_table() -> str:
+    """The settings table of docs/CONFIG.md (a test keeps the doc equal to this)."""
+    lines = ["| setting | type | default | dynamic | meaning |", "|---|---|---|---|---|"]
+    for s in SETTINGS.values():
+        default = f"`{s.default}`" if s.default != "" else "(empty)"
+        lines.append(f"| `{s.name}` | {s.type.__name__} | {default} | {'yes' if s.dynamic else ''} | {s.doc} |")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(markdown_table())

@@ -1,0 +1,245 @@
+"""The actor runtime, with real actor processes and a real supervisor tree."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from actors.client import MailboxClient
+from actors.message import Message, decode, encode_header, MalformedMessage
+from actors.runtime import Actor
+from network.protocol import ErrorCode, OdradekError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+class Tree:
+    """A supervisor tree in a subprocess; always stopped in teardown."""
+
+    def __init__(self, run_dir, children, policy=None):
+        spec = json.dumps({"children": children, "policy": policy or {}})
+        env = dict(os.environ, PYTHONPATH=ROOT)
+        self.run_dir = run_dir
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.actors.tree", spec, run_dir], cwd=ROOT,
+                                     env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     start_new_session=True)
+        line = self.proc.stdout.readline()
+        if line.strip() != "ready":
+            self.stop()
+            raise RuntimeError("tree did not start: " + self.proc.stderr.read()[-2000:])
+        self.client = MailboxClient(run_dir)
+
+    def status(self):
+        return {a["name"]: a for a in self.client.request("supervisor", "status").fields["actors"]}
+
+    def wait_for(self, pred, timeout=15.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return True
+            time.sleep(0.05)
+        return False
+
+    def stop(self):
+        kids = []
+        try:
+            kids = psutil.Process(self.proc.pid).children(recursive=True)
+        except psutil.NoSuchProcess:
+            pass
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(5)
+        for k in kids:
+            try:
+                k.kill()
+            except psutil.NoSuchProcess:
+                pass
+        if hasattr(self, "client"):
+            self.client.close()
+        return self.proc.returncode
+
+
+@pytest.fixture
+def tree(tmp_path):
+    trees = []
+
+    def make(children, policy=None):
+        t = Tree(str(tmp_path / f"run{len(trees)}"), children, policy)
+        trees.append(t)
+        return t
+
+    yield make
+    for t in trees:
+        t.stop()
+
+
+ECHO = {"role": "echo", "cls": "tests.actors.echo:Echo", "count": 2, "scalable": True}
+
+
+def test_message_header_round_trips_and_garbage_is_refused():
+    raw = encode_header("produce", 7, "processor-0", {"a": 1})
+    msg = decode([raw, b"payload"])
+    assert msg == Message("produce", 7, "processor-0", {"a": 1}, [b"payload"])
+    for bad in (b"", b"\xc1", encode_header("x")[:-1], b"\x93\x01\x02\x03"):
+        with pytest.raises(MalformedMessage):
+            decode([bad])
+
+
+def test_request_gets_the_reply_with_payload_frames_intact(tree):
+    t = tree([ECHO])
+    payload = os.urandom(200_000)
+    reply = t.client.request("echo-0", "echo", {"x": [1, 2]}, [payload, b"second"])
+    assert reply.fields == {"fields": {"x": [1, 2]}, "by": "echo-0"}
+    assert [bytes(f) for f in reply.frames] == [payload, b"second"]
+
+
+def test_unknown_message_and_handler_bug_get_error_replies_and_the_actor_keeps_serving(tree):
+    t = tree([ECHO])
+    with pytest.raises(OdradekError) as err:
+        t.client.request("echo-0", "no-such-type")
+    assert err.value.code == ErrorCode.INVALID_REQUEST and "no-such-type" in err.value.message
+    with pytest.raises(OdradekError) as err:
+        t.client.request("echo-0", "boom")
+    assert err.value.code == ErrorCode.UNKNOWN_SERVER_ERROR and "ValueError: boom" in err.value.message
+    assert t.client.request("echo-0", "echo", {"still": "here"}).fields["by"] == "echo-0"
+
+
+def test_pending_requests_get_an_error_when_the_actor_stops(tree):
+    t = tree([ECHO])
+    # Hold a request in echo-1 from a second client, then stop echo-1 through the runtime.
+    holder = MailboxClient(t.run_dir)
+    try:
+        from actors.message import encode_header as enc
+        holder._peer("echo-1").send_multipart([enc("hold", 99, holder.name, {})])
+        time.sleep(0.2)
+        t.client.request("echo-1", "_stop")
+        assert holder.inbox.poll(5000), "the held request was never answered"
+        answer = decode(holder.inbox.recv_multipart())
+        assert answer.is_error and answer.corr == 99
+        assert answer.error_code == ErrorCode.BROKER_NOT_AVAILABLE and "stopping" in answer.error_message
+    finally:
+        holder.close()
+
+
+def test_request_to_a_silent_actor_times_out_with_a_clear_error(tree):
+    t = tree([ECHO])
+    with pytest.raises(OdradekError) as err:
+        t.client.request("nobody-here", "echo", timeout=0.3)
+    assert err.value.code == ErrorCode.REQUEST_TIMED_OUT and "nobody-here" in err.value.message
+
+
+def test_a_killed_child_is_restarted_and_status_shows_the_restart(tree):
+    t = tree([ECHO])
+    before = t.status()["echo-0"]
+    os.kill(before["pid"], signal.SIGKILL)
+    assert t.wait_for(lambda: t.status()["echo-0"]["restarts"] == 1 and t.status()["echo-0"]["state"] == "running")
+    after = t.status()["echo-0"]
+    assert after["pid"] != before["pid"] and after["last_exit"] == -signal.SIGKILL
+    assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+
+
+def test_a_child_that_keeps_dying_shuts_the_tree_down_naming_it(tmp_path):
+    spec = json.dumps({"children": [ECHO, {"role": "crasher", "cls": "tests.actors.echo:Crasher"}],
+                       "policy": {"max_restarts": 2, "restart_window": 30, "backoff_initial": 0.01}})
+    proc = subprocess.run([sys.executable, "-m", "tests.actors.tree", spec, str(tmp_path / "run")], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 1
+    assert "crasher died 3 times" in proc.stderr
+    assert not [f for f in os.listdir(tmp_path / "run") if f.endswith(".mbox")]
+
+
+def test_sigterm_stops_every_child_and_leaves_no_socket_file(tree):
+    t = tree([ECHO, {"role": "relay", "cls": "tests.actors.echo:Relay"}])
+    pids = [a["pid"] for a in t.status().values()]
+    assert t.stop() == 0
+    assert not [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    assert os.listdir(t.run_dir) == []
+
+
+def test_a_second_supervisor_on_the_same_run_dir_is_refused(tree, tmp_path):
+    t = tree([ECHO])
+    proc = subprocess.run([sys.executable, "-m", "tests.actors.tree", json.dumps({"children": [ECHO]}), t.run_dir],
+                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "another broker" in proc.stderr
+    assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+
+
+def test_stale_sockets_of_a_killed_tree_are_cleared_at_start(tree, tmp_path):
+    run_dir = tmp_path / "stale"
+    run_dir.mkdir()
+    (run_dir / "echo-0.mbox").write_text("")
+    (run_dir / "supervisor.pid").write_text("999999")
+    t = Tree(str(run_dir), [ECHO])
+    try:
+        assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+    finally:
+        t.stop()
+
+
+def test_scaling_a_pool_up_and_down_fails_no_request(tree):
+    relay = {"role": "relay", "cls": "tests.actors.echo:Relay"}
+    t = tree([dict(ECHO, count=1, watchers=["relay"]), relay])
+    errors, done = [], threading.Event()
+    counts = {"ok": 0}
+
+    def load():
+        with MailboxClient(t.run_dir) as c:
+            while not done.is_set():
+                try:
+                    c.request("relay", "relay", {"n": counts["ok"]}, timeout=10)
+                    counts["ok"] += 1
+                except OdradekError as exc:
+                    errors.append(exc)
+
+    th = threading.Thread(target=load)
+    th.start()
+    try:
+        for n in (4, 1, 3, 1):
+            time.sleep(0.3)
+            reply = t.client.request("supervisor", "scale", {"role": "echo", "count": n}, timeout=30)
+            assert reply.fields["count"] == n
+            assert t.wait_for(lambda: len([a for a in t.status().values() if a["role"] == "echo"]) == n)
+        time.sleep(0.3)
+    finally:
+        done.set()
+        th.join(30)
+    assert errors == [] and counts["ok"] > 50
+
+
+def test_scaling_a_role_that_cannot_scale_or_to_a_bad_count_is_refused(tree):
+    t = tree([ECHO, {"role": "relay", "cls": "tests.actors.echo:Relay"}])
+    with pytest.raises(OdradekError) as err:
+        t.client.request("supervisor", "scale", {"role": "relay", "count": 2})
+    assert err.value.code == ErrorCode.INVALID_CONFIG and "echo" in err.value.message
+    with pytest.raises(OdradekError) as err:
+        t.client.request("supervisor", "scale", {"role": "echo", "count": 0})
+    assert "from 1 to 64" in err.value.message
+
+
+class Ticker(Actor):
+    def on_start(self):
+        self.ticks = []
+        self.call_every(0.01, lambda: self.ticks.append(self.clock()))
+        self.once = self.call_later(0.05, lambda: self.ticks.append("once"))
+        self.cancelled = self.call_later(0.02, lambda: self.ticks.append("cancelled"))
+        self.cancelled.cancel()
+        self.call_later(0.2, self.stop)
+
+
+def test_timers_fire_in_order_and_cancelled_ones_do_not(tmp_path):
+    actor = Ticker("ticker", str(tmp_path))
+    actor.run()
+    numbers = [t for t in actor.ticks if t != "once"]
+    assert "once" in actor.ticks and "cancelled" not in actor.ticks
+    assert len(numbers) >= 5 and numbers == sorted(numbers)
+    assert os.listdir(tmp_path) == []

@@ -1,0 +1,81 @@
+"""Configuration: Kafka names, strict checks, TOML both ways, --set, the doc in step."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from network.protocol import ErrorCode
+from odradek import config as cfg
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_defaults_serve_out_of_the_box_on_loopback():
+    c = cfg.load()
+    assert cfg.parse_listener(c["listeners"]) == ("127.0.0.1", 9092)
+    assert c["num.io.threads"] >= 1 and c["log.dirs"] == "./odradek-data"
+
+
+def test_toml_accepts_quoted_flat_keys_and_nested_tables(tmp_path):
+    path = tmp_path / "b.toml"
+    path.write_text('"broker.id" = 3\n[num.io]\nthreads = 5\n[log]\ndirs = "/x"\n')
+    c = cfg.load(str(path), ["num.network.threads=4"])
+    assert (c["broker.id"], c["num.io.threads"], c["log.dirs"], c["num.network.threads"]) == (3, 5, "/x", 4)
+
+
+@pytest.mark.parametrize("overrides, words", [
+    (["num.io.thread=3"], ["unknown setting 'num.io.thread'", "did you mean 'num.io.threads'"]),
+    (["num.io.threads=many"], ["'num.io.threads' expects int", "'many'"]),
+    (["num.io.threads=0"], ["'num.io.threads' = 0", "from 1 to 64"]),
+    (["listeners=SSL://h:1"], ["'listeners'", "not supported"]),
+    (["listeners=PLAINTEXT://host"], ["'listeners'", "PLAINTEXT://host:port"]),
+    (["log.level=LOUD"], ["'log.level'", "DEBUG"]),
+    (["num.io.threads"], ["--set expects key=value"]),
+])
+def test_bad_settings_are_refused_with_a_message_naming_them(overrides, words):
+    with pytest.raises(cfg.ConfigError) as err:
+        cfg.load(None, overrides)
+    assert err.value.code == ErrorCode.INVALID_CONFIG
+    for w in words:
+        assert w in err.value.message
+
+
+def test_a_wrongly_typed_toml_value_and_a_broken_file_are_refused(tmp_path):
+    bad = tmp_path / "bad.toml"
+    bad.write_text('"num.io.threads" = "4"\n')
+    with pytest.raises(cfg.ConfigError, match="'num.io.threads' expects int"):
+        cfg.load(str(bad))
+    broken = tmp_path / "broken.toml"
+    broken.write_text("num.io.threads = = 4\n")
+    with pytest.raises(cfg.ConfigError, match="not valid TOML"):
+        cfg.load(str(broken))
+    with pytest.raises(cfg.ConfigError, match="does not exist"):
+        cfg.load(str(tmp_path / "missing.toml"))
+
+
+def test_run_dir_is_short_enough_for_unix_sockets_and_deterministic():
+    long_dir = "/tmp/" + "x" * 150
+    c = cfg.load(None, [f"log.dirs={long_dir}"])
+    assert len(cfg.run_dir(c)) <= 80 and cfg.run_dir(c) == cfg.run_dir(dict(c))
+    assert cfg.run_dir(cfg.load(None, ["log.dirs=/srv/od"])) == "/srv/od/run"
+
+
+def test_config_doc_lists_every_setting_with_its_default():
+    with open(os.path.join(ROOT, "docs", "CONFIG.md")) as f:
+        doc = f.read()
+    assert cfg.markdown_table() in doc, "docs/CONFIG.md is stale: regenerate with python -m odradek.config"
+
+
+def test_serve_with_a_bad_setting_exits_1_naming_it_and_starts_nothing(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "odradek", "serve", "--set", "num.io.threads=-2",
+                           "--set", f"log.dirs={tmp_path}"], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1
+    assert "num.io.threads" in proc.stderr and "INVALID_CONFIG" in proc.stderr
+    assert not os.path.exists(tmp_path / "run")
+
+
+def test_status_without_a_running_broker_says_so(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "odradek", "status", "--set", f"log.dirs={tmp_path}"],
+                          capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert proc.returncode == 1 and "no broker is running" in proc.stderr
