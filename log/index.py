@@ -1,0 +1,181 @@
+"""Sparse offset and time indexes of a segment: entry formats, lookups, and the writer.
+
+Formats (docs/FORMAT.md): ``.index`` holds 8-byte entries ``(relative offset u32, position
+u32)`` big-endian, one per ``index.interval.bytes`` of log; ``.timeindex`` holds 12-byte
+entries ``(timestamp i64, relative offset u32)`` meaning "every record below base + relative
+offset has a timestamp <= timestamp". Both are strictly increasing in every field and never
+hold an entry with position 0 / relative offset 0, so the zero fill of a preallocated file
+ends the valid entries and a binary search finds that end.
+
+Lookups (``offset_floor``, ``position_floor``, ``time_floor_below``, ``count_*``) are
+``bisect`` over an entry source with O(log n) probes, never a loop over entries. A source is
+anything with ``entry_bytes(i, size)``: ``BufferSource`` over bytes/mmap (the writer's own
+index, or a closed segment's index read once) or ``FileSource`` over a file descriptor that
+another process is writing (``LogReader``), probing with ``pread``. Entries are never
+trusted beyond the bound the caller passes (a byte position or a relative offset); callers
+also verify the batch an entry points to before using it.
+
+``IndexWriter`` (single writer: the partition's log actor) appends entries through an mmap
+of a preallocated file and trims the file when its segment rolls or the log closes.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import struct
+
+OFFSET_ENTRY = struct.Struct(">II")  # relative offset, position
+TIME_ENTRY = struct.Struct(">qI")  # timestamp, relative offset
+
+
+class BufferSource:
+    """Entries in a bytes-like buffer (bytes, bytearray, mmap)."""
+
+    __slots__ = ("buf", "limit")
+
+    def __init__(self, buf, limit: int | None = None):
+        self.buf = buf
+        self.limit = len(buf) if limit is None else limit
+
+    def entry_bytes(self, i: int, size: int) -> bytes | None:
+        start = i * size
+        if start + size > self.limit:
+            return None
+        return self.buf[start:start + size]
+
+    def capacity(self, size: int) -> int:
+        return self.limit // size
+
+
+class FileSource:
+    """Entries read with ``pread`` from a file another process may be writing."""
+
+    __slots__ = ("fd", "file_size")
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.file_size = os.fstat(fd).st_size
+
+    def entry_bytes(self, i: int, size: int) -> bytes | None:
+        data = os.pread(self.fd, size, i * size)
+        return data if len(data) == size else None
+
+    def capacity(self, size: int) -> int:
+        return self.file_size // size
+
+
+def _offset_entry(src, i: int) -> tuple[int, int] | None:
+    raw = src.entry_bytes(i, OFFSET_ENTRY.size)
+    return None if raw is None else OFFSET_ENTRY.unpack(raw)
+
+
+def _time_entry(src, i: int) -> tuple[int, int] | None:
+    raw = src.entry_bytes(i, TIME_ENTRY.size)
+    return None if raw is None else TIME_ENTRY.unpack(raw)
+
+
+def count_offset_entries(src, end_position: int) -> int:
+    """Number of leading entries that are real (position > 0) and below ``end_position``."""
+    def invalid(i: int) -> bool:
+        e = _offset_entry(src, i)
+        return e is None or e[1] == 0 or e[1] >= end_position
+    return bisect.bisect_left(range(src.capacity(OFFSET_ENTRY.size)), True, key=invalid)
+
+
+def count_time_entries(src, end_relative_offset: int) -> int:
+    """Number of leading entries that are real (rel > 0) and at most ``end_relative_offset``."""
+    def invalid(i: int) -> bool:
+        e = _time_entry(src, i)
+        return e is None or e[1] == 0 or e[1] > end_relative_offset
+    return bisect.bisect_left(range(src.capacity(TIME_ENTRY.size)), True, key=invalid)
+
+
+def offset_floor(src, count: int, relative_offset: int) -> tuple[int, int] | None:
+    """The last entry ``(rel, pos)`` with ``rel <= relative_offset`` among the first ``count``."""
+    i = bisect.bisect_right(range(count), relative_offset, key=lambda j: _offset_entry(src, j)[0]) - 1
+    return _offset_entry(src, i) if i >= 0 else None
+
+
+def position_floor(src, count: int, position: int) -> tuple[int, int] | None:
+    """The last entry ``(rel, pos)`` with ``pos <= position`` among the first ``count``."""
+    i = bisect.bisect_right(range(count), position, key=lambda j: _offset_entry(src, j)[1]) - 1
+    return _offset_entry(src, i) if i >= 0 else None
+
+
+def time_floor_below(src, count: int, timestamp: int) -> tuple[int, int] | None:
+    """The last entry ``(ts, rel)`` with ``ts < timestamp`` among the first ``count``."""
+    i = bisect.bisect_left(range(count), timestamp, key=lambda j: _time_entry(src, j)[0]) - 1
+    return _time_entry(src, i) if i >= 0 else None
+
+
+def last_time_entry(src, count: int) -> tuple[int, int] | None:
+    return _time_entry(src, count - 1) if count else None
+
+
+class IndexWriter:
+    """An index file being appended to through an mmap of its preallocated size.
+
+    Not thread-safe; only the log actor (through ``Log``) calls it. Invariants: ``count``
+    entries are valid; the file is ``capacity * entry_size`` bytes while open for writing and
+    exactly ``count * entry_size`` after ``trim``.
+    """
+
+    def __init__(self, files, path: str, entry: struct.Struct, capacity: int, count: int):
+        self.files = files
+        self.path = path
+        self.entry = entry
+        self.capacity = capacity
+        self.count = count
+        self._fd = files.open(path, os.O_RDWR | os.O_CREAT)
+        try:
+            files.allocate(self._fd, capacity * entry.size)
+            self._map = files.mmap(self._fd, capacity * entry.size)
+        except BaseException:
+            files.close(self._fd)
+            raise
+        # zero what lies past the valid entries (a torn or stale tail must not look valid)
+        tail = (count) * entry.size
+        self._map[tail:] = bytes(len(self._map) - tail)
+
+    @property
+    def full(self) -> bool:
+        return self.count >= self.capacity
+
+    def source(self) -> BufferSource:
+        return BufferSource(self._map, self.count * self.entry.size)
+
+    def append(self, a: int, b: int) -> None:
+        at = self.count * self.entry.size
+        self.entry.pack_into(self._map, at, a, b)
+        self.count += 1
+
+    def truncate_entries(self, count: int) -> None:
+        """Keep the first ``count`` entries; zero the rest."""
+        if count < self.count:
+            start = count * self.entry.size
+            self._map[start:self.count * self.entry.size] = bytes((self.count - count) * self.entry.size)
+            self.count = count
+
+    def entries_bytes(self) -> bytes:
+        return self._map[:self.count * self.entry.size]
+
+    def flush(self) -> None:
+        self.files.msync(self._map)
+
+    def trim_and_close(self) -> bytes:
+        """Flush, shrink the file to its entries, close; return the entries' bytes."""
+        data = self.entries_bytes()
+        self.files.msync(self._map)
+        self._map.close()
+        try:
+            self.files.ftruncate(self._fd, len(data))
+        finally:
+            self.files.close(self._fd)
+        return data
+
+    def close_untrimmed(self) -> None:
+        """Close without trimming (used when the log is dropped after a storage error)."""
+        try:
+            self._map.close()
+        finally:
+            self.files.close(self._fd)

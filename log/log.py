@@ -1,0 +1,759 @@
+"""The durable log of one partition: segments, indexes, retention, flush, checkpoints, recovery.
+
+Runs inside the partition's log actor and is called by nothing else: ``Log`` is single
+writer and not thread-safe. Readers in other processes use ``LogReader`` (``log.reader``)
+over the same directory, told the bounds (``Log.bounds()``) by the log actor. Layout and
+byte formats: docs/FORMAT.md; flows: docs/ARCHITECTURE.md (Storage).
+
+Invariants the class keeps (and the tests check):
+
+- Segments are ordered by base offset; every batch of segment *i* has offsets below the
+  base offset of segment *i + 1*; only the last segment (the active one) is written.
+- Every byte below a segment's ``size`` is a whole, validated batch. An append writes the
+  whole batch or nothing: a failed write is truncated away before the error is raised (or,
+  if that fails too, before the next append).
+- Offsets only grow: log start <= high watermark <= log end, recovery point <= log end.
+- Files are only ever deleted after a rename to ``.deleted`` (retention) or replaced by an
+  atomic rename (checkpoints, compaction swaps), so a crash at any point is recoverable.
+
+Time and I/O are injected: ``now_ms`` (a callable) and ``files`` (``log.files.FileLayer``).
+Every ``OSError`` surfaces as ``StorageError`` (KAFKA_STORAGE_ERROR) with the log consistent.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+import time
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+from log import index as ix
+from log.config import LogConfig
+from log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
+                        RecordListTooLargeError, StorageError)
+from log.files import FileLayer, system_now_ms
+from log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log, scan_segment
+from log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
+                        plan_read)
+from log.records import patch_base_offset, set_log_append_time, validate_batches
+from log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
+                         segment_paths)
+
+CLEAN_SHUTDOWN = ".clean_shutdown"
+CHECKPOINT = "partition.checkpoint"
+CHECKPOINT_VERSION = 0
+DELETED_SUFFIX = ".deleted"
+CLEANED_SUFFIX = ".cleaned"
+SWAP_SUFFIX = ".swap"
+TMP_SUFFIX = ".tmp"
+MAX_RELATIVE_OFFSET = (1 << 31) - 1
+
+
+class AppendInfo(NamedTuple):
+    """What an append did: offsets given, time, and where the bytes went."""
+
+    base_offset: int
+    last_offset: int
+    append_time_ms: int
+    log_start_offset: int
+    position: int  # byte position of the first batch in its segment
+    segment_base: int  # base offset of that segment
+    size: int  # bytes written
+
+
+class Checkpoint(NamedTuple):
+    log_start_offset: int
+    recovery_point: int
+    high_watermark: int
+
+
+def _storage(op: str, e: OSError) -> StorageError:
+    return StorageError(f"{op} failed: {e.strerror or e} (errno {e.errno})")
+
+
+class LogSegment(SegmentView):
+    """A segment as the writer sees it: an open ``.log`` and, while active, index writers.
+
+    Single writer (the log actor, through ``Log``).
+    """
+
+    def __init__(self, files: FileLayer, directory: str, base_offset: int, fd: int, size: int,
+                 created_ms: int):
+        self.files = files
+        self.base_offset = base_offset
+        self.log_path, self.index_path, self.timeindex_path = segment_paths(directory, base_offset)
+        self.fd = fd
+        self.size = size
+        self.created_ms = created_ms
+        self.max_timestamp = -1
+        self.oidx: ix.IndexWriter | None = None
+        self.tidx: ix.IndexWriter | None = None
+        self.policy: IndexPolicy | None = None
+        self._closed_sources: dict[str, tuple] = {}
+
+    # -- read side (SegmentView)
+    def pread(self, size: int, position: int) -> bytes:
+        return self.files.pread(self.fd, size, position)
+
+    def offset_source(self):
+        if self.oidx is not None:
+            return self.oidx.source(), self.oidx.count
+        return self._closed_source(self.index_path, ix.count_offset_entries, self.size)
+
+    def time_source(self):
+        if self.tidx is not None:
+            return self.tidx.source(), self.tidx.count
+        return self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
+
+    def _closed_source(self, path: str, counter, bound: int):
+        found = self._closed_sources.get(path)
+        if found is None:
+            data = read_file(self.files, path)
+            src = ix.BufferSource(data)
+            found = self._closed_sources[path] = (src, counter(src, bound))
+        return found
+
+    # -- write side
+    def activate(self, capacity: int, interval: int) -> None:
+        """Open index writers over the existing valid entries; recompute the index policy."""
+        osrc, ocount = self._closed_source(self.index_path, ix.count_offset_entries, self.size)
+        tsrc, tcount = self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
+        ocount, tcount = min(ocount, capacity - 1), min(tcount, capacity - 1)
+        self._closed_sources.clear()
+        self.oidx = ix.IndexWriter(self.files, self.index_path, ix.OFFSET_ENTRY, capacity, ocount)
+        self.tidx = ix.IndexWriter(self.files, self.timeindex_path, ix.TIME_ENTRY, capacity, tcount)
+        self._reset_policy(interval)
+
+    def _reset_policy(self, interval: int) -> None:
+        """Index policy state from the last entries plus a short scan of the tail."""
+        osrc, ocount = self.offset_source()
+        last = ix.offset_floor(osrc, ocount, 1 << 33) if ocount else None
+        tlast = ix.last_time_entry(*self.time_source())
+        pos = last[1] if last else 0
+        max_ts = tlast[0] if tlast else MIN_TS
+        h = self.header_at(pos)
+        while h is not None:
+            max_ts = max(max_ts, h.max_timestamp)
+            pos += h.size
+            h = self.header_at(pos)
+        self.policy = IndexPolicy(interval, self.size - (last[1] if last else 0), max_ts,
+                                  tlast[0] if tlast else MIN_TS)
+        self.max_timestamp = max(max_ts, -1)
+
+    def add_batch_entries(self, position: int, rel: int, size: int, max_ts: int) -> None:
+        due = self.policy.before_batch(position, rel)
+        if due is not None:
+            self.oidx.append(*due[0])
+            if due[1] is not None:
+                self.tidx.append(*due[1])
+        self.policy.after_batch(size, max_ts)
+        if max_ts > self.max_timestamp:
+            self.max_timestamp = max_ts
+
+    def index_room(self, entries: int) -> bool:
+        return self.oidx.count + entries < self.oidx.capacity and self.tidx.count + entries < self.tidx.capacity
+
+    def seal(self, next_offset: int) -> None:
+        """The segment stops being active: final time entry, trim both index files."""
+        if self.oidx is None:
+            return
+        final = self.policy.final_time_entry(next_offset - self.base_offset)
+        if final is not None and self.tidx.count < self.tidx.capacity:
+            self.tidx.append(*final)
+        odata = self.oidx.trim_and_close()
+        tdata = self.tidx.trim_and_close()
+        self.oidx = self.tidx = None
+        self._closed_sources[self.index_path] = (ix.BufferSource(odata), len(odata) // ix.OFFSET_ENTRY.size)
+        self._closed_sources[self.timeindex_path] = (ix.BufferSource(tdata), len(tdata) // ix.TIME_ENTRY.size)
+
+    def truncate(self, new_size: int, next_offset: int, interval: int) -> None:
+        """Cut the log at ``new_size`` (a batch boundary) and drop index entries past it."""
+        self.files.ftruncate(self.fd, new_size)
+        self.files.fsync(self.fd)
+        self.size = new_size
+        osrc, _ = self.offset_source()
+        tsrc, _ = self.time_source()
+        ocount = ix.count_offset_entries(osrc, new_size)
+        tcount = ix.count_time_entries(tsrc, next_offset - self.base_offset)
+        self.oidx.truncate_entries(ocount)
+        self.tidx.truncate_entries(tcount)
+        self._reset_policy(interval)
+
+    def write_indexes(self, offset_entries: list, time_entries: list, capacity: int) -> None:
+        """Replace both index files with the given entries (after a rebuild)."""
+        if self.oidx is not None:
+            self.oidx.truncate_entries(0)
+            self.tidx.truncate_entries(0)
+            for e in offset_entries[:capacity - 1]:
+                self.oidx.append(*e)
+            for e in time_entries[:capacity - 1]:
+                self.tidx.append(*e)
+            return
+        odata = b"".join(ix.OFFSET_ENTRY.pack(*e) for e in offset_entries)
+        tdata = b"".join(ix.TIME_ENTRY.pack(*e) for e in time_entries)
+        self.files.write_file_atomically(self.index_path, odata)
+        self.files.write_file_atomically(self.timeindex_path, tdata)
+        self._closed_sources[self.index_path] = (ix.BufferSource(odata), len(offset_entries))
+        self._closed_sources[self.timeindex_path] = (ix.BufferSource(tdata), len(time_entries))
+
+    def flush(self) -> None:
+        self.files.fsync(self.fd)
+        if self.oidx is not None:
+            self.oidx.flush()
+            self.tidx.flush()
+
+    def close(self, trim: bool = True) -> None:
+        try:
+            if self.oidx is not None:
+                if trim:
+                    self.oidx.trim_and_close()
+                    self.tidx.trim_and_close()
+                else:
+                    self.oidx.close_untrimmed()
+                    self.tidx.close_untrimmed()
+        finally:
+            self.oidx = self.tidx = None
+            if self.fd is not None:
+                self.files.close(self.fd)
+                self.fd = None
+
+    @property
+    def all_paths(self) -> tuple[str, str, str]:
+        return self.log_path, self.index_path, self.timeindex_path
+
+
+def read_file(files: FileLayer, path: str) -> bytes:
+    """The whole file, or b'' if it does not exist."""
+    try:
+        fd = files.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        return files.pread(fd, files.fstat_size(fd), 0)
+    finally:
+        files.close(fd)
+
+
+class Log:
+    """One partition's log. Single writer: only the partition's log actor calls this.
+
+    Not thread-safe. Public API: ``append``, ``append_as_follower``, ``read``, ``fetch``,
+    ``offset_for_time``, ``truncate_to``, ``delete_records_before``, ``apply_retention``,
+    ``delete_expired_files``, ``flush``, ``maybe_flush``, ``checkpoint``, ``roll``,
+    ``bounds``, ``close``; properties ``log_start_offset``, ``log_end_offset``,
+    ``high_watermark`` (settable, clamped), ``recovery_point``, ``segments``, ``size``.
+    """
+
+    def __init__(self, directory: str, config: LogConfig | None = None, *,
+                 now_ms: Callable[[], int] = system_now_ms, files: FileLayer | None = None):
+        self.dir = directory
+        self.config = config or LogConfig()
+        self._now = now_ms
+        self._files = files or FileLayer()
+        self._segments: list[LogSegment] = []
+        self._bases: list[int] = []
+        self._log_end_offset = 0
+        self._log_start_offset = 0
+        self._recovery_point = 0
+        self._high_watermark = 0
+        self._unflushed = 0
+        self._last_flush_ms = self._now()
+        self._unflushed_segments: list[LogSegment] = []
+        self._pending_deletes: list[tuple[int, list[str]]] = []
+        self._dirty_tail: tuple[LogSegment, int] | None = None
+        self._generation = 0
+        self._closed = False
+        started = time.monotonic()
+        self.recovery_report = self._load()
+        self.recovery_report.seconds = time.monotonic() - started
+        log.info("%s: %s", directory, self.recovery_report.summary())
+
+    # ------------------------------------------------------------------ properties
+    @property
+    def log_end_offset(self) -> int:
+        return self._log_end_offset
+
+    @property
+    def log_start_offset(self) -> int:
+        return self._log_start_offset
+
+    @property
+    def recovery_point(self) -> int:
+        return self._recovery_point
+
+    @property
+    def high_watermark(self) -> int:
+        return self._high_watermark
+
+    @high_watermark.setter
+    def high_watermark(self, offset: int) -> None:
+        self._high_watermark = min(max(offset, self._log_start_offset), self._log_end_offset)
+
+    @property
+    def segments(self) -> list[LogSegment]:
+        """The segments, oldest first (read-only use; the last one is active)."""
+        return list(self._segments)
+
+    @property
+    def active_segment(self) -> LogSegment:
+        return self._segments[-1]
+
+    @property
+    def size(self) -> int:
+        return sum(s.size for s in self._segments)
+
+    def bounds(self) -> LogBounds:
+        """What ``LogReader`` in another process needs to read safely (send after changes)."""
+        a = self._segments[-1]
+        return LogBounds(self._log_start_offset, self._log_end_offset, self._high_watermark,
+                         a.base_offset, a.size, self._generation)
+
+    # ------------------------------------------------------------------ append
+    def append(self, batch, leader_epoch: int = 0, assign_offsets: bool = True) -> AppendInfo:
+        """Validate, assign offsets to and append one or more concatenated batches.
+
+        The buffer is patched in place if writable (bytearray, writable memoryview), else
+        copied. Raises CorruptRecordError, RecordTooLargeError, RecordListTooLargeError,
+        InvalidRecordError (follower offsets going backwards) or StorageError; on any error
+        nothing was appended.
+        """
+        self._check_open()
+        buf = batch if _writable(batch) else bytearray(batch)
+        headers = validate_batches(buf, self.config.max_message_bytes)
+        if len(buf) > self.config.segment_bytes:
+            raise RecordListTooLargeError(f"{len(buf)} bytes do not fit in segment.bytes {self.config.segment_bytes}")
+        now = self._now()
+        first, last = self._assign(buf, headers, leader_epoch if assign_offsets else None, assign_offsets, now)
+        self._repair_tail()
+        seg = self._segment_for(len(buf), len(headers), first, last, now)
+        position = seg.size
+        self._write(seg, buf, position)
+        self._index(seg, buf, headers, position, now)
+        seg.size = position + len(buf)
+        self._log_end_offset = last + 1
+        self._unflushed += sum(h.record_count for h in headers)
+        self.maybe_flush(now)
+        return AppendInfo(first, last, now, self._log_start_offset, position, seg.base_offset, len(buf))
+
+    def append_as_follower(self, batch) -> AppendInfo:
+        """Append a leader's batches keeping their offsets and leader epochs (replication)."""
+        return self.append(batch, assign_offsets=False)
+
+    def _assign(self, buf, headers, leader_epoch, assign: bool, now: int) -> tuple[int, int]:
+        next_offset, pos = self._log_end_offset, 0
+        first = next_offset if assign else headers[0].base_offset
+        for h in headers:
+            if assign:
+                patch_base_offset(buf, next_offset, leader_epoch, pos)
+            elif h.base_offset < next_offset:
+                raise InvalidRecordError(
+                    f"follower append at offset {h.base_offset} is below the expected {next_offset}")
+            else:
+                next_offset = h.base_offset
+            if self.config.log_append_time:
+                set_log_append_time(buf, now, pos)
+            next_offset += h.last_offset_delta + 1
+            pos += h.size
+        return first, next_offset - 1
+
+    def _write(self, seg: LogSegment, buf, position: int) -> None:
+        """Write all of ``buf`` at ``position`` or, on failure, cut the file back and raise."""
+        try:
+            self._files.write_all(seg.fd, buf, position)
+        except OSError as e:
+            try:
+                self._files.ftruncate(seg.fd, position)
+            except OSError:
+                self._dirty_tail = (seg, position)
+            raise _storage(f"append to {seg.log_path}", e) from None
+
+    def _repair_tail(self) -> None:
+        """Cut bytes a failed write left behind (retried until it works)."""
+        if self._dirty_tail is not None:
+            seg, size = self._dirty_tail
+            try:
+                self._files.ftruncate(seg.fd, size)
+            except OSError as e:
+                raise _storage(f"truncating the failed write in {seg.log_path}", e) from None
+            self._dirty_tail = None
+
+    def _index(self, seg: LogSegment, buf, headers, position: int, now: int) -> None:
+        """Add the index entries due for the batches just written at ``position``."""
+        pos = position
+        for h in headers:
+            base = ix_base(buf, pos - position)
+            max_ts = now if self.config.log_append_time else h.max_timestamp
+            seg.add_batch_entries(pos, base - seg.base_offset, h.size, max_ts)
+            pos += h.size
+
+    # ------------------------------------------------------------------ segments
+    def _segment_for(self, size: int, batches: int, first: int, last: int, now: int) -> LogSegment:
+        """The active segment, rolled first if this append would not fit it."""
+        seg = self._segments[-1]
+        if seg.size == 0:
+            if last - seg.base_offset > MAX_RELATIVE_OFFSET or first < seg.base_offset:
+                return self._roll(first, now)
+            return seg
+        if (seg.size + size > self.config.segment_bytes
+                or now - seg.created_ms >= self.config.segment_ms
+                or not seg.index_room(batches + 1)
+                or last - seg.base_offset > MAX_RELATIVE_OFFSET):
+            return self._roll(first, now)
+        return seg
+
+    def roll(self) -> LogSegment:
+        """Start a new active segment at the log end offset (no-op if the active one is empty)."""
+        self._check_open()
+        if self._segments[-1].size == 0:
+            return self._segments[-1]
+        return self._roll(self._log_end_offset, self._now())
+
+    def _roll(self, base_offset: int, now: int) -> LogSegment:
+        old = self._segments[-1]
+        try:
+            new = self._create_segment(base_offset, now)
+        except OSError as e:
+            raise _storage(f"rolling a segment at {base_offset}", e) from None
+        if old.size == 0:
+            self._delete_now(self._segments.pop())
+            self._bases.pop()
+        else:
+            old.seal(self._log_end_offset)
+            self._unflushed_segments.append(old)
+        self._segments.append(new)
+        self._bases.append(base_offset)
+        self._generation += 1
+        return new
+
+    def _create_segment(self, base_offset: int, now: int) -> LogSegment:
+        path = segment_paths(self.dir, base_offset)[0]
+        fd = self._files.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        seg = LogSegment(self._files, self.dir, base_offset, fd, 0, now)
+        for p in seg.all_paths[1:]:
+            if self._files.exists(p):
+                self._files.unlink(p)
+        try:
+            seg.activate(self.config.max_index_entries, self.config.index_interval_bytes)
+        except BaseException:
+            seg.close(trim=False)
+            raise
+        return seg
+
+    def _delete_now(self, seg: LogSegment) -> None:
+        seg.close(trim=False)
+        for p in seg.all_paths:
+            try:
+                self._files.unlink(p)
+            except FileNotFoundError:
+                pass
+
+    # ------------------------------------------------------------------ read
+    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> ReadResult:
+        """Whole batches from the one containing ``offset``: at least one batch (even if larger
+        than ``max_bytes``), then more while they fit in ``max_bytes``, all below
+        ``upper_bound`` (exclusive; e.g. the high watermark for consumers). Offsets outside
+        [log start, log end] raise OffsetOutOfRangeError; at the end, the result is empty."""
+        self._check_open()
+        return plan_read(self._segments, self._bases, offset, max_bytes, upper_bound,
+                         self._log_start_offset, self._log_end_offset, self._high_watermark)
+
+    def fetch(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> bytes:
+        """``read`` then the bytes, read through this log's open files."""
+        result = self.read(offset, max_bytes, upper_bound)
+        by_path = {s.log_path: s for s in self._segments}
+        try:
+            return b"".join(by_path[s.path].pread(s.length, s.position) for s in result.slices)
+        except OSError as e:
+            raise _storage("read", e) from None
+
+    def offset_for_time(self, timestamp: int) -> TimestampOffset | None:
+        """The first record with timestamp >= ``timestamp`` (-2 earliest, -1 latest)."""
+        self._check_open()
+        return plan_offset_for_time(self._segments, timestamp, self._log_start_offset, self._log_end_offset)
+
+    # ------------------------------------------------------------------ flush, checkpoints
+    def maybe_flush(self, now: int | None = None) -> bool:
+        """Flush if ``flush.messages`` or ``flush.ms`` says so. Returns True if it flushed."""
+        now = self._now() if now is None else now
+        if self._unflushed and (self._unflushed >= self.config.flush_messages
+                                or now - self._last_flush_ms >= self.config.flush_ms):
+            self.flush()
+            return True
+        return False
+
+    def flush(self) -> None:
+        """fsync every unflushed segment and index; the recovery point becomes the log end."""
+        self._check_open()
+        try:
+            for seg in self._unflushed_segments:
+                if seg.fd is not None:
+                    seg.flush()
+            if self._unflushed_segments:
+                self._files.fsync_dir(self.dir)
+            self._segments[-1].flush()
+        except OSError as e:
+            raise _storage("flush", e) from None
+        self._unflushed_segments.clear()
+        self._unflushed = 0
+        self._last_flush_ms = self._now()
+        self._recovery_point = self._log_end_offset
+
+    def checkpoint(self) -> None:
+        """Write log start offset, recovery point and high watermark atomically."""
+        text = (f"{CHECKPOINT_VERSION}\nlog_start_offset {self._log_start_offset}\n"
+                f"recovery_point {self._recovery_point}\nhigh_watermark {self._high_watermark}\n")
+        try:
+            self._files.write_file_atomically(os.path.join(self.dir, CHECKPOINT), text.encode())
+        except OSError as e:
+            raise _storage("checkpoint", e) from None
+
+    def _read_checkpoint(self) -> Checkpoint | None:
+        try:
+            lines = read_file(self._files, os.path.join(self.dir, CHECKPOINT)).decode().split("\n")
+            if lines[0] != str(CHECKPOINT_VERSION):
+                return None
+            values = dict(line.split(" ") for line in lines[1:4])
+            return Checkpoint(int(values["log_start_offset"]), int(values["recovery_point"]),
+                              int(values["high_watermark"]))
+        except (ValueError, KeyError, IndexError, UnicodeDecodeError):
+            return None
+
+    # ------------------------------------------------------------------ truncation, deletion
+    def truncate_to(self, offset: int) -> None:
+        """Remove every batch whose last offset is >= ``offset`` (a follower diverged).
+
+        Truncation is by whole batch: a batch straddling ``offset`` goes too, and the log
+        end becomes min(``offset``, that batch's base offset).
+        """
+        self._check_open()
+        if offset >= self._log_end_offset:
+            return
+        try:
+            if offset <= self._log_start_offset or offset <= self._bases[0]:
+                self._truncate_fully(offset)
+            else:
+                self._truncate_within(offset)
+        except OSError as e:
+            raise _storage(f"truncate to {offset}", e) from None
+        self._recovery_point = min(self._recovery_point, self._log_end_offset)
+        self._high_watermark = min(self._high_watermark, self._log_end_offset)
+        self._generation += 1
+        self.checkpoint()
+
+    def _truncate_within(self, offset: int) -> None:
+        i = bisect.bisect_right(self._bases, offset) - 1
+        while len(self._segments) > i + 1:
+            self._delete_now(self._segments.pop())
+            self._bases.pop()
+        seg = self._segments[-1]
+        hit = seg.locate(offset) if seg.size else None
+        if hit is None:
+            new_size, new_end = seg.size, offset
+        else:
+            new_size, new_end = hit.position, min(offset, hit.header.base_offset)
+        if seg.oidx is None:
+            seg.activate(self.config.max_index_entries, self.config.index_interval_bytes)
+        seg.truncate(new_size, new_end, self.config.index_interval_bytes)
+        self._log_end_offset = max(new_end, seg.base_offset)
+        self._unflushed_segments = [s for s in self._unflushed_segments if s in self._segments[:-1]]
+
+    def _truncate_fully(self, offset: int) -> None:
+        """Drop everything and start empty at ``offset`` (below the log start)."""
+        now = self._now()
+        new = self._create_segment_replacing(offset, now)
+        for seg in self._segments:
+            if seg is not new:
+                self._delete_now(seg)
+        self._segments, self._bases = [new], [offset]
+        self._unflushed_segments.clear()
+        self._log_start_offset = self._log_end_offset = offset
+
+    def _create_segment_replacing(self, offset: int, now: int) -> LogSegment:
+        for i, seg in enumerate(self._segments):
+            if seg.base_offset == offset:
+                self._segments.pop(i)
+                self._bases.pop(i)
+                self._delete_now(seg)
+                break
+        return self._create_segment(offset, now)
+
+    def delete_records_before(self, offset: int) -> int:
+        """Advance the log start offset to ``offset`` (<= high watermark); returns it.
+
+        Whole segments below it are deleted at once (renamed ``.deleted``)."""
+        self._check_open()
+        if offset > self._high_watermark or offset < 0:
+            raise OffsetOutOfRangeError(
+                f"cannot delete records before {offset}: high watermark is {self._high_watermark}")
+        if offset > self._log_start_offset:
+            self._log_start_offset = offset
+            self.checkpoint()
+            self._delete_segments(self._breached_by_start())
+        return self._log_start_offset
+
+    def apply_retention(self) -> int:
+        """Delete closed segments past ``retention.ms``/``retention.bytes`` or below the log start.
+
+        Call periodically (the log actor's retention timer). Returns segments deleted.
+        """
+        self._check_open()
+        doomed = self._breached_by_start()
+        if self.config.delete:
+            doomed = max(doomed, self._breached_by_time(), self._breached_by_size())
+        self._delete_segments(doomed)
+        self.delete_expired_files()
+        return doomed
+
+    def _breached_by_start(self) -> int:
+        n = 0
+        while n < len(self._segments) - 1 and self._segments[n + 1].base_offset <= self._log_start_offset:
+            n += 1
+        return n
+
+    def _breached_by_time(self) -> int:
+        if self.config.retention_ms < 0:
+            return 0
+        horizon = self._now() - self.config.retention_ms
+        n = 0
+        while n < len(self._segments) - 1:
+            seg = self._segments[n]
+            stamp = seg.max_timestamp if seg.max_timestamp >= 0 else seg.created_ms
+            if stamp >= horizon:
+                break
+            n += 1
+        return n
+
+    def _breached_by_size(self) -> int:
+        if self.config.retention_bytes < 0:
+            return 0
+        excess = self.size - self.config.retention_bytes
+        n = 0
+        while n < len(self._segments) - 1 and excess - self._segments[n].size >= 0:
+            excess -= self._segments[n].size
+            n += 1
+        return n
+
+    def _delete_segments(self, count: int) -> None:
+        """Rename the oldest ``count`` segments to ``.deleted``; unlink them later."""
+        if count <= 0:
+            return
+        doomed = []
+        try:
+            for seg in self._segments[:count]:
+                seg.close(trim=False)
+                for p in seg.all_paths:
+                    if self._files.exists(p):
+                        self._files.rename(p, p + DELETED_SUFFIX)
+                        doomed.append(p + DELETED_SUFFIX)
+                self._segments.pop(0)
+                self._bases.pop(0)
+        except OSError as e:
+            raise _storage("deleting segments", e) from None
+        finally:
+            if doomed:
+                self._pending_deletes.append((self._now() + self.config.file_delete_delay_ms, doomed))
+                self._generation += 1
+                self._unflushed_segments = [s for s in self._unflushed_segments if s in self._segments]
+                self._log_start_offset = max(self._log_start_offset, self._bases[0])
+                self._high_watermark = max(self._high_watermark, self._log_start_offset)
+                self._recovery_point = max(self._recovery_point, self._log_start_offset)
+                self.checkpoint()
+
+    def delete_expired_files(self) -> int:
+        """Unlink ``.deleted`` files whose ``file.delete.delay.ms`` has passed."""
+        now, removed, keep = self._now(), 0, []
+        for due, paths in self._pending_deletes:
+            if due > now:
+                keep.append((due, paths))
+                continue
+            for p in paths:
+                try:
+                    self._files.unlink(p)
+                    removed += 1
+                except FileNotFoundError:
+                    pass
+                except OSError:
+                    keep.append((due, [p]))
+        self._pending_deletes = keep
+        return removed
+
+    # ------------------------------------------------------------------ compaction support
+    def replace_segment(self, old: LogSegment, new: LogSegment) -> None:
+        """Swap a closed segment's in-memory object (the cleaner did the files)."""
+        i = self._segments.index(old)
+        assert i < len(self._segments) - 1, "the active segment is never replaced"
+        self._segments[i] = new
+        self._generation += 1
+
+    @property
+    def files(self) -> FileLayer:
+        return self._files
+
+    def now_ms(self) -> int:
+        return self._now()
+
+    # ------------------------------------------------------------------ close
+    def close(self) -> None:
+        """Flush, trim the indexes, write the checkpoint and the clean-shutdown marker."""
+        if self._closed:
+            return
+        try:
+            self._repair_tail()
+            self.flush()
+            self.checkpoint()
+            for seg in self._segments:
+                seg.close(trim=True)
+            marker = os.path.join(self.dir, CLEAN_SHUTDOWN)
+            self._files.write_file_atomically(marker, b"")
+        except OSError as e:
+            raise _storage("close", e) from None
+        finally:
+            self._closed = True
+            for seg in self._segments:
+                try:
+                    seg.close(trim=False)
+                except OSError:
+                    pass
+
+    def abandon(self) -> None:
+        """Drop the log without flushing or the marker: what a crash leaves (tests, shutdown
+        after a storage error). Only releases file descriptors and maps."""
+        for seg in self._segments:
+            try:
+                seg.close(trim=False)
+            except OSError:
+                pass
+        self._closed = True
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise StorageError(f"log {self.dir} is closed")
+
+    # ------------------------------------------------------------------ loading
+    def _load(self) -> RecoveryReport:
+        from log.loader import load_log  # the loader is long; it lives in its own module
+        try:
+            return load_log(self)
+        except OSError as e:
+            self.abandon()
+            raise _storage(f"loading {self.dir}", e) from None
+
+    def __repr__(self) -> str:
+        return (f"Log({self.dir!r}, start={self._log_start_offset}, end={self._log_end_offset}, "
+                f"hw={self._high_watermark}, segments={len(self._segments)})")
+
+
+def ix_base(buf, pos: int) -> int:
+    """The base offset of the batch at ``pos`` of ``buf`` (after patching)."""
+    return int.from_bytes(buf[pos:pos + 8], "big", signed=True)
+
+
+def _writable(buf) -> bool:
+    if isinstance(buf, bytearray):
+        return True
+    return isinstance(buf, memoryview) and not buf.readonly and buf.contiguous
+
+
+__all__ = ["AppendInfo", "Log", "LogSegment", "ReadResult", "LogBounds", "OdradekError",
+           "CLEAN_SHUTDOWN", "CHECKPOINT", "SEGMENT_RE", "LOG_SUFFIX", "INDEX_SUFFIX",
+           "TIMEINDEX_SUFFIX", "DELETED_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "TMP_SUFFIX"]

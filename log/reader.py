@@ -1,0 +1,264 @@
+"""Read planning shared by ``Log`` and ``LogReader``; ``LogReader`` for other processes.
+
+``plan_read`` and ``plan_offset_for_time`` map an offset or a timestamp to byte ranges of
+segment files over any ordered list of ``SegmentView`` objects: bisect on base offsets, then
+the segment's index, then a short header scan (``log.segment``). ``Log.read`` calls them
+with its own segments; ``LogReader`` with read-only views of the same directory.
+
+``LogReader(dir)`` is for the fetch actor, which runs in a different process from the
+partition's writer (the log actor). It never writes. It trusts only what it is told: the
+bounds (``LogBounds``: log start/end offset, high watermark, the active segment and its byte
+size) that the log actor sends after each append, roll, truncation, retention or compaction
+(``Log.bounds()``). Bytes and index entries beyond those bounds are ignored, whatever the
+files hold. Call ``update(bounds)``; it re-lists the directory when the segment set changed.
+Not thread-safe: one reader per thread.
+
+A ``ReadResult`` names ``(path, position, length)`` slices of whole batches: serve them with
+``os.sendfile`` or ``read_bytes()``. A slice stays valid while its file exists; a compaction
+swap replaces a closed segment's file under the same name, so check ``first_offset`` against
+the first header served (``read_bytes`` does) and retry on mismatch.
+"""
+from __future__ import annotations
+
+import bisect
+import os
+from dataclasses import dataclass, field
+from typing import NamedTuple, Sequence
+
+from log import index as ix
+from log.errors import OffsetOutOfRangeError, StorageError
+from log.records import BatchHeader, CorruptRecordError
+from log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_paths
+
+EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
+LATEST_TIMESTAMP = -1  # ListOffsets: the log end offset
+
+
+class FileSlice(NamedTuple):
+    """Whole batches at ``position`` .. ``position + length`` of ``path``."""
+
+    path: str
+    position: int
+    length: int
+    first_offset: int  # base offset of the first batch in the slice
+
+
+@dataclass(frozen=True)
+class ReadResult:
+    """What a read found: byte ranges of whole batches and the log's offsets at read time."""
+
+    offset: int
+    slices: tuple[FileSlice, ...]
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+
+    @property
+    def size(self) -> int:
+        return sum(s.length for s in self.slices)
+
+    @property
+    def first_offset(self) -> int | None:
+        return self.slices[0].first_offset if self.slices else None
+
+    def read_bytes(self) -> bytes:
+        """The bytes of every slice (opened by path: usable from any process)."""
+        parts = []
+        for s in self.slices:
+            fd = os.open(s.path, os.O_RDONLY)
+            try:
+                data = os.pread(fd, s.length, s.position)
+            finally:
+                os.close(fd)
+            if len(data) != s.length or BatchHeader.read(data).base_offset != s.first_offset:
+                raise StorageError(f"{s.path} changed under the read (compacted or truncated); retry")
+            parts.append(data)
+        return b"".join(parts)
+
+
+class LogBounds(NamedTuple):
+    """What the writer tells readers: offsets and the trusted extent of the active segment."""
+
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    active_base_offset: int
+    active_size: int
+    generation: int  # changes whenever the set of segment files changes
+
+
+def plan_read(segments: Sequence[SegmentView], bases: Sequence[int], offset: int, max_bytes: int,
+              upper_bound: int | None, log_start: int, log_end: int, high_watermark: int) -> ReadResult:
+    """Slices of whole batches from ``offset`` (see ``Log.read``)."""
+    if offset < log_start or offset > log_end:
+        raise OffsetOutOfRangeError(f"offset {offset} is outside [{log_start}, {log_end}]")
+    bound = log_end if upper_bound is None else min(upper_bound, log_end)
+    empty = ReadResult(offset, (), log_start, log_end, high_watermark)
+    if offset >= bound:
+        return empty
+    i = max(bisect.bisect_right(bases, offset) - 1, 0)
+    for seg in segments[i:]:
+        hit = seg.locate(offset)
+        if hit is None:
+            continue  # offset lies past this segment's last batch (compaction gap)
+        if hit.header.last_offset >= bound:
+            return empty  # the batch straddles or lies past the bound: not visible yet
+        length = seg.span(hit, max_bytes, bound)
+        sl = FileSlice(seg.log_path, hit.position, length, hit.header.base_offset)
+        return ReadResult(offset, (sl,), log_start, log_end, high_watermark)
+    return empty
+
+
+class TimestampOffset(NamedTuple):
+    timestamp: int
+    offset: int
+
+
+def plan_offset_for_time(segments: Sequence[SegmentView], timestamp: int, log_start: int,
+                         log_end: int) -> TimestampOffset | None:
+    """The first record with timestamp >= ``timestamp`` (ListOffsets semantics).
+
+    ``-2`` (earliest) gives the log start offset and ``-1`` (latest) the log end offset.
+    Segments are skipped by their max timestamp (bisect on its running maximum), then the
+    segment's time index and a short header scan find the batch; that one batch is decoded.
+    """
+    if timestamp == EARLIEST_TIMESTAMP:
+        return TimestampOffset(-1, log_start)
+    if timestamp == LATEST_TIMESTAMP:
+        return TimestampOffset(-1, log_end)
+    running, top = [], -(1 << 63)
+    for seg in segments:
+        top = max(top, seg.max_timestamp)
+        running.append(top)
+    for seg in segments[bisect.bisect_left(running, timestamp):]:
+        found = seg.find_record_at_time(timestamp)
+        if found is not None and found[0] >= log_start and found[0] < log_end:
+            return TimestampOffset(found[1], found[0])
+        if found is not None and found[0] < log_start:
+            return TimestampOffset(found[1], log_start)
+    return None
+
+
+class ReaderSegment(SegmentView):
+    """A read-only view of one segment for a process that does not own the log."""
+
+    def __init__(self, directory: str, base_offset: int, size: int, active: bool):
+        self.base_offset = base_offset
+        self.log_path, self.index_path, self.timeindex_path = segment_paths(directory, base_offset)
+        self.size = size
+        self.active = active
+        self.next_offset_bound = 1 << 32
+        self._fd = os.open(self.log_path, os.O_RDONLY)
+        self._index_fds: dict[str, int | None] = {}
+        self._cache: dict[str, tuple] = {}
+        self.max_timestamp = self.max_timestamp_from_index()
+
+    def pread(self, size: int, position: int) -> bytes:
+        return os.pread(self._fd, size, position)
+
+    def _index_fd(self, path: str) -> int | None:
+        if path not in self._index_fds:
+            try:
+                self._index_fds[path] = os.open(path, os.O_RDONLY)
+            except FileNotFoundError:
+                self._index_fds[path] = None
+        return self._index_fds[path]
+
+    def _source(self, path: str, counter, bound: int) -> tuple[object, int]:
+        if not self.active and path in self._cache:
+            return self._cache[path]
+        fd = self._index_fd(path)
+        if fd is None:
+            return ix.BufferSource(b""), 0
+        src = ix.FileSource(fd)
+        if not self.active:  # a closed segment's index is immutable: read it once
+            src = ix.BufferSource(os.pread(fd, src.file_size, 0))
+        found = (src, counter(src, bound))
+        if not self.active:
+            self._cache[path] = found
+        return found
+
+    def offset_source(self) -> tuple[object, int]:
+        return self._source(self.index_path, ix.count_offset_entries, self.size)
+
+    def time_source(self) -> tuple[object, int]:
+        return self._source(self.timeindex_path, ix.count_time_entries, self.next_offset_bound)
+
+    def close(self) -> None:
+        for fd in [self._fd, *self._index_fds.values()]:
+            if fd is not None:
+                os.close(fd)
+        self._index_fds.clear()
+
+
+class LogReader:
+    """Read-only access to a partition directory from another process (the fetch actor).
+
+    Methods: ``update(bounds)`` (after the writer reports changes), ``read(offset, max_bytes,
+    upper_bound)`` -> ``ReadResult``, ``offset_for_time(ts)``, ``close()``.
+    """
+
+    def __init__(self, directory: str, bounds: LogBounds):
+        self.directory = directory
+        self.bounds = bounds
+        self._segments: list[ReaderSegment] = []
+        self._bases: list[int] = []
+        self._relist()
+
+    def update(self, bounds: LogBounds) -> None:
+        """Adopt the writer's latest bounds; re-list files if the segment set changed."""
+        old = self.bounds
+        self.bounds = bounds
+        if (bounds.generation != old.generation or not self._segments
+                or bounds.active_base_offset != self._segments[-1].base_offset):
+            self._relist()
+        else:
+            self._apply_active_bound()
+
+    def _relist(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        b = self.bounds
+        bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.match, os.listdir(self.directory))
+                       if m and m.group(2) == "log" and not m.group(3))
+        bases = [x for x in bases if x <= b.active_base_offset]
+        segs = []
+        for base in bases:
+            active = base == b.active_base_offset
+            try:
+                size = b.active_size if active else os.path.getsize(segment_paths(self.directory, base)[0])
+                segs.append(ReaderSegment(self.directory, base, size, active))
+            except FileNotFoundError:
+                continue  # deleted by retention between listing and opening
+        self._segments = segs
+        self._bases = [s.base_offset for s in segs]
+        self._apply_active_bound()
+
+    def _apply_active_bound(self) -> None:
+        if self._segments and self._segments[-1].active:
+            seg = self._segments[-1]
+            seg.size = self.bounds.active_size
+            seg.next_offset_bound = self.bounds.log_end_offset - seg.base_offset
+
+    def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> ReadResult:
+        b = self.bounds
+        return plan_read(self._segments, self._bases, offset, max_bytes, upper_bound,
+                         b.log_start_offset, b.log_end_offset, b.high_watermark)
+
+    def offset_for_time(self, timestamp: int) -> TimestampOffset | None:
+        b = self.bounds
+        try:
+            return plan_offset_for_time(self._segments, timestamp, b.log_start_offset, b.log_end_offset)
+        except CorruptRecordError:
+            return None
+
+    def close(self) -> None:
+        for seg in self._segments:
+            seg.close()
+        self._segments = []
+        self._bases = []
+
+
+def list_log_bases(names: Sequence[str]) -> list[int]:
+    """Base offsets of the ``.log`` files among directory entries ``names``."""
+    return sorted(int(n[:20]) for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.match(n))
