@@ -123,6 +123,7 @@ class Actor:
         self.processed = 0
         self.started_at = time.time()
         self.members: dict[str, list[str]] = {}
+        self._early: list = []  # messages that arrived during a blocking call()
 
     # ---- lifecycle hooks for subclasses -------------------------------------------------
     def on_start(self) -> None:
@@ -137,6 +138,10 @@ class Actor:
             self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"{self.name} does not handle '{msg.type}'")
         else:
             log.warning("%s: dropping unexpected one-way message %r", self.name, msg.type)
+
+    def after_batch(self) -> None:
+        """Runs once per wake-up after a batch of messages: coalesce notifications here
+        (one message per batch instead of one per message)."""
 
     def stats(self) -> dict:
         """Extra numbers for ``odradek status`` (merged into the heartbeat)."""
@@ -242,6 +247,32 @@ class Actor:
         self.send(to, type_ or msg.type, msg.fields if fields is None else fields,
                   msg.frames if frames is None else frames, corr=msg.corr, reply_to=msg.reply_to)
 
+    def call(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+             timeout: float = 10.0) -> Message:
+        """Blocking request, for ``on_start`` only (fetching the state an actor needs
+        before it reports ready). Other messages arriving meanwhile are kept and handled
+        once the loop runs. Raises OdradekError on an ``_error`` answer or timeout."""
+        corr = next(self._corr)
+        self.send(to, type_, fields, frames, corr=corr, reply_to=self.name)
+        deadline = self.clock() + timeout
+        while True:
+            left = deadline - self.clock()
+            if left <= 0 or not self.mailbox.poll(int(left * 1000) + 1):
+                if self.clock() >= deadline:
+                    raise OdradekError(f"{self.name}: no answer from {to} to '{type_}' within {timeout:g}s",
+                                       ErrorCode.REQUEST_TIMED_OUT)
+                continue
+            frames_in = self.mailbox.recv_multipart(copy=False)
+            try:
+                msg = decode(frames_in)
+            except MalformedMessage:
+                continue
+            if msg.corr == corr and msg.is_reply:
+                if msg.is_error:
+                    raise OdradekError(msg.error_message, ErrorCode.of(msg.error_code))
+                return msg
+            self._early.append(frames_in)
+
     def hold(self, msg: Message) -> None:
         """Nothing to do: a received request stays open until answered or forwarded.
         Exists to make purgatory code read plainly."""
@@ -317,6 +348,9 @@ class Actor:
             if ready:
                 ready()
             self._running = True
+            early, self._early = self._early, []
+            for frames in early:
+                self._dispatch(frames)
             self._loop()
         finally:
             self._running = False
@@ -330,6 +364,7 @@ class Actor:
             for sock, ev in events:
                 if sock is mailbox:
                     self._drain_mailbox()
+                    self._guarded(self.after_batch)
                 elif self._wake_r is not None and sock == self._wake_r.fileno():
                     try:
                         self._wake_r.recv(512)

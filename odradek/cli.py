@@ -124,16 +124,22 @@ def cmd_configs(args) -> int:
 
 
 # ---- perf --------------------------------------------------------------------------------
+# name -> ("module:function", takes a bootstrap server); each function takes argv.
+PERF_TESTS = {
+    "ping": ("network.bench:main", True),
+    "hop": ("actors.bench:main", False),
+    "produce": ("odradek.perf:produce_main", True),
+    "consume": ("odradek.perf:consume_main", True),
+    "e2e": ("odradek.perf:e2e_main", True),
+}
+
+
 def cmd_perf(args, rest: list[str]) -> int:
-    if args.what == "ping":
-        from network.bench import main as bench
-        if not any(a.startswith("--bootstrap-server") for a in rest):
-            rest = ["--bootstrap-server", _bootstrap(args)] + rest
-        return bench(rest) or 0
-    if args.what == "hop":
-        from actors.bench import main as bench
-        return bench(rest) or 0
-    raise OdradekError(f"unknown perf test {args.what!r}")
+    from actors.runtime import import_object
+    target, wants_bootstrap = PERF_TESTS[args.what]
+    if wants_bootstrap and not any(a.startswith("--bootstrap-server") for a in rest):
+        rest = ["--bootstrap-server", _bootstrap(args)] + rest
+    return import_object(target)(rest) or 0
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,10 +168,18 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
     p.set_defaults(func=cmd_configs)
 
-    p = sub.add_parser("perf", help="benchmarks: ping (request path), hop (one actor hop)")
+    p = sub.add_parser("perf", help="benchmarks: " + ", ".join(PERF_TESTS) + " (each takes --help)")
     _config_args(p)
-    p.add_argument("what", choices=["ping", "hop"])
+    p.add_argument("what", choices=list(PERF_TESTS))
     p.set_defaults(func=None)
+
+    try:  # client-side tools (topics, produce, consume, dump-log) register themselves
+        from odradek import tools
+    except ImportError as exc:
+        if exc.name != "odradek.tools":
+            raise
+    else:
+        tools.add_parsers(sub, _config_args, _bootstrap)
     return parser
 
 
