@@ -173,12 +173,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("what", choices=list(PERF_TESTS))
     p.set_defaults(func=None)
 
-    try:  # client-side tools (topics, produce, consume, dump-log) register themselves
+    import importlib.util
+    if importlib.util.find_spec("odradek.tools"):  # topics, produce, consume, dump-log
         from odradek import tools
-    except ImportError as exc:
-        if exc.name != "odradek.tools":
-            raise
-    else:
         tools.add_parsers(sub, _config_args, _bootstrap)
     return parser
 
