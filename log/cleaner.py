@@ -1,0 +1,191 @@
+"""Log compaction (``cleanup.policy=compact`` or ``compact,delete``): keep the latest record per key.
+
+Runs in the partition's log actor, between appends, on the same ``Log`` object (single
+writer; the active segment is never touched). Unlike the broker's append path, the cleaner
+decodes records: it is the one broker-side place that does (with the client codec).
+
+One pass (``clean(log)``):
+
+1. Cleanable segments: the closed ones, oldest first, up to the first whose newest record is
+   younger than ``min.compaction.lag.ms``.
+2. Skip unless dirty bytes (segments at or past the cleaner checkpoint, the first offset not
+   yet cleaned) are at least ``min.cleanable.dirty.ratio`` of the cleanable bytes.
+3. Map each key to its latest offset over the cleanable segments.
+4. Rewrite each segment that loses records: batches whose records all survive are copied
+   byte for byte; others are re-encoded with the survivors only (their own offsets, so
+   offsets keep their meaning and gaps appear); empty batches vanish. Tombstones (value
+   None) survive until their segment is older than ``delete.retention.ms``.
+5. Swap crash-safely: write ``<base>.log.cleaned`` and both indexes ``.cleaned``; fsync;
+   rename the indexes then the log to ``.swap`` (the log's rename is the commit point);
+   rename each ``.swap`` over its final name; fsync the directory. On open, ``log.loader``
+   completes a swap whose ``.log.swap`` exists and otherwise rolls back, so a crash at any
+   step leaves the log as it was before or after the pass.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from log import index as ix
+from log.errors import StorageError
+from log.log import CLEANED_SUFFIX, SWAP_SUFFIX, Log, LogSegment, read_file
+from log.recovery import IndexPolicy
+from log.records import (COMPRESSION_LZ4, BatchHeader, decode_batch, encode_records,
+                         iter_batches)
+
+CLEANER_CHECKPOINT = "cleaner.checkpoint"
+
+
+@dataclass
+class CleanResult:
+    cleaned: bool = False
+    reason: str = ""
+    segments_rewritten: list = field(default_factory=list)
+    records_removed: int = 0
+    bytes_before: int = 0
+    bytes_after: int = 0
+
+
+def first_dirty_offset(lg: Log) -> int:
+    raw = read_file(lg.files, os.path.join(lg.dir, CLEANER_CHECKPOINT))
+    try:
+        return int(raw.decode().strip() or 0)
+    except (ValueError, UnicodeDecodeError):
+        return 0
+
+
+def clean(lg: Log, force: bool = False) -> CleanResult:
+    """One compaction pass over ``lg`` (no-op unless the policy includes compact)."""
+    if not lg.config.compact:
+        return CleanResult(reason="cleanup.policy has no compact")
+    now = lg.now_ms()
+    segments = _cleanable(lg, now)
+    if not segments:
+        return CleanResult(reason="no closed segment is older than min.compaction.lag.ms")
+    dirty_from = first_dirty_offset(lg)
+    total = sum(s.size for s in segments)
+    dirty = sum(s.size for s in segments if s.base_offset >= dirty_from)
+    if not force and (total == 0 or dirty / total < lg.config.min_cleanable_dirty_ratio):
+        return CleanResult(reason=f"dirty ratio {dirty}/{total} below min.cleanable.dirty.ratio")
+    try:
+        latest = _latest_offsets(segments)
+        result = CleanResult(cleaned=True)
+        for seg in segments:
+            _clean_segment(lg, seg, latest, now, result)
+        end = lg.segments[len(segments)].base_offset
+        lg.files.write_file_atomically(os.path.join(lg.dir, CLEANER_CHECKPOINT), str(end).encode())
+    except OSError as e:
+        raise StorageError(f"compaction of {lg.dir} failed: {e}") from None
+    return result
+
+
+def _cleanable(lg: Log, now: int) -> list[LogSegment]:
+    out = []
+    for seg in lg.segments[:-1]:
+        if seg.max_timestamp > now - lg.config.min_compaction_lag_ms:
+            break
+        out.append(seg)
+    return out
+
+
+def _batches(seg: LogSegment):
+    data = seg.pread(seg.size, 0)
+    for pos, h in iter_batches(data):
+        yield h, memoryview(data)[pos:pos + h.size]
+
+
+def _latest_offsets(segments: list[LogSegment]) -> dict:
+    latest = {}
+    for seg in segments:
+        for h, raw in _batches(seg):
+            if h.is_control:
+                continue
+            for r in decode_batch(raw):
+                latest[r.key] = r.offset
+    return latest
+
+
+def _clean_segment(lg: Log, seg: LogSegment, latest: dict, now: int, result: CleanResult) -> None:
+    drop_tombstones = seg.max_timestamp < now - lg.config.delete_retention_ms
+    out, changed, removed = [], False, 0
+    for h, raw in _batches(seg):
+        if h.is_control:
+            out.append((h, bytes(raw)))
+            continue
+        records = decode_batch(raw)
+        keep = [r for r in records
+                if latest.get(r.key) == r.offset and not (r.value is None and drop_tombstones)]
+        removed += len(records) - len(keep)
+        if len(keep) == len(records):
+            out.append((h, bytes(raw)))
+        elif keep:
+            out.append((h, _reencode(h, keep)))
+            changed = True
+        else:
+            changed = True
+    if not changed:
+        return
+    result.records_removed += removed
+    result.bytes_before += seg.size
+    new = _swap_in(lg, seg, out)
+    result.bytes_after += new.size
+    result.segments_rewritten.append(seg.base_offset)
+
+
+def _reencode(h: BatchHeader, keep) -> bytes:
+    return encode_records(keep, "lz4" if h.compression == COMPRESSION_LZ4 else None,
+                          producer_id=h.producer_id, producer_epoch=h.producer_epoch,
+                          base_sequence=h.base_sequence,
+                          partition_leader_epoch=h.partition_leader_epoch,
+                          log_append_time=h.log_append_time)
+
+
+def _swap_in(lg: Log, old: LogSegment, batches: list) -> LogSegment:
+    files, cfg = lg.files, lg.config
+    data = b"".join(b for _, b in batches)
+    policy = IndexPolicy(cfg.index_interval_bytes)
+    oentries, tentries, pos = [], [], 0
+    for h, b in batches:
+        h2 = BatchHeader.read(b)
+        due = policy.before_batch(pos, h2.base_offset - old.base_offset)
+        if due:
+            oentries.append(due[0])
+            if due[1]:
+                tentries.append(due[1])
+        policy.after_batch(len(b), h2.max_timestamp)
+        pos += len(b)
+    last_next = BatchHeader.read(batches[-1][1]).next_offset if batches else old.base_offset
+    final = policy.final_time_entry(last_next - old.base_offset)
+    if final:
+        tentries.append(final)
+    odata = b"".join(ix.OFFSET_ENTRY.pack(*e) for e in oentries)
+    tdata = b"".join(ix.TIME_ENTRY.pack(*e) for e in tentries)
+    # 1. write the three .cleaned files and make them durable
+    targets = ((old.index_path, odata), (old.timeindex_path, tdata), (old.log_path, data))
+    for path, content in targets:
+        _write_durably(files, path + CLEANED_SUFFIX, content)
+    # 2. .cleaned -> .swap, the log last: its .swap is the commit point
+    for path, _ in targets:
+        files.rename(path + CLEANED_SUFFIX, path + SWAP_SUFFIX)
+    files.fsync_dir(lg.dir)
+    # 3. .swap -> final names, the log first
+    for path in (old.log_path, old.index_path, old.timeindex_path):
+        files.rename(path + SWAP_SUFFIX, path)
+    files.fsync_dir(lg.dir)
+    fd = files.open(old.log_path, os.O_RDWR)
+    new = LogSegment(files, lg.dir, old.base_offset, fd, len(data), old.created_ms)
+    new._closed_sources[new.index_path] = (ix.BufferSource(odata), len(oentries))
+    new._closed_sources[new.timeindex_path] = (ix.BufferSource(tdata), len(tentries))
+    new.max_timestamp = max(policy.max_ts, -1)
+    lg.replace_segment(old, new)
+    old.close(trim=False)
+    return new
+
+
+def _write_durably(files, path: str, content: bytes) -> None:
+    fd = files.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        files.write_all(fd, content, 0)
+        files.fsync(fd)
+    finally:
+        files.close(fd)
