@@ -1,0 +1,197 @@
+"""Acceptor: the address clients dial. Admission, then hand-off of each connection.
+
+Runs in its own process (actor ``acceptor``, one per broker). It owns the listening TCP
+socket (bound in ``on_start``; its address is reported in ``ready_fields`` and a restarted
+acceptor rebinds ``args["bound_port"]``) and the connection counts per processor and per IP.
+
+For each accepted connection: admission (``max.connections``, ``max.connections.per.ip``:
+over a limit the socket is closed at once and counted), then the file descriptor is passed
+with ``socket.send_fds`` over the Unix socket ``<run_dir>/<processor>.sock`` to the running
+processor with the fewest connections (one that fails is skipped), and our copy is closed.
+No client byte is ever read here.
+
+Messages it accepts: ``_members`` for the processor role (from the supervisor);
+``conn_closed {processor, ip}`` (one-way, from processors). It asks each processor for
+``connections`` when the processor set changes or after its own restart, and starts
+accepting only when the counts are rebuilt, so limits hold across its restarts.
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import logging
+import socket
+
+from actors.message import Message
+from actors.runtime import Actor
+from network.processor import socket_path
+
+log = logging.getLogger("odradek.acceptor")
+
+BACKLOG = 1024
+REBUILD_TIMEOUT = 2.0  # seconds to wait for processors' counts before accepting anyway
+ACCEPTS_PER_WAKEUP = 64
+
+
+def parse_listener(value: str) -> tuple[str, int]:
+    """``PLAINTEXT://host:port`` (or ``host:port``) -> ``(host, port)``."""
+    first = value.split(",")[0].strip()
+    if "://" in first:
+        scheme, _, first = first.partition("://")
+        if scheme.upper() != "PLAINTEXT":
+            raise ValueError(f"listener protocol {scheme!r} is not supported (only PLAINTEXT)")
+    host, _, port = first.rpartition(":")
+    return host.strip("[]") or "127.0.0.1", int(port)
+
+
+class Acceptor(Actor):
+    def __init__(self, name, run_dir, args=None, supervisor=None, **kw):
+        super().__init__(name, run_dir, args, supervisor, **kw)
+        config = self.args.get("config", {})
+        self.host, port = parse_listener(config.get("listeners", "PLAINTEXT://127.0.0.1:9092"))
+        bound = self.args.get("bound_port")
+        self.port = int(bound) if bound else port
+        self.max_connections = int(config.get("max.connections", 1000))
+        self.max_per_ip = int(config.get("max.connections.per.ip", 1000))
+        self.listener: socket.socket | None = None
+        self.by_processor: dict[str, collections.Counter[str]] = {}  # processor -> ip -> count
+        self.per_ip: collections.Counter[str] = collections.Counter()
+        self.total = 0
+        self._feeds: dict[str, socket.socket] = {}
+        self._awaiting: set[str] = set()
+        self._accepting = False
+        self.counters = collections.Counter()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def on_start(self) -> None:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((self.host, self.port))
+        sock.listen(BACKLOG)
+        sock.setblocking(False)
+        self.listener = sock
+        self.host, self.port = sock.getsockname()[:2]
+        self.call_later(REBUILD_TIMEOUT, self._start_accepting)  # if a processor never answers
+
+    def ready_fields(self) -> dict:
+        return {"host": self.host, "port": self.port}
+
+    def on_stop(self) -> None:
+        if self.listener is not None:
+            self.unwatch(self.listener.fileno())
+            self.listener.close()
+        for sock in self._feeds.values():
+            sock.close()
+
+    def stats(self) -> dict:
+        return {"connections": self.total, **self.counters}
+
+    # ---- counts ------------------------------------------------------------------------
+    def on_members(self, role: str, members: list[str]) -> None:
+        if role != "processor":
+            return
+        for name in list(self.by_processor):
+            if name not in members:  # died: its connections died with it
+                self._forget(name)
+        for name in members:
+            if name not in self.by_processor:
+                self.by_processor[name] = collections.Counter()
+                self._awaiting.add(name)
+                self.request(name, "connections", callback=lambda reply, n=name: self._rebuilt(n, reply),
+                             timeout=REBUILD_TIMEOUT)
+        if not self._awaiting:
+            self._start_accepting()
+
+    def _forget(self, name: str) -> None:
+        counts = self.by_processor.pop(name, collections.Counter())
+        self.per_ip.subtract(counts)
+        self.total -= sum(counts.values())
+        self._awaiting.discard(name)
+        feed = self._feeds.pop(name, None)
+        if feed is not None:
+            feed.close()
+
+    def _rebuilt(self, name: str, reply: Message) -> None:
+        self._awaiting.discard(name)
+        if name in self.by_processor and not reply.is_error:
+            counts = collections.Counter({ip: int(n) for ip, n in (reply.get("ips") or {}).items()})
+            old = self.by_processor[name]
+            self.per_ip.subtract(old)
+            self.per_ip.update(counts)
+            self.total += sum(counts.values()) - sum(old.values())
+            self.by_processor[name] = counts
+        if not self._awaiting:
+            self._start_accepting()
+
+    def on_conn_closed(self, msg: Message) -> None:
+        name, ip = msg.get("processor"), msg.get("ip")
+        counts = self.by_processor.get(name)
+        if counts is None or counts[ip] <= 0:
+            return
+        counts[ip] -= 1
+        self.per_ip[ip] -= 1
+        self.total -= 1
+
+    # ---- accepting -----------------------------------------------------------------------
+    def _start_accepting(self) -> None:
+        if not self._accepting and self.listener is not None:
+            self._accepting = True
+            self.watch(self.listener.fileno(), self._on_accept)
+
+    def _on_accept(self, _events: int) -> None:
+        for _ in range(ACCEPTS_PER_WAKEUP):
+            try:
+                sock, addr = self.listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # EMFILE and friends: let the backlog hold them a moment
+                log.error("%s: accept failed: %s", self.name, exc)
+                self.counters["accept_errors"] += 1
+                return
+            with sock:
+                self._admit(sock, addr[0])
+
+    def _admit(self, sock: socket.socket, ip: str) -> None:
+        if self.total >= self.max_connections:
+            self.counters["refused_max_connections"] += 1
+            return
+        if self.per_ip[ip] >= self.max_per_ip:
+            self.counters["refused_per_ip"] += 1
+            return
+        for name in self._by_load():
+            if self._hand_off(name, sock):
+                self.by_processor[name][ip] += 1
+                self.per_ip[ip] += 1
+                self.total += 1
+                self.counters["accepted"] += 1
+                return
+        self.counters["handoff_failed"] += 1
+        log.error("%s: no processor took a connection from %s; closing it", self.name, ip)
+
+    def _by_load(self) -> list[str]:
+        running = self.members.get("processor", [])
+        return sorted((n for n in running if n in self.by_processor),
+                      key=lambda n: sum(self.by_processor[n].values()))
+
+    def _hand_off(self, name: str, sock: socket.socket) -> bool:
+        try:
+            feed = self._feeds.get(name)
+            if feed is None:
+                feed = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+                feed.settimeout(0.5)
+                try:
+                    feed.connect(socket_path(self.run_dir, name))
+                except OSError:
+                    feed.close()
+                    raise
+                feed.setblocking(False)
+                self._feeds[name] = feed
+            socket.send_fds(feed, [b"c"], [sock.fileno()])
+            return True
+        except OSError as exc:
+            if exc.errno not in (errno.EAGAIN,):
+                feed = self._feeds.pop(name, None)
+                if feed is not None:
+                    feed.close()
+            log.warning("%s: hand-off to %s failed: %s", self.name, name, exc)
+            return False

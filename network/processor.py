@@ -1,0 +1,566 @@
+"""Processor: owns a share of the client connections (``num.network.threads`` of them run).
+
+Runs in its own process (actor ``processor-<i>``). It owns:
+  * the client TCP sockets handed to it by the acceptor (received with ``recv_fds`` on the
+    Unix socket ``<run_dir>/<name>.sock``), each non-blocking and watched in the actor's
+    poll loop, with its decoder, its write queue and its response slots;
+  * the routing of each connection to one request handler (the connection is *pinned*).
+
+Messages it accepts:
+  * from handlers (or any actor a handler forwarded to): ``_reply {body, files?}`` +
+    payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
+  * ``_members`` for the handler role (from the supervisor): re-pin connections;
+  * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}}``.
+It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
+(reply_to = itself) and the one-way ``conn_closed {processor, ip}`` to the acceptor.
+
+Ordering: a connection's requests go, in order, to its pinned handler (each hop is FIFO
+per pair of actors), and responses are written in request order (an early answer waits in
+its slot). When the pinned handler leaves the pool the connection sends nothing more until
+its requests there are answered, then re-pins. If the handler *died*, its requests fail at
+once with NETWORK_EXCEPTION (retriable: the outcome is unknown, as when a connection drops);
+late answers to them are ignored.
+
+Back-pressure: at ``queued.max.requests`` requests in flight the processor stops reading
+every socket until the count falls below; a connection whose handler is being changed stops
+reading on its own. Writes never block: a full kernel buffer leaves the rest queued and
+watches POLLOUT. Responses may name file regions (``files: [[path, position, length]]``);
+they follow the frames on the wire and are written with ``os.sendfile`` (zero-copy).
+"""
+from __future__ import annotations
+
+import collections
+import errno
+import functools
+import logging
+import os
+import socket
+from typing import Any
+
+import zmq
+
+from actors.message import Message
+from actors.runtime import Actor, MailboxFull
+from network import codec
+from network.protocol import ErrorCode
+
+log = logging.getLogger("odradek.processor")
+
+RECV_SIZE = 256 * 1024  # bytes asked of one recv()
+IOV_MAX = 512  # buffers per sendmsg()
+RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share of the cap
+SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
+STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
+DIED_CODE = ErrorCode.NETWORK_EXCEPTION
+
+
+def socket_path(run_dir: str, name: str) -> str:
+    """The Unix socket a processor receives connections on."""
+    return os.path.join(run_dir, name) + ".sock"
+
+
+class FileRegion:
+    """A response piece sent with ``os.sendfile``: ``length`` bytes of ``path`` from
+    ``position``. Short or missing files are padded with zeros to the promised length."""
+
+    __slots__ = ("path", "position", "left", "fd", "padding")
+
+    def __init__(self, path: str, position: int, length: int):
+        self.path, self.position, self.left = path, position, length
+        self.fd: int | None = None
+        self.padding = False
+
+    def close(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)
+            self.fd = None
+
+
+class Connection:
+    """One client connection: its socket, decoder, pinned handler, slots and write queue.
+    Owned by one processor; never shared."""
+
+    __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
+                 "events", "callback", "last_active", "repin", "closing", "closed", "requests")
+
+    def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
+        self.id = conn_id
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.ip = peer[0]
+        self.peer = f"{peer[0]}:{peer[1]}"
+        self.decoder = codec.Decoder(max_size)
+        self.handler: str | None = None
+        self.slots: collections.deque[list] = collections.deque()  # [client corr, buffers or None]
+        self.at_handler = 0  # requests out at the pinned handler
+        self.wq: collections.deque[Any] = collections.deque()  # buffers and FileRegions to write
+        self.events = 0
+        self.callback = None
+        self.last_active = now
+        self.repin = False  # waiting for at_handler == 0 to move to another handler
+        self.closing = False  # write what is due, then close
+        self.closed = False
+        self.requests = 0
+
+
+class InFlight:
+    """A request sent to a handler and not yet answered."""
+
+    __slots__ = ("conn", "slot", "handler", "sent", "corr", "done")
+
+    def __init__(self, conn: Connection, slot: list, handler: str, sent: float):
+        self.conn, self.slot, self.handler, self.sent = conn, slot, handler, sent
+        self.corr = 0
+        self.done = False
+
+
+class Processor(Actor):
+    def __init__(self, name, run_dir, args=None, supervisor=None, **kw):
+        super().__init__(name, run_dir, args, supervisor, **kw)
+        config = self.args.get("config", {})
+        self.max_request = int(config.get("socket.request.max.bytes", codec.DEFAULT_MAX_FRAME))
+        self.idle_timeout = config.get("connections.max.idle.ms", 600000) / 1000
+        self.max_inflight = int(config.get("queued.max.requests", 500))
+        self.request_timeout = config.get("request.timeout.ms", 30000) / 1000
+        self.conns: dict[int, Connection] = {}
+        self._conn_ids = 0
+        self._inflight: dict[int, InFlight] = {}
+        self._paused = False
+        self._handlers: list[str] = []
+        self._pinned: collections.Counter[str] = collections.Counter()
+        self._rr = 0
+        self._retired_now: set[str] = set()
+        self._dirty: set[Connection] = set()
+        self._flush_timer = None
+        self._listener: socket.socket | None = None
+        self._feeds: dict[int, socket.socket] = {}
+        self.counters = collections.Counter()
+
+    # ---- lifecycle ---------------------------------------------------------------------
+    def on_start(self) -> None:
+        path = socket_path(self.run_dir, self.name)
+        if os.path.exists(path):
+            os.unlink(path)
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self._listener.bind(path)
+        self._listener.listen(16)
+        self._listener.setblocking(False)
+        self.watch(self._listener.fileno(), self._on_feed_connect)
+        sweep = min(SWEEP_INTERVAL_MAX, self.idle_timeout / 4, self.request_timeout / 4)
+        self.call_every(max(0.02, sweep), self._sweep)
+
+    def on_stop(self) -> None:
+        self._drain_before_stop()
+        for conn in list(self.conns.values()):
+            self._close(conn, "processor stopping")
+        for sock in self._feeds.values():
+            sock.close()
+        if self._listener is not None:
+            self._listener.close()
+            try:
+                os.unlink(socket_path(self.run_dir, self.name))
+            except FileNotFoundError:
+                pass
+
+    def _drain_before_stop(self) -> None:
+        """Give in-flight requests a short while to be answered and written."""
+        for conn in self.conns.values():
+            self._set_events(conn, 0)
+        deadline = self.clock() + STOP_DRAIN_SECONDS
+        while self._inflight and self.clock() < deadline:
+            if self.mailbox.poll(50):
+                self._drain_mailbox()
+            self._flush_dirty()
+        for rec in list(self._inflight.values()):
+            self._fail(rec, ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} is stopping")
+        self._flush_dirty()
+
+    def stats(self) -> dict:
+        return {"connections": len(self.conns), "in_flight": len(self._inflight),
+                "backlog": len(self._inflight), **self.counters}
+
+    # ---- receiving connections from the acceptor ----------------------------------------
+    def _on_feed_connect(self, _events: int) -> None:
+        try:
+            sock, _ = self._listener.accept()
+        except BlockingIOError:
+            return
+        sock.setblocking(False)
+        self._feeds[sock.fileno()] = sock
+        self.watch(sock.fileno(), functools.partial(self._on_feed, sock))
+
+    def _on_feed(self, sock: socket.socket, _events: int) -> None:
+        try:
+            data, fds, _flags, _addr = socket.recv_fds(sock, 64, 16)
+        except BlockingIOError:
+            return
+        except OSError:
+            data, fds = b"", []
+        if not data and not fds:
+            self.unwatch(sock.fileno())
+            self._feeds.pop(sock.fileno(), None)
+            sock.close()
+            return
+        for fd in fds:
+            self._adopt(fd)
+
+    def _adopt(self, fd: int) -> None:
+        sock = socket.socket(fileno=fd)
+        try:
+            peer = sock.getpeername()
+        except OSError:  # the client left before we got it
+            sock.close()
+            self._tell_acceptor_closed("?")
+            return
+        sock.setblocking(False)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self._conn_ids += 1
+        conn = Connection(self._conn_ids, sock, peer, self.max_request, self.clock())
+        conn.callback = functools.partial(self._on_socket, conn)
+        self.conns[conn.fd] = conn
+        self.counters["accepted"] += 1
+        self._pin(conn)
+        self._set_events(conn, self._wanted(conn))
+
+    def on_connections(self, msg: Message) -> None:
+        ips = collections.Counter(conn.ip for conn in self.conns.values())
+        self.reply(msg, {"processor": self.name, "ips": dict(ips)})
+
+    # ---- socket events -----------------------------------------------------------------
+    def _on_socket(self, conn: Connection, events: int) -> None:
+        if events & zmq.POLLOUT:
+            self._write(conn)
+        if events & zmq.POLLIN and not conn.closed:
+            self._read(conn)
+        elif events & zmq.POLLERR and not conn.closed:
+            self._close(conn, "socket error")
+
+    def _read(self, conn: Connection) -> None:
+        try:
+            data = conn.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            self._close(conn, f"read failed: {exc}")
+            return
+        if not data:
+            self._close(conn, "closed by the client")
+            return
+        self.counters["bytes_in"] += len(data)
+        conn.last_active = self.clock()
+        conn.decoder.feed(data)
+        self._pump(conn)
+
+    def _pump(self, conn: Connection) -> None:
+        """Send the connection's decoded requests to its handler while it may."""
+        decoder = conn.decoder
+        while self._can_dispatch(conn):
+            try:
+                frame = decoder.next()
+            except codec.FrameError as exc:
+                self._reject(conn, exc)
+                break
+            if frame is None:
+                break
+            self._send_request(conn, frame)
+        self._set_events(conn, self._wanted(conn))
+
+    def _can_dispatch(self, conn: Connection) -> bool:
+        return conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+
+    def _wanted(self, conn: Connection) -> int:
+        events = zmq.POLLIN if self._can_dispatch(conn) else 0
+        return events | zmq.POLLOUT if conn.wq else events
+
+    def _set_events(self, conn: Connection, events: int) -> None:
+        if events == conn.events or conn.closed:
+            return
+        conn.events = events
+        if events:
+            self.watch(conn.fd, conn.callback, events)
+        else:
+            self.unwatch(conn.fd)
+
+    # ---- requests out, answers back ----------------------------------------------------
+    def _send_request(self, conn: Connection, frame: codec.Frame) -> None:
+        h = frame.header
+        slot = [h["corr"], None]
+        conn.slots.append(slot)
+        conn.requests += 1
+        rec = InFlight(conn, slot, conn.handler, self.clock())
+        fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
+                  "body": h["body"]}
+        conn.at_handler += 1
+        rec.corr = self.request(conn.handler, "request", fields, frame.frames,
+                                callback=functools.partial(self._on_answer, rec), timeout=None)
+        if not rec.done:
+            self._inflight[rec.corr] = rec
+            if len(self._inflight) >= self.max_inflight:
+                self._pause()
+
+    def _on_answer(self, rec: InFlight, reply: Message) -> None:
+        if rec.done:
+            return  # already failed (handler died, timeout); a late answer is ignored
+        rec.done = True
+        self._inflight.pop(rec.corr, None)
+        conn = rec.conn
+        if rec.handler == conn.handler:
+            conn.at_handler -= 1
+        corr = rec.slot[0]
+        if reply.type == "_error":
+            fields = reply.fields or {}
+            rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),
+                                             fields.get("message", ""))
+        else:
+            rec.slot[1] = self._response(corr, reply)
+        self._answered(conn)
+
+    def _response(self, corr: int, reply: Message) -> list:
+        fields = reply.fields or {}
+        files = fields.get("files")
+        if not files:
+            return codec.encode_response(corr, fields.get("body") or {}, reply.frames)
+        regions = [FileRegion(str(p), int(pos), int(n)) for p, pos, n in files]
+        bufs = codec.encode_response(corr, fields.get("body") or {}, reply.frames, [r.left for r in regions])
+        bufs.extend(regions)
+        return bufs
+
+    def _answered(self, conn: Connection) -> None:
+        """Bookkeeping after a request of ``conn`` was answered or failed."""
+        if not conn.closed:
+            self._dirty.add(conn)
+            if self._flush_timer is None:
+                self._flush_timer = self.call_later(0, self._flush_dirty)
+        if conn.repin and conn.at_handler == 0:
+            self._move(conn)
+        if self._paused and len(self._inflight) < self.max_inflight * RESUME_FRACTION:
+            self._resume()
+
+    def _fail(self, rec: InFlight, code: ErrorCode, message: str) -> None:
+        self.cancel_request(rec.corr)
+        self._on_answer(rec, Message("_error", rec.corr, None, {"code": int(code), "message": message}))
+
+    # ---- writing responses in request order --------------------------------------------
+    def _flush_dirty(self) -> None:
+        """Runs once per loop turn after answers arrived: one write per connection."""
+        self._flush_timer = None
+        dirty, self._dirty = self._dirty, set()
+        for conn in dirty:
+            if conn.closed:
+                continue
+            slots = conn.slots
+            while slots and slots[0][1] is not None:
+                conn.wq.extend(slots.popleft()[1])
+            self._write(conn)
+
+    def _write(self, conn: Connection) -> None:
+        wq = conn.wq
+        try:
+            while wq:
+                if isinstance(wq[0], FileRegion):
+                    if not self._send_region(conn, wq[0]):
+                        break
+                    wq.popleft().close()
+                    continue
+                bufs = []
+                for item in wq:
+                    if isinstance(item, FileRegion) or len(bufs) == IOV_MAX:
+                        break
+                    bufs.append(item)
+                sent = conn.sock.sendmsg(bufs)
+                self.counters["bytes_out"] += sent
+                if not self._consume(wq, sent):
+                    break
+        except (BlockingIOError, InterruptedError):
+            pass
+        except OSError as exc:
+            self._close(conn, f"write failed: {exc}")
+            return
+        conn.last_active = self.clock()
+        if not wq and conn.closing and not conn.slots:
+            self._close(conn, conn.closing if isinstance(conn.closing, str) else "closing")
+            return
+        self._set_events(conn, self._wanted(conn))
+
+    @staticmethod
+    def _consume(wq: collections.deque, sent: int) -> bool:
+        """Drop ``sent`` bytes from the head of the queue; False if a buffer was cut short."""
+        while sent:
+            head = wq[0]
+            n = len(head) if not isinstance(head, memoryview) else head.nbytes
+            if sent >= n:
+                wq.popleft()
+                sent -= n
+            else:
+                wq[0] = memoryview(head).cast("B")[sent:]
+                return False
+        return True
+
+    def _send_region(self, conn: Connection, region: FileRegion) -> bool:
+        """Write a file region with sendfile; True when all of it went out."""
+        while region.left:
+            if region.fd is None and not region.padding:
+                try:
+                    region.fd = os.open(region.path, os.O_RDONLY)
+                except OSError as exc:
+                    self._pad(region, f"cannot open: {exc}")
+            if region.padding:
+                sent = conn.sock.send(bytes(min(region.left, 65536)))
+            else:
+                sent = os.sendfile(conn.fd, region.fd, region.position, region.left)
+                if sent == 0:
+                    self._pad(region, "file is shorter than promised")
+                    continue
+            region.position += sent
+            region.left -= sent
+            self.counters["bytes_out"] += sent
+        return True
+
+    def _pad(self, region: FileRegion, why: str) -> None:
+        log.warning("%s: %s at %s:%d; padding %d bytes with zeros", self.name, why, region.path,
+                    region.position, region.left)
+        region.close()
+        region.padding = True
+        self.counters["padded_regions"] += 1
+
+    # ---- refusing and closing ----------------------------------------------------------
+    def _reject(self, conn: Connection, exc: codec.FrameError) -> None:
+        """A framing error: answer with the correlation id if we have one, then close."""
+        self.counters["rejected"] += 1
+        log.info("%s: %s sent a bad request (%s): %s", self.name, conn.peer, exc.code.name, exc.message)
+        conn.closing = f"bad request: {exc.message}"
+        if exc.corr is not None:
+            conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
+        self._dirty.add(conn)
+        if self._flush_timer is None:
+            self._flush_timer = self.call_later(0, self._flush_dirty)
+
+    def _close(self, conn: Connection, why: str) -> None:
+        if conn.closed:
+            return
+        conn.closed = True
+        self.unwatch(conn.fd)
+        self.conns.pop(conn.fd, None)
+        for item in conn.wq:
+            if isinstance(item, FileRegion):
+                item.close()
+        conn.wq.clear()
+        try:
+            conn.sock.close()
+        except OSError:
+            pass
+        if conn.handler is not None:
+            self._pinned[conn.handler] -= 1
+        self.counters["closed"] += 1
+        log.debug("%s: closed %s (%s)", self.name, conn.peer, why)
+        self._tell_acceptor_closed(conn.ip)
+
+    def _tell_acceptor_closed(self, ip: str) -> None:
+        try:
+            self.send("acceptor", "conn_closed", {"processor": self.name, "ip": ip})
+        except MailboxFull:
+            log.warning("%s: could not tell the acceptor a connection from %s closed", self.name, ip)
+
+    def _sweep(self) -> None:
+        """Close idle connections; fail requests older than request.timeout.ms."""
+        now = self.clock()
+        for conn in list(self.conns.values()):
+            if now - conn.last_active > self.idle_timeout and not conn.slots and not conn.wq:
+                self.counters["idle_closed"] += 1
+                self._close(conn, "idle")
+        expired = [rec for rec in self._inflight.values() if now - rec.sent > self.request_timeout]
+        for rec in expired:
+            self._fail(rec, ErrorCode.REQUEST_TIMED_OUT,
+                       f"no answer from {rec.handler} within request.timeout.ms")
+
+    # ---- back-pressure -----------------------------------------------------------------
+    def _pause(self) -> None:
+        self._paused = True
+        self.counters["paused"] += 1
+        for conn in self.conns.values():
+            self._set_events(conn, self._wanted(conn))
+
+    def _resume(self) -> None:
+        self._paused = False
+        for conn in list(self.conns.values()):
+            if not conn.closed:
+                self._pump(conn)
+
+    # ---- handler membership and pinning ------------------------------------------------
+    def on__members(self, msg: Message) -> None:
+        if msg.get("role") == "handler":
+            self._retired_now = set(msg.get("retired") or [])
+        super().on__members(msg)
+
+    def on_members(self, role: str, members: list[str]) -> None:
+        if role != "handler":
+            return
+        old = self._handlers
+        self._handlers = list(members)
+        for name in old:
+            if name in members:
+                continue
+            if name in self._retired_now:
+                self._drain_handler(name)
+            else:
+                self._handler_died(name)
+        for conn in list(self.conns.values()):
+            if conn.handler is None and not conn.closed:
+                self._pin(conn)
+                self._pump(conn)
+        if any(name not in old for name in members):
+            self._rebalance()
+
+    def _drain_handler(self, name: str) -> None:
+        """A retiring handler: finish what it holds, then move its connections."""
+        for conn in list(self.conns.values()):
+            if conn.handler == name:
+                self._mark_move(conn)
+
+    def _handler_died(self, name: str) -> None:
+        log.warning("%s: %s died; failing its %d in-flight requests", self.name, name,
+                    sum(1 for r in self._inflight.values() if r.handler == name))
+        for rec in [r for r in self._inflight.values() if r.handler == name]:
+            self._fail(rec, DIED_CODE, f"{name} died while handling this request; its outcome is unknown")
+        for conn in list(self.conns.values()):
+            if conn.handler == name:
+                self._mark_move(conn)
+
+    def _mark_move(self, conn: Connection) -> None:
+        conn.repin = True
+        if conn.at_handler == 0:
+            self._move(conn)
+        else:
+            self._set_events(conn, self._wanted(conn))
+
+    def _move(self, conn: Connection) -> None:
+        if conn.handler is not None:
+            self._pinned[conn.handler] -= 1
+            conn.handler = None
+        conn.repin = False
+        conn.at_handler = 0
+        if not conn.closed:
+            self._pin(conn)
+            self._pump(conn)
+
+    def _pin(self, conn: Connection) -> None:
+        """Pin to the handler with the fewest connections (round robin among equals)."""
+        if not self._handlers:
+            return
+        n = len(self._handlers)
+        self._rr += 1
+        best = min(range(n), key=lambda i: (self._pinned[self._handlers[i]], (i - self._rr) % n))
+        conn.handler = self._handlers[best]
+        self._pinned[conn.handler] += 1
+
+    def _rebalance(self) -> None:
+        """New handlers joined: move connections off the busiest so the pool is used."""
+        live = [c for c in self.conns.values() if c.handler is not None and not c.repin and not c.closed]
+        if not live or not self._handlers:
+            return
+        target = -(-len(live) // len(self._handlers))
+        count = collections.Counter(c.handler for c in live)
+        for conn in live:
+            if count[conn.handler] > target:
+                count[conn.handler] -= 1
+                self._mark_move(conn)
