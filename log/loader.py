@@ -42,8 +42,8 @@ def load_log(lg: Log) -> RecoveryReport:
     else:
         rp = cp.recovery_point if cp else 0
         first_scan = max(bisect.bisect_right(lg._bases, rp) - 1, 0)
-    for seg in lg._segments[:first_scan]:
-        _check_closed_indexes(lg, seg, report)
+    for seg, after in zip(lg._segments[:first_scan], lg._segments[1:first_scan + 1]):
+        _check_closed_indexes(lg, seg, after.base_offset, report)
     _recover_tail(lg, first_scan, clean, report)
     _set_offsets(lg, cp, clean)
     if files.exists(marker):
@@ -122,8 +122,19 @@ def _indexes_look_sane(seg: LogSegment, cfg) -> bool:
     return seg._verified(last) is not None
 
 
-def _check_closed_indexes(lg: Log, seg: LogSegment, report: RecoveryReport) -> None:
-    if _indexes_look_sane(seg, lg.config):
+def _timeindex_looks_sane(seg: LogSegment, next_base: int) -> bool:
+    """A closed segment's time index: present if it has data, increasing (probed at the first,
+    middle and last entry), and naming no offset past the next segment's base."""
+    src, count = seg.time_source()
+    if count == 0:
+        return seg.size == 0
+    probes = [ix._time_entry(src, i) for i in sorted({0, count // 2, count - 1})]
+    increasing = all(a[0] < b[0] and a[1] < b[1] for a, b in zip(probes, probes[1:]))
+    return increasing and probes[-1][1] <= next_base - seg.base_offset
+
+
+def _check_closed_indexes(lg: Log, seg: LogSegment, next_base: int, report: RecoveryReport) -> None:
+    if _indexes_look_sane(seg, lg.config) and _timeindex_looks_sane(seg, next_base):
         seg.max_timestamp = seg.max_timestamp_from_index()
         return
     policy = IndexPolicy(lg.config.index_interval_bytes)
