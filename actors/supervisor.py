@@ -50,8 +50,8 @@ PIDFILE = "supervisor.pid"
 
 @dataclasses.dataclass
 class ChildSpec:
-    """One role in the tree. ``count`` instances named ``<role>-<i>`` (or ``<role>`` when
-    the role is a singleton that cannot scale)."""
+    """One role in the tree: ``count`` instances named ``<role>-<i>`` for a ``pool`` (always
+    true of a scalable role), else a single instance named ``<role>``."""
 
     role: str
     cls: str  # "package.module:Class"
@@ -61,9 +61,14 @@ class ChildSpec:
     scalable: bool = False
     min_count: int = 1
     max_count: int = 64
+    pool: bool = False
+
+    def __post_init__(self) -> None:
+        if self.count > 1 or self.scalable:
+            self.pool = True
 
     def instance_name(self, i: int) -> str:
-        return f"{self.role}-{i}" if (self.scalable or self.count > 1) else self.role
+        return f"{self.role}-{i}" if self.pool else self.role
 
 
 @dataclasses.dataclass
