@@ -3,9 +3,10 @@
 This is the top layer: it is the only place that knows which roles a broker has and in
 which order they start. ``actors.supervisor`` runs whatever spec it is given.
 
-Start order (stop order is the reverse): request handlers, processors, the acceptor — so a
-client can connect only once everything behind the listener is ready, and on shutdown the
-listener closes first while handlers still answer in-flight requests.
+Start order (stop order is the reverse): controller (topic metadata), log actors (open and
+recover their partitions), the fetch actor, request handlers, processors, the acceptor — so
+a client can connect only once everything behind the listener is ready, and on shutdown the
+listener closes first while the actors behind it still answer in-flight requests.
 """
 from __future__ import annotations
 
@@ -19,12 +20,17 @@ log = logging.getLogger("odradek.broker")
 
 
 def actor_specs(config: dict) -> list[ChildSpec]:
-    args = {"config": config, "broker_id": config["broker.id"]}
+    args = {"config": config, "broker_id": config["broker.id"], "data_dir": cfg.data_dir(config),
+            "topic_defaults": cfg.topic_defaults(config), "log_hosts": config["num.log.threads"]}
     return [
+        ChildSpec("controller", "coordinator.controller:Controller", count=1, args=args),
+        ChildSpec("log", "log.log_actor:LogActor", count=config["num.log.threads"], args=args,
+                  watchers=("fetch",), pool=True),
+        ChildSpec("fetch", "log.fetch_actor:FetchActor", count=1, args=args),
         ChildSpec("handler", "network.handler:RequestHandler", count=config["num.io.threads"], args=args,
-                  watchers=("processor",), scalable=True, min_count=1, max_count=64),
+                  watchers=("processor", "controller"), scalable=True, min_count=1, max_count=64),
         ChildSpec("processor", "network.processor:Processor", count=config["num.network.threads"], args=args,
-                  watchers=("acceptor",), scalable=False),
+                  watchers=("acceptor",), pool=True),
         ChildSpec("acceptor", "network.acceptor:Acceptor", count=1, args=dict(args)),
     ]
 

@@ -88,6 +88,46 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Requests one processor keeps in flight before it stops reading its sockets.", _at_least(1)),
     Setting("request.timeout.ms", int, 30000,
             "A request still unanswered after this long gets REQUEST_TIMED_OUT from its processor.", _at_least(100)),
+    # --- topics and logs (broker-wide defaults; topics override them by topic-level name) ---
+    Setting("num.partitions", int, 1, "Partitions of a topic created without a count.", _between(1, 10000)),
+    Setting("default.replication.factor", int, 1, "Replication factor of a topic created without one.",
+            _at_least(1)),
+    Setting("auto.create.topics.enable", bool, False,
+            "Create a topic when a client asks Metadata for it (Kafka's default is true; ours is false)."),
+    Setting("num.log.threads", int, 2,
+            "Processes hosting the partitions' log actors; each partition is placed on one by a stable "
+            "hash, and each is the single writer of its partitions.", _between(1, 64)),
+    Setting("log.segment.bytes", int, 1073741824, "Topic default for `segment.bytes`: roll a segment at this size.",
+            _at_least(1024)),
+    Setting("log.roll.ms", int, 604800000, "Topic default for `segment.ms`: roll a segment this old.", _at_least(1)),
+    Setting("log.retention.ms", int, 604800000,
+            "Topic default for `retention.ms`: delete closed segments older than this; -1 keeps forever.",
+            _at_least(-1)),
+    Setting("log.retention.bytes", int, -1,
+            "Topic default for `retention.bytes`: delete oldest segments beyond this size per partition; -1 no limit.",
+            _at_least(-1)),
+    Setting("log.retention.check.interval.ms", int, 300000, "How often log actors apply retention.", _at_least(10)),
+    Setting("log.index.interval.bytes", int, 4096, "Topic default for `index.interval.bytes`.", _at_least(0)),
+    Setting("log.index.size.max.bytes", int, 10485760, "Topic default for `segment.index.bytes`.", _at_least(1024)),
+    Setting("log.flush.interval.messages", int, (1 << 63) - 1,
+            "Topic default for `flush.messages`: fsync after this many records (1 = every append).", _at_least(1)),
+    Setting("log.flush.interval.ms", int, (1 << 63) - 1, "Topic default for `flush.ms`.", _at_least(0)),
+    Setting("log.flush.scheduler.interval.ms", int, 1000, "How often log actors check `flush.ms`.", _at_least(10)),
+    Setting("log.flush.offset.checkpoint.interval.ms", int, 60000,
+            "How often log actors write the recovery-point and high-watermark checkpoints.", _at_least(100)),
+    Setting("log.cleanup.policy", str, "delete", "Topic default for `cleanup.policy`.",
+            _one_of("delete", "compact", "compact,delete", "delete,compact")),
+    Setting("log.cleaner.backoff.ms", int, 15000, "How often log actors look for logs to compact.", _at_least(10)),
+    Setting("log.cleaner.delete.retention.ms", int, 86400000, "Topic default for `delete.retention.ms`.",
+            _at_least(0)),
+    Setting("log.cleaner.min.compaction.lag.ms", int, 0, "Topic default for `min.compaction.lag.ms`.", _at_least(0)),
+    Setting("log.cleaner.min.cleanable.ratio", float, 0.5, "Topic default for `min.cleanable.dirty.ratio`.",
+            lambda v: None if 0.0 <= v <= 1.0 else "must be from 0.0 to 1.0"),
+    Setting("log.segment.delete.delay.ms", int, 60000, "Topic default for `file.delete.delay.ms`.", _at_least(0)),
+    Setting("log.message.timestamp.type", str, "CreateTime", "Topic default for `message.timestamp.type`.",
+            _one_of("CreateTime", "LogAppendTime")),
+    Setting("message.max.bytes", int, 1048588, "Topic default for `max.message.bytes`: largest record batch.",
+            _at_least(64)),
     # --- supervision ---
     Setting("shutdown.timeout.ms", int, 30000, "Time the supervisor gives the actors to stop on SIGTERM.",
             _at_least(100)),
@@ -158,6 +198,8 @@ def coerce(name: str, value: Any, from_text: bool = False) -> Any:
                 value = setting.type(text)
         except ValueError:
             raise ConfigError(f"setting '{name}' expects {setting.type.__name__}, got {value!r}") from None
+    if setting.type is float and isinstance(value, int) and not isinstance(value, bool):
+        value = float(value)
     if setting.type is int and isinstance(value, bool) or not isinstance(value, setting.type):
         raise ConfigError(f"setting '{name}' expects {setting.type.__name__}, got {value!r}")
     if setting.check is not None:
@@ -210,6 +252,31 @@ def run_dir(config: dict) -> str:
 
 def advertised(config: dict) -> tuple[str, int]:
     return parse_listener(config["advertised.listeners"] or config["listeners"])
+
+
+# Broker-wide default -> topic-level name (Kafka's pairs).
+TOPIC_DEFAULTS = {
+    "log.segment.bytes": "segment.bytes",
+    "log.roll.ms": "segment.ms",
+    "log.index.size.max.bytes": "segment.index.bytes",
+    "log.index.interval.bytes": "index.interval.bytes",
+    "log.retention.ms": "retention.ms",
+    "log.retention.bytes": "retention.bytes",
+    "message.max.bytes": "max.message.bytes",
+    "log.flush.interval.messages": "flush.messages",
+    "log.flush.interval.ms": "flush.ms",
+    "log.cleanup.policy": "cleanup.policy",
+    "log.cleaner.delete.retention.ms": "delete.retention.ms",
+    "log.cleaner.min.compaction.lag.ms": "min.compaction.lag.ms",
+    "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
+    "log.segment.delete.delay.ms": "file.delete.delay.ms",
+    "log.message.timestamp.type": "message.timestamp.type",
+}
+
+
+def topic_defaults(config: dict) -> dict:
+    """The topic-level settings every topic starts from, by topic-level name."""
+    return {topic_key: config[broker_key] for broker_key, topic_key in TOPIC_DEFAULTS.items()}
 
 
 def markdown_table() -> str:

@@ -1,0 +1,193 @@
+"""The controller actor (single-broker mode): the one writer of topic metadata.
+
+Process: its own actor process, ``controller``, started first.
+Owns: the ``TopicRegistry`` (``<log.dirs>/meta/topics.json``).
+Accepts:
+  get_metadata                 -> the metadata snapshot (handlers fetch it at start)
+  get_assignment {host}        -> the partitions a log actor process hosts, with configs
+  create_topics {body}         forwarded by a handler; answered to the client's processor
+  delete_topics {body}         likewise
+  alter_topic_configs {body}   likewise (the topic resources of IncrementalAlterConfigs)
+Pushes, and waits for every acknowledgement before it answers a change, so a client that
+created a topic can produce to it at once (read-your-writes):
+  metadata {snapshot}             to every running request handler
+  assign {open, close, configure} to the log actor processes hosting affected partitions
+
+Args (from the broker assembly): ``data_dir``, ``topic_defaults`` (topic-level names),
+``log_hosts`` (number of log actor processes), ``config`` (the broker config).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from typing import Callable
+
+from actors.message import Message
+from actors.runtime import Actor
+from coordinator.topics import TopicRegistry, placement
+from network.protocol import ErrorCode, OdradekError
+
+log = logging.getLogger("odradek.controller")
+
+PUSH_TIMEOUT = 30.0  # seconds a handler or log actor has to acknowledge a change
+
+
+def log_host_name(index: int) -> str:
+    return f"log-{index}"
+
+
+class Controller(Actor):
+    def on_start(self) -> None:
+        config = self.args["config"]
+        self.log_hosts = self.args["log_hosts"]
+        self.registry = TopicRegistry(
+            os.path.join(self.args["data_dir"], "meta", "topics.json"), self.args["topic_defaults"],
+            default_partitions=config["num.partitions"], default_replication=config["default.replication.factor"],
+            max_replication=1)
+        self._remove_deleted_dirs()
+
+    def _remove_deleted_dirs(self) -> None:
+        """Partition directories of deleted topics that a crash left behind."""
+        data_dir = self.args["data_dir"]
+        for name in os.listdir(data_dir):
+            if name.endswith("-delete") and os.path.isdir(os.path.join(data_dir, name)):
+                log.info("removing %s, left over from a deleted topic", name)
+                shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+
+    def stats(self) -> dict:
+        return {"topics": len(self.registry.topics), "metadata_version": self.registry.version}
+
+    # ---- reads -----------------------------------------------------------------------
+    def on_members(self, role: str, members: list[str]) -> None:
+        """A handler that joined after its own ``get_metadata`` may have missed a push:
+        send every new one the current snapshot."""
+        if role == "handler":
+            known = getattr(self, "_known_handlers", set())
+            snapshot = self.registry.snapshot()
+            for name in set(members) - known:
+                self.request(name, "metadata", snapshot, timeout=PUSH_TIMEOUT)
+            self._known_handlers = set(members)
+
+    def on_get_metadata(self, msg: Message) -> None:
+        self.reply(msg, self.registry.snapshot())
+
+    def on_get_assignment(self, msg: Message) -> None:
+        host = msg.get("host")
+        self.reply(msg, {"open": [self._partition_entry(t.name, p) for t in self.registry.topics.values()
+                                  for p in range(t.partitions) if self._host_of(t.name, p) == host]})
+
+    def _host_of(self, topic: str, partition: int) -> str:
+        return log_host_name(placement(topic, partition, self.log_hosts))
+
+    def _partition_entry(self, topic: str, partition: int) -> dict:
+        t = self.registry.get(topic)
+        return {"topic": topic, "partition": partition, "topic_id": t.topic_id,
+                "config": self.registry.log_config(topic).to_properties()}
+
+    # ---- changes -----------------------------------------------------------------------
+    def on_create_topics(self, msg: Message) -> None:
+        body = msg.get("body") or {}
+        validate_only = bool(body.get("validate_only"))
+        results, opened = [], []
+        for req in body.get("topics") or []:
+            name = req.get("name") if isinstance(req, dict) else None
+            try:
+                if not isinstance(req, dict):
+                    raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
+                if validate_only:
+                    parts, rf, _ = self.registry.validate_create(name, req.get("num_partitions"),
+                                                                 req.get("replication_factor"), req.get("configs"))
+                else:
+                    topic = self.registry.create(name, req.get("num_partitions"), req.get("replication_factor"),
+                                                 req.get("configs"))
+                    parts, rf = topic.partitions, topic.replication_factor
+                    opened += [(name, p) for p in range(parts)]
+                    log.info("created topic %s (%d partitions, configs %s)", name, parts, topic.configs)
+                results.append({"name": name, "error_code": 0, "num_partitions": parts, "replication_factor": rf})
+            except OdradekError as exc:
+                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        self._push(open_=opened, done=lambda: self.reply(msg, {"body": {"topics": results}}))
+
+    def on_delete_topics(self, msg: Message) -> None:
+        body = msg.get("body") or {}
+        results, closed = [], []
+        for name in body.get("topics") or []:
+            try:
+                if not isinstance(name, str):
+                    raise OdradekError("topic names must be strings", ErrorCode.INVALID_REQUEST)
+                topic = self.registry.delete(name)
+                closed += [(name, p, topic.topic_id) for p in range(topic.partitions)]
+                log.info("deleted topic %s", name)
+                results.append({"name": name, "error_code": 0})
+            except OdradekError as exc:
+                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        self._push(close=closed, done=lambda: self.reply(msg, {"body": {"topics": results}}))
+
+    def on_alter_topic_configs(self, msg: Message) -> None:
+        body = msg.get("body") or {}
+        validate_only = bool(body.get("validate_only"))
+        results, changed = [], []
+        for res in body.get("resources") or []:
+            name = res.get("name") if isinstance(res, dict) else None
+            try:
+                if not isinstance(res, dict):
+                    raise OdradekError("each resource must be a map", ErrorCode.INVALID_REQUEST)
+                if validate_only:
+                    topic = self.registry.get(name)
+                    self.registry._checked_configs({**topic.configs, **{c["name"]: c.get("value")
+                                                                        for c in res.get("configs") or []}})
+                else:
+                    topic = self.registry.alter_configs(name, res.get("configs") or [])
+                    changed += [(name, p) for p in range(topic.partitions)]
+                    log.info("altered configs of topic %s: %s", name, topic.configs)
+                results.append({"type": "topic", "name": name, "error_code": 0})
+            except (OdradekError, KeyError, TypeError) as exc:
+                code = exc.code if isinstance(exc, OdradekError) else ErrorCode.INVALID_REQUEST
+                text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
+                results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
+        self._push(configure=changed, done=lambda: self.reply(msg, {"body": {"resources": results}}))
+
+    # ---- pushing changes -------------------------------------------------------------
+    def _push(self, done: Callable[[], None], open_=(), close=(), configure=()) -> None:
+        """Tell log hosts and handlers, then call ``done``. Opening: log hosts first, so no
+        handler routes to a partition before it is open. Closing: handlers first, so none
+        routes to a partition being closed."""
+        per_host: dict[str, dict] = {}
+        for topic, p in open_:
+            per_host.setdefault(self._host_of(topic, p), {}).setdefault("open", []).append(
+                self._partition_entry(topic, p))
+        for topic, p, topic_id in close:
+            per_host.setdefault(self._host_of(topic, p), {}).setdefault("close", []).append(
+                {"topic": topic, "partition": p, "topic_id": topic_id})
+        for topic, p in configure:
+            per_host.setdefault(self._host_of(topic, p), {}).setdefault("configure", []).append(
+                self._partition_entry(topic, p))
+        if not per_host:
+            done()
+            return
+        hosts = [(host, "assign", change) for host, change in per_host.items()]
+        snapshot = self.registry.snapshot()
+        handlers = [(h, "metadata", snapshot) for h in self.members.get("handler", [])]
+        phases = [handlers, hosts] if close else [hosts, handlers]
+        self._in_phases(phases, done)
+
+    def _in_phases(self, phases: list[list[tuple[str, str, dict]]], done: Callable[[], None]) -> None:
+        if not phases:
+            done()
+            return
+        targets, rest = phases[0], phases[1:]
+        if not targets:
+            self._in_phases(rest, done)
+            return
+        pending = {"n": len(targets)}
+
+        def acked(reply: Message, to: str) -> None:
+            if reply.is_error:
+                log.error("%s did not apply a metadata change: %s", to, reply.error_message)
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                self._in_phases(rest, done)
+
+        for to, type_, fields in targets:
+            self.request(to, type_, fields, callback=lambda r, to=to: acked(r, to), timeout=PUSH_TIMEOUT)

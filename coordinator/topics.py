@@ -1,0 +1,202 @@
+"""Topic metadata: names, partition counts, per-topic config overrides, and placement.
+
+Pure state plus one durable file. Single writer: only the controller actor holds a
+``TopicRegistry`` and changes it; everyone else receives copies by message. The file
+(``<log.dirs>/meta/topics.json``) is replaced atomically: temp file, fsync, rename, fsync of
+the directory, so a crash leaves either the old or the new metadata, never a mix.
+
+Topic names follow Kafka's rule: 1 to 249 characters of ``[a-zA-Z0-9._-]``, not ``.`` or
+``..``. Names starting with ``__`` are internal (``__consumer_offsets``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import re
+import time
+import uuid
+import zlib
+
+from log.config import LogConfig
+from log.errors import InvalidConfigError
+from network.protocol import ErrorCode, OdradekError
+
+LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+MAX_NAME_LENGTH = 249
+MAX_PARTITIONS = 10000
+FILE_VERSION = 1
+
+
+def check_topic_name(name) -> None:
+    """Raise INVALID_TOPIC_EXCEPTION with the reason, or return."""
+    if not isinstance(name, str) or not name:
+        raise OdradekError("topic name must be a non-empty string", ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if name in (".", ".."):
+        raise OdradekError(f"topic name cannot be '{name}'", ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if len(name) > MAX_NAME_LENGTH:
+        raise OdradekError(f"topic name is {len(name)} characters; the limit is {MAX_NAME_LENGTH}",
+                           ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if not LEGAL_NAME.match(name):
+        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
+        raise OdradekError(f"topic name '{name}' contains {''.join(bad)!r}: only ASCII letters, digits, "
+                           f"'.', '_' and '-' are allowed", ErrorCode.INVALID_TOPIC_EXCEPTION)
+
+
+def is_internal(name: str) -> bool:
+    return name.startswith("__")
+
+
+@dataclasses.dataclass
+class Topic:
+    name: str
+    topic_id: str
+    partitions: int
+    replication_factor: int
+    configs: dict  # overrides only, by topic-level name
+    created_ms: int
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def placement(topic: str, partition: int, hosts: int) -> int:
+    """Which log-actor process hosts a partition: stable across runs and processes;
+    consecutive partitions of a topic land on consecutive hosts."""
+    return (zlib.crc32(topic.encode()) + partition) % hosts
+
+
+class TopicRegistry:
+    """The set of topics. Every mutation bumps ``version`` and is saved before it returns."""
+
+    def __init__(self, path: str, defaults: dict, default_partitions: int = 1, default_replication: int = 1,
+                 max_replication: int = 1, now_ms=lambda: int(time.time() * 1000)):
+        self.path = path
+        self.defaults = defaults  # topic-level defaults from the broker config
+        self.default_partitions = default_partitions
+        self.default_replication = default_replication
+        self.max_replication = max_replication
+        self.now_ms = now_ms
+        self.topics: dict[str, Topic] = {}
+        self.version = 0
+        self._load()
+
+    # ---- persistence ---------------------------------------------------------------
+    def _load(self) -> None:
+        try:
+            with open(self.path) as f:
+                data = json.load(f)
+        except FileNotFoundError:
+            return
+        except (OSError, ValueError) as exc:
+            raise OdradekError(f"topic metadata {self.path} is unreadable ({exc}); restore it from a backup "
+                               f"or move it away to start with no topics", ErrorCode.KAFKA_STORAGE_ERROR) from None
+        self.version = int(data.get("version", 0))
+        for t in data.get("topics", []):
+            self.topics[t["name"]] = Topic(**t)
+
+    def _save(self) -> None:
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
+        tmp = self.path + ".tmp"
+        data = {"format": FILE_VERSION, "version": self.version,
+                "topics": [t.to_dict() for t in self.topics.values()]}
+        with open(tmp, "w") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, self.path)
+        fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    # ---- reads -----------------------------------------------------------------------
+    def get(self, name: str) -> Topic:
+        topic = self.topics.get(name)
+        if topic is None:
+            raise OdradekError(f"topic '{name}' does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        return topic
+
+    def log_config(self, name: str) -> LogConfig:
+        return LogConfig.from_properties({**self.defaults, **self.get(name).configs})
+
+    def effective_configs(self, name: str) -> list[dict]:
+        """Every topic-level setting with its value and where it comes from."""
+        topic = self.get(name)
+        out = []
+        for key, value in LogConfig.from_properties({**self.defaults, **topic.configs}).to_properties().items():
+            source = "topic" if key in topic.configs else "default"
+            out.append({"name": key, "value": str(value), "source": source, "read_only": False})
+        return out
+
+    # ---- changes ---------------------------------------------------------------------
+    def validate_create(self, name, partitions, replication_factor, configs) -> tuple[int, int, dict]:
+        check_topic_name(name)
+        if name in self.topics:
+            raise OdradekError(f"topic '{name}' already exists", ErrorCode.TOPIC_ALREADY_EXISTS)
+        if partitions in (None, -1):
+            partitions = self.default_partitions
+        if not isinstance(partitions, int) or isinstance(partitions, bool) or not 1 <= partitions <= MAX_PARTITIONS:
+            raise OdradekError(f"number of partitions must be from 1 to {MAX_PARTITIONS}, got {partitions!r}",
+                               ErrorCode.INVALID_PARTITIONS)
+        if replication_factor in (None, -1):
+            replication_factor = self.default_replication
+        if not isinstance(replication_factor, int) or isinstance(replication_factor, bool) or \
+                not 1 <= replication_factor <= self.max_replication:
+            raise OdradekError(f"replication factor must be from 1 to {self.max_replication} (the number of "
+                               f"brokers), got {replication_factor!r}", ErrorCode.INVALID_REPLICATION_FACTOR)
+        configs = self._checked_configs(configs or {})
+        return partitions, replication_factor, configs
+
+    def _checked_configs(self, configs: dict) -> dict:
+        if not isinstance(configs, dict):
+            raise OdradekError("configs must be a map of name to value", ErrorCode.INVALID_CONFIG)
+        try:
+            parsed = LogConfig.from_properties({**self.defaults, **configs}).to_properties()
+        except InvalidConfigError as exc:
+            raise OdradekError(exc.message, ErrorCode.INVALID_CONFIG) from None
+        return {k: parsed[k] for k in configs}
+
+    def create(self, name, partitions=None, replication_factor=None, configs=None) -> Topic:
+        partitions, replication_factor, configs = self.validate_create(name, partitions, replication_factor, configs)
+        topic = Topic(name, uuid.uuid4().hex, partitions, replication_factor, configs, self.now_ms())
+        self.topics[name] = topic
+        self.version += 1
+        self._save()
+        return topic
+
+    def delete(self, name: str) -> Topic:
+        topic = self.get(name)
+        del self.topics[name]
+        self.version += 1
+        self._save()
+        return topic
+
+    def alter_configs(self, name: str, ops: list) -> Topic:
+        """``ops``: ``[{"name", "value", "op": "set"|"delete"}]``, applied all or nothing."""
+        topic = self.get(name)
+        configs = dict(topic.configs)
+        for op in ops:
+            if not isinstance(op, dict) or not isinstance(op.get("name"), str):
+                raise OdradekError("each config change needs a name", ErrorCode.INVALID_REQUEST)
+            kind = op.get("op", "set")
+            if kind == "set":
+                configs[op["name"]] = op.get("value")
+            elif kind == "delete":
+                configs.pop(op["name"], None)
+            else:
+                raise OdradekError(f"config operation must be 'set' or 'delete', got {kind!r}",
+                                   ErrorCode.INVALID_REQUEST)
+        topic.configs = self._checked_configs(configs)
+        self.version += 1
+        self._save()
+        return topic
+
+    def snapshot(self) -> dict:
+        """What handlers cache: plain data, one message."""
+        return {"version": self.version,
+                "topics": {n: {"id": t.topic_id, "partitions": t.partitions,
+                               "replication_factor": t.replication_factor, "configs": t.configs}
+                           for n, t in self.topics.items()},
+                "defaults": self.defaults}

@@ -1,0 +1,203 @@
+"""The fetch actor: serves reads of every partition, with long polls, without touching a byte.
+
+Process: ``fetch`` (one). It owns a read-only ``LogReader`` per partition, kept current by
+the ``bounds`` the log actors push after every batch of appends, and a purgatory of fetches
+waiting for data. It answers a fetch with *file regions* (path, position, length), which the
+client's processor sends with ``os.sendfile``: no record byte passes through this actor or
+any other process shared by every connection.
+Accepts:
+  fetch {body}          (from a handler; answered straight to the client's processor)
+  list_offsets {body}   likewise
+  bounds {parts, closed, host}   one-way, from log actors
+A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms``; every ``bounds``
+update of a partition it reads re-checks it, so it answers as soon as data arrives.
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from actors.message import Message
+from actors.runtime import Actor
+from log.errors import OffsetOutOfRangeError
+from log.log_actor import partition_dir
+from log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
+from network.protocol import ErrorCode, OdradekError
+
+log = logging.getLogger("odradek.fetch")
+
+MAX_WAIT_MS = 60_000  # a longer max_wait_ms is capped, as a request must not hold forever
+
+
+class FetchRequest:
+    """One parsed fetch: ``parts`` is a list of (topic, partition, offset, partition_max_bytes)."""
+
+    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer")
+
+    def __init__(self, msg: Message, parts, min_bytes: int, max_bytes: int):
+        self.msg, self.parts, self.min_bytes, self.max_bytes, self.timer = msg, parts, min_bytes, max_bytes, None
+
+
+def _int(body: dict, key: str, default: int, lo: int = 0) -> int:
+    value = body.get(key, default)
+    if not isinstance(value, int) or isinstance(value, bool) or value < lo:
+        raise OdradekError(f"'{key}' must be an integer >= {lo}, got {value!r}", ErrorCode.INVALID_REQUEST)
+    return value
+
+
+class FetchActor(Actor):
+    def on_start(self) -> None:
+        self.data_dir = self.args["data_dir"]
+        self.readers: dict[tuple[str, int], LogReader] = {}
+        self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
+        self.served_bytes = 0
+
+    def on_stop(self) -> None:
+        for reader in self.readers.values():
+            reader.close()
+
+    def stats(self) -> dict:
+        return {"partitions": len(self.readers), "delayed": sum(len(w) for w in self.waiting.values()),
+                "served_bytes": self.served_bytes}
+
+    # ---- bounds from the log actors ----------------------------------------------------
+    def on_members(self, role: str, members: list[str]) -> None:
+        if role == "log":  # after our own restart, or a log actor's: learn every partition
+            for host in members:
+                self.request(host, "get_bounds", callback=self._bounds_reply, timeout=30.0)
+
+    def _bounds_reply(self, reply: Message) -> None:
+        if not reply.is_error:
+            self._apply(reply.get("parts") or [], [])
+
+    def on_bounds(self, msg: Message) -> None:
+        self._apply(msg.get("parts") or [], msg.get("closed") or [])
+
+    def _apply(self, parts, closed) -> None:
+        for topic, partition in closed:
+            reader = self.readers.pop((topic, partition), None)
+            if reader is not None:
+                reader.close()
+        touched = []
+        for topic, partition, *b in parts:
+            key = (topic, partition)
+            bounds = LogBounds(*b)
+            reader = self.readers.get(key)
+            try:
+                if reader is None:
+                    self.readers[key] = LogReader(partition_dir(self.data_dir, topic, partition), bounds)
+                else:
+                    reader.update(bounds)
+            except (OSError, OdradekError) as exc:
+                log.error("cannot read %s-%d: %s", topic, partition, exc)
+                continue
+            touched.append(key)
+        for key in touched:
+            for req in list(self.waiting.get(key, ())):
+                self._try(req, final=False)
+
+    # ---- fetch -------------------------------------------------------------------------
+    def on_fetch(self, msg: Message) -> None:
+        body = msg.get("body") or {}
+        max_wait = min(_int(body, "max_wait_ms", 500), MAX_WAIT_MS)
+        parts = []
+        for t in body.get("topics") or []:
+            for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
+                if not isinstance(p, dict):
+                    raise OdradekError("each partition must be a map", ErrorCode.INVALID_REQUEST)
+                parts.append((t.get("name"), p.get("index"), p.get("fetch_offset"),
+                              p.get("partition_max_bytes", 1048576)))
+        req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1))
+        if self._try(req, final=max_wait == 0):
+            return
+        req.timer = self.call_later(max_wait / 1000, lambda: self._try(req, final=True))
+        for topic, partition, *_ in parts:
+            self.waiting.setdefault((topic, partition), set()).add(req)
+
+    def _try(self, req: FetchRequest, final: bool) -> bool:
+        """Answer if enough data (or an error, or the wait is over); True if answered."""
+        topics: dict[str, list] = {}
+        files: list[list] = []
+        total, errors = 0, False
+        for topic, partition, offset, part_max in req.parts:
+            entry, slices = self._read(topic, partition, offset, part_max, req.max_bytes - total, total == 0)
+            errors |= entry["error_code"] != 0
+            total += entry["records_size"]
+            files += slices
+            topics.setdefault(topic, []).append(entry)
+        if not (final or errors or total >= req.min_bytes):
+            return False
+        self._forget(req)
+        self.served_bytes += total
+        body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        self.reply(req.msg, {"body": body, "files": files})
+        return True
+
+    def _read(self, topic, partition, offset, part_max, budget: int, first: bool) -> tuple[dict, list]:
+        entry = {"index": partition, "error_code": 0, "high_watermark": -1, "last_stable_offset": -1,
+                 "log_start_offset": -1, "records_size": 0}
+        reader = self.readers.get((topic, partition))
+        if reader is None:
+            return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here"), []
+        b = reader.bounds
+        entry.update(high_watermark=b.high_watermark, last_stable_offset=b.high_watermark,
+                     log_start_offset=b.log_start_offset)
+        if not isinstance(offset, int) or isinstance(offset, bool) or not isinstance(part_max, int) or part_max < 1:
+            return _fail(entry, ErrorCode.INVALID_REQUEST,
+                         f"{topic}-{partition}: fetch_offset must be an integer and partition_max_bytes >= 1"), []
+        limit = min(part_max, budget)
+        if limit <= 0 and not first:
+            return entry, []
+        try:
+            result = reader.read(offset, max(limit, 1), upper_bound=b.high_watermark)
+        except OffsetOutOfRangeError:
+            return _fail(entry, ErrorCode.OFFSET_OUT_OF_RANGE,
+                         f"{topic}-{partition}: offset {offset} is outside [{b.log_start_offset}, "
+                         f"{b.log_end_offset}]"), []
+        except (OSError, OdradekError) as exc:
+            return _fail(entry, ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition}: {exc}"), []
+        entry["records_size"] = result.size
+        return entry, [[s.path, s.position, s.length] for s in result.slices]
+
+    def _forget(self, req: FetchRequest) -> None:
+        if req.timer is not None:
+            req.timer.cancel()
+        for topic, partition, *_ in req.parts:
+            waiting = self.waiting.get((topic, partition))
+            if waiting is not None:
+                waiting.discard(req)
+                if not waiting:
+                    del self.waiting[(topic, partition)]
+
+    # ---- list offsets --------------------------------------------------------------------
+    def on_list_offsets(self, msg: Message) -> None:
+        topics = []
+        for t in (msg.get("body") or {}).get("topics") or []:
+            parts = []
+            for p in t.get("partitions") or []:
+                parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP)))
+            topics.append({"name": t.get("name"), "partitions": parts})
+        self.reply(msg, {"body": {"topics": topics}})
+
+    def _offset_for(self, topic, partition, ts) -> dict:
+        entry = {"index": partition, "error_code": 0, "timestamp": -1, "offset": -1}
+        reader = self.readers.get((topic, partition))
+        if reader is None:
+            return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here")
+        if not isinstance(ts, int) or isinstance(ts, bool) or ts < EARLIEST_TIMESTAMP:
+            return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1, -2 or a time in ms, got {ts!r}")
+        b = reader.bounds
+        if ts == LATEST_TIMESTAMP:
+            entry["offset"] = b.high_watermark
+        elif ts == EARLIEST_TIMESTAMP:
+            entry["offset"] = b.log_start_offset
+        else:
+            found = reader.offset_for_time(ts)
+            if found is not None and found.offset < b.high_watermark:
+                entry.update(timestamp=found.timestamp, offset=max(found.offset, b.log_start_offset))
+        return entry
+
+
+def _fail(entry: dict, code: int, message: str) -> dict:
+    entry.update(error_code=int(code), error_message=message)
+    return entry
