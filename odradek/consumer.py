@@ -1,0 +1,560 @@
+"""Consumer: reads assigned partitions with pipelined long-poll fetches.
+
+Threads: none of its own. Everything runs in the thread that calls ``poll`` (or iterates);
+**not thread-safe**, like kafka-python's consumer: use one consumer per thread.
+
+    with Consumer("127.0.0.1:9092", auto_offset_reset="earliest") as c:
+        c.assign([TopicPartition("orders", 0)])
+        for record in c:              # Record(topic, partition, offset, timestamp, key, value, headers)
+            ...
+
+Prefetching: each assigned partition has at most one FETCH in flight, and a new one is
+sent as soon as the previous answer's batch *headers* have been read (no record decoding
+needed to know the next offset) and before its records are decoded, as long as less than
+``max_partition_fetch_bytes`` of that partition is buffered undecoded. So the broker reads
+the next chunk while this process decodes the last one, and memory stays bounded at about
+two fetches per partition. Fetches of partitions led by one broker share one request.
+
+Decoding happens in ``poll``, batch by batch, only as far as ``max_records`` needs:
+CRC check (``check_crcs``), lz4, one ``msgpack.unpackb`` per batch, then the ``Record``
+tuples are built in bulk by C iterators (``zip``/``map`` over the decoded columns).
+
+Positions: ``position(tp)`` is the offset of the next record ``poll`` returns. A partition
+without one (just assigned, ``seek_to_beginning``/``seek_to_end``, or answered
+OFFSET_OUT_OF_RANGE) gets one from ListOffsets per ``auto_offset_reset``
+("earliest", "latest", or "none": raise ``OffsetOutOfRangeError`` from ``poll``).
+
+Fetch answers are read defensively: the last batch of a partition may be torn or
+zero-padded (ignored: the next fetch starts there), a batch may start before the fetch
+offset (its earlier records are skipped). Groups (``group_id``, ``subscribe``, ``commit``)
+come with the group coordinator and are refused until then.
+"""
+from __future__ import annotations
+
+import collections
+import functools
+import itertools
+import logging
+import time
+import zlib
+from operator import add
+from typing import Iterable, Optional
+
+import lz4.block
+import msgpack
+
+from log import records as fmt
+from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.cluster import Cluster, Connection, wait_any
+from odradek.errors import error_for
+from odradek.types import Record, TopicPartition
+
+log = logging.getLogger("odradek.consumer")
+
+EARLIEST, LATEST = -2, -1
+_RESETS = {"earliest": EARLIEST, "smallest": EARLIEST, "latest": LATEST, "largest": LATEST, "none": None}
+_new_record = functools.partial(tuple.__new__, Record)
+_unpackb = msgpack.unpackb
+_repeat = itertools.repeat
+_read_header = fmt.HEADER.unpack_from
+_HEADER_SIZE = fmt.HEADER_SIZE
+_MAGIC = fmt.MAGIC
+
+
+# ---- fetch-answer parsing (pure; unit-tested without a broker) -------------------------------
+def split_batches(view, start: int = 0, end: int | None = None) -> tuple[list, str | None]:
+    """Whole batches in ``view[start:end]`` as ``[(position, BatchHeader), ...]``, and why the
+    walk stopped early (None if every byte was used). A torn, zero-padded or otherwise
+    unreadable tail ends the walk without an error: the caller decides what it means."""
+    end = len(view) if end is None else end
+    out = []
+    pos = start
+    while pos < end:
+        if end - pos < _HEADER_SIZE:
+            return out, "partial header"
+        h = fmt.BatchHeader._make(_read_header(view, pos))
+        if h.magic != _MAGIC or h.batch_length < fmt.MIN_BATCH_LENGTH or h.record_count < 1 \
+                or h.last_offset_delta < h.record_count - 1 or h.base_offset < 0:
+            return out, "zero padding" if not any(bytes(view[pos:pos + _HEADER_SIZE])) else "bad header"
+        if pos + h.size > end:
+            return out, "partial batch"
+        out.append((pos, h))
+        pos += h.size
+    return out, None
+
+
+def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: int = 0,
+                   check_crc: bool = True) -> list:
+    """The ``Record``s of the batch at ``view[pos:]`` with offsets >= ``min_offset``.
+    Raises ``CorruptMessageError`` if the batch does not check out."""
+    end = pos + h.size
+    if check_crc and zlib.crc32(view[pos + fmt.CRC_START:end]) != h.crc:
+        raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: CRC mismatch in the batch at offset "
+                        f"{h.base_offset}")
+    n = h.record_count
+    try:
+        data = view[pos + _HEADER_SIZE:end]
+        if h.attributes & fmt.COMPRESSION_MASK:
+            data = lz4.block.decompress(data)
+        rows = _unpackb(data, use_list=False, raw=False)
+        if len(rows) != n:
+            raise ValueError(f"{len(rows)} records, header says {n}")
+        ods, tds, keys, values, headers = zip(*rows)
+    except Exception as exc:  # lz4, msgpack and unpacking errors all mean a corrupt batch
+        raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: batch at offset {h.base_offset} "
+                        f"does not decode ({type(exc).__name__}: {exc})") from None
+    base = h.base_offset
+    consecutive = h.last_offset_delta == n - 1
+    offsets = range(base, base + n) if consecutive else map(add, _repeat(base, n), ods)
+    if h.attributes & fmt.TIMESTAMP_TYPE_BIT:
+        stamps = _repeat(h.max_timestamp, n)
+    else:
+        stamps = map(add, _repeat(h.first_timestamp, n), tds)
+    out = list(map(_new_record, zip(_repeat(topic, n), _repeat(partition, n), offsets, stamps,
+                                    keys, values, headers)))
+    if base < min_offset:
+        if consecutive:
+            return out[min_offset - base:]
+        return [r for r in out if r.offset >= min_offset]
+    return out
+
+
+class _Partition:
+    """What the consumer knows of one assigned partition."""
+
+    __slots__ = ("tp", "position", "fetch_offset", "reset", "in_flight", "epoch", "batches", "buffered",
+                 "leftover", "retry_at", "high_watermark", "view")
+
+    def __init__(self, tp: TopicPartition):
+        self.tp = tp
+        self.position: int | None = None  # next offset poll returns
+        self.fetch_offset: int | None = None  # next offset to fetch
+        self.reset: int | None = None  # EARLIEST/LATEST when the position must be looked up
+        self.in_flight = False
+        self.epoch = 0  # bumped by seek: answers to older fetches are dropped
+        self.batches: collections.deque = collections.deque()  # (view, pos, header), undecoded
+        self.buffered = 0
+        self.leftover: list = []  # decoded records not yet returned
+        self.retry_at = 0.0
+        self.high_watermark = -1
+
+    def clear(self) -> None:
+        self.batches.clear()
+        self.buffered = 0
+        self.leftover = []
+        self.epoch += 1
+        self.in_flight = False
+
+
+class Consumer:
+    """Reads records from assigned partitions. See the module docstring."""
+
+    def __init__(self, bootstrap_servers="127.0.0.1:9092", *, auto_offset_reset: str = "latest",
+                 fetch_min_bytes: int = 1, fetch_max_wait_ms: int = 500,
+                 max_partition_fetch_bytes: int = 1 << 20, fetch_max_bytes: int = 50 << 20,
+                 max_poll_records: int = 500, check_crcs: bool = True, request_timeout_ms: int = 30000,
+                 retry_backoff_ms: int = 100, consumer_timeout_ms: float | None = None,
+                 client_id: str = "odradek-consumer", group_id: Optional[str] = None):
+        if group_id is not None:
+            raise NotImplementedError("consumer groups (group_id, subscribe, commit) are not supported yet; "
+                                      "use assign([TopicPartition(topic, partition)]) and seek")
+        if auto_offset_reset not in _RESETS:
+            raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
+        if max_poll_records < 1 or max_partition_fetch_bytes < 1:
+            raise ValueError("max_poll_records and max_partition_fetch_bytes must be >= 1")
+        self.auto_offset_reset = _RESETS[auto_offset_reset]
+        self.fetch_min_bytes = fetch_min_bytes
+        self.fetch_max_wait_ms = fetch_max_wait_ms
+        self.max_partition_fetch_bytes = max_partition_fetch_bytes
+        self.fetch_max_bytes = fetch_max_bytes
+        self.max_poll_records = max_poll_records
+        self.check_crcs = check_crcs
+        self.request_timeout_ms = request_timeout_ms
+        self.retry_backoff = retry_backoff_ms / 1000
+        self.consumer_timeout = None if consumer_timeout_ms is None else consumer_timeout_ms / 1000
+        self.client_id = client_id
+        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms)
+        self._parts: dict[TopicPartition, _Partition] = {}
+        self._order: list[_Partition] = []
+        self._rr = 0
+        self._conns: dict[int, Connection] = {}
+        self._errors: list[OdradekError] = []
+        self._metadata_wanted = False
+        self._iter_buffer: collections.deque = collections.deque()
+        self._closed = False
+
+    # ---- assignment and positions ----------------------------------------------------------------
+    def assign(self, partitions: Iterable[TopicPartition]) -> None:
+        """Read exactly these partitions (replacing any earlier assignment). Unknown topics or
+        partitions raise ``UnknownTopicOrPartitionError`` here."""
+        tps = [TopicPartition(*tp) for tp in partitions]
+        self._check_exist(tps)
+        old = self._parts
+        self._parts = {tp: old.get(tp) or _Partition(tp) for tp in tps}
+        for p in self._parts.values():
+            if p.position is None and p.reset is None:
+                p.reset = self.auto_offset_reset  # None ('none'): poll raises until seek()
+        self._order = list(self._parts.values())
+
+    def assignment(self) -> set:
+        return set(self._parts)
+
+    def subscribe(self, *args, **kwargs):
+        raise NotImplementedError("subscribe() needs consumer groups, which are not supported yet: use assign()")
+
+    def seek(self, partition: TopicPartition, offset: int) -> None:
+        """Make ``offset`` the next one ``poll`` returns for ``partition``."""
+        if not isinstance(offset, int) or offset < 0:
+            raise ValueError(f"offset must be a non-negative int, got {offset!r}")
+        p = self._part(partition)
+        p.clear()
+        p.position = p.fetch_offset = offset
+        p.reset = None
+
+    def seek_to_beginning(self, *partitions: TopicPartition) -> None:
+        for tp in partitions or list(self._parts):
+            self._seek_reset(tp, EARLIEST)
+
+    def seek_to_end(self, *partitions: TopicPartition) -> None:
+        for tp in partitions or list(self._parts):
+            self._seek_reset(tp, LATEST)
+
+    def _seek_reset(self, tp: TopicPartition, which: int) -> None:
+        p = self._part(tp)
+        p.clear()
+        p.position = p.fetch_offset = None
+        p.reset = which
+
+    def position(self, partition: TopicPartition) -> int:
+        """The offset of the next record ``poll`` will return (looked up if not known yet)."""
+        p = self._part(partition)
+        if p.position is None:
+            self._resolve_positions()
+            self._raise_errors()
+        return p.position
+
+    def highwater(self, partition: TopicPartition) -> int | None:
+        """The partition's high watermark as of the last fetch answer (None before one)."""
+        hw = self._part(partition).high_watermark
+        return hw if hw >= 0 else None
+
+    def beginning_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
+        return self._list_offsets(list(partitions), EARLIEST)
+
+    def end_offsets(self, partitions: Iterable[TopicPartition]) -> dict:
+        return self._list_offsets(list(partitions), LATEST)
+
+    def offsets_for_times(self, timestamps: dict) -> dict:
+        """``{tp: timestamp_ms}`` -> ``{tp: offset}`` of the first record at or after it (-1: none)."""
+        out = {}
+        for tp, ts in timestamps.items():
+            out.update(self._list_offsets([tp], ts))
+        return out
+
+    def _part(self, tp) -> _Partition:
+        p = self._parts.get(TopicPartition(*tp))
+        if p is None:
+            raise ValueError(f"partition {tp} is not assigned to this consumer (assign() it first)")
+        return p
+
+    # ---- poll: the hot path -----------------------------------------------------------------------
+    def poll(self, timeout_ms: float = 0, max_records: int | None = None) -> list:
+        """Records from the assigned partitions, waiting up to ``timeout_ms`` for the first
+        ones; an empty list if none arrived. Raises the error of a failed partition."""
+        if self._closed:
+            raise RuntimeError("poll() on a closed consumer")
+        max_records = max_records or self.max_poll_records
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            if any(p.reset is not None for p in self._order):
+                self._resolve_positions()
+            self._send_fetches()
+            records = self._collect(max_records)
+            if records:
+                return records
+            self._raise_errors()
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return []
+            self._wait(left)
+
+    def _collect(self, max_records: int) -> list:
+        """Decode buffered batches into records, partition by partition (rotating the start)."""
+        out: list = []
+        parts = self._order
+        n = len(parts)
+        for i in range(n):
+            p = parts[(self._rr + i) % n]
+            while len(out) < max_records and (p.leftover or p.batches):
+                if not p.leftover:
+                    self._decode_next(p)
+                    continue
+                take = p.leftover[:max_records - len(out)]
+                p.leftover = p.leftover[len(take):]
+                out += take
+                if not p.leftover and not p.batches and p.fetch_offset is not None:
+                    p.position = max(p.position, p.fetch_offset) if p.position is not None else p.fetch_offset
+                else:
+                    p.position = take[-1].offset + 1
+            if len(out) >= max_records:
+                break
+        self._rr = (self._rr + 1) % n if n else 0
+        return out
+
+    def _decode_next(self, p: _Partition) -> None:
+        view, pos, h = p.batches.popleft()
+        p.buffered -= h.size
+        if h.base_offset + h.last_offset_delta < p.position:
+            return  # wholly before the position (a re-read after seek, or a compacted tail)
+        try:
+            p.leftover = decode_records(view, pos, h, p.tp.topic, p.tp.partition, p.position, self.check_crcs)
+        except OdradekError as exc:
+            p.clear()  # drop what follows too; a later poll refetches from this position
+            p.fetch_offset = p.position
+            self._errors.append(exc)
+        if not p.leftover:
+            p.position = max(p.position, h.base_offset + h.last_offset_delta + 1)
+
+    # ---- fetching ---------------------------------------------------------------------------------
+    def _send_fetches(self) -> None:
+        now = time.monotonic()
+        by_node: dict[int, list] = {}
+        for p in self._order:
+            if p.in_flight or p.fetch_offset is None or p.buffered >= self.max_partition_fetch_bytes \
+                    or p.retry_at > now:
+                continue
+            leader = self._cluster.leader(p.tp.topic, p.tp.partition)
+            if leader < 0:
+                self._metadata_wanted = True
+                continue
+            by_node.setdefault(leader, []).append(p)
+        if self._metadata_wanted:
+            self._refresh_metadata()
+        for node, parts in by_node.items():
+            conn = self._conn(node)
+            if conn is None:
+                for p in parts:
+                    p.retry_at = now + self.retry_backoff
+                continue
+            self._send_fetch(conn, parts)
+
+    def _send_fetch(self, conn: Connection, parts: list) -> None:
+        topics: dict[str, list] = {}
+        sent = []
+        for p in parts:
+            topics.setdefault(p.tp.topic, []).append({"index": p.tp.partition, "fetch_offset": p.fetch_offset,
+                                                      "partition_max_bytes": self.max_partition_fetch_bytes})
+            p.in_flight = True
+            sent.append((p, p.epoch, p.fetch_offset))
+        body = {"max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes,
+                "max_bytes": self.fetch_max_bytes, "isolation_level": 0,
+                "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        conn.send(ApiKey.FETCH, body, (), lambda frame, err: self._on_fetch(sent, frame, err))
+
+    def _on_fetch(self, sent: list, frame, err: OdradekError | None) -> None:
+        """A FETCH answer: queue each partition's whole batches (headers read, records not)."""
+        live = [(p, off) for p, epoch, off in sent if p.epoch == epoch and self._parts.get(p.tp) is p]
+        for p, _ in live:
+            p.in_flight = False
+        if err is not None:
+            self._fetch_failed([p for p, _ in live], err)
+            return
+        frames = frame.frames
+        payload = frames[0] if len(frames) == 1 else memoryview(b"".join(frames))
+        results = {}
+        at = 0
+        for t in frame.header["body"].get("topics", []):
+            for part in t.get("partitions", []):
+                size = part.get("records_size", 0) or 0
+                results[(t["name"], part["index"])] = (part, at, at + size)
+                at += size
+        for p, offset in live:
+            found = results.get(p.tp)
+            if found is None:
+                continue
+            part, start, end = found
+            code = part.get("error_code", 0)
+            if code:
+                self._partition_error(p, code, part.get("error_message"))
+                continue
+            p.high_watermark = part.get("high_watermark", p.high_watermark)
+            self._queue_batches(p, offset, payload, start, end)
+
+    def _queue_batches(self, p: _Partition, offset: int, payload, start: int, end: int) -> None:
+        batches, stopped = split_batches(payload, start, end)
+        if not batches:
+            if stopped in ("partial batch", "partial header") and end - start >= self.max_partition_fetch_bytes:
+                self._errors.append(error_for(ErrorCode.MESSAGE_TOO_LARGE,
+                                              f"{p.tp.topic}-{p.tp.partition}: the batch at offset {offset} is larger "
+                                              f"than max_partition_fetch_bytes ({self.max_partition_fetch_bytes}); "
+                                              f"raise it to read on"))
+                p.retry_at = time.monotonic() + 3600
+            elif stopped == "bad header":
+                self._errors.append(error_for(ErrorCode.CORRUPT_MESSAGE,
+                                              f"{p.tp.topic}-{p.tp.partition}: unreadable batch header at offset "
+                                              f"{offset}"))
+                p.retry_at = time.monotonic() + self.retry_backoff
+            return
+        for pos, h in batches:
+            p.batches.append((payload, pos, h))
+            p.buffered += h.size
+        p.fetch_offset = max(offset, batches[-1][1].base_offset + batches[-1][1].last_offset_delta + 1)
+
+    def _partition_error(self, p: _Partition, code: int, message: str | None) -> None:
+        err = ErrorCode.of(code)
+        where = f"{p.tp.topic}-{p.tp.partition}"
+        if err is ErrorCode.OFFSET_OUT_OF_RANGE:
+            if self.auto_offset_reset is None:
+                self._errors.append(error_for(code, f"{where}: offset {p.fetch_offset} is out of range "
+                                              f"(auto_offset_reset='none'); seek to a valid offset"))
+                p.retry_at = float("inf")
+            else:
+                log.info("%s: offset %s out of range; resetting to %s", where, p.fetch_offset,
+                         "earliest" if self.auto_offset_reset == EARLIEST else "latest")
+                p.clear()
+                p.position = p.fetch_offset = None
+                p.reset = self.auto_offset_reset
+            return
+        if err.retriable:
+            self._metadata_wanted = True
+            p.retry_at = time.monotonic() + self.retry_backoff
+            return
+        self._errors.append(error_for(code, f"fetch {where}: {message or err.meaning}"))
+        p.retry_at = time.monotonic() + self.retry_backoff
+
+    def _fetch_failed(self, parts: list, err: OdradekError) -> None:
+        for p in parts:
+            p.retry_at = time.monotonic() + self.retry_backoff
+        if err.retriable:
+            self._metadata_wanted = True
+        else:
+            self._errors.append(err)
+
+    def _wait(self, timeout: float) -> None:
+        conns = [c for c in self._conns.values() if c.in_flight]
+        if not conns:  # nothing to wait for (backoff, no leader): sleep a little and retry
+            time.sleep(min(timeout, self.retry_backoff))
+            return
+        wait_any(conns, timeout)
+
+    def _conn(self, node: int) -> Connection | None:
+        conn = self._conns.get(node)
+        if conn is not None and conn.connected:
+            return conn
+        broker = self._cluster.broker(node)
+        if broker is None:
+            self._metadata_wanted = True
+            return None
+        if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
+            conn = self._conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms)
+        try:
+            conn.connect()
+        except OdradekError as exc:
+            log.info("cannot connect to broker %s: %s", node, exc)
+            self._metadata_wanted = True
+            return None
+        return conn
+
+    # ---- metadata, offsets, errors -----------------------------------------------------------------
+    def _check_exist(self, tps: list) -> None:
+        if not tps:
+            return
+        body = self._cluster.refresh(sorted({tp.topic for tp in tps}))
+        topics = {t["name"]: t for t in body.get("topics", [])}
+        for tp in tps:
+            t = topics.get(tp.topic)
+            if t is None or t.get("error_code"):
+                raise error_for((t or {}).get("error_code") or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"assign {tp.topic}-{tp.partition}: " +
+                                ((t or {}).get("error_message") or f"topic '{tp.topic}' does not exist"))
+            if not 0 <= tp.partition < len(t.get("partitions", [])):
+                raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"assign {tp.topic}-{tp.partition}: topic '{tp.topic}' has "
+                                f"{len(t.get('partitions', []))} partitions")
+
+    def _refresh_metadata(self) -> None:
+        self._metadata_wanted = False
+        try:
+            self._cluster.refresh(sorted({p.tp.topic for p in self._order}) or None,
+                                  timeout=self.request_timeout_ms / 1000)
+        except OdradekError as exc:
+            log.info("metadata refresh failed: %s", exc)
+            self._metadata_wanted = True
+            for p in self._order:
+                p.retry_at = max(p.retry_at, time.monotonic() + self.retry_backoff)
+
+    def _resolve_positions(self) -> None:
+        """ListOffsets for every partition waiting for a reset; errors are kept for poll."""
+        for which in (EARLIEST, LATEST):
+            parts = [p for p in self._order if p.reset == which]
+            if not parts:
+                continue
+            try:
+                offsets = self._list_offsets([p.tp for p in parts], which)
+            except OdradekError as exc:
+                if not exc.retriable:
+                    self._errors.append(exc)
+                self._metadata_wanted = True
+                continue
+            for p in parts:
+                off = offsets.get(p.tp, -1)
+                if off is not None and off >= 0:
+                    p.position = p.fetch_offset = off
+                    p.reset = None
+        for p in self._order:
+            if p.position is None and p.reset is None:
+                self._errors.append(error_for(ErrorCode.OFFSET_OUT_OF_RANGE,
+                                              f"{p.tp.topic}-{p.tp.partition} has no position and "
+                                              f"auto_offset_reset='none': seek() first"))
+
+    def _list_offsets(self, tps: list, timestamp: int) -> dict:
+        by_topic: dict[str, list] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "timestamp": timestamp})
+        body = {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+        resp = self._cluster.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
+        out = {}
+        for t in resp.header["body"].get("topics", []):
+            for part in t.get("partitions", []):
+                tp = TopicPartition(t["name"], part["index"])
+                if part.get("error_code"):
+                    raise error_for(part["error_code"], f"list offsets of {tp.topic}-{tp.partition}: "
+                                    f"{part.get('error_message') or ErrorCode.of(part['error_code']).meaning}")
+                out[tp] = part.get("offset", -1)
+        return out
+
+    def _raise_errors(self) -> None:
+        if self._errors:
+            err = self._errors.pop(0)
+            self._errors.clear()
+            raise err
+
+    # ---- iteration and lifecycle -------------------------------------------------------------------
+    def __iter__(self) -> "Consumer":
+        return self
+
+    def __next__(self) -> Record:
+        buf = self._iter_buffer
+        if not buf:
+            deadline = None if self.consumer_timeout is None else time.monotonic() + self.consumer_timeout
+            while not buf:
+                left = 1.0 if deadline is None else deadline - time.monotonic()
+                if left <= 0:
+                    raise StopIteration
+                buf.extend(self.poll(timeout_ms=min(left, 1.0) * 1000))
+        return buf.popleft()
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for conn in self._conns.values():
+            conn.close("consumer closed")
+        self._conns.clear()
+        self._cluster.close()
+
+    def __enter__(self) -> "Consumer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()

@@ -1,0 +1,675 @@
+"""Producer: batches records per partition and sends them from a background thread.
+
+Threads: the caller's (``send``, ``flush``, ``close``; any number of caller threads may
+share one producer) and one **sender thread** started by the constructor, which owns
+every broker connection. They share the open batches under one lock (``_lock``); the
+sender thread alone encodes batches, writes requests and resolves futures.
+
+    with Producer("127.0.0.1:9092", acks=1, linger_ms=5) as p:
+        handle = p.send("orders", b"value", key=b"customer-42")
+        print(handle.result(timeout=10))      # RecordMetadata(topic, partition, offset, timestamp)
+
+Life of a record:
+1. ``send`` appends ``(index, ts_delta, key, value, headers)`` to the open batch of its
+   partition: the rows are exactly what the record-batch format packs with one
+   ``msgpack.packb`` call. It returns a ``FutureRecordMetadata``, a two-slot handle
+   (batch, index) over the batch's one ``concurrent.futures.Future``.
+2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
+   a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
+3. The sender encodes closed batches (msgpack + lz4 + CRC, ``log.records`` layout), groups
+   them by leader into PRODUCE requests of at most ``max_request_size`` bytes (several
+   partitions, and several batches of a partition, per request) and pipelines up to
+   ``max_in_flight`` requests per broker.
+4. The answer resolves each batch's future with its base offset; a retriable error (or a
+   lost connection) requeues the batch after ``retry_backoff_ms``, at most ``retries``
+   times and never past ``delivery_timeout_ms``; a leader or topic error also refreshes
+   metadata first. Other errors fail the batch's future with the broker's error class.
+
+Partitioning: a record with a ``partition`` goes there; with a key, to
+``zlib.crc32(key) % partitions`` (CRC-32 of the key bytes: stable across processes,
+runs, machines and Python versions, unlike ``hash()``; it is not Kafka's murmur2, so a
+Kafka producer places keys differently); without either, to the topic's *sticky*
+partition, a random one kept until its batch closes, so keyless records fill whole batches.
+
+Ordering: records of a partition are sent in ``send`` order. As in Kafka without
+idempotence, a retry with more than one request in flight may reorder (and a retry after a
+lost answer may duplicate); ``max_in_flight=1`` keeps order through retries.
+
+Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
+(one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
+``send`` call while the sender keeps up). ``timestamp_ms`` sets it exactly.
+
+``send`` blocks (up to ``max_block_ms``) only to learn a topic's partitions the first time
+and when ``buffer_memory`` bytes are waiting to be sent (back-pressure).
+"""
+from __future__ import annotations
+
+import collections
+import concurrent.futures
+import logging
+import os
+import random
+import threading
+import time
+import zlib
+from typing import Optional
+
+import lz4.block
+import msgpack
+
+from log import records as fmt
+from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.cluster import Cluster, Connection, wait_any
+from odradek.errors import error_for
+from odradek.types import RecordMetadata
+
+log = logging.getLogger("odradek.producer")
+
+RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack row framing)
+_packb = msgpack.Packer(use_bin_type=True).pack
+_HEADER_PACK = fmt.HEADER.pack_into
+_crc32 = zlib.crc32
+_now_ms = lambda: int(time.time() * 1000)  # noqa: E731
+
+LEADER_ERRORS = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                           ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
+                           ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NETWORK_EXCEPTION,
+                           ErrorCode.REPLICA_NOT_AVAILABLE})
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    """The partition of a keyed record: CRC-32 (zlib) of the key bytes mod the partition count."""
+    return _crc32(key) % num_partitions
+
+
+def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str]) -> bytes:
+    """One record batch (``log.records`` layout, base offset 0) from rows
+    ``(offset_delta, timestamp_delta, key, value, headers)`` with offset deltas 0..n-1."""
+    payload = _packb(rows)
+    attributes = 0
+    if compression == "lz4":
+        payload = lz4.block.compress(payload, store_size=True)
+        attributes = fmt.COMPRESSION_LZ4
+    n = len(rows)
+    out = bytearray(fmt.HEADER_SIZE + len(payload))
+    _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
+                 base_ts, max_ts, -1, -1, -1, n)
+    out[fmt.HEADER_SIZE:] = payload
+    fmt._U32.pack_into(out, fmt.OFFSET_CRC, _crc32(memoryview(out)[fmt.CRC_START:]))
+    return bytes(out)
+
+
+class _Batch:
+    """Records of one partition sent together; one Future for all of them."""
+
+    __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "max_ts", "stamps",
+                 "future", "data", "count", "attempts", "retry_at", "deadline")
+
+    def __init__(self, topic: str, partition: int, now: float, delivery_timeout: float):
+        self.topic = topic
+        self.partition = partition
+        self.rows: list = []
+        self.size = 0
+        self.created = now
+        self.base_ts = self.max_ts = _now_ms()
+        self.stamps: dict | None = None  # index -> explicit timestamp (rare)
+        self.future: concurrent.futures.Future = concurrent.futures.Future()
+        self.data: bytes | None = None
+        self.count = 0
+        self.attempts = 0
+        self.retry_at = 0.0
+        self.deadline = now + delivery_timeout
+
+    def timestamp(self, index: int) -> int:
+        if self.stamps and index in self.stamps:
+            return self.stamps[index]
+        return self.base_ts
+
+
+class FutureRecordMetadata:
+    """The handle ``send`` returns: the ``concurrent.futures.Future`` interface for one record,
+    over its batch's future. ``result()`` gives ``RecordMetadata``. Thread-safe."""
+
+    __slots__ = ("_batch", "_index")
+
+    def __init__(self, batch: _Batch, index: int):
+        self._batch = batch
+        self._index = index
+
+    def _metadata(self, value) -> RecordMetadata:
+        base, append_time = value
+        b = self._batch
+        ts = append_time if append_time is not None and append_time >= 0 else b.timestamp(self._index)
+        return RecordMetadata(b.topic, b.partition, base + self._index if base >= 0 else -1, ts)
+
+    def result(self, timeout: float | None = None) -> RecordMetadata:
+        """Wait for the acknowledgement; raises the broker's error, or ``TimeoutError``."""
+        return self._metadata(self._batch.future.result(timeout))
+
+    get = result  # kafka-python's name
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        return self._batch.future.exception(timeout)
+
+    def done(self) -> bool:
+        return self._batch.future.done()
+
+    def cancelled(self) -> bool:
+        return False
+
+    def cancel(self) -> bool:
+        """Records cannot be taken back once sent to the producer: always False."""
+        return False
+
+    def running(self) -> bool:
+        return not self._batch.future.done()
+
+    def add_done_callback(self, fn) -> None:
+        """``fn(handle)`` once the record is acknowledged or failed (on the sender thread, or
+        at once if already done); like ``Future.add_done_callback``."""
+        self._batch.future.add_done_callback(lambda _f: fn(self))
+
+    @property
+    def topic(self) -> str:
+        return self._batch.topic
+
+    @property
+    def partition(self) -> int:
+        return self._batch.partition
+
+    def __repr__(self) -> str:
+        state = "done" if self.done() else "pending"
+        return f"<FutureRecordMetadata {self.topic}-{self.partition}#{self._index} {state}>"
+
+
+class Producer:
+    """Sends records to topics. See the module docstring for threads, batching, partitioning."""
+
+    def __init__(self, bootstrap_servers="127.0.0.1:9092", *, acks=1, linger_ms: float = 5,
+                 batch_size: int = 65536, compression: Optional[str] = "lz4", retries: int = 2147483647,
+                 retry_backoff_ms: int = 100, max_in_flight: int = 5, request_timeout_ms: int = 30000,
+                 delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 64 << 20,
+                 max_request_size: int = 1 << 20, client_id: str = "odradek-producer",
+                 metadata_max_age_ms: int = 300000, compression_type: Optional[str] = None):
+        if compression_type is not None:  # kafka-python's spelling
+            compression = compression_type
+        if compression in ("none", ""):
+            compression = None
+        if compression not in (None, "lz4"):
+            raise ValueError(f"compression {compression!r} is not supported (use 'lz4' or None)")
+        self.acks = -1 if acks in ("all", -1, "-1") else acks
+        if self.acks not in (0, 1, -1):
+            raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
+        if batch_size < 1 or max_in_flight < 1 or retries < 0:
+            raise ValueError("batch_size and max_in_flight must be >= 1 and retries >= 0")
+        self.compression = compression
+        self.linger = linger_ms / 1000
+        self.batch_size = batch_size
+        self.retries = retries
+        self.retry_backoff = retry_backoff_ms / 1000
+        self.max_in_flight = max_in_flight
+        self.request_timeout_ms = request_timeout_ms
+        self.delivery_timeout = delivery_timeout_ms / 1000
+        self.max_block = max_block_ms / 1000
+        self.buffer_memory = buffer_memory
+        self.max_request_size = max_request_size
+        self.client_id = client_id
+        self.metadata_max_age = metadata_max_age_ms / 1000
+        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms)
+
+        self._lock = threading.Lock()
+        self._space = threading.Condition(self._lock)  # buffer_memory back-pressure
+        self._sticky: dict[str, _Batch] = {}  # topic -> open batch of its sticky partition
+        self._open: dict[tuple, _Batch] = {}  # (topic, partition) -> open batch
+        self._ready: collections.deque = collections.deque()  # closed, not yet encoded
+        self._incomplete: set = set()  # batches whose future is not done
+        self._buffered = 0  # bytes in incomplete batches
+        self._closed = False
+        self._sender_sleeping = False
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        self._sender = _Sender(self)
+        self._thread = threading.Thread(target=self._sender.run, name=f"odradek-sender-{client_id}", daemon=True)
+        self._thread.start()
+
+    # ---- the hot path ---------------------------------------------------------------------------
+    def send(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None, partition: Optional[int] = None,
+             headers=None, timestamp_ms: Optional[int] = None) -> FutureRecordMetadata:
+        """Queue one record; returns a future of its ``RecordMetadata``."""
+        if key is None and partition is None and headers is None and timestamp_ms is None \
+                and value.__class__ is bytes:
+            with self._lock:
+                batch = self._sticky.get(topic)
+                if batch is not None:
+                    rows = batch.rows
+                    index = len(rows)
+                    rows.append((index, 0, None, value, ()))
+                    batch.size += len(value) + RECORD_OVERHEAD
+                    if batch.size >= self.batch_size:
+                        self._close_batch(batch)
+                    return FutureRecordMetadata(batch, index)
+        return self._send_general(topic, value, key, partition, headers, timestamp_ms)
+
+    def _send_general(self, topic, value, key, partition, headers, timestamp_ms) -> FutureRecordMetadata:
+        """Every case the fast path does not take: validation, partition choice, new batches."""
+        value, key, headers = _check_record(value, key, headers, timestamp_ms)
+        if self._closed:
+            raise RuntimeError("send() on a closed producer")
+        count = self._partition_count(topic)
+        if partition is not None:
+            if not isinstance(partition, int) or not 0 <= partition < count:
+                raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                f"topic '{topic}' has partitions 0..{count - 1}; partition {partition!r} does not exist")
+        elif key is not None:
+            partition = partition_for_key(key, count)
+        size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD
+        with self._lock:
+            if partition is None:
+                batch = self._sticky.get(topic)
+                if batch is None:
+                    batch = self._sticky[topic] = self._new_sticky_batch(topic, count)
+            else:
+                batch = self._open.get((topic, partition))
+                if batch is None:
+                    batch = self._new_batch(topic, partition)
+            rows = batch.rows
+            index = len(rows)
+            if timestamp_ms is None:
+                delta = 0
+            else:
+                delta = timestamp_ms - batch.base_ts
+                if batch.stamps is None:
+                    batch.stamps = {}
+                batch.stamps[index] = timestamp_ms
+                if timestamp_ms > batch.max_ts:
+                    batch.max_ts = timestamp_ms
+            rows.append((index, delta, key, value, headers))
+            batch.size += size
+            if batch.size >= self.batch_size:
+                self._close_batch(batch)
+        return FutureRecordMetadata(batch, index)
+
+    # ---- batches (all under _lock) -------------------------------------------------------------
+    def _new_sticky_batch(self, topic: str, count: int) -> _Batch:
+        """A batch on a random partition that has a leader, avoiding the last sticky one."""
+        parts = self._cluster.partitions(topic) or ()
+        live = [p.partition for p in parts if p.leader >= 0] or list(range(count))
+        partition = random.choice(live)
+        if len(live) > 1 and self._open.get((topic, partition)) is not None:
+            partition = random.choice(live)  # prefer a partition without an open batch
+        batch = self._open.get((topic, partition))
+        return batch if batch is not None else self._new_batch(topic, partition)
+
+    def _new_batch(self, topic: str, partition: int) -> _Batch:
+        deadline = time.monotonic() + self.max_block
+        while self._buffered >= self.buffer_memory and not self._closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise error_for(ErrorCode.REQUEST_TIMED_OUT,
+                                f"buffer_memory ({self.buffer_memory} bytes) stayed full for "
+                                f"max_block_ms: the brokers are not keeping up, or are unreachable")
+            self._space.wait(left)
+        batch = _Batch(topic, partition, time.monotonic(), self.delivery_timeout)
+        self._open[(topic, partition)] = batch
+        self._incomplete.add(batch)
+        self._wake_sender()  # its linger deadline may be earlier than the sender's sleep
+        return batch
+
+    def _close_batch(self, batch: _Batch) -> None:
+        del self._open[(batch.topic, batch.partition)]
+        if self._sticky.get(batch.topic) is batch:
+            del self._sticky[batch.topic]
+        self._buffered += batch.size
+        self._ready.append(batch)
+        self._wake_sender()
+
+    def _close_lingering(self, now: float, force: bool) -> float | None:
+        """Close open batches older than linger (all if ``force``); returns the earliest
+        remaining linger deadline. Called by the sender and by flush, with the lock held."""
+        earliest = None
+        for batch in list(self._open.values()):
+            due = batch.created + self.linger
+            if force or due <= now:
+                self._close_batch(batch)
+            elif earliest is None or due < earliest:
+                earliest = due
+        return earliest
+
+    def _wake_sender(self) -> None:
+        if self._sender_sleeping:
+            self._sender_sleeping = False
+            try:
+                os.write(self._wake_w, b"x")
+            except (BlockingIOError, OSError):
+                pass
+
+    def _batch_done(self, batch: _Batch) -> None:
+        """Called by the sender when a batch's future is resolved (with the lock held)."""
+        self._incomplete.discard(batch)
+        self._buffered -= batch.size
+        self._space.notify_all()
+
+    # ---- metadata -------------------------------------------------------------------------------
+    def _partition_count(self, topic: str) -> int:
+        parts = self._cluster.partitions(topic)
+        if parts:
+            return len(parts)
+        deadline = time.monotonic() + self.max_block
+        while True:
+            body = self._cluster.refresh([topic], timeout=max(0.1, deadline - time.monotonic()))
+            t = next((t for t in body.get("topics", []) if t["name"] == topic), None)
+            if t is not None and not t.get("error_code") and t.get("partitions"):
+                return len(t["partitions"])
+            code = t.get("error_code") if t else ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+            message = (t or {}).get("error_message") or f"topic '{topic}' is not in the metadata"
+            if not ErrorCode.of(code).retriable or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION \
+                    and time.monotonic() + self.retry_backoff >= deadline:
+                raise error_for(code, f"send to '{topic}': {message}")
+            if time.monotonic() + self.retry_backoff >= deadline:
+                raise error_for(ErrorCode.REQUEST_TIMED_OUT,
+                                f"send to '{topic}': no partitions after max_block_ms ({message})")
+            time.sleep(self.retry_backoff)
+
+    def partitions_for(self, topic: str) -> set:
+        """The partition numbers of a topic (fetching metadata if needed)."""
+        return set(range(self._partition_count(topic)))
+
+    # ---- flush / close -------------------------------------------------------------------------
+    def flush(self, timeout: float | None = None) -> None:
+        """Send everything queued so far (ignoring linger) and wait until each record is
+        acknowledged or failed. Raises ``TimeoutError`` if that takes longer than ``timeout``."""
+        with self._lock:
+            self._close_lingering(time.monotonic(), force=True)
+            pending = [b.future for b in self._incomplete]
+        done, not_done = concurrent.futures.wait(pending, timeout)
+        if not_done:
+            raise TimeoutError(f"flush: {len(not_done)} batches still unacknowledged after {timeout}s")
+
+    def close(self, timeout: float | None = None) -> None:
+        """Flush, then stop the sender thread. Records still unsent after ``timeout`` seconds
+        fail with REQUEST_TIMED_OUT. Idempotent."""
+        if self._closed:
+            return
+        deadline = None if timeout is None else time.monotonic() + timeout
+        try:
+            self.flush(timeout)
+        except TimeoutError:
+            pass
+        with self._lock:
+            self._closed = True
+            self._space.notify_all()
+            self._wake_sender()
+        self._sender.stop(deadline)
+        os.write(self._wake_w, b"x")
+        self._thread.join()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+        self._cluster.close()
+
+    def __enter__(self) -> "Producer":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def metrics(self) -> dict:
+        s = self._sender
+        return {"requests": s.requests, "batches": s.batches, "retries": s.retried,
+                "buffered_bytes": self._buffered}
+
+
+def _check_record(value, key, headers, timestamp_ms):
+    for name, v in (("value", value), ("key", key)):
+        if v is not None and not isinstance(v, bytes):
+            if isinstance(v, (bytearray, memoryview)):
+                v = bytes(v)
+            else:
+                raise TypeError(f"{name} must be bytes or None, got {type(v).__name__} "
+                                f"(encode it first, e.g. {name}.encode())")
+            if name == "value":
+                value = v
+            else:
+                key = v
+    if headers:
+        try:
+            headers = tuple((str(k), bytes(v) if v is not None else None) for k, v in headers)
+        except (TypeError, ValueError):
+            raise TypeError("headers must be a sequence of (str, bytes) pairs") from None
+    else:
+        headers = ()
+    if timestamp_ms is not None and (not isinstance(timestamp_ms, int) or timestamp_ms < 0):
+        raise ValueError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
+    return value, key, headers
+
+
+class _Sender:
+    """The sender thread's state and loop: everything here runs on that thread only."""
+
+    def __init__(self, producer: Producer):
+        self.p = producer
+        self.conns: dict[int, Connection] = {}
+        self.retry: list[_Batch] = []  # encoded batches waiting to be sent (again)
+        self.stopping = False
+        self.stop_deadline: float | None = None
+        self.metadata_wanted = False
+        self.requests = self.batches = self.retried = 0
+
+    def stop(self, deadline: float | None) -> None:
+        """Finish what is queued, giving up at ``deadline`` (monotonic; None: no limit)."""
+        self.stop_deadline = deadline
+        self.stopping = True
+
+    def run(self) -> None:
+        p = self.p
+        try:
+            while True:
+                with p._lock:
+                    earliest = p._close_lingering(time.monotonic(), force=self.stopping)
+                    ready = list(p._ready)
+                    p._ready.clear()
+                for batch in ready:
+                    self._encode(batch)
+                self.retry.extend(ready)
+                if self.metadata_wanted:
+                    self._refresh_metadata()
+                self._send_ready()
+                if self.stopping:
+                    if not self.retry and not any(c.in_flight for c in self.conns.values()):
+                        break
+                    if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
+                        break
+                self._wait(earliest)
+        except Exception as exc:  # a bug here must not leave callers waiting forever
+            log.exception("producer sender thread failed")
+            self._fail_everything(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"producer sender thread failed: {exc!r}"))
+        finally:
+            for c in self.conns.values():
+                c.close("producer closed")
+            self._fail_everything(error_for(ErrorCode.REQUEST_TIMED_OUT, "producer closed before the record was sent"))
+
+    def _wait(self, earliest: float | None) -> None:
+        p = self.p
+        now = time.monotonic()
+        timeout = 1.0 if earliest is None else max(0.0, earliest - now)
+        if self.retry:
+            timeout = min(timeout, max(0.0, min(b.retry_at for b in self.retry) - now))
+        p._sender_sleeping = True
+        if p._ready or (timeout == 0.0):
+            p._sender_sleeping = False
+            timeout = 0.0
+        woke = wait_any(list(self.conns.values()), timeout, p._wake_r)
+        p._sender_sleeping = False
+        if woke:
+            try:
+                os.read(p._wake_r, 4096)
+            except BlockingIOError:
+                pass
+
+    def _encode(self, batch: _Batch) -> None:
+        rows = batch.rows
+        batch.count = len(rows)
+        batch.data = encode_rows(rows, batch.base_ts, batch.max_ts, self.p.compression)
+        batch.rows = None
+
+    # ---- sending ------------------------------------------------------------------------------------
+    def _send_ready(self) -> None:
+        """Group the sendable batches by leader into requests (in order), respecting
+        max_in_flight, max_request_size and retry backoff."""
+        if not self.retry:
+            return
+        now = time.monotonic()
+        cluster = self.p._cluster
+        pending, self.retry = self.retry, []  # callbacks fired while sending may requeue into self.retry
+        waiting, by_node = [], {}
+        for batch in pending:
+            if now > batch.deadline:
+                self._fail(batch, error_for(ErrorCode.REQUEST_TIMED_OUT,
+                                            f"{batch.topic}-{batch.partition}: not acknowledged within "
+                                            f"delivery_timeout_ms ({batch.attempts} attempts)"))
+                continue
+            leader = cluster.leader(batch.topic, batch.partition)
+            if batch.retry_at > now or leader < 0:
+                if leader < 0:
+                    self.metadata_wanted = True
+                waiting.append(batch)
+                continue
+            by_node.setdefault(leader, []).append(batch)
+        for node, batches in by_node.items():
+            waiting.extend(self._send_to(node, batches))
+        if self.retry:
+            waiting.extend(self.retry)
+            waiting.sort(key=lambda b: b.created)
+        self.retry = waiting
+
+    def _send_to(self, node: int, batches: list) -> list:
+        """Send batches to one broker in requests; returns those that did not fit."""
+        conn = self._conn(node)
+        if conn is None:
+            for b in batches:
+                b.retry_at = time.monotonic() + self.p.retry_backoff
+            self.metadata_wanted = True
+            return batches
+        i = 0
+        while i < len(batches) and conn.in_flight < self.p.max_in_flight:
+            group, size = [], 0
+            while i < len(batches) and (not group or size + len(batches[i].data) <= self.p.max_request_size):
+                group.append(batches[i])
+                size += len(batches[i].data)
+                i += 1
+            self._send_request(conn, group)
+        return batches[i:]
+
+    def _conn(self, node: int) -> Connection | None:
+        conn = self.conns.get(node)
+        if conn is not None and conn.connected:
+            return conn
+        broker = self.p._cluster.broker(node)
+        if broker is None:
+            return None
+        if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
+            conn = self.conns[node] = Connection(broker.host, broker.port, self.p.client_id, self.p.request_timeout_ms)
+        try:
+            conn.connect()
+        except OdradekError:
+            return None
+        return conn
+
+    def _send_request(self, conn: Connection, group: list) -> None:
+        """One PRODUCE request: a frame per partition holding its batches concatenated."""
+        frames, topics, layout = [], {}, []
+        by_tp: dict[tuple, list] = {}
+        for b in group:
+            by_tp.setdefault((b.topic, b.partition), []).append(b)
+        for (topic, partition), bs in by_tp.items():
+            topics.setdefault(topic, []).append({"index": partition, "frame": len(frames)})
+            frames.append(bs[0].data if len(bs) == 1 else b"".join(b.data for b in bs))
+            layout.append(((topic, partition), bs))
+        body = {"acks": self.p.acks, "timeout_ms": self.p.request_timeout_ms,
+                "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        for b in group:
+            b.attempts += 1
+        self.requests += 1
+        self.batches += len(group)
+        if self.p.acks == 0:
+            conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_unacked(layout, err),
+                      expect_response=False)
+        else:
+            conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_response(layout, frame, err))
+
+    # ---- answers ----------------------------------------------------------------------------------
+    def _on_unacked(self, layout: list, err: OdradekError | None) -> None:
+        for _, bs in layout:
+            for b in bs:
+                if err is None:
+                    self._succeed(b, -1, None)
+                else:
+                    self._retry_or_fail(b, err)
+
+    def _on_response(self, layout: list, frame, err: OdradekError | None) -> None:
+        if err is not None:  # the whole request failed (connection lost, error body)
+            for _, bs in layout:
+                for b in bs:
+                    self._retry_or_fail(b, err)
+            return
+        results = {}
+        for t in frame.header["body"].get("topics", []):
+            for part in t.get("partitions", []):
+                results[(t["name"], part["index"])] = part
+        for tp, bs in layout:
+            part = results.get(tp)
+            code = part.get("error_code", 0) if part is not None else ErrorCode.UNKNOWN_SERVER_ERROR
+            if code:
+                message = (part or {}).get("error_message") or ErrorCode.of(code).meaning
+                e = error_for(code, f"produce to {tp[0]}-{tp[1]}: {message}")
+                for b in bs:
+                    self._retry_or_fail(b, e)
+                continue
+            base = part.get("base_offset", -1)
+            append_time = part.get("log_append_time_ms", -1)
+            for b in bs:
+                self._succeed(b, base, append_time)
+                if base >= 0:
+                    base += b.count
+
+    def _retry_or_fail(self, batch: _Batch, err: OdradekError) -> None:
+        now = time.monotonic()
+        if err.retriable and batch.attempts <= self.p.retries and now + self.p.retry_backoff < batch.deadline:
+            if err.code in LEADER_ERRORS:
+                self.metadata_wanted = True
+            batch.retry_at = now + self.p.retry_backoff
+            self.retried += 1
+            self.retry.append(batch)
+            self.retry.sort(key=lambda b: b.created)  # keep each partition's batches in order
+            return
+        self._fail(batch, err)
+
+    def _succeed(self, batch: _Batch, base: int, append_time) -> None:
+        if not batch.future.done():
+            batch.future.set_result((base, append_time))
+        with self.p._lock:
+            self.p._batch_done(batch)
+
+    def _fail(self, batch: _Batch, err: BaseException) -> None:
+        if not batch.future.done():
+            batch.future.set_exception(err)
+        with self.p._lock:
+            self.p._batch_done(batch)
+
+    def _fail_everything(self, err: OdradekError) -> None:
+        p = self.p
+        with p._lock:
+            left = list(p._incomplete)
+        for b in left:
+            self._fail(b, err)
+        self.retry = []
+
+    def _refresh_metadata(self) -> None:
+        self.metadata_wanted = False
+        topics = sorted({b.topic for b in self.retry})
+        try:
+            self.p._cluster.refresh(topics or None, timeout=self.p.request_timeout_ms / 1000)
+        except OdradekError as exc:
+            log.info("metadata refresh failed (%s); retrying after backoff", exc)
+            self.metadata_wanted = True
+            for b in self.retry:
+                b.retry_at = max(b.retry_at, time.monotonic() + self.p.retry_backoff)
