@@ -112,7 +112,7 @@ class Actor:
         self._timer_seq = itertools.count()
         self._corr = itertools.count(1)
         self._waiting: dict[int, tuple[Callable[[Message], Any], Timer | None]] = {}
-        self._open: dict[tuple[str, int], str] = {}  # requests received, not yet answered
+        self._unanswered: dict[tuple[str, int], str] = {}  # requests received, not yet answered
         self._stopping = False
         self._running = False
         self._wake_r: socket.socket | None = None
@@ -215,22 +215,22 @@ class Actor:
         """Answer a request with ``_reply``. A one-way message is answered by nothing."""
         if not msg.reply_to:
             return
-        self._open.pop((msg.reply_to, msg.corr), None)
+        self._unanswered.pop((msg.reply_to, msg.corr), None)
         self._send_answer(msg.reply_to, REPLY, msg.corr, fields, frames)
 
     def reply_error(self, msg: Message, code: int, message: str) -> None:
         if not msg.reply_to:
             return
-        self._open.pop((msg.reply_to, msg.corr), None)
+        self._unanswered.pop((msg.reply_to, msg.corr), None)
         self._send_answer(msg.reply_to, ERROR, msg.corr, error_fields(code, message), ())
 
     def reply_to(self, reply_to: str, corr: int, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
         """Answer a request held elsewhere (a purgatory): by its reply address and corr."""
-        self._open.pop((reply_to, corr), None)
+        self._unanswered.pop((reply_to, corr), None)
         self._send_answer(reply_to, REPLY, corr, fields, frames)
 
     def reply_error_to(self, reply_to: str, corr: int, code: int, message: str) -> None:
-        self._open.pop((reply_to, corr), None)
+        self._unanswered.pop((reply_to, corr), None)
         self._send_answer(reply_to, ERROR, corr, error_fields(code, message), ())
 
     def _send_answer(self, to: str, type_: str, corr: int, fields, frames) -> None:
@@ -243,7 +243,7 @@ class Actor:
                 frames: Sequence[Any] | None = None) -> None:
         """Pass a request on: the next actor answers the original requester directly."""
         if msg.reply_to:
-            self._open.pop((msg.reply_to, msg.corr), None)
+            self._unanswered.pop((msg.reply_to, msg.corr), None)
         self.send(to, type_ or msg.type, msg.fields if fields is None else fields,
                   msg.frames if frames is None else frames, corr=msg.corr, reply_to=msg.reply_to)
 
@@ -407,7 +407,7 @@ class Actor:
                 self._guarded(self._complete, msg.corr, msg)
             return
         if msg.reply_to:
-            self._open[(msg.reply_to, msg.corr)] = msg.type
+            self._unanswered[(msg.reply_to, msg.corr)] = msg.type
         handler = getattr(self, "on_" + msg.type, None) if not msg.type.startswith("__") else None
         try:
             if handler is None:
@@ -450,7 +450,7 @@ class Actor:
 
     def heartbeat_fields(self) -> dict:
         fields = {"name": self.name, "pid": os.getpid(), "processed": self.processed,
-                  "open": len(self._open), "waiting": len(self._waiting)}
+                  "open": len(self._unanswered), "waiting": len(self._waiting)}
         fields.update(self.stats())
         return fields
 
@@ -494,7 +494,7 @@ class Actor:
         self._fences_expected.discard(sender)
 
     def _maybe_leave(self) -> None:
-        if self.retiring and not self._fences_expected and not self._open and not self._waiting:
+        if self.retiring and not self._fences_expected and not self._unanswered and not self._waiting:
             self.stop()
 
     # ---- stop ------------------------------------------------------------------------
@@ -515,8 +515,8 @@ class Actor:
                 except MalformedMessage:
                     continue
                 if msg.reply_to and not msg.is_reply:
-                    self._open[(msg.reply_to, msg.corr)] = msg.type
-        for (reply_to, corr), type_ in list(self._open.items()):
+                    self._unanswered[(msg.reply_to, msg.corr)] = msg.type
+        for (reply_to, corr), type_ in list(self._unanswered.items()):
             self.reply_error_to(reply_to, corr, ErrorCode.BROKER_NOT_AVAILABLE,
                                 f"{self.name} is stopping; '{type_}' was not completed")
         for corr in list(self._waiting):

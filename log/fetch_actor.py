@@ -15,7 +15,6 @@ update of a partition it reads re-checks it, so it answers as soon as data arriv
 from __future__ import annotations
 
 import logging
-import os
 
 from actors.message import Message
 from actors.runtime import Actor
@@ -71,7 +70,10 @@ class FetchActor(Actor):
             self._apply(reply.get("parts") or [], [])
 
     def on_bounds(self, msg: Message) -> None:
+        """One-way after appends; a request (answered) when a log actor opens or closes
+        partitions, so the controller hears of a new topic only after we can serve it."""
         self._apply(msg.get("parts") or [], msg.get("closed") or [])
+        self.reply(msg, {})
 
     def _apply(self, parts, closed) -> None:
         for topic, partition in closed:

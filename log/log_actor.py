@@ -54,10 +54,11 @@ class LogActor(Actor):
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._closed: list[tuple[str, int]] = []
+        self._answers: list[tuple[Message, dict]] = []
         self.appends = 0
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
         for entry in assignment.get("open", []):
-            self._open(entry)
+            self._open_partition(entry)
         self._dirty.update(self.logs)
         self.after_batch()
         self.call_every(config["log.retention.check.interval.ms"] / 1000, self._retention)
@@ -86,7 +87,10 @@ class LogActor(Actor):
         for topic, partition, frame in fields["parts"]:
             results.setdefault(topic, []).append(self._append(topic, partition, frames[frame]))
         if msg.reply_to:  # acks=0 produces come one-way: nobody waits for an answer
-            self.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}})
+            # Answered in after_batch, once the fetch actor has been told of the new data:
+            # a client that got its acknowledgement can read its record at once.
+            self._answers.append((msg, {"body": {"topics": [{"name": t, "partitions": ps}
+                                                            for t, ps in results.items()]}}))
 
     def _append(self, topic: str, partition: int, batch) -> dict:
         p = self.logs.get((topic, partition))
@@ -128,16 +132,20 @@ class LogActor(Actor):
     # ---- assignment from the controller -------------------------------------------------
     def on_assign(self, msg: Message) -> None:
         for entry in msg.get("open") or ():
-            self._open(entry)
+            self._open_partition(entry)
         for entry in msg.get("configure") or ():
             p = self.logs.get((entry["topic"], entry["partition"]))
             if p is not None:
                 p.log.config = LogConfig.from_properties(entry["config"])
         for entry in msg.get("close") or ():
             self._close_and_delete(entry["topic"], entry["partition"], entry["topic_id"])
-        self.reply(msg, {"partitions": len(self.logs)})
+        # The fetch actor learns of the change before the controller does, so a client that
+        # created a topic can fetch from it at once. If the fetch actor is down, it asks
+        # every log actor for bounds when it is back; acknowledge anyway.
+        self.request(FETCH_ACTOR, "bounds", self._take_changes(), timeout=5.0,
+                     callback=lambda _r: self.reply(msg, {"partitions": len(self.logs)}))
 
-    def _open(self, entry: dict) -> None:
+    def _open_partition(self, entry: dict) -> None:
         key = (entry["topic"], entry["partition"])
         if key in self.logs:
             return
@@ -167,16 +175,22 @@ class LogActor(Actor):
     def on_get_bounds(self, msg: Message) -> None:
         self.reply(msg, {"parts": [[t, p, *pl.log.bounds()] for (t, p), pl in self.logs.items()]})
 
-    def after_batch(self) -> None:
-        if not self._dirty and not self._closed:
-            return
+    def _take_changes(self) -> dict:
         parts = [[t, p, *self.logs[(t, p)].log.bounds()] for (t, p) in self._dirty if (t, p) in self.logs]
-        try:
-            self.send(FETCH_ACTOR, "bounds", {"parts": parts, "closed": self._closed, "host": self.name})
-        except MailboxFull:
-            return  # keep them dirty; the next batch tries again
+        closed, self._closed = self._closed, []
         self._dirty.clear()
-        self._closed = []
+        return {"parts": parts, "closed": closed, "host": self.name}
+
+    def after_batch(self) -> None:
+        if self._dirty or self._closed:
+            dirty, closed = set(self._dirty), list(self._closed)
+            try:
+                self.send(FETCH_ACTOR, "bounds", self._take_changes())
+            except MailboxFull:
+                self._dirty, self._closed = dirty, closed  # the next batch tries again
+        answers, self._answers = self._answers, []
+        for msg, fields in answers:
+            self.reply(msg, fields)
 
     # ---- timers ------------------------------------------------------------------------
     def _each(self, what: str, fn) -> None:

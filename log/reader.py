@@ -239,6 +239,9 @@ class LogReader:
             seg = self._segments[-1]
             seg.size = self.bounds.active_size
             seg.next_offset_bound = self.bounds.log_end_offset - seg.base_offset
+            # The active segment grows after its index was read: its largest timestamp is
+            # unknown here, so a search by time must never skip it.
+            seg.max_timestamp = (1 << 63) - 1
 
     def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> ReadResult:
         b = self.bounds
