@@ -26,6 +26,7 @@ import time
 
 from actors.message import Message
 from actors.runtime import Actor, MailboxFull
+from log import cleaner
 from log.config import LogConfig
 from log.log import Log
 from network.protocol import ErrorCode, OdradekError
@@ -212,11 +213,7 @@ class LogActor(Actor):
         self._each("checkpoint", lambda lg: lg.checkpoint() and False)
 
     def _clean(self) -> None:
-        try:
-            from log.cleaner import clean_log
-        except ImportError:
-            return
-        self._each("compaction", lambda lg: lg.config.compact and clean_log(lg))
+        self._each("compaction", lambda lg: lg.config.compact and cleaner.clean(lg).cleaned)
 
 
 def _error(partition: int, code: int, message: str) -> dict:
