@@ -266,7 +266,7 @@ class Consumer:
         max_records = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
-            if any(p.reset is not None for p in self._order):
+            if any(p.position is None for p in self._order):
                 self._resolve_positions()
             self._send_fetches()
             records = self._collect(max_records)

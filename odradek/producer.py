@@ -221,6 +221,7 @@ class Producer:
         self._space = threading.Condition(self._lock)  # buffer_memory back-pressure
         self._sticky: dict[str, _Batch] = {}  # topic -> open batch of its sticky partition
         self._open: dict[tuple, _Batch] = {}  # (topic, partition) -> open batch
+        self._last_sticky: dict[str, int] = {}  # topic -> its previous sticky partition
         self._ready: collections.deque = collections.deque()  # closed, not yet encoded
         self._incomplete: set = set()  # batches whose future is not done
         self._buffered = 0  # bytes in incomplete batches
@@ -294,9 +295,10 @@ class Producer:
         """A batch on a random partition that has a leader, avoiding the last sticky one."""
         parts = self._cluster.partitions(topic) or ()
         live = [p.partition for p in parts if p.leader >= 0] or list(range(count))
-        partition = random.choice(live)
-        if len(live) > 1 and self._open.get((topic, partition)) is not None:
-            partition = random.choice(live)  # prefer a partition without an open batch
+        previous = self._last_sticky.get(topic)
+        if len(live) > 1 and previous in live:
+            live.remove(previous)
+        partition = self._last_sticky[topic] = random.choice(live)
         batch = self._open.get((topic, partition))
         return batch if batch is not None else self._new_batch(topic, partition)
 

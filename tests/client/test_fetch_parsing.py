@@ -1,0 +1,71 @@
+"""Reading fetch answers: whole batches, torn or zeroed tails, batches before the fetch offset."""
+from __future__ import annotations
+
+import pytest
+
+from log import records as fmt
+from odradek import Record, errors
+from odradek.consumer import decode_records, split_batches
+
+
+def batch(base: int, values: list, ts: int = 1000) -> bytes:
+    data = bytearray(fmt.encode_batch([(None, v) for v in values], timestamp_ms=ts))
+    fmt.patch_base_offset(data, base)
+    return bytes(data)
+
+
+def records_of(buf: bytes, min_offset: int = 0) -> list:
+    view = memoryview(buf)
+    batches, _ = split_batches(view)
+    return [r for pos, h in batches for r in decode_records(view, pos, h, "t", 3, min_offset)]
+
+
+def test_whole_batches_decode_to_records_with_topic_partition_offset_and_timestamp():
+    buf = batch(10, [b"a", b"b"]) + batch(12, [b"c"], ts=2000)
+    assert records_of(buf) == [Record("t", 3, 10, 1000, None, b"a", ()), Record("t", 3, 11, 1000, None, b"b", ()),
+                               Record("t", 3, 12, 2000, None, b"c", ())]
+
+
+@pytest.mark.parametrize("cut", [1, fmt.HEADER_SIZE - 1, fmt.HEADER_SIZE + 3])
+def test_a_torn_trailing_batch_is_ignored(cut):
+    whole = batch(0, [b"a", b"b"])
+    torn = batch(2, [b"c" * 100])[:cut]
+    batches, why = split_batches(memoryview(whole + torn))
+    assert len(batches) == 1 and why in ("partial header", "partial batch")
+    assert [r.value for r in records_of(whole + torn)] == [b"a", b"b"]
+
+
+def test_zero_padding_after_the_last_batch_is_ignored():
+    buf = batch(0, [b"a"]) + bytes(4096)
+    batches, why = split_batches(memoryview(buf))
+    assert len(batches) == 1 and why == "zero padding"
+
+
+def test_records_before_the_fetch_offset_are_skipped():
+    buf = batch(100, [b"a", b"b", b"c", b"d"])
+    assert [r.offset for r in records_of(buf, min_offset=102)] == [102, 103]
+
+
+def test_offset_gaps_of_a_compacted_batch_are_kept():
+    data = fmt.encode_records([fmt.Record(5, 1, None, b"x", []), fmt.Record(9, 1, b"k", b"y", [])])
+    out = records_of(data, min_offset=6)
+    assert [(r.offset, r.key, r.value) for r in out] == [(9, b"k", b"y")]
+
+
+def test_log_append_time_batches_report_the_broker_time_for_every_record():
+    data = bytearray(batch(0, [b"a", b"b"], ts=5))
+    fmt.set_log_append_time(data, 777)
+    assert [r.timestamp for r in records_of(bytes(data))] == [777, 777]
+
+
+def test_a_flipped_byte_is_a_crc_error_naming_the_partition_and_offset():
+    data = bytearray(batch(40, [b"hello"]))
+    data[-1] ^= 0xFF
+    with pytest.raises(errors.CorruptMessageError, match="t-3.*40"):
+        records_of(bytes(data))
+
+
+def test_headers_come_back_as_key_value_pairs():
+    data = fmt.encode_batch([(b"k", b"v", [("trace", b"1")])])
+    (record,) = records_of(data)
+    assert [tuple(h) for h in record.headers] == [("trace", b"1")]

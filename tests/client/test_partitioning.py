@@ -1,0 +1,60 @@
+"""Where records go: keyed by a stable hash, keyless sticky per batch, explicit partitions."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zlib
+
+import pytest
+
+from odradek import Producer, errors
+from odradek.producer import partition_for_key
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+KEYS = [b"", b"a", b"customer-42", bytes(range(256)), "ключ".encode()]
+
+
+def test_a_key_maps_to_the_same_partition_in_another_process_with_another_hash_seed():
+    here = [partition_for_key(k, 7) for k in KEYS]
+    code = ("import sys; from odradek.producer import partition_for_key; "
+            f"print([partition_for_key(k, 7) for k in {KEYS!r}])")
+    env = dict(os.environ, PYTHONHASHSEED="12345", PYTHONPATH=ROOT)
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == str(here)
+
+
+def test_the_key_hash_is_crc32_of_the_key_bytes_as_documented():
+    assert [partition_for_key(k, 5) for k in KEYS] == [zlib.crc32(k) % 5 for k in KEYS]
+
+
+def test_records_of_one_key_land_in_one_partition(scripted):
+    broker = scripted({"t": 4})
+    with Producer(broker.bootstrap, linger_ms=1) as p:
+        handles = [p.send("t", b"v%d" % i, key=b"user-%d" % (i % 3)) for i in range(60)]
+        p.flush()
+    by_key = {}
+    for i, h in enumerate(handles):
+        by_key.setdefault(i % 3, set()).add(h.result().partition)
+    assert all(len(parts) == 1 for parts in by_key.values())
+    assert by_key[0] == {partition_for_key(b"user-0", 4)}
+
+
+def test_keyless_records_stick_to_one_partition_until_their_batch_closes(scripted):
+    broker = scripted({"t": 8})
+    with Producer(broker.bootstrap, linger_ms=60000, batch_size=1000) as p:
+        handles = [p.send("t", b"x" * 92) for i in range(100)]  # 100 bytes counted each: 10 per batch
+        p.flush()
+    parts = [h.result().partition for h in handles]
+    runs = [parts[i:i + 10] for i in range(0, 100, 10)]
+    assert all(len(set(run)) == 1 for run in runs)
+    assert len(set(parts)) > 1  # ten batches on eight partitions, never the same twice in a row
+    assert all(a[0] != b[0] for a, b in zip(runs, runs[1:]))
+
+
+def test_an_explicit_partition_outside_the_topic_is_refused_at_send(scripted):
+    broker = scripted({"t": 2})
+    with Producer(broker.bootstrap) as p:
+        with pytest.raises(errors.UnknownTopicOrPartitionError):
+            p.send("t", b"v", partition=2)
+        assert p.send("t", b"v", partition=1).result(10).partition == 1
