@@ -45,6 +45,11 @@ def load_log(lg: Log) -> RecoveryReport:
     for seg, after in zip(lg._segments[:first_scan], lg._segments[1:first_scan + 1]):
         _check_closed_indexes(lg, seg, after.base_offset, report)
     _recover_tail(lg, first_scan, clean, report)
+    if cp is not None and cp.log_start_offset > lg._log_end_offset:
+        # the data up to the durable log start was lost: start empty at the log start
+        report.reasons.append(f"log end {lg._log_end_offset} below the log start "
+                              f"{cp.log_start_offset}: restarting empty there")
+        lg._truncate_fully(cp.log_start_offset)
     _set_offsets(lg, cp, clean)
     if files.exists(marker):
         files.unlink(marker)

@@ -556,6 +556,9 @@ class Log:
         seg.truncate(new_size, new_end, self.config.index_interval_bytes)
         self._log_end_offset = max(new_end, seg.base_offset)
         self._unflushed_segments = [s for s in self._unflushed_segments if s in self._segments[:-1]]
+        if self._log_end_offset < self._log_start_offset:
+            # a whole-batch cut went below the log start: nothing visible is left
+            self._truncate_fully(self._log_start_offset)
 
     def _truncate_fully(self, offset: int) -> None:
         """Drop everything and start empty at ``offset`` (below the log start)."""
