@@ -1,0 +1,402 @@
+"""Command line client tools, mirroring Kafka's: ``topics``, ``produce``, ``consume``, ``dump-log``.
+
+Registered by ``odradek.cli`` through ``add_parsers``; each command runs in the CLI's one
+thread (the Producer it creates owns its sender thread until the command returns).
+
+    odradek topics --create --topic orders --partitions 3 --config retention.ms=86400000
+    odradek topics --list | --describe [--topic T] | --delete --topic T | --alter --topic T --config k=v
+    printf 'k1:v1\\nk2:v2\\n' | odradek produce orders --key-separator :
+    odradek consume orders --from-beginning --max-messages 10 --property print.key=true
+    odradek dump-log /var/lib/odradek/orders-0           # or one .log/.index/.timeindex file
+
+Errors print one line naming the problem (the CLI adds the error code) and exit 1.
+"""
+from __future__ import annotations
+
+import argparse
+import mmap
+import os
+import sys
+import time
+
+from network.protocol import ErrorCode, OdradekError
+
+_bootstrap_of = None  # set by add_parsers: args -> "host:port"
+
+
+def add_parsers(sub, config_args, bootstrap) -> None:
+    global _bootstrap_of
+    _bootstrap_of = bootstrap
+
+    p = sub.add_parser("topics", help="create, list, describe, alter or delete topics (like kafka-topics)")
+    # --config is Kafka's topic-config flag here, so the broker config file is --broker-config.
+    p.add_argument("--broker-config", dest="config", metavar="FILE",
+                   help="broker TOML config (to find the default --bootstrap-server)")
+    p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], help="broker config override")
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    g = p.add_mutually_exclusive_group(required=True)
+    for action in ("create", "list", "describe", "delete", "alter"):
+        g.add_argument(f"--{action}", action="store_true")
+    p.add_argument("--topic", help="topic name")
+    p.add_argument("--partitions", type=int, help="partition count (create; default: the broker's num.partitions)")
+    p.add_argument("--replication-factor", type=int, help="replicas per partition (create)")
+    p.add_argument("--config", dest="topic_config", action="append", default=[], metavar="KEY=VALUE",
+                   help="topic config (create, alter); repeatable")
+    p.add_argument("--delete-config", action="append", default=[], metavar="KEY",
+                   help="config to return to its default (alter); repeatable")
+    p.add_argument("--if-not-exists", action="store_true", help="create: no error if the topic exists")
+    p.set_defaults(func=cmd_topics)
+
+    p = sub.add_parser("produce", help="send lines of stdin as records (like kafka-console-producer)")
+    config_args(p)
+    p.add_argument("topic")
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
+                   help="parse.key=true, key.separator=SEP (default tab)")
+    p.add_argument("--key-separator", metavar="SEP", help="shorthand for parse.key=true key.separator=SEP")
+    p.add_argument("--partition", type=int, help="send every record to this partition")
+    p.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"])
+    p.add_argument("--linger-ms", type=float, default=5)
+    p.add_argument("--compression", default="lz4", choices=["lz4", "none"])
+    p.set_defaults(func=cmd_produce)
+
+    p = sub.add_parser("consume", help="print records to stdout (like kafka-console-consumer)")
+    config_args(p)
+    p.add_argument("topic")
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset (default: latest)")
+    p.add_argument("--partition", type=int, help="read only this partition")
+    p.add_argument("--offset", default=None,
+                   help="with --partition: an offset, 'earliest' or 'latest' (default latest)")
+    p.add_argument("--max-messages", type=int, help="exit after this many records")
+    p.add_argument("--timeout-ms", type=int, help="exit when no record arrives for this long")
+    p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
+                   help="print.key, print.offset, print.partition, print.timestamp, print.headers (true/false), "
+                        "key.separator")
+    p.set_defaults(func=cmd_consume)
+
+    p = sub.add_parser("dump-log", help="print the batches and records of segment files (like kafka-dump-log)")
+    p.add_argument("paths", nargs="+", metavar="DIR|FILE",
+                   help="a partition directory, or .log / .index / .timeindex files")
+    p.add_argument("--batches-only", action="store_true", help="print batch headers without their records")
+    p.add_argument("--max-bytes", type=int, default=0, help="print at most this many bytes of each key/value")
+    p.set_defaults(func=cmd_dump_log)
+
+
+def _properties(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise OdradekError(f"--property expects key=value, got {item!r}", ErrorCode.INVALID_CONFIG)
+        out[key.strip()] = value
+    return out
+
+
+def _true(props: dict, key: str) -> bool:
+    return props.get(key, "false").strip().lower() in ("true", "1", "yes")
+
+
+def _configs(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        for pair in item.split(","):
+            key, sep, value = pair.partition("=")
+            if not sep or not key.strip():
+                raise OdradekError(f"--config expects key=value, got {pair!r}", ErrorCode.INVALID_CONFIG)
+            out[key.strip()] = value.strip()
+    return out
+
+
+# ---- topics -----------------------------------------------------------------------------------
+def cmd_topics(args) -> int:
+    from odradek.admin import Admin
+    from odradek.errors import TopicAlreadyExistsError
+    with Admin(_bootstrap_of(args), client_id="odradek-topics") as admin:
+        if args.list:
+            for name in admin.list_topics():
+                print(name)
+            return 0
+        if args.describe:
+            for name in [args.topic] if args.topic else admin.list_topics():
+                _print_description(admin.describe_topic(name))
+            return 0
+        topic = _need_topic(args)
+        if args.create:
+            try:
+                made = admin.create_topic(topic, -1 if args.partitions is None else args.partitions,
+                                          -1 if args.replication_factor is None else args.replication_factor,
+                                          _configs(args.topic_config))
+            except TopicAlreadyExistsError:
+                if args.if_not_exists:
+                    return 0
+                raise
+            print(f"Created topic {topic} with {made['num_partitions']} partitions.")
+        elif args.delete:
+            admin.delete_topic(topic)
+            print(f"Deleted topic {topic}.")
+        elif args.alter:
+            if args.partitions is not None:
+                raise OdradekError("changing the partition count is not supported yet; --alter changes configs",
+                                   ErrorCode.INVALID_REQUEST)
+            admin.alter_configs(topic, set=_configs(args.topic_config), delete=args.delete_config)
+            print(f"Completed updating config for topic {topic}.")
+    return 0
+
+
+def _need_topic(args) -> str:
+    if not args.topic:
+        raise OdradekError("--topic is required for --create, --delete and --alter", ErrorCode.INVALID_REQUEST)
+    return args.topic
+
+
+def _print_description(d) -> None:
+    configs = ",".join(f"{k}={v}" for k, v in sorted(d.configs.items()))
+    rf = len(d.partitions[0].replicas) if d.partitions else 0
+    print(f"Topic: {d.name}\tPartitionCount: {len(d.partitions)}\tReplicationFactor: {rf}\tConfigs: {configs}")
+    for p in d.partitions:
+        print(f"\tTopic: {d.name}\tPartition: {p.partition}\tLeader: {p.leader}\t"
+              f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}")
+
+
+# ---- produce ----------------------------------------------------------------------------------
+def cmd_produce(args) -> int:
+    from odradek.producer import Producer
+    props = _properties(args.property)
+    separator = args.key_separator
+    if separator is None and _true(props, "parse.key"):
+        separator = props.get("key.separator", "\t")
+    sep = separator.encode() if separator is not None else None
+    handles = []
+    failed: list = []
+    with Producer(_bootstrap_of(args), acks=args.acks, linger_ms=args.linger_ms, client_id="odradek-produce",
+                  compression=None if args.compression == "none" else "lz4") as producer:
+        for lineno, line in enumerate(sys.stdin.buffer, 1):
+            line = line.rstrip(b"\r\n")
+            key = None
+            if sep is not None:
+                key, found, value = line.partition(sep)
+                if not found:
+                    raise OdradekError(f"line {lineno} has no key separator {separator!r}", ErrorCode.INVALID_RECORD)
+            else:
+                value = line
+            handles.append(producer.send(args.topic, value, key=key, partition=args.partition))
+            if len(handles) >= 10000:
+                _collect(handles, failed)
+        producer.flush()
+        _collect(handles, failed)
+    if failed:
+        raise failed[0]
+    return 0
+
+
+def _collect(handles: list, failed: list) -> None:
+    for h in handles:
+        exc = h.exception()
+        if exc is not None and not failed:
+            failed.append(exc)
+    handles.clear()
+
+
+# ---- consume ----------------------------------------------------------------------------------
+def cmd_consume(args) -> int:
+    from odradek.consumer import Consumer
+    from odradek.types import TopicPartition
+    props = _properties(args.property)
+    if args.offset is not None and args.partition is None:
+        raise OdradekError("--offset needs --partition", ErrorCode.INVALID_REQUEST)
+    show = {k: _true(props, f"print.{k}") for k in ("timestamp", "partition", "offset", "headers", "key")}
+    key_sep = props.get("key.separator", "\t").encode()
+    out = sys.stdout.buffer
+    count = 0
+    with Consumer(_bootstrap_of(args), auto_offset_reset="earliest" if args.from_beginning else "latest",
+                  client_id="odradek-consume") as consumer:
+        if args.partition is not None:
+            tps = [TopicPartition(args.topic, args.partition)]
+        else:
+            tps = [TopicPartition(args.topic, p) for p in _partitions(consumer, args.topic)]
+        consumer.assign(tps)
+        if args.offset is not None:
+            _seek(consumer, tps[0], args.offset)
+        idle_since = time.monotonic()
+        try:
+            while args.max_messages is None or count < args.max_messages:
+                left = None if args.max_messages is None else args.max_messages - count
+                records = consumer.poll(timeout_ms=200, max_records=left)
+                if not records:
+                    if args.timeout_ms is not None and (time.monotonic() - idle_since) * 1000 >= args.timeout_ms:
+                        break
+                    continue
+                idle_since = time.monotonic()
+                for r in records:
+                    out.write(_format(r, show, key_sep))
+                out.flush()
+                count += len(records)
+        except KeyboardInterrupt:
+            pass
+    print(f"Processed a total of {count} messages", file=sys.stderr)
+    return 0
+
+
+def _partitions(consumer, topic: str) -> list:
+    from odradek.errors import error_for
+    body = consumer._cluster.refresh([topic])
+    t = next((t for t in body.get("topics", []) if t["name"] == topic), None)
+    if t is None or t.get("error_code"):
+        raise error_for((t or {}).get("error_code") or ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                        (t or {}).get("error_message") or f"topic '{topic}' does not exist")
+    return sorted(p["index"] for p in t["partitions"])
+
+
+def _seek(consumer, tp, offset: str) -> None:
+    if offset == "earliest":
+        consumer.seek_to_beginning(tp)
+    elif offset == "latest":
+        consumer.seek_to_end(tp)
+    else:
+        try:
+            value = int(offset)
+        except ValueError:
+            raise OdradekError(f"--offset must be a number, 'earliest' or 'latest', got {offset!r}",
+                               ErrorCode.INVALID_REQUEST) from None
+        if value < 0:
+            raise OdradekError(f"--offset must not be negative, got {value}", ErrorCode.OFFSET_OUT_OF_RANGE)
+        consumer.seek(tp, value)
+
+
+def _format(r, show: dict, sep: bytes) -> bytes:
+    parts = []
+    if show["timestamp"]:
+        parts.append(b"CreateTime:%d" % r.timestamp)
+    if show["partition"]:
+        parts.append(b"Partition:%d" % r.partition)
+    if show["offset"]:
+        parts.append(b"Offset:%d" % r.offset)
+    if show["headers"]:
+        parts.append(b",".join(k.encode() + b":" + (v or b"") for k, v in r.headers) or b"NO_HEADERS")
+    if show["key"]:
+        parts.append(r.key if r.key is not None else b"null")
+    parts.append(r.value if r.value is not None else b"null")
+    return sep.join(parts) + b"\n"
+
+
+# ---- dump-log ---------------------------------------------------------------------------------
+def cmd_dump_log(args) -> int:
+    files = []
+    for path in args.paths:
+        if os.path.isdir(path):
+            names = sorted(n for n in os.listdir(path) if n.endswith((".log", ".index", ".timeindex")))
+            files += [os.path.join(path, n) for n in names]
+        elif os.path.isfile(path):
+            files.append(path)
+        else:
+            raise OdradekError(f"{path}: no such file or directory", ErrorCode.LOG_DIR_NOT_FOUND)
+    out = sys.stdout
+    for path in files:
+        out.write(f"Dumping {path}\n")
+        if path.endswith(".log"):
+            dump_segment(path, out, records=not args.batches_only, max_bytes=args.max_bytes)
+        elif path.endswith(".timeindex"):
+            dump_index(path, out, time_index=True)
+        elif path.endswith(".index"):
+            dump_index(path, out, time_index=False)
+        else:
+            out.write("  (not a segment file: skipped)\n")
+    return 0
+
+
+def _base_offset(path: str) -> int:
+    stem = os.path.basename(path).split(".")[0]
+    return int(stem) if stem.isdigit() else 0
+
+
+def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> None:
+    """Print each batch of a segment (and its records); a torn or zero-filled tail is reported,
+    not fatal."""
+    from log import records as fmt
+    out.write(f"Log starting offset: {_base_offset(path)}\n")
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size == 0:
+            return
+        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as buf:
+            pos = 0
+            while pos < size:
+                problem = _batch_problem(buf, pos, size)
+                if problem:
+                    zeros = not any(buf[pos:min(size, pos + 4096)])
+                    what = "zero-filled" if zeros else "invalid"
+                    out.write(f"Found {size - pos} {what} bytes at position {pos} ({problem})\n")
+                    return
+                h = fmt.BatchHeader.read(buf, pos)
+                crc_ok = fmt.crc_of(buf, pos, h.size) == h.crc
+                codec = "LZ4" if h.compression == fmt.COMPRESSION_LZ4 else "NONE"
+                ts_type = "LogAppendTime" if h.log_append_time else "CreateTime"
+                out.write(f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.record_count} "
+                          f"baseSequence: {h.base_sequence} producerId: {h.producer_id} "
+                          f"producerEpoch: {h.producer_epoch} partitionLeaderEpoch: {h.partition_leader_epoch} "
+                          f"isControl: {str(h.is_control).lower()} position: {pos} {ts_type}: {h.max_timestamp} "
+                          f"size: {h.size} magic: {h.magic} compresscodec: {codec} crc: {h.crc} "
+                          f"isValid: {str(crc_ok).lower()}\n")
+                if records and crc_ok:
+                    _dump_records(buf[pos:pos + h.size], out, max_bytes)
+                pos += h.size
+
+
+def _batch_problem(buf, pos: int, size: int) -> str | None:
+    from log import records as fmt
+    if size - pos < fmt.HEADER_SIZE:
+        return "partial batch header"
+    h = fmt.BatchHeader.read(buf, pos)
+    try:
+        fmt.check_header(h, f"batch at position {pos}")
+    except OdradekError as exc:
+        return exc.message
+    if pos + h.size > size:
+        return f"batch of {h.size} bytes runs past the end of the file"
+    return None
+
+
+def _dump_records(data: bytes, out, max_bytes: int) -> None:
+    from log import records as fmt
+    try:
+        recs = fmt.decode_batch(data)
+    except OdradekError as exc:
+        out.write(f"| records do not decode: {exc.message}\n")
+        return
+    for r in recs:
+        keys = ",".join(k for k, _ in r.headers)
+        out.write(f"| offset: {r.offset} CreateTime: {r.timestamp} keySize: {_len(r.key)} valueSize: {_len(r.value)} "
+                  f"headerKeys: [{keys}] key: {_show(r.key, max_bytes)} payload: {_show(r.value, max_bytes)}\n")
+
+
+def _len(b) -> int:
+    return -1 if b is None else len(b)
+
+
+def _show(b, max_bytes: int) -> str:
+    if b is None:
+        return "null"
+    if max_bytes and len(b) > max_bytes:
+        b = b[:max_bytes]
+    return b.decode("utf-8", errors="backslashreplace")
+
+
+def dump_index(path: str, out, time_index: bool) -> None:
+    from log import index
+    base = _base_offset(path)
+    entry = index.TIME_ENTRY if time_index else index.OFFSET_ENTRY
+    with open(path, "rb") as f:
+        data = f.read()
+    count = 0
+    for i in range(len(data) // entry.size):
+        a, b = entry.unpack_from(data, i * entry.size)
+        if (a, b) == (0, 0):
+            break  # the zero fill of a preallocated index ends its entries
+        if time_index:
+            out.write(f"timestamp: {a} offset: {base + b}\n")
+        else:
+            out.write(f"offset: {base + a} position: {b}\n")
+        count += 1
+    if count == 0:
+        out.write("(no entries)\n")
