@@ -18,7 +18,6 @@ unknown); the next request reconnects, retrying with exponential backoff (from
 from __future__ import annotations
 
 import itertools
-import select
 import socket
 import time
 from typing import Any, NamedTuple, Sequence
@@ -197,12 +196,11 @@ class BrokerConnection:
 
     def _read(self, timeout: float) -> None:
         sock = self.sock
-        poller = select.poll()  # not select(): fds above 1024 are fine
-        poller.register(sock, select.POLLIN)
-        if not poller.poll(max(1, int(timeout * 1000) + 1) if timeout > 0 else 0):
-            return
         try:
+            sock.settimeout(timeout)  # recv() then polls this one fd (no select(): fds > 1024 are fine)
             data = sock.recv(RECV_SIZE)
+        except (socket.timeout, BlockingIOError):
+            return
         except OSError as exc:
             self._drop(f"read failed: {exc}")
             return
