@@ -309,39 +309,51 @@ class Log:
                          a.base_offset, a.size, self._generation)
 
     # ------------------------------------------------------------------ append
-    def append(self, batch, leader_epoch: int = 0, assign_offsets: bool = True) -> AppendInfo:
+    def append(self, batch, leader_epoch: int = 0, assign_offsets: bool = True,
+               crc_checked: bool = False) -> AppendInfo:
         """Validate, assign offsets to and append one or more concatenated batches.
 
         The buffer is patched in place if writable (bytearray, writable memoryview), else
         copied. Raises CorruptRecordError, RecordTooLargeError, RecordListTooLargeError,
         InvalidRecordError (follower offsets going backwards) or StorageError; on any error
         nothing was appended.
+
+        ``crc_checked=True`` skips the CRC (all other checks stay): only for a caller that has
+        just run ``validate_batches`` on these exact bytes (e.g. a request handler, so the CRC
+        cost is spread over the handler pool). A bad CRC that slips in would later look like
+        a torn tail to recovery, which would cut the log there.
         """
-        self._check_open()
+        if self._closed:
+            raise StorageError(f"log {self.dir} is closed")
+        cfg = self.config
         buf = batch if _writable(batch) else bytearray(batch)
-        headers = validate_batches(buf, self.config.max_message_bytes)
-        if len(buf) > self.config.segment_bytes:
-            raise RecordListTooLargeError(f"{len(buf)} bytes do not fit in segment.bytes {self.config.segment_bytes}")
+        size = len(buf)
+        headers = validate_batches(buf, cfg.max_message_bytes, not crc_checked)
+        if size > cfg.segment_bytes:
+            raise RecordListTooLargeError(f"{size} bytes do not fit in segment.bytes {cfg.segment_bytes}")
         now = self._now()
-        first, last = self._assign(buf, headers, leader_epoch if assign_offsets else None, assign_offsets, now)
-        self._repair_tail()
-        seg = self._segment_for(len(buf), len(headers), first, last, now)
+        bases, last, records = self._assign(buf, headers, leader_epoch if assign_offsets else None,
+                                            assign_offsets, now)
+        if self._dirty_tail is not None:
+            self._repair_tail()
+        seg = self._segment_for(size, len(headers), bases[0], last, now)
         position = seg.size
         self._write(seg, buf, position)
-        self._index(seg, buf, headers, position, now)
-        seg.size = position + len(buf)
+        self._index(seg, headers, bases, position, now)
+        seg.size = position + size
         self._log_end_offset = last + 1
-        self._unflushed += sum(h.record_count for h in headers)
-        self.maybe_flush(now)
-        return AppendInfo(first, last, now, self._log_start_offset, position, seg.base_offset, len(buf))
+        self._unflushed += records
+        if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
+            self.flush()
+        return AppendInfo(bases[0], last, now, self._log_start_offset, position, seg.base_offset, size)
 
     def append_as_follower(self, batch) -> AppendInfo:
         """Append a leader's batches keeping their offsets and leader epochs (replication)."""
         return self.append(batch, assign_offsets=False)
 
-    def _assign(self, buf, headers, leader_epoch, assign: bool, now: int) -> tuple[int, int]:
-        next_offset, pos = self._log_end_offset, 0
-        first = next_offset if assign else headers[0].base_offset
+    def _assign(self, buf, headers, leader_epoch, assign: bool, now: int) -> tuple[list, int, int]:
+        """Patch (leader) or check (follower) base offsets: (base offsets, last offset, records)."""
+        next_offset, pos, bases, records = self._log_end_offset, 0, [], 0
         for h in headers:
             if assign:
                 patch_base_offset(buf, next_offset, leader_epoch, pos)
@@ -352,14 +364,18 @@ class Log:
                 next_offset = h.base_offset
             if self.config.log_append_time:
                 set_log_append_time(buf, now, pos)
+            bases.append(next_offset)
             next_offset += h.last_offset_delta + 1
-            pos += h.size
-        return first, next_offset - 1
+            records += h.record_count
+            pos += h.batch_length + 12
+        return bases, next_offset - 1, records
 
     def _write(self, seg: LogSegment, buf, position: int) -> None:
         """Write all of ``buf`` at ``position`` or, on failure, cut the file back and raise."""
         try:
-            self._files.write_all(seg.fd, buf, position)
+            written = self._files.pwrite(seg.fd, buf, position)
+            if written != len(buf):  # a short write: finish it (or fail) in the loop
+                self._files.write_all(seg.fd, memoryview(buf)[written:], position + written)
         except OSError as e:
             try:
                 self._files.ftruncate(seg.fd, position)
@@ -377,14 +393,14 @@ class Log:
                 raise _storage(f"truncating the failed write in {seg.log_path}", e) from None
             self._dirty_tail = None
 
-    def _index(self, seg: LogSegment, buf, headers, position: int, now: int) -> None:
+    def _index(self, seg: LogSegment, headers, bases: list, position: int, now: int) -> None:
         """Add the index entries due for the batches just written at ``position``."""
-        pos = position
-        for h in headers:
-            base = ix_base(buf, pos - position)
-            max_ts = now if self.config.log_append_time else h.max_timestamp
-            seg.add_batch_entries(pos, base - seg.base_offset, h.size, max_ts)
-            pos += h.size
+        append_time = self.config.log_append_time
+        for h, base in zip(headers, bases):
+            size = h.batch_length + 12
+            seg.add_batch_entries(position, base - seg.base_offset, size,
+                                  now if append_time else h.max_timestamp)
+            position += size
 
     # ------------------------------------------------------------------ segments
     def _segment_for(self, size: int, batches: int, first: int, last: int, now: int) -> LogSegment:
@@ -744,11 +760,6 @@ class Log:
     def __repr__(self) -> str:
         return (f"Log({self.dir!r}, start={self._log_start_offset}, end={self._log_end_offset}, "
                 f"hw={self._high_watermark}, segments={len(self._segments)})")
-
-
-def ix_base(buf, pos: int) -> int:
-    """The base offset of the batch at ``pos`` of ``buf`` (after patching)."""
-    return int.from_bytes(buf[pos:pos + 8], "big", signed=True)
 
 
 def _writable(buf) -> bool:

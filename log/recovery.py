@@ -95,7 +95,7 @@ def scan_segment(files, fd: int, file_size: int, base_offset: int, start_positio
             break
         h = BatchHeader.read(buf, pos - buf_start)
         try:
-            check_header(h, f"batch at byte {pos}")
+            check_header(h, pos)
         except CorruptRecordError as e:
             error = e.message
             break

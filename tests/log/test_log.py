@@ -353,3 +353,14 @@ def test_reads_from_a_reopened_log_are_byte_identical(open_log):
     again = open_log()
     assert again.recovery_report.clean and log_batches(again) == before
     assert not os.path.exists(os.path.join(again.dir, ".clean_shutdown"))
+
+
+def test_crc_checked_appends_skip_only_the_crc(open_log):
+    lg = open_log()
+    bad = bytearray(batch(2))
+    bad[-1] ^= 1
+    assert lg.append(bytes(bad), crc_checked=True).base_offset == 0  # the caller vouched for it
+    worse = bytearray(batch(2))
+    worse[16] = 2  # magic is still checked
+    with pytest.raises(CorruptRecordError, match="magic"):
+        lg.append(bytes(worse), crc_checked=True)

@@ -1,0 +1,210 @@
+"""Storage benchmark: ``python -m log.bench [--quick] [--runs N] [--dir PATH]``.
+
+A tool, run by hand (and by a smoke test in ``--quick`` mode); it uses the log library in one
+process, no actors. Each figure is measured ``--runs`` times and the median is printed, as a
+markdown table for docs/BENCHMARKS.md. Measures:
+
+- append throughput of 1 MiB and 16 KiB batches through ``Log.append`` (validation with CRC,
+  offset patch, write, index), as a ratio to plain ``os.pwrite`` of the same bytes, same
+  chunks, same directory, in the same run (neither side fsyncs: the default flush policy);
+- random-offset lookup latency (``Log.read`` and ``LogReader.read``) in a log of >= 1,000
+  segments, p50 and p99;
+- recovery time of a log whose segments were never flushed and whose checkpoint says
+  "recover everything" (full scan: every header, every CRC, index rebuild);
+- process RSS (psutil) while reading a log much larger than a fixed budget, batch by batch.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import shutil
+import statistics
+import tempfile
+import time
+
+import psutil
+
+from log.config import LogConfig
+from log.log import Log
+from log.reader import LogReader
+from log.records import encode_batch
+
+MiB = 1 << 20
+
+
+def _payload_batch(size: int) -> bytes:
+    """A CRC-valid uncompressed batch of about ``size`` bytes (incompressible values)."""
+    value = os.urandom(max(size - 200, 1))
+    return encode_batch([(b"key", value)], None)
+
+
+def bench_append(root: str, batch_size: int, total: int, crc_checked: bool = False) -> dict:
+    batch = _payload_batch(batch_size)
+    n = max(total // len(batch), 1)
+    plain = os.path.join(root, "plain.bin")
+    fd = os.open(plain, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    t = time.perf_counter()
+    pos = 0
+    for _ in range(n):
+        view = memoryview(batch)
+        while view:  # the same short-write loop the log uses
+            w = os.pwrite(fd, view, pos)
+            pos += w
+            view = view[w:]
+    plain_s = time.perf_counter() - t
+    os.fsync(fd)  # drain dirty pages outside the timed part so the next run starts alike
+    os.close(fd)
+    os.unlink(plain)
+    d = os.path.join(root, "append-0")
+    lg = Log(d, LogConfig(segment_bytes=256 * MiB, max_message_bytes=2 * MiB))
+    t = time.perf_counter()
+    for _ in range(n):
+        lg.append(batch, crc_checked=crc_checked)
+    log_s = time.perf_counter() - t
+    lg.flush()  # drain dirty pages outside the timed part, as for the plain file
+    lg.abandon()
+    shutil.rmtree(d)
+    mb = n * len(batch) / MiB
+    return {"plain_MBps": mb / plain_s, "log_MBps": mb / log_s, "ratio": plain_s / log_s}
+
+
+def build_log(directory: str, segments: int, batch_size: int, per_segment: int) -> Log:
+    cfg = LogConfig(segment_bytes=batch_size * per_segment + 64, segment_index_bytes=64 << 10,
+                    index_interval_bytes=4096)
+    lg = Log(directory, cfg)
+    batch = _payload_batch(batch_size)
+    while len(lg.segments) < segments:
+        lg.append(batch)
+    return lg
+
+
+def bench_lookup(root: str, segments: int, lookups: int) -> dict:
+    d = os.path.join(root, "lookup-0")
+    lg = build_log(d, segments, 1024, 32)
+    lg.high_watermark = lg.log_end_offset
+    end = lg.log_end_offset
+    rnd = random.Random(1)
+    offsets = [rnd.randrange(end) for _ in range(lookups)]
+    out = {"segments": len(lg.segments), "records": end}
+    reader = LogReader(d, lg.bounds())
+    for name, fn in (("Log.read", lg.read), ("LogReader.read", reader.read)):
+        lat = []
+        for off in offsets:
+            t = time.perf_counter_ns()
+            r = fn(off, 64 << 10)
+            lat.append(time.perf_counter_ns() - t)
+            assert r.first_offset is not None and r.first_offset <= off
+        lat.sort()
+        out[name] = (lat[len(lat) // 2] / 1000, lat[int(len(lat) * 0.99)] / 1000)
+    reader.close()
+    lg.abandon()
+    shutil.rmtree(d)
+    return out
+
+
+def bench_recovery(root: str, total: int) -> dict:
+    d = os.path.join(root, "recover-0")
+    lg = Log(d, LogConfig(segment_bytes=128 * MiB, max_message_bytes=2 * MiB))
+    batch = _payload_batch(MiB)
+    while lg.size < total:
+        lg.append(batch)
+    size = lg.size
+    lg.abandon()  # no flush, no checkpoint, no marker: recovery scans from offset 0
+    t = time.perf_counter()
+    again = Log(d, LogConfig(segment_bytes=128 * MiB, max_message_bytes=2 * MiB))
+    seconds = time.perf_counter() - t
+    report = again.recovery_report
+    assert report.bytes_scanned == size and not report.lost_data, report.summary()
+    again.abandon()
+    shutil.rmtree(d)
+    return {"bytes": size, "seconds": seconds, "GBps": size / seconds / (1 << 30),
+            "segments": report.segments_scanned}
+
+
+def bench_memory(root: str, total: int, budget: int) -> dict:
+    d = os.path.join(root, "memory-0")
+    proc = psutil.Process()
+    lg = Log(d, LogConfig(segment_bytes=64 * MiB, max_message_bytes=2 * MiB))
+    batch = _payload_batch(256 << 10)
+    while lg.size < total:
+        lg.append(batch)
+    lg.high_watermark = lg.log_end_offset
+    size = lg.size
+    reader = LogReader(d, lg.bounds())
+    base = proc.memory_info().rss
+    peak = base
+    offset, read = 0, 0
+    while offset < lg.log_end_offset:
+        r = reader.read(offset, MiB)
+        data = r.read_bytes()
+        read += len(data)
+        offset = _next_offset(data)
+        peak = max(peak, proc.memory_info().rss)
+    reader.close()
+    lg.abandon()
+    shutil.rmtree(d)
+    assert read == size
+    return {"log_bytes": size, "rss_start": base, "rss_peak": peak, "growth": peak - base,
+            "budget": budget, "within": peak - base < budget}
+
+
+def _next_offset(data: bytes) -> int:
+    from log.records import iter_batches
+    last = None
+    for _, h in iter_batches(data):
+        last = h
+    return last.next_offset
+
+
+def median(values):
+    return statistics.median(values)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m log.bench", description=__doc__.split("\n")[0])
+    p.add_argument("--quick", action="store_true", help="small sizes: a smoke test (seconds)")
+    p.add_argument("--runs", type=int, default=None, help="repetitions per figure (default 3, quick 1)")
+    p.add_argument("--dir", default=None, help="where to write (default: a temp dir on /tmp's disk)")
+    a = p.parse_args(argv)
+    runs = a.runs or (1 if a.quick else 3)
+    sizes = dict(append=16 * MiB, segments=1000, lookups=2000, recovery=64 * MiB,
+                 memory=128 * MiB, budget=64 * MiB) if a.quick else dict(
+        append=512 * MiB, segments=1000, lookups=20000, recovery=1 << 30,
+        memory=4 << 30, budget=64 * MiB)
+    root = tempfile.mkdtemp(prefix="odradek-bench-", dir=a.dir)
+    rows = []
+    try:
+        for bs, label, checked in ((MiB, "1 MiB", False), (16 << 10, "16 KiB", False),
+                                   (16 << 10, "16 KiB, crc_checked=True", True)):
+            res = [bench_append(root, bs, sizes["append"], checked) for _ in range(runs)]
+            rows.append((f"append, {label} batches: log / plain write",
+                         f"{median([r['ratio'] for r in res]):.2f}x "
+                         f"({median([r['log_MBps'] for r in res]):.0f} vs "
+                         f"{median([r['plain_MBps'] for r in res]):.0f} MB/s)", ">= 0.8x"))
+        res = [bench_lookup(root, sizes["segments"], sizes["lookups"]) for _ in range(runs)]
+        for name in ("Log.read", "LogReader.read"):
+            rows.append((f"random-offset {name}, {res[0]['segments']} segments: p50 / p99",
+                         f"{median([r[name][0] for r in res]):.0f} / {median([r[name][1] for r in res]):.0f} us",
+                         "p99 < 1000 us"))
+        res = [bench_recovery(root, sizes["recovery"]) for _ in range(runs)]
+        rows.append((f"recovery of {res[0]['bytes'] / MiB:.0f} MiB unflushed ({res[0]['segments']} segments, "
+                     "full CRC scan + index rebuild)",
+                     f"{median([r['seconds'] for r in res]):.2f} s ({median([r['GBps'] for r in res]):.2f} GiB/s)",
+                     "< 5 s for 1 GiB"))
+        res = [bench_memory(root, sizes["memory"], sizes["budget"]) for _ in range(runs)]
+        rows.append((f"RSS growth reading {res[0]['log_bytes'] / MiB:.0f} MiB end to end (LogReader)",
+                     f"{median([r['growth'] for r in res]) / MiB:.1f} MiB "
+                     f"(start {median([r['rss_start'] for r in res]) / MiB:.0f} MiB)",
+                     f"< {sizes['budget'] / MiB:.0f} MiB"))
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"| figure (median of {runs}) | result | goal |")
+    print("|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
