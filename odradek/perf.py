@@ -55,7 +55,7 @@ class Stats:
         self.latencies.append(latency_ms)
         self.window_lat.append(latency_ms)
 
-    def progress(self, count: int, nbytes: int, unit: str = "records sent") -> None:
+    def progress(self, count: int, nbytes: int, unit: str = "records sent", latency: bool = True) -> None:
         now = time.monotonic()
         if now - self.window_start < self.report_every:
             return
@@ -65,11 +65,13 @@ class Stats:
         self.window_lat = []
         avg = sum(lat) / len(lat) if lat else 0.0
         mx = max(lat) if lat else 0.0
-        print(f"{n} {unit}, {n / elapsed:.1f} records/sec ({b / elapsed / 2**20:.2f} MB/sec), "
-              f"{avg:.1f} ms avg latency, {mx:.1f} ms max latency.", file=self.out, flush=True)
+        tail = f", {avg:.1f} ms avg latency, {mx:.1f} ms max latency" if latency else ""
+        print(f"{n} {unit}, {n / elapsed:.1f} records/sec ({b / elapsed / 2**20:.2f} MB/sec){tail}.",
+              file=self.out, flush=True)
         self.window_start, self.window_count, self.window_bytes = now, count, nbytes
 
-    def summary(self, count: int, nbytes: int, elapsed: float, unit: str = "records sent") -> dict:
+    def summary(self, count: int, nbytes: int, elapsed: float, unit: str = "records sent",
+                latency: bool = True) -> dict:
         lat = sorted(self.latencies)
         pct = {p: percentile(lat, p) for p in (50, 95, 99, 99.9)}
         result = {"records": count, "seconds": elapsed, "records_per_sec": count / elapsed if elapsed else 0.0,
@@ -77,10 +79,11 @@ class Stats:
                   "avg_latency_ms": sum(lat) / len(lat) if lat else 0.0, "max_latency_ms": lat[-1] if lat else 0.0,
                   "p50_ms": pct[50], "p95_ms": pct[95], "p99_ms": pct[99], "p99_9_ms": pct[99.9],
                   "latency_samples": len(lat)}
-        print(f"{count} {unit}, {result['records_per_sec']:.1f} records/sec ({result['mb_per_sec']:.2f} MB/sec), "
-              f"{result['avg_latency_ms']:.2f} ms avg latency, {result['max_latency_ms']:.2f} ms max latency, "
-              f"{pct[50]:.2f} ms 50th, {pct[95]:.2f} ms 95th, {pct[99]:.2f} ms 99th, {pct[99.9]:.2f} ms 99.9th.",
-              file=self.out, flush=True)
+        tail = (f", {result['avg_latency_ms']:.2f} ms avg latency, {result['max_latency_ms']:.2f} ms max latency, "
+                f"{pct[50]:.2f} ms 50th, {pct[95]:.2f} ms 95th, {pct[99]:.2f} ms 99th, {pct[99.9]:.2f} ms 99.9th"
+                if latency else "")
+        print(f"{count} {unit}, {result['records_per_sec']:.1f} records/sec ({result['mb_per_sec']:.2f} MB/sec)"
+              f"{tail}.", file=self.out, flush=True)
         return result
 
 
@@ -154,7 +157,8 @@ def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
                 print(f"Created topic {topic} with {partitions} partitions.", flush=True)
             except TopicAlreadyExistsError:
                 pass
-        return len(admin.describe_topic(topic).partitions)
+        admin._cluster.refresh([topic])
+        return len(admin._cluster.partitions(topic) or ())
 
 
 # ---- produce ----------------------------------------------------------------------------------
@@ -299,13 +303,13 @@ def run_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size:
             last = now
             count += len(records)
             nbytes += len(records) * len(records[0].value or b"")  # one size per run: values are equal
-            stats.progress(count, nbytes, "records consumed")
+            stats.progress(count, nbytes, "records consumed", latency=False)
         elapsed = time.monotonic() - start
     mb = nbytes / 2**20
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(time.time() - elapsed))}, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {mb:.4f}, {mb / elapsed:.4f}, {count}, {count / elapsed:.4f}",
           flush=True)
-    return stats.summary(count, nbytes, elapsed, "records consumed")
+    return stats.summary(count, nbytes, elapsed, "records consumed", latency=False)
 
 
 # ---- end to end -------------------------------------------------------------------------------
@@ -519,9 +523,9 @@ def redis_consume(server: RedisServer, n: int, size: int, report_ms: int, count:
         for _stream, entries in r.xreadgroup("g", "c", {"perf-c": ">"}, count=count, block=1000) or ():
             got += len(entries)
             nbytes += sum(len(f[b"v"]) for _id, f in entries)
-        stats.progress(got, nbytes, "records consumed")
+        stats.progress(got, nbytes, "records consumed", latency=False)
     elapsed = time.monotonic() - start
-    return stats.summary(got, nbytes, elapsed, "records consumed")
+    return stats.summary(got, nbytes, elapsed, "records consumed", latency=False)
 
 
 def _compare(ours: dict, theirs: dict | None, what: str) -> None:
