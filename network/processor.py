@@ -385,12 +385,14 @@ class Processor(Actor):
     @staticmethod
     def _consume(wq: collections.deque, sent: int) -> bool:
         """Drop ``sent`` bytes from the head of the queue; False if a buffer was cut short."""
-        while sent:
+        while wq and not isinstance(wq[0], FileRegion):
             head = wq[0]
             n = len(head) if not isinstance(head, memoryview) else head.nbytes
-            if sent >= n:
+            if n <= sent:  # empty frames too, even when nothing was sent
                 wq.popleft()
                 sent -= n
+            elif sent == 0:
+                return True
             else:
                 wq[0] = memoryview(head).cast("B")[sent:]
                 return False

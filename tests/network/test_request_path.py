@@ -39,8 +39,16 @@ def test_ping_echoes_its_body_and_payload_frames(shared_broker):
     payload = bytes(range(256)) * 1000
     with connect(broker) as conn:
         resp = conn.request(ApiKey.PING, {"hello": [1, 2]}, [b"a", payload, b""])
-    assert resp.body == {"hello": [1, 2]}
-    assert [bytes(f) for f in resp.frames] == [b"a", payload, b""]
+        assert resp.body == {"hello": [1, 2]}
+        assert [bytes(f) for f in resp.frames] == [b"a", payload, b""]
+
+
+def test_empty_payload_frames_do_not_stall_the_connection(shared_broker):
+    with connect(shared_broker) as conn:
+        for frames in ([b""], [b"", b""], [b"", b"x", b""]):
+            resp = conn.request(ApiKey.PING, {}, frames, timeout=10)
+            assert [bytes(f) for f in resp.frames] == frames
+        assert conn.request(ApiKey.PING, {"after": 1}, timeout=10).body == {"after": 1}
 
 
 def test_pipelined_requests_are_answered_in_request_order(start_broker):
