@@ -10,9 +10,10 @@ sender thread alone encodes batches, writes requests and resolves futures.
         print(handle.result(timeout=10))      # RecordMetadata(topic, partition, offset, timestamp)
 
 Life of a record:
-1. ``send`` appends ``(index, ts_delta, key, value, headers)`` to the open batch of its
-   partition: the rows are exactly what the record-batch format packs with one
-   ``msgpack.packb`` call. It returns a ``FutureRecordMetadata``, a two-slot handle
+1. ``send`` appends the value alone (a keyless record without headers or timestamp: no
+   object per record) or a row ``(index, ts_delta, key, value, headers)`` to the open batch
+   of its partition; ``pack_rows`` turns the list into the record-batch format's msgpack at
+   C speed. It returns a ``FutureRecordMetadata``, a two-slot handle
    (batch, index) over the batch's one ``concurrent.futures.Future``.
 2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
    a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
@@ -52,6 +53,7 @@ import random
 import threading
 import time
 import zlib
+from itertools import chain, repeat
 from typing import Optional
 
 import lz4.block
@@ -69,6 +71,8 @@ RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack r
 _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
 _crc32 = zlib.crc32
+_chain = chain.from_iterable
+_repeat = repeat
 _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
 LEADER_ERRORS = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -83,20 +87,58 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
 
 
 def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str]) -> bytes:
-    """One record batch (``log.records`` layout, base offset 0) from rows
-    ``(offset_delta, timestamp_delta, key, value, headers)`` with offset deltas 0..n-1."""
-    payload = _packb(rows)
+    """One record batch (``log.records`` layout, base offset 0) from ``rows``: each item is
+    either a value (bytes: a record with no key, no headers and the batch's timestamp) or a
+    full row ``(offset_delta, timestamp_delta, key, value, headers)``; offset deltas are the
+    positions 0..n-1."""
+    n = len(rows)
+    payload = pack_rows(rows)
     attributes = 0
     if compression == "lz4":
         payload = lz4.block.compress(payload, store_size=True)
         attributes = fmt.COMPRESSION_LZ4
-    n = len(rows)
     out = bytearray(fmt.HEADER_SIZE + len(payload))
     _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
                  base_ts, max_ts, -1, -1, -1, n)
     out[fmt.HEADER_SIZE:] = payload
     fmt._U32.pack_into(out, fmt.OFFSET_CRC, _crc32(memoryview(out)[fmt.CRC_START:]))
     return bytes(out)
+
+
+def pack_rows(rows: list) -> bytes:
+    """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows.
+
+    A batch of plain values (the common case) is assembled by C iterators from cached
+    per-position and per-length prefixes: no Python code and no object per record. That is
+    why ``send`` can queue a bare value instead of a row tuple."""
+    n = len(rows)
+    for r in rows:
+        if r.__class__ is not bytes:
+            return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+    if len(_ROW_PREFIX) < n:
+        _ROW_PREFIX.extend(b"\x95" + _packb(i) + b"\x00\xc0" for i in range(len(_ROW_PREFIX), n))
+    parts = zip(_ROW_PREFIX[:n], map(_BIN_HEADER.__getitem__, map(len, rows)), rows, _repeat(b"\x90", n))
+    return _array_header(n) + b"".join(_chain(parts))
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
+
+
+class _BinHeaders(dict):
+    """length -> msgpack bin header (cached; values of one size share one entry)."""
+
+    def __missing__(self, n: int) -> bytes:
+        h = b"\xc4" + bytes((n,)) if n < 256 else b"\xc5" + n.to_bytes(2, "big") if n < 65536 \
+            else b"\xc6" + n.to_bytes(4, "big")
+        self[n] = h
+        return h
+
+
+_ROW_PREFIX: list = []  # position i -> fixarray(5), i, timestamp delta 0, key nil (grows as needed)
+_BIN_HEADER = _BinHeaders()
 
 
 class _Batch:
@@ -130,11 +172,7 @@ class FutureRecordMetadata:
     """The handle ``send`` returns: the ``concurrent.futures.Future`` interface for one record,
     over its batch's future. ``result()`` gives ``RecordMetadata``. Thread-safe."""
 
-    __slots__ = ("_batch", "_index")
-
-    def __init__(self, batch: _Batch, index: int):
-        self._batch = batch
-        self._index = index
+    __slots__ = ("_batch", "_index")  # set by _handle(); no __init__: it would double send()'s cost
 
     def _metadata(self, value) -> RecordMetadata:
         base, append_time = value
@@ -180,6 +218,13 @@ class FutureRecordMetadata:
     def __repr__(self) -> str:
         state = "done" if self.done() else "pending"
         return f"<FutureRecordMetadata {self.topic}-{self.partition}#{self._index} {state}>"
+
+
+def _handle(batch: _Batch, index: int) -> FutureRecordMetadata:
+    h = FutureRecordMetadata()
+    h._batch = batch
+    h._index = index
+    return h
 
 
 class Producer:
@@ -244,11 +289,15 @@ class Producer:
                 if batch is not None:
                     rows = batch.rows
                     index = len(rows)
-                    rows.append((index, 0, None, value, ()))
+                    rows.append(value)
                     batch.size += len(value) + RECORD_OVERHEAD
                     if batch.size >= self.batch_size:
                         self._close_batch(batch)
-                    return FutureRecordMetadata(batch, index)
+            if batch is not None:
+                handle = FutureRecordMetadata()  # _handle() inlined: a call costs as much as the rest
+                handle._batch = batch
+                handle._index = index
+                return handle
         return self._send_general(topic, value, key, partition, headers, timestamp_ms)
 
     def _send_general(self, topic, value, key, partition, headers, timestamp_ms) -> FutureRecordMetadata:
@@ -288,7 +337,7 @@ class Producer:
             batch.size += size
             if batch.size >= self.batch_size:
                 self._close_batch(batch)
-        return FutureRecordMetadata(batch, index)
+        return _handle(batch, index)
 
     # ---- batches (all under _lock) -------------------------------------------------------------
     def _new_sticky_batch(self, topic: str, count: int) -> _Batch:

@@ -1,8 +1,11 @@
 """The producer's batch encoder against the shared record-batch format (log/records.py)."""
 from __future__ import annotations
 
+import msgpack
+import pytest
+
 from log import records as fmt
-from odradek.producer import encode_rows
+from odradek.producer import encode_rows, pack_rows
 
 
 def test_encoded_rows_decode_with_the_storage_decoder_and_pass_validation():
@@ -21,3 +24,19 @@ def test_uncompressed_batches_carry_no_compression_bit():
     data = encode_rows([(0, 0, None, b"x" * 50, ())], 1, 1, None)
     assert fmt.validate_batch(data).compression == fmt.COMPRESSION_NONE
     assert fmt.decode_batch(data)[0].value == b"x" * 50
+
+
+@pytest.mark.parametrize("size", [0, 1, 31, 32, 255, 256, 65535, 65536])
+@pytest.mark.parametrize("count", [1, 15, 16, 128, 256, 300])
+def test_plain_values_pack_byte_for_byte_like_msgpack_of_full_rows(size, count):
+    if size * count > 5_000_000:
+        count = 2
+    values = [bytes([i % 251]) * size for i in range(count)]
+    assert pack_rows(values) == msgpack.packb([(i, 0, None, v, ()) for i, v in enumerate(values)])
+
+
+def test_batches_mixing_plain_values_and_full_rows_keep_each_record():
+    rows = [b"plain", (1, 7, b"key", b"keyed", (("h", b"1"),)), b"again"]
+    data = encode_rows(rows, 100, 107, "lz4")
+    got = [(r.offset, r.timestamp, r.key, r.value) for r in fmt.decode_batch(data)]
+    assert got == [(0, 100, None, b"plain"), (1, 107, b"key", b"keyed"), (2, 100, None, b"again")]
