@@ -695,12 +695,14 @@ class _Sender:
         self._fail(batch, err)
 
     def _succeed(self, batch: _Batch, base: int, append_time) -> None:
+        batch.data = None  # handles may live on; the bytes need not
         if not batch.future.done():
             batch.future.set_result((base, append_time))
         with self.p._lock:
             self.p._batch_done(batch)
 
     def _fail(self, batch: _Batch, err: BaseException) -> None:
+        batch.data = None
         if not batch.future.done():
             batch.future.set_exception(err)
         with self.p._lock:
