@@ -53,7 +53,6 @@ import random
 import threading
 import time
 import zlib
-from itertools import chain, repeat
 from typing import Optional
 
 import lz4.block
@@ -71,8 +70,6 @@ RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack r
 _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
 _crc32 = zlib.crc32
-_chain = chain.from_iterable
-_repeat = repeat
 _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
 LEADER_ERRORS = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER,
@@ -108,17 +105,46 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
 def pack_rows(rows: list) -> bytes:
     """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows.
 
-    A batch of plain values (the common case) is assembled by C iterators from cached
-    per-position and per-length prefixes: no Python code and no object per record. That is
-    why ``send`` can queue a bare value instead of a row tuple."""
+    A batch of plain values (the common case) is assembled with slice assignments and one
+    ``join`` from cached byte strings: no Python code and no object per record. That is why
+    ``send`` can queue a bare value instead of a row tuple. When every value has the same
+    length (the usual benchmark and a common workload), each value's framing is one cached
+    string: "end of the previous row + this row's position, timestamp, key and bin header"."""
     n = len(rows)
-    for r in rows:
-        if r.__class__ is not bytes:
-            return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+    if set(map(type, rows)) != _ONLY_BYTES:
+        return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+    parts = [None] * (2 * n)
+    parts[1::2] = rows
+    lengths = set(map(len, rows))
+    if len(lengths) == 1:
+        parts[0::2] = _framing_for(lengths.pop(), n)[:n]
+    else:
+        heads = [None] * (2 * n)
+        heads[0::2] = _row_prefixes(n)
+        heads[1::2] = map(_BIN_HEADER.__getitem__, map(len, rows))
+        parts[0::2] = map(b"".join, zip(heads[0::2], heads[1::2]))
+        parts[2::2] = map(b"\x90".__add__, parts[2::2])
+    return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+def _row_prefixes(n: int) -> list:
+    """Position i -> fixarray(5), i, timestamp delta 0, key nil (grown on demand)."""
     if len(_ROW_PREFIX) < n:
         _ROW_PREFIX.extend(b"\x95" + _packb(i) + b"\x00\xc0" for i in range(len(_ROW_PREFIX), n))
-    parts = zip(_ROW_PREFIX[:n], map(_BIN_HEADER.__getitem__, map(len, rows)), rows, _repeat(b"\x90", n))
-    return _array_header(n) + b"".join(_chain(parts))
+    return _ROW_PREFIX[:n]
+
+
+def _framing_for(length: int, n: int) -> list:
+    """For values of one length: position i -> (end of row i-1) + row i's prefix + bin header."""
+    framing = _FRAMING.get(length)
+    if framing is None or len(framing) < n:
+        if len(_FRAMING) >= 64:
+            _FRAMING.clear()
+        head = _BIN_HEADER[length]
+        framing = [p + head for p in _row_prefixes(max(n, 256))]
+        framing[1:] = [b"\x90" + f for f in framing[1:]]
+        _FRAMING[length] = framing
+    return framing
 
 
 def _array_header(n: int) -> bytes:
@@ -137,7 +163,9 @@ class _BinHeaders(dict):
         return h
 
 
-_ROW_PREFIX: list = []  # position i -> fixarray(5), i, timestamp delta 0, key nil (grows as needed)
+_ONLY_BYTES = {bytes}
+_ROW_PREFIX: list = []
+_FRAMING: dict = {}  # value length -> framing strings by position (at most 64 lengths kept)
 _BIN_HEADER = _BinHeaders()
 
 

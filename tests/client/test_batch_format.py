@@ -40,3 +40,8 @@ def test_batches_mixing_plain_values_and_full_rows_keep_each_record():
     data = encode_rows(rows, 100, 107, "lz4")
     got = [(r.offset, r.timestamp, r.key, r.value) for r in fmt.decode_batch(data)]
     assert got == [(0, 100, None, b"plain"), (1, 107, b"key", b"keyed"), (2, 100, None, b"again")]
+
+
+def test_plain_values_of_mixed_lengths_pack_like_msgpack_too():
+    values = [b"a" * (i * 37 % 300) for i in range(500)]
+    assert pack_rows(values) == msgpack.packb([(i, 0, None, v, ()) for i, v in enumerate(values)])
