@@ -34,6 +34,12 @@ class FileLayer:
         """Write ``data`` at ``position``; may write fewer bytes (the caller loops)."""
         return os.pwrite(fd, data, position)
 
+    def pwritev(self, fd: int, buffers: list, position: int) -> int:
+        """Write the buffers back to back at ``position`` in one call; may write fewer bytes."""
+        if len(buffers) == 1:
+            return os.pwrite(fd, buffers[0], position)
+        return os.pwritev(fd, buffers, position)
+
     def pread(self, fd: int, size: int, position: int) -> bytes:
         return os.pread(fd, size, position)
 

@@ -22,6 +22,7 @@ Every ``OSError`` surfaces as ``StorageError`` (KAFKA_STORAGE_ERROR) with the lo
 from __future__ import annotations
 
 import bisect
+import mmap
 import os
 import time
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ CLEANED_SUFFIX = ".cleaned"
 SWAP_SUFFIX = ".swap"
 TMP_SUFFIX = ".tmp"
 MAX_RELATIVE_OFFSET = (1 << 31) - 1
+PATCHED_PREFIX = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append rewrites
 
 
 class AppendInfo(NamedTuple):
@@ -106,10 +108,10 @@ class LogSegment(SegmentView):
         return self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
 
     def _closed_source(self, path: str, counter, bound: int):
+        """A closed segment's index, mapped read-only on first use (pages load lazily)."""
         found = self._closed_sources.get(path)
         if found is None:
-            data = read_file(self.files, path)
-            src = ix.BufferSource(data)
+            src = ix.BufferSource(map_file(self.files, path))
             found = self._closed_sources[path] = (src, counter(src, bound))
         return found
 
@@ -222,6 +224,19 @@ class LogSegment(SegmentView):
         return self.log_path, self.index_path, self.timeindex_path
 
 
+def map_file(files: FileLayer, path: str):
+    """The file mapped read-only (b'' if missing or empty); no descriptor stays open."""
+    try:
+        fd = files.open(path, os.O_RDONLY)
+    except FileNotFoundError:
+        return b""
+    try:
+        size = files.fstat_size(fd)
+        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
+    finally:
+        files.close(fd)
+
+
 def read_file(files: FileLayer, path: str) -> bytes:
     """The whole file, or b'' if it does not exist."""
     try:
@@ -313,8 +328,8 @@ class Log:
                crc_checked: bool = False) -> AppendInfo:
         """Validate, assign offsets to and append one or more concatenated batches.
 
-        The buffer is patched in place if writable (bytearray, writable memoryview), else
-        copied. Raises CorruptRecordError, RecordTooLargeError, RecordListTooLargeError,
+        A writable buffer (bytearray, writable memoryview) is patched in place; a read-only
+        one is never copied (see ``_patched``). Raises CorruptRecordError, RecordTooLargeError, RecordListTooLargeError,
         InvalidRecordError (follower offsets going backwards) or StorageError; on any error
         nothing was appended.
 
@@ -326,19 +341,18 @@ class Log:
         if self._closed:
             raise StorageError(f"log {self.dir} is closed")
         cfg = self.config
-        buf = batch if _writable(batch) else bytearray(batch)
-        size = len(buf)
-        headers = validate_batches(buf, cfg.max_message_bytes, not crc_checked)
+        size = len(batch)
+        headers = validate_batches(batch, cfg.max_message_bytes, not crc_checked)
         if size > cfg.segment_bytes:
             raise RecordListTooLargeError(f"{size} bytes do not fit in segment.bytes {cfg.segment_bytes}")
         now = self._now()
-        bases, last, records = self._assign(buf, headers, leader_epoch if assign_offsets else None,
-                                            assign_offsets, now)
+        bases, last, records = self._assign(headers, assign_offsets)
+        parts = self._patched(batch, headers, bases, leader_epoch, now) if assign_offsets else [batch]
         if self._dirty_tail is not None:
             self._repair_tail()
         seg = self._segment_for(size, len(headers), bases[0], last, now)
         position = seg.size
-        self._write(seg, buf, position)
+        self._write(seg, parts, size, position)
         self._index(seg, headers, bases, position, now)
         seg.size = position + size
         self._log_end_offset = last + 1
@@ -348,34 +362,58 @@ class Log:
         return AppendInfo(bases[0], last, now, self._log_start_offset, position, seg.base_offset, size)
 
     def append_as_follower(self, batch) -> AppendInfo:
-        """Append a leader's batches keeping their offsets and leader epochs (replication)."""
+        """Append a leader's batches as they are: its offsets, epochs and timestamps."""
         return self.append(batch, assign_offsets=False)
 
-    def _assign(self, buf, headers, leader_epoch, assign: bool, now: int) -> tuple[list, int, int]:
-        """Patch (leader) or check (follower) base offsets: (base offsets, last offset, records)."""
-        next_offset, pos, bases, records = self._log_end_offset, 0, [], 0
+    def _assign(self, headers, assign: bool) -> tuple[list, int, int]:
+        """Base offsets for the batches: (base offsets, last offset, record count).
+
+        A leader assigns them from the log end; a follower keeps the leader's and they must
+        not go backwards."""
+        next_offset, bases, records = self._log_end_offset, [], 0
         for h in headers:
-            if assign:
-                patch_base_offset(buf, next_offset, leader_epoch, pos)
-            elif h.base_offset < next_offset:
-                raise InvalidRecordError(
-                    f"follower append at offset {h.base_offset} is below the expected {next_offset}")
-            else:
+            if not assign:
+                if h.base_offset < next_offset:
+                    raise InvalidRecordError(
+                        f"follower append at offset {h.base_offset} is below the expected {next_offset}")
                 next_offset = h.base_offset
-            if self.config.log_append_time:
-                set_log_append_time(buf, now, pos)
             bases.append(next_offset)
             next_offset += h.last_offset_delta + 1
             records += h.record_count
-            pos += h.batch_length + 12
         return bases, next_offset - 1, records
 
-    def _write(self, seg: LogSegment, buf, position: int) -> None:
-        """Write all of ``buf`` at ``position`` or, on failure, cut the file back and raise."""
+    def _patched(self, batch, headers, bases: list, leader_epoch: int, now: int) -> list:
+        """The bytes to write, with base offsets and leader epochs patched.
+
+        A writable buffer is patched in place; a read-only one (e.g. a ZeroMQ frame) is not
+        copied: each batch's first 16 bytes are copied and patched, and the rest is written
+        from the original buffer (one ``pwritev``). LogAppendTime rewrites covered bytes, so
+        it patches a copy."""
+        if _writable(batch) or self.config.log_append_time:
+            buf = batch if _writable(batch) else bytearray(batch)
+            pos = 0
+            for h, base in zip(headers, bases):
+                patch_base_offset(buf, base, leader_epoch, pos)
+                if self.config.log_append_time:
+                    set_log_append_time(buf, now, pos)
+                pos += h.batch_length + 12
+            return [buf]
+        mv, parts, pos = memoryview(batch), [], 0
+        for h, base in zip(headers, bases):
+            head = bytearray(mv[pos:pos + PATCHED_PREFIX])
+            patch_base_offset(head, base, leader_epoch)
+            end = pos + h.batch_length + 12
+            parts += (head, mv[pos + PATCHED_PREFIX:end])
+            pos = end
+        return parts
+
+    def _write(self, seg: LogSegment, parts: list, size: int, position: int) -> None:
+        """Write all of ``parts`` at ``position`` or, on failure, cut the file back and raise."""
         try:
-            written = self._files.pwrite(seg.fd, buf, position)
-            if written != len(buf):  # a short write: finish it (or fail) in the loop
-                self._files.write_all(seg.fd, memoryview(buf)[written:], position + written)
+            written = self._files.pwritev(seg.fd, parts, position)
+            if written != size:  # a short write: finish it (or fail) in the loop
+                rest = memoryview(b"".join(parts))[written:]
+                self._files.write_all(seg.fd, rest, position + written)
         except OSError as e:
             try:
                 self._files.ftruncate(seg.fd, position)
@@ -659,11 +697,11 @@ class Log:
         doomed = []
         try:
             for seg in self._segments[:count]:
-                seg.close(trim=False)
                 for p in seg.all_paths:
                     if self._files.exists(p):
                         self._files.rename(p, p + DELETED_SUFFIX)
                         doomed.append(p + DELETED_SUFFIX)
+                seg.close(trim=False)
                 self._segments.pop(0)
                 self._bases.pop(0)
         except OSError as e:

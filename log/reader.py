@@ -165,14 +165,12 @@ class ReaderSegment(SegmentView):
         return self._index_fds[path]
 
     def _source(self, path: str, counter, bound: int) -> tuple[object, int]:
-        if not self.active and path in self._cache:
+        if not self.active and path in self._cache:  # closed: immutable, count it once
             return self._cache[path]
         fd = self._index_fd(path)
         if fd is None:
             return ix.BufferSource(b""), 0
-        src = ix.FileSource(fd)
-        if not self.active:  # a closed segment's index is immutable: read it once
-            src = ix.BufferSource(os.pread(fd, src.file_size, 0))
+        src = ix.FileSource(fd)  # probed with pread: nothing loaded, nothing mapped
         found = (src, counter(src, bound))
         if not self.active:
             self._cache[path] = found

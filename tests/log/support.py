@@ -86,6 +86,10 @@ class FaultyFiles(FileLayer):
         self._hit("pwrite", path)
         return super().pwrite(fd, data, position)
 
+    def pwritev(self, fd, buffers, position):
+        # through pwrite, so the faults above (and half writes) apply to appends too
+        return self.pwrite(fd, b"".join(bytes(b) for b in buffers), position)
+
     def fsync(self, fd):
         self._hit("fsync", self.paths.get(fd, ""))
         super().fsync(fd)

@@ -364,3 +364,32 @@ def test_crc_checked_appends_skip_only_the_crc(open_log):
     worse[16] = 2  # magic is still checked
     with pytest.raises(CorruptRecordError, match="magic"):
         lg.append(bytes(worse), crc_checked=True)
+
+
+def test_a_read_only_buffer_is_appended_without_being_modified(open_log):
+    lg = open_log()
+    lg.append(batch(2))
+    frame = batch(3, tag=5)
+    view = memoryview(frame)  # read-only, like a ZeroMQ frame
+    info = lg.append(view, leader_epoch=4)
+    stored = log_batches(lg)[1]
+    assert BatchHeader.read(frame).base_offset == 0  # the caller's bytes are untouched
+    h = BatchHeader.read(stored)
+    assert (h.base_offset, h.partition_leader_epoch) == (info.base_offset, 4) == (2, 4)
+    assert stored[16:] == frame[16:]
+    assert [r.offset for r in decode_batch(stored)] == [2, 3, 4]
+
+
+def test_a_writable_buffer_is_patched_in_place(open_log):
+    lg = open_log()
+    lg.append(batch(2))
+    buf = bytearray(batch(1))
+    lg.append(buf, leader_epoch=2)
+    assert BatchHeader.read(buf).base_offset == 2 and bytes(buf) == log_batches(lg)[1]
+
+
+def test_several_batches_in_one_append_get_consecutive_offsets(open_log):
+    lg = open_log()
+    info = lg.append(memoryview(batch(2) + batch(3, tag=1)))
+    assert (info.base_offset, info.last_offset) == (0, 4)
+    assert [BatchHeader.read(b).base_offset for b in log_batches(lg)] == [0, 2]
