@@ -17,10 +17,10 @@ Life of a record:
    (batch, index) over the batch's one ``concurrent.futures.Future``.
 2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
    a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
-3. The sender encodes closed batches (msgpack + lz4 + CRC, ``log.records`` layout), groups
-   them by leader into PRODUCE requests of at most ``max_request_size`` bytes (several
-   partitions, and several batches of a partition, per request) and pipelines up to
-   ``max_in_flight`` requests per broker.
+3. The thread that closes a batch encodes it (msgpack + lz4 + CRC, ``log.records``
+   layout). The sender groups closed batches by leader into PRODUCE requests of at most
+   ``max_request_size`` bytes (several partitions, and several batches of a partition, per
+   request) and pipelines up to ``max_in_flight`` requests per broker.
 4. The answer resolves each batch's future with its base offset; a retriable error (or a
    lost connection) requeues the batch after ``retry_backoff_ms``, at most ``retries``
    times and never past ``delivery_timeout_ms``; a leader or topic error also refreshes
@@ -395,10 +395,23 @@ class Producer:
         return batch
 
     def _close_batch(self, batch: _Batch) -> None:
+        """Take a batch out of the open ones and encode it, here: in the thread that closes it
+        (the caller that filled it, the sender for a lingering one, ``flush``), lock held.
+        So batches are queued in order, and the sender thread is left with I/O alone: it
+        would otherwise need the GIL back from a busy caller for every batch it encodes."""
         del self._open[(batch.topic, batch.partition)]
         if self._sticky.get(batch.topic) is batch:
             del self._sticky[batch.topic]
         self._buffered += batch.size
+        rows = batch.rows
+        batch.count = len(rows)
+        batch.rows = None
+        try:
+            batch.data = encode_rows(rows, batch.base_ts, batch.max_ts, self.compression)
+        except Exception as exc:  # a bug, not bad input (send() checked it): fail these records only
+            batch.future.set_exception(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot encode a batch: {exc!r}"))
+            self._batch_done(batch)
+            return
         self._ready.append(batch)
         self._wake_sender()
 
@@ -546,8 +559,6 @@ class _Sender:
                     earliest = p._close_lingering(time.monotonic(), force=self.stopping)
                     ready = list(p._ready)
                     p._ready.clear()
-                for batch in ready:
-                    self._encode(batch)
                 self.retry.extend(ready)
                 if self.metadata_wanted:
                     self._refresh_metadata()
@@ -583,12 +594,6 @@ class _Sender:
                 os.read(p._wake_r, 4096)
             except BlockingIOError:
                 pass
-
-    def _encode(self, batch: _Batch) -> None:
-        rows = batch.rows
-        batch.count = len(rows)
-        batch.data = encode_rows(rows, batch.base_ts, batch.max_ts, self.p.compression)
-        batch.rows = None
 
     # ---- sending ------------------------------------------------------------------------------------
     def _send_ready(self) -> None:
