@@ -2,8 +2,9 @@
 
 Threads: the caller's (``send``, ``flush``, ``close``; any number of caller threads may
 share one producer) and one **sender thread** started by the constructor, which owns
-every broker connection. They share the open batches under one lock (``_lock``); the
-sender thread alone encodes batches, writes requests and resolves futures.
+every broker connection. They share the open and closed batches under one lock
+(``_lock``); whichever thread closes a batch encodes it, and the sender thread alone writes
+requests, reads answers and resolves futures.
 
     with Producer("127.0.0.1:9092", acks=1, linger_ms=5) as p:
         handle = p.send("orders", b"value", key=b"customer-42")
