@@ -244,7 +244,7 @@ def consume_main(argv: list[str]) -> int:
     ap.add_argument("--record-size", type=int, default=100, help="size of prefilled records")
     ap.add_argument("--partitions", type=int, default=1, help="partitions if the topic must be created")
     ap.add_argument("--fetch-size", type=int, default=1 << 20, help="max_partition_fetch_bytes")
-    ap.add_argument("--max-poll-records", type=int, default=100000)
+    ap.add_argument("--max-poll-records", type=int, default=500, help="records per poll (Kafka's default)")
     ap.add_argument("--timeout", type=int, default=60000, help="ms without a record before giving up")
     ap.add_argument("--reporting-interval", type=int, default=REPORT_INTERVAL_MS)
     ap.add_argument("--no-redis", action="store_true")
