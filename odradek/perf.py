@@ -42,14 +42,18 @@ class Stats:
     """Counts, bytes and latency samples; prints Kafka-style progress and summary lines.
     Thread-safe for ``sample`` (callbacks on the sender thread) via the GIL's atomic appends."""
 
-    def __init__(self, report_ms: int = REPORT_INTERVAL_MS, out=sys.stdout):
+    def __init__(self, report_ms: int = REPORT_INTERVAL_MS, out=None):
         self.start = self.window_start = time.monotonic()
         self.report_every = report_ms / 1000
         self.count = self.bytes = 0
         self.window_count = self.window_bytes = 0
         self.latencies: list[float] = []  # ms
         self.window_lat: list[float] = []
-        self.out = out
+        self._out = out
+
+    @property
+    def out(self):
+        return self._out or sys.stdout
 
     def sample(self, latency_ms: float) -> None:
         self.latencies.append(latency_ms)

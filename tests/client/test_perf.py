@@ -1,0 +1,54 @@
+"""The perf tools' output and options (small runs on the scripted broker; the numbers come
+from `odradek perf` on a real broker, see docs/BENCHMARKS.md)."""
+from __future__ import annotations
+
+import re
+
+from odradek import perf
+
+SUMMARY = re.compile(r"^(\d+) records sent, [\d.]+ records/sec \([\d.]+ MB/sec\), [\d.]+ ms avg latency, "
+                     r"[\d.]+ ms max latency, [\d.]+ ms 50th, [\d.]+ ms 95th, [\d.]+ ms 99th, [\d.]+ ms 99.9th\.$")
+
+
+def test_produce_prints_kafka_style_progress_and_a_summary_with_percentiles(scripted, capsys):
+    broker = scripted({"perf": 2})
+    code = perf.produce_main(["--bootstrap-server", broker.bootstrap, "--topic", "perf", "--num-records", "5000",
+                              "--record-size", "50", "--reporting-interval", "0", "--no-redis",
+                              "--producer-props", "acks=1", "linger.ms=1", "batch.size=2000"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    assert SUMMARY.match(lines[-1]) and lines[-1].startswith("5000 records sent")
+    assert any(re.match(r"^\d+ records sent, .* ms max latency\.$", ln) for ln in lines[:-1])
+    assert sum(len(broker.records("perf", p)) for p in range(2)) == 5001  # and the warm-up record
+
+
+def test_e2e_measures_send_to_receipt_in_a_child_consumer(scripted, capsys):
+    broker = scripted({"lat": 1})
+    code = perf.e2e_main(["--bootstrap-server", broker.bootstrap, "--topic", "lat", "--num-records", "200",
+                          "--throughput", "2000", "--no-redis"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0 and out[-1].startswith("200 records received") and "99.9th" in out[-1]
+
+
+def test_unknown_producer_properties_are_refused_by_name():
+    try:
+        perf.producer_kwargs({"acks": "1", "lingr.ms": "5"})
+    except SystemExit as exc:
+        assert "lingr.ms" in str(exc)
+    else:
+        raise AssertionError("no error")
+    assert perf.producer_kwargs({"acks": "all", "compression.type": "none", "linger.ms": "2"}) == \
+        {"acks": "all", "compression": None, "linger_ms": 2.0}
+
+
+def test_the_redis_comparison_is_skipped_with_a_reason_when_redis_server_is_missing(monkeypatch, capsys):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert "redis-server" in perf.redis_available()
+    assert perf._with_redis(lambda r: 1 / 0) is None
+    assert "Redis Streams comparison skipped: redis-server is not installed" in capsys.readouterr().out
+
+
+def test_percentiles_pick_the_sample_at_or_above_the_rank():
+    values = list(range(1, 1001))
+    assert [perf.percentile(values, p) for p in (50, 99, 99.9)] == [501, 991, 1000]
+    assert perf.percentile([], 99) == 0.0
