@@ -134,11 +134,13 @@ def set_handlers(host: str, port: int, count: int) -> None:
         raise SystemExit(f"could not set num.io.threads={count}: {res['error_message']}")
 
 
-def current_handlers(host: str, port: int) -> int:
+def current_handlers(host: str, port: int) -> int | None:
+    """The broker's handler pool size, or None if it does not report one."""
     body = {"resources": [{"type": "broker", "name": "", "configs": ["num.io.threads"]}]}
     with BrokerConnection(host, port, client_id="perf-admin") as conn:
         [res] = conn.request(ApiKey.DESCRIBE_CONFIGS, body).body["resources"]
-    return int(res["configs"][0]["value"])
+    values = [c["value"] for c in res.get("configs", []) if c["name"] == "num.io.threads"]
+    return int(values[0]) if values else None
 
 
 # ---- main -------------------------------------------------------------------------------
@@ -155,16 +157,18 @@ def main(argv: list[str] | None = None) -> int:
     if not args.skip_throughput:
         original = current_handlers(host, port)
         counts = [int(c) for c in args.handlers.split(",") if c.strip()] or [original]
+        if original is None and counts != [None]:
+            raise SystemExit("this broker does not report num.io.threads; run without --handlers")
         try:
             for count in counts:
                 if count != current_handlers(host, port):
                     set_handlers(host, port, count)
                 rate, errors = measure_throughput(host, port, args.connections, args.depth, args.seconds,
                                                   args.payload)
-                rows.append((f"throughput, {count} handler(s), {args.connections} conn x {args.depth} in flight",
+                rows.append((f"throughput, {count or '?'} handler(s), {args.connections} conn x {args.depth} in flight",
                              f"{rate:,.0f} requests/s" + (f"  ({errors} errors)" if errors else "")))
         finally:
-            if current_handlers(host, port) != original:
+            if original is not None and current_handlers(host, port) != original:
                 set_handlers(host, port, original)
     progress("")
     sys.stderr.write("\r")
