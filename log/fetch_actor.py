@@ -60,7 +60,7 @@ class FetchActor(Actor):
                 "served_bytes": self.served_bytes}
 
     # ---- bounds from the log actors ----------------------------------------------------
-    def on_members(self, role: str, members: list[str]) -> None:
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         if role == "log":  # after our own restart, or a log actor's: learn every partition
             for host in members:
                 self.request(host, "get_bounds", callback=self._bounds_reply, timeout=30.0)

@@ -128,14 +128,18 @@ class IndexWriter:
         self.count = count
         self._fd = files.open(path, os.O_RDWR | os.O_CREAT)
         try:
+            old_size = files.fstat_size(self._fd)
             files.allocate(self._fd, capacity * entry.size)
             self._map = files.mmap(self._fd, capacity * entry.size)
         except BaseException:
             files.close(self._fd)
             raise
-        # zero what lies past the valid entries (a torn or stale tail must not look valid)
-        tail = (count) * entry.size
-        self._map[tail:] = bytes(len(self._map) - tail)
+        # zero old bytes past the valid entries (a torn or stale tail must not look valid);
+        # what allocate added is zero already and is left untouched (no dirty pages)
+        tail = count * entry.size
+        stale_end = min(old_size, len(self._map))
+        if stale_end > tail:
+            self._map[tail:stale_end] = bytes(stale_end - tail)
 
     @property
     def full(self) -> bool:
