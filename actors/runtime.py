@@ -151,9 +151,10 @@ class Actor:
         """Extra facts reported with ``_ready`` (a listener's bound address, ...)."""
         return {}
 
-    def on_members(self, role: str, members: list[str]) -> None:
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         """The running instances of a watched role changed. ``self.members[role]`` is
-        already updated; override to re-route. Must stop sending to names not in
+        already updated; override to re-route. ``retired`` names instances leaving the pool
+        on purpose (the others that vanished died). Must stop sending to names not in
         ``members`` before it returns: the runtime then fences the retired ones."""
 
     # ---- sending ---------------------------------------------------------------------
@@ -181,7 +182,9 @@ class Actor:
     def request(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
                 callback: Callable[[Message], Any] | None = None, timeout: float | None = 30.0) -> int:
         """Send a request; ``callback(reply)`` runs on the ``_reply`` or ``_error`` answer,
-        or with a REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr."""
+        or with a REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr.
+        If the peer's queue is full the callback runs at once, before this returns, with a
+        REQUEST_TIMED_OUT error."""
         corr = next(self._corr)
         timer = None
         if timeout is not None:
@@ -469,9 +472,10 @@ class Actor:
         ``retired`` are leaving the pool: after re-routing, send each a ``_fence`` (our last
         message to it), then acknowledge."""
         role, members = msg.get("role"), list(msg.get("members") or [])
+        retired = list(msg.get("retired") or [])
         self.members[role] = members
-        self.on_members(role, members)
-        for name in msg.get("retired") or []:
+        self.on_members(role, members, retired)
+        for name in retired:
             try:
                 self.send(name, "_fence", {"sender": self.name})
             except MailboxFull:

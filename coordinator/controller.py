@@ -59,7 +59,7 @@ class Controller(Actor):
         return {"topics": len(self.registry.topics), "metadata_version": self.registry.version}
 
     # ---- reads -----------------------------------------------------------------------
-    def on_members(self, role: str, members: list[str]) -> None:
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         """A handler that joined after its own ``get_metadata`` may have missed a push:
         send every new one the current snapshot."""
         if role == "handler":

@@ -87,7 +87,7 @@ class Acceptor(Actor):
         return {"connections": self.total, **self.counters}
 
     # ---- counts ------------------------------------------------------------------------
-    def on_members(self, role: str, members: list[str]) -> None:
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         if role != "processor":
             return
         for name in list(self.by_processor):

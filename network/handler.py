@@ -3,12 +3,24 @@
 Runs in its own process (actor ``handler-<i>``). It owns nothing but its configuration:
 any handler can answer any request, so the pool can grow, shrink and restart freely.
 
-Messages it accepts: ``request {api, v, client, conn, peer, body}`` + payload frames, from
-a processor. It answers the processor (``reply_to``) with ``_reply {body}`` + frames, or
-``_error {code, message}``; a later API may instead forward the request to the actor that
-owns the data (that actor then answers the processor). It sends ``scale`` and ``status``
-requests to the supervisor for the dynamic broker config ``num.io.threads``, answering the
-client from the callback: nothing here blocks.
+Messages it accepts: ``request {api, v, client, conn, peer, body, t}`` + payload frames,
+from a processor; ``metadata {snapshot}`` from the controller (the topic cache: the only
+state it keeps, a copy). It answers the processor (``reply_to``) with ``_reply {body}`` +
+frames, or ``_error {code, message}``, or forwards the request to the actor that owns the
+data, which then answers the processor directly (one hop fewer than a reply through here):
+
+  PRODUCE                          -> the log actor hosting the partitions (scatter/gather
+                                      here when a request spans several log actors)
+  FETCH, LIST_OFFSETS              -> the fetch actor
+  CREATE_TOPICS, DELETE_TOPICS,
+  topic INCREMENTAL_ALTER_CONFIGS  -> the controller
+  METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING: answered here
+
+It sends ``scale`` and ``status`` requests to the supervisor for the dynamic broker config
+``num.io.threads``, answering the client from the callback: nothing here blocks.
+
+A request stamped (``t``) before this incarnation started was addressed to a handler that
+died; its processor already failed it, so it is refused, never run twice.
 
 Dispatch is one flat table, ``API -> method``; each method parses the body, acts, replies.
 A body of the wrong shape gets INVALID_REQUEST naming the field; the handler survives
@@ -22,12 +34,19 @@ from typing import Any, Callable
 
 from actors.message import Message
 from actors.runtime import Actor
+from coordinator.topics import placement
 from network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.handler")
 
 # API -> (min version, max version). ApiVersions reports exactly this table.
 SUPPORTED: dict[ApiKey, tuple[int, int]] = {
+    ApiKey.PRODUCE: (0, 0),
+    ApiKey.FETCH: (0, 0),
+    ApiKey.LIST_OFFSETS: (0, 0),
+    ApiKey.CREATE_TOPICS: (0, 0),
+    ApiKey.DELETE_TOPICS: (0, 0),
+    ApiKey.DELETE_RECORDS: (0, 0),
     ApiKey.METADATA: (0, 0),
     ApiKey.API_VERSIONS: (0, 0),
     ApiKey.DESCRIBE_CONFIGS: (0, 0),
@@ -38,6 +57,10 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
 # Broker configs that IncrementalAlterConfigs may change at run time.
 DYNAMIC_CONFIGS = {"num.io.threads"}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
+CONTROLLER = "controller"
+FETCH_ACTOR = "fetch"
+GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
+ACKS = (0, 1, -1)
 
 
 class BadRequest(OdradekError):
@@ -63,7 +86,17 @@ class RequestHandler(Actor):
         self.config: dict = dict(self.args.get("config", {}))
         self.broker_id = int(self.args.get("broker_id", self.config.get("broker.id", 0)))
         self.advertised = _advertised(self.config)
+        self.topics: dict[str, dict] = {}
+        self.topic_defaults: dict = {}
+        self.metadata_version = -1
+        self.log_hosts = int(self.args.get("log_hosts", 1))
         self.dispatch: dict[int, Callable[[Message, dict], None]] = {
+            ApiKey.PRODUCE: self.produce,
+            ApiKey.FETCH: self.to_fetch_actor,
+            ApiKey.LIST_OFFSETS: self.to_fetch_actor,
+            ApiKey.CREATE_TOPICS: self.to_controller,
+            ApiKey.DELETE_TOPICS: self.to_controller,
+            ApiKey.DELETE_RECORDS: self.delete_records,
             ApiKey.API_VERSIONS: self.api_versions,
             ApiKey.METADATA: self.metadata,
             ApiKey.PING: self.ping,
@@ -71,9 +104,30 @@ class RequestHandler(Actor):
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
         }
 
+    def on_start(self) -> None:
+        if self.args.get("standalone"):  # a tree without a controller (network tests)
+            return
+        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields)
+
+    def on_metadata(self, msg: Message) -> None:
+        self._adopt(msg.fields)
+        self.reply(msg, {"version": self.metadata_version})
+
+    def _adopt(self, snapshot: dict) -> None:
+        if snapshot["version"] >= self.metadata_version:
+            self.metadata_version = snapshot["version"]
+            self.topics = snapshot["topics"]
+            self.topic_defaults = snapshot["defaults"]
+
+    def stats(self) -> dict:
+        return {"topics": len(self.topics), "metadata_version": self.metadata_version}
+
     # ---- the one entry point -------------------------------------------------------------
     def on_request(self, msg: Message) -> None:
         fields = msg.fields or {}
+        if fields.get("t", self.started_at) < self.started_at:
+            self.reply_error(msg, ErrorCode.NETWORK_EXCEPTION, "sent to a handler that has since restarted")
+            return
         api, version, body = fields.get("api"), fields.get("v", 0), fields.get("body")
         method = self.dispatch.get(api)
         if method is None:
@@ -86,6 +140,109 @@ class RequestHandler(Actor):
             raise BadRequest(f"{ApiKey(api).name}: the request body must be a map")
         method(msg, body)
 
+    # ---- data APIs: routed to the actor that owns the data ---------------------------------
+    def produce(self, msg: Message, body: dict) -> None:
+        acks = body.get("acks", 1)
+        if acks not in ACKS or isinstance(acks, bool):
+            raise OdradekError(f"acks must be 0, 1 or -1 (all), got {acks!r}", ErrorCode.INVALID_REQUIRED_ACKS)
+        per_host, errors = self._route(msg, field(body, "topics", list), acks)
+        if acks == 0:  # nobody waits: one-way to each log actor
+            for host, (parts, frames) in per_host.items():
+                self.send(host, "produce", {"acks": 0, "parts": parts}, frames)
+            return
+        if len(per_host) <= 1:
+            if not per_host:
+                self.reply(msg, {"body": _produce_body(errors, [])})
+                return
+            host, (parts, frames) = next(iter(per_host.items()))
+            self.forward(msg, host, "produce", {"acks": acks, "parts": parts, "errors": errors}, frames)
+            return
+        self._gather(msg, [(host, "produce", {"acks": acks, "parts": parts}, frames)
+                           for host, (parts, frames) in per_host.items()], errors)
+
+    def _route(self, msg: Message, topics: list, acks: int) -> tuple[dict, list]:
+        """Group a produce's partitions by log actor; errors for the ones that fail checks."""
+        per_host: dict[str, tuple[list, list]] = {}
+        errors: list[list] = []
+        min_isr = self.config.get("min.insync.replicas", 1)
+        for t in topics:
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str) or \
+                    not isinstance(t.get("partitions"), list):
+                raise BadRequest("each topic must be a map with 'name' and a list of 'partitions'")
+            name, meta = t["name"], self.topics.get(t["name"])
+            for p in t["partitions"]:
+                index, frame = (p.get("index"), p.get("frame")) if isinstance(p, dict) else (None, None)
+                problem = self._partition_problem(name, meta, index)
+                if problem is None and (not isinstance(frame, int) or not 0 <= frame < len(msg.frames)):
+                    problem = (ErrorCode.INVALID_REQUEST, f"{name}-{index}: 'frame' must index one of the "
+                               f"{len(msg.frames)} payload frames, got {frame!r}")
+                if problem is None and acks == -1 and min_isr > 1:
+                    problem = (ErrorCode.NOT_ENOUGH_REPLICAS, f"{name}-{index}: 1 in-sync replica, "
+                               f"min.insync.replicas is {min_isr}")
+                if problem is not None:
+                    errors.append([name, index, int(problem[0]), problem[1]])
+                    continue
+                parts, frames = per_host.setdefault(self._host(name, index), ([], []))
+                parts.append([name, index, len(frames)])
+                frames.append(msg.frames[frame])
+        return per_host, errors
+
+    def _partition_problem(self, name: str, meta: dict | None, index) -> tuple[ErrorCode, str] | None:
+        if meta is None:
+            return ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"topic '{name}' does not exist"
+        if not isinstance(index, int) or isinstance(index, bool) or not 0 <= index < meta["partitions"]:
+            return (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                    f"topic '{name}' has partitions 0 to {meta['partitions'] - 1}, not {index!r}")
+        return None
+
+    def _host(self, topic: str, partition: int) -> str:
+        return f"log-{placement(topic, partition, self.log_hosts)}"
+
+    def _gather(self, msg: Message, targets: list, errors: list) -> None:
+        """Scatter ``targets`` (to, type, fields, frames); answer with the merged bodies."""
+        pending = {"n": len(targets), "topics": {}}
+
+        def merge(reply: Message, parts: list) -> None:
+            if reply.is_error:
+                for name, index, _ in parts:
+                    errors.append([name, index, reply.error_code, reply.error_message])
+            else:
+                for t in reply.fields["body"]["topics"]:
+                    pending["topics"].setdefault(t["name"], []).extend(t["partitions"])
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                self.reply(msg, {"body": _produce_body(errors, pending["topics"].items())})
+
+        for to, type_, fields, frames in targets:
+            self.request(to, type_, fields, frames, timeout=GATHER_TIMEOUT,
+                         callback=lambda r, parts=fields["parts"]: merge(r, parts))
+
+    def delete_records(self, msg: Message, body: dict) -> None:
+        per_host: dict[str, list] = {}
+        errors: list[list] = []
+        for t in field(body, "topics", list):
+            name = t.get("name") if isinstance(t, dict) else None
+            for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
+                index, offset = (p.get("index"), p.get("offset")) if isinstance(p, dict) else (None, None)
+                problem = self._partition_problem(name, self.topics.get(name), index)
+                if problem is not None:
+                    errors.append([name, index, int(problem[0]), problem[1]])
+                else:
+                    per_host.setdefault(self._host(name, index), []).append([name, index, offset])
+        if not per_host:
+            self.reply(msg, {"body": _produce_body(errors, [])})
+            return
+        self._gather(msg, [(host, "delete_records", {"parts": parts}, ()) for host, parts in per_host.items()],
+                     errors)
+
+    def to_fetch_actor(self, msg: Message, body: dict) -> None:
+        self.forward(msg, FETCH_ACTOR, "fetch" if msg.get("api") == ApiKey.FETCH else "list_offsets",
+                     {"body": body}, ())
+
+    def to_controller(self, msg: Message, body: dict) -> None:
+        kind = "create_topics" if msg.get("api") == ApiKey.CREATE_TOPICS else "delete_topics"
+        self.forward(msg, CONTROLLER, kind, {"body": body}, ())
+
     # ---- APIs ----------------------------------------------------------------------------
     def ping(self, msg: Message, body: dict) -> None:
         self.reply(msg, {"body": body}, msg.frames)
@@ -97,16 +254,38 @@ class RequestHandler(Actor):
 
     def metadata(self, msg: Message, body: dict) -> None:
         requested = field(body, "topics", list, None)
-        topics = []
-        for name in requested or []:
+        names = sorted(self.topics) if requested is None else requested
+        topics, missing = [], []
+        for name in names:
             if not isinstance(name, str):
                 raise BadRequest(f"field 'topics' must be a list of strings, got {type(name).__name__}")
-            topics.append({"name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
-                           "error_message": f"topic '{name}' does not exist", "partitions": []})
+            meta = self.topics.get(name)
+            if meta is not None:
+                topics.append(self._topic_metadata(name, meta))
+                continue
+            missing.append(name)
+            if self._auto_create(body):
+                topics.append({"name": name, "error_code": int(ErrorCode.LEADER_NOT_AVAILABLE),
+                               "error_message": f"topic '{name}' is being created", "partitions": []})
+            else:
+                topics.append({"name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                               "error_message": f"topic '{name}' does not exist", "partitions": []})
+        if missing and self._auto_create(body):
+            self.request(CONTROLLER, "create_topics", {"body": {"topics": [{"name": n} for n in missing]}},
+                         timeout=GATHER_TIMEOUT)
         if self.advertised[1] == 0:  # listening on an ephemeral port: learn it once
             self._ask_status(lambda status: self._learn_address(status) or self._metadata(msg, topics))
         else:
             self._metadata(msg, topics)
+
+    def _auto_create(self, body: dict) -> bool:
+        return bool(self.config.get("auto.create.topics.enable")) and body.get("allow_auto_topic_creation", True)
+
+    def _topic_metadata(self, name: str, meta: dict) -> dict:
+        node = self.broker_id
+        return {"name": name, "error_code": 0, "is_internal": name.startswith("__"), "topic_id": meta["id"],
+                "partitions": [{"index": i, "error_code": 0, "leader": node, "leader_epoch": 0,
+                                "replicas": [node], "isr": [node]} for i in range(meta["partitions"])]}
 
     def _metadata(self, msg: Message, topics: list) -> None:
         host, port = self.advertised
@@ -118,7 +297,11 @@ class RequestHandler(Actor):
         }})
 
     def describe_configs(self, msg: Message, body: dict) -> None:
+        topic_out = [self._describe_topic(res) for res in _topic_resources(body)]
         resources = self._broker_resources(body)
+        if not resources:
+            self.reply(msg, {"body": {"resources": topic_out}})
+            return
 
         def answer(status: Message) -> None:
             live = self._handler_count(status)
@@ -138,13 +321,31 @@ class RequestHandler(Actor):
                     configs.append({"name": name, "value": str(value), "dynamic": name in DYNAMIC_CONFIGS})
                 out.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": "",
                             "configs": configs})
-            self.reply(msg, {"body": {"resources": out}})
+            self.reply(msg, {"body": {"resources": out + topic_out}})
 
         self._ask_status(answer)
 
     def incremental_alter_configs(self, msg: Message, body: dict) -> None:
+        topics = _topic_resources(body)
+        if topics:  # the controller owns topic configs; broker ones are handled here
+            def merged(reply: Message) -> None:
+                rest = {**body, "resources": [r for r in body["resources"] if r not in topics]}
+                done = reply.fields["body"]["resources"] if not reply.is_error else [
+                    {"type": "topic", "name": r.get("name"), "error_code": reply.error_code,
+                     "error_message": reply.error_message} for r in topics]
+                if not rest["resources"]:
+                    self.reply(msg, {"body": {"resources": done}})
+                else:
+                    self._alter_broker(msg, rest, done)
+            self.request(CONTROLLER, "alter_topic_configs", {"body": {"resources": topics,
+                                                                      "validate_only": body.get("validate_only")}},
+                         callback=merged, timeout=GATHER_TIMEOUT)
+            return
+        self._alter_broker(msg, body, [])
+
+    def _alter_broker(self, msg: Message, body: dict, done: list) -> None:
         resources = self._broker_resources(body)
-        results, scale_to = [], None
+        results, scale_to = list(done), None
         for res, problem in resources:
             if problem:
                 results.append(problem)
@@ -169,17 +370,32 @@ class RequestHandler(Actor):
                      timeout=SCALE_TIMEOUT)
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _describe_topic(self, res: dict) -> dict:
+        name = res.get("name")
+        meta = self.topics.get(name)
+        if meta is None:
+            return {"type": "topic", "name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                    "error_message": f"topic '{name}' does not exist", "configs": []}
+        wanted = res.get("keys") or res.get("configs")
+        overrides = meta["configs"]
+        configs = [{"name": k, "value": str(overrides.get(k, v)), "source": "topic" if k in overrides else "default",
+                    "read_only": False}
+                   for k, v in sorted(self.topic_defaults.items()) if not wanted or k in wanted]
+        return {"type": "topic", "name": name, "error_code": 0, "error_message": "", "configs": configs}
+
     def _broker_resources(self, body: dict) -> list[tuple[dict, dict | None]]:
-        """The request's resources, each with None or its per-resource error."""
+        """The request's broker resources, each with None or its per-resource error."""
         out = []
         for res in field(body, "resources", list):
             if not isinstance(res, dict):
                 raise BadRequest("field 'resources' must be a list of maps")
             name = str(res.get("name", ""))
+            if res.get("type") == "topic":
+                continue
             if res.get("type") != "broker":
                 out.append((res, _resource_error(name, ErrorCode.INVALID_REQUEST,
                                                  f"resource type {res.get('type')!r} is not supported "
-                                                 f"(only 'broker')")))
+                                                 f"('broker' or 'topic')")))
             elif name not in ("", str(self.broker_id)):
                 out.append((res, _resource_error(name, ErrorCode.INVALID_REQUEST,
                                                  f"this is broker {self.broker_id}, not {name!r}")))
@@ -230,6 +446,23 @@ class RequestHandler(Actor):
             return None
         actors = (status.fields or {}).get("actors") or []
         return sum(1 for a in actors if a.get("role") == "handler" and a.get("state") not in ("retiring", "stopped"))
+
+
+def _topic_resources(body: dict) -> list[dict]:
+    resources = body.get("resources")
+    if not isinstance(resources, list):
+        raise BadRequest("missing field 'resources' (a list of maps)")
+    return [r for r in resources if isinstance(r, dict) and r.get("type") == "topic"]
+
+
+def _produce_body(errors: list, topics) -> dict:
+    """A per-partition response body from merged partition entries and early errors."""
+    out = {name: list(parts) for name, parts in topics}
+    for name, index, code, message in errors:
+        out.setdefault(name, []).append({"index": index, "error_code": code, "error_message": message,
+                                         "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1,
+                                         "low_watermark": -1})
+    return {"topics": [{"name": name, "partitions": parts} for name, parts in out.items()]}
 
 
 def _resource_error(name: str, code: int, message: str) -> dict:

@@ -35,6 +35,7 @@ import functools
 import logging
 import os
 import socket
+import time
 from typing import Any
 
 import zmq
@@ -42,7 +43,7 @@ import zmq
 from actors.message import Message
 from actors.runtime import Actor, MailboxFull
 from network import codec
-from network.protocol import ErrorCode
+from network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
 
@@ -129,7 +130,6 @@ class Processor(Actor):
         self._handlers: list[str] = []
         self._pinned: collections.Counter[str] = collections.Counter()
         self._rr = 0
-        self._retired_now: set[str] = set()
         self._dirty: set[Connection] = set()
         self._flush_timer = None
         self._listener: socket.socket | None = None
@@ -284,12 +284,20 @@ class Processor(Actor):
     # ---- requests out, answers back ----------------------------------------------------
     def _send_request(self, conn: Connection, frame: codec.Frame) -> None:
         h = frame.header
+        fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
+                  "body": h["body"], "t": time.time()}
+        if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
+            # Kafka's acks=0: the client waits for nothing, so there is no response slot.
+            try:
+                self.send(conn.handler, "request", fields, frame.frames)
+            except MailboxFull:
+                self.counters["dropped_acks0"] += 1
+            conn.requests += 1
+            return
         slot = [h["corr"], None]
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock())
-        fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
-                  "body": h["body"]}
         conn.at_handler += 1
         rec.corr = self.request(conn.handler, "request", fields, frame.frames,
                                 callback=functools.partial(self._on_answer, rec), timeout=None)
@@ -489,12 +497,7 @@ class Processor(Actor):
                 self._pump(conn)
 
     # ---- handler membership and pinning ------------------------------------------------
-    def on__members(self, msg: Message) -> None:
-        if msg.get("role") == "handler":
-            self._retired_now = set(msg.get("retired") or [])
-        super().on__members(msg)
-
-    def on_members(self, role: str, members: list[str]) -> None:
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         if role != "handler":
             return
         old = self._handlers
@@ -502,7 +505,7 @@ class Processor(Actor):
         for name in old:
             if name in members:
                 continue
-            if name in self._retired_now:
+            if name in retired:
                 self._drain_handler(name)
             else:
                 self._handler_died(name)

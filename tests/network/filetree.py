@@ -27,7 +27,7 @@ class FileHandler(RequestHandler):
 
 def main(run_dir: str) -> int:
     config = {"listeners": "PLAINTEXT://127.0.0.1:0", "broker.id": 0}
-    args = {"config": config, "broker_id": 0}
+    args = {"config": config, "broker_id": 0, "standalone": True}  # no controller in this tree
     specs = [ChildSpec("handler", "tests.network.filetree:FileHandler", 1, args, watchers=("processor",),
                        scalable=True),
              ChildSpec("processor", "network.processor:Processor", 1, args, watchers=("acceptor",)),
