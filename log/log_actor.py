@@ -8,7 +8,8 @@ costs ~25 MiB; thousands of partitions must not cost thousands of processes).
 Owns: the ``Log`` objects of its partitions (segments, indexes, checkpoints).
 Accepts:
   produce {acks, parts: [[topic, partition, frame]], errors}  + batch frames
-        from a handler; answered straight to the client's processor (no hop back)
+        from a handler, which has checked every batch's CRC (this actor checks sizes and
+        header fields); answered straight to the client's processor (no hop back)
   delete_records {parts: [[topic, partition, offset]]}
   assign {open, close, configure}  from the controller
   get_bounds                        from the fetch actor (after it restarts)
@@ -100,7 +101,7 @@ class LogActor(Actor):
                           f"{topic}-{partition} is not hosted by {self.name} (moved or being deleted); "
                           f"refresh metadata and retry")
         try:
-            info = p.log.append(batch)
+            info = p.log.append(batch, crc_checked=True)  # the handler checked the CRC
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         p.log.high_watermark = p.log.log_end_offset  # one replica: committed once appended

@@ -35,6 +35,7 @@ from typing import Any, Callable
 from actors.message import Message
 from actors.runtime import Actor
 from coordinator.topics import placement
+from log.records import validate_batches
 from network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.handler")
@@ -176,6 +177,8 @@ class RequestHandler(Actor):
                 if problem is None and (not isinstance(frame, int) or not 0 <= frame < len(msg.frames)):
                     problem = (ErrorCode.INVALID_REQUEST, f"{name}-{index}: 'frame' must index one of the "
                                f"{len(msg.frames)} payload frames, got {frame!r}")
+                if problem is None:
+                    problem = _batch_problem(name, index, msg.frames[frame])
                 if problem is None and acks == -1 and min_isr > 1:
                     problem = (ErrorCode.NOT_ENOUGH_REPLICAS, f"{name}-{index}: 1 in-sync replica, "
                                f"min.insync.replicas is {min_isr}")
@@ -446,6 +449,16 @@ class RequestHandler(Actor):
             return None
         actors = (status.fields or {}).get("actors") or []
         return sum(1 for a in actors if a.get("role") == "handler" and a.get("state") not in ("retiring", "stopped"))
+
+
+def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] | None:
+    """Check every batch's framing and CRC here, in the handler pool, so the partition's single
+    writer need not (it still checks sizes and header fields). Records are never decoded."""
+    try:
+        validate_batches(batch)
+    except OdradekError as exc:
+        return exc.code, f"{topic}-{partition}: {exc.message}"
+    return None
 
 
 def _topic_resources(body: dict) -> list[dict]:
