@@ -29,6 +29,7 @@ import importlib
 import itertools
 import logging
 import os
+import resource
 import signal
 import socket
 import sys
@@ -556,10 +557,22 @@ def _die_with_parent() -> None:
         pass
 
 
+def raise_fd_limit() -> None:
+    """Let this process open as many files as the hard limit allows (a log actor holds
+    several descriptors per partition; a processor one per connection)."""
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+        if soft < hard:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    except (ValueError, OSError):
+        pass
+
+
 def actor_main(spec: dict) -> None:
     """Entry point of a spawned actor process. ``spec`` is plain data:
     ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level"}``."""
     _die_with_parent()
+    raise_fd_limit()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     logging.basicConfig(level=spec.get("log_level", "INFO"), stream=sys.stderr,
                         format=f"%(asctime)s %(levelname)s [{spec['name']}] %(message)s")
