@@ -173,7 +173,7 @@ _BIN_HEADER = _BinHeaders()
 class _Batch:
     """Records of one partition sent together; one Future for all of them."""
 
-    __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "max_ts", "stamps",
+    __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "stamps",
                  "future", "data", "count", "attempts", "retry_at", "deadline")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_timeout: float):
@@ -182,7 +182,7 @@ class _Batch:
         self.rows: list = []
         self.size = 0
         self.created = now
-        self.base_ts = self.max_ts = _now_ms()
+        self.base_ts = _now_ms()
         self.stamps: dict | None = None  # index -> explicit timestamp (rare)
         self.future: concurrent.futures.Future = concurrent.futures.Future()
         self.data: bytes | None = None
@@ -190,6 +190,14 @@ class _Batch:
         self.attempts = 0
         self.retry_at = 0.0
         self.deadline = now + delivery_timeout
+
+    def max_timestamp(self) -> int:
+        """The largest record timestamp (the broker's time index uses it)."""
+        stamps = self.stamps
+        if not stamps:
+            return self.base_ts
+        top = max(stamps.values())
+        return top if len(stamps) == self.count else max(top, self.base_ts)
 
     def timestamp(self, index: int) -> int:
         if self.stamps and index in self.stamps:
@@ -271,7 +279,9 @@ class Producer:
             compression = None
         if compression not in (None, "lz4"):
             raise ValueError(f"compression {compression!r} is not supported (use 'lz4' or None)")
-        self.acks = -1 if acks in ("all", -1, "-1") else acks
+        if isinstance(acks, str) and acks.lstrip("-").isdigit():
+            acks = int(acks)
+        self.acks = -1 if acks in ("all", -1) else acks
         if self.acks not in (0, 1, -1):
             raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
         if batch_size < 1 or max_in_flight < 1 or retries < 0:
@@ -360,8 +370,6 @@ class Producer:
                 if batch.stamps is None:
                     batch.stamps = {}
                 batch.stamps[index] = timestamp_ms
-                if timestamp_ms > batch.max_ts:
-                    batch.max_ts = timestamp_ms
             rows.append((index, delta, key, value, headers))
             batch.size += size
             if batch.size >= self.batch_size:
@@ -408,7 +416,7 @@ class Producer:
         batch.count = len(rows)
         batch.rows = None
         try:
-            batch.data = encode_rows(rows, batch.base_ts, batch.max_ts, self.compression)
+            batch.data = encode_rows(rows, batch.base_ts, batch.max_timestamp(), self.compression)
         except Exception as exc:  # a bug, not bad input (send() checked it): fail these records only
             batch.future.set_exception(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot encode a batch: {exc!r}"))
             self._batch_done(batch)

@@ -83,6 +83,19 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     p.set_defaults(func=cmd_dump_log)
 
 
+def _one_line_errors(command):
+    """Turn the client's argument errors (ValueError/TypeError) into the CLI's one-line error."""
+    import functools
+
+    @functools.wraps(command)
+    def run(args) -> int:
+        try:
+            return command(args)
+        except (ValueError, TypeError) as exc:
+            raise OdradekError(str(exc), ErrorCode.INVALID_REQUEST) from None
+    return run
+
+
 def _properties(items: list[str]) -> dict:
     out = {}
     for item in items:
@@ -109,6 +122,7 @@ def _configs(items: list[str]) -> dict:
 
 
 # ---- topics -----------------------------------------------------------------------------------
+@_one_line_errors
 def cmd_topics(args) -> int:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
@@ -160,6 +174,7 @@ def _print_description(d) -> None:
 
 
 # ---- produce ----------------------------------------------------------------------------------
+@_one_line_errors
 def cmd_produce(args) -> int:
     from odradek.producer import Producer
     props = _properties(args.property)
@@ -199,6 +214,7 @@ def _collect(handles: list, failed: list) -> None:
 
 
 # ---- consume ----------------------------------------------------------------------------------
+@_one_line_errors
 def cmd_consume(args) -> int:
     from odradek.consumer import Consumer
     from odradek.types import TopicPartition
@@ -281,6 +297,7 @@ def _format(r, show: dict, sep: bytes) -> bytes:
 
 
 # ---- dump-log ---------------------------------------------------------------------------------
+@_one_line_errors
 def cmd_dump_log(args) -> int:
     files = []
     for path in args.paths:

@@ -124,3 +124,15 @@ def test_many_threads_may_share_one_producer(scripted):
     offsets = sorted(h.result().offset for h in handles)
     assert offsets == list(range(2000))
     assert len({r.value for r in broker.records("t", 0)}) == 2000
+
+
+def test_a_batch_of_explicit_timestamps_carries_their_maximum_not_the_send_time(scripted):
+    from log import records as fmt
+    broker = scripted({"t": 1})
+    with Producer(broker.bootstrap, linger_ms=60000) as p:
+        handles = [p.send("t", b"a", timestamp_ms=3000), p.send("t", b"b", timestamp_ms=1000)]
+        p.flush()
+    (base, data), = broker.logs[("t", 0)]
+    assert fmt.BatchHeader.read(data).max_timestamp == 3000
+    assert [r.timestamp for r in fmt.decode_batch(data)] == [3000, 1000]
+    assert [h.result().timestamp for h in handles] == [3000, 1000]
