@@ -15,7 +15,8 @@ import time
 
 from odradek import Admin, Consumer, Producer, TopicPartition
 
-RECORDS = 30000
+RECORDS = 40000
+RUN_SECONDS = 8.0  # the produce run is paced over this long, so the faults hit it many times
 PARTITIONS = 3
 SETTINGS = {"supervisor_max_restarts": 10000}
 
@@ -26,10 +27,13 @@ def produce_tracked(bootstrap: str, topic: str, n: int) -> tuple[dict, int]:
     handles = []
     with Producer(bootstrap, linger_ms=2, batch_size=8192, retry_backoff_ms=50, request_timeout_ms=3000,
                   delivery_timeout_ms=120000, max_block_ms=60000) as p:
+        start = time.monotonic()
         for i in range(n):
             handles.append((b"rec-%08d" % i, p.send(topic, b"rec-%08d" % i)))
-            if i % 1000 == 0:
-                time.sleep(0.01)  # spread the run over the kills
+            if i % 500 == 0:
+                ahead = start + RUN_SECONDS * i / n - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
         p.flush(timeout=150)
     acked, failed = {}, 0
     for value, h in handles:
@@ -125,7 +129,7 @@ def test_acknowledged_records_survive_kill_9_of_the_whole_broker_and_a_restart(s
     restarted = []
 
     def crash_and_restart() -> None:
-        time.sleep(1.0)
+        time.sleep(RUN_SECONDS / 3)
         os.killpg(first.proc.pid, signal.SIGKILL)
         first.proc.wait(10)
         restarted.append(start_broker(data_dir=data, listeners=f"PLAINTEXT://127.0.0.1:{port}", **SETTINGS))
