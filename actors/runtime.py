@@ -547,12 +547,17 @@ def _ignore(_msg: Message) -> None:
     pass
 
 
-def _die_with_parent() -> None:
-    """Ask Linux to SIGTERM us if the supervisor dies (even by kill -9): no orphans."""
+PR_SET_PDEATHSIG = 1
+PR_SET_NAME = 15
+
+
+def _prctl_setup(name: str) -> None:
+    """Ask Linux to SIGTERM us if the supervisor dies (even by kill -9): no orphans; and
+    name the process ``od:<actor>`` for ps -o comm, top and htop (15 bytes at most)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        PR_SET_PDEATHSIG = 1
         libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        libc.prctl(PR_SET_NAME, ctypes.c_char_p(f"od:{name}".encode()[:15]))
     except OSError:
         pass
 
@@ -571,7 +576,7 @@ def raise_fd_limit() -> None:
 def actor_main(spec: dict) -> None:
     """Entry point of a spawned actor process. ``spec`` is plain data:
     ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level"}``."""
-    _die_with_parent()
+    _prctl_setup(spec["name"])
     raise_fd_limit()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     logging.basicConfig(level=spec.get("log_level", "INFO"), stream=sys.stderr,
