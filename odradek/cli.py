@@ -168,7 +168,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
     p.set_defaults(func=cmd_configs)
 
-    p = sub.add_parser("perf", help="benchmarks: " + ", ".join(PERF_TESTS) + " (each takes --help)")
+    # add_help=False: `odradek perf produce --help` reaches the test's own parser.
+    p = sub.add_parser("perf", help="benchmarks: " + ", ".join(PERF_TESTS) + " (each takes --help)",
+                       add_help=False)
     _config_args(p)
     p.add_argument("what", choices=list(PERF_TESTS))
     p.set_defaults(func=None)
