@@ -25,23 +25,13 @@ import socket
 from actors.message import Message
 from actors.runtime import Actor
 from network.processor import socket_path
+from network.protocol import parse_listener
 
 log = logging.getLogger("odradek.acceptor")
 
 BACKLOG = 1024
 REBUILD_TIMEOUT = 2.0  # seconds to wait for processors' counts before accepting anyway
 ACCEPTS_PER_WAKEUP = 64
-
-
-def parse_listener(value: str) -> tuple[str, int]:
-    """``PLAINTEXT://host:port`` (or ``host:port``) -> ``(host, port)``."""
-    first = value.split(",")[0].strip()
-    if "://" in first:
-        scheme, _, first = first.partition("://")
-        if scheme.upper() != "PLAINTEXT":
-            raise ValueError(f"listener protocol {scheme!r} is not supported (only PLAINTEXT)")
-    host, _, port = first.rpartition(":")
-    return host.strip("[]") or "127.0.0.1", int(port)
 
 
 class Acceptor(Actor):

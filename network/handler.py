@@ -36,7 +36,7 @@ from actors.message import Message
 from actors.runtime import Actor
 from coordinator.topics import placement
 from log.records import validate_batches
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
 log = logging.getLogger("odradek.handler")
 
@@ -483,6 +483,5 @@ def _resource_error(name: str, code: int, message: str) -> dict:
 
 
 def _advertised(config: dict) -> tuple[str, int]:
-    from network.acceptor import parse_listener
     listener = config.get("advertised.listeners") or config.get("listeners") or "PLAINTEXT://127.0.0.1:9092"
     return parse_listener(listener)

@@ -4,12 +4,14 @@ This is the bottom layer (see docs/ARCHITECTURE.md): the broker's actors, the lo
 and the client all import it; it imports nothing of the project. Numbers are Kafka's where
 the meaning is the same, so a Kafka operator reading a log line or an error code knows it.
 
-The wire framing of client requests lives in ``network.codec``; this module holds only the
-closed sets of names and numbers, described in docs/PROTOCOL.md.
+The wire framing of client requests lives in ``network.codec``; this module holds the
+closed sets of names and numbers, described in docs/PROTOCOL.md, and the one parser of
+listener addresses (``PLAINTEXT://host:port``) that the config, acceptor and handlers share.
 """
 from __future__ import annotations
 
 import enum
+from urllib.parse import urlsplit
 
 
 class ApiKey(enum.IntEnum):
@@ -145,3 +147,20 @@ class OdradekError(Exception):
 
     def __str__(self) -> str:
         return f"[{self.code.name}] {self.message}"
+
+
+def parse_listener(value: str) -> tuple[str, int]:
+    """``PLAINTEXT://127.0.0.1:9092`` (or ``host:port``) -> ``("127.0.0.1", 9092)``."""
+    first = value.split(",")[0].strip()
+    if "://" not in first:
+        first = "PLAINTEXT://" + first
+    parts = urlsplit(first)
+    if parts.scheme.upper() != "PLAINTEXT":
+        raise ValueError(f"security protocol {parts.scheme!r} is not supported (only PLAINTEXT)")
+    try:
+        port = parts.port
+    except ValueError:
+        raise ValueError(f"{value!r} has no valid port") from None
+    if not parts.hostname or port is None:
+        raise ValueError(f"{value!r} is not of the form PLAINTEXT://host:port")
+    return parts.hostname, port

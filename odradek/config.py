@@ -20,9 +20,8 @@ import hashlib
 import os
 import tomllib
 from typing import Any, Callable
-from urllib.parse import urlsplit
 
-from network.protocol import ErrorCode, OdradekError
+from network.protocol import ErrorCode, OdradekError, parse_listener
 
 
 class ConfigError(OdradekError):
@@ -145,23 +144,6 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("log.level", str, "INFO", "Logging level of every actor.",
             _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
 ]}
-
-
-def parse_listener(value: str) -> tuple[str, int]:
-    """``PLAINTEXT://127.0.0.1:9092`` (or ``host:port``) -> ``("127.0.0.1", 9092)``."""
-    first = value.split(",")[0].strip()
-    if "://" not in first:
-        first = "PLAINTEXT://" + first
-    parts = urlsplit(first)
-    if parts.scheme.upper() != "PLAINTEXT":
-        raise ValueError(f"security protocol {parts.scheme!r} is not supported (only PLAINTEXT)")
-    try:
-        port = parts.port
-    except ValueError:
-        raise ValueError(f"{value!r} has no valid port") from None
-    if not parts.hostname or port is None:
-        raise ValueError(f"{value!r} is not of the form PLAINTEXT://host:port")
-    return parts.hostname, port
 
 
 def _flatten(table: dict, prefix: str = "") -> dict[str, Any]:
