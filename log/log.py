@@ -24,7 +24,9 @@ from __future__ import annotations
 import bisect
 import mmap
 import os
+import struct
 import time
+import zlib
 from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
@@ -36,7 +38,9 @@ from log.files import FileLayer, system_now_ms
 from log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log, scan_segment
 from log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
-from log.records import patch_base_offset, set_log_append_time, validate_batches
+from log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CRC_START, HEADER_SIZE,
+                         KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, patch_base_offset,
+                         set_log_append_time, validate_batches)
 from log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
                          segment_paths)
 
@@ -49,6 +53,11 @@ SWAP_SUFFIX = ".swap"
 TMP_SUFFIX = ".tmp"
 MAX_RELATIVE_OFFSET = (1 << 31) - 1
 PATCHED_PREFIX = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append rewrites
+_PATCHED_HEAD = struct.Struct(">qii")  # those 16 bytes
+# What the one-batch append reads of a header in one unpack (records.HEADER without the
+# leader epoch, first timestamp and producer fields): baseOffset, batchLength, magic, crc,
+# attributes, lastOffsetDelta, maxTimestamp, recordCount.
+_APPEND_VIEW = struct.Struct(">qi4xbIhi8xq14xi")
 
 
 class AppendInfo(NamedTuple):
@@ -67,6 +76,9 @@ class Checkpoint(NamedTuple):
     log_start_offset: int
     recovery_point: int
     high_watermark: int
+
+
+_append_info = AppendInfo._make
 
 
 def _storage(op: str, e: OSError) -> StorageError:
@@ -338,6 +350,64 @@ class Log:
         cost is spread over the handler pool). A bad CRC that slips in would later look like
         a torn tail to recovery, which would cut the log there.
         """
+        # The common case in a few Python steps (``_append_general`` is the reference):
+        # exactly one sound batch in a read-only buffer (bytes, a ZeroMQ frame) appended by
+        # the leader to the active segment, CreateTime, no failed write to repair, no roll.
+        # ("Read-only" as ``_patched`` means it: any buffer but a bytearray or a writable
+        # memoryview, which are patched in place; a zmq.Frame is never written into.)
+        # Anything else -- several batches, a bytearray, a follower, LogAppendTime,
+        # any failed check -- leaves here before anything changed, and the general path
+        # redoes the work and raises the precise error. The combined test below is
+        # ``validate_batches`` + ``check_header`` + the size limits (tests/log check that it
+        # never accepts what those refuse); the write, rollback, index rule and flush policy
+        # are the general path's own code.
+        if assign_offsets and not self._closed and self._dirty_tail is None:
+            mv = memoryview(batch)
+            cfg = self.config
+            n = mv.nbytes
+            if ((type(batch) is bytes or (mv.c_contiguous and mv.itemsize == 1 and (
+                    mv.readonly or not isinstance(batch, (bytearray, memoryview)))))
+                    and HEADER_SIZE <= n <= cfg.max_message_bytes and n <= cfg.segment_bytes
+                    and cfg.message_timestamp_type == "CreateTime"):
+                base0, blen, magic, crc, attributes, delta, max_ts, count = _APPEND_VIEW.unpack_from(mv)
+                if (blen + LOG_OVERHEAD == n and magic == MAGIC and count >= 1 and delta >= count - 1
+                        and base0 >= 0 and not attributes & ~KNOWN_ATTRIBUTE_BITS
+                        and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
+                        and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
+                    now = self._now()
+                    seg = self._segments[-1]
+                    base = self._log_end_offset
+                    last = base + delta
+                    position = seg.size
+                    oidx, tidx = seg.oidx, seg.tidx
+                    if not (position and position + n <= cfg.segment_bytes
+                            and now - seg.created_ms < cfg.segment_ms
+                            and oidx.count + 2 < oidx.capacity and tidx.count + 2 < tidx.capacity
+                            and last - seg.base_offset <= MAX_RELATIVE_OFFSET):
+                        seg = self._segment_for(n, 1, base, last, now)  # the general rule (may roll)
+                        position = seg.size
+                    # the 16 bytes an append rewrites, packed anew; the rest from the caller's buffer
+                    parts = (_PATCHED_HEAD.pack(base, blen, leader_epoch), mv[PATCHED_PREFIX:])
+                    try:
+                        written = self._files.pwritev(seg.fd, parts, position)
+                        if written != n:  # a short write: finish it (or fail) in the loop
+                            self._files.write_all(seg.fd, memoryview(b"".join(parts))[written:],
+                                                  position + written)
+                    except OSError as e:
+                        self._undo_write(seg, position, e)  # cuts the file back, raises
+                    seg.add_batch_entries(position, base - seg.base_offset, n, max_ts)
+                    seg.size = position + n
+                    self._log_end_offset = last + 1
+                    self._unflushed += count
+                    if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
+                        self.flush()
+                    return _append_info((base, last, now, self._log_start_offset, position,
+                                         seg.base_offset, n))
+        return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
+
+    def _append_general(self, batch, leader_epoch: int, assign_offsets: bool,
+                        crc_checked: bool) -> AppendInfo:
+        """Any append: concatenated batches, writable buffers, followers, LogAppendTime."""
         if self._closed:
             raise StorageError(f"log {self.dir} is closed")
         cfg = self.config
@@ -415,11 +485,15 @@ class Log:
                 rest = memoryview(b"".join(parts))[written:]
                 self._files.write_all(seg.fd, rest, position + written)
         except OSError as e:
-            try:
-                self._files.ftruncate(seg.fd, position)
-            except OSError:
-                self._dirty_tail = (seg, position)
-            raise _storage(f"append to {seg.log_path}", e) from None
+            self._undo_write(seg, position, e)
+
+    def _undo_write(self, seg: LogSegment, position: int, e: OSError):
+        """A write at ``position`` failed: cut what it left (now, or before the next append)."""
+        try:
+            self._files.ftruncate(seg.fd, position)
+        except OSError:
+            self._dirty_tail = (seg, position)
+        raise _storage(f"append to {seg.log_path}", e) from None
 
     def _repair_tail(self) -> None:
         """Cut bytes a failed write left behind (retried until it works)."""
