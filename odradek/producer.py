@@ -311,6 +311,7 @@ class Producer:
         self._buffered = 0  # bytes in incomplete batches
         self._closed = False
         self._sender_sleeping = False
+        self._changes = 0  # bumped by every _wake_sender call
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._sender = _Sender(self)
@@ -437,6 +438,10 @@ class Producer:
         return earliest
 
     def _wake_sender(self) -> None:
+        """Tell the sender something changed (a batch opened or closed). Called with the lock
+        held. The counter closes the gap between the sender's last look and its sleep: it
+        does not sleep if the counter moved since it computed its deadline."""
+        self._changes += 1
         if self._sender_sleeping:
             self._sender_sleeping = False
             try:
@@ -566,6 +571,7 @@ class _Sender:
             while True:
                 with p._lock:
                     earliest = p._close_lingering(time.monotonic(), force=self.stopping)
+                    seen = p._changes
                     ready = list(p._ready)
                     p._ready.clear()
                 self.retry.extend(ready)
@@ -577,7 +583,7 @@ class _Sender:
                         break
                     if self.stop_deadline is not None and time.monotonic() > self.stop_deadline:
                         break
-                self._wait(earliest)
+                self._wait(earliest, seen)
         except Exception as exc:  # a bug here must not leave callers waiting forever
             log.exception("producer sender thread failed")
             self._fail_everything(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"producer sender thread failed: {exc!r}"))
@@ -586,14 +592,16 @@ class _Sender:
                 c.close("producer closed")
             self._fail_everything(error_for(ErrorCode.REQUEST_TIMED_OUT, "producer closed before the record was sent"))
 
-    def _wait(self, earliest: float | None) -> None:
+    def _wait(self, earliest: float | None, seen: int) -> None:
+        """Sleep until an answer arrives, a linger or retry deadline passes, or a caller
+        opens or closes a batch (the wake pipe)."""
         p = self.p
         now = time.monotonic()
         timeout = 1.0 if earliest is None else max(0.0, earliest - now)
         if self.retry:
             timeout = min(timeout, max(0.0, min(b.retry_at for b in self.retry) - now))
         p._sender_sleeping = True
-        if p._ready or (timeout == 0.0):
+        if p._changes != seen or timeout == 0.0:
             p._sender_sleeping = False
             timeout = 0.0
         woke = wait_any(list(self.conns.values()), timeout, p._wake_r)
