@@ -67,6 +67,7 @@ from odradek.types import RecordMetadata
 
 log = logging.getLogger("odradek.producer")
 
+IDLE_WAIT = 1.0  # seconds the sender sleeps with nothing to do (any change wakes it)
 RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack row framing)
 _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
@@ -597,7 +598,7 @@ class _Sender:
         opens or closes a batch (the wake pipe)."""
         p = self.p
         now = time.monotonic()
-        timeout = 1.0 if earliest is None else max(0.0, earliest - now)
+        timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
             timeout = min(timeout, max(0.0, min(b.retry_at for b in self.retry) - now))
         p._sender_sleeping = True

@@ -136,3 +136,20 @@ def test_a_batch_of_explicit_timestamps_carries_their_maximum_not_the_send_time(
     assert fmt.BatchHeader.read(data).max_timestamp == 3000
     assert [r.timestamp for r in fmt.decode_batch(data)] == [3000, 1000]
     assert [h.result().timestamp for h in handles] == [3000, 1000]
+
+
+def test_a_lone_record_is_sent_at_once_not_when_the_next_one_wakes_the_sender(scripted, monkeypatch):
+    import time as _time
+
+    from odradek import producer
+    monkeypatch.setattr(producer, "IDLE_WAIT", 60.0)  # a lost wake-up would now cost a minute
+    send_ready = producer._Sender._send_ready
+
+    def slow_send_ready(self):  # widen the gap between the sender's last look and its sleep
+        send_ready(self)
+        _time.sleep(0.005)
+    monkeypatch.setattr(producer._Sender, "_send_ready", slow_send_ready)
+    broker = scripted({"t": 1})
+    with Producer(broker.bootstrap, linger_ms=0) as p:
+        for i in range(50):
+            assert p.send("t", b"%d" % i).result(timeout=20).offset == i
