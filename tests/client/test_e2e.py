@@ -198,3 +198,25 @@ def test_acks_all_and_acks_0_both_deliver(broker):
         assert p.send("acks", b"zero").result(10).offset == -1
     records = consume_all(broker.bootstrap, [TopicPartition("acks", 0)], 2)
     assert [r.value for r in records] == [b"all", b"zero"]
+
+
+def test_negative_offsets_are_out_of_range_at_the_broker_and_refused_by_the_client(broker):
+    tp = TopicPartition("neg", 0)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("neg")
+        with pytest.raises(errors.OffsetOutOfRangeError):
+            admin.delete_records({tp: -5})
+    host, port = broker.bootstrap.split(":")
+    conn = Connection(host, int(port))
+    try:
+        body = {"max_wait_ms": 0, "min_bytes": 1, "max_bytes": 1000, "isolation_level": 0,
+                "topics": [{"name": "neg", "partitions": [{"index": 0, "fetch_offset": -1,
+                                                           "partition_max_bytes": 1000}]}]}
+        answer = conn.request(ApiKey.FETCH, body, timeout=10).header["body"]
+    finally:
+        conn.close()
+    assert _partition_code(answer) == ErrorCode.OFFSET_OUT_OF_RANGE
+    with Consumer(broker.bootstrap) as c:
+        c.assign([tp])
+        with pytest.raises(ValueError):
+            c.seek(tp, -1)
