@@ -167,6 +167,11 @@ class LogSegment(SegmentView):
     def index_room(self, entries: int) -> bool:
         return self.oidx.count + entries < self.oidx.capacity and self.tidx.count + entries < self.tidx.capacity
 
+    def reserve_index(self, entries: int) -> None:
+        """Allocate room for ``entries`` more entries in both indexes (OSError if no disk)."""
+        self.oidx.reserve(entries)
+        self.tidx.reserve(entries)
+
     def seal(self, next_offset: int) -> None:
         """The segment stops being active: final time entry, trim both index files."""
         if self.oidx is None:
@@ -198,6 +203,7 @@ class LogSegment(SegmentView):
         if self.oidx is not None:
             self.oidx.truncate_entries(0)
             self.tidx.truncate_entries(0)
+            self.reserve_index(min(max(len(offset_entries), len(time_entries)), capacity - 1) + 1)
             for e in offset_entries[:capacity - 1]:
                 self.oidx.append(*e)
             for e in time_entries[:capacity - 1]:
@@ -383,8 +389,10 @@ class Log:
                     if not (position and position + n <= cfg.segment_bytes
                             and now - seg.created_ms < cfg.segment_ms
                             and oidx.count + 2 < oidx.capacity and tidx.count + 2 < tidx.capacity
+                            and oidx.count + 2 <= oidx.allocated and tidx.count + 2 <= tidx.allocated
                             and last - seg.base_offset <= MAX_RELATIVE_OFFSET):
                         seg = self._segment_for(n, 1, base, last, now)  # the general rule (may roll)
+                        self._reserve_index(seg, 2)
                         position = seg.size
                     # the 16 bytes an append rewrites, packed anew; the rest from the caller's buffer
                     parts = (_PATCHED_HEAD.pack(base, blen, leader_epoch), mv[PATCHED_PREFIX:])
@@ -421,6 +429,7 @@ class Log:
         if self._dirty_tail is not None:
             self._repair_tail()
         seg = self._segment_for(size, len(headers), bases[0], last, now)
+        self._reserve_index(seg, len(headers) + 1)
         position = seg.size
         self._write(seg, parts, size, position)
         self._index(seg, headers, bases, position, now)
@@ -486,6 +495,14 @@ class Log:
                 self._files.write_all(seg.fd, rest, position + written)
         except OSError as e:
             self._undo_write(seg, position, e)
+
+    def _reserve_index(self, seg: LogSegment, entries: int) -> None:
+        """Index room for an append's entries (+1 for the entry that seals the segment),
+        allocated before the batch is written: a full disk fails here, with nothing written."""
+        try:
+            seg.reserve_index(entries)
+        except OSError as e:
+            raise _storage(f"growing the indexes of {seg.log_path}", e) from None
 
     def _undo_write(self, seg: LogSegment, position: int, e: OSError):
         """A write at ``position`` failed: cut what it left (now, or before the next append)."""
