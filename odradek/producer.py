@@ -307,7 +307,7 @@ class Producer:
         self._sticky: dict[str, _Batch] = {}  # topic -> open batch of its sticky partition
         self._open: dict[tuple, _Batch] = {}  # (topic, partition) -> open batch
         self._last_sticky: dict[str, int] = {}  # topic -> its previous sticky partition
-        self._ready: collections.deque = collections.deque()  # closed, not yet encoded
+        self._ready: collections.deque = collections.deque()  # closed and encoded, for the sender
         self._incomplete: set = set()  # batches whose future is not done
         self._buffered = 0  # bytes in incomplete batches
         self._closed = False
@@ -576,7 +576,7 @@ class _Sender:
                     ready = list(p._ready)
                     p._ready.clear()
                 self.retry.extend(ready)
-                if self.metadata_wanted:
+                if self.metadata_wanted or time.monotonic() - p._cluster.updated_at > p.metadata_max_age:
                     self._refresh_metadata()
                 self._send_ready()
                 if self.stopping:
@@ -769,11 +769,15 @@ class _Sender:
 
     def _refresh_metadata(self) -> None:
         self.metadata_wanted = False
-        topics = sorted({b.topic for b in self.retry})
+        topics = sorted({b.topic for b in self.retry} | set(self.p._cluster.topics))
+        if not topics:
+            self.p._cluster.updated_at = time.monotonic()
+            return
         try:
-            self.p._cluster.refresh(topics or None, timeout=self.p.request_timeout_ms / 1000)
+            self.p._cluster.refresh(topics, timeout=self.p.request_timeout_ms / 1000)
         except OdradekError as exc:
             log.info("metadata refresh failed (%s); retrying after backoff", exc)
+            self.p._cluster.updated_at = time.monotonic()  # the periodic refresh waits; retries don't
             self.metadata_wanted = True
             for b in self.retry:
                 b.retry_at = max(b.retry_at, time.monotonic() + self.p.retry_backoff)
