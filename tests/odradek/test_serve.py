@@ -62,7 +62,7 @@ def test_sigterm_under_load_exits_0_and_leaves_no_process_and_no_socket_file(bro
     stop, answered, refused = threading.Event(), [0], []
 
     def load():
-        conn = BrokerConnection(broker.host, broker.port, client_id="load")
+        conn = BrokerConnection(broker.host, broker.port, client_id="load", connect_timeout_ms=300)
         try:
             while not stop.is_set():
                 try:
