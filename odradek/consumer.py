@@ -508,11 +508,25 @@ class Consumer:
                                               f"auto_offset_reset='none': seek() first"))
 
     def _list_offsets(self, tps: list, timestamp: int) -> dict:
+        """ListOffsets, asked of each partition's leader (any broker if the leader is unknown)."""
+        by_leader: dict[int, list] = {}
+        for tp in tps:
+            by_leader.setdefault(self._cluster.leader(tp.topic, tp.partition), []).append(tp)
+        out = {}
+        for leader, group in by_leader.items():
+            out.update(self._list_offsets_at(leader, group, timestamp))
+        return out
+
+    def _list_offsets_at(self, leader: int, tps: list, timestamp: int) -> dict:
         by_topic: dict[str, list] = {}
         for tp in tps:
             by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "timestamp": timestamp})
         body = {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
-        resp = self._cluster.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
+        conn = self._conn(leader) if leader >= 0 else None
+        if conn is not None:
+            resp = conn.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
+        else:
+            resp = self._cluster.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
         out = {}
         for t in resp.header["body"].get("topics", []):
             for part in t.get("partitions", []):
