@@ -131,7 +131,7 @@ class BrokerConnection:
         """Send one request and wait for its response."""
         timeout = self.request_timeout if timeout is None else timeout
         deadline = time.monotonic() + timeout
-        corr = self.send(api, body, frames, version, connect_timeout=timeout)
+        corr = self.send(api, body, frames, version, connect_timeout=min(timeout, self.connect_timeout))
         return self.receive(corr, max(0.0, deadline - time.monotonic()))
 
     def send(self, api: int, body: dict | None = None, frames: Sequence[Any] = (), version: int = 0,
