@@ -130,6 +130,10 @@ class IndexWriter:
     of disk per partition at the default 10 MiB ``segment.index.bytes``: 83 GiB for 5,000
     partitions, and a create-topic time to match.)
 
+    No descriptor is kept open: the map holds its own (CPython's mmap dups the one it is
+    given), and the rare resize and trim reopen the file by path. One descriptor per index,
+    not two, because a log actor hosts thousands of partitions.
+
     Invariants: ``count`` entries are valid, all within ``allocated``; the file is
     ``allocated * entry_size`` bytes (zeros after the entries) while open for writing and
     exactly ``count * entry_size`` after ``trim``.
@@ -143,15 +147,12 @@ class IndexWriter:
         self.count = count
         self.allocated = 0
         self._map = None
-        self._fd = files.open(path, os.O_RDWR | os.O_CREAT)
+        fd = files.open(path, os.O_RDWR | os.O_CREAT)
         try:
-            old_size = files.fstat_size(self._fd)
-            self._allocate(self._target(count + 2))
-        except BaseException:
-            if self._map is not None:
-                self._map.close()
-            files.close(self._fd)
-            raise
+            old_size = files.fstat_size(fd)
+            self._allocate(self._target(count + 2), fd)
+        finally:
+            files.close(fd)
         # zero old bytes past the valid entries (a torn or stale tail must not look valid);
         # what allocate added is zero already and is left untouched (no dirty pages)
         tail = count * entry.size
@@ -166,20 +167,27 @@ class IndexWriter:
             want *= 2
         return max(min(want // self.entry.size, self.capacity), 1)
 
-    def _allocate(self, entries: int) -> None:
+    def _allocate(self, entries: int, fd: int) -> None:
         size = entries * self.entry.size
-        self.files.allocate(self._fd, size)  # size the file, blocks reserved, before mapping
-        new = self.files.mmap(self._fd, size)
+        self.files.allocate(fd, size)  # size the file, blocks reserved, before mapping
+        new = self.files.mmap(fd, size)
         if self._map is not None:
             self._map.close()
         self._map = new
         self.allocated = entries
 
+    def _reopen(self) -> int:
+        return self.files.open(self.path, os.O_RDWR)
+
     def reserve(self, entries: int) -> None:
         """Make room for ``entries`` more appends (up to ``capacity``); OSError if the disk
         cannot give it (nothing changes then: the old map and entries stay)."""
         if self.count + entries > self.allocated and self.allocated < self.capacity:
-            self._allocate(self._target(self.count + entries))
+            fd = self._reopen()
+            try:
+                self._allocate(self._target(self.count + entries), fd)
+            finally:
+                self.files.close(fd)
 
     @property
     def full(self) -> bool:
@@ -213,15 +221,13 @@ class IndexWriter:
         data = self.entries_bytes()
         self.files.msync(self._map)
         self._map.close()
+        fd = self._reopen()
         try:
-            self.files.ftruncate(self._fd, len(data))
+            self.files.ftruncate(fd, len(data))
         finally:
-            self.files.close(self._fd)
+            self.files.close(fd)
         return data
 
     def close_untrimmed(self) -> None:
         """Close without trimming (used when the log is dropped after a storage error)."""
-        try:
-            self._map.close()
-        finally:
-            self.files.close(self._fd)
+        self._map.close()

@@ -129,7 +129,16 @@ class LogSegment(SegmentView):
 
     # -- write side
     def activate(self, capacity: int, interval: int) -> None:
-        """Open index writers over the existing valid entries; recompute the index policy."""
+        """Open index writers over the existing valid entries; recompute the index policy.
+
+        Writers already open (recovery activates the active segment a second time) are
+        closed first: each holds a mapping and its descriptor."""
+        if self.oidx is not None:
+            oidx, tidx, self.oidx, self.tidx = self.oidx, self.tidx, None, None
+            try:
+                oidx.close_untrimmed()
+            finally:
+                tidx.close_untrimmed()
         osrc, ocount = self._closed_source(self.index_path, ix.count_offset_entries, self.size)
         tsrc, tcount = self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
         ocount, tcount = min(ocount, capacity - 1), min(tcount, capacity - 1)

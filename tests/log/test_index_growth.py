@@ -62,3 +62,27 @@ def test_a_reopened_oversized_index_is_cut_to_what_it_holds(open_log, tmp_path):
     again = open_log(LogConfig())
     assert os.path.getsize(path) == ix.ALLOCATION_CHUNK
     assert again.append(batch(1)).base_offset == 2
+
+
+def _open_fds_under(path: str) -> int:
+    n = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            n += os.readlink(f"/proc/self/fd/{fd}").startswith(path)
+        except OSError:
+            pass
+    return n
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="needs /proc")
+def test_an_open_partition_holds_three_descriptors_however_it_was_opened(open_log, tmp_path):
+    lg = open_log(LogConfig())  # new: the active segment is activated twice while loading
+    assert _open_fds_under(str(tmp_path)) == 3  # .log + one per index (the map's own)
+    lg.append(batch(2))
+    lg.close()
+    assert _open_fds_under(str(tmp_path)) == 0
+    again = open_log(LogConfig())
+    again.append(batch(2))
+    assert _open_fds_under(str(tmp_path)) == 3
+    again.abandon()
+    assert _open_fds_under(str(tmp_path)) == 0
