@@ -187,8 +187,8 @@ class _Reader:
         fetcher = RangeFetcher(o.bootstrap, part.leader, part.topic, part.partition, o.fetch_bytes,
                                o.poll_timeout_ms, o.fail_on_data_loss)
         try:
-            for batches, view, _ in fetcher.fetch(part.start, part.end):
-                rb = to_arrow(view, batches, part.topic, part.partition, part.start, part.end, o.include_headers)
+            for batches, view, pos in fetcher.fetch(part.start, part.end):  # pos: after any skipped gap
+                rb = to_arrow(view, batches, part.topic, part.partition, pos, part.end, o.include_headers)
                 if rb is not None:
                     yield rb
         except DataLoss as exc:

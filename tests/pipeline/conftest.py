@@ -1,0 +1,86 @@
+"""Fixtures for the Spark connector tests: one broker and one local SparkSession per module.
+
+Spark takes about ten seconds to start, so each test module shares one session (``spark``,
+module-scoped, stopped at the end of the module) and one broker (``mod_broker``, a
+``RestartableBroker`` on a fixed 127.0.0.1 port so a test can stop and restart it and the
+clients find it again). Tests give their topics unique names (``topic_name``). Everything
+started here is stopped in teardown, even when a test fails. The whole directory is skipped
+when pyspark, pyarrow or java is missing.
+"""
+from __future__ import annotations
+
+import itertools
+import os
+import shutil
+import socket
+
+import pytest
+
+from tests.conftest import BrokerProcess
+
+pytest.importorskip("pyspark")
+pytest.importorskip("pyarrow")
+if shutil.which("java") is None and not os.environ.get("JAVA_HOME"):
+    pytest.skip("java is needed for the Spark tests", allow_module_level=True)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RestartableBroker:
+    """A broker on a fixed port and data directory that can be stopped and started again."""
+
+    def __init__(self, data_dir: str, **settings):
+        self.data_dir = data_dir
+        self.port = free_port()
+        self.settings = {"listeners": f"PLAINTEXT://127.0.0.1:{self.port}", **settings}
+        self.proc: BrokerProcess | None = None
+
+    @property
+    def bootstrap(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self) -> "RestartableBroker":
+        self.proc = BrokerProcess(self.data_dir, dict(self.settings)).start()
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.stop()
+            self.proc = None
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+
+@pytest.fixture(scope="module")
+def mod_broker(tmp_path_factory):
+    b = RestartableBroker(str(tmp_path_factory.mktemp("broker")))
+    try:
+        yield b.start()
+    finally:
+        b.stop()
+
+
+@pytest.fixture(scope="module")
+def spark():
+    from pipeline.session import session
+    s = session("local[2]", app="odradek-tests", conf={"spark.sql.shuffle.partitions": "2"})
+    try:
+        yield s
+    finally:
+        s.stop()
+
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def topic_name(request):
+    """A topic name unique to the test (the module's broker is shared)."""
+    base = request.node.name.replace("[", "-").replace("]", "").replace("test_", "")[:60]
+    return f"{base}-{next(_names)}"
