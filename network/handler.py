@@ -14,6 +14,8 @@ data, which then answers the processor directly (one hop fewer than a reply thro
   FETCH, LIST_OFFSETS              -> the fetch actor
   CREATE_TOPICS, DELETE_TOPICS,
   topic INCREMENTAL_ALTER_CONFIGS  -> the controller
+  the group APIs (CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT/FETCH, FIND_COORDINATOR,
+  LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP) -> the group coordinator
   METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING: answered here
 
 It sends ``scale`` and ``status`` requests to the supervisor for the dynamic broker config
@@ -53,6 +55,15 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DESCRIBE_CONFIGS: (0, 0),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 0),
     ApiKey.PING: (0, 0),
+    ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 0),
+    ApiKey.OFFSET_COMMIT: (0, 0),
+    ApiKey.OFFSET_FETCH: (0, 0),
+    ApiKey.FIND_COORDINATOR: (0, 0),
+    ApiKey.LIST_GROUPS: (0, 0),
+    ApiKey.DESCRIBE_GROUPS: (0, 0),
+    ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 0),
+    ApiKey.DELETE_GROUPS: (0, 0),
+    ApiKey.LEAVE_GROUP: (0, 0),
 }
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
@@ -60,6 +71,10 @@ DYNAMIC_CONFIGS = {"num.io.threads"}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 CONTROLLER = "controller"
 FETCH_ACTOR = "fetch"
+GROUP_COORDINATOR = "group_coordinator"
+GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
+              ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
+              ApiKey.LEAVE_GROUP)
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
 
@@ -103,6 +118,7 @@ class RequestHandler(Actor):
             ApiKey.PING: self.ping,
             ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+            **{api: self.to_group_coordinator for api in GROUP_APIS},
         }
 
     def on_start(self) -> None:
@@ -241,6 +257,13 @@ class RequestHandler(Actor):
     def to_fetch_actor(self, msg: Message, body: dict) -> None:
         self.forward(msg, FETCH_ACTOR, "fetch" if msg.get("api") == ApiKey.FETCH else "list_offsets",
                      {"body": body}, ())
+
+    def to_group_coordinator(self, msg: Message, body: dict) -> None:
+        """Group APIs: the coordinator answers the processor. The metadata version lets it
+        notice topics it has not heard of yet."""
+        self.forward(msg, GROUP_COORDINATOR, "group_request",
+                     {"api": msg.get("api"), "body": body, "client": msg.get("client"), "peer": msg.get("peer"),
+                      "metadata_version": self.metadata_version}, ())
 
     def to_controller(self, msg: Message, body: dict) -> None:
         kind = "create_topics" if msg.get("api") == ApiKey.CREATE_TOPICS else "delete_topics"

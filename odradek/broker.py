@@ -4,7 +4,8 @@ This is the top layer: it is the only place that knows which roles a broker has 
 which order they start. ``actors.supervisor`` runs whatever spec it is given.
 
 Start order (stop order is the reverse): controller (topic metadata), log actors (open and
-recover their partitions), the fetch actor, request handlers, processors, the acceptor — so
+recover their partitions), the fetch actor, the group coordinator (creates and replays
+``__consumer_offsets``), request handlers, processors, the acceptor — so
 a client can connect only once everything behind the listener is ready, and on shutdown the
 listener closes first while the actors behind it still answer in-flight requests.
 """
@@ -27,6 +28,7 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec("log", "log.log_actor:LogActor", count=config["num.log.threads"], args=args,
                   watchers=("fetch",), pool=True),
         ChildSpec("fetch", "log.fetch_actor:FetchActor", count=1, args=args),
+        ChildSpec("group_coordinator", "coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
         ChildSpec("handler", "network.handler:RequestHandler", count=config["num.io.threads"], args=args,
                   watchers=("processor", "controller"), scalable=True, min_count=1, max_count=64),
         ChildSpec("processor", "network.processor:Processor", count=config["num.network.threads"], args=args,

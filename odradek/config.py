@@ -127,6 +127,36 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             _one_of("CreateTime", "LogAppendTime")),
     Setting("message.max.bytes", int, 1048588, "Topic default for `max.message.bytes`: largest record batch.",
             _at_least(64)),
+    # --- consumer groups (the group coordinator actor) ---
+    Setting("offsets.topic.num.partitions", int, 8,
+            "Partitions of `__consumer_offsets`, read when the coordinator creates it. Kafka's 50 spread "
+            "coordinators over brokers; here one coordinator actor serves every group, so partitions only "
+            "spread its writes over the log actors and keep each compaction small: 8 covers the usual "
+            "`num.log.threads` without 150 idle files.", _between(1, 1000)),
+    Setting("offsets.topic.segment.bytes", int, 104857600,
+            "`segment.bytes` of `__consumer_offsets` (small segments compact sooner).", _at_least(1024)),
+    Setting("offsets.retention.minutes", int, 10080,
+            "Committed offsets of a group with no members expire this long after the later of their "
+            "commit and the group becoming empty.", _at_least(1)),
+    Setting("offsets.retention.check.interval.ms", int, 600000, "How often expired offsets are looked for.",
+            _at_least(10)),
+    Setting("offset.metadata.max.bytes", int, 4096, "Largest `committed_metadata` string of a commit.",
+            _at_least(0)),
+    Setting("group.consumer.session.timeout.ms", int, 45000,
+            "A member that sends no heartbeat for this long is removed (a client may ask for another value "
+            "within the min/max below).", _at_least(1)),
+    Setting("group.consumer.min.session.timeout.ms", int, 1000, "Shortest session timeout a member may ask for.",
+            _at_least(1)),
+    Setting("group.consumer.max.session.timeout.ms", int, 1800000, "Longest session timeout a member may ask for.",
+            _at_least(1)),
+    Setting("group.consumer.heartbeat.interval.ms", int, 3000,
+            "Longest time the coordinator holds a member's heartbeat when nothing changed for it; any "
+            "change for the member answers it at once.", _at_least(10)),
+    Setting("group.consumer.assignors", str, "uniform,range",
+            "Server-side assignors, comma-separated; the first is the default.",
+            lambda v: None if v and all(a.strip() in ("uniform", "range") for a in v.split(","))
+            else "must list uniform and/or range"),
+    Setting("group.max.size", int, 1000, "Members one consumer group admits.", _at_least(1)),
     # --- supervision ---
     Setting("shutdown.timeout.ms", int, 30000, "Time the supervisor gives the actors to stop on SIGTERM.",
             _at_least(100)),

@@ -1,0 +1,93 @@
+"""The records of ``__consumer_offsets`` and the in-memory view built from them.
+
+Pure (no I/O): the group coordinator actor encodes records with these functions, appends
+them through the log actors, and rebuilds ``OffsetsView`` from the topic at start. The
+topic is compacted, so only the latest record per key is kept; a record whose value is
+None (a tombstone) deletes its key.
+
+Records (msgpack keys and values; the batch format is ``log.records``):
+
+  key ``["o", group, topic, partition]``  value ``{"offset", "leader_epoch", "metadata",
+                                                   "commit_ms"}``   a committed offset
+  key ``["g", group]``                    value ``{"group": ConsumerGroup.to_record(),
+                                                   "empty_since_ms"}``   group membership
+
+A group's records all go to partition ``partition_for(group, n)``, so they are appended,
+and replayed, in the order they were written.
+"""
+from __future__ import annotations
+
+import dataclasses
+import zlib
+
+import msgpack
+
+OFFSETS_TOPIC = "__consumer_offsets"
+OFFSET_KEY, GROUP_KEY = "o", "g"
+
+
+@dataclasses.dataclass(frozen=True)
+class Committed:
+    offset: int
+    leader_epoch: int = -1
+    metadata: str = ""
+    commit_ms: int = 0
+
+
+def partition_for(group_id: str, partitions: int) -> int:
+    """Stable across processes and runs (not Python's salted ``hash``)."""
+    return zlib.crc32(group_id.encode()) % partitions
+
+
+def offset_record(group: str, topic: str, partition: int, c: Committed | None) -> tuple[bytes, bytes | None]:
+    key = msgpack.packb([OFFSET_KEY, group, topic, partition])
+    if c is None:
+        return key, None
+    return key, msgpack.packb({"offset": c.offset, "leader_epoch": c.leader_epoch, "metadata": c.metadata,
+                               "commit_ms": c.commit_ms})
+
+
+def group_record(group: str, state: dict | None, empty_since_ms: int | None = None) -> tuple[bytes, bytes | None]:
+    key = msgpack.packb([GROUP_KEY, group])
+    if state is None:
+        return key, None
+    return key, msgpack.packb({"group": state, "empty_since_ms": empty_since_ms})
+
+
+class OffsetsView:
+    """Committed offsets and group snapshots by group: what replaying the topic gives."""
+
+    def __init__(self):
+        self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
+        self.groups: dict[str, dict] = {}  # group -> {"group": ..., "empty_since_ms": ...}
+
+    def apply(self, key: bytes | None, value: bytes | None) -> None:
+        """One record, in log order. Unreadable records are skipped (returns quietly)."""
+        try:
+            k = msgpack.unpackb(key, raw=False, use_list=True) if key else None
+        except Exception:
+            return
+        if not isinstance(k, list) or not k:
+            return
+        v = None
+        if value is not None:
+            try:
+                v = msgpack.unpackb(value, raw=False, use_list=True, strict_map_key=False)
+            except Exception:
+                return
+        if k[0] == OFFSET_KEY and len(k) == 4:
+            group, topic, partition = k[1], k[2], k[3]
+            if v is None:
+                committed = self.offsets.get(group)
+                if committed is not None:
+                    committed.pop((topic, partition), None)
+                    if not committed:
+                        del self.offsets[group]
+            else:
+                self.offsets.setdefault(group, {})[(topic, partition)] = Committed(
+                    v["offset"], v.get("leader_epoch", -1), v.get("metadata", ""), v.get("commit_ms", 0))
+        elif k[0] == GROUP_KEY and len(k) == 2:
+            if v is None:
+                self.groups.pop(k[1], None)
+            else:
+                self.groups[k[1]] = v
