@@ -4,8 +4,8 @@ This is the top layer: it is the only place that knows which roles a broker has 
 which order they start. ``actors.supervisor`` runs whatever spec it is given.
 
 Start order (stop order is the reverse): controller (topic metadata), log actors (open and
-recover their partitions), the fetch actor, the group coordinator (creates and replays
-``__consumer_offsets``), request handlers, processors, the acceptor — so
+recover their partitions), the fetch actor, the group coordinator (replays ``__consumer_offsets``,
+which it creates on first use), request handlers, processors, the acceptor — so
 a client can connect only once everything behind the listener is ready, and on shutdown the
 listener closes first while the actors behind it still answer in-flight requests.
 """
