@@ -43,7 +43,7 @@ import time
 
 from actors.message import Message
 from actors.runtime import Actor
-from coordinator.group import (EMPTY, STABLE, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
+from coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
 from coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, offset_record,
                                  partition_for)
 from coordinator.topics import placement
@@ -319,8 +319,9 @@ class GroupCoordinator(Actor):
         finally:
             self._changed(g)  # a refused request changed nothing; a removal by it did
         owned = set(req.owned or ())
-        quiet = (resp["member_epoch"] == req.member_epoch and resp["state"] == STABLE
-                 and tps_of(resp["assignment"]) == owned and req.owned is not None)
+        # Nothing new for the member (even one waiting for partitions to be released): hold it.
+        quiet = (resp["member_epoch"] == req.member_epoch and tps_of(resp["assignment"]) == owned
+                 and req.owned is not None)
         if wait_ms > 0 and quiet and req.member_epoch > 0:
             key = (gid, resp["member_id"])
             timer = self.call_later(wait_ms / 1000, lambda: self._answer_held(key))
@@ -352,8 +353,7 @@ class GroupCoordinator(Actor):
         for key in [k for k in self.held if k[0] == g.group_id]:
             held = self.held[key]
             resp = g.refresh(key[1], now)
-            if resp is None or resp["member_epoch"] != held.epoch or resp["state"] != STABLE \
-                    or tps_of(resp["assignment"]) != held.owned:
+            if resp is None or resp["member_epoch"] != held.epoch or tps_of(resp["assignment"]) != held.owned:
                 self._answer_held(key)
 
     def _changed(self, g: ConsumerGroup) -> None:

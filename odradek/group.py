@@ -486,3 +486,132 @@ class GroupMembership:
         self._wake_poll()
         while not self._stopping and time.monotonic() - self._last_poll > self.max_poll_interval:
             self._sleep(0.1)
+
+
+# ---- administration: what ``odradek groups`` and tools use (any thread; blocking calls) ------------
+class GroupAdmin:
+    """List, describe (with lag), reset and delete groups. Blocking; one ``Cluster``."""
+
+    def __init__(self, bootstrap_servers, client_id: str = "odradek-groups", request_timeout_ms: int = 30000):
+        from odradek.cluster import Cluster
+        self.cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms)
+        self.timeout = request_timeout_ms / 1000
+
+    def close(self) -> None:
+        self.cluster.close()
+
+    def __enter__(self) -> "GroupAdmin":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _body(self, api: int, body: dict) -> dict:
+        return self.cluster.request(api, body, timeout=self.timeout).header["body"]
+
+    def list(self) -> list[dict]:
+        return self._body(ApiKey.LIST_GROUPS, {})["groups"]
+
+    def committed(self, group: str) -> dict:
+        body = self._body(ApiKey.OFFSET_FETCH, {"group_id": group, "topics": None})
+        return {TopicPartition(t["name"], p["partition_index"]): p["committed_offset"]
+                for t in body.get("topics", []) for p in t.get("partitions", []) if p["committed_offset"] >= 0}
+
+    def offsets(self, tps, timestamp: int) -> dict:
+        """ListOffsets for ``tps``: ``timestamp`` -1 latest, -2 earliest, else ms."""
+        by_topic: dict[str, list] = {}
+        for tp in tps:
+            by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "timestamp": timestamp})
+        if not by_topic:
+            return {}
+        body = self._body(ApiKey.LIST_OFFSETS, {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
+        out = {}
+        for t in body.get("topics", []):
+            for p in t.get("partitions", []):
+                if p.get("error_code"):
+                    raise error_for(p["error_code"], f"{t['name']}-{p['index']}: {p.get('error_message', '')}")
+                out[TopicPartition(t["name"], p["index"])] = p["offset"]
+        return out
+
+    def describe(self, group: str) -> dict:
+        """The group's state and members, and per partition: owner, committed, log end, lag."""
+        d = self._body(ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]})["groups"][0]
+        if d.get("error_code"):
+            raise error_for(d["error_code"], d.get("error_message"))
+        committed = self.committed(group)
+        owner = {}
+        topics = set()
+        for m in d.get("members", []):
+            for tp in _tps(m.get("assignment")) | _tps(m.get("pending_revocation")):
+                owner[tp] = m
+            topics |= set(m.get("subscribed_topic_names") or ())
+        meta = self.cluster.refresh(sorted(topics | {tp.topic for tp in committed}) or None)
+        tps = set(committed) | set(owner)
+        for t in meta.get("topics", []):
+            if t["name"] in topics and not t.get("error_code"):
+                tps |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
+        ends = self.offsets(sorted(tps), -1)
+        rows = []
+        for tp in sorted(tps):
+            m = owner.get(tp)
+            c = committed.get(tp)
+            end = ends.get(tp)
+            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": c, "log_end": end,
+                         "lag": (end - c) if c is not None and end is not None else None,
+                         "member_id": m["member_id"] if m else None,
+                         "host": m.get("client_host") if m else None,
+                         "client_id": m.get("client_id") if m else None})
+        return {**d, "partitions": rows}
+
+    def reset_offsets(self, group: str, topics: list[str] | None, *, to: str, value=None,
+                      execute: bool = False) -> dict:
+        """New committed offsets for an inactive group. ``to``: "earliest", "latest",
+        "datetime" (``value`` in ms since the epoch) or "shift" (``value``: +/- N).
+        Without ``execute`` nothing is committed (a dry run, as Kafka's tool)."""
+        d = self._body(ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]})["groups"][0]
+        if not d.get("error_code") and d.get("members"):
+            raise error_for(ErrorCode.NON_EMPTY_GROUP, f"group '{group}' has {len(d['members'])} active members; "
+                            f"offsets can be reset only while it is inactive (stop its consumers)")
+        committed = self.committed(group)
+        if topics:
+            meta = self.cluster.refresh(sorted(topics))
+            tps = set()
+            for t in meta.get("topics", []):
+                if t.get("error_code"):
+                    raise error_for(t["error_code"], f"topic '{t['name']}': {t.get('error_message', '')}")
+                tps |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
+        else:
+            tps = set(committed)
+        if not tps:
+            raise ValueError(f"group '{group}' has no committed offsets: name the topics with --topic")
+        earliest, latest = self.offsets(sorted(tps), -2), self.offsets(sorted(tps), -1)
+        if to == "earliest":
+            new = earliest
+        elif to == "latest":
+            new = latest
+        elif to == "datetime":
+            found = self.offsets(sorted(tps), int(value))
+            new = {tp: (off if off >= 0 else latest[tp]) for tp, off in found.items()}
+        elif to == "shift":
+            new = {tp: min(max(committed.get(tp, earliest[tp]) + int(value), earliest[tp]), latest[tp]) for tp in tps}
+        else:
+            raise ValueError(f"unknown reset target {to!r}")
+        if execute:
+            by_topic: dict[str, list] = {}
+            for tp, off in sorted(new.items()):
+                by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, "committed_offset": off})
+            body = self._body(ApiKey.OFFSET_COMMIT, {"group_id": group, "member_id": "",
+                                                     "generation_id_or_member_epoch": -1,
+                                                     "topics": [{"name": t, "partitions": ps}
+                                                                for t, ps in by_topic.items()]})
+            for t in body.get("topics", []):
+                for p in t.get("partitions", []):
+                    if p.get("error_code"):
+                        raise error_for(p["error_code"], f"{t['name']}-{p['partition_index']}: "
+                                        f"{p.get('error_message', '')}")
+        return {tp: (committed.get(tp), off) for tp, off in sorted(new.items())}
+
+    def delete(self, group: str) -> None:
+        r = self._body(ApiKey.DELETE_GROUPS, {"groups_names": [group]})["results"][0]
+        if r.get("error_code"):
+            raise error_for(r["error_code"], r.get("error_message"))
