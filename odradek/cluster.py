@@ -355,24 +355,41 @@ class Cluster:
 
     def request(self, api: int, body: dict, frames: Sequence[Any] = (), timeout: float | None = None) -> codec.Frame:
         """One blocking request to any live broker (the last one that answered first).
-        Retries once per known broker on a network error; broker errors are raised."""
+        A network error moves on to the next known broker, and once all were tried, waits
+        ``retry_backoff_ms`` (doubling, at most 1 s) and goes round again until ``timeout``
+        (default ``request_timeout_ms``): a broker restarting its listener is waited for.
+        Errors the broker answers with are raised at once."""
+        timeout = self.request_timeout_ms / 1000 if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        backoff = self.retry_backoff
         with self._lock:
-            last: OdradekError | None = None
-            for host, port in self._candidates():
-                conn = self._conn
-                if conn is None or (conn.host, conn.port) != (host, port):
-                    if conn is not None:
-                        conn.close()
-                    conn = self._conn = Connection(host, port, self.client_id, self.request_timeout_ms)
-                try:
-                    return conn.request(api, body, frames, timeout)
-                except OdradekError as exc:
-                    if exc.code not in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
-                        raise
+            while True:
+                last = self._try_candidates(api, body, frames, deadline)
+                if isinstance(last, codec.Frame):
+                    return last
+                if time.monotonic() + backoff >= deadline:
+                    raise last
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    def _try_candidates(self, api: int, body: dict, frames, deadline: float):
+        """The answer of the first broker that gives one, else the last network error."""
+        last: OdradekError = error_for(ErrorCode.NETWORK_EXCEPTION, "no broker to ask")
+        for host, port in self._candidates():
+            conn = self._conn
+            if conn is None or (conn.host, conn.port) != (host, port):
+                if conn is not None:
                     conn.close()
-                    self._conn = None
-                    last = exc
-            raise last or error_for(ErrorCode.NETWORK_EXCEPTION, "no broker to ask")
+                conn = self._conn = Connection(host, port, self.client_id, self.request_timeout_ms)
+            try:
+                return conn.request(api, body, frames, max(0.05, deadline - time.monotonic()))
+            except OdradekError as exc:
+                if exc.code not in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
+                    raise
+                conn.close()
+                self._conn = None
+                last = exc
+        return last
 
     def _candidates(self) -> list[tuple[str, int]]:
         out = []

@@ -22,6 +22,7 @@ import time
 from network.protocol import ErrorCode, OdradekError
 
 _bootstrap_of = None  # set by add_parsers: args -> "host:port"
+TIMEOUT_MS = 5000  # how long a command waits for an unreachable broker before its one-line error
 
 
 def add_parsers(sub, config_args, bootstrap) -> None:
@@ -126,7 +127,7 @@ def _configs(items: list[str]) -> dict:
 def cmd_topics(args) -> int:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
-    with Admin(_bootstrap_of(args), client_id="odradek-topics") as admin:
+    with Admin(_bootstrap_of(args), client_id="odradek-topics", request_timeout_ms=TIMEOUT_MS) as admin:
         if args.list:
             for name in admin.list_topics():
                 print(name)
@@ -185,6 +186,7 @@ def cmd_produce(args) -> int:
     handles = []
     failed: list = []
     with Producer(_bootstrap_of(args), acks=args.acks, linger_ms=args.linger_ms, client_id="odradek-produce",
+                  max_block_ms=TIMEOUT_MS,
                   compression=None if args.compression == "none" else "lz4") as producer:
         for lineno, line in enumerate(sys.stdin.buffer, 1):
             line = line.rstrip(b"\r\n")
@@ -226,7 +228,7 @@ def cmd_consume(args) -> int:
     out = sys.stdout.buffer
     count = 0
     with Consumer(_bootstrap_of(args), auto_offset_reset="earliest" if args.from_beginning else "latest",
-                  client_id="odradek-consume") as consumer:
+                  client_id="odradek-consume", request_timeout_ms=TIMEOUT_MS) as consumer:
         if args.partition is not None:
             tps = [TopicPartition(args.topic, args.partition)]
         else:
