@@ -18,6 +18,9 @@ real broker: for each (partitions P, log threads N) it starts ``odradek serve`` 
 - the memory of one log-actor process with no partition (USS), to extrapolate "a process
   per partition".
 
+Each configuration runs ``--repeat`` times (default 3), each time on a fresh broker and
+data directory; the table shows the median of every column.
+
 Every process it starts is stopped by PID before it moves on (and on Ctrl-C). A tool, run
 by hand; the table goes to docs/BENCHMARKS.md ("Partitions per log actor").
 """
@@ -27,6 +30,7 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -225,17 +229,21 @@ def main(argv=None) -> int:
     p.add_argument("--batches", type=int, default=20000, help="batches produced per configuration")
     p.add_argument("--dir", default=None, help="where the data directories go (default: a temp dir)")
     p.add_argument("--set", action="append", default=[], help="extra broker setting key=value")
+    p.add_argument("--repeat", type=int, default=3, help="runs per configuration; medians are printed")
     a = p.parse_args(argv)
     root = tempfile.mkdtemp(prefix="odradek-placement-", dir=a.dir)
     rows = []
     try:
         for partitions in [int(x) for x in a.partitions.split(",")]:
             for threads in [int(x) for x in a.threads.split(",")]:
-                r = run_one(root, partitions, threads, a.batches, a.set)
-                rows.append(r)
-                print(r, file=sys.stderr, flush=True)
+                runs = []
+                for _ in range(a.repeat):
+                    runs.append(run_one(root, partitions, threads, a.batches, a.set))
+                    print(runs[-1], file=sys.stderr, flush=True)
+                rows.append({k: statistics.median(r[k] for r in runs) for k in runs[0]})
     finally:
         shutil.rmtree(root, ignore_errors=True)
+    print(f"medians of {a.repeat} runs per row")
     print("| partitions | log threads | create | disk | log actors RSS (USS) | USS per log actor | fds: log actors / fetch | "
           "produce records/s (MB/s) | stop | clean start | unclean start |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
@@ -243,11 +251,12 @@ def main(argv=None) -> int:
         print(f"| {r['partitions']} | {r['threads']} | {r['create_s']:.1f} s | {r['disk'] / MiB:.0f} MiB | "
               f"{r['log_rss'] / MiB:.0f} ({r['log_uss'] / MiB:.0f}) MiB | "
               f"{r['log_uss'] / r['threads'] / MiB:.0f} MiB (max {r['log_uss_max'] / MiB:.0f}) | "
-              f"{r['log_fds']} / {r['fetch_fds']} | {r['records_s']:,.0f} ({r['MBps']:.1f}){' ERR' if r['errors'] else ''} | "
+              f"{r['log_fds']:.0f} / {r['fetch_fds']:.0f} | {r['records_s']:,.0f} ({r['MBps']:.1f}){' ERR' if r['errors'] else ''} | "
               f"{r['stop_s']:.1f} s | {r['restart_s']:.1f} s | {r['unclean_restart_s']:.1f} s |")
-    empty = sorted(r["empty_log_uss"] for r in rows)
-    print(f"\nUSS of one log-actor process hosting no partition: median {empty[len(empty) // 2] / MiB:.1f} MiB "
-          f"(a process per partition: x partitions)")
+    one = statistics.median(r["empty_log_uss"] for r in rows)
+    print(f"\nUSS of one log-actor process hosting no partition: median {one / MiB:.1f} MiB; a process per "
+          "partition would cost " + ", ".join(f"{n:,} x that = {n * one / (1 << 30):.1f} GiB"
+                                              for n in sorted({r['partitions'] for r in rows})))
     return 0
 
 
