@@ -12,8 +12,9 @@ and ``list<struct<key: string, value: binary>>`` headers when ``includeHeaders``
 """
 from __future__ import annotations
 
+import array
 import itertools
-from operator import add
+from operator import add, itemgetter
 
 import lz4.block
 import msgpack
@@ -52,9 +53,9 @@ def to_arrow(view, batches: list, topic: str, partition: int, lo: int, hi: int, 
              verify_crc: bool = True) -> pa.RecordBatch | None:
     """The records with offsets in ``[lo, hi)`` of ``batches`` (``[(position, BatchHeader)]`` in
     ``view``) as one Arrow batch; None if there are none. Control batches are skipped."""
-    offsets: list = []
-    stamps: list = []
-    kinds: list = []  # (row count, timestampType) runs
+    offsets = array.array("q")
+    stamps = array.array("q")
+    kinds = array.array("i")  # timestampType per record, filled only once a LogAppendTime batch shows up
     keys: list = []
     values: list = []
     headers: list = []
@@ -64,64 +65,94 @@ def to_arrow(view, batches: list, topic: str, partition: int, lo: int, hi: int, 
             continue
         if verify_crc:
             check_crc(view, pos, h, name)
-        n = h.record_count
-        try:
-            data = view[pos + fmt.HEADER_SIZE:pos + h.size]
-            if h.attributes & fmt.COMPRESSION_MASK:
-                data = lz4.block.decompress(data)
-            rows = _unpackb(data, use_list=False, raw=False)
-            if len(rows) != n:
-                raise ValueError(f"{len(rows)} records, header says {n}")
-            ods, tds, ks, vs, hs = zip(*rows)
-        except Exception as exc:  # lz4, msgpack and shape errors all mean a corrupt batch
-            raise OdradekError(f"{name}: batch at offset {h.base_offset} does not decode "
-                               f"({type(exc).__name__}: {exc})", ErrorCode.CORRUPT_MESSAGE) from None
+        rows = _rows(view, pos, h, name)
         base = h.base_offset
-        consecutive = h.last_offset_delta == n - 1
-        offs = range(base, base + n) if consecutive else list(map(add, _repeat(base, n), ods))
+        n = h.record_count
+        if h.last_offset_delta == n - 1:  # consecutive offsets: positions are offsets
+            if base < lo or h.next_offset > hi:
+                rows = rows[max(0, lo - base):hi - base]
+                base = max(base, lo)
+            offsets.extend(range(base, base + len(rows)))
+        else:  # gaps (a compacted batch): offsets from the deltas
+            if base < lo or h.next_offset > hi:
+                rows = tuple(r for r in rows if lo <= base + r[0] < hi)
+            offsets.extend(map(add, _repeat(base, len(rows)), map(_delta, rows)))
+        n = len(rows)
         if h.attributes & fmt.TIMESTAMP_TYPE_BIT:
-            ts, kind = _repeat(h.max_timestamp, n), 1
+            stamps.extend(_repeat(h.max_timestamp, n))
+            if not kinds:
+                kinds.extend(_repeat(0, len(offsets) - n))
+            kinds.extend(_repeat(1, n))
         else:
-            ts, kind = map(add, _repeat(h.first_timestamp, n), tds), 0
-        if base >= lo and h.next_offset <= hi:  # the whole batch (the common case)
-            offsets.extend(offs)
-            stamps.extend(ts)
-            keys.extend(ks)
-            values.extend(vs)
-            if include_headers:
-                headers.extend(hs)
-            kinds.append((n, kind))
-            continue
-        keep = [i for i, o in enumerate(offs) if lo <= o < hi]
-        ts = list(ts)
-        offsets.extend(offs[i] for i in keep)
-        stamps.extend(ts[i] for i in keep)
-        keys.extend(ks[i] for i in keep)
-        values.extend(vs[i] for i in keep)
+            stamps.extend(map(add, _repeat(h.first_timestamp, n), map(_ts_delta, rows)))
+            if kinds:
+                kinds.extend(_repeat(0, n))
+        keys.extend(map(_key, rows))
+        values.extend(map(_value, rows))
         if include_headers:
-            headers.extend(hs[i] for i in keep)
-        kinds.append((len(keep), kind))
+            headers.extend(map(_headers, rows))
     n = len(offsets)
     if n == 0:
         return None
     columns = [
         pa.array(keys, pa.binary()),
         pa.array(values, pa.binary()),
-        pa.array(_repeat(topic, n), pa.string(), size=n),
-        pa.array(_repeat(partition, n), pa.int32(), size=n),
-        pa.array(offsets, pa.int64()),
-        pc.multiply(pa.array(stamps, pa.int64()), 1000).cast(TS_TYPE),
-        _timestamp_types(kinds, n),
+        _constant_string(topic, n),
+        _constant_int32(partition, n),
+        _from_array(pa.int64(), offsets),
+        pc.multiply(_from_array(pa.int64(), stamps), 1000).cast(TS_TYPE),
+        _from_array(pa.int32(), kinds) if kinds else _constant_int32(0, n),
     ]
     if include_headers:
         columns.append(headers_array(headers))
     return pa.RecordBatch.from_arrays(columns, schema=arrow_schema(include_headers))
 
 
-def _timestamp_types(kinds: list, n: int) -> pa.Array:
-    if all(k == 0 for _, k in kinds):
-        return pa.array(_repeat(0, n), pa.int32(), size=n)
-    return pa.array(itertools.chain.from_iterable(_repeat(k, c) for c, k in kinds), pa.int32(), size=n)
+_delta, _ts_delta, _key, _value, _headers = (itemgetter(i) for i in range(5))
+
+
+def _rows(view, pos: int, h, name: str) -> tuple:
+    """The batch's records as msgpack decodes them: ``(offset delta, ts delta, key, value, headers)``."""
+    try:
+        data = view[pos + fmt.HEADER_SIZE:pos + h.size]
+        if h.attributes & fmt.COMPRESSION_MASK:
+            data = lz4.block.decompress(data)
+        rows = _unpackb(data, use_list=False, raw=False)
+        if type(rows) is not tuple or len(rows) != h.record_count or len(rows[0]) != 5:
+            raise ValueError(f"not {h.record_count} records of 5 fields")
+        return rows
+    except Exception as exc:  # lz4, msgpack and shape errors all mean a corrupt batch
+        raise OdradekError(f"{name}: batch at offset {h.base_offset} does not decode "
+                           f"({type(exc).__name__}: {exc})", ErrorCode.CORRUPT_MESSAGE) from None
+
+
+def _from_array(typ: pa.DataType, values: array.array) -> pa.Array:
+    """An Arrow array over an ``array.array``'s buffer (no per-item conversion)."""
+    return pa.Array.from_buffers(typ, len(values), [None, pa.py_buffer(values)])
+
+
+_CONSTANTS: dict = {}  # (kind, value) -> an Arrow array at least as long as any asked for
+
+
+def _constant(key, n: int, build) -> pa.Array:
+    arr = _CONSTANTS.get(key)
+    if arr is None or len(arr) < n:
+        if len(_CONSTANTS) > 256:
+            _CONSTANTS.clear()
+        arr = _CONSTANTS[key] = build(max(n, 65536))
+    return arr.slice(0, n)  # zero-copy
+
+
+def _constant_string(value: str, n: int) -> pa.Array:
+    def build(m: int) -> pa.Array:
+        raw = value.encode()
+        ends = array.array("i", range(0, (m + 1) * len(raw), len(raw)))
+        return pa.Array.from_buffers(pa.string(), m, [None, pa.py_buffer(ends), pa.py_buffer(raw * m)])
+    return _constant(("s", value), n, build)
+
+
+def _constant_int32(value: int, n: int) -> pa.Array:
+    return _constant(("i", value), n, lambda m: _from_array(pa.int32(), array.array("i", [value]) * m))
 
 
 def headers_array(headers: list) -> pa.Array:
