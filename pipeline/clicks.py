@@ -135,7 +135,7 @@ class _Sinks:
              .option("topic", COUNTS).mode("append").save())
             os.makedirs(os.path.dirname(marker), exist_ok=True)
             with open(marker, "w") as f:
-                f.write(str(df.count()))
+                f.write(f"{batch_id}\n")
         finally:
             df.unpersist()
 
