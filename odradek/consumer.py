@@ -26,8 +26,12 @@ OFFSET_OUT_OF_RANGE) gets one from ListOffsets per ``auto_offset_reset``
 
 Fetch answers are read defensively: the last batch of a partition may be torn or
 zero-padded (ignored: the next fetch starts there), a batch may start before the fetch
-offset (its earlier records are skipped). Groups (``group_id``, ``subscribe``, ``commit``)
-come with the group coordinator and are refused until then.
+offset (its earlier records are skipped).
+
+Groups: with ``group_id``, ``subscribe(topics | pattern, on_assign, on_revoke)`` joins the
+group and the coordinator assigns partitions; ``commit``/``commit_async``/``committed`` and
+auto-commit work on the group's offsets. The membership (a heartbeat thread, incremental
+reconciliation run at the start of each ``poll``) lives in ``odradek.group``.
 """
 from __future__ import annotations
 
@@ -35,6 +39,7 @@ import collections
 import functools
 import itertools
 import logging
+import select
 import time
 import zlib
 from operator import add
@@ -154,10 +159,11 @@ class Consumer:
                  max_partition_fetch_bytes: int = 1 << 20, fetch_max_bytes: int = 50 << 20,
                  max_poll_records: int = 500, check_crcs: bool = True, request_timeout_ms: int = 30000,
                  retry_backoff_ms: int = 100, consumer_timeout_ms: float | None = None,
-                 client_id: str = "odradek-consumer", group_id: Optional[str] = None):
-        if group_id is not None:
-            raise NotImplementedError("consumer groups (group_id, subscribe, commit) are not supported yet; "
-                                      "use assign([TopicPartition(topic, partition)]) and seek")
+                 client_id: str = "odradek-consumer", group_id: Optional[str] = None,
+                 group_instance_id: Optional[str] = None, enable_auto_commit: bool = True,
+                 auto_commit_interval_ms: int = 5000, session_timeout_ms: Optional[int] = None,
+                 heartbeat_interval_ms: int = 3000, max_poll_interval_ms: int = 300000,
+                 group_assignor: Optional[str] = None):
         if auto_offset_reset not in _RESETS:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
         if max_poll_records < 1 or max_partition_fetch_bytes < 1:
@@ -182,6 +188,14 @@ class Consumer:
         self._metadata_wanted = False
         self._iter_buffer: collections.deque = collections.deque()
         self._closed = False
+        self._group = None
+        if group_id is not None:
+            from odradek.group import GroupMembership
+            self._group = GroupMembership(
+                self, group_id, group_instance_id=group_instance_id, session_timeout_ms=session_timeout_ms,
+                heartbeat_interval_ms=heartbeat_interval_ms, max_poll_interval_ms=max_poll_interval_ms,
+                enable_auto_commit=enable_auto_commit, auto_commit_interval_ms=auto_commit_interval_ms,
+                assignor=group_assignor)
 
     # ---- assignment and positions ----------------------------------------------------------------
     def assign(self, partitions: Iterable[TopicPartition]) -> None:
@@ -199,8 +213,44 @@ class Consumer:
     def assignment(self) -> set:
         return set(self._parts)
 
-    def subscribe(self, *args, **kwargs):
-        raise NotImplementedError("subscribe() needs consumer groups, which are not supported yet: use assign()")
+    def subscribe(self, topics=None, pattern=None, on_assign=None, on_revoke=None) -> None:
+        """Join the group (``group_id``) for these topics or this regex; partitions come and go
+        at the start of ``poll`` calls, announced to ``on_assign(set)`` / ``on_revoke(set)``."""
+        self._need_group("subscribe()").subscribe(topics, pattern, on_assign, on_revoke)
+
+    def unsubscribe(self) -> None:
+        self._need_group("unsubscribe()").unsubscribe()
+
+    def commit(self, offsets: Optional[dict] = None) -> None:
+        """Commit ``{tp: offset}`` (default: the positions of every assigned partition); waits."""
+        self._need_group("commit()").commit(offsets)
+
+    def commit_async(self, offsets: Optional[dict] = None, callback=None):
+        """Commit without waiting; ``callback(offsets, error_or_None)`` runs on a helper thread."""
+        return self._need_group("commit_async()").commit_async(offsets, callback)
+
+    def committed(self, partition: TopicPartition) -> Optional[int]:
+        """The group's committed offset of ``partition`` (None if there is none)."""
+        off = self._need_group("committed()").committed([partition]).get(TopicPartition(*partition), -1)
+        return off if off >= 0 else None
+
+    def _need_group(self, what: str):
+        if self._group is None:
+            raise ValueError(f"{what} needs a group_id")
+        return self._group
+
+    def _group_assign(self, tps, positions: Optional[dict] = None) -> None:
+        """The group's assignment (called by ``odradek.group``): partitions that stay keep
+        their state; new ones start at ``positions`` (committed offsets) or auto_offset_reset."""
+        old = self._parts
+        self._parts = {tp: old.get(tp) or _Partition(tp) for tp in tps}
+        for tp, p in self._parts.items():
+            if tp not in old:
+                if positions and tp in positions:
+                    p.position = p.fetch_offset = positions[tp]
+                else:
+                    p.reset = self.auto_offset_reset
+        self._order = list(self._parts.values())
 
     def seek(self, partition: TopicPartition, offset: int) -> None:
         """Make ``offset`` the next one ``poll`` returns for ``partition``."""
@@ -266,6 +316,8 @@ class Consumer:
         max_records = max_records or self.max_poll_records
         deadline = time.monotonic() + timeout_ms / 1000
         while True:
+            if self._group is not None:
+                self._group.on_poll()  # auto-commit, then apply assignment changes
             if any(p.position is None for p in self._order):
                 self._resolve_positions()
             self._send_fetches()
@@ -432,10 +484,14 @@ class Consumer:
 
     def _wait(self, timeout: float) -> None:
         conns = [c for c in self._conns.values() if c.in_flight]
-        if not conns:  # nothing to wait for (backoff, no leader): sleep a little and retry
-            time.sleep(min(timeout, self.retry_backoff))
+        wake = self._group.wake_fd() if self._group is not None else None
+        if not conns:  # nothing to wait for (backoff, no leader, no partitions yet)
+            if wake is not None:
+                select.select([wake], [], [], min(timeout, 1.0 if not self._order else self.retry_backoff))
+            else:
+                time.sleep(min(timeout, self.retry_backoff))
             return
-        wait_any(conns, timeout)
+        wait_any(conns, timeout, wake)
 
     def _conn(self, node: int) -> Connection | None:
         conn = self._conns.get(node)
@@ -561,6 +617,8 @@ class Consumer:
     def close(self) -> None:
         if self._closed:
             return
+        if self._group is not None:
+            self._group.close()  # a last auto-commit, then leave the group
         self._closed = True
         for conn in self._conns.values():
             conn.close("consumer closed")
