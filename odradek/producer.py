@@ -271,7 +271,7 @@ class Producer:
     def __init__(self, bootstrap_servers="127.0.0.1:9092", *, acks=1, linger_ms: float = 5,
                  batch_size: int = 65536, compression: Optional[str] = "lz4", retries: int = 2147483647,
                  retry_backoff_ms: int = 100, max_in_flight: int = 5, request_timeout_ms: int = 30000,
-                 delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 64 << 20,
+                 delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 32 << 20,
                  max_request_size: int = 1 << 20, client_id: str = "odradek-producer",
                  metadata_max_age_ms: int = 300000, compression_type: Optional[str] = None):
         if compression_type is not None:  # kafka-python's spelling
