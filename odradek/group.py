@@ -287,8 +287,11 @@ class GroupMembership:
     def close(self, autocommit: bool = True) -> None:
         if self._closed:
             return
-        if autocommit and self.enable_auto_commit and self._owned and self._fatal is None:
-            self._auto_commit(self._owned)
+        if self._fatal is None and self._owned:
+            # As Kafka does on close: auto-commit what was returned, then on_revoke.
+            if autocommit and self.enable_auto_commit:
+                self._auto_commit(self._owned)
+            self._call(self.on_revoke, set(self._owned), False)
         self._stop_thread(leave=True)
         self._closed = True
         for fd in (self._hb_r, self._hb_w, self._poll_r, self._poll_w):

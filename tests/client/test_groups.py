@@ -318,8 +318,10 @@ def test_stress_20_consumers_on_60_partitions_joining_and_leaving_at_random(brok
                 w.kill()
             time.sleep(rng.uniform(0.1, 1.5))
         wait_until(lambda: stable_with(broker, len(live)), timeout=120, what="the group to settle")
-        owned = [p for w in live for p in w.owned()]
-        assert sorted(owned) == list(range(60)), "every partition has exactly one owner"
+        # The coordinator counts a partition given when it answers; the worker logs it once
+        # its poll has applied the answer: wait for that too.
+        wait_until(lambda: sorted(p for w in live for p in w.owned()) == list(range(60)), timeout=60,
+                   what="every partition to have exactly one owner")
         counts = [len(w.owned()) for w in live]
         assert max(counts) - min(counts) <= 1
     finally:
