@@ -105,11 +105,6 @@ def test_assigning_an_unknown_topic_or_partition_raises_its_error_code(scripted)
             c.assign([TopicPartition("t", 1)])
 
 
-def test_group_id_is_refused_until_groups_exist():
-    with pytest.raises(NotImplementedError, match="assign"):
-        Consumer("127.0.0.1:1", group_id="g")
-
-
 def test_iteration_yields_records_and_stops_after_consumer_timeout(scripted):
     broker = scripted({"t": 1})
     fill(broker, 4)
