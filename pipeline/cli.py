@@ -36,7 +36,8 @@ def add_parser(sub, config_args, bootstrap) -> None:
 def _arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("action", choices=["run"])
     p.add_argument("name", choices=PIPELINES)
-    p.add_argument("--master", default="local[2]", help="Spark master: local[N], local[*] or spark://host:port")
+    p.add_argument("--master", default=None,
+                   help="Spark master: local[N], local[*], spark://host:port (default: spark-submit's, else local[2])")
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
     p.add_argument("--events", type=int, default=20000, help="synthetic clicks to produce first (0: none)")
     p.add_argument("--minutes", type=int, default=10, help="event-time span of the produced clicks")
@@ -55,17 +56,20 @@ def cmd_pipeline(args) -> int:
     from pipeline import clicks
     from pipeline.session import session
 
-    output = os.path.abspath(args.output)
-    os.makedirs(output, exist_ok=True)
+    remote = "://" in args.output  # hdfs://, s3a://...: Spark writes there; no local state file
+    output = args.output if remote else os.path.abspath(args.output)
+    state = None if remote else os.path.join(output, "last-event-ms")
     clicks.ensure_topics(bs, args.partitions)
     if args.events:
-        start = args.start_ms if args.start_ms is not None else _next_start(output)
+        start = args.start_ms if args.start_ms is not None else _next_start(state)
         events = clicks.make_events(args.events, start, args.minutes, seed=args.seed)
         clicks.produce_events(bs, events)
-        with open(os.path.join(output, "last-event-ms"), "w") as f:
-            f.write(str(max(e["ts"] for e in events)))
+        if state:
+            os.makedirs(output, exist_ok=True)
+            with open(state, "w") as f:
+                f.write(str(max(e["ts"] for e in events)))
         print(f"produced {len(events)} clicks to '{clicks.CLICKS}' ({args.minutes} minutes of event time)")
-    spark = session(args.master, app="odradek-clicks")
+    spark = session(args.master or _default_master(), app="odradek-clicks")
     try:
         query = clicks.start_query(spark, bs, output, watermark=args.watermark,
                                    available_now=args.follow is None)
@@ -86,10 +90,17 @@ def cmd_pipeline(args) -> int:
     return 0
 
 
-def _next_start(output: str) -> int:
+def _default_master() -> str | None:
+    """Under spark-submit (which starts the JVM first and passes its gateway) keep its master."""
+    return None if os.environ.get("PYSPARK_GATEWAY_PORT") else "local[2]"
+
+
+def _next_start(state: str | None) -> int:
     """Continue event time after the previous run's last click (so a rerun adds new minutes)."""
     try:
-        with open(os.path.join(output, "last-event-ms")) as f:
+        if state is None:
+            raise FileNotFoundError
+        with open(state) as f:
             last = int(f.read().strip())
         return last - last % 60_000 + 60_000
     except (FileNotFoundError, ValueError):

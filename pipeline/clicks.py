@@ -124,7 +124,7 @@ class _Sinks:
             path = os.path.join(self.output, "counts", f"batch={batch_id}")
             df.write.mode("overwrite").parquet(path)
             marker = os.path.join(self.output, "topic-commits", str(batch_id))
-            if os.path.exists(marker):
+            if _exists(df.sparkSession, marker):
                 return  # a re-run of a batch whose records the topic already has
             out = df.select(
                 F.concat_ws("|", "page", F.date_format("window_start", "yyyy-MM-dd'T'HH:mm:ss'Z'")).alias("key"),
@@ -133,18 +133,32 @@ class _Sinks:
                                    "page", "count")).alias("value"))
             (out.write.format("odradek").option("kafka.bootstrap.servers", self.bootstrap)
              .option("topic", COUNTS).mode("append").save())
-            os.makedirs(os.path.dirname(marker), exist_ok=True)
-            with open(marker, "w") as f:
-                f.write(f"{batch_id}\n")
+            _touch(df.sparkSession, marker)
         finally:
             df.unpersist()
+
+
+def _hadoop_path(spark, path: str):
+    """``path`` on Spark's file system (local, HDFS, S3...), so the markers live with the table."""
+    jpath = spark._jvm.org.apache.hadoop.fs.Path(path)
+    return jpath.getFileSystem(spark._jsc.hadoopConfiguration()), jpath
+
+
+def _exists(spark, path: str) -> bool:
+    fs, jpath = _hadoop_path(spark, path)
+    return bool(fs.exists(jpath))
+
+
+def _touch(spark, path: str) -> None:
+    fs, jpath = _hadoop_path(spark, path)
+    fs.create(jpath, True).close()
 
 
 def read_table(spark, output: str) -> dict:
     """The Parquet table as ``{(window start ms, page): count}`` (a duplicate key would be a bug:
     it raises)."""
     path = os.path.join(output, "counts")
-    if not os.path.isdir(path):
+    if not _exists(spark, path):
         return {}
     out: dict = {}
     for r in spark.read.parquet(path).collect():
