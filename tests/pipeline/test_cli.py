@@ -52,3 +52,18 @@ def test_python_m_pipeline_cli_explains_itself():
     r = subprocess.run([sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 0 and "clicks" in r.stdout and "--master" in r.stdout
+
+
+def test_add_parser_plugs_pipeline_into_the_odradek_command_line():
+    import argparse
+
+    from odradek import cli
+    from pipeline import cli as pipeline_cli
+    parser = cli.build_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    if "pipeline" not in sub.choices:  # until odradek/cli.py calls add_parser itself
+        pipeline_cli.add_parser(sub, cli._config_args, cli._bootstrap)
+    args = parser.parse_args(["pipeline", "run", "clicks", "--events", "0",
+                              "--set", "listeners=PLAINTEXT://127.0.0.1:9999"])
+    assert args.func is pipeline_cli.cmd_pipeline and args.name == "clicks" and args.events == 0
+    assert cli._bootstrap(args) == "127.0.0.1:9999"
