@@ -46,6 +46,7 @@ from actors.runtime import Actor
 from coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
 from coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, offset_record,
                                  partition_for)
+from coordinator.offsets import expired as expired_offsets
 from coordinator.topics import placement
 from log.log_actor import partition_dir
 from log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
@@ -545,7 +546,7 @@ class GroupCoordinator(Actor):
             if g is not None and g.members:
                 continue
             since = self.empty_since.get(gid, now_ms)
-            expired = [tp for tp, c in committed.items() if max(c.commit_ms, since) + self.retention_ms <= now_ms]
+            expired = expired_offsets(committed, since, self.retention_ms, now_ms)
             if not expired:
                 continue
             log.info("group %s: %d committed offsets expired (offsets.retention.minutes)", gid, len(expired))

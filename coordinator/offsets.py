@@ -54,6 +54,12 @@ def group_record(group: str, state: dict | None, empty_since_ms: int | None = No
     return key, msgpack.packb({"group": state, "empty_since_ms": empty_since_ms})
 
 
+def expired(committed: dict, empty_since_ms: int, retention_ms: int, now_ms: int) -> list:
+    """``offsets.retention.minutes`` for a group without members: the partitions whose offset
+    was committed, and whose group has been empty, for at least ``retention_ms``."""
+    return [tp for tp, c in committed.items() if max(c.commit_ms, empty_since_ms) + retention_ms <= now_ms]
+
+
 class OffsetsView:
     """Committed offsets and group snapshots by group: what replaying the topic gives."""
 

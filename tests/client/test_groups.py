@@ -330,3 +330,57 @@ def test_stress_20_consumers_on_60_partitions_joining_and_leaving_at_random(brok
     assert_one_owner_at_a_time(workers)
     for w in live:
         w.stop()
+
+
+def _poll_until(consumers, predicate, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for c in consumers:
+            c.poll(50)
+        if predicate():
+            return
+    raise AssertionError("timed out")
+
+
+def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins_when_it_polls_again(broker):
+    create_topic(broker, "t", 4)
+    revoked = []
+    with Consumer(broker.bootstrap, group_id="g", max_poll_interval_ms=1500) as slow, \
+            Consumer(broker.bootstrap, group_id="g") as busy:
+        slow.subscribe(["t"], on_revoke=lambda tps, lost=False: revoked.append((set(tps), lost)))
+        busy.subscribe(["t"])
+        _poll_until([slow, busy], lambda: len(slow.assignment()) == 2 and len(busy.assignment()) == 2)
+        # slow stops polling: after max_poll_interval_ms its heartbeat thread leaves the group.
+        deadline = time.monotonic() + 30
+        while len(busy.assignment()) != 4 and time.monotonic() < deadline:
+            busy.poll(100)
+        assert len(busy.assignment()) == 4
+        _poll_until([slow, busy], lambda: len(slow.assignment()) == 2 and len(busy.assignment()) == 2)
+        assert revoked and revoked[0][1] is True  # its partitions were lost, not handed over
+
+
+def test_pattern_subscription_commit_async_and_committed(broker):
+    create_topic(broker, "orders-eu", 1)
+    create_topic(broker, "orders-us", 1)
+    create_topic(broker, "other", 1)
+    with Producer(broker.bootstrap, linger_ms=0) as p:
+        for t in ("orders-eu", "orders-us", "other"):
+            p.send(t, value=b"x", partition=0)
+        p.flush()
+    done = threading.Event()
+    with Consumer(broker.bootstrap, group_id="g", auto_offset_reset="earliest", enable_auto_commit=False) as c:
+        c.subscribe(pattern=r"orders-.*")
+        got = []
+        deadline = time.monotonic() + 30
+        while len(got) < 2 and time.monotonic() < deadline:
+            got += c.poll(100)
+        assert {r.topic for r in got} == {"orders-eu", "orders-us"}
+        assert c.assignment() == {TopicPartition("orders-eu", 0), TopicPartition("orders-us", 0)}
+        assert c.committed(TopicPartition("orders-eu", 0)) is None
+        result = {}
+        c.commit_async(callback=lambda offsets, err: (result.update(offsets=offsets, err=err), done.set()))
+        assert done.wait(30) and result["err"] is None
+        assert c.committed(TopicPartition("orders-eu", 0)) == 1
+        with pytest.raises(Exception) as e:
+            c.commit({TopicPartition("other", 0): 1})  # not assigned to this member
+        assert "not assigned" in str(e.value)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from coordinator.group import tps_of
-from coordinator.offsets import Committed, OffsetsView, group_record, offset_record
+from coordinator.offsets import Committed, OffsetsView, expired, group_record, offset_record
 from network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
 from tests.network.helpers import actor, connect, kill9, wait_until
@@ -241,3 +241,11 @@ def test_the_offsets_view_replays_commits_tombstones_and_group_records():
         view.apply(key, value)
     assert view.offsets == {"g": {("t", 0): Committed(7)}}
     assert view.groups == {"g": {"group": {"group_epoch": 3}, "empty_since_ms": 12}}
+
+
+def test_offsets_of_an_empty_group_expire_after_the_retention_from_the_later_of_commit_and_emptiness():
+    committed = {("t", 0): Committed(1, commit_ms=1_000), ("t", 1): Committed(2, commit_ms=50_000)}
+    # Empty since 10 s, retention 60 s: t-0 expires at 70 s (emptiness is later), t-1 at 110 s.
+    assert expired(committed, 10_000, 60_000, 69_999) == []
+    assert expired(committed, 10_000, 60_000, 70_000) == [("t", 0)]
+    assert sorted(expired(committed, 10_000, 60_000, 110_000)) == [("t", 0), ("t", 1)]
