@@ -67,6 +67,7 @@ from odradek.types import RecordMetadata
 
 log = logging.getLogger("odradek.producer")
 
+SPACE_RECHECK = 0.01  # seconds between checks of a caller blocked on buffer_memory
 IDLE_WAIT = 1.0  # seconds the sender sleeps with nothing to do (any change wakes it)
 RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack row framing)
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -308,10 +309,14 @@ class Producer:
         self._open: dict[tuple, _Batch] = {}  # (topic, partition) -> open batch
         self._last_sticky: dict[str, int] = {}  # topic -> its previous sticky partition
         self._ready: collections.deque = collections.deque()  # closed and encoded, for the sender
-        self._incomplete: set = set()  # batches whose future is not done
-        self._buffered = 0  # bytes in incomplete batches
+        self._incomplete: set = set()  # batches whose future is not done (the sender discards)
+        self._queued = 0  # bytes closed into batches (callers, under the lock)
+        self._freed = 0  # bytes of resolved batches (the sender alone writes it: no lock)
+        self._space_waiters = 0  # callers blocked on buffer_memory
         self._closed = False
         self._sender_sleeping = False
+        self._sender_wake_at = float("inf")  # when the sleeping sender wakes anyway; inf while awake
+        self._sender_awaits_answer = False  # it sleeps with requests in flight
         self._changes = 0  # bumped by every _wake_sender call
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
@@ -372,7 +377,10 @@ class Producer:
                 if batch.stamps is None:
                     batch.stamps = {}
                 batch.stamps[index] = timestamp_ms
-            rows.append((index, delta, key, value, headers))
+            if key is None and delta == 0 and not headers and value.__class__ is bytes and timestamp_ms is None:
+                rows.append(value)  # a plain record: packed by pack_rows' fast path
+            else:
+                rows.append((index, delta, key, value, headers))
             batch.size += size
             if batch.size >= self.batch_size:
                 self._close_batch(batch)
@@ -392,17 +400,21 @@ class Producer:
 
     def _new_batch(self, topic: str, partition: int) -> _Batch:
         deadline = time.monotonic() + self.max_block
-        while self._buffered >= self.buffer_memory and not self._closed:
+        while self._queued - self._freed >= self.buffer_memory and not self._closed:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise error_for(ErrorCode.REQUEST_TIMED_OUT,
                                 f"buffer_memory ({self.buffer_memory} bytes) stayed full for "
                                 f"max_block_ms: the brokers are not keeping up, or are unreachable")
-            self._space.wait(left)
-        batch = _Batch(topic, partition, time.monotonic(), self.delivery_timeout)
+            self._space_waiters += 1
+            self._space.wait(min(left, SPACE_RECHECK))  # the sender notifies without the lock: recheck
+            self._space_waiters -= 1
+        now = time.monotonic()
+        batch = _Batch(topic, partition, now, self.delivery_timeout)
         self._open[(topic, partition)] = batch
         self._incomplete.add(batch)
-        self._wake_sender()  # its linger deadline may be earlier than the sender's sleep
+        if now + self.linger < self._sender_wake_at:  # else the sender wakes in time anyway
+            self._wake_sender()
         return batch
 
     def _close_batch(self, batch: _Batch) -> None:
@@ -413,7 +425,7 @@ class Producer:
         del self._open[(batch.topic, batch.partition)]
         if self._sticky.get(batch.topic) is batch:
             del self._sticky[batch.topic]
-        self._buffered += batch.size
+        self._queued += batch.size
         rows = batch.rows
         batch.count = len(rows)
         batch.rows = None
@@ -421,10 +433,11 @@ class Producer:
             batch.data = encode_rows(rows, batch.base_ts, batch.max_timestamp(), self.compression)
         except Exception as exc:  # a bug, not bad input (send() checked it): fail these records only
             batch.future.set_exception(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot encode a batch: {exc!r}"))
-            self._batch_done(batch)
+            self._incomplete.discard(batch)
+            self._queued -= batch.size
             return
         self._ready.append(batch)
-        self._wake_sender()
+        self._wake_sender(unless_answer_due=True)
 
     def _close_lingering(self, now: float, force: bool) -> float | None:
         """Close open batches older than linger (all if ``force``); returns the earliest
@@ -438,12 +451,16 @@ class Producer:
                 earliest = due
         return earliest
 
-    def _wake_sender(self) -> None:
+    def _wake_sender(self, unless_answer_due: bool = False) -> None:
         """Tell the sender something changed (a batch opened or closed). Called with the lock
         held. The counter closes the gap between the sender's last look and its sleep: it
-        does not sleep if the counter moved since it computed its deadline."""
+        does not sleep if the counter moved since it computed its deadline.
+
+        ``unless_answer_due``: a sender sleeping on requests in flight wakes at their answer
+        and sends what is ready then; not waking it early saves a GIL round trip per batch
+        under load (the waker loses the GIL to the woken thread for up to 5 ms)."""
         self._changes += 1
-        if self._sender_sleeping:
+        if self._sender_sleeping and not (unless_answer_due and self._sender_awaits_answer):
             self._sender_sleeping = False
             try:
                 os.write(self._wake_w, b"x")
@@ -451,10 +468,13 @@ class Producer:
                 pass
 
     def _batch_done(self, batch: _Batch) -> None:
-        """Called by the sender when a batch's future is resolved (with the lock held)."""
+        """The sender resolved a batch: free its bytes. Lock-free (set.discard is atomic and
+        only the sender writes ``_freed``); the lock is taken only to wake a blocked caller."""
         self._incomplete.discard(batch)
-        self._buffered -= batch.size
-        self._space.notify_all()
+        self._freed += batch.size
+        if self._space_waiters:
+            with self._lock:
+                self._space.notify_all()
 
     # ---- metadata -------------------------------------------------------------------------------
     def _partition_count(self, topic: str) -> int:
@@ -522,7 +542,7 @@ class Producer:
     def metrics(self) -> dict:
         s = self._sender
         return {"requests": s.requests, "batches": s.batches, "retries": s.retried,
-                "buffered_bytes": self._buffered}
+                "buffered_bytes": self._queued - self._freed}
 
 
 def _check_record(value, key, headers, timestamp_ms):
@@ -601,12 +621,16 @@ class _Sender:
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
             timeout = min(timeout, max(0.0, min(b.retry_at for b in self.retry) - now))
+        p._sender_wake_at = now + timeout
+        conns = list(self.conns.values())
+        p._sender_awaits_answer = any(c.in_flight for c in conns)
         p._sender_sleeping = True
         if p._changes != seen or timeout == 0.0:
             p._sender_sleeping = False
             timeout = 0.0
-        woke = wait_any(list(self.conns.values()), timeout, p._wake_r)
+        woke = wait_any(conns, timeout, p._wake_r)
         p._sender_sleeping = False
+        p._sender_wake_at = float("inf")
         if woke:
             try:
                 os.read(p._wake_r, 4096)
@@ -749,15 +773,13 @@ class _Sender:
         batch.data = None  # handles may live on; the bytes need not
         if not batch.future.done():
             batch.future.set_result((base, append_time))
-        with self.p._lock:
-            self.p._batch_done(batch)
+        self.p._batch_done(batch)
 
     def _fail(self, batch: _Batch, err: BaseException) -> None:
         batch.data = None
         if not batch.future.done():
             batch.future.set_exception(err)
-        with self.p._lock:
-            self.p._batch_done(batch)
+        self.p._batch_done(batch)
 
     def _fail_everything(self, err: OdradekError) -> None:
         p = self.p
