@@ -2,9 +2,10 @@
 
 Runs in an executor's Python worker, called by the reader's ``read()`` once per fetch answer.
 Pure apart from pyarrow; no state. One Arrow batch per fetch answer (a few thousand to tens of
-thousands of rows): per-record work is C iterators (``zip``, ``map``) over what
-``msgpack.unpackb`` returns; offsets and timestamps become Arrow arrays without a Python loop
-where the batch allows (consecutive offsets, one timestamp per LogAppendTime batch).
+thousands of rows): per-record work is C iterators (``map`` with ``itemgetter``) over the tuples
+``msgpack.unpackb`` returns; offsets, timestamps and timestampType go into ``array.array``
+buffers that Arrow wraps without copying item by item, and the constant topic and partition
+columns are zero-copy slices of cached arrays.
 
 The Arrow types match the declared schema exactly (Spark refuses anything else): binary key and
 value, string topic, int32 partition, int64 offset, timestamp[us, UTC], int32 timestampType,

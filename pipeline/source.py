@@ -24,7 +24,6 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
-from network.protocol import OdradekError
 from pipeline import options as opt
 from pipeline.broker import DataLoss, Planner, RangeFetcher
 from pipeline.columns import ddl, to_arrow
