@@ -51,6 +51,7 @@ import concurrent.futures
 import logging
 import os
 import random
+import struct
 import threading
 import time
 import zlib
@@ -72,6 +73,7 @@ IDLE_WAIT = 1.0  # seconds the sender sleeps with nothing to do (any change wake
 RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack row framing)
 _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
+_CRC_PACK = struct.Struct(">I").pack_into
 _crc32 = zlib.crc32
 _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
@@ -101,7 +103,7 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
     _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
                  base_ts, max_ts, -1, -1, -1, n)
     out[fmt.HEADER_SIZE:] = payload
-    fmt._U32.pack_into(out, fmt.OFFSET_CRC, _crc32(memoryview(out)[fmt.CRC_START:]))
+    _CRC_PACK(out, fmt.OFFSET_CRC, _crc32(memoryview(out)[fmt.CRC_START:]))
     return bytes(out)
 
 
