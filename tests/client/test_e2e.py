@@ -220,3 +220,22 @@ def test_negative_offsets_are_out_of_range_at_the_broker_and_refused_by_the_clie
         c.assign([tp])
         with pytest.raises(ValueError):
             c.seek(tp, -1)
+
+
+def test_keys_headers_tombstones_and_timestamps_round_trip(broker):
+    tp = TopicPartition("shapes", 0)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("shapes")
+    with Producer(broker.bootstrap, linger_ms=20) as p:
+        sent = [p.send("shapes", b"plain"),
+                p.send("shapes", b"keyed", key=b"k1"),
+                p.send("shapes", None, key=b"k1"),
+                p.send("shapes", b"h", headers=[("trace", b"abc"), ("empty", None)]),
+                p.send("shapes", b"stamped", timestamp_ms=1234567)]
+        p.flush()
+    metas = [h.result() for h in sent]
+    records = consume_all(broker.bootstrap, [tp], len(sent))
+    assert [(r.key, r.value) for r in records] == [(None, b"plain"), (b"k1", b"keyed"), (b"k1", None),
+                                                   (None, b"h"), (None, b"stamped")]
+    assert [tuple(h) for h in records[3].headers] == [("trace", b"abc"), ("empty", None)]
+    assert [r.timestamp for r in records] == [m.timestamp for m in metas] and records[4].timestamp == 1234567
