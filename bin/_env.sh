@@ -40,4 +40,11 @@ ensure_env() {
             || { echo "odradek: pip install failed; see the messages above" >&2; exit 1; }
         echo "$have" > "$stamp"
     fi
+    # PySpark registers data sources from top-level modules named pyspark_*: put the
+    # connector's hook on the environment's path so `format("odradek")` needs no set-up.
+    local site
+    site="$("$VENV/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')"
+    if [ ! -f "$site/odradek-autoload.pth" ]; then
+        echo "$ODRADEK_ROOT/pipeline/autoload" > "$site/odradek-autoload.pth"
+    fi
 }

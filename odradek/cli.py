@@ -179,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     if importlib.util.find_spec("odradek.tools"):  # topics, produce, consume, dump-log
         from odradek import tools
         tools.add_parsers(sub, _config_args, _bootstrap)
+    from pipeline import cli as pipeline_cli  # `odradek pipeline run NAME` (pyspark loads lazily)
+    pipeline_cli.add_parser(sub, _config_args, _bootstrap)
     return parser
 
 

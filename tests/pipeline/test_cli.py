@@ -1,7 +1,8 @@
 """Zero-configuration registration and the command line, in one fresh process (its own Spark).
 
 One subprocess for both, since a Spark start costs 10-20 s: it first reads with
-``format("odradek")`` and no ``register`` call (``pipeline/autoload`` on ``PYTHONPATH``), then
+``format("odradek")`` and no ``register`` call (bin/_env.sh puts ``pipeline/autoload`` on the
+environment's path with a ``.pth`` file: nothing is set here), then
 runs ``pipeline.cli.main(["run", "clicks", ...])``, the code behind both
 ``python -m pipeline.cli run clicks`` and ``odradek pipeline run clicks``.
 """
@@ -14,9 +15,6 @@ import textwrap
 
 from tests.conftest import ROOT
 from tests.pipeline.support import create, produce
-
-AUTOLOAD = os.path.join(ROOT, "pipeline", "autoload")
-
 
 def test_zero_config_registration_then_pipeline_run_clicks(mod_broker, topic_name, tmp_path):
     bs = mod_broker.bootstrap
@@ -37,7 +35,7 @@ def test_zero_config_registration_then_pipeline_run_clicks(mod_broker, topic_nam
                            "--output", {out!r}, "--start-ms", "1700000040000"]))
     """)
     env = dict(os.environ, PYSPARK_PYTHON=sys.executable, SPARK_LOCAL_IP="127.0.0.1")
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, AUTOLOAD, os.environ.get("PYTHONPATH")) if p)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH")) if p)
     r = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=240,
                        cwd=str(tmp_path))
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
