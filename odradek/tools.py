@@ -1,4 +1,5 @@
-"""Command line client tools, mirroring Kafka's: ``topics``, ``produce``, ``consume``, ``dump-log``.
+"""Command line client tools, mirroring Kafka's: ``topics``, ``produce``, ``consume``, ``dump-log``,
+``groups``.
 
 Registered by ``odradek.cli`` through ``add_parsers``; each command runs in the CLI's one
 thread (the Producer it creates owns its sender thread until the command returns).
@@ -8,6 +9,8 @@ thread (the Producer it creates owns its sender thread until the command returns
     printf 'k1:v1\\nk2:v2\\n' | odradek produce orders --key-separator :
     odradek consume orders --from-beginning --max-messages 10 --property print.key=true
     odradek dump-log /var/lib/odradek/orders-0           # or one .log/.index/.timeindex file
+    odradek groups --list | --describe G | --delete G
+    odradek groups --reset-offsets G --topic orders --to-earliest|--to-latest|--to-datetime T|--shift-by N [--execute]
 
 Errors print one line naming the problem (the CLI adds the error code) and exit 1.
 """
@@ -82,6 +85,26 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     p.add_argument("--batches-only", action="store_true", help="print batch headers without their records")
     p.add_argument("--max-bytes", type=int, default=0, help="print at most this many bytes of each key/value")
     p.set_defaults(func=cmd_dump_log)
+
+    p = sub.add_parser("groups", help="list, describe (with lag), reset offsets of, or delete consumer groups "
+                                      "(like kafka-consumer-groups)")
+    config_args(p)
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    g = p.add_mutually_exclusive_group(required=True)
+    g.add_argument("--list", action="store_true")
+    g.add_argument("--describe", nargs="?", const="", metavar="GROUP")
+    g.add_argument("--reset-offsets", nargs="?", const="", metavar="GROUP")
+    g.add_argument("--delete", nargs="?", const="", metavar="GROUP")
+    p.add_argument("--group", help="the group (instead of naming it after the action)")
+    p.add_argument("--topic", action="append", default=[], help="reset: a topic (repeatable; default: every "
+                                                                  "topic the group has committed offsets for)")
+    to = p.add_mutually_exclusive_group()
+    to.add_argument("--to-earliest", action="store_true")
+    to.add_argument("--to-latest", action="store_true")
+    to.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:MM:SS[.mmm][+HH:MM]")
+    to.add_argument("--shift-by", type=int, metavar="N")
+    p.add_argument("--execute", action="store_true", help="reset: apply (without it, only show the plan)")
+    p.set_defaults(func=cmd_groups)
 
 
 def _one_line_errors(command):
@@ -296,6 +319,72 @@ def _format(r, show: dict, sep: bytes) -> bytes:
         parts.append(r.key if r.key is not None else b"null")
     parts.append(r.value if r.value is not None else b"null")
     return sep.join(parts) + b"\n"
+
+
+# ---- groups -----------------------------------------------------------------------------------
+@_one_line_errors
+def cmd_groups(args) -> int:
+    from odradek.group import GroupAdmin
+    with GroupAdmin(_bootstrap_of(args), request_timeout_ms=TIMEOUT_MS) as admin:
+        if args.list:
+            for g in admin.list():
+                print(f"{g['group_id']}\t{g['group_state']}")
+            return 0
+        group = next((v for v in (args.describe, args.reset_offsets, args.delete) if v), None) or args.group
+        if not group:
+            raise OdradekError("name the group: --describe GROUP (or --group GROUP)", ErrorCode.INVALID_REQUEST)
+        if args.describe is not None:
+            _print_group(admin.describe(group))
+        elif args.delete is not None:
+            admin.delete(group)
+            print(f"Deleted group {group}.")
+        else:
+            to, value = _reset_target(args)
+            plan = admin.reset_offsets(group, args.topic or None, to=to, value=value, execute=args.execute)
+            print(f"{'GROUP':<20} {'TOPIC':<20} {'PARTITION':>9} {'OLD-OFFSET':>10} {'NEW-OFFSET':>10}")
+            for tp, (old, new) in plan.items():
+                print(f"{group:<20} {tp.topic:<20} {tp.partition:>9} {'-' if old is None else old:>10} {new:>10}")
+            if not args.execute:
+                print("(dry run: add --execute to apply)")
+    return 0
+
+
+def _reset_target(args) -> tuple[str, object]:
+    if args.to_earliest:
+        return "earliest", None
+    if args.to_latest:
+        return "latest", None
+    if args.shift_by is not None:
+        return "shift", args.shift_by
+    if args.to_datetime:
+        import datetime
+        try:
+            when = datetime.datetime.fromisoformat(args.to_datetime)
+        except ValueError:
+            raise OdradekError(f"--to-datetime {args.to_datetime!r} is not an ISO date-time", ErrorCode.INVALID_REQUEST)
+        if when.tzinfo is None:
+            when = when.astimezone()  # local time, as Kafka's tool
+        return "datetime", int(when.timestamp() * 1000)
+    raise OdradekError("--reset-offsets needs --to-earliest, --to-latest, --to-datetime or --shift-by",
+                       ErrorCode.INVALID_REQUEST)
+
+
+def _print_group(d: dict) -> None:
+    dash = lambda v: "-" if v is None else v  # noqa: E731
+    print(f"GROUP {d['group_id']}  state {d['group_state']}  epoch {d['group_epoch']}  "
+          f"assignor {d['assignor_name'] or '-'}  members {len(d['members'])}")
+    print()
+    print(f"{'TOPIC':<20} {'PARTITION':>9} {'CURRENT-OFFSET':>14} {'LOG-END-OFFSET':>14} {'LAG':>8}  MEMBER")
+    for r in d["partitions"]:
+        print(f"{r['topic']:<20} {r['partition']:>9} {dash(r['committed']):>14} {dash(r['log_end']):>14} "
+              f"{dash(r['lag']):>8}  {dash(r['member_id'])}")
+    if d["members"]:
+        print()
+        print(f"{'MEMBER':<34} {'INSTANCE':<12} {'HOST':<16} {'CLIENT':<18} {'EPOCH':>5}  ASSIGNMENT")
+        for m in d["members"]:
+            parts = ",".join(f"{a['topic']}-{p}" for a in m["assignment"] for p in a["partitions"])
+            print(f"{m['member_id']:<34} {dash(m['instance_id']):<12} {m['client_host'] or '-':<16} "
+                  f"{m['client_id'] or '-':<18} {m['member_epoch']:>5}  {parts or '-'}")
 
 
 # ---- dump-log ---------------------------------------------------------------------------------
