@@ -43,6 +43,7 @@ from odradek.types import TopicPartition
 log = logging.getLogger("odradek.group")
 
 MIN_HEARTBEAT_GAP = 0.02  # seconds between heartbeats that report nothing new
+HEARTBEAT_GRACE = 5.0  # seconds past its hold time after which a heartbeat counts as lost
 FATAL = (ErrorCode.FENCED_INSTANCE_ID, ErrorCode.GROUP_MAX_SIZE_REACHED, ErrorCode.INVALID_GROUP_ID,
          ErrorCode.UNSUPPORTED_ASSIGNOR, ErrorCode.INVALID_SESSION_TIMEOUT, ErrorCode.INVALID_REQUEST)
 
@@ -421,7 +422,10 @@ class GroupMembership:
         body, wait = self._request_body()
         result: list = []
         conn.send(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, (), lambda frame, err: result.append((frame, err)))
-        deadline = time.monotonic() + wait + self.request_timeout
+        # A held heartbeat is answered within ``wait``; one still silent well after that went to
+        # a coordinator that died (its processor would wait request.timeout.ms): reconnect
+        # sooner than a session timeout, so a restarted coordinator sees us in time.
+        deadline = time.monotonic() + wait + min(self.request_timeout, HEARTBEAT_GRACE)
         while not result:
             left = deadline - time.monotonic()
             if left <= 0:
