@@ -22,7 +22,6 @@ closes the connection the same way (as Kafka does). A top-level error body becom
 from __future__ import annotations
 
 import collections
-import errno
 import itertools
 import select
 import socket

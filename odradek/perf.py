@@ -30,7 +30,6 @@ import struct
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 _STAMP = struct.Struct(">q")

@@ -16,7 +16,6 @@ Errors print one line naming the problem (the CLI adds the error code) and exit 
 """
 from __future__ import annotations
 
-import argparse
 import mmap
 import os
 import sys
