@@ -30,6 +30,7 @@ from log.errors import OffsetOutOfRangeError, StorageError
 from log.records import BatchHeader, CorruptRecordError
 from log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_paths
 
+TAIL_HINTS = 1024  # tail positions a LogReader remembers (see LogReader._tail)
 EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP = -1  # ListOffsets: the log end offset
 
@@ -201,7 +202,14 @@ class LogReader:
         self.bounds = bounds
         self._segments: list[ReaderSegment] = []
         self._bases: list[int] = []
+        # Tail positions: every bounds update says "the batch at offset log_end_offset will
+        # start at byte active_size of the active segment". Kept for the last TAIL_HINTS
+        # updates, they let a caught-up reader (the common case: a consumer fetching from
+        # the offset it was last told is the end) find its batch with no index search and
+        # no header scan. Dropped whenever the active segment changes or shrinks.
+        self._tail: dict[int, int] = {}
         self._relist()
+        self._note_tail(bounds)
 
     def update(self, bounds: LogBounds) -> None:
         """Adopt the writer's latest bounds; re-list files if the segment set changed."""
@@ -209,9 +217,19 @@ class LogReader:
         self.bounds = bounds
         if (bounds.generation != old.generation or not self._segments
                 or bounds.active_base_offset != self._segments[-1].base_offset):
+            self._tail.clear()
             self._relist()
         else:
+            if bounds.active_size < old.active_size or bounds.log_end_offset < old.log_end_offset:
+                self._tail.clear()  # truncated: positions past the new end are void
             self._apply_active_bound()
+        self._note_tail(bounds)
+
+    def _note_tail(self, bounds: LogBounds) -> None:
+        tail = self._tail
+        tail[bounds.log_end_offset] = bounds.active_size
+        if len(tail) > TAIL_HINTS:
+            del tail[next(iter(tail))]  # oldest first: dicts keep insertion order
 
     def _relist(self) -> None:
         for seg in self._segments:
@@ -243,8 +261,31 @@ class LogReader:
 
     def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> ReadResult:
         b = self.bounds
+        start = self._tail.get(offset)
+        if start is not None and self._segments and b.log_start_offset <= offset:
+            found = self._read_tail(offset, start, max_bytes, upper_bound)
+            if found is not None:
+                return found
         return plan_read(self._segments, self._bases, offset, max_bytes, upper_bound,
                          b.log_start_offset, b.log_end_offset, b.high_watermark)
+
+    def _read_tail(self, offset: int, start: int, max_bytes: int, upper_bound: int | None) -> ReadResult | None:
+        """Whole batches from a known tail position, or None to take the indexed path."""
+        b = self.bounds
+        bound = b.log_end_offset if upper_bound is None else min(upper_bound, b.log_end_offset)
+        if offset >= bound:
+            return None  # plan_read answers empty (or out of range) with its own checks
+        end = b.active_size if bound == b.log_end_offset else self._tail.get(bound)
+        if end is None or end <= start:
+            return None
+        if end - start > max_bytes:  # stop at the last known batch boundary within max_bytes
+            end = max((p for o, p in self._tail.items() if offset < o <= bound and p - start <= max_bytes),
+                      default=None)
+            if end is None:
+                return None  # the first batch alone is larger: plan_read serves it whole
+        seg = self._segments[-1]
+        return ReadResult(offset, (FileSlice(seg.log_path, start, end - start, offset),),
+                          b.log_start_offset, b.log_end_offset, b.high_watermark)
 
     def offset_for_time(self, timestamp: int) -> TimestampOffset | None:
         b = self.bounds
