@@ -20,6 +20,7 @@ compaction (``log.cleaner.backoff.ms``).
 """
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import os
 import shutil
@@ -34,6 +35,7 @@ from network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.log")
 
+CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
 FETCH_ACTOR = "fetch"
 CONTROLLER = "controller"
 
@@ -69,11 +71,17 @@ class LogActor(Actor):
         self.call_every(config["log.cleaner.backoff.ms"] / 1000, self._clean)
 
     def on_stop(self) -> None:
-        for p in self.logs.values():
+        """Close every log cleanly (flush, checkpoints, clean-shutdown marker). Closing is
+        mostly fsync, which releases the GIL: thousands of partitions close in parallel
+        threads within ``shutdown.timeout.ms`` instead of one after another."""
+        def close(p: PartitionLog) -> None:
             try:
                 p.log.close()
             except OdradekError as exc:
                 log.error("closing %s-%d: %s", p.topic, p.partition, exc.message)
+
+        with concurrent.futures.ThreadPoolExecutor(max_workers=CLOSE_THREADS) as pool:
+            list(pool.map(close, self.logs.values()))
 
     def stats(self) -> dict:
         return {"partitions": len(self.logs), "appends": self.appends}

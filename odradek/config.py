@@ -170,7 +170,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "An actor that sends no heartbeat for this long is killed and restarted.", _at_least(1000)),
     Setting("actor.memory.limit.bytes", int, 0,
             "An actor whose resident memory passes this is restarted; 0 means no limit.", _at_least(0)),
-    Setting("actor.start.timeout.ms", int, 30000, "Time an actor has to report ready at start.", _at_least(100)),
+    Setting("actor.start.timeout.ms", int, 120000,
+            "Time an actor has to report ready at start (log actors recover their partitions first: "
+            "thousands of partitions after a crash can take tens of seconds).", _at_least(100)),
     Setting("log.level", str, "INFO", "Logging level of every actor.",
             _one_of("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")),
 ]}
