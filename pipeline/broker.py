@@ -23,6 +23,7 @@ from typing import Iterator
 
 from log import records as fmt
 from network.client import BrokerConnection, parse_bootstrap
+from odradek.consumer import split_batches  # one walk of a fetch answer's batches, shared with the client
 from network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.pipeline")
@@ -31,9 +32,6 @@ CLIENT_ID = "odradek-spark"
 FETCH_MAX_WAIT_MS = 500
 RETRY_BACKOFF = (0.05, 1.0)  # first and longest sleep between attempts, seconds
 
-_read_header = fmt.HEADER.unpack_from
-_make_header = fmt.BatchHeader._make
-_HEADER_SIZE = fmt.HEADER_SIZE
 
 
 class DataLoss(Exception):
@@ -225,7 +223,7 @@ class RangeFetcher:
         frames = resp.frames
         view = frames[0] if len(frames) == 1 else memoryview(b"".join(frames))
         size = part.get("records_size", len(view))
-        batches, stop = split(view, 0, min(size, len(view)))
+        batches, stop = split_batches(view, 0, min(size, len(view)))
         if not batches:
             if stop == "bad header":
                 raise OdradekError(f"{self.name}: corrupt batch header at offset {pos}", ErrorCode.CORRUPT_MESSAGE)
@@ -255,25 +253,6 @@ class DataLossSkip(Exception):
     def __init__(self, offset: int):
         super().__init__(offset)
         self.offset = offset
-
-
-def split(view, start: int, end: int) -> tuple[list, str | None]:
-    """Whole batches in ``view[start:end]`` as ``[(position, BatchHeader)]`` and why the walk
-    stopped early (None: every byte used). A torn or zero-padded tail ends the walk quietly."""
-    out = []
-    pos = start
-    while pos < end:
-        if end - pos < _HEADER_SIZE:
-            return out, "partial header"
-        h = _make_header(_read_header(view, pos))
-        if h.magic != fmt.MAGIC or h.batch_length < fmt.MIN_BATCH_LENGTH or h.record_count < 1 \
-                or h.last_offset_delta < h.record_count - 1 or h.base_offset < 0:
-            return out, "zero padding" if not any(bytes(view[pos:pos + _HEADER_SIZE])) else "bad header"
-        if pos + h.size > end:
-            return out, "partial batch"
-        out.append((pos, h))
-        pos += h.size
-    return out, None
 
 
 def check_crc(view, pos: int, h, name: str) -> None:

@@ -5,7 +5,7 @@ import pytest
 
 from log.records import encode_records, Record
 from pipeline import options as opt
-from pipeline.broker import split
+from odradek.consumer import split_batches as split
 from pipeline.columns import ARROW_SCHEMA, ARROW_SCHEMA_HEADERS, to_arrow
 from pipeline.source import OffsetRange, from_json_offsets, rate_limit, split_ranges, to_json_offsets
 
