@@ -20,6 +20,7 @@ import zlib
 
 from log.config import LogConfig
 from log.errors import InvalidConfigError
+from log.files import FileLayer
 from network.protocol import ErrorCode, OdradekError
 
 LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
@@ -97,19 +98,9 @@ class TopicRegistry:
 
     def _save(self) -> None:
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        tmp = self.path + ".tmp"
         data = {"format": FILE_VERSION, "version": self.version,
                 "topics": [t.to_dict() for t in self.topics.values()]}
-        with open(tmp, "w") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        fd = os.open(os.path.dirname(self.path), os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        FileLayer().write_file_atomically(self.path, json.dumps(data, indent=1, sort_keys=True).encode())
 
     # ---- reads -----------------------------------------------------------------------
     def get(self, name: str) -> Topic:

@@ -163,7 +163,7 @@ def _swap_in(lg: Log, old: LogSegment, batches: list) -> LogSegment:
     # 1. write the three .cleaned files and make them durable
     targets = ((old.index_path, odata), (old.timeindex_path, tdata), (old.log_path, data))
     for path, content in targets:
-        _write_durably(files, path + CLEANED_SUFFIX, content)
+        files.write_file_durably(path + CLEANED_SUFFIX, content)
     # 2. .cleaned -> .swap, the log last: its .swap is the commit point
     for path, _ in targets:
         files.rename(path + CLEANED_SUFFIX, path + SWAP_SUFFIX)
@@ -180,12 +180,3 @@ def _swap_in(lg: Log, old: LogSegment, batches: list) -> LogSegment:
     lg.replace_segment(old, new)
     old.close(trim=False)
     return new
-
-
-def _write_durably(files, path: str, content: bytes) -> None:
-    fd = files.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
-    try:
-        files.write_all(fd, content, 0)
-        files.fsync(fd)
-    finally:
-        files.close(fd)

@@ -105,14 +105,18 @@ class FileLayer:
             position += n
             view = view[n:]
 
-    def write_file_atomically(self, path: str, data: bytes) -> None:
-        """temp file, fsync, rename over ``path``, fsync the directory."""
-        tmp = path + ".tmp"
-        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    def write_file_durably(self, path: str, data: bytes) -> None:
+        """Create or replace ``path`` with ``data`` and fsync it (not the directory)."""
+        fd = self.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         try:
             self.write_all(fd, data, 0)
             self.fsync(fd)
         finally:
             self.close(fd)
+
+    def write_file_atomically(self, path: str, data: bytes) -> None:
+        """temp file, fsync, rename over ``path``, fsync the directory."""
+        tmp = path + ".tmp"
+        self.write_file_durably(tmp, data)
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
