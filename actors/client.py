@@ -8,14 +8,12 @@ from __future__ import annotations
 
 import itertools
 import os
-import time
 from typing import Any, Sequence
 
 import zmq
 
-from actors.message import Message, decode, encode_header
-from actors.runtime import LINGER_MS, mailbox_address, mailbox_path
-from network.protocol import ErrorCode, OdradekError
+from actors.message import Message, encode_header
+from actors.runtime import LINGER_MS, await_reply, mailbox_address, mailbox_path
 
 _seq = itertools.count()
 
@@ -49,20 +47,7 @@ class MailboxClient:
         timeout (REQUEST_TIMED_OUT)."""
         corr = next(self._corr)
         self._peer(to).send_multipart([encode_header(type_, corr, self.name, fields), *frames], copy=False)
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0 or not self.inbox.poll(int(left * 1000) + 1):
-                if time.monotonic() >= deadline:
-                    raise OdradekError(f"no answer from {to} to '{type_}' within {timeout:g}s",
-                                       ErrorCode.REQUEST_TIMED_OUT)
-                continue
-            msg = decode(self.inbox.recv_multipart(copy=False))
-            if msg.corr != corr:
-                continue  # a late answer to an earlier request that timed out
-            if msg.is_error:
-                raise OdradekError(msg.error_message, ErrorCode.of(msg.error_code))
-            return msg
+        return await_reply(self.inbox, corr, timeout, f"no answer from {to} to '{type_}'")
 
     def close(self) -> None:
         for sock in self._peers.values():

@@ -258,24 +258,8 @@ class Actor:
         once the loop runs. Raises OdradekError on an ``_error`` answer or timeout."""
         corr = next(self._corr)
         self.send(to, type_, fields, frames, corr=corr, reply_to=self.name)
-        deadline = self.clock() + timeout
-        while True:
-            left = deadline - self.clock()
-            if left <= 0 or not self.mailbox.poll(int(left * 1000) + 1):
-                if self.clock() >= deadline:
-                    raise OdradekError(f"{self.name}: no answer from {to} to '{type_}' within {timeout:g}s",
-                                       ErrorCode.REQUEST_TIMED_OUT)
-                continue
-            frames_in = self.mailbox.recv_multipart(copy=False)
-            try:
-                msg = decode(frames_in)
-            except MalformedMessage:
-                continue
-            if msg.corr == corr and msg.is_reply:
-                if msg.is_error:
-                    raise OdradekError(msg.error_message, ErrorCode.of(msg.error_code))
-                return msg
-            self._early.append(frames_in)
+        return await_reply(self.mailbox, corr, timeout, f"{self.name}: no answer from {to} to '{type_}'",
+                           keep=self._early.append)
 
     def hold(self, msg: Message) -> None:
         """Nothing to do: a received request stays open until answered or forwarded.
@@ -545,6 +529,32 @@ class Actor:
 
 def _ignore(_msg: Message) -> None:
     pass
+
+
+def await_reply(sock: zmq.Socket, corr: int, timeout: float, what: str,
+                keep: Callable[[Any], Any] | None = None) -> Message:
+    """Block on ``sock`` until the answer to ``corr`` arrives (for code outside an actor's
+    loop: ``Actor.call`` at start-up, ``MailboxClient``). Other messages go to ``keep``
+    (raw frames) or are dropped (late answers to requests that timed out). Raises
+    OdradekError on an ``_error`` answer, REQUEST_TIMED_OUT after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not sock.poll(int(left * 1000) + 1):
+            if time.monotonic() >= deadline:
+                raise OdradekError(f"{what} within {timeout:g}s", ErrorCode.REQUEST_TIMED_OUT)
+            continue
+        frames = sock.recv_multipart(copy=False)
+        try:
+            msg = decode(frames)
+        except MalformedMessage:
+            continue
+        if msg.corr == corr and msg.is_reply:
+            if msg.is_error:
+                raise OdradekError(msg.error_message, ErrorCode.of(msg.error_code))
+            return msg
+        if keep is not None:
+            keep(frames)
 
 
 PR_SET_PDEATHSIG = 1
