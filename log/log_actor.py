@@ -203,10 +203,12 @@ class LogActor(Actor):
             self.reply(msg, fields)
 
     # ---- timers ------------------------------------------------------------------------
-    def _each(self, what: str, fn) -> None:
+    def _each(self, what: str, fn, changes_bounds: bool = True) -> None:
+        """Run ``fn(log)`` on every log; a truthy result (when ``changes_bounds``) means the
+        log's bounds changed and the fetch actor must hear of it."""
         for key, p in list(self.logs.items()):
             try:
-                if fn(p.log):
+                if fn(p.log) and changes_bounds:
                     self._dirty.add(key)
             except OdradekError as exc:
                 log.error("%s of %s-%d failed: %s", what, key[0], key[1], exc.message)
@@ -216,10 +218,10 @@ class LogActor(Actor):
         self._each("retention", lambda lg: (lg.apply_retention() or 0) + (lg.delete_expired_files() or 0))
 
     def _flush(self) -> None:
-        self._each("flush", lambda lg: lg.maybe_flush() and False)
+        self._each("flush", Log.maybe_flush, changes_bounds=False)
 
     def _checkpoint(self) -> None:
-        self._each("checkpoint", lambda lg: lg.checkpoint() and False)
+        self._each("checkpoint", Log.checkpoint, changes_bounds=False)
 
     def _clean(self) -> None:
         self._each("compaction", lambda lg: lg.config.compact and cleaner.clean(lg).cleaned)

@@ -169,13 +169,13 @@ class RequestHandler(Actor):
             return
         if len(per_host) <= 1:
             if not per_host:
-                self.reply(msg, {"body": _produce_body(errors, [])})
+                self.reply(msg, {"body": _partition_body(errors, [], PRODUCE_ERROR)})
                 return
             host, (parts, frames) = next(iter(per_host.items()))
             self.forward(msg, host, "produce", {"acks": acks, "parts": parts, "errors": errors}, frames)
             return
         self._gather(msg, [(host, "produce", {"acks": acks, "parts": parts}, frames)
-                           for host, (parts, frames) in per_host.items()], errors)
+                           for host, (parts, frames) in per_host.items()], errors, PRODUCE_ERROR)
 
     def _route(self, msg: Message, topics: list, acks: int) -> tuple[dict, list]:
         """Group a produce's partitions by log actor; errors for the ones that fail checks."""
@@ -217,7 +217,7 @@ class RequestHandler(Actor):
     def _host(self, topic: str, partition: int) -> str:
         return f"log-{placement(topic, partition, self.log_hosts)}"
 
-    def _gather(self, msg: Message, targets: list, errors: list) -> None:
+    def _gather(self, msg: Message, targets: list, errors: list, blank: dict) -> None:
         """Scatter ``targets`` (to, type, fields, frames); answer with the merged bodies."""
         pending = {"n": len(targets), "topics": {}}
 
@@ -230,7 +230,7 @@ class RequestHandler(Actor):
                     pending["topics"].setdefault(t["name"], []).extend(t["partitions"])
             pending["n"] -= 1
             if pending["n"] == 0:
-                self.reply(msg, {"body": _produce_body(errors, pending["topics"].items())})
+                self.reply(msg, {"body": _partition_body(errors, pending["topics"].items(), blank)})
 
         for to, type_, fields, frames in targets:
             self.request(to, type_, fields, frames, timeout=GATHER_TIMEOUT,
@@ -249,10 +249,10 @@ class RequestHandler(Actor):
                 else:
                     per_host.setdefault(self._host(name, index), []).append([name, index, offset])
         if not per_host:
-            self.reply(msg, {"body": _produce_body(errors, [])})
+            self.reply(msg, {"body": _partition_body(errors, [], DELETE_RECORDS_ERROR)})
             return
         self._gather(msg, [(host, "delete_records", {"parts": parts}, ()) for host, parts in per_host.items()],
-                     errors)
+                     errors, DELETE_RECORDS_ERROR)
 
     def to_fetch_actor(self, msg: Message, body: dict) -> None:
         self.forward(msg, FETCH_ACTOR, "fetch" if msg.get("api") == ApiKey.FETCH else "list_offsets",
@@ -491,13 +491,16 @@ def _topic_resources(body: dict) -> list[dict]:
     return [r for r in resources if isinstance(r, dict) and r.get("type") == "topic"]
 
 
-def _produce_body(errors: list, topics) -> dict:
+# The fields of a failed partition's entry, per API (besides index, error_code, error_message).
+PRODUCE_ERROR = {"base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1}
+DELETE_RECORDS_ERROR = {"low_watermark": -1}
+
+
+def _partition_body(errors: list, topics, blank: dict) -> dict:
     """A per-partition response body from merged partition entries and early errors."""
     out = {name: list(parts) for name, parts in topics}
     for name, index, code, message in errors:
-        out.setdefault(name, []).append({"index": index, "error_code": code, "error_message": message,
-                                         "base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1,
-                                         "low_watermark": -1})
+        out.setdefault(name, []).append({"index": index, "error_code": code, "error_message": message, **blank})
     return {"topics": [{"name": name, "partitions": parts} for name, parts in out.items()]}
 
 
