@@ -122,8 +122,6 @@ class RequestHandler(Actor):
         }
 
     def on_start(self) -> None:
-        if self.args.get("standalone"):  # a tree without a controller (network tests)
-            return
         self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields)
 
     def on_metadata(self, msg: Message) -> None:

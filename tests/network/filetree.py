@@ -2,16 +2,20 @@
 
 ``FileHandler`` answers FETCH with the file regions named in its body (as the fetch actor
 will: ``_reply {body, files}``), so the processor's sendfile path can be tested end to end.
-``python -m tests.network.filetree RUN_DIR`` runs acceptor, processor and a FileHandler
-under the generic supervisor and prints ``ready <port>``; SIGTERM stops it.
+``python -m tests.network.filetree RUN_DIR`` runs the broker's controller (the handler
+fetches topic metadata from it at start), acceptor, processor and a FileHandler under the
+generic supervisor and prints ``ready <port>``; SIGTERM stops it.
 """
 from __future__ import annotations
 
+import os
 import sys
 
-from actors.supervisor import ChildSpec, Supervisor, run_supervisor
+from actors.supervisor import Supervisor, run_supervisor
 from network.handler import SUPPORTED, RequestHandler
 from network.protocol import ApiKey
+from odradek import config as cfg
+from odradek.broker import actor_specs
 
 
 class FileHandler(RequestHandler):
@@ -26,12 +30,15 @@ class FileHandler(RequestHandler):
 
 
 def main(run_dir: str) -> int:
-    config = {"listeners": "PLAINTEXT://127.0.0.1:0", "broker.id": 0}
-    args = {"config": config, "broker_id": 0, "standalone": True}  # no controller in this tree
-    specs = [ChildSpec("handler", "tests.network.filetree:FileHandler", 1, args, watchers=("processor",),
-                       scalable=True),
-             ChildSpec("processor", "network.processor:Processor", 1, args, watchers=("acceptor",)),
-             ChildSpec("acceptor", "network.acceptor:Acceptor", 1, args)]
+    os.makedirs(run_dir + "-data", exist_ok=True)
+    config = cfg.load(None, ["listeners=PLAINTEXT://127.0.0.1:0", f"log.dirs={run_dir}-data",
+                             "num.io.threads=1", "num.network.threads=1"])
+    specs = []
+    for spec in actor_specs(config):  # the broker's own tree, minus the storage roles
+        if spec.role == "handler":
+            spec.cls = "tests.network.filetree:FileHandler"
+        if spec.role in ("controller", "handler", "processor", "acceptor"):
+            specs.append(spec)
 
     def ready(sup: Supervisor) -> None:
         print(f"ready {sup.children['acceptor'].ready_info['port']}", flush=True)
