@@ -29,89 +29,41 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import psutil
 
 from log.records import encode_batch
+from odradek.local import LocalBroker
 
 MiB = 1 << 20
 TOPIC_MAX = 1000
 
 
-class Broker:
-    """One ``odradek serve`` subprocess on 127.0.0.1, port 0."""
+class Broker(LocalBroker):
+    """A broker for one configuration, timed: ``start`` and ``stop`` return seconds."""
 
-    def __init__(self, data_dir: str, threads: int, extra: list[str]):
-        self.data_dir, self.threads, self.extra = data_dir, threads, extra
-        self.proc: subprocess.Popen | None = None
-        self.port = None
-        self.started_s = None
+    def __init__(self, data_dir: str, threads: int, extra: list[str], start_timeout: float = 600.0):
+        settings = {"num.log.threads": threads, "log.level": "WARNING",
+                    "actor.start.timeout.ms": int(start_timeout * 1000)}
+        settings.update(s.split("=", 1) for s in extra)
+        super().__init__(data_dir, settings, start_timeout=start_timeout)
 
-    def start(self, timeout: float = 600.0) -> float:
-        cmd = [sys.executable, "-m", "odradek", "serve", "--set", "listeners=PLAINTEXT://127.0.0.1:0",
-               "--set", f"log.dirs={self.data_dir}", "--set", f"num.log.threads={self.threads}",
-               "--set", "log.level=WARNING", "--set", f"actor.start.timeout.ms={int(timeout * 1000)}",
-               *sum((["--set", s] for s in self.extra), [])]
-        t = time.perf_counter()
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-        ready = threading.Event()
-
-        def watch():
-            for line in self.proc.stdout:
-                if "ready on" in line:
-                    self.port = int(line.split("ready on ", 1)[1].split()[0].rsplit(":", 1)[1])
-                    ready.set()
-            ready.set()
-        threading.Thread(target=watch, daemon=True).start()
-        if not ready.wait(timeout) or self.port is None:
-            self.kill()
-            raise RuntimeError(f"broker did not get ready in {timeout:.0f}s")
-        self.started_s = time.perf_counter() - t
+    def start(self) -> float:
+        super().start()
         return self.started_s
 
     def status(self) -> list[dict]:
-        from actors.client import MailboxClient
-        from odradek import config as cfg
-        run_dir = cfg.run_dir(cfg.load(None, [f"log.dirs={self.data_dir}"]))
-        with MailboxClient(run_dir) as client:
-            return client.request("supervisor", "status", timeout=30.0).fields["actors"]
-
-    def pids(self) -> list[int]:
-        return [self.proc.pid] + [c.pid for c in psutil.Process(self.proc.pid).children(recursive=True)]
+        return super().status(timeout=30.0)["actors"]
 
     def stop(self, timeout: float = 300.0) -> float:
-        """SIGTERM the supervisor (it stops its tree); seconds until it exited."""
+        """SIGTERM the supervisor (it stops its tree); seconds until everything exited."""
         t = time.perf_counter()
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            self.kill()
+        super().stop(timeout)
         return time.perf_counter() - t
-
-    def kill(self) -> None:
-        """SIGKILL the supervisor, then each actor process it had, one PID at a time."""
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        pids = self.pids()
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait(30)
-        for pid in pids[1:]:
-            try:
-                psutil.Process(pid).wait(30)
-            except psutil.Error:
-                pass
 
 
 def _disk_bytes(path: str) -> int:

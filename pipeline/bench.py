@@ -19,49 +19,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import re
 import shutil
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 
-READY = re.compile(r"odradek ready on (\S+):(\d+)")
+from odradek.local import LocalBroker
 
-
-class _Broker:
-    """A throwaway ``odradek serve`` on 127.0.0.1 (stopped by ``stop``, whatever happened)."""
+class _Broker(LocalBroker):
+    """A throwaway broker in a temporary directory, removed with it on ``stop``."""
 
     def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="odradek-bench-")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "odradek", "serve", "--set", "listeners=PLAINTEXT://127.0.0.1:0",
-             "--set", f"log.dirs={self.dir}/data", "--set", f"run.dir={self.dir}/run"],
-            stdout=subprocess.PIPE, stderr=open(os.path.join(self.dir, "stderr"), "wb"), text=True,
-            start_new_session=True, cwd=self.dir)
-        deadline = time.monotonic() + 60
-        for line in self.proc.stdout:
-            m = READY.search(line)
-            if m:
-                self.bootstrap = f"{m.group(1)}:{m.group(2)}"
-                return
-            if time.monotonic() > deadline:
-                break
-        self.stop()
-        raise RuntimeError("the benchmark's broker did not start")
+        super().__init__(tempfile.mkdtemp(prefix="odradek-bench-"))
+        self.start()
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(20)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(5)
-        shutil.rmtree(self.dir, ignore_errors=True)
+        super().stop()
+        shutil.rmtree(self.data_dir, ignore_errors=True)
 
 
 def _create(bootstrap: str, topic: str, partitions: int) -> None:

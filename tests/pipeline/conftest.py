@@ -30,27 +30,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-class RestartableBroker:
-    """A broker on a fixed port and data directory that can be stopped and started again."""
+class RestartableBroker(BrokerProcess):
+    """A broker on a fixed port and data directory, so a restarted one is found where the
+    running queries' executors look for it."""
 
     def __init__(self, data_dir: str, **settings):
-        self.data_dir = data_dir
-        self.port = free_port()
-        self.settings = {"listeners": f"PLAINTEXT://127.0.0.1:{self.port}", **settings}
-        self.proc: BrokerProcess | None = None
+        self.fixed_port = free_port()
+        super().__init__(data_dir, {"listeners": f"PLAINTEXT://127.0.0.1:{self.fixed_port}", **settings})
 
     @property
-    def bootstrap(self) -> str:
-        return f"127.0.0.1:{self.port}"
-
-    def start(self) -> "RestartableBroker":
-        self.proc = BrokerProcess(self.data_dir, dict(self.settings)).start()
-        return self
-
-    def stop(self) -> None:
-        if self.proc is not None:
-            self.proc.stop()
-            self.proc = None
+    def bootstrap(self) -> str:  # also while restarting
+        return f"127.0.0.1:{self.fixed_port}"
 
     def restart(self) -> None:
         self.stop()
