@@ -100,10 +100,7 @@ class Admin:
     def delete_records(self, offsets: dict) -> dict:
         """Delete records below the given offsets: ``{TopicPartition: offset}`` -> the new
         low watermark of each partition (``{TopicPartition: low_watermark}``)."""
-        by_topic: dict[str, list] = {}
-        for tp, offset in offsets.items():
-            by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "offset": offset})
-        body = {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()],
+        body = {"topics": _by_topic((tp, {"offset": offset}) for tp, offset in offsets.items()),
                 "timeout_ms": self.request_timeout_ms}
         out = {}
         for t in self._call(ApiKey.DELETE_RECORDS, body)["topics"]:
@@ -116,10 +113,7 @@ class Admin:
     def list_offsets(self, partitions: Iterable[TopicPartition], timestamp: int = -1) -> dict:
         """``{TopicPartition: offset}`` for ``timestamp`` -1 (latest), -2 (earliest) or a time in
         ms (the first offset with a timestamp at or after it; -1 if none)."""
-        by_topic: dict[str, list] = {}
-        for tp in partitions:
-            by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "timestamp": timestamp})
-        body = {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+        body = {"topics": _by_topic((tp, {"timestamp": timestamp}) for tp in partitions)}
         out = {}
         for t in self._call(ApiKey.LIST_OFFSETS, body)["topics"]:
             for p in t["partitions"]:
@@ -135,3 +129,11 @@ class Admin:
             raise error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"{doing}: the broker's answer does not mention it")
         check(item.get("error_code"), item.get("error_message"), doing)
         return item
+
+
+def _by_topic(entries) -> list[dict]:
+    """``[(TopicPartition, fields)]`` -> the request's ``topics`` list, partitions grouped by topic."""
+    by_topic: dict[str, list] = {}
+    for tp, fields in entries:
+        by_topic.setdefault(tp.topic, []).append({"index": tp.partition, **fields})
+    return [{"name": t, "partitions": ps} for t, ps in by_topic.items()]
