@@ -43,6 +43,9 @@ class LogConfig:
     file_delete_delay_ms: int = field(default=60_000, metadata=_key("file.delete.delay.ms", 0))
     message_timestamp_type: str = field(default="CreateTime", metadata=_key(
         "message.timestamp.type", choices=("CreateTime", "LogAppendTime")))
+    # Replication (cluster mode): read by the partition's leader and by the controller.
+    min_insync_replicas: int = field(default=1, metadata=_key("min.insync.replicas", 1, 1000))
+    unclean_leader_election_enable: bool = field(default=False, metadata=_key("unclean.leader.election.enable"))
 
     @property
     def compact(self) -> bool:

@@ -21,6 +21,10 @@ class ApiKey(enum.IntEnum):
     FETCH = 1
     LIST_OFFSETS = 2
     METADATA = 3
+    LEADER_AND_ISR = 4
+    STOP_REPLICA = 5
+    UPDATE_METADATA = 6
+    CONTROLLED_SHUTDOWN = 7
     OFFSET_COMMIT = 8
     OFFSET_FETCH = 9
     FIND_COORDINATOR = 10
@@ -35,6 +39,7 @@ class ApiKey(enum.IntEnum):
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
     DELETE_GROUPS = 42
+    ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
@@ -104,11 +109,16 @@ class ErrorCode(enum.IntEnum):
     FENCED_LEADER_EPOCH = (74, True, "The leader epoch in the request is older than the epoch on the broker.")
     UNKNOWN_LEADER_EPOCH = (75, True, "The leader epoch in the request is newer than the epoch on the broker.")
     UNSUPPORTED_COMPRESSION_TYPE = (76, False, "The requesting client does not support the compression type of given partition.")
+    STALE_BROKER_EPOCH = (77, False, "Broker epoch has changed.")
     OFFSET_NOT_AVAILABLE = (78, True, "The leader high watermark has not caught up from a recent leader election so the offsets cannot be guaranteed to be monotonically increasing.")
+    PREFERRED_LEADER_NOT_AVAILABLE = (80, True, "The preferred leader was not available.")
     GROUP_MAX_SIZE_REACHED = (81, False, "The consumer group has reached its max size.")
     FENCED_INSTANCE_ID = (82, False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")
+    ELIGIBLE_LEADERS_NOT_AVAILABLE = (83, False, "Eligible topic partition leaders are not available.")
+    ELECTION_NOT_NEEDED = (84, False, "Leader election not needed for topic partition.")
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     THROTTLING_QUOTA_EXCEEDED = (89, True, "There is a throttling quota violation.")
+    INVALID_UPDATE_VERSION = (95, False, "The given update version was invalid.")
     FENCED_MEMBER_EPOCH = (110, False, "The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin.")
     UNRELEASED_INSTANCE_ID = (111, False, "The instance ID is still used by another member in the consumer group.")
     UNSUPPORTED_ASSIGNOR = (112, False, "The assignor or its version range is not supported by the consumer group.")

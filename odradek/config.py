@@ -157,6 +157,41 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             lambda v: None if v and all(a.strip() in ("uniform", "range") for a in v.split(","))
             else "must list uniform and/or range"),
     Setting("group.max.size", int, 1000, "Members one consumer group admits.", _at_least(1)),
+    # --- replication and cluster mode ---
+    Setting("zookeeper.connect", str, "",
+            "ZooKeeper ensemble (`host:port[,host:port...][/chroot]`) of a cluster. Empty: single-broker mode, "
+            "no ZooKeeper."),
+    Setting("zookeeper.session.timeout.ms", int, 18000,
+            "ZooKeeper session timeout: a broker silent this long is dead to the cluster (its partitions get "
+            "new leaders).", _at_least(1000)),
+    Setting("zookeeper.connection.timeout.ms", int, 18000,
+            "Time a broker waits for ZooKeeper at start before giving up.", _at_least(100)),
+    Setting("min.insync.replicas", int, 1,
+            "Topic default for `min.insync.replicas`: in-sync replicas an acks=all write needs, or it is "
+            "refused with NOT_ENOUGH_REPLICAS.", _at_least(1)),
+    Setting("unclean.leader.election.enable", bool, False,
+            "Topic default for `unclean.leader.election.enable`: elect a replica outside the ISR when no "
+            "in-sync one is alive (may lose committed records)."),
+    Setting("replica.lag.time.max.ms", int, 30000,
+            "A follower that has not caught up with the leader for this long leaves the ISR.", _at_least(10)),
+    Setting("replica.fetch.wait.max.ms", int, 500,
+            "Longest time a follower's fetch waits at the leader for new data.", _at_least(0)),
+    Setting("replica.fetch.min.bytes", int, 1, "Bytes a follower's fetch waits for.", _at_least(1)),
+    Setting("replica.fetch.max.bytes", int, 1048576, "Bytes a follower asks for per partition.", _at_least(1024)),
+    Setting("replica.fetch.response.max.bytes", int, 10485760, "Bytes a follower asks for per fetch.",
+            _at_least(1024)),
+    Setting("replica.fetch.backoff.ms", int, 1000,
+            "Pause before a follower retries a leader it failed to fetch from.", _at_least(0)),
+    Setting("auto.leader.rebalance.enable", bool, True,
+            "The controller moves leadership back to each partition's preferred replica (the first one) "
+            "when it is in sync."),
+    Setting("leader.imbalance.check.interval.seconds", int, 300,
+            "How often the controller checks for partitions not led by their preferred replica.", _at_least(1)),
+    Setting("offsets.topic.replication.factor", int, 3,
+            "Replication factor of `__consumer_offsets` (capped at the live brokers when it is created).",
+            _at_least(1)),
+    Setting("controlled.shutdown.enable", bool, True,
+            "On SIGTERM a cluster broker first asks the controller to move its leaderships away."),
     # --- supervision ---
     Setting("shutdown.timeout.ms", int, 30000, "Time the supervisor gives the actors to stop on SIGTERM.",
             _at_least(100)),
@@ -285,6 +320,8 @@ TOPIC_DEFAULTS = {
     "log.cleaner.min.cleanable.ratio": "min.cleanable.dirty.ratio",
     "log.segment.delete.delay.ms": "file.delete.delay.ms",
     "log.message.timestamp.type": "message.timestamp.type",
+    "min.insync.replicas": "min.insync.replicas",
+    "unclean.leader.election.enable": "unclean.leader.election.enable",
 }
 
 
