@@ -20,9 +20,15 @@ Lifecycle, three visible phases:
 Sending never blocks the loop: a peer whose queue is full (``mailbox.hwm``) raises
 ``MailboxFull`` to the sender, which answers its own requester with an error instead.
 Nothing is dropped silently.
+
+Threads. An actor may run worker threads for blocking work (a TCP client, say); they must
+never touch its ZeroMQ sockets or its state. ``post(callback)`` is the one method they may
+call: it queues ``callback()`` to run on the actor's loop (through a queue and a self-pipe
+the loop watches), in the order posted. Callbacks posted after the actor stopped never run.
 """
 from __future__ import annotations
 
+import collections
 import ctypes
 import heapq
 import importlib
@@ -125,6 +131,9 @@ class Actor:
         self.started_at = time.time()
         self.members: dict[str, list[str]] = {}
         self._early: list = []  # messages that arrived during a blocking call()
+        self._posted: collections.deque = collections.deque()  # callbacks from other threads
+        self._post_r: socket.socket | None = None
+        self._post_w: socket.socket | None = None
 
     # ---- lifecycle hooks for subclasses -------------------------------------------------
     def on_start(self) -> None:
@@ -289,6 +298,34 @@ class Actor:
             except KeyError:
                 pass
 
+    def post(self, callback: Callable[[], Any]) -> None:
+        """Run ``callback()`` on the actor's loop, soon. The one method safe to call from
+        another thread (a deque append and a byte written to the self-pipe)."""
+        self._posted.append(callback)
+        wake = self._post_w
+        if wake is not None:
+            try:
+                wake.send(b"x")
+            except OSError:  # pipe full: a wake-up is pending anyway; closed: stopping
+                pass
+
+    def _open_post_pipe(self) -> None:
+        self._post_r, self._post_w = socket.socketpair()
+        self._post_r.setblocking(False)
+        self._post_w.setblocking(False)
+        self.watch(self._post_r.fileno(), self._run_posted)
+        if self._posted:
+            self.post(_nothing)
+
+    def _run_posted(self, _events: int) -> None:
+        try:
+            while self._post_r.recv(4096):  # drain first: a later post() wakes us again
+                pass
+        except BlockingIOError:
+            pass
+        for _ in range(len(self._posted)):  # only those queued now: no starving the mailbox
+            self._guarded(self._posted.popleft())
+
     # ---- the loop ----------------------------------------------------------------------
     def _bind(self) -> None:
         path = mailbox_path(self.run_dir, self.name)
@@ -327,6 +364,7 @@ class Actor:
         self.ctx = zmq.Context()
         self._bind()
         self._install_signal_wakeup()
+        self._open_post_pipe()
         try:
             self.on_start()
             if self.supervisor:
@@ -520,6 +558,10 @@ class Actor:
             os.unlink(path)
         except FileNotFoundError:
             pass
+        post_r, post_w, self._post_r, self._post_w = self._post_r, self._post_w, None, None
+        for sock in (post_r, post_w):
+            if sock is not None:
+                sock.close()
         if self._wake_r is not None:
             signal.set_wakeup_fd(-1)
             self._wake_r.close()
@@ -528,6 +570,10 @@ class Actor:
 
 
 def _ignore(_msg: Message) -> None:
+    pass
+
+
+def _nothing() -> None:
     pass
 
 

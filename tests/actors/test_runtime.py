@@ -243,3 +243,37 @@ def test_timers_fire_in_order_and_cancelled_ones_do_not(tmp_path):
     assert "once" in actor.ticks and "cancelled" not in actor.ticks
     assert len(numbers) >= 5 and numbers == sorted(numbers)
     assert os.listdir(tmp_path) == []
+
+
+class Poster(Actor):
+    """A worker thread posts callbacks; they must run on the loop, in order, woken at once
+    (no timer is pending, so without the self-pipe the loop would sleep)."""
+
+    def on_start(self):
+        self.ran = []  # (i, thread ident)
+        self.loop_thread = threading.get_ident()
+        self.call_later(5.0, self.stop)  # if posts never woke the loop: fail, not hang
+        self.worker = threading.Thread(target=self._work)
+        self.worker.start()
+
+    def _work(self):
+        for i in range(200):
+            self.post(lambda i=i: self.ran.append((i, threading.get_ident())))
+            if i % 50 == 0:
+                time.sleep(0.02)  # let the loop go back to sleep between bursts
+        self.post(lambda: 1 / 0)  # a failing callback is logged; the others still run
+        self.post(self.stop)
+
+
+def test_post_runs_callbacks_from_another_thread_on_the_loop_in_order(tmp_path):
+    actor = Poster("poster", str(tmp_path))
+    actor.post(lambda: actor.ran.append(("early", threading.get_ident())))  # before run(): kept
+    started = time.monotonic()
+    actor.run()
+    actor.worker.join(5)
+    assert time.monotonic() - started < 2.0
+    assert [i for i, _ in actor.ran] == ["early", *range(200)]
+    assert {ident for _, ident in actor.ran} == {actor.loop_thread}
+    assert actor._post_w is None  # the self-pipe is closed on stop ...
+    actor.post(lambda: None)  # ... and a late post is harmless
+    assert os.listdir(tmp_path) == []
