@@ -181,6 +181,8 @@ def build_parser() -> argparse.ArgumentParser:
         tools.add_parsers(sub, _config_args, _bootstrap)
     from pipeline import cli as pipeline_cli  # `odradek pipeline run NAME` (pyspark loads lazily)
     pipeline_cli.add_parser(sub, _config_args, _bootstrap)
+    from odradek import devcluster  # `odradek cluster up|down|status`: a local ZooKeeper and brokers
+    devcluster.add_parser(sub)
     return parser
 
 
