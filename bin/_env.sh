@@ -48,3 +48,36 @@ ensure_env() {
         echo "$ODRADEK_ROOT/pipeline/autoload" > "$site/odradek-autoload.pth"
     fi
 }
+
+# Cluster mode (bin/test, `bin/odradek cluster ...`) runs a local ZooKeeper: Debian's
+# `zookeeper` package and a Java runtime. Installed once, when missing; silent otherwise.
+# `bin/odradek serve` (one broker) never calls this: it needs no ZooKeeper.
+ensure_zookeeper() {
+    if [ -f /usr/share/java/zookeeper.jar ] && command -v java >/dev/null 2>&1; then
+        return 0
+    fi
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null 2>&1 || {
+            echo "odradek: ZooKeeper is missing and there is no sudo: run \`apt-get install zookeeper default-jre-headless\` as root" >&2
+            return 1
+        }
+        sudo="sudo"
+    fi
+    command -v apt-get >/dev/null 2>&1 || {
+        echo "odradek: ZooKeeper is missing (/usr/share/java/zookeeper.jar) and apt-get is not available; install ZooKeeper 3.x and set ODRADEK_ZOOKEEPER_CLASSPATH" >&2
+        return 1
+    }
+    echo "odradek: installing ZooKeeper (Debian's zookeeper package) for cluster mode" >&2
+    local pkgs="zookeeper"
+    command -v java >/dev/null 2>&1 || pkgs="$pkgs default-jre-headless"
+    # Try without refreshing the package lists first (fast when they are current).
+    if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs >/dev/null 2>&1; then
+        $sudo apt-get update -qq >&2 || true
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs >&2 || {
+            echo "odradek: could not install $pkgs; see the messages above" >&2
+            return 1
+        }
+    fi
+    [ -f /usr/share/java/zookeeper.jar ] || { echo "odradek: zookeeper installed but /usr/share/java/zookeeper.jar is missing" >&2; return 1; }
+}
