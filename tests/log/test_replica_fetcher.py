@@ -150,3 +150,309 @@ def test_bytes_without_a_single_whole_batch_are_corrupt_and_refetched():
     action = rf.decide(10, 8, 0, data(bytes(b0), hw=12))
     assert action.kind == rf.CORRUPT and "magic" in action.why
     assert rf.decide(10, 8, 0, data(bytes(40), hw=12)).kind == rf.CORRUPT  # all zeros (a torn region)
+
+
+# ---- the actor, against a scripted leader and a stand-in log actor --------------------------------
+import threading  # noqa: E402
+import time  # noqa: E402
+
+from actors.client import MailboxClient  # noqa: E402
+from actors.runtime import Actor  # noqa: E402
+from tests.log.leader_stub import LeaderStub  # noqa: E402
+
+CONFIG = {"replica.fetch.wait.max.ms": 20, "replica.fetch.min.bytes": 1, "replica.fetch.max.bytes": 4096,
+          "replica.fetch.response.max.bytes": 65536, "replica.fetch.backoff.ms": 50}
+
+
+class FollowerLog:
+    """One partition as a follower's log actor keeps it: batches as the leader sent them."""
+
+    def __init__(self, epoch: int, batches=()):
+        self.epoch = epoch  # the leader epoch this follower was told (become)
+        self.batches = list(batches)  # bytes, offsets as in their headers
+        self.start = self.batches and fmt.BatchHeader.read(self.batches[0]).base_offset or 0
+        self.hw = 0
+
+    @property
+    def end(self) -> int:
+        return fmt.BatchHeader.read(self.batches[-1]).next_offset if self.batches else self.start
+
+    def epochs(self) -> list:  # [(epoch, start offset)]
+        out = []
+        for b in self.batches:
+            h = fmt.BatchHeader.read(b)
+            if not out or out[-1][0] != h.partition_leader_epoch:
+                out.append((h.partition_leader_epoch, h.base_offset))
+        return out
+
+    def end_for_epoch(self, wanted: int) -> tuple[int, int]:
+        starts = self.epochs()
+        found = [i for i, (e, _) in enumerate(starts) if e <= wanted]
+        if not found:
+            return -1, -1
+        i = found[-1]
+        return starts[i][0], starts[i + 1][1] if i + 1 < len(starts) else self.end
+
+    def truncate_to(self, offset: int) -> None:
+        self.batches = [b for b in self.batches if fmt.BatchHeader.read(b).base_offset < offset]
+        self.hw = min(self.hw, self.end)
+
+
+class StandInLog(Actor):
+    """``log-0`` with the follower side of the log actor's contract, in memory. The test
+    reads ``logs`` and ``seen`` (message types in order) under ``lock``."""
+
+    def on_start(self):
+        self.logs: dict = self.args["logs"]
+        self.lock: threading.Lock = self.args["lock"]
+        self.seen: list = self.args["seen"]
+
+    def _each(self, msg, fn):
+        out = []
+        with self.lock:
+            self.seen.append(msg.type)
+            for part in msg.get("parts"):
+                p = self.logs.get((part[0], part[1]))
+                if p is None:
+                    out.append([part[0], part[1], int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1])
+                    continue
+                code = fn(p, *part[2:]) or 0
+                out.append([part[0], part[1], int(code), p.end if not code else -1])
+        self.reply(msg, {"parts": out})
+
+    def on_follower_state(self, msg):
+        with self.lock:
+            self.seen.append(msg.type)
+            out = []
+            for t, q in msg.get("parts"):
+                p = self.logs[(t, q)]
+                out.append([t, q, 0, p.epochs()[-1][0] if p.batches else -1, p.end])
+        self.reply(msg, {"parts": out})
+
+    def on_truncate(self, msg):
+        def truncate(p, epoch, end):
+            if epoch < 0 or end < 0:
+                target = p.hw
+            else:
+                own_epoch, own_end = p.end_for_epoch(epoch)
+                target = end if own_epoch < 0 else min(end, own_end)
+            if target < p.end:
+                p.truncate_to(target)
+        self._each(msg, truncate)
+
+    def on_truncate_fully(self, msg):
+        def truncate(p, offset):
+            p.batches, p.start, p.hw = [], offset, offset
+        self._each(msg, truncate)
+
+    def on_replicate(self, msg):
+        def replicate(p, frame, epoch, hw, log_start):
+            if epoch != p.epoch:
+                return ErrorCode.FENCED_LEADER_EPOCH if epoch < p.epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+            if frame >= 0:
+                buf = bytes(msg.frames[frame])
+                for pos, h in fmt.iter_batches(buf):
+                    if h.base_offset != p.end:
+                        return ErrorCode.INVALID_RECORD
+                    fmt.validate_batch(buf[pos:pos + h.size])
+                    p.batches.append(buf[pos:pos + h.size])
+            p.hw = min(hw, p.end)
+        self._each(msg, replicate)
+
+
+class Cluster:
+    """A replica fetcher (broker 2) and a stand-in log-0, on threads of this process, following
+    partitions led by a LeaderStub (broker 1)."""
+
+    def __init__(self, run_dir, leader: LeaderStub, logs: dict):
+        self.leader, self.logs, self.lock, self.seen = leader, logs, threading.Lock(), []
+        self.brokers = {"1": ["127.0.0.1", leader.port], "2": ["127.0.0.1", 1]}
+        self.log_actor = StandInLog("log-0", run_dir, {"logs": logs, "lock": self.lock, "seen": self.seen})
+        self.fetcher = rf.ReplicaFetcher("replica_fetcher", run_dir, {"config": CONFIG, "broker_id": 2,
+                                                                      "log_hosts": 1})
+        self.threads = [threading.Thread(target=a.run) for a in (self.log_actor, self.fetcher)]
+        for t in self.threads:
+            t.start()
+        self.client = MailboxClient(run_dir)
+        self.client.request("log-0", "_ping")
+        self.client.request("replica_fetcher", "_ping")
+
+    def follow(self, parts, leader=1):
+        return self.client.request("replica_fetcher", "follow", {
+            "parts": [{"topic": t, "partition": p, "leader": leader, "leader_epoch": e} for t, p, e in parts],
+            "brokers": self.brokers}).fields
+
+    def stats(self):
+        return self.client.request("replica_fetcher", "_stats").fields
+
+    def wait_for(self, pred, timeout=10.0):
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.lock:
+                if pred():
+                    return True
+            time.sleep(0.01)
+        with self.lock:
+            return pred()
+
+    def stop(self):
+        for name in ("replica_fetcher", "log-0"):
+            try:
+                self.client.request(name, "_stop", timeout=5)
+            except Exception:
+                pass
+        for t in self.threads:
+            t.join(10)
+        self.client.close()
+        self.leader.close()
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    made = []
+
+    def make(leader, logs):
+        c = Cluster(str(tmp_path), leader, logs)
+        made.append(c)
+        return c
+
+    yield make
+    for c in made:
+        c.stop()
+    assert not [t.name for t in threading.enumerate() if t.name.startswith("replica-fetcher-")]
+
+
+def offsets(p: FollowerLog) -> list:
+    return [(h.base_offset, h.partition_leader_epoch) for h in map(fmt.BatchHeader.read, p.batches)]
+
+
+def leader_offsets(leader: LeaderStub, tp) -> list:
+    with leader.lock:
+        return [(base, fmt.BatchHeader.read(d).partition_leader_epoch) for base, d in leader.logs[tp]]
+
+
+def test_an_empty_follower_copies_the_leader_keeping_offsets_and_epochs_and_follows_its_high_watermark(cluster):
+    leader = LeaderStub({"t": 2}, epoch=4)
+    for _ in range(3):
+        leader.append("t", 0, 3)
+    leader.append("t", 1, 1)
+    logs = {("t", 0): FollowerLog(4), ("t", 1): FollowerLog(4)}
+    c = cluster(leader, logs)
+    assert c.follow([("t", 0, 4), ("t", 1, 4)]) == {}
+    assert c.wait_for(lambda: logs[("t", 0)].end == 9 and logs[("t", 1)].end == 1)
+    assert offsets(logs[("t", 0)]) == leader_offsets(leader, ("t", 0)) == [(0, 4), (3, 4), (6, 4)]
+    # an empty epoch cache: no question to the leader, truncate (-1, -1), then fetch
+    assert c.seen[:3] == ["follower_state", "truncate", "replicate"]
+    assert all(api != 23 for api, _ in leader.requests)
+    # more at the leader follows; the high watermark follows the leader's
+    leader.append("t", 1, 2)
+    assert c.wait_for(lambda: logs[("t", 1)].end == 3 and logs[("t", 1)].hw == 3)
+    assert c.wait_for(lambda: logs[("t", 0)].hw == 9)
+    with leader.lock:
+        fetches = list(leader.fetches)
+    assert {(rid, epoch) for *_, epoch, rid in fetches} == {(2, 4)}
+    # every fetch offset was the follower's log end when sent: never ahead of what was appended
+    assert all(off in (0, 1, 3) for t, p, off, *_ in fetches if p == 1)
+    stats = c.stats()
+    assert stats["partitions"] == 2 and stats["partition_states"] == {"fetching": 2}
+    assert stats["replicated_batches"] == 5 and stats["replicated_bytes"] > 0
+    assert stats["leaders"]["1"]["partitions"] == 2 and stats["leaders"]["1"]["connected"]
+
+
+def test_a_diverged_follower_truncates_to_where_the_leader_says_its_epoch_ended(cluster):
+    leader = LeaderStub({"t": 1}, epoch=0)
+    leader.append("t", 0, 2)  # epoch 0: offsets 0-1
+    leader.append("t", 0, 2)  # epoch 0: offsets 2-3
+    leader.set_epoch("t", 0, 2)
+    leader.append("t", 0, 3)  # epoch 2: offsets 4-6
+    # the follower also got 0-3 at epoch 0, then led epoch 1 itself and wrote 4-7 nobody else has
+    mine = [batch(0, 2, 0), batch(2, 2, 0), batch(4, 2, 1), batch(6, 2, 1)]
+    logs = {("t", 0): FollowerLog(2, mine)}
+    logs[("t", 0)].hw = 4
+    c = cluster(leader, logs)
+    c.follow([("t", 0, 2)])
+    assert c.wait_for(lambda: logs[("t", 0)].end == 7)
+    assert offsets(logs[("t", 0)]) == leader_offsets(leader, ("t", 0)) == [(0, 0), (2, 0), (4, 2)]
+    (api, body), = [(a, b) for a, b in leader.requests if a == 23]
+    assert body == {"replica_id": 2, "topics": [{"name": "t", "partitions": [
+        {"index": 0, "current_leader_epoch": 2, "leader_epoch": 1}]}]}
+    assert c.seen[:3] == ["follower_state", "truncate", "replicate"]
+
+
+def test_a_fenced_partition_stops_until_the_next_follow_and_other_errors_back_off(cluster):
+    leader = LeaderStub({"t": 2}, epoch=5)
+    leader.append("t", 0, 2)
+    leader.append("t", 1, 2)
+    logs = {("t", 0): FollowerLog(4), ("t", 1): FollowerLog(5)}
+    leader.fail_next("t", 1, ErrorCode.NOT_LEADER_OR_FOLLOWER)  # a leader not yet told: retried
+    c = cluster(leader, logs)
+    c.follow([("t", 0, 4), ("t", 1, 5)])  # we were told epoch 4 for t-0: the leader is at 5
+    assert c.wait_for(lambda: logs[("t", 1)].end == 2)
+    assert c.wait_for(lambda: c.stats()["partition_states"] == {"stopped": 1, "fetching": 1})
+    assert logs[("t", 0)].end == 0
+    with leader.lock:
+        asked = len([f for f in leader.fetches if f[:2] == ("t", 0)])
+    time.sleep(0.3)
+    with leader.lock:
+        assert len([f for f in leader.fetches if f[:2] == ("t", 0)]) == asked  # stopped: not asked again
+    with c.lock:
+        logs[("t", 0)].epoch = 5  # the controller's become, then its follow
+    c.follow([("t", 0, 5)])
+    assert c.wait_for(lambda: logs[("t", 0)].end == 2)
+
+
+def test_out_of_range_below_the_leaders_log_start_starts_the_follower_empty_there(cluster):
+    leader = LeaderStub({"t": 1}, epoch=1)
+    for _ in range(4):
+        leader.append("t", 0, 2)
+    leader.delete_before("t", 0, 4)
+    logs = {("t", 0): FollowerLog(1, [batch(0, 2, 1)])}
+    logs[("t", 0)].hw = 2
+    c = cluster(leader, logs)
+    c.follow([("t", 0, 1)])
+    assert c.wait_for(lambda: logs[("t", 0)].end == 8)
+    assert offsets(logs[("t", 0)]) == [(4, 1), (6, 1)] and logs[("t", 0)].start == 4
+    assert "truncate_fully" in c.seen
+
+
+def test_a_dead_leader_backs_off_and_the_fetcher_stops_promptly(cluster):
+    leader = LeaderStub({"t": 1}, epoch=0)
+    leader.append("t", 0, 1)
+    logs = {("t", 0): FollowerLog(0)}
+    c = cluster(leader, logs)
+    c.follow([("t", 0, 0)])
+    assert c.wait_for(lambda: logs[("t", 0)].end == 1)
+    leader.close()  # the leader dies: connection refused from now on
+    assert c.wait_for(lambda: c.stats()["leaders"]["1"]["errors"] > 0, timeout=10)
+    assert c.stats()["leaders"]["1"]["connected"] is False
+    c.client.request("replica_fetcher", "unfollow", {"parts": [["t", 0]]})
+    assert c.wait_for(lambda: c.stats()["leaders"] == {} and c.stats()["partitions"] == 0)
+    started = time.monotonic()
+    c.stop()
+    assert time.monotonic() - started < 5
+
+
+def test_a_new_leader_takes_over_and_the_old_session_goes(cluster):
+    old = LeaderStub({"t": 1}, epoch=0)
+    old.append("t", 0, 2)
+    logs = {("t", 0): FollowerLog(0)}
+    c = cluster(old, logs)
+    c.follow([("t", 0, 0)])
+    assert c.wait_for(lambda: logs[("t", 0)].end == 2)
+    new = LeaderStub({"t": 1}, epoch=0)  # broker 3: had offsets 0-1 too, then was elected at epoch 1
+    try:
+        new.append("t", 0, 2)
+        new.set_epoch("t", 0, 1)
+        new.append("t", 0, 3)
+        c.brokers["3"] = ["127.0.0.1", new.port]
+        with c.lock:
+            logs[("t", 0)].epoch = 1
+        c.follow([("t", 0, 1)], leader=3)
+        assert c.wait_for(lambda: logs[("t", 0)].end == 5)
+        assert offsets(logs[("t", 0)]) == [(0, 0), (2, 1)]
+        assert c.wait_for(lambda: list(c.stats()["leaders"]) == ["3"])
+        (api, body), = [(a, b) for a, b in new.requests if a == 23]
+        assert body["topics"][0]["partitions"] == [{"index": 0, "current_leader_epoch": 1, "leader_epoch": 0}]
+    finally:
+        c.stop()
+        new.close()
