@@ -2,6 +2,9 @@
 
 Process: its own actor process, ``controller``, started first.
 Owns: the ``TopicRegistry`` (``<log.dirs>/meta/topics.json``).
+The metadata snapshot has the same shape in both modes (docs/REPLICATION.md): here this
+broker leads every partition at leader epoch 0 with an ISR of itself. Cluster mode runs
+``coordinator.cluster_controller.ClusterController`` instead, a subclass.
 Accepts:
   get_metadata                 -> the metadata snapshot (handlers fetch it at start)
   get_assignment {host}        -> the partitions a log actor process hosts, with configs
@@ -10,7 +13,8 @@ Accepts:
   alter_topic_configs {body}   likewise (the topic resources of IncrementalAlterConfigs)
 Pushes, and waits for every acknowledgement before it answers a change, so a client that
 created a topic can produce to it at once (read-your-writes):
-  metadata {snapshot}             to every running request handler
+  metadata {snapshot}             to every running request handler (and, one-way, to the
+                                  group coordinator)
   assign {open, close, configure} to the log actor processes hosting affected partitions
 
 Args (from the broker assembly): ``data_dir``, ``topic_defaults`` (topic-level names),
@@ -31,6 +35,7 @@ from network.protocol import ErrorCode, OdradekError
 log = logging.getLogger("odradek.controller")
 
 PUSH_TIMEOUT = 30.0  # seconds a handler or log actor has to acknowledge a change
+GROUP_COORDINATOR = "group_coordinator"
 
 
 def log_host_name(index: int) -> str:
@@ -40,6 +45,7 @@ def log_host_name(index: int) -> str:
 class Controller(Actor):
     def on_start(self) -> None:
         config = self.args["config"]
+        self.broker_id = int(self.args.get("broker_id", config.get("broker.id", 0)))
         self.log_hosts = self.args["log_hosts"]
         self.registry = TopicRegistry(
             os.path.join(self.args["data_dir"], "meta", "topics.json"), self.args["topic_defaults"],
@@ -64,13 +70,23 @@ class Controller(Actor):
         send every new one the current snapshot."""
         if role == "handler":
             known = getattr(self, "_known_handlers", set())
-            snapshot = self.registry.snapshot()
+            snapshot = self.snapshot()
             for name in set(members) - known:
                 self.request(name, "metadata", snapshot, timeout=PUSH_TIMEOUT)
             self._known_handlers = set(members)
 
     def on_get_metadata(self, msg: Message) -> None:
-        self.reply(msg, self.registry.snapshot())
+        self.reply(msg, self.snapshot())
+
+    def snapshot(self) -> dict:
+        """The metadata snapshot (docs/REPLICATION.md): one broker leading everything."""
+        snap = self.registry.snapshot()
+        me = self.broker_id
+        state = {"leader": me, "leader_epoch": 0, "isr": [me], "replicas": [me]}
+        for meta in snap["topics"].values():
+            meta["state"] = [state] * meta["partitions"]
+        snap.update(broker_id=me, controller_id=me, brokers={str(me): ["", 0]})  # handlers know their address
+        return snap
 
     def on_get_assignment(self, msg: Message) -> None:
         host = msg.get("host")
@@ -167,8 +183,9 @@ class Controller(Actor):
             done()
             return
         hosts = [(host, "assign", change) for host, change in per_host.items()]
-        snapshot = self.registry.snapshot()
+        snapshot = self.snapshot()
         handlers = [(h, "metadata", snapshot) for h in self.members.get("handler", [])]
+        self.send(GROUP_COORDINATOR, "metadata", snapshot)
         phases = [handlers, hosts] if close else [hosts, handlers]
         self._in_phases(phases, done)
 

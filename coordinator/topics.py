@@ -70,7 +70,7 @@ def placement(topic: str, partition: int, hosts: int) -> int:
 class TopicRegistry:
     """The set of topics. Every mutation bumps ``version`` and is saved before it returns."""
 
-    def __init__(self, path: str, defaults: dict, default_partitions: int = 1, default_replication: int = 1,
+    def __init__(self, path: str | None, defaults: dict, default_partitions: int = 1, default_replication: int = 1,
                  max_replication: int = 1, now_ms=lambda: int(time.time() * 1000)):
         self.path = path
         self.defaults = defaults  # topic-level defaults from the broker config
@@ -84,6 +84,8 @@ class TopicRegistry:
 
     # ---- persistence ---------------------------------------------------------------
     def _load(self) -> None:
+        if self.path is None:  # cluster mode: ZooKeeper is the store, the controller fills this
+            return
         try:
             with open(self.path) as f:
                 data = json.load(f)
@@ -97,6 +99,8 @@ class TopicRegistry:
             self.topics[t["name"]] = Topic(**t)
 
     def _save(self) -> None:
+        if self.path is None:
+            return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
         data = {"format": FILE_VERSION, "version": self.version,
                 "topics": [t.to_dict() for t in self.topics.values()]}

@@ -92,9 +92,14 @@ class LogConfig:
 
 
 def _parse(key: str, f: dataclasses.Field, raw):
-    kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str}[f.type]
+    kind = f.type if isinstance(f.type, type) else {"int": int, "float": float, "str": str, "bool": bool}[f.type]
     try:
-        if kind is int:
+        if kind is bool:
+            text = str(raw).strip().lower()
+            if text not in ("true", "false"):
+                raise ValueError(raw)
+            value = text == "true"
+        elif kind is int:
             if isinstance(raw, bool) or isinstance(raw, float):
                 raise ValueError(raw)
             value = int(str(raw).strip())

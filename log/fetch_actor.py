@@ -8,9 +8,17 @@ any other process shared by every connection.
 Accepts:
   fetch {body}          (from a handler; answered straight to the client's processor)
   list_offsets {body}   likewise
-  bounds {parts, closed, host}   one-way, from log actors
+  bounds {parts, closed, host}   one-way, from log actors (each part: LogBounds, the leader
+                        epoch and whether this broker leads the partition)
 A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms``; every ``bounds``
 update of a partition it reads re-checks it, so it answers as soon as data arrives.
+
+Replication: only a partition's leader serves it. A consumer (``replica_id`` -1) reads up
+to the high watermark; a follower (``replica_id`` its broker id) reads up to the log end, and
+its fetch offset, which is its own log end, goes to the log actor at once
+(``replica_progress``): that is how the leader advances the high watermark and the ISR.
+A ``current_leader_epoch`` older than the leader's is FENCED_LEADER_EPOCH, a newer one
+UNKNOWN_LEADER_EPOCH (-1 is not checked).
 """
 from __future__ import annotations
 
@@ -31,10 +39,11 @@ MAX_WAIT_MS = 60_000  # a longer max_wait_ms is capped, as a request must not ho
 class FetchRequest:
     """One parsed fetch: ``parts`` is a list of (topic, partition, offset, partition_max_bytes)."""
 
-    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer")
+    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer", "replica")
 
-    def __init__(self, msg: Message, parts, min_bytes: int, max_bytes: int):
+    def __init__(self, msg: Message, parts, min_bytes: int, max_bytes: int, replica: int = -1):
         self.msg, self.parts, self.min_bytes, self.max_bytes, self.timer = msg, parts, min_bytes, max_bytes, None
+        self.replica = replica
 
 
 def _int(body: dict, key: str, default: int, lo: int = 0) -> int:
@@ -48,6 +57,7 @@ class FetchActor(Actor):
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
         self.readers: dict[tuple[str, int], LogReader] = {}
+        self.roles: dict[tuple[str, int], tuple[int, bool, str]] = {}  # leader epoch, leading here, log actor
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
         self.served_bytes = 0
 
@@ -67,23 +77,25 @@ class FetchActor(Actor):
 
     def _bounds_reply(self, reply: Message) -> None:
         if not reply.is_error:
-            self._apply(reply.get("parts") or [], [])
+            self._apply(reply.get("parts") or [], [], reply.get("host"))
 
     def on_bounds(self, msg: Message) -> None:
         """One-way after appends; a request (answered) when a log actor opens or closes
         partitions, so the controller hears of a new topic only after we can serve it."""
-        self._apply(msg.get("parts") or [], msg.get("closed") or [])
+        self._apply(msg.get("parts") or [], msg.get("closed") or [], msg.get("host"))
         self.reply(msg, {})
 
-    def _apply(self, parts, closed) -> None:
+    def _apply(self, parts, closed, host) -> None:
         for topic, partition in closed:
             reader = self.readers.pop((topic, partition), None)
+            self.roles.pop((topic, partition), None)
             if reader is not None:
                 reader.close()
         touched = []
         for topic, partition, *b in parts:
             key = (topic, partition)
-            bounds = LogBounds(*b)
+            bounds = LogBounds(*b[:6])
+            self.roles[key] = (b[6], b[7], host)
             reader = self.readers.get(key)
             try:
                 if reader is None:
@@ -108,8 +120,11 @@ class FetchActor(Actor):
                 if not isinstance(p, dict):
                     raise OdradekError("each partition must be a map", ErrorCode.INVALID_REQUEST)
                 parts.append((t.get("name"), p.get("index"), p.get("fetch_offset"),
-                              p.get("partition_max_bytes", 1048576)))
-        req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1))
+                              p.get("partition_max_bytes", 1048576), p.get("current_leader_epoch", -1)))
+        replica = _int(body, "replica_id", -1, lo=-1)
+        req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica)
+        if replica >= 0:
+            self._tell_progress(replica, parts)
         if self._try(req, final=max_wait == 0):
             return
         req.timer = self.call_later(max_wait / 1000, lambda: self._try(req, final=True))
@@ -121,8 +136,9 @@ class FetchActor(Actor):
         topics: dict[str, list] = {}
         files: list[list] = []
         total, errors = 0, False
-        for topic, partition, offset, part_max in req.parts:
-            entry, slices = self._read(topic, partition, offset, part_max, req.max_bytes - total, total == 0)
+        for topic, partition, offset, part_max, epoch in req.parts:
+            entry, slices = self._read(topic, partition, offset, part_max, req.max_bytes - total, total == 0,
+                                       epoch, req.replica)
             errors |= entry["error_code"] != 0
             total += entry["records_size"]
             files += slices
@@ -135,12 +151,27 @@ class FetchActor(Actor):
         self.reply(req.msg, {"body": body, "files": files})
         return True
 
-    def _read(self, topic, partition, offset, part_max, budget: int, first: bool) -> tuple[dict, list]:
+    def _tell_progress(self, replica: int, parts) -> None:
+        """A follower's fetch offset is its log end: the leader's log actor needs it now."""
+        per_host: dict[str, list] = {}
+        for topic, partition, offset, *_ in parts:
+            role = self.roles.get((topic, partition))
+            if role is not None and role[1] and isinstance(offset, int):
+                per_host.setdefault(role[2], []).append([topic, partition, replica, offset])
+        for host, progress in per_host.items():
+            self.send(host, "replica_progress", {"parts": progress})
+
+    def _read(self, topic, partition, offset, part_max, budget: int, first: bool, epoch=-1,
+              replica: int = -1) -> tuple[dict, list]:
         entry = {"index": partition, "error_code": 0, "high_watermark": -1, "last_stable_offset": -1,
                  "log_start_offset": -1, "records_size": 0}
-        reader = self.readers.get((topic, partition))
+        key = (topic, partition)
+        reader = self.readers.get(key)
         if reader is None:
             return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here"), []
+        problem = self._role_problem(key, epoch)
+        if problem is not None:
+            return _fail(entry, *problem), []
         b = reader.bounds
         entry.update(high_watermark=b.high_watermark, last_stable_offset=b.high_watermark,
                      log_start_offset=b.log_start_offset)
@@ -151,7 +182,8 @@ class FetchActor(Actor):
         if limit <= 0 and not first:
             return entry, []
         try:
-            result = reader.read(offset, max(limit, 1), upper_bound=b.high_watermark)
+            result = reader.read(offset, max(limit, 1),
+                                 upper_bound=b.log_end_offset if replica >= 0 else b.high_watermark)
         except OffsetOutOfRangeError:
             return _fail(entry, ErrorCode.OFFSET_OUT_OF_RANGE,
                          f"{topic}-{partition}: offset {offset} is outside [{b.log_start_offset}, "
@@ -160,6 +192,15 @@ class FetchActor(Actor):
             return _fail(entry, ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition}: {exc}"), []
         entry["records_size"] = result.size
         return entry, [[s.path, s.position, s.length] for s in result.slices]
+
+    def _role_problem(self, key: tuple[str, int], epoch) -> tuple[int, str] | None:
+        leader_epoch, leading, _ = self.roles.get(key, (-1, False, ""))
+        if not leading:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{key[0]}-{key[1]}: this broker is not its leader"
+        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 and epoch != leader_epoch:
+            code = ErrorCode.FENCED_LEADER_EPOCH if epoch < leader_epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+            return code, f"{key[0]}-{key[1]}: leader epoch {epoch} requested, the leader is at {leader_epoch}"
+        return None
 
     def _forget(self, req: FetchRequest) -> None:
         if req.timer is not None:
@@ -177,15 +218,19 @@ class FetchActor(Actor):
         for t in (msg.get("body") or {}).get("topics") or []:
             parts = []
             for p in t.get("partitions") or []:
-                parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP)))
+                parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP),
+                                              p.get("current_leader_epoch", -1)))
             topics.append({"name": t.get("name"), "partitions": parts})
         self.reply(msg, {"body": {"topics": topics}})
 
-    def _offset_for(self, topic, partition, ts) -> dict:
+    def _offset_for(self, topic, partition, ts, epoch=-1) -> dict:
         entry = {"index": partition, "error_code": 0, "timestamp": -1, "offset": -1}
         reader = self.readers.get((topic, partition))
         if reader is None:
             return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here")
+        problem = self._role_problem((topic, partition), epoch)
+        if problem is not None:
+            return _fail(entry, *problem)
         if not isinstance(ts, int) or isinstance(ts, bool) or ts < EARLIEST_TIMESTAMP:
             return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1, -2 or a time in ms, got {ts!r}")
         b = reader.bounds

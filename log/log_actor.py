@@ -1,22 +1,34 @@
-"""The log actor: the single writer of a set of partition logs.
+"""The log actor: the single writer of a set of partition logs, and each one's replica role.
 
 Process: ``log-<i>`` (``num.log.threads`` of them). Each partition is placed on exactly one
 by a stable hash (``coordinator.topics.placement``); within the process every partition is
 an independent ``Log`` and appends to it are serialized by this actor's one loop, which is
 what "a log actor per partition" means here without a process per partition (a process
 costs ~25 MiB; thousands of partitions must not cost thousands of processes).
-Owns: the ``Log`` objects of its partitions (segments, indexes, checkpoints).
+Owns: the ``Log`` objects of its partitions (segments, indexes, checkpoints, leader-epoch
+cache) and each partition's replica state (``Replica``): leader or follower, leader epoch,
+ISR, the followers' progress, the high watermark and the purgatory of acks=all produces.
+In single-broker mode every partition is led here at epoch 0 with an ISR of one, so the
+high watermark is the log end.
 Accepts:
-  produce {acks, parts: [[topic, partition, frame]], errors}  + batch frames
+  produce {acks, timeout_ms, parts: [[topic, partition, frame]], errors}  + batch frames
         from a handler, which has checked every batch's CRC (this actor checks sizes and
-        header fields); answered straight to the client's processor (no hop back)
+        header fields); answered straight to the client's processor (no hop back); an
+        acks=all produce waits here until the high watermark passes it
   delete_records {parts: [[topic, partition, offset]]}
-  assign {open, close, configure}  from the controller
+  offset_for_leader_epoch {parts: [[topic, partition, current_leader_epoch, leader_epoch]]}
+  assign {open, close, configure}   from the controller (open: as leader at epoch 0)
+  become {parts: [...]}             from the controller (cluster mode): leader or follower
+  replica_progress {parts}          one-way from the fetch actor: a follower fetched
+  follower_state / truncate / truncate_fully / replicate   from the replica fetcher
   get_bounds                        from the fetch actor (after it restarts)
-Tells the fetch actor, once per batch of messages, the new ``LogBounds`` of every partition
-that changed (``bounds``): that is how long-poll fetches learn that data arrived.
+Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKeeper took
+it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
+messages, the new ``LogBounds`` (plus leader epoch and role) of every partition that
+changed (``bounds``): that is how long-poll fetches learn that data arrived.
 Timers: retention (``log.retention.check.interval.ms``), flush (``flush.ms``), checkpoints,
-compaction (``log.cleaner.backoff.ms``).
+compaction (``log.cleaner.backoff.ms``), ISR shrink (``replica.lag.time.max.ms``).
+The message shapes are in docs/REPLICATION.md.
 """
 from __future__ import annotations
 
@@ -38,23 +50,64 @@ log = logging.getLogger("odradek.log")
 CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
 FETCH_ACTOR = "fetch"
 CONTROLLER = "controller"
+ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
+DEFAULT_PRODUCE_TIMEOUT_MS = 30000
+NO_ANSWER = object()
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:
     return os.path.join(data_dir, f"{topic}-{partition}")
 
 
+class Follower:
+    """What the leader knows of one follower: its log end (the offset of its last fetch) and
+    when it was last caught up (Kafka's lastCaughtUpTimeMs rule)."""
+    __slots__ = ("log_end_offset", "caught_up_ms", "last_fetch_ms", "leader_end_at_last_fetch")
+
+    def __init__(self, now_ms: int):
+        self.log_end_offset = -1  # unknown until it fetches
+        self.caught_up_ms = now_ms
+        self.last_fetch_ms = now_ms
+        self.leader_end_at_last_fetch = -1
+
+    def fetched(self, offset: int, leader_end: int, now_ms: int) -> None:
+        if offset >= leader_end:
+            self.caught_up_ms = now_ms
+        elif offset >= self.leader_end_at_last_fetch:
+            self.caught_up_ms = max(self.caught_up_ms, self.last_fetch_ms)
+        self.log_end_offset, self.last_fetch_ms, self.leader_end_at_last_fetch = offset, now_ms, leader_end
+
+
 class PartitionLog:
-    __slots__ = ("topic", "partition", "topic_id", "log")
+    """One hosted partition: its log and its replica state."""
+    __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
+                 "zk_version", "followers", "waiting", "isr_change_in_flight")
 
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Log):
         self.topic, self.partition, self.topic_id, self.log = topic, partition, topic_id, log_
+        self.leader, self.leader_epoch = -1, -1
+        self.isr: list[int] = []
+        self.replicas: list[int] = []
+        self.zk_version = -1
+        self.followers: dict[int, Follower] = {}
+        self.waiting: list = []  # (required offset, DelayedProduce), in append order
+        self.isr_change_in_flight = False
+
+
+class DelayedProduce:
+    """An acks=all produce waiting for the high watermark of some of its partitions."""
+    __slots__ = ("msg", "results", "left", "timer")
+
+    def __init__(self, msg: Message, results: dict):
+        self.msg, self.results, self.left, self.timer = msg, results, 0, None
 
 
 class LogActor(Actor):
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
         config = self.args["config"]
+        self.broker_id = int(self.args.get("broker_id", config.get("broker.id", 0)))
+        self.lag_max_ms = config.get("replica.lag.time.max.ms", 30000)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._closed: list[tuple[str, int]] = []
@@ -62,13 +115,16 @@ class LogActor(Actor):
         self.appends = 0
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
         for entry in assignment.get("open", []):
-            self._open_partition(entry)
+            p = self._open_partition(entry)
+            if "leader" in entry:  # cluster mode: the role this partition had before a restart
+                self._become(p, entry)
         self._dirty.update(self.logs)
         self.after_batch()
         self.call_every(config["log.retention.check.interval.ms"] / 1000, self._retention)
         self.call_every(config["log.flush.scheduler.interval.ms"] / 1000, self._flush)
         self.call_every(config["log.flush.offset.checkpoint.interval.ms"] / 1000, self._checkpoint)
         self.call_every(config["log.cleaner.backoff.ms"] / 1000, self._clean)
+        self.call_every(max(self.lag_max_ms / 2000, 0.05), self._shrink_isrs)
 
     def on_stop(self) -> None:
         """Close every log cleanly (flush, checkpoints, clean-shutdown marker). Closing is
@@ -84,40 +140,262 @@ class LogActor(Actor):
             list(pool.map(close, self.logs.values()))
 
     def stats(self) -> dict:
-        return {"partitions": len(self.logs), "appends": self.appends}
+        led = sum(1 for p in self.logs.values() if p.leader == self.broker_id)
+        return {"partitions": len(self.logs), "leading": led, "appends": self.appends,
+                "under_replicated": sum(1 for p in self.logs.values()
+                                        if p.leader == self.broker_id and len(p.isr) < len(p.replicas)),
+                "delayed_produces": sum(len(p.waiting) for p in self.logs.values())}
 
     # ---- produce -----------------------------------------------------------------------
     def on_produce(self, msg: Message) -> None:
         fields, frames = msg.fields, msg.frames
+        acks = fields.get("acks", 1)
         results: dict[str, list] = {}
+        delayed = DelayedProduce(msg, results) if acks == -1 and msg.reply_to else None
         for topic, partition, code, message in fields.get("errors") or ():
-            results.setdefault(topic, []).append({"index": partition, "error_code": code, "error_message": message,
-                                                  "base_offset": -1, "log_append_time_ms": -1,
-                                                  "log_start_offset": -1})
+            results.setdefault(topic, []).append(_error(partition, code, message))
         for topic, partition, frame in fields["parts"]:
-            results.setdefault(topic, []).append(self._append(topic, partition, frames[frame]))
-        if msg.reply_to:  # acks=0 produces come one-way: nobody waits for an answer
-            # Answered in after_batch, once the fetch actor has been told of the new data:
-            # a client that got its acknowledgement can read its record at once.
-            self._answers.append((msg, {"body": {"topics": [{"name": t, "partitions": ps}
-                                                            for t, ps in results.items()]}}))
+            results.setdefault(topic, []).append(self._append(topic, partition, frames[frame], acks, delayed))
+        if not msg.reply_to:  # acks=0 produces come one-way: nobody waits for an answer
+            return
+        if delayed is not None and delayed.left:
+            timeout = fields.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
+            timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
+            delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
+            return
+        # Answered in after_batch, once the fetch actor has been told of the new data:
+        # a client that got its acknowledgement can read its record at once.
+        self._answers.append((msg, _produce_body(results)))
 
-    def _append(self, topic: str, partition: int, batch) -> dict:
+    def _append(self, topic: str, partition: int, batch, acks: int, delayed: DelayedProduce | None) -> dict:
         p = self.logs.get((topic, partition))
-        if p is None:
+        if p is None or p.leader != self.broker_id:
             return _error(partition, ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                          f"{topic}-{partition} is not hosted by {self.name} (moved or being deleted); "
-                          f"refresh metadata and retry")
+                          f"{topic}-{partition}: broker {self.broker_id} is not its leader"
+                          + ("" if p is None else f" (the leader is broker {p.leader})")
+                          + "; refresh metadata and retry")
+        min_isr = p.log.config.min_insync_replicas
+        if acks == -1 and len(p.isr) < min_isr:
+            return _error(partition, ErrorCode.NOT_ENOUGH_REPLICAS,
+                          f"{topic}-{partition}: {len(p.isr)} in-sync replica(s) {p.isr}, "
+                          f"min.insync.replicas is {min_isr}")
         try:
-            info = p.log.append(batch, crc_checked=True)  # the handler checked the CRC
+            info = p.log.append(batch, leader_epoch=p.leader_epoch, crc_checked=True)  # the handler checked the CRC
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
-        p.log.high_watermark = p.log.log_end_offset  # one replica: committed once appended
         self._dirty.add((topic, partition))
         self.appends += 1
+        self._advance_high_watermark(p)
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
-        return {"index": partition, "error_code": 0, "base_offset": info.base_offset,
-                "log_append_time_ms": append_time, "log_start_offset": info.log_start_offset}
+        entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
+                 "log_append_time_ms": append_time, "log_start_offset": info.log_start_offset}
+        if delayed is not None and p.log.high_watermark <= info.last_offset:
+            delayed.left += 1
+            p.waiting.append((info.last_offset + 1, delayed, entry))
+        return entry
+
+    def _expire_produce(self, delayed: DelayedProduce) -> None:
+        """The produce's timeout passed: its unreplicated partitions fail REQUEST_TIMED_OUT."""
+        for p in self.logs.values():
+            if any(d is delayed for _, d, _ in p.waiting):
+                for _, d, entry in p.waiting:
+                    if d is delayed:
+                        entry.update(error_code=int(ErrorCode.REQUEST_TIMED_OUT),
+                                     error_message=f"{p.topic}-{p.partition}: not replicated to the ISR "
+                                                   f"{p.isr} in time (high watermark {p.log.high_watermark})")
+                p.waiting = [w for w in p.waiting if w[1] is not delayed]
+        delayed.left = 0
+        self.reply(delayed.msg, _produce_body(delayed.results))
+
+    def _complete_waiting(self, p: PartitionLog, error: tuple[int, str] | None = None) -> None:
+        """Answer the acks=all produces the high watermark has passed (or all, with ``error``)."""
+        hw, done = p.log.high_watermark, 0
+        for required, delayed, entry in p.waiting:
+            if error is None and required > hw:
+                break
+            done += 1
+            if error is not None:
+                entry.update(error_code=int(error[0]), error_message=error[1])
+            elif len(p.isr) < p.log.config.min_insync_replicas:
+                entry.update(error_code=int(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND),
+                             error_message=f"{p.topic}-{p.partition}: written, but the ISR shrank to {p.isr} "
+                                           f"(min.insync.replicas {p.log.config.min_insync_replicas})")
+            delayed.left -= 1
+            if delayed.left == 0:
+                if delayed.timer is not None:
+                    delayed.timer.cancel()
+                self._answers.append((delayed.msg, _produce_body(delayed.results)))
+        if done:
+            del p.waiting[:done]
+
+    # ---- replication: the leader's side ---------------------------------------------------
+    def _advance_high_watermark(self, p: PartitionLog) -> None:
+        """High watermark = the smallest log end of the ISR (never moves back)."""
+        if p.leader != self.broker_id:
+            return
+        hw = p.log.log_end_offset
+        for r in p.isr:
+            if r != self.broker_id:
+                f = p.followers.get(r)
+                if f is None or f.log_end_offset < 0:
+                    return  # a follower we have not heard from yet holds it where it is
+                hw = min(hw, f.log_end_offset)
+        if hw > p.log.high_watermark:
+            p.log.high_watermark = hw
+            self._dirty.add((p.topic, p.partition))
+        if p.waiting:
+            self._complete_waiting(p)
+
+    def on_replica_progress(self, msg: Message) -> None:
+        now = _now_ms()
+        for topic, partition, replica, offset in msg.get("parts") or ():
+            p = self.logs.get((topic, partition))
+            if p is None or p.leader != self.broker_id:
+                continue
+            f = p.followers.get(replica)
+            if f is None:
+                continue
+            f.fetched(offset, p.log.log_end_offset, now)
+            if replica not in p.isr and offset >= p.log.high_watermark and \
+                    offset >= self._epoch_start(p):
+                self._alter_isr(p, sorted(set(p.isr) | {replica}))
+            self._advance_high_watermark(p)
+
+    def _epoch_start(self, p: PartitionLog) -> int:
+        epoch, end = p.log.end_offset_for_epoch(p.leader_epoch - 1) if p.leader_epoch > 0 else (-1, 0)
+        return max(end, 0)
+
+    def _shrink_isrs(self) -> None:
+        now = _now_ms()
+        for p in self.logs.values():
+            if p.leader != self.broker_id or len(p.isr) <= 1 or p.isr_change_in_flight:
+                continue
+            lagging = [r for r in p.isr if r != self.broker_id and
+                       now - p.followers.setdefault(r, Follower(now)).caught_up_ms > self.lag_max_ms]
+            if lagging:
+                log.info("%s-%d: followers %s not caught up for %d ms: shrinking the ISR", p.topic, p.partition,
+                         lagging, self.lag_max_ms)
+                self._alter_isr(p, [r for r in p.isr if r not in lagging])
+
+    def _alter_isr(self, p: PartitionLog, isr: list[int]) -> None:
+        """Ask the controller actor to record the new ISR in ZooKeeper (conditional on the
+        version this leader knows); apply it only once recorded."""
+        if p.isr_change_in_flight:
+            return
+        p.isr_change_in_flight = True
+        epoch = p.leader_epoch
+
+        def recorded(reply: Message) -> None:
+            p.isr_change_in_flight = False
+            if reply.is_error:
+                log.warning("%s-%d: ISR change to %s not recorded: %s", p.topic, p.partition, isr,
+                            reply.error_message)
+                return
+            if p.leader != self.broker_id or p.leader_epoch != epoch:
+                return
+            log.info("%s-%d: ISR %s -> %s", p.topic, p.partition, p.isr, isr)
+            p.isr, p.zk_version = list(isr), reply.get("zk_version", p.zk_version)
+            self._advance_high_watermark(p)
+            self.after_batch()
+
+        self.request(CONTROLLER, "alter_isr", {"topic": p.topic, "partition": p.partition, "leader_epoch": epoch,
+                                               "isr": isr, "zk_version": p.zk_version},
+                     callback=recorded, timeout=ALTER_ISR_TIMEOUT)
+
+    def on_offset_for_leader_epoch(self, msg: Message) -> None:
+        out: dict[str, list] = {}
+        for topic, partition, current, wanted in msg.get("parts") or ():
+            entry = {"index": partition, "error_code": 0, "leader_epoch": -1, "end_offset": -1}
+            p = self.logs.get((topic, partition))
+            problem = self._epoch_problem(p, topic, partition, current)
+            if problem is not None:
+                entry.update(error_code=int(problem[0]), error_message=problem[1])
+            elif isinstance(wanted, int):
+                entry["leader_epoch"], entry["end_offset"] = p.log.end_offset_for_epoch(wanted)
+            out.setdefault(topic, []).append(entry)
+        self.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in out.items()]}})
+
+    def _epoch_problem(self, p, topic, partition, current) -> tuple[int, str] | None:
+        if p is None or p.leader != self.broker_id:
+            return ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition}: broker {self.broker_id} is not its leader"
+        if isinstance(current, int) and current >= 0 and current != p.leader_epoch:
+            code = ErrorCode.FENCED_LEADER_EPOCH if current < p.leader_epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+            return code, f"{topic}-{partition}: leader epoch {current} requested, this leader is at {p.leader_epoch}"
+        return None
+
+    # ---- replication: the follower's side (from the replica fetcher) --------------------------
+    def _follower(self, topic, partition, epoch=None) -> PartitionLog:
+        p = self.logs.get((topic, partition))
+        if p is None:
+            raise OdradekError(f"{topic}-{partition} is not hosted by {self.name}", ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        if p.leader == self.broker_id:
+            raise OdradekError(f"{topic}-{partition}: this broker is its leader", ErrorCode.NOT_LEADER_OR_FOLLOWER)
+        if epoch is not None and epoch != p.leader_epoch:
+            code = ErrorCode.FENCED_LEADER_EPOCH if epoch < p.leader_epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+            raise OdradekError(f"{topic}-{partition}: follower is at leader epoch {p.leader_epoch}, not {epoch}", code)
+        return p
+
+    def _per_partition(self, msg: Message, fn) -> None:
+        """Run ``fn(*part)`` for each part; reply ``[topic, partition, error_code, log_end_offset, ...]``."""
+        out = []
+        for part in msg.get("parts") or ():
+            topic, partition = part[0], part[1]
+            try:
+                p, extra = fn(*part)
+                out.append([topic, partition, 0, p.log.log_end_offset, *extra])
+                self._dirty.add((topic, partition))
+            except OdradekError as exc:
+                out.append([topic, partition, int(exc.code), -1])
+                log.warning("%s-%d: %s", topic, partition, exc.message)
+        self.reply(msg, {"parts": out})
+
+    def on_follower_state(self, msg: Message) -> None:
+        out = []
+        for topic, partition in msg.get("parts") or ():
+            try:
+                p = self._follower(topic, partition)
+                out.append([topic, partition, 0, p.log.latest_epoch, p.log.log_end_offset])
+            except OdradekError as exc:
+                out.append([topic, partition, int(exc.code), -1, -1])
+        self.reply(msg, {"parts": out})
+
+    def on_truncate(self, msg: Message) -> None:
+        """KIP-279: the leader said epoch E ended at offset X; cut to min(X, our end of E)."""
+        def truncate(topic, partition, epoch, end_offset):
+            p = self._follower(topic, partition)
+            if epoch < 0 or end_offset < 0:
+                target = p.log.high_watermark  # the leader knows no epoch of ours: fall back to the HW
+            else:
+                own_epoch, own_end = p.log.end_offset_for_epoch(epoch)
+                target = end_offset if own_epoch < 0 else min(end_offset, own_end)
+            if target < p.log.log_end_offset:
+                log.info("%s-%d: truncating from %d to %d (leader epoch %d ends at %d)", topic, partition,
+                         p.log.log_end_offset, target, epoch, end_offset)
+                p.log.truncate_to(target)
+            return p, []
+        self._per_partition(msg, truncate)
+
+    def on_truncate_fully(self, msg: Message) -> None:
+        def truncate(topic, partition, offset):
+            p = self._follower(topic, partition)
+            log.info("%s-%d: starting empty at the leader's log start %d", topic, partition, offset)
+            p.log.truncate_fully_and_start_at(offset)
+            return p, []
+        self._per_partition(msg, truncate)
+
+    def on_replicate(self, msg: Message) -> None:
+        frames = msg.frames
+
+        def replicate(topic, partition, frame, epoch, high_watermark, log_start):
+            p = self._follower(topic, partition, epoch)
+            if isinstance(frame, int) and 0 <= frame < len(frames):
+                p.log.append_as_follower(frames[frame])
+                self.appends += 1
+            p.log.high_watermark = min(high_watermark, p.log.log_end_offset)
+            if log_start > p.log.log_start_offset and log_start <= p.log.high_watermark:
+                p.log.delete_records_before(log_start)
+            return p, []
+        self._per_partition(msg, replicate)
 
     def on_delete_records(self, msg: Message) -> None:
         out: dict[str, list] = {}
@@ -125,8 +403,9 @@ class LogActor(Actor):
             p = self.logs.get((topic, partition))
             entry = {"index": partition, "low_watermark": -1, "error_code": 0}
             try:
-                if p is None:
-                    raise OdradekError(f"{topic}-{partition} is not hosted here", ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                if p is None or p.leader != self.broker_id:
+                    raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
+                                       ErrorCode.NOT_LEADER_OR_FOLLOWER)
                 if offset == -1:
                     offset = p.log.high_watermark
                 if not isinstance(offset, int) or offset < 0 or offset > p.log.high_watermark:
@@ -148,45 +427,106 @@ class LogActor(Actor):
             if p is not None:
                 p.log.config = LogConfig.from_properties(entry["config"])
         for entry in msg.get("close") or ():
-            self._close_and_delete(entry["topic"], entry["partition"], entry["topic_id"])
-        # The fetch actor learns of the change before the controller does, so a client that
-        # created a topic can fetch from it at once. If the fetch actor is down, it asks
-        # every log actor for bounds when it is back; acknowledge anyway.
-        self.request(FETCH_ACTOR, "bounds", self._take_changes(), timeout=5.0,
-                     callback=lambda _r: self.reply(msg, {"partitions": len(self.logs)}))
+            self._close_and_delete(entry["topic"], entry["partition"], entry["topic_id"],
+                                   delete=entry.get("delete", True))
+        self._tell_fetch_actor_then(lambda: self.reply(msg, {"partitions": len(self.logs)}))
 
-    def _open_partition(self, entry: dict) -> None:
+    def _tell_fetch_actor_then(self, done) -> None:
+        """The fetch actor learns of a change before the controller does, so a client that
+        created a topic can fetch from it at once. If the fetch actor is down, it asks
+        every log actor for bounds when it is back; acknowledge anyway."""
+        self.request(FETCH_ACTOR, "bounds", self._take_changes(), timeout=5.0, callback=lambda _r: done())
+
+    def on_become(self, msg: Message) -> None:
+        """LEADER_AND_ISR, this process's share: each partition becomes leader or follower at
+        a leader epoch. An epoch older than the one we have is stale and refused."""
+        out = []
+        for entry in msg.get("parts") or ():
+            key = (entry["topic"], entry["partition"])
+            try:
+                p = self.logs.get(key) or self._open_partition(entry)
+                if entry["leader_epoch"] < p.leader_epoch:
+                    raise OdradekError(f"{key[0]}-{key[1]}: leader epoch {entry['leader_epoch']} is older than "
+                                       f"{p.leader_epoch}", ErrorCode.FENCED_LEADER_EPOCH)
+                if "config" in entry:
+                    p.log.config = LogConfig.from_properties(entry["config"])
+                self._become(p, entry)
+                out.append([key[0], key[1], 0])
+            except OdradekError as exc:
+                log.warning("%s", exc.message)
+                out.append([key[0], key[1], int(exc.code)])
+        self._tell_fetch_actor_then(lambda: self.reply(msg, {"parts": out}))
+
+    def _become(self, p: PartitionLog, entry: dict) -> None:
+        leader, epoch = entry["leader"], entry["leader_epoch"]
+        was_leader = p.leader == self.broker_id
+        p.isr, p.replicas = list(entry.get("isr") or []), list(entry.get("replicas") or [])
+        p.zk_version = entry.get("zk_version", p.zk_version)
+        if leader == self.broker_id:
+            now = _now_ms()
+            if not was_leader or epoch != p.leader_epoch:
+                p.followers = {r: Follower(now) for r in p.replicas if r != self.broker_id}
+                p.log.leader_epochs.assign(epoch, p.log.log_end_offset)
+                log.info("%s-%d: leader at epoch %d, ISR %s, log end %d, high watermark %d", p.topic, p.partition,
+                         epoch, p.isr, p.log.log_end_offset, p.log.high_watermark)
+            else:
+                for r in p.replicas:
+                    p.followers.setdefault(r, Follower(now)) if r != self.broker_id else None
+            p.leader, p.leader_epoch = leader, epoch
+            self._advance_high_watermark(p)
+        else:
+            if was_leader or epoch != p.leader_epoch:
+                log.info("%s-%d: follower of broker %d at epoch %d", p.topic, p.partition, leader, epoch)
+            p.leader, p.leader_epoch = leader, epoch
+            p.followers = {}
+            if p.waiting:
+                self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                           f"{p.topic}-{p.partition}: leadership moved to broker {leader} before "
+                                           f"the write was replicated; retry"))
+        self._dirty.add((p.topic, p.partition))
+
+    def _open_partition(self, entry: dict) -> PartitionLog:
+        """Open (recovering if needed) a hosted partition. Single-broker ``assign`` entries
+        carry no role: this broker leads it at epoch 0 with an ISR of one."""
         key = (entry["topic"], entry["partition"])
         if key in self.logs:
-            return
+            return self.logs[key]
         directory = partition_dir(self.data_dir, *key)
         os.makedirs(directory, exist_ok=True)
         the_log = Log(directory, LogConfig.from_properties(entry["config"]))
         report = the_log.recovery_report
         if getattr(report, "dropped_bytes", 0):
             log.warning("%s-%d recovered: %s", key[0], key[1], report.summary())
-        the_log.high_watermark = the_log.log_end_offset
-        self.logs[key] = PartitionLog(key[0], key[1], entry.get("topic_id", ""), the_log)
+        p = self.logs[key] = PartitionLog(key[0], key[1], entry.get("topic_id", ""), the_log)
+        if "leader" not in entry:  # single-broker mode
+            self._become(p, {"leader": self.broker_id, "leader_epoch": 0, "isr": [self.broker_id],
+                             "replicas": [self.broker_id]})
         self._dirty.add(key)
+        return p
 
-    def _close_and_delete(self, topic: str, partition: int, topic_id: str) -> None:
+    def _close_and_delete(self, topic: str, partition: int, topic_id: str, delete: bool = True) -> None:
         p = self.logs.pop((topic, partition), None)
         if p is not None:
+            if p.waiting:
+                self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             p.log.close()
         self._dirty.discard((topic, partition))
         self._closed.append((topic, partition))
         directory = partition_dir(self.data_dir, topic, partition)
-        if os.path.isdir(directory):
+        if delete and os.path.isdir(directory):
             doomed = f"{directory}.{topic_id or int(time.time())}-delete"
             os.rename(directory, doomed)  # the name is free at once for a new topic
             shutil.rmtree(doomed, ignore_errors=True)
 
     # ---- the fetch actor ---------------------------------------------------------------
     def on_get_bounds(self, msg: Message) -> None:
-        self.reply(msg, {"parts": [[t, p, *pl.log.bounds()] for (t, p), pl in self.logs.items()]})
+        self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name})
+
+    def _bounds(self, p: PartitionLog) -> list:
+        return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id]
 
     def _take_changes(self) -> dict:
-        parts = [[t, p, *self.logs[(t, p)].log.bounds()] for (t, p) in self._dirty if (t, p) in self.logs]
+        parts = [self._bounds(self.logs[key]) for key in self._dirty if key in self.logs]
         closed, self._closed = self._closed, []
         self._dirty.clear()
         return {"parts": parts, "closed": closed, "host": self.name}
@@ -225,6 +565,14 @@ class LogActor(Actor):
 
     def _clean(self) -> None:
         self._each("compaction", lambda lg: lg.config.compact and cleaner.clean(lg).cleaned)
+
+
+def _now_ms() -> int:
+    return int(time.monotonic() * 1000)
+
+
+def _produce_body(results: dict) -> dict:
+    return {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}}
 
 
 def _error(partition: int, code: int, message: str) -> dict:

@@ -64,7 +64,16 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 0),
     ApiKey.DELETE_GROUPS: (0, 0),
     ApiKey.LEAVE_GROUP: (0, 0),
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 0),
+    ApiKey.LEADER_AND_ISR: (0, 0),
+    ApiKey.UPDATE_METADATA: (0, 0),
+    ApiKey.STOP_REPLICA: (0, 0),
+    ApiKey.CONTROLLED_SHUTDOWN: (0, 0),
+    ApiKey.ELECT_LEADERS: (0, 0),
 }
+# Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
+CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
+                   ApiKey.ELECT_LEADERS)
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 DYNAMIC_CONFIGS = {"num.io.threads"}
@@ -103,6 +112,8 @@ class RequestHandler(Actor):
         self.broker_id = int(self.args.get("broker_id", self.config.get("broker.id", 0)))
         self.advertised = _advertised(self.config)
         self.topics: dict[str, dict] = {}
+        self.brokers: dict[str, list] = {}
+        self.controller_id = self.broker_id
         self.topic_defaults: dict = {}
         self.metadata_version = -1
         self.log_hosts = int(self.args.get("log_hosts", 1))
@@ -118,7 +129,9 @@ class RequestHandler(Actor):
             ApiKey.PING: self.ping,
             ApiKey.DESCRIBE_CONFIGS: self.describe_configs,
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
+            ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             **{api: self.to_group_coordinator for api in GROUP_APIS},
+            **{api: self.to_controller_actor for api in CONTROLLER_APIS},
         }
 
     def on_start(self) -> None:
@@ -133,6 +146,8 @@ class RequestHandler(Actor):
             self.metadata_version = snapshot["version"]
             self.topics = snapshot["topics"]
             self.topic_defaults = snapshot["defaults"]
+            self.brokers = snapshot.get("brokers") or {}
+            self.controller_id = snapshot.get("controller_id", self.broker_id)
 
     def stats(self) -> dict:
         return {"topics": len(self.topics), "metadata_version": self.metadata_version}
@@ -160,7 +175,8 @@ class RequestHandler(Actor):
         acks = body.get("acks", 1)
         if acks not in ACKS or isinstance(acks, bool):
             raise OdradekError(f"acks must be 0, 1 or -1 (all), got {acks!r}", ErrorCode.INVALID_REQUIRED_ACKS)
-        per_host, errors = self._route(msg, field(body, "topics", list), acks)
+        per_host, errors = self._route(msg, field(body, "topics", list))
+        timeout = field(body, "timeout_ms", int, 30000)
         if acks == 0:  # nobody waits: one-way to each log actor
             for host, (parts, frames) in per_host.items():
                 self.send(host, "produce", {"acks": 0, "parts": parts}, frames)
@@ -170,16 +186,17 @@ class RequestHandler(Actor):
                 self.reply(msg, {"body": _partition_body(errors, [], PRODUCE_ERROR)})
                 return
             host, (parts, frames) = next(iter(per_host.items()))
-            self.forward(msg, host, "produce", {"acks": acks, "parts": parts, "errors": errors}, frames)
+            self.forward(msg, host, "produce", {"acks": acks, "timeout_ms": timeout, "parts": parts,
+                                                "errors": errors}, frames)
             return
-        self._gather(msg, [(host, "produce", {"acks": acks, "parts": parts}, frames)
+        self._gather(msg, [(host, "produce", {"acks": acks, "timeout_ms": timeout, "parts": parts}, frames)
                            for host, (parts, frames) in per_host.items()], errors, PRODUCE_ERROR)
 
-    def _route(self, msg: Message, topics: list, acks: int) -> tuple[dict, list]:
-        """Group a produce's partitions by log actor; errors for the ones that fail checks."""
+    def _route(self, msg: Message, topics: list) -> tuple[dict, list]:
+        """Group a produce's partitions by log actor; errors for the ones that fail checks.
+        (Leadership and min.insync.replicas are the log actor's to check: it knows the ISR.)"""
         per_host: dict[str, tuple[list, list]] = {}
         errors: list[list] = []
-        min_isr = self.config.get("min.insync.replicas", 1)
         for t in topics:
             if not isinstance(t, dict) or not isinstance(t.get("name"), str) or \
                     not isinstance(t.get("partitions"), list):
@@ -193,9 +210,6 @@ class RequestHandler(Actor):
                                f"{len(msg.frames)} payload frames, got {frame!r}")
                 if problem is None:
                     problem = _batch_problem(name, index, msg.frames[frame])
-                if problem is None and acks == -1 and min_isr > 1:
-                    problem = (ErrorCode.NOT_ENOUGH_REPLICAS, f"{name}-{index}: 1 in-sync replica, "
-                               f"min.insync.replicas is {min_isr}")
                 if problem is not None:
                     errors.append([name, index, int(problem[0]), problem[1]])
                     continue
@@ -252,6 +266,29 @@ class RequestHandler(Actor):
         self._gather(msg, [(host, "delete_records", {"parts": parts}, ()) for host, parts in per_host.items()],
                      errors, DELETE_RECORDS_ERROR)
 
+    def offset_for_leader_epoch(self, msg: Message, body: dict) -> None:
+        """A follower asks where a leader epoch ended: the log actors hosting the partitions answer."""
+        per_host: dict[str, list] = {}
+        errors: list[list] = []
+        for t in field(body, "topics", list):
+            name = t.get("name") if isinstance(t, dict) else None
+            for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
+                index = p.get("index") if isinstance(p, dict) else None
+                problem = self._partition_problem(name, self.topics.get(name), index)
+                if problem is not None:
+                    errors.append([name, index, int(problem[0]), problem[1]])
+                else:
+                    per_host.setdefault(self._host(name, index), []).append(
+                        [name, index, p.get("current_leader_epoch", -1), p.get("leader_epoch", -1)])
+        if not per_host:
+            self.reply(msg, {"body": _partition_body(errors, [], EPOCH_ERROR)})
+            return
+        self._gather(msg, [(host, "offset_for_leader_epoch", {"parts": parts}, ())
+                           for host, parts in per_host.items()], errors, EPOCH_ERROR)
+
+    def to_controller_actor(self, msg: Message, body: dict) -> None:
+        self.forward(msg, CONTROLLER, "broker_request", {"api": msg.get("api"), "body": body}, ())
+
     def to_fetch_actor(self, msg: Message, body: dict) -> None:
         self.forward(msg, FETCH_ACTOR, "fetch" if msg.get("api") == ApiKey.FETCH else "list_offsets",
                      {"body": body}, ())
@@ -306,17 +343,29 @@ class RequestHandler(Actor):
         return bool(self.config.get("auto.create.topics.enable")) and body.get("allow_auto_topic_creation", True)
 
     def _topic_metadata(self, name: str, meta: dict) -> dict:
-        node = self.broker_id
+        partitions = []
+        for i, st in enumerate(meta.get("state") or ()):
+            entry = {"index": i, "error_code": 0, "leader": st["leader"], "leader_epoch": st["leader_epoch"],
+                     "replicas": st["replicas"], "isr": st["isr"]}
+            if st["leader"] < 0:
+                entry.update(error_code=int(ErrorCode.LEADER_NOT_AVAILABLE),
+                             error_message=f"{name}-{i} has no live in-sync replica to lead it")
+            partitions.append(entry)
         return {"name": name, "error_code": 0, "is_internal": name.startswith("__"), "topic_id": meta["id"],
-                "partitions": [{"index": i, "error_code": 0, "leader": node, "leader_epoch": 0,
-                                "replicas": [node], "isr": [node]} for i in range(meta["partitions"])]}
+                "partitions": partitions}
 
     def _metadata(self, msg: Message, topics: list) -> None:
-        host, port = self.advertised
+        brokers = []
+        for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
+            if int(node) == self.broker_id:
+                host, port = self.advertised
+            brokers.append({"node_id": int(node), "host": host, "port": port})
+        if not brokers:
+            brokers = [{"node_id": self.broker_id, "host": self.advertised[0], "port": self.advertised[1]}]
         self.reply(msg, {"body": {
             "cluster_id": self.config.get("cluster.id", "odradek"),
-            "controller_id": self.broker_id,
-            "brokers": [{"node_id": self.broker_id, "host": host, "port": port}],
+            "controller_id": self.controller_id,
+            "brokers": brokers,
             "topics": topics,
         }})
 
@@ -492,6 +541,7 @@ def _topic_resources(body: dict) -> list[dict]:
 # The fields of a failed partition's entry, per API (besides index, error_code, error_message).
 PRODUCE_ERROR = {"base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1}
 DELETE_RECORDS_ERROR = {"low_watermark": -1}
+EPOCH_ERROR = {"leader_epoch": -1, "end_offset": -1}
 
 
 def _partition_body(errors: list, topics, blank: dict) -> dict:

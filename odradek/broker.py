@@ -3,8 +3,9 @@
 This is the top layer: it is the only place that knows which roles a broker has and in
 which order they start. ``actors.supervisor`` runs whatever spec it is given.
 
-Start order (stop order is the reverse): controller (topic metadata), log actors (open and
-recover their partitions), the fetch actor, the group coordinator (replays ``__consumer_offsets``,
+Start order (stop order is the reverse): controller (topic metadata; in cluster mode the
+ZooKeeper session, ``coordinator.cluster_controller``), log actors (open and recover their
+partitions), the fetch actor, the replica fetcher (cluster mode), the group coordinator (replays ``__consumer_offsets``,
 which it creates on first use), request handlers, processors, the acceptor — so
 a client can connect only once everything behind the listener is ready, and on shutdown the
 listener closes first while the actors behind it still answer in-flight requests.
@@ -20,14 +21,23 @@ from odradek import config as cfg
 log = logging.getLogger("odradek.broker")
 
 
+def cluster_mode(config: dict) -> bool:
+    return bool(config["zookeeper.connect"])
+
+
 def actor_specs(config: dict) -> list[ChildSpec]:
     args = {"config": config, "broker_id": config["broker.id"], "data_dir": cfg.data_dir(config),
             "topic_defaults": cfg.topic_defaults(config), "log_hosts": config["num.log.threads"]}
+    cluster = cluster_mode(config)
+    controller = "coordinator.cluster_controller:ClusterController" if cluster else "coordinator.controller:Controller"
+    replication = [ChildSpec("replica_fetcher", "log.replica_fetcher:ReplicaFetcher", count=1, args=args,
+                             watchers=("controller",))] if cluster else []
     return [
-        ChildSpec("controller", "coordinator.controller:Controller", count=1, args=args),
+        ChildSpec("controller", controller, count=1, args=args),
         ChildSpec("log", "log.log_actor:LogActor", count=config["num.log.threads"], args=args,
                   watchers=("fetch",), pool=True),
         ChildSpec("fetch", "log.fetch_actor:FetchActor", count=1, args=args),
+        *replication,
         ChildSpec("group_coordinator", "coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
         ChildSpec("handler", "network.handler:RequestHandler", count=config["num.io.threads"], args=args,
                   watchers=("processor", "controller"), scalable=True, min_count=1, max_count=64),

@@ -1,0 +1,828 @@
+"""The controller actor in cluster mode: this broker's ZooKeeper session, the broker agent,
+and -- on the one broker that wins the election -- the controller of the cluster.
+
+Process: ``controller`` (one per broker), started first, as in single-broker mode.
+Owns: the kazoo client (its own threads; every watch and async answer comes back to this
+actor's loop through ``Actor.post``), this broker's registration ``/brokers/ids/<id>``
+(made once the broker is ready and its address known), its candidacy for ``/controller``,
+and the controller channel (``coordinator.channel``: a sender thread per broker).
+
+As the **broker agent** (every broker) it applies what the active controller sends:
+  broker_request {api: LEADER_AND_ISR, body}  -> ``become`` to the log actors, then
+        ``follow``/``unfollow`` to the replica fetcher
+  broker_request {api: UPDATE_METADATA, body} -> ``metadata`` to every handler and the group
+        coordinator (and new topic configs to the log actors)
+  broker_request {api: STOP_REPLICA, body}    -> ``assign {close}`` to the log actors
+  alter_isr {topic, partition, leader_epoch, isr, zk_version} from a leading log actor: a
+        conditional write of the partition's state node, then an ISR change notification
+  create_topics / delete_topics / alter_topic_configs from a handler: done here when this
+        broker is the controller, else sent on to the controller's broker over TCP
+As the **controller** (the broker holding ``/controller``) it owns partition state:
+assignment of replicas at creation, leader election when brokers die or return, the ISR
+notifications of leaders, preferred-leader rebalancing, and sends LEADER_AND_ISR,
+UPDATE_METADATA and STOP_REPLICA to the brokers. Every write it makes to ZooKeeper is a
+transaction that checks the ``/controller_epoch`` version it wrote when elected, so a
+deposed controller (paused past its session) cannot write. The paths, JSON and messages are
+in docs/REPLICATION.md.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import random
+import time
+from typing import Callable
+
+from actors.message import Message
+from coordinator.channel import ControllerChannel
+from coordinator.controller import Controller, log_host_name
+from coordinator.topics import TopicRegistry, Topic, placement
+from network.protocol import ApiKey, ErrorCode, OdradekError
+
+log = logging.getLogger("odradek.controller")
+
+REPLICA_FETCHER = "replica_fetcher"
+GROUP_COORDINATOR = "group_coordinator"
+REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's node may linger)
+SEND_TIMEOUT = 30.0
+WRITE_RETRIES = 5
+BROKERS, TOPICS, CONFIGS, NOTIFICATIONS = "/brokers/ids", "/brokers/topics", "/config/topics", "/isr_change_notification"
+
+
+def state_path(topic: str, partition: int) -> str:
+    return f"{TOPICS}/{topic}/partitions/{partition}/state"
+
+
+def _json(data) -> bytes:
+    return json.dumps(data, sort_keys=True).encode()
+
+
+class PartitionState:
+    __slots__ = ("leader", "leader_epoch", "isr", "controller_epoch", "zk_version")
+
+    def __init__(self, leader: int, leader_epoch: int, isr: list[int], controller_epoch: int, zk_version: int = -1):
+        self.leader, self.leader_epoch, self.isr = leader, leader_epoch, list(isr)
+        self.controller_epoch, self.zk_version = controller_epoch, zk_version
+
+    def data(self) -> bytes:
+        return _json({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": self.isr,
+                      "controller_epoch": self.controller_epoch, "version": 1})
+
+    @classmethod
+    def parse(cls, raw: bytes, zk_version: int) -> "PartitionState":
+        d = json.loads(raw)
+        return cls(d["leader"], d["leader_epoch"], d["isr"], d.get("controller_epoch", 0), zk_version)
+
+
+class ClusterController(Controller):
+    # ---- start and stop ------------------------------------------------------------------
+    def on_start(self) -> None:
+        from kazoo.client import KazooClient
+        from kazoo.retry import KazooRetry
+        config = self.args["config"]
+        self.config = config
+        self.broker_id = int(self.args.get("broker_id", config["broker.id"]))
+        self.log_hosts = self.args["log_hosts"]
+        self.topic_defaults = self.args["topic_defaults"]
+        self.registry = TopicRegistry(None, self.topic_defaults, default_partitions=config["num.partitions"],
+                                      default_replication=config["default.replication.factor"], max_replication=1)
+        self._remove_deleted_dirs()
+        # the broker agent's view
+        self.seen_controller_epoch = -1
+        self.snapshot_data: dict = {"version": -1, "topics": {}, "brokers": {}, "controller_id": -1}
+        self.hosted: dict[tuple[str, int], dict] = {}  # the last LEADER_AND_ISR entry of each hosted partition
+        self.leader_addresses: dict[str, list] = {}
+        self.registered = False
+        self.address: tuple[str, int] | None = None
+        # the controller's view (when active)
+        self.active = False
+        self.epoch, self.epoch_zk_version = -1, -1
+        self.live: dict[int, tuple[str, int]] = {}
+        self.assignment: dict[str, list[list[int]]] = {}
+        self.states: dict[tuple[str, int], PartitionState] = {}
+        self.metadata_counter = 0
+        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}")
+        hosts, _, chroot = config["zookeeper.connect"].partition("/")
+        self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
+                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
+        self.zk.add_listener(lambda state: self.post(lambda: self._zk_state(state)))
+        self.zk.start(timeout=config["zookeeper.connection.timeout.ms"] / 1000)
+        if chroot:
+            self.zk.ensure_path("/" + chroot)
+            self.zk.chroot = "/" + chroot
+        for path in (BROKERS, TOPICS, CONFIGS, NOTIFICATIONS):
+            self.zk.ensure_path(path)
+        self.call_every(REGISTER_RETRY, self._maybe_register)
+        interval = config["leader.imbalance.check.interval.seconds"]
+        if config["auto.leader.rebalance.enable"]:
+            self.call_every(interval, self._rebalance_preferred_leaders)
+
+    def on_stop(self) -> None:
+        self.channel.close()
+        try:
+            self.zk.stop()
+            self.zk.close()
+        except Exception as exc:  # noqa: BLE001 - stopping anyway
+            log.warning("closing the ZooKeeper session: %s", exc)
+
+    def stats(self) -> dict:
+        return {"topics": len(self.registry.topics) if self.active else len(self.snapshot_data["topics"]),
+                "active_controller": self.active, "controller_epoch": self.epoch if self.active else
+                self.seen_controller_epoch, "live_brokers": sorted(self.live) if self.active else None,
+                "registered": self.registered, "hosted_partitions": len(self.hosted),
+                "offline_partitions": sum(1 for s in self.states.values() if s.leader < 0) if self.active else None}
+
+    # ---- session, registration, election ----------------------------------------------------
+    def _zk_state(self, state: str) -> None:
+        if state == "LOST":
+            log.warning("ZooKeeper session lost: this broker is no longer registered%s",
+                        " and resigns as controller" if self.active else "")
+            self.registered = False
+            self._resign()
+        elif state == "CONNECTED" and not self.registered:
+            self._maybe_register()
+
+    def _maybe_register(self) -> None:
+        """Register once this broker is ready (its listener's address known), then stand for
+        election. Retried: a crashed predecessor's node lingers until its session expires."""
+        if self.registered:
+            return
+        if self.address is None:
+            self._ask_address()
+            return
+        from kazoo.exceptions import NodeExistsError
+        host, port = self.address
+        try:
+            self.zk.create(f"{BROKERS}/{self.broker_id}", _json({"host": host, "port": port, "version": 1,
+                                                                   "timestamp": int(time.time() * 1000)}),
+                           ephemeral=True)
+        except NodeExistsError:
+            log.info("broker id %d is still registered by an earlier session; waiting for it to expire",
+                     self.broker_id)
+            return
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the timer retries
+            log.warning("cannot register in ZooKeeper: %s", exc)
+            return
+        self.registered = True
+        log.info("broker %d registered at %s:%d", self.broker_id, host, port)
+        self.zk.DataWatch("/controller", lambda data, stat: self.post(self._elect) or None)
+
+    def _ask_address(self) -> None:
+        def learned(status: Message) -> None:
+            address = (status.fields or {}).get("supervisor", {}).get("address") if not status.is_error else None
+            if address and self.address is None:
+                host, _, port = str(address).rpartition(":")
+                adv = self.config.get("advertised.listeners")
+                if adv:
+                    from network.protocol import parse_listener
+                    host = parse_listener(adv)[0]
+                self.address = (host, int(port))
+                self._maybe_register()
+        if self.supervisor:
+            self.request(self.supervisor, "status", callback=learned, timeout=5.0)
+
+    def _elect(self) -> None:
+        if not self.registered or self.active:
+            return
+        from kazoo.exceptions import NodeExistsError
+        try:
+            self.zk.create("/controller", _json({"brokerid": self.broker_id, "version": 1,
+                                                 "timestamp": int(time.time() * 1000)}), ephemeral=True)
+        except NodeExistsError:
+            return
+        except Exception as exc:  # noqa: BLE001
+            log.warning("controller election failed: %s", exc)
+            return
+        try:
+            self._bump_controller_epoch()
+        except Exception as exc:  # noqa: BLE001
+            log.error("won the election but cannot bump the controller epoch (%s); resigning", exc)
+            self._delete_controller_node()
+            return
+        log.info("broker %d is the controller (epoch %d)", self.broker_id, self.epoch)
+        self.active = True
+        self._load_cluster_state()
+
+    def _bump_controller_epoch(self) -> None:
+        from kazoo.exceptions import NodeExistsError
+        while True:
+            if not self.zk.exists("/controller_epoch"):
+                try:
+                    self.zk.create("/controller_epoch", b"1")
+                    self.epoch, self.epoch_zk_version = 1, 0
+                    return
+                except NodeExistsError:
+                    continue
+            raw, stat = self.zk.get("/controller_epoch")
+            from kazoo.exceptions import BadVersionError
+            try:
+                stat2 = self.zk.set("/controller_epoch", str(int(raw) + 1).encode(), version=stat.version)
+            except BadVersionError:
+                continue
+            self.epoch, self.epoch_zk_version = int(raw) + 1, stat2.version
+            return
+
+    def _delete_controller_node(self) -> None:
+        try:
+            raw, _ = self.zk.get("/controller")
+            if json.loads(raw).get("brokerid") == self.broker_id:
+                self.zk.delete("/controller")
+        except Exception:  # noqa: BLE001
+            pass
+
+    def _resign(self) -> None:
+        if self.active:
+            log.warning("broker %d is no longer the controller", self.broker_id)
+        self.active = False
+        self.channel.set_brokers({})
+
+    # ---- the controller: loading and watching --------------------------------------------------
+    def _load_cluster_state(self) -> None:
+        """A new controller reads everything back, elects leaders where needed and tells every
+        broker the whole state (LEADER_AND_ISR for its replicas, UPDATE_METADATA)."""
+        self.registry = TopicRegistry(None, self.topic_defaults, default_partitions=self.config["num.partitions"],
+                                      default_replication=self.config["default.replication.factor"],
+                                      max_replication=1)
+        self.assignment.clear()
+        self.states.clear()
+        for name in self.zk.get_children(TOPICS):
+            try:
+                raw, _ = self.zk.get(f"{TOPICS}/{name}")
+                d = json.loads(raw)
+                parts = [d["partitions"][str(i)] for i in range(len(d["partitions"]))]
+                configs = {}
+                if self.zk.exists(f"{CONFIGS}/{name}"):
+                    configs = json.loads(self.zk.get(f"{CONFIGS}/{name}")[0]).get("config", {})
+                self.registry.topics[name] = Topic(name, d["topic_id"], len(parts), len(parts[0]), configs,
+                                                   d.get("created_ms", 0))
+                self.assignment[name] = parts
+                for p in range(len(parts)):
+                    raw, stat = self.zk.get(state_path(name, p))
+                    self.states[(name, p)] = PartitionState.parse(raw, stat.version)
+            except Exception as exc:  # noqa: BLE001 - one broken topic must not stop the cluster
+                log.error("topic %s in ZooKeeper is unreadable, skipped: %s", name, exc)
+        self.registry.version = 0
+        self.live = {}
+        self.zk.ChildrenWatch(BROKERS, self._watch_brokers)
+        self.zk.ChildrenWatch(NOTIFICATIONS, self._watch_notifications)
+
+    def _watch_brokers(self, children) -> bool:
+        if not self.active:
+            return False
+        self.post(lambda: self._brokers_changed(children))
+        return True
+
+    def _watch_notifications(self, children) -> bool:
+        if not self.active:
+            return False
+        if children:
+            self.post(lambda: self._isr_changes(children))
+        return True
+
+    def _brokers_changed(self, children) -> None:
+        if not self.active:
+            return
+        live = {}
+        for child in children:
+            try:
+                d = json.loads(self.zk.get(f"{BROKERS}/{child}")[0])
+                live[int(child)] = (d["host"], d["port"])
+            except Exception as exc:  # noqa: BLE001 - it vanished meanwhile
+                log.info("broker %s: %s", child, exc)
+        gone, joined = set(self.live) - set(live), set(live) - set(self.live)
+        first = not self.live
+        self.live = live
+        self.registry.max_replication = max(len(live), 1)
+        self.channel.set_brokers(live)
+        if gone:
+            log.info("brokers %s left the cluster", sorted(gone))
+        if joined:
+            log.info("brokers %s joined the cluster", sorted(joined))
+        changed = self._elect_where_needed(gone)
+        everyone = first or bool(changed)
+        for b in (live if first else joined):
+            self._send_leader_and_isr(b, [tp for tp in self.states if b in self._replicas(tp)])
+        for tp in changed:
+            for b in self._replicas(tp):
+                if b in live and (first or b not in joined):
+                    self._send_leader_and_isr(b, [tp])
+        if everyone or joined or gone:
+            self._send_update_metadata()
+
+    def _replicas(self, tp: tuple[str, int]) -> list[int]:
+        return self.assignment[tp[0]][tp[1]]
+
+    def _elect_where_needed(self, gone: set[int]) -> list[tuple[str, int]]:
+        """New leaders for partitions whose leader is not alive; dead brokers leave ISRs."""
+        changes = {}
+        for tp, st in self.states.items():
+            isr_live = [r for r in st.isr if r in self.live]
+            if st.leader in self.live and len(isr_live) == len(st.isr):
+                continue
+            if st.leader in self.live:
+                changes[tp] = (st.leader, isr_live)  # a follower died: it leaves the ISR
+                continue
+            new = self._choose_leader(tp, isr_live)
+            if new is None:
+                if st.leader != -1:
+                    log.error("%s-%d: no live in-sync replica (ISR %s): offline", tp[0], tp[1], st.isr)
+                    changes[tp] = (-1, st.isr)  # keep the last ISR: one of them may come back
+                continue
+            changes[tp] = (new, isr_live if new in isr_live else [new])
+        return self._write_states(changes)
+
+    def _choose_leader(self, tp: tuple[str, int], isr_live: list[int]) -> int | None:
+        for r in self._replicas(tp):
+            if r in isr_live:
+                return r
+        if self.registry.log_config(tp[0]).unclean_leader_election_enable:
+            for r in self._replicas(tp):
+                if r in self.live:
+                    log.warning("%s-%d: unclean election of broker %d (out of sync)", tp[0], tp[1], r)
+                    return r
+        return None
+
+    def _write_states(self, changes: dict) -> list[tuple[str, int]]:
+        """Write new (leader, ISR) states, each with its leader epoch bumped, fenced by our
+        controller epoch. A state a leader changed meanwhile is re-read and recomputed."""
+        from kazoo.exceptions import BadVersionError, NoNodeError
+        written = []
+        for tp, (leader, isr) in changes.items():
+            for _ in range(WRITE_RETRIES):
+                st = self.states[tp]
+                new = PartitionState(leader, st.leader_epoch + 1, isr, self.epoch)
+                t = self.zk.transaction()
+                t.check("/controller_epoch", self.epoch_zk_version)
+                t.set_data(state_path(*tp), new.data(), version=st.zk_version)
+                result = t.commit()
+                if isinstance(result[0], Exception):
+                    log.error("controller epoch %d is stale (%s): resigning", self.epoch, result[0])
+                    self._resign()
+                    return written
+                if isinstance(result[1], BadVersionError):
+                    raw, stat = self.zk.get(state_path(*tp))
+                    self.states[tp] = fresh = PartitionState.parse(raw, stat.version)
+                    if leader == fresh.leader or leader not in self.live:
+                        isr = [r for r in fresh.isr if r in self.live] or isr
+                    continue
+                if isinstance(result[1], (Exception, NoNodeError)):
+                    log.error("%s-%d: state write failed: %s", tp[0], tp[1], result[1])
+                    break
+                new.zk_version = result[1].version
+                self.states[tp] = new
+                written.append(tp)
+                log.info("%s-%d: leader %d, epoch %d, ISR %s", tp[0], tp[1], leader, new.leader_epoch, isr)
+                break
+        return written
+
+    def _isr_changes(self, children) -> None:
+        """Leaders changed ISRs: re-read those states and tell every broker."""
+        if not self.active:
+            return
+        touched = set()
+        for child in children:
+            path = f"{NOTIFICATIONS}/{child}"
+            try:
+                for topic, partition in json.loads(self.zk.get(path)[0]):
+                    touched.add((topic, partition))
+                self.zk.delete(path)
+            except Exception:  # noqa: BLE001 - another controller took it, or it is gone
+                continue
+        for tp in touched:
+            if tp in self.states:
+                raw, stat = self.zk.get(state_path(*tp))
+                self.states[tp] = PartitionState.parse(raw, stat.version)
+        if touched:
+            self._send_update_metadata()
+
+    def _rebalance_preferred_leaders(self) -> None:
+        if not self.active:
+            return
+        changes = {}
+        for tp, st in self.states.items():
+            preferred = self._replicas(tp)[0]
+            if st.leader != preferred and preferred in self.live and preferred in st.isr:
+                changes[tp] = (preferred, st.isr)
+        self._apply_leader_changes(changes)
+
+    def _apply_leader_changes(self, changes: dict) -> list:
+        written = self._write_states(changes)
+        for tp in written:
+            for b in self._replicas(tp):
+                if b in self.live:
+                    self._send_leader_and_isr(b, [tp])
+        if written:
+            self._send_update_metadata()
+        return written
+
+    # ---- the controller: requests to brokers ----------------------------------------------------
+    def _partition_entry_full(self, tp: tuple[str, int]) -> dict:
+        st = self.states[tp]
+        t = self.registry.get(tp[0])
+        return {"topic": tp[0], "partition": tp[1], "topic_id": t.topic_id, "leader": st.leader,
+                "leader_epoch": st.leader_epoch, "isr": st.isr, "replicas": self._replicas(tp),
+                "zk_version": st.zk_version, "config": self.registry.log_config(tp[0]).to_properties()}
+
+    def _send_leader_and_isr(self, broker: int, tps: list, done: Callable | None = None) -> None:
+        if not tps:
+            if done:
+                done()
+            return
+        body = {"controller_id": self.broker_id, "controller_epoch": self.epoch,
+                "partitions": [self._partition_entry_full(tp) for tp in tps],
+                "brokers": [{"node_id": b, "host": h, "port": p} for b, (h, p) in self.live.items()]}
+
+        def answered(resp, why) -> None:
+            if why:
+                log.warning("LEADER_AND_ISR to broker %d: %s", broker, why)
+            if done:
+                done()
+        self.channel.send(broker, ApiKey.LEADER_AND_ISR, body, answered, timeout=SEND_TIMEOUT)
+
+    def _metadata_body(self) -> dict:
+        self.metadata_counter += 1
+        topics = {}
+        for name, t in self.registry.topics.items():
+            state = []
+            for p in range(t.partitions):
+                st = self.states[(name, p)]
+                state.append({"leader": st.leader if st.leader in self.live else -1, "leader_epoch": st.leader_epoch,
+                              "isr": st.isr, "replicas": self._replicas((name, p))})
+            topics[name] = {"id": t.topic_id, "partitions": t.partitions, "replication_factor": t.replication_factor,
+                            "configs": t.configs, "state": state}
+        return {"controller_id": self.broker_id, "controller_epoch": self.epoch,
+                "version": (self.epoch << 32) + self.metadata_counter,
+                "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics}
+
+    def _send_update_metadata(self, done: Callable | None = None) -> None:
+        body = self._metadata_body()
+        targets = list(self.live)
+        pending = {"n": len(targets)}
+        if not targets and done:
+            done()
+
+        def answered(broker, resp, why) -> None:
+            if why:
+                log.warning("UPDATE_METADATA to broker %d: %s", broker, why)
+            pending["n"] -= 1
+            if pending["n"] == 0 and done:
+                done()
+        for b in targets:
+            self.channel.send(b, ApiKey.UPDATE_METADATA, body, lambda r, w, b=b: answered(b, r, w),
+                              timeout=SEND_TIMEOUT)
+
+    def _all_then(self, steps: list[Callable[[Callable], None]], done: Callable) -> None:
+        """Run ``steps`` (each takes a completion callback) in parallel, then ``done``."""
+        pending = {"n": len(steps)}
+        if not steps:
+            done()
+            return
+
+        def one() -> None:
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                done()
+        for step in steps:
+            step(one)
+
+    # ---- topic changes (from a handler) --------------------------------------------------------
+    def _via_controller(self, msg: Message, api: int) -> bool:
+        """Not the controller: send the request on to its broker and relay the answer."""
+        if self.active:
+            return False
+        controller = self.snapshot_data.get("controller_id", -1)
+        address = self.snapshot_data.get("brokers", {}).get(str(controller))
+        if controller < 0 or not address:
+            self.reply_error(msg, ErrorCode.NOT_CONTROLLER, "no controller is known yet; retry")
+            return True
+        if not hasattr(self, "_relay"):
+            self._relay = ControllerChannel(self.post, f"broker-{self.broker_id}")
+        self._relay.set_brokers({controller: tuple(address)})
+
+        def relayed(resp, why) -> None:
+            if why:
+                self.reply_error(msg, ErrorCode.NOT_CONTROLLER, f"the controller did not answer: {why}")
+            else:
+                self.reply(msg, {"body": resp})
+        self._relay.send(controller, api, msg.get("body") or {}, relayed, timeout=SEND_TIMEOUT)
+        return True
+
+    def on_create_topics(self, msg: Message) -> None:
+        if self._via_controller(msg, ApiKey.CREATE_TOPICS):
+            return
+        body = msg.get("body") or {}
+        validate_only = bool(body.get("validate_only"))
+        results, created = [], []
+        for req in body.get("topics") or []:
+            name = req.get("name") if isinstance(req, dict) else None
+            try:
+                if not isinstance(req, dict):
+                    raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
+                rf = req.get("replication_factor")
+                if name == "__consumer_offsets" and isinstance(rf, int):
+                    rf = max(1, min(rf, len(self.live)))  # capped at the live brokers
+                parts, rf, configs = self.registry.validate_create(name, req.get("num_partitions"), rf,
+                                                                   req.get("configs"))
+                if not validate_only:
+                    self._create_in_zookeeper(name, parts, rf, configs)
+                    created.append(name)
+                results.append({"name": name, "error_code": 0, "num_partitions": parts, "replication_factor": rf})
+            except OdradekError as exc:
+                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        answer = lambda: self.reply(msg, {"body": {"topics": results}})  # noqa: E731
+        if not created:
+            answer()
+            return
+        tps = [(n, p) for n in created for p in range(self.registry.topics[n].partitions)]
+        per_broker: dict[int, list] = {}
+        for tp in tps:
+            for b in self._replicas(tp):
+                if b in self.live:
+                    per_broker.setdefault(b, []).append(tp)
+        steps = [lambda d, b=b, t=t: self._send_leader_and_isr(b, t, d) for b, t in per_broker.items()]
+        self._all_then(steps, lambda: self._send_update_metadata(answer))
+
+    def _assign_replicas(self, partitions: int, rf: int) -> list[list[int]]:
+        """Kafka's rack-unaware assignment: a random start, leaders round-robin over the
+        brokers, followers shifted so that replicas of consecutive partitions spread."""
+        brokers = sorted(self.live)
+        n = len(brokers)
+        start, shift = random.randrange(n), random.randrange(n)
+        out = []
+        for p in range(partitions):
+            if p > 0 and (p + start) % n == 0:
+                shift += 1
+            first = (p + start) % n
+            replicas = [brokers[first]]
+            for j in range(rf - 1):
+                replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n] if n > 1 else brokers[first])
+            out.append(replicas)
+        return out
+
+    def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict) -> None:
+        assignment = self._assign_replicas(partitions, rf)
+        topic = Topic(name, __import__("uuid").uuid4().hex, partitions, rf, configs, int(time.time() * 1000))
+        t = self.zk.transaction()
+        t.check("/controller_epoch", self.epoch_zk_version)
+        t.create(f"{TOPICS}/{name}", _json({"topic_id": topic.topic_id, "created_ms": topic.created_ms, "version": 2,
+                                             "partitions": {str(p): r for p, r in enumerate(assignment)}}))
+        t.create(f"{CONFIGS}/{name}", _json({"version": 1, "config": configs}))
+        t.create(f"{TOPICS}/{name}/partitions")
+        states = []
+        for p, replicas in enumerate(assignment):
+            live = [r for r in replicas if r in self.live]
+            st = PartitionState(live[0] if live else -1, 0, live, self.epoch, 0)
+            states.append(st)
+            t.create(f"{TOPICS}/{name}/partitions/{p}")
+            t.create(state_path(name, p), st.data())
+        result = t.commit()
+        failed = [r for r in result if isinstance(r, Exception)]
+        if failed:
+            if isinstance(result[0], Exception):
+                self._resign()
+                raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
+            raise OdradekError(f"cannot record topic '{name}' in ZooKeeper: {failed[0]!r}",
+                               ErrorCode.UNKNOWN_SERVER_ERROR)
+        self.registry.topics[name] = topic
+        self.registry.version += 1
+        self.assignment[name] = assignment
+        for p, st in enumerate(states):
+            self.states[(name, p)] = st
+        log.info("created topic %s: %d partitions, replicas %s", name, partitions, assignment)
+
+    def on_delete_topics(self, msg: Message) -> None:
+        if self._via_controller(msg, ApiKey.DELETE_TOPICS):
+            return
+        body = msg.get("body") or {}
+        results, stops = [], {}
+        for name in body.get("topics") or []:
+            try:
+                if not isinstance(name, str):
+                    raise OdradekError("topic names must be strings", ErrorCode.INVALID_REQUEST)
+                topic = self.registry.get(name)
+                t = self.zk.transaction()
+                t.check("/controller_epoch", self.epoch_zk_version)
+                for p in range(topic.partitions):
+                    t.delete(state_path(name, p))
+                    t.delete(f"{TOPICS}/{name}/partitions/{p}")
+                t.delete(f"{TOPICS}/{name}/partitions")
+                t.delete(f"{TOPICS}/{name}")
+                t.delete(f"{CONFIGS}/{name}")
+                result = t.commit()
+                if any(isinstance(r, Exception) for r in result):
+                    raise OdradekError(f"cannot delete '{name}' in ZooKeeper: {result}", ErrorCode.UNKNOWN_SERVER_ERROR)
+                for p in range(topic.partitions):
+                    for b in self._replicas((name, p)):
+                        stops.setdefault(b, []).append({"topic": name, "partition": p, "topic_id": topic.topic_id})
+                    self.states.pop((name, p), None)
+                del self.registry.topics[name]
+                self.assignment.pop(name, None)
+                log.info("deleted topic %s", name)
+                results.append({"name": name, "error_code": 0})
+            except OdradekError as exc:
+                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        answer = lambda: self.reply(msg, {"body": {"topics": results}})  # noqa: E731
+
+        def stop_replicas(done, b, parts) -> None:
+            self.channel.send(b, ApiKey.STOP_REPLICA, {"controller_id": self.broker_id,
+                                                       "controller_epoch": self.epoch, "delete": True,
+                                                       "partitions": parts}, lambda r, w: done(), SEND_TIMEOUT)
+        steps = [lambda d, b=b, ps=ps: stop_replicas(d, b, ps) for b, ps in stops.items() if b in self.live]
+        self._send_update_metadata(lambda: self._all_then(steps, answer))
+
+    def on_alter_topic_configs(self, msg: Message) -> None:
+        if self._via_controller(msg, ApiKey.INCREMENTAL_ALTER_CONFIGS):
+            return
+        body = msg.get("body") or {}
+        validate_only = bool(body.get("validate_only"))
+        results = []
+        for res in body.get("resources") or []:
+            name = res.get("name") if isinstance(res, dict) else None
+            try:
+                topic = self.registry.get(name)
+                changed = dict(topic.configs)
+                for c in res.get("configs") or []:
+                    if c.get("op", "set") == "delete":
+                        changed.pop(c["name"], None)
+                    else:
+                        changed[c["name"]] = c.get("value")
+                checked = self.registry._checked_configs(changed)
+                if not validate_only:
+                    t = self.zk.transaction()
+                    t.check("/controller_epoch", self.epoch_zk_version)
+                    t.set_data(f"{CONFIGS}/{name}", _json({"version": 1, "config": checked}))
+                    if any(isinstance(r, Exception) for r in t.commit()):
+                        raise OdradekError("cannot record the change in ZooKeeper", ErrorCode.NOT_CONTROLLER)
+                    topic.configs = checked
+                results.append({"type": "topic", "name": name, "error_code": 0})
+            except (OdradekError, KeyError, TypeError, AttributeError) as exc:
+                code = exc.code if isinstance(exc, OdradekError) else ErrorCode.INVALID_REQUEST
+                text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
+                results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
+        self._send_update_metadata(lambda: self.reply(msg, {"body": {"resources": results}}))
+
+    # ---- the broker agent -------------------------------------------------------------------------
+    def on_get_metadata(self, msg: Message) -> None:
+        self.reply(msg, self.snapshot())
+
+    def snapshot(self) -> dict:
+        snap = dict(self.snapshot_data)
+        snap.update(defaults=self.topic_defaults, broker_id=self.broker_id)
+        return snap
+
+    def on_get_assignment(self, msg: Message) -> None:
+        """A restarted log actor gets back the partitions (and roles) it had."""
+        host = msg.get("host")
+        self.reply(msg, {"open": [e for (t, p), e in self.hosted.items()
+                                  if log_host_name(placement(t, p, self.log_hosts)) == host]})
+
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
+        super().on_members(role, members, retired)
+        if role == REPLICA_FETCHER and members:
+            self._tell_fetcher(list(self.hosted.values()))
+
+    def on_broker_request(self, msg: Message) -> None:
+        api, body = msg.get("api"), msg.get("body") or {}
+        if api == ApiKey.ELECT_LEADERS:
+            self._elect_leaders(msg, body)
+            return
+        epoch = body.get("controller_epoch", -1)
+        if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
+            self.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
+                                      "error_message": f"controller epoch {epoch} is older than "
+                                                       f"{self.seen_controller_epoch}"}})
+            return
+        self.seen_controller_epoch = epoch
+        if api == ApiKey.LEADER_AND_ISR:
+            self._leader_and_isr(msg, body)
+        elif api == ApiKey.UPDATE_METADATA:
+            self._update_metadata(msg, body)
+        elif api == ApiKey.STOP_REPLICA:
+            self._stop_replica(msg, body)
+        else:
+            self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request")
+
+    def _leader_and_isr(self, msg: Message, body: dict) -> None:
+        for b in body.get("brokers") or []:
+            self.leader_addresses[str(b["node_id"])] = [b["host"], b["port"]]
+        per_host: dict[str, list] = {}
+        entries = []
+        for e in body.get("partitions") or []:
+            entry = dict(e, role="leader" if e["leader"] == self.broker_id else "follower")
+            entries.append(entry)
+            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(entry)
+        results = []
+
+        def step(done, host, parts) -> None:
+            def became(reply: Message) -> None:
+                if reply.is_error:
+                    results.extend({"topic": e["topic"], "partition": e["partition"],
+                                    "error_code": reply.error_code} for e in parts)
+                else:
+                    for topic, partition, code in reply.get("parts") or []:
+                        results.append({"topic": topic, "partition": partition, "error_code": code})
+                        if code == 0:
+                            self.hosted[(topic, partition)] = next(
+                                e for e in parts if e["topic"] == topic and e["partition"] == partition)
+                done()
+            self.request(host, "become", {"parts": parts}, callback=became, timeout=SEND_TIMEOUT)
+
+        def finished() -> None:
+            self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
+                                if (e["topic"], e["partition"]) in self.hosted])
+            self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
+        self._all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
+
+    def _tell_fetcher(self, entries: list[dict]) -> None:
+        follow = [{"topic": e["topic"], "partition": e["partition"], "leader": e["leader"],
+                   "leader_epoch": e["leader_epoch"]} for e in entries
+                  if e["leader"] != self.broker_id and e["leader"] >= 0]
+        unfollow = [[e["topic"], e["partition"]] for e in entries
+                    if e["leader"] == self.broker_id or e["leader"] < 0]
+        if follow:
+            self.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
+                         timeout=SEND_TIMEOUT)
+        if unfollow:
+            self.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
+
+    def _update_metadata(self, msg: Message, body: dict) -> None:
+        old_topics = self.snapshot_data.get("topics", {})
+        self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
+                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}
+        for node, address in self.snapshot_data["brokers"].items():
+            self.leader_addresses[node] = address
+        # topic config changes reach the log actors hosting their partitions
+        per_host: dict[str, list] = {}
+        for (topic, partition), entry in self.hosted.items():
+            meta = self.snapshot_data["topics"].get(topic)
+            if meta is not None and meta.get("configs") != (old_topics.get(topic) or {}).get("configs"):
+                config = self.registry.defaults | meta["configs"]
+                from log.config import LogConfig
+                entry["config"] = LogConfig.from_properties(config).to_properties()
+                per_host.setdefault(log_host_name(placement(topic, partition, self.log_hosts)), []).append(entry)
+        for host, parts in per_host.items():
+            self.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
+        snapshot = self.snapshot()
+        self.send(GROUP_COORDINATOR, "metadata", snapshot)
+        handlers = self.members.get("handler", [])
+        steps = [lambda d, h=h: self.request(h, "metadata", snapshot, callback=lambda _r: d(), timeout=SEND_TIMEOUT)
+                 for h in handlers]
+        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
+
+    def _stop_replica(self, msg: Message, body: dict) -> None:
+        per_host: dict[str, list] = {}
+        gone = []
+        for e in body.get("partitions") or []:
+            self.hosted.pop((e["topic"], e["partition"]), None)
+            gone.append([e["topic"], e["partition"]])
+            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(
+                {"topic": e["topic"], "partition": e["partition"], "topic_id": e.get("topic_id", ""),
+                 "delete": bool(body.get("delete"))})
+        if gone:
+            self.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
+        steps = [lambda d, h=h, ps=ps: self.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
+                                                     timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
+        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
+
+    def on_alter_isr(self, msg: Message) -> None:
+        """A leader's ISR change: written only if the state node is still at the version the
+        leader knows (a deposed leader's write fails), then announced to the controller."""
+        topic, partition = msg.get("topic"), msg.get("partition")
+        st = PartitionState(self.broker_id, msg.get("leader_epoch"), msg.get("isr"),
+                            self.seen_controller_epoch)
+        path = state_path(topic, partition)
+
+        def written(result) -> None:
+            try:
+                stat = result.get()
+            except Exception as exc:  # noqa: BLE001 - BadVersion, session loss...
+                why = f"{topic}-{partition}: ISR not changed: {exc!r}"
+                self.post(lambda: self.reply_error(msg, ErrorCode.INVALID_UPDATE_VERSION, why))
+                return
+            self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", _json([[topic, partition]]), sequence=True)
+            self.post(lambda: self.reply(msg, {"zk_version": stat.version}))
+        self.zk.set_async(path, st.data(), version=msg.get("zk_version", -1)).rawlink(written)
+
+    def _elect_leaders(self, msg: Message, body: dict) -> None:
+        """ELECT_LEADERS (preferred): move each partition's leadership to its first replica."""
+        if self._via_controller(msg, ApiKey.ELECT_LEADERS):
+            return
+        wanted = body.get("topic_partitions")
+        tps = [tp for tp in self.states] if not wanted else [
+            (t["topic"], p) for t in wanted for p in t.get("partitions") or []]
+        results, changes = [], {}
+        for tp in tps:
+            st = self.states.get(tp)
+            entry = {"topic": tp[0], "partition": tp[1], "error_code": 0}
+            if st is None:
+                entry.update(error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), error_message="no such partition")
+            elif st.leader == self._replicas(tp)[0]:
+                entry.update(error_code=int(ErrorCode.ELECTION_NOT_NEEDED), error_message="already led by it")
+            elif self._replicas(tp)[0] not in self.live or self._replicas(tp)[0] not in st.isr:
+                entry.update(error_code=int(ErrorCode.PREFERRED_LEADER_NOT_AVAILABLE),
+                             error_message=f"preferred replica {self._replicas(tp)[0]} is not alive and in sync")
+            else:
+                changes[tp] = (self._replicas(tp)[0], st.isr)
+            results.append(entry)
+        self._apply_leader_changes(changes)
+        self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
