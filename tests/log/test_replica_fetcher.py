@@ -3,12 +3,18 @@ against a scripted leader (tests/log/leader_stub.py) and an in-memory stand-in f
 actor, both real: TCP to the leader, ZeroMQ to the log actor."""
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
+from actors.client import MailboxClient
+from actors.runtime import Actor
 from coordinator.topics import placement
 from log import records as fmt
 from log import replica_fetcher as rf
 from network.protocol import ErrorCode
+from tests.log.leader_stub import LeaderStub
 
 
 def batch(base: int, n: int = 2, epoch: int = 0) -> bytes:
@@ -153,12 +159,6 @@ def test_bytes_without_a_single_whole_batch_are_corrupt_and_refetched():
 
 
 # ---- the actor, against a scripted leader and a stand-in log actor --------------------------------
-import threading  # noqa: E402
-import time  # noqa: E402
-
-from actors.client import MailboxClient  # noqa: E402
-from actors.runtime import Actor  # noqa: E402
-from tests.log.leader_stub import LeaderStub  # noqa: E402
 
 CONFIG = {"replica.fetch.wait.max.ms": 20, "replica.fetch.min.bytes": 1, "replica.fetch.max.bytes": 4096,
           "replica.fetch.response.max.bytes": 65536, "replica.fetch.backoff.ms": 50}
