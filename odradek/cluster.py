@@ -293,24 +293,46 @@ class TopicMetadata(NamedTuple):
     error_message: str | None
     is_internal: bool
     partitions: tuple  # PartitionMetadata by index
+    topic_id: str | None = None
+
+
+NETWORK_ERRORS = (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT)
+# A partition error that means the metadata is stale: refresh before retrying.
+STALE_METADATA = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                            ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
+                            ErrorCode.NETWORK_EXCEPTION, ErrorCode.REPLICA_NOT_AVAILABLE,
+                            ErrorCode.KAFKA_STORAGE_ERROR})
+FAILED_NODE_PENALTY = 5.0  # seconds a broker that failed is tried after the others
 
 
 class Cluster:
-    """Brokers and topic metadata, refreshed on demand. Thread-safe (see module doc)."""
+    """Brokers and topic metadata, refreshed on demand. Thread-safe (see module doc).
+
+    Metadata comes from any broker: the one that answered last, then every broker of the
+    latest metadata, then the bootstrap list, then every broker ever learned; a broker that
+    failed recently (``node_failed``) goes last. A partition's metadata never moves back to an
+    older leader epoch (a broker that has not heard of an election yet answers with stale
+    leaders; KIP-320). ``refresh_due``/``maybe_refresh`` keep refreshes ``retry_backoff_ms``
+    apart, and ``stale`` says when ``metadata_max_age_ms`` has passed."""
 
     def __init__(self, bootstrap_servers, client_id: str = "odradek-client", request_timeout_ms: int = 30000,
-                 retry_backoff_ms: int = 100):
+                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000):
         self.bootstrap = parse_bootstrap(bootstrap_servers)
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff = retry_backoff_ms / 1000
+        self.metadata_max_age = metadata_max_age_ms / 1000
         self.brokers: dict[int, BrokerMetadata] = {}
         self.topics: dict[str, TopicMetadata] = {}
         self.cluster_id: str | None = None
         self.controller_id: int | None = None
         self.updated_at = 0.0
+        self.refresh_attempted_at = 0.0  # the last refresh, answered or not (for the backoff)
+        self._known: dict[tuple, None] = {}  # every broker address ever learned, in order
+        self._failed: dict[tuple, float] = {}  # address -> when it last failed (monotonic)
         self._lock = threading.Lock()
         self._conn: Connection | None = None
+        self._conns: dict[tuple, Connection] = {}  # address -> connection, for request_at
 
     # ---- reads of the snapshot ------------------------------------------------------------------
     def partitions(self, topic: str) -> tuple | None:
@@ -324,31 +346,91 @@ class Cluster:
             return -1
         return t.partitions[partition].leader
 
+    def leader_epoch(self, topic: str, partition: int) -> int:
+        """The leader epoch the metadata names for a partition, or -1 if unknown."""
+        t = self.topics.get(topic)
+        if t is None or partition >= len(t.partitions):
+            return -1
+        return t.partitions[partition].leader_epoch
+
     def broker(self, node_id: int) -> BrokerMetadata | None:
         return self.brokers.get(node_id)
+
+    def address(self, node_id: int) -> tuple[str, int] | None:
+        b = self.brokers.get(node_id)
+        return (b.host, b.port) if b is not None else None
+
+    # ---- broker health ----------------------------------------------------------------------------
+    def node_failed(self, node_or_address) -> None:
+        """A connection to this broker (node id or ``(host, port)``) failed: ask the others
+        first for a while."""
+        address = self.address(node_or_address) if isinstance(node_or_address, int) else tuple(node_or_address)
+        if address is not None:
+            self._failed[address] = time.monotonic()
+
+    def node_ok(self, address) -> None:
+        self._failed.pop(tuple(address), None)
 
     # ---- refresh ---------------------------------------------------------------------------------
     def refresh(self, topics: Sequence[str] | None = None, timeout: float | None = None) -> dict:
         """Ask a broker for metadata (``topics=None``: all topics) and merge it into the cache.
         Returns the raw response body. Raises NETWORK_EXCEPTION if no broker answers."""
+        self.refresh_attempted_at = time.monotonic()
         body = self.request(ApiKey.METADATA, {"topics": list(topics) if topics is not None else None},
                             timeout=timeout).header["body"]
         self._merge(body, full=topics is None)
         return body
 
+    def refresh_due(self, now: float | None = None) -> float:
+        """Seconds until a refresh is allowed (0: now): refreshes are ``retry_backoff_ms`` apart."""
+        now = time.monotonic() if now is None else now
+        return max(0.0, self.refresh_attempted_at + self.retry_backoff - now)
+
+    def stale(self, now: float | None = None) -> bool:
+        """True once ``metadata_max_age_ms`` has passed since the last successful refresh."""
+        now = time.monotonic() if now is None else now
+        return now - self.updated_at > self.metadata_max_age
+
+    def maybe_refresh(self, topics: Sequence[str] | None = None, timeout: float | None = None) -> bool:
+        """Refresh unless one was attempted less than ``retry_backoff_ms`` ago; True if it did
+        and an answer came. Never raises for a network failure (logged; the caller retries)."""
+        if self.refresh_due():
+            return False
+        try:
+            self.refresh(topics, timeout)
+            return True
+        except OdradekError as exc:
+            if exc.code not in NETWORK_ERRORS:
+                raise
+            return False
+
     def _merge(self, body: dict, full: bool) -> None:
+        old = self.topics
         self.cluster_id = body.get("cluster_id")
-        self.controller_id = body.get("controller_id")
-        self.brokers = {b["node_id"]: BrokerMetadata(b["node_id"], b["host"], b["port"])
-                        for b in body.get("brokers", [])}
-        topics = {} if full else dict(self.topics)
+        controller = body.get("controller_id")
+        self.controller_id = controller if controller is not None and controller >= 0 else None
+        brokers = {b["node_id"]: BrokerMetadata(b["node_id"], b["host"], b["port"])
+                   for b in body.get("brokers", [])}
+        for b in brokers.values():
+            self._known[(b.host, b.port)] = None
+        self.brokers = brokers
+        topics = {} if full else dict(old)
         for t in body.get("topics", []):
-            parts = tuple(sorted((PartitionMetadata(t["name"], p["index"], p.get("leader", -1),
-                                                    p.get("leader_epoch", -1), tuple(p.get("replicas", ())),
-                                                    tuple(p.get("isr", ())), p.get("error_code", 0))
-                                  for p in t.get("partitions", [])), key=lambda p: p.partition))
+            parts = sorted((PartitionMetadata(t["name"], p["index"], p.get("leader", -1),
+                                              p.get("leader_epoch", -1), tuple(p.get("replicas", ())),
+                                              tuple(p.get("isr", ())), p.get("error_code", 0))
+                            for p in t.get("partitions", [])), key=lambda p: p.partition)
+            was = old.get(t["name"])
+            topic_id = t.get("topic_id")
+            if was is not None and was.topic_id == topic_id and not t.get("error_code"):
+                # Never go back to an older leader epoch: that broker has not heard of the election.
+                for i, p in enumerate(parts):
+                    if p.partition < len(was.partitions):
+                        prev = was.partitions[p.partition]
+                        if prev.leader_epoch > p.leader_epoch >= 0:
+                            parts[i] = prev
             topics[t["name"]] = TopicMetadata(t["name"], t.get("error_code", 0), t.get("error_message"),
-                                              bool(t.get("is_internal", False)), parts)
+                                              bool(t.get("is_internal", False)), tuple(parts), topic_id)
         self.topics = topics
         self.updated_at = time.monotonic()
 
@@ -375,18 +457,23 @@ class Cluster:
         """The answer of the first broker that gives one, else the last network error."""
         last: OdradekError = error_for(ErrorCode.NETWORK_EXCEPTION, "no broker to ask")
         for host, port in self._candidates():
+            if time.monotonic() >= deadline:
+                break
             conn = self._conn
             if conn is None or (conn.host, conn.port) != (host, port):
                 if conn is not None:
                     conn.close()
                 conn = self._conn = Connection(host, port, self.client_id, self.request_timeout_ms)
             try:
-                return conn.request(api, body, frames, max(0.05, deadline - time.monotonic()))
+                frame = conn.request(api, body, frames, max(0.05, deadline - time.monotonic()))
+                self._failed.pop((host, port), None)
+                return frame
             except OdradekError as exc:
-                if exc.code not in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
+                if exc.code not in NETWORK_ERRORS:
                     raise
                 conn.close()
                 self._conn = None
+                self._failed[(host, port)] = time.monotonic()
                 last = exc
         return last
 
@@ -396,15 +483,53 @@ class Cluster:
             out.append((self._conn.host, self._conn.port))
         out += [(b.host, b.port) for b in self.brokers.values()]
         out += self.bootstrap
+        out += list(self._known)
         seen, uniq = set(), []
         for hp in out:
             if hp not in seen:
                 seen.add(hp)
                 uniq.append(hp)
-        return uniq
+        now = time.monotonic()
+        failed = self._failed
+        # Healthy ones first (in the order above); recently failed ones last, oldest failure first.
+        return sorted(uniq, key=lambda hp: (0, 0.0) if now - failed.get(hp, -1e9) > FAILED_NODE_PENALTY
+                      else (1, failed[hp]))
+
+    def request_at(self, address: tuple[str, int], api: int, body: dict, frames: Sequence[Any] = (),
+                   timeout: float | None = None) -> codec.Frame:
+        """One blocking request to the broker at ``address`` (a pooled connection). A network
+        failure marks the broker failed and raises NETWORK_EXCEPTION; the broker's errors
+        are raised as they are."""
+        timeout = self.request_timeout_ms / 1000 if timeout is None else timeout
+        address = (address[0], int(address[1]))
+        with self._lock:
+            conn = self._conns.get(address)
+            if conn is None:
+                conn = self._conns[address] = Connection(*address, self.client_id, self.request_timeout_ms)
+            try:
+                frame = conn.request(api, body, frames, timeout)
+            except OdradekError as exc:
+                if exc.code in NETWORK_ERRORS:
+                    conn.close()
+                    self._conns.pop(address, None)
+                    self._failed[address] = time.monotonic()
+                raise
+            self._failed.pop(address, None)
+            return frame
+
+    def request_node(self, node_id: int, api: int, body: dict, frames: Sequence[Any] = (),
+                     timeout: float | None = None) -> codec.Frame:
+        """``request_at`` the broker ``node_id`` of the metadata (NETWORK_EXCEPTION if unknown)."""
+        address = self.address(node_id)
+        if address is None:
+            raise error_for(ErrorCode.NETWORK_EXCEPTION, f"broker {node_id} is not in the metadata")
+        return self.request_at(address, api, body, frames, timeout)
 
     def close(self) -> None:
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+            for conn in self._conns.values():
+                conn.close()
+            self._conns.clear()

@@ -50,7 +50,7 @@ import msgpack
 
 from log import records as fmt
 from network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import Cluster, Connection, wait_any
+from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
 from odradek.types import Record, TopicPartition
 
@@ -163,7 +163,7 @@ class Consumer:
                  group_instance_id: Optional[str] = None, enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, session_timeout_ms: Optional[int] = None,
                  heartbeat_interval_ms: int = 3000, max_poll_interval_ms: int = 300000,
-                 group_assignor: Optional[str] = None):
+                 group_assignor: Optional[str] = None, metadata_max_age_ms: int = 300000):
         if auto_offset_reset not in _RESETS:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
         if max_poll_records < 1 or max_partition_fetch_bytes < 1:
@@ -179,7 +179,8 @@ class Consumer:
         self.retry_backoff = retry_backoff_ms / 1000
         self.consumer_timeout = None if consumer_timeout_ms is None else consumer_timeout_ms / 1000
         self.client_id = client_id
-        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms)
+        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms,
+                                metadata_max_age_ms)
         self._parts: dict[TopicPartition, _Partition] = {}
         self._order: list[_Partition] = []
         self._rr = 0
@@ -278,9 +279,19 @@ class Consumer:
     def position(self, partition: TopicPartition) -> int:
         """The offset of the next record ``poll`` will return (looked up if not known yet)."""
         p = self._part(partition)
-        if p.position is None:
+        deadline = time.monotonic() + self.request_timeout_ms / 1000
+        while p.position is None:
+            p.retry_at = 0.0
             self._resolve_positions()
             self._raise_errors()
+            if p.position is not None or p.reset is None:
+                break
+            if time.monotonic() + self.retry_backoff >= deadline:
+                raise error_for(ErrorCode.REQUEST_TIMED_OUT, f"position of {p.tp.topic}-{p.tp.partition}: "
+                                f"no answer from its leader within request_timeout_ms")
+            time.sleep(max(self.retry_backoff, self._cluster.refresh_due()))
+            if self._metadata_wanted:
+                self._refresh_metadata()
         return p.position
 
     def highwater(self, partition: TopicPartition) -> int | None:
@@ -369,19 +380,23 @@ class Consumer:
 
     # ---- fetching ---------------------------------------------------------------------------------
     def _send_fetches(self) -> None:
+        """One FETCH per leader for the partitions ready to fetch (after a metadata refresh,
+        if one is wanted and ``retry_backoff_ms`` has passed since the last)."""
+        cluster = self._cluster
+        if (self._metadata_wanted or cluster.stale()) and self._order and not cluster.refresh_due():
+            self._refresh_metadata()
         now = time.monotonic()
         by_node: dict[int, list] = {}
         for p in self._order:
             if p.in_flight or p.fetch_offset is None or p.buffered >= self.max_partition_fetch_bytes \
                     or p.retry_at > now:
                 continue
-            leader = self._cluster.leader(p.tp.topic, p.tp.partition)
+            leader = cluster.leader(p.tp.topic, p.tp.partition)
             if leader < 0:
                 self._metadata_wanted = True
+                p.retry_at = now + self.retry_backoff
                 continue
             by_node.setdefault(leader, []).append(p)
-        if self._metadata_wanted:
-            self._refresh_metadata()
         for node, parts in by_node.items():
             conn = self._conn(node)
             if conn is None:
@@ -391,14 +406,19 @@ class Consumer:
             self._send_fetch(conn, parts)
 
     def _send_fetch(self, conn: Connection, parts: list) -> None:
+        """Each partition carries the leader epoch the metadata names (-1: unknown), so a
+        broker that is no longer its leader, or not yet, says so instead of serving it."""
         topics: dict[str, list] = {}
         sent = []
+        leader_epoch = self._cluster.leader_epoch
         for p in parts:
-            topics.setdefault(p.tp.topic, []).append({"index": p.tp.partition, "fetch_offset": p.fetch_offset,
-                                                      "partition_max_bytes": self.max_partition_fetch_bytes})
+            tp = p.tp
+            topics.setdefault(tp.topic, []).append({"index": tp.partition, "fetch_offset": p.fetch_offset,
+                                                    "current_leader_epoch": leader_epoch(tp.topic, tp.partition),
+                                                    "partition_max_bytes": self.max_partition_fetch_bytes})
             p.in_flight = True
             sent.append((p, p.epoch, p.fetch_offset))
-        body = {"max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes,
+        body = {"replica_id": -1, "max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes,
                 "max_bytes": self.fetch_max_bytes, "isolation_level": 0,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         conn.send(ApiKey.FETCH, body, (), lambda frame, err: self._on_fetch(sent, frame, err))
@@ -468,13 +488,20 @@ class Consumer:
                 p.reset = self.auto_offset_reset
             return
         if err.retriable:
-            self._metadata_wanted = True
+            # The position stays: the next fetch asks for the same offset (of the new leader).
+            if err in STALE_METADATA:  # NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, ...: find the leader
+                self._metadata_wanted = True
+            # else UNKNOWN_LEADER_EPOCH (the broker has not heard of the election yet) and the
+            # like: the same broker again, after the backoff.
+            log.debug("fetch %s: %s; retrying", where, err.name)
             p.retry_at = time.monotonic() + self.retry_backoff
             return
         self._errors.append(error_for(code, f"fetch {where}: {message or err.meaning}"))
         p.retry_at = time.monotonic() + self.retry_backoff
 
     def _fetch_failed(self, parts: list, err: OdradekError) -> None:
+        """The whole FETCH failed (a lost connection: the broker may be gone). The positions
+        stay; the partitions are fetched again after a metadata refresh."""
         for p in parts:
             p.retry_at = time.monotonic() + self.retry_backoff
         if err.retriable:
@@ -507,6 +534,7 @@ class Consumer:
             conn.connect()
         except OdradekError as exc:
             log.info("cannot connect to broker %s: %s", node, exc)
+            self._cluster.node_failed((broker.host, broker.port))
             self._metadata_wanted = True
             return None
         return conn
@@ -540,58 +568,110 @@ class Consumer:
                 p.retry_at = max(p.retry_at, time.monotonic() + self.retry_backoff)
 
     def _resolve_positions(self) -> None:
-        """ListOffsets for every partition waiting for a reset; errors are kept for poll."""
+        """ListOffsets for every partition waiting for a reset (one round, no waiting); a
+        partition whose leader answered a retriable error is tried again after the backoff
+        (and a metadata refresh, for leader errors). Other errors are kept for poll."""
+        cluster = self._cluster
+        if any(p.reset is not None and p.tp.topic not in cluster.topics for p in self._order) \
+                and not cluster.refresh_due():
+            self._refresh_metadata()
+        now = time.monotonic()
         for which in (EARLIEST, LATEST):
-            parts = [p for p in self._order if p.reset == which]
+            parts = [p for p in self._order if p.reset == which and p.retry_at <= now]
             if not parts:
                 continue
-            try:
-                offsets = self._list_offsets([p.tp for p in parts], which)
-            except OdradekError as exc:
-                if not exc.retriable:
-                    self._errors.append(exc)
-                self._metadata_wanted = True
-                continue
+            offsets, errors = self._list_offsets_once([p.tp for p in parts], which)
             for p in parts:
-                off = offsets.get(p.tp, -1)
+                off = offsets.get(p.tp)
                 if off is not None and off >= 0:
                     p.position = p.fetch_offset = off
                     p.reset = None
+                    continue
+                exc = errors.get(p.tp)
+                if exc is None:
+                    continue
+                p.retry_at = now + self.retry_backoff
+                if not exc.retriable:
+                    self._errors.append(exc)
+                elif exc.code in STALE_METADATA:
+                    self._metadata_wanted = True
         for p in self._order:
             if p.position is None and p.reset is None:
                 self._errors.append(error_for(ErrorCode.OFFSET_OUT_OF_RANGE,
                                               f"{p.tp.topic}-{p.tp.partition} has no position and "
                                               f"auto_offset_reset='none': seek() first"))
 
-    def _list_offsets(self, tps: list, timestamp: int) -> dict:
-        """ListOffsets, asked of each partition's leader (any broker if the leader is unknown)."""
+    def _list_offsets(self, tps: list, timestamp: int, timeout: float | None = None) -> dict:
+        """ListOffsets of each partition from its leader; retriable errors (a moved leader, a
+        dead broker, an election) are retried after a metadata refresh and the backoff until
+        ``timeout`` (default ``request_timeout_ms``); other errors raise."""
+        deadline = time.monotonic() + (self.request_timeout_ms / 1000 if timeout is None else timeout)
+        cluster = self._cluster
+        if any(tp.topic not in cluster.topics for tp in tps):
+            cluster.refresh(sorted({tp.topic for tp in tps} | set(cluster.topics)))
+        out: dict = {}
+        todo = list(tps)
+        while True:
+            got, errors = self._list_offsets_once(todo, timestamp)
+            out.update(got)
+            if not errors:
+                return out
+            fatal = next((e for e in errors.values() if not e.retriable), None)
+            if fatal is not None:
+                raise fatal
+            first = next(iter(errors.values()))
+            if time.monotonic() + self.retry_backoff >= deadline:
+                raise first
+            time.sleep(max(self.retry_backoff, cluster.refresh_due()))
+            if any(e.code in STALE_METADATA for e in errors.values()):
+                cluster.maybe_refresh(sorted({tp.topic for tp in errors} | set(cluster.topics)))
+            todo = list(errors)
+
+    def _list_offsets_once(self, tps: list, timestamp: int) -> tuple[dict, dict]:
+        """One round of ListOffsets, a request per leader: ``({tp: offset}, {tp: error})``."""
         by_leader: dict[int, list] = {}
         for tp in tps:
             by_leader.setdefault(self._cluster.leader(tp.topic, tp.partition), []).append(tp)
-        out = {}
+        out, errors = {}, {}
         for leader, group in by_leader.items():
-            out.update(self._list_offsets_at(leader, group, timestamp))
-        return out
+            if leader < 0:
+                for tp in group:
+                    errors[tp] = error_for(ErrorCode.LEADER_NOT_AVAILABLE, f"list offsets of {tp.topic}-"
+                                           f"{tp.partition}: no leader known")
+                continue
+            try:
+                got, errs = self._list_offsets_at(leader, group, timestamp)
+            except OdradekError as exc:
+                if exc.code in (ErrorCode.NETWORK_EXCEPTION, ErrorCode.REQUEST_TIMED_OUT):
+                    self._cluster.node_failed(leader)
+                for tp in group:
+                    errors[tp] = exc
+                continue
+            out.update(got)
+            errors.update(errs)
+        return out, errors
 
-    def _list_offsets_at(self, leader: int, tps: list, timestamp: int) -> dict:
+    def _list_offsets_at(self, leader: int, tps: list, timestamp: int) -> tuple[dict, dict]:
         by_topic: dict[str, list] = {}
         for tp in tps:
-            by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "timestamp": timestamp})
-        body = {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
-        conn = self._conn(leader) if leader >= 0 else None
-        if conn is not None:
-            resp = conn.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
-        else:
-            resp = self._cluster.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
-        out = {}
+            by_topic.setdefault(tp.topic, []).append({
+                "index": tp.partition, "timestamp": timestamp,
+                "current_leader_epoch": self._cluster.leader_epoch(tp.topic, tp.partition)})
+        body = {"replica_id": -1, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+        conn = self._conn(leader)
+        if conn is None:
+            raise error_for(ErrorCode.NETWORK_EXCEPTION, f"cannot connect to broker {leader}")
+        resp = conn.request(ApiKey.LIST_OFFSETS, body, timeout=self.request_timeout_ms / 1000)
+        out, errors = {}, {}
         for t in resp.header["body"].get("topics", []):
             for part in t.get("partitions", []):
                 tp = TopicPartition(t["name"], part["index"])
                 if part.get("error_code"):
-                    raise error_for(part["error_code"], f"list offsets of {tp.topic}-{tp.partition}: "
-                                    f"{part.get('error_message') or ErrorCode.of(part['error_code']).meaning}")
-                out[tp] = part.get("offset", -1)
-        return out
+                    errors[tp] = error_for(part["error_code"], f"list offsets of {tp.topic}-{tp.partition}: "
+                                           f"{part.get('error_message') or ErrorCode.of(part['error_code']).meaning}")
+                else:
+                    out[tp] = part.get("offset", -1)
+        return out, errors
 
     def _raise_errors(self) -> None:
         if self._errors:

@@ -62,7 +62,7 @@ import msgpack
 
 from log import records as fmt
 from network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import Cluster, Connection, wait_any
+from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
 from odradek.types import RecordMetadata
 
@@ -77,10 +77,8 @@ _CRC_PACK = struct.Struct(">I").pack_into
 _crc32 = zlib.crc32
 _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
-LEADER_ERRORS = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                           ErrorCode.LEADER_NOT_AVAILABLE, ErrorCode.FENCED_LEADER_EPOCH,
-                           ErrorCode.UNKNOWN_LEADER_EPOCH, ErrorCode.NETWORK_EXCEPTION,
-                           ErrorCode.REPLICA_NOT_AVAILABLE})
+LEADER_ERRORS = STALE_METADATA  # retried after a metadata refresh (the leader may have moved)
+ACK_TIMEOUT_MARGIN_MS = 1000  # the broker's acks=all wait ends this much before our request timeout
 
 
 def partition_for_key(key: bytes, num_partitions: int) -> int:
@@ -271,7 +269,7 @@ def _handle(batch: _Batch, index: int) -> FutureRecordMetadata:
 class Producer:
     """Sends records to topics. See the module docstring for threads, batching, partitioning."""
 
-    def __init__(self, bootstrap_servers="127.0.0.1:9092", *, acks=1, linger_ms: float = 5,
+    def __init__(self, bootstrap_servers="127.0.0.1:9092", *, acks="all", linger_ms: float = 5,
                  batch_size: int = 65536, compression: Optional[str] = "lz4", retries: int = 2147483647,
                  retry_backoff_ms: int = 100, max_in_flight: int = 5, request_timeout_ms: int = 30000,
                  delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 32 << 20,
@@ -303,7 +301,11 @@ class Producer:
         self.max_request_size = max_request_size
         self.client_id = client_id
         self.metadata_max_age = metadata_max_age_ms / 1000
-        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms)
+        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms,
+                                metadata_max_age_ms)
+        # How long the leader may hold an acks=all produce: answered (REQUEST_TIMED_OUT, retried on
+        # the same connection) a little before we would give up on the connection.
+        self.ack_timeout_ms = max(request_timeout_ms // 2, request_timeout_ms - ACK_TIMEOUT_MARGIN_MS)
 
         self._lock = threading.Lock()
         self._space = threading.Condition(self._lock)  # buffer_memory back-pressure
@@ -581,6 +583,7 @@ class _Sender:
         self.stopping = False
         self.stop_deadline: float | None = None
         self.metadata_wanted = False
+        self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches in flight]
         self.requests = self.batches = self.retried = 0
 
     def stop(self, deadline: float | None) -> None:
@@ -598,7 +601,8 @@ class _Sender:
                     ready = list(p._ready)
                     p._ready.clear()
                 self.retry.extend(ready)
-                if self.metadata_wanted or time.monotonic() - p._cluster.updated_at > p.metadata_max_age:
+                cluster = p._cluster
+                if (self.metadata_wanted or cluster.stale()) and not cluster.refresh_due():
                     self._refresh_metadata()
                 self._send_ready()
                 if self.stopping:
@@ -623,6 +627,8 @@ class _Sender:
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
             timeout = min(timeout, max(0.0, min(b.retry_at for b in self.retry) - now))
+        if self.metadata_wanted:
+            timeout = min(timeout, p._cluster.refresh_due(now))
         p._sender_wake_at = now + timeout
         conns = list(self.conns.values())
         p._sender_awaits_answer = any(c.in_flight for c in conns)
@@ -642,23 +648,38 @@ class _Sender:
     # ---- sending ------------------------------------------------------------------------------------
     def _send_ready(self) -> None:
         """Group the sendable batches by leader into requests (in order), respecting
-        max_in_flight, max_request_size and retry backoff."""
+        max_in_flight, max_request_size and retry backoff.
+
+        Per-partition order: the batches are in creation order (one open batch per partition
+        at a time), and a batch that must wait (backoff, no leader) holds back every later
+        batch of its partition; a partition with batches still in flight to another broker
+        (its old leader) waits for their answers before anything goes to the new leader."""
         if not self.retry:
             return
         now = time.monotonic()
         cluster = self.p._cluster
+        in_flight = self.in_flight
         pending, self.retry = self.retry, []  # callbacks fired while sending may requeue into self.retry
         waiting, by_node = [], {}
+        held: set = set()  # partitions whose earlier batch waits
         for batch in pending:
             if now > batch.deadline:
                 self._fail(batch, error_for(ErrorCode.REQUEST_TIMED_OUT,
                                             f"{batch.topic}-{batch.partition}: not acknowledged within "
                                             f"delivery_timeout_ms ({batch.attempts} attempts)"))
                 continue
+            tp = (batch.topic, batch.partition)
             leader = cluster.leader(batch.topic, batch.partition)
-            if batch.retry_at > now or leader < 0:
-                if leader < 0:
-                    self.metadata_wanted = True
+            if leader < 0:
+                self.metadata_wanted = True
+                batch.retry_at = max(batch.retry_at, now + self.p.retry_backoff)
+            if batch.retry_at > now or tp in held:
+                held.add(tp)
+                waiting.append(batch)
+                continue
+            busy = in_flight.get(tp)
+            if busy is not None and busy[0] != leader:
+                held.add(tp)
                 waiting.append(batch)
                 continue
             by_node.setdefault(leader, []).append(batch)
@@ -684,7 +705,7 @@ class _Sender:
                 group.append(batches[i])
                 size += len(batches[i].data)
                 i += 1
-            self._send_request(conn, group)
+            self._send_request(conn, node, group)
         return batches[i:]
 
     def _conn(self, node: int) -> Connection | None:
@@ -698,11 +719,13 @@ class _Sender:
             conn = self.conns[node] = Connection(broker.host, broker.port, self.p.client_id, self.p.request_timeout_ms)
         try:
             conn.connect()
-        except OdradekError:
+        except OdradekError as exc:
+            log.info("cannot connect to broker %s: %s", node, exc)
+            self.p._cluster.node_failed((broker.host, broker.port))
             return None
         return conn
 
-    def _send_request(self, conn: Connection, group: list) -> None:
+    def _send_request(self, conn: Connection, node: int, group: list) -> None:
         """One PRODUCE request: a frame per partition holding its batches concatenated."""
         frames, topics, layout = [], {}, []
         by_tp: dict[tuple, list] = {}
@@ -712,10 +735,17 @@ class _Sender:
             topics.setdefault(topic, []).append({"index": partition, "frame": len(frames)})
             frames.append(bs[0].data if len(bs) == 1 else b"".join(b.data for b in bs))
             layout.append(((topic, partition), bs))
-        body = {"acks": self.p.acks, "timeout_ms": self.p.request_timeout_ms,
+        body = {"acks": self.p.acks, "timeout_ms": self.p.ack_timeout_ms,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         for b in group:
             b.attempts += 1
+        in_flight = self.in_flight
+        for tp, bs in layout:
+            busy = in_flight.get(tp)
+            if busy is None:
+                in_flight[tp] = [node, len(bs)]
+            else:
+                busy[1] += len(bs)
         self.requests += 1
         self.batches += len(group)
         if self.p.acks == 0:
@@ -725,7 +755,18 @@ class _Sender:
             conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_response(layout, frame, err))
 
     # ---- answers ----------------------------------------------------------------------------------
+    def _landed(self, layout: list) -> None:
+        """A request's answer (or failure) arrived: its batches are no longer in flight."""
+        in_flight = self.in_flight
+        for tp, bs in layout:
+            busy = in_flight.get(tp)
+            if busy is not None:
+                busy[1] -= len(bs)
+                if busy[1] <= 0:
+                    del in_flight[tp]
+
     def _on_unacked(self, layout: list, err: OdradekError | None) -> None:
+        self._landed(layout)
         for _, bs in layout:
             for b in bs:
                 if err is None:
@@ -734,6 +775,7 @@ class _Sender:
                     self._retry_or_fail(b, err)
 
     def _on_response(self, layout: list, frame, err: OdradekError | None) -> None:
+        self._landed(layout)
         if err is not None:  # the whole request failed (connection lost, error body)
             for _, bs in layout:
                 for b in bs:
@@ -772,15 +814,17 @@ class _Sender:
         self._fail(batch, err)
 
     def _succeed(self, batch: _Batch, base: int, append_time) -> None:
+        if batch.future.done():  # resolved once: a late answer for a failed batch changes nothing
+            return
         batch.data = None  # handles may live on; the bytes need not
-        if not batch.future.done():
-            batch.future.set_result((base, append_time))
+        batch.future.set_result((base, append_time))
         self.p._batch_done(batch)
 
     def _fail(self, batch: _Batch, err: BaseException) -> None:
+        if batch.future.done():
+            return
         batch.data = None
-        if not batch.future.done():
-            batch.future.set_exception(err)
+        batch.future.set_exception(err)
         self.p._batch_done(batch)
 
     def _fail_everything(self, err: OdradekError) -> None:
@@ -792,16 +836,18 @@ class _Sender:
         self.retry = []
 
     def _refresh_metadata(self) -> None:
+        """Ask any live broker (see ``Cluster``); refreshes stay ``retry_backoff_ms`` apart."""
         self.metadata_wanted = False
-        topics = sorted({b.topic for b in self.retry} | set(self.p._cluster.topics))
+        cluster = self.p._cluster
+        topics = sorted({b.topic for b in self.retry} | set(cluster.topics))
         if not topics:
-            self.p._cluster.updated_at = time.monotonic()
+            cluster.updated_at = time.monotonic()
             return
         try:
-            self.p._cluster.refresh(topics, timeout=self.p.request_timeout_ms / 1000)
+            cluster.refresh(topics, timeout=self.p.request_timeout_ms / 1000)
         except OdradekError as exc:
             log.info("metadata refresh failed (%s); retrying after backoff", exc)
-            self.p._cluster.updated_at = time.monotonic()  # the periodic refresh waits; retries don't
+            cluster.updated_at = time.monotonic()  # the periodic refresh waits; retries don't
             self.metadata_wanted = True
             for b in self.retry:
                 b.retry_at = max(b.retry_at, time.monotonic() + self.p.retry_backoff)
