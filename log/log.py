@@ -32,6 +32,7 @@ from typing import Callable, NamedTuple
 
 from log import index as ix
 from log.config import LogConfig
+from log.epochs import LeaderEpochCache
 from log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
 from log.files import FileLayer, system_now_ms
@@ -280,10 +281,18 @@ class Log:
     """One partition's log. Single writer: only the partition's log actor calls this.
 
     Not thread-safe. Public API: ``append``, ``append_as_follower``, ``read``, ``fetch``,
-    ``offset_for_time``, ``truncate_to``, ``delete_records_before``, ``apply_retention``,
+    ``offset_for_time``, ``end_offset_for_epoch``, ``truncate_to``,
+    ``truncate_fully_and_start_at``, ``delete_records_before``, ``apply_retention``,
     ``delete_expired_files``, ``flush``, ``maybe_flush``, ``checkpoint``, ``roll``,
     ``bounds``, ``close``; properties ``log_start_offset``, ``log_end_offset``,
-    ``high_watermark`` (settable, clamped), ``recovery_point``, ``segments``, ``size``.
+    ``high_watermark`` (settable, clamped), ``recovery_point``, ``latest_epoch``,
+    ``segments``, ``size``; attribute ``leader_epochs`` (``log.epochs.LeaderEpochCache``).
+
+    Leader epochs: a leader's append in a newer epoch records (epoch, first offset) in
+    ``leader_epochs``; a follower's append records the epochs stamped in the leader's
+    batches; truncations and log-start moves trim the cache, and opening the log trims it to
+    the recovered [log start, log end]. A failed write of the cache's file does not fail the
+    operation that changed it (memory is right): ``checkpoint`` writes it again.
     """
 
     def __init__(self, directory: str, config: LogConfig | None = None, *,
@@ -305,9 +314,13 @@ class Log:
         self._dirty_tail: tuple[LogSegment, int] | None = None
         self._generation = 0
         self._closed = False
+        self.leader_epochs = LeaderEpochCache(directory, self._files)
         started = time.monotonic()
         self.recovery_report = self._load()
         self.recovery_report.seconds = time.monotonic() - started
+        # the file may be older or newer than the data that survived: trim it to the log
+        self._update_epochs(self.leader_epochs.truncate_from_end, self._log_end_offset)
+        self._update_epochs(self.leader_epochs.truncate_from_start, self._log_start_offset)
         log.info("%s: %s", directory, self.recovery_report.summary())
 
     # ------------------------------------------------------------------ properties
@@ -332,6 +345,17 @@ class Log:
         self._high_watermark = min(max(offset, self._log_start_offset), self._log_end_offset)
 
     @property
+    def latest_epoch(self) -> int:
+        """The newest leader epoch in the log's epoch cache (-1 if none)."""
+        return self.leader_epochs.latest_epoch
+
+    def end_offset_for_epoch(self, epoch: int) -> tuple[int, int]:
+        """OFFSET_FOR_LEADER_EPOCH: ``(largest known epoch <= epoch, offset where it ended)``
+        (the next epoch's start, or the log end for the latest epoch); ``(-1, -1)`` if the
+        cache is empty or ``epoch`` is below its first entry."""
+        return self.leader_epochs.end_offset_for(epoch, self._log_end_offset)
+
+    @property
     def segments(self) -> list[LogSegment]:
         """The segments, oldest first (read-only use; the last one is active)."""
         return list(self._segments)
@@ -351,9 +375,14 @@ class Log:
                          a.base_offset, a.size, self._generation)
 
     # ------------------------------------------------------------------ append
-    def append(self, batch, leader_epoch: int = 0, assign_offsets: bool = True,
+    def append(self, batch, leader_epoch: int = -1, assign_offsets: bool = True,
                crc_checked: bool = False) -> AppendInfo:
         """Validate, assign offsets to and append one or more concatenated batches.
+
+        ``leader_epoch`` is stamped into every batch header; when it is newer than
+        ``latest_epoch`` the epoch cache records it as starting at the first batch's offset.
+        -1 (the default; what producers send) means no epoch: nothing is recorded. The log
+        actor always passes the partition's epoch (0 in single-broker mode).
 
         A writable buffer (bytearray, writable memoryview) is patched in place; a read-only
         one is never copied (see ``_patched``). Raises CorruptRecordError, RecordTooLargeError, RecordListTooLargeError,
@@ -415,6 +444,8 @@ class Log:
                     seg.add_batch_entries(position, base - seg.base_offset, n, max_ts)
                     seg.size = position + n
                     self._log_end_offset = last + 1
+                    if leader_epoch > self.leader_epochs._latest:  # the first append of an epoch
+                        self._update_epochs(self.leader_epochs.assign, leader_epoch, base)
                     self._unflushed += count
                     if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
                         self.flush()
@@ -444,13 +475,26 @@ class Log:
         self._index(seg, headers, bases, position, now)
         seg.size = position + size
         self._log_end_offset = last + 1
+        epochs = self.leader_epochs
+        if assign_offsets:
+            if leader_epoch > epochs._latest:
+                self._update_epochs(epochs.assign, leader_epoch, bases[0])
+        else:  # a follower keeps the leader's epochs, stamped in each batch
+            for h in headers:
+                if h.partition_leader_epoch > epochs._latest:
+                    self._update_epochs(epochs.assign, h.partition_leader_epoch, h.base_offset)
         self._unflushed += records
         if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
             self.flush()
         return AppendInfo(bases[0], last, now, self._log_start_offset, position, seg.base_offset, size)
 
     def append_as_follower(self, batch) -> AppendInfo:
-        """Append a leader's batches as they are: its offsets, epochs and timestamps."""
+        """Append a leader's batches as they are: its offsets, epochs and timestamps.
+
+        Each batch's partitionLeaderEpoch newer than ``latest_epoch`` starts an entry in the
+        epoch cache at that batch's base offset. Offsets must not go backwards: a base offset
+        below the log end (or below the previous batch's end) raises InvalidRecordError and
+        nothing is appended (truncate first)."""
         return self.append(batch, assign_offsets=False)
 
     def _assign(self, headers, assign: bool) -> tuple[list, int, int]:
@@ -539,6 +583,16 @@ class Log:
             seg.add_batch_entries(position, base - seg.base_offset, size,
                                   now if append_time else h.max_timestamp)
             position += size
+
+    def _update_epochs(self, change, *args) -> None:
+        """Apply a change to the epoch cache. A failed write of its file is logged, not
+        raised: the data change it follows is done and the cache in memory is right;
+        ``checkpoint`` rewrites the file, and a stale file is trimmed to the log on open."""
+        try:
+            change(*args)
+        except StorageError as e:
+            log.warning("%s: %s; the leader-epoch checkpoint is rewritten at the next "
+                        "checkpoint", self.dir, e)
 
     # ------------------------------------------------------------------ segments
     def _segment_for(self, size: int, batches: int, first: int, last: int, now: int) -> LogSegment:
@@ -653,13 +707,15 @@ class Log:
         self._recovery_point = self._log_end_offset
 
     def checkpoint(self) -> None:
-        """Write log start offset, recovery point and high watermark atomically."""
+        """Write log start offset, recovery point and high watermark atomically (and the
+        leader-epoch cache's file, if a write of it failed earlier)."""
         text = (f"{CHECKPOINT_VERSION}\nlog_start_offset {self._log_start_offset}\n"
                 f"recovery_point {self._recovery_point}\nhigh_watermark {self._high_watermark}\n")
         try:
             self._files.write_file_atomically(os.path.join(self.dir, CHECKPOINT), text.encode())
         except OSError as e:
             raise _storage("checkpoint", e) from None
+        self.leader_epochs.flush()
 
     def _read_checkpoint(self) -> Checkpoint | None:
         try:
@@ -677,10 +733,13 @@ class Log:
         """Remove every batch whose last offset is >= ``offset`` (a follower diverged).
 
         Truncation is by whole batch: a batch straddling ``offset`` goes too, and the log
-        end becomes min(``offset``, that batch's base offset).
+        end becomes min(``offset``, that batch's base offset). Epochs starting at or after
+        the new log end leave the epoch cache (all of them if the log is emptied).
         """
         self._check_open()
         if offset >= self._log_end_offset:
+            # no data to cut; epochs recorded at the log end (none of their data written) go
+            self._update_epochs(self.leader_epochs.truncate_from_end, self._log_end_offset)
             return
         try:
             if offset <= self._log_start_offset or offset <= self._bases[0]:
@@ -689,6 +748,7 @@ class Log:
                 self._truncate_within(offset)
         except OSError as e:
             raise _storage(f"truncate to {offset}", e) from None
+        self._update_epochs(self.leader_epochs.truncate_from_end, self._log_end_offset)
         self._recovery_point = min(self._recovery_point, self._log_end_offset)
         self._high_watermark = min(self._high_watermark, self._log_end_offset)
         self._generation += 1
@@ -714,8 +774,23 @@ class Log:
             # a whole-batch cut went below the log start: nothing visible is left
             self._truncate_fully(self._log_start_offset)
 
+    def truncate_fully_and_start_at(self, offset: int) -> None:
+        """Drop every segment and start empty at ``offset`` (any offset >= 0, e.g. the
+        leader's log start after OFFSET_OUT_OF_RANGE): log start = log end = high watermark
+        = recovery point = ``offset``; the epoch cache is cleared."""
+        self._check_open()
+        if offset < 0:
+            raise OffsetOutOfRangeError(f"cannot start the log at negative offset {offset}")
+        try:
+            self._truncate_fully(offset)
+        except OSError as e:
+            raise _storage(f"truncate fully and start at {offset}", e) from None
+        self._recovery_point = self._high_watermark = offset
+        self._generation += 1
+        self.checkpoint()
+
     def _truncate_fully(self, offset: int) -> None:
-        """Drop everything and start empty at ``offset`` (below the log start)."""
+        """Drop everything and start empty at ``offset``; the epoch cache is cleared."""
         now = self._now()
         new = self._create_segment_replacing(offset, now)
         for seg in self._segments:
@@ -724,6 +799,7 @@ class Log:
         self._segments, self._bases = [new], [offset]
         self._unflushed_segments.clear()
         self._log_start_offset = self._log_end_offset = offset
+        self._update_epochs(self.leader_epochs.clear)
 
     def _create_segment_replacing(self, offset: int, now: int) -> LogSegment:
         for i, seg in enumerate(self._segments):
@@ -745,6 +821,7 @@ class Log:
         if offset > self._log_start_offset:
             self._log_start_offset = offset
             self.checkpoint()
+            self._update_epochs(self.leader_epochs.truncate_from_start, offset)
             self._delete_segments(self._breached_by_start())
         return self._log_start_offset
 
@@ -815,6 +892,7 @@ class Log:
                 self._high_watermark = max(self._high_watermark, self._log_start_offset)
                 self._recovery_point = max(self._recovery_point, self._log_start_offset)
                 self.checkpoint()
+                self._update_epochs(self.leader_epochs.truncate_from_start, self._log_start_offset)
 
     def delete_expired_files(self) -> int:
         """Unlink ``.deleted`` files whose ``file.delete.delay.ms`` has passed."""
