@@ -2,32 +2,59 @@
 
 Process: ``group_coordinator`` (one per broker), started after the fetch actor and before
 the request handlers.
-Owns: every ``ConsumerGroup`` (``coordinator.group``, the pure state machine) and the cache
-of committed offsets. Their durable form is the compacted internal topic
-``__consumer_offsets`` (records: ``coordinator.offsets``), written through its log actors
-like any produce; this actor is the topic's only writer.
+Owns: the ``ConsumerGroup``s (``coordinator.group``, the pure state machine) and the cache
+of committed offsets of the groups this broker coordinates: as in Kafka, the coordinator of
+group G is the leader of ``__consumer_offsets`` partition ``partition_for(G)``. Their
+durable form is that compacted internal topic (records: ``coordinator.offsets``), written
+through the log actor hosting each partition like any produce; the coordinator is the only
+writer of the partitions it leads.
 
-Start: if ``__consumer_offsets`` exists, rebuilds the cache and the groups by reading the
-topic's partition directories read-only
-(``log.reader.LogReader``, bounded by the ``get_bounds`` the log actors report). It reports
-ready only once loaded, so no request sees a half-loaded coordinator (requests that arrive
-meanwhile wait in the mailbox). Reading the files directly, not through the fetch actor,
-keeps the start independent of the fetch actor's own (asynchronous) start-up. The topic is
-created through the controller on the first heartbeat or commit (as Kafka does), so a broker
-that never serves a group shows no internal topic.
+Ownership follows the metadata snapshot (docs/REPLICATION.md): fetched from the controller
+at start (``get_metadata``), pushed by it on every change (``metadata``), polled every
+``METADATA_REFRESH``. This broker leads partition p iff ``state[p].leader`` is its
+``broker_id``; a snapshot without ``state`` (single-broker mode) makes it the leader of
+every partition. Gaining a partition loads it; losing one unloads it (its groups and
+offsets leave memory, its held heartbeats are answered NOT_COORDINATOR).
 
-Accepts ``group_request {api, body, client, peer, metadata_version}`` forwarded by a
-request handler and answers the client's processor directly with ``_reply {body}``:
-CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LIST_GROUPS,
-DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
-removal). Sends ``produce`` to log actors (offsets and group records, acks=1),
-``list_offsets`` to the fetch actor (a commit beyond the high watermark is refused),
-``get_metadata`` to the controller (topics for assignment) and ``status`` to the supervisor
-(the advertised address, for FindCoordinator).
+Loading replays a partition from its files read-only (``log.reader.LogReader``, up to the
+log end the hosting log actor reports with ``get_bounds``: on a new leader everything it
+has becomes committed). At start the partitions led then are loaded before the actor
+reports ready, so no request sees a half-loaded coordinator. A partition gained later is
+loaded asynchronously: ``get_bounds`` is a request with a callback, the replay runs in
+slices between other messages, and requests for its groups are answered
+COORDINATOR_LOAD_IN_PROGRESS until it is done. Reading the files directly, not through the
+fetch actor, keeps loading independent of the fetch actor. Requests for a group whose
+partition another broker leads: NOT_COORDINATOR, naming the partition and its leader.
 
-Durability before answers: a commit is answered once its record is appended; a heartbeat
-that changed its group is answered once the group's record is appended, so a restarted
-coordinator never hands out an epoch it had already given to someone else.
+The topic is created through the controller on the first heartbeat or commit (as Kafka
+does), so a broker that never serves a group shows no internal topic; in cluster mode
+(``zookeeper.connect`` set) a FIND_COORDINATOR creates it too, as clients only ever reach a
+coordinator through one. Its replication factor is ``offsets.topic.replication.factor``
+(the controller caps it at the live brokers). If the controller cannot (NOT_CONTROLLER in
+cluster mode, or any error) the waiting requests get COORDINATOR_NOT_AVAILABLE and the next
+request tries again.
+
+Accepts:
+  group_request {api, body, client, peer, metadata_version}  forwarded by a request handler;
+        answered straight to the client's processor (``_reply {body}`` or ``_error``):
+        CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LIST_GROUPS,
+        DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
+        removal)
+  metadata {snapshot}  pushed by the controller; replies ``{version}`` (the version it holds)
+Sends: ``produce`` to log actors (offsets and group records, acks=-1 with ``timeout_ms`` =
+``COMMIT_TIMEOUT_MS``), ``get_bounds`` to log actors (loading), ``list_offsets`` to the
+fetch actor (a commit beyond the high watermark is refused), ``get_metadata`` and
+``create_topics`` to the controller, ``status`` to the supervisor (its own advertised
+address when the snapshot has no port for it yet, for FindCoordinator).
+
+Durability before answers: a commit is answered once its record is replicated to the ISR
+(the log actor answers an acks=-1 produce when the high watermark passes it: at once on one
+broker); a heartbeat that changed its group is answered once the group's record is, so a
+new coordinator never hands out an epoch an older one had already given to someone else.
+A failed write fails the request with a retriable code, as Kafka maps them: leadership lost
+(NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, KAFKA_STORAGE_ERROR) -> NOT_COORDINATOR;
+NOT_ENOUGH_REPLICAS -> COORDINATOR_NOT_AVAILABLE; REQUEST_TIMED_OUT -> REQUEST_TIMED_OUT for
+a commit, COORDINATOR_NOT_AVAILABLE for a heartbeat (``commit_error``, ``group_write_error``).
 
 Heartbeats long-poll: a heartbeat with ``wait_ms`` that brings no news for its member is
 held up to ``wait_ms`` (a purgatory, as the fetch actor holds fetches) and answered as soon
@@ -36,16 +63,16 @@ intervals. A newer heartbeat of the same member answers the held one at once.
 """
 from __future__ import annotations
 
+import itertools
 import logging
-import os
 import re
 import time
 
 from actors.message import Message
 from actors.runtime import Actor
 from coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
-from coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, offset_record,
-                                 partition_for)
+from coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, led_partitions,
+                                 offset_record, offsets_leaders, partition_for)
 from coordinator.offsets import expired as expired_offsets
 from coordinator.topics import placement
 from log.log_actor import partition_dir
@@ -59,10 +86,43 @@ CONTROLLER = "controller"
 FETCH_ACTOR = "fetch"
 TICK_INTERVAL = 0.05  # seconds between session/rebalance deadline checks
 METADATA_REFRESH = 2.0  # seconds between topic-metadata refreshes (also on a newer version hint)
-WRITE_TIMEOUT = 30.0
+COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: an acks=-1 write waits this long for the ISR
+WRITE_TIMEOUT = 30.0  # seconds before an unanswered produce counts as failed (the log actor's own limit is above)
+LOAD_RETRY = 0.2  # seconds between get_bounds attempts while the log actor does not lead the partition yet
+LOAD_SLICE_BYTES = 4 << 20  # bytes replayed per turn of the loop while loading asynchronously
+READ_BYTES = 1 << 20
+CREATED_WAIT = 10.0  # seconds requests queued for the topic's creation wait for its partitions to load
 MAX_WAIT_MS = 30_000  # a heartbeat is held at most this long
 WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT)  # need __consumer_offsets to exist
+BY_GROUP = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LEAVE_GROUP)
 GROUP_ID = re.compile(r"^[\x21-\x7e]{1,255}$")
+
+# Write errors meaning "this broker no longer leads the partition".
+LEADERSHIP_LOST = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
+                             ErrorCode.KAFKA_STORAGE_ERROR, ErrorCode.NOT_COORDINATOR})
+NO_QUORUM = frozenset({ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+                       ErrorCode.UNKNOWN_TOPIC_OR_PARTITION})
+TOO_LARGE = frozenset({ErrorCode.MESSAGE_TOO_LARGE, ErrorCode.RECORD_LIST_TOO_LARGE})
+
+
+def commit_error(code: int) -> ErrorCode:
+    """A failed write of committed offsets -> the commit's error (Kafka's storeOffsets)."""
+    code = ErrorCode.of(code)
+    if code in LEADERSHIP_LOST:
+        return ErrorCode.NOT_COORDINATOR
+    if code in NO_QUORUM:
+        return ErrorCode.COORDINATOR_NOT_AVAILABLE
+    if code == ErrorCode.REQUEST_TIMED_OUT:
+        return ErrorCode.REQUEST_TIMED_OUT
+    if code in TOO_LARGE:
+        return ErrorCode.INVALID_COMMIT_OFFSET_SIZE
+    return ErrorCode.COORDINATOR_NOT_AVAILABLE
+
+
+def group_write_error(code: int) -> ErrorCode:
+    """A failed write of a group record -> the heartbeat's error (KIP-848's coordinator:
+    leadership lost is NOT_COORDINATOR, anything else COORDINATOR_NOT_AVAILABLE)."""
+    return ErrorCode.NOT_COORDINATOR if ErrorCode.of(code) in LEADERSHIP_LOST else ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 
 class BadRequest(OdradekError):
@@ -113,6 +173,19 @@ class Held:
         self.msg, self.timer, self.epoch, self.owned = msg, timer, epoch, owned
 
 
+class Loading:
+    """A ``__consumer_offsets`` partition being replayed into an ``OffsetsView``."""
+
+    __slots__ = ("partition", "token", "epoch", "view", "reader", "bounds", "offset", "end", "records",
+                 "attempts", "started")
+
+    def __init__(self, partition: int, token: int, epoch: int):
+        self.partition, self.token, self.epoch = partition, token, epoch
+        self.view, self.reader, self.bounds = OffsetsView(), None, None
+        self.offset = self.end = self.records = self.attempts = 0
+        self.started = time.monotonic()
+
+
 class GroupCoordinator(Actor):
     # ---- start -------------------------------------------------------------------------
     def on_start(self) -> None:
@@ -129,131 +202,346 @@ class GroupCoordinator(Actor):
             assignors=tuple(a.strip() for a in config["group.consumer.assignors"].split(",") if a.strip()))
         self.retention_ms = config["offsets.retention.minutes"] * 60_000
         self.metadata_max = config["offset.metadata.max.bytes"]
+        self.cluster_mode = bool(config.get("zookeeper.connect"))
         self.groups: dict[str, ConsumerGroup] = {}
         self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
         self.empty_since: dict[str, int] = {}
         self.held: dict[tuple[str, str], Held] = {}
         self.topics: dict[str, int] = {}
         self.metadata_version = -1
+        self.snapshot: dict = {}
+        self.broker_id = int(self.args.get("broker_id", config["broker.id"]))
+        self.partitions = 0  # of __consumer_offsets; 0: it does not exist (yet)
+        self.offsets_topic_id = None
+        self.leaders: list[tuple[int, int]] = []  # (leader, leader_epoch) per partition
+        self.owned: dict[int, int] = {}  # loaded partitions this broker leads -> load token
+        self.loading: dict[int, Loading] = {}
+        self._tokens = itertools.count(1)
+        self._on_loaded: list = []  # callbacks waiting for every load to finish
         self.address: tuple[str, int] | None = None
         self.commits = self.heartbeats = 0
-        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields)
-        self.partitions = self.topics.get(OFFSETS_TOPIC, 0)
         self._queued: list[Message] = []  # requests waiting for the topic to be created
-        if self.partitions:
-            self._load()
+        self._creating = False
+        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields, starting=True)
         self.call_every(TICK_INTERVAL, self._tick)
         self.call_every(METADATA_REFRESH, self._refresh_metadata)
         self.call_every(config["offsets.retention.check.interval.ms"] / 1000, self._expire_offsets)
 
-    def _create_topic(self) -> None:
+    def _create_topic(self, replication_factor: int | None = None) -> None:
         """Create ``__consumer_offsets`` through the controller, on the first request that
-        writes (as Kafka does): a broker that never serves a group lists no internal topic.
-        Requests arriving meanwhile wait in ``_queued`` and run, in order, once it exists."""
+        needs it (as Kafka does): a broker that never serves a group lists no internal topic.
+        Requests arriving meanwhile wait in ``_queued`` and run, in order, once it exists and
+        its partitions led here are loaded (``_creating`` until then)."""
         n = self.config["offsets.topic.num.partitions"]
+        rf = replication_factor or self.config["offsets.topic.replication.factor"]
+        self._creating = True
 
         def created(reply: Message) -> None:
             result = {} if reply.is_error else reply.fields["body"]["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
-            if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
-                why = reply.error_message if reply.is_error else result.get("error_message")
-                log.error("cannot create %s: %s", OFFSETS_TOPIC, why)
-                queued, self._queued = self._queued, []
-                for msg in queued:
-                    self.reply_error(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE, f"cannot create {OFFSETS_TOPIC}: {why}")
+            why = reply.error_message if reply.is_error else result.get("error_message")
+            fallback = max(1, len(self.snapshot.get("brokers") or {}))
+            if code == ErrorCode.INVALID_REPLICATION_FACTOR and rf > fallback:
+                # A controller that refuses instead of capping: ask for what the cluster has.
+                log.info("%s: replication factor %d refused (%s); asking for %d", OFFSETS_TOPIC, rf, why, fallback)
+                self._create_topic(fallback)
                 return
-            self.partitions = n
-            log.info("created %s with %d partitions", OFFSETS_TOPIC, n)
-            queued, self._queued = self._queued, []
-            for msg in queued:
-                self._dispatch_group(msg)
+            if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
+                if code == ErrorCode.NOT_CONTROLLER:
+                    why = f"the active controller is another broker and could not be reached ({why})"
+                log.log(logging.INFO if code == ErrorCode.NOT_CONTROLLER else logging.ERROR,
+                        "cannot create %s: %s", OFFSETS_TOPIC, why)
+                self._run_queued(f"cannot create {OFFSETS_TOPIC} yet: {why}; retry")
+                return
+            log.info("created %s (%d partitions, replication factor %d)", OFFSETS_TOPIC, n, rf)
+            self._refresh_metadata(then=lambda: self._when_loaded(self._run_queued, CREATED_WAIT))
 
         self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
-            "name": OFFSETS_TOPIC, "num_partitions": n,
+            "name": OFFSETS_TOPIC, "num_partitions": n, "replication_factor": rf,
             "configs": {"cleanup.policy": "compact", "segment.bytes": self.config["offsets.topic.segment.bytes"]}}]}},
             callback=created, timeout=60.0)
 
-    def _load(self) -> None:
-        """Replay ``__consumer_offsets`` from its files (read-only; see the module doc)."""
-        started = time.monotonic()
-        view, records = OffsetsView(), 0
-        for i in range(self.log_hosts):
-            parts = self.call(f"log-{i}", "get_bounds", timeout=60.0).get("parts") or []
-            for topic, partition, *b in parts:
-                if topic == OFFSETS_TOPIC:
-                    records += self._replay(partition, LogBounds(*b), view)
-        now, wall = self._now(), _wall_ms()
-        self.offsets = view.offsets
+    def _run_queued(self, why: str = f"{OFFSETS_TOPIC} was created but is not in this broker's metadata "
+                                       f"yet; retry") -> None:
+        """The creation is over: run what waited for it; writers fail (``why``) if the topic
+        is still unknown here."""
+        self._creating = False
+        queued, self._queued = self._queued, []
+        for msg in queued:
+            if not self.partitions and msg.get("api") in WRITERS:
+                self.reply_error(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE, why)
+            else:
+                self._dispatch_group(msg)
+
+    def _when_loaded(self, then, timeout: float) -> None:
+        """Run ``then`` once no partition is loading, or after ``timeout`` seconds."""
+        if not self.loading:
+            then()
+            return
+        entry = {"fn": then}
+
+        def fire() -> None:
+            fn, entry["fn"] = entry["fn"], None
+            if fn is not None:
+                fn()
+        entry["timer"] = self.call_later(timeout, fire)
+        self._on_loaded.append((entry, fire))
+
+    # ---- loading and unloading partitions ------------------------------------------------
+    def _host(self, partition: int) -> str:
+        return f"log-{placement(OFFSETS_TOPIC, partition, self.log_hosts)}"
+
+    @staticmethod
+    def _bounds_of(fields: dict, partition: int) -> LogBounds | None:
+        """The partition's bounds in a ``get_bounds`` answer; None if the log actor does not
+        host it, or hosts it but (still) as a follower."""
+        for topic, p, *b in fields.get("parts") or ():
+            if topic == OFFSETS_TOPIC and p == partition:
+                if len(b) > len(LogBounds._fields) + 1 and not b[len(LogBounds._fields) + 1]:
+                    return None  # [*LogBounds, leader_epoch, is_leader]: not the leader yet
+                return LogBounds(*b[:len(LogBounds._fields)])
+        return None
+
+    def _load_at_start(self, led: dict[int, int]) -> None:
+        """Load the partitions led at start before reporting ready (blocking calls)."""
+        by_host: dict[str, list[int]] = {}
+        for p in sorted(led):
+            by_host.setdefault(self._host(p), []).append(p)
+        for host, parts in by_host.items():
+            try:
+                fields = self.call(host, "get_bounds", timeout=60.0).fields
+            except OdradekError as exc:
+                log.warning("%s: no bounds from %s at start (%s); loading in the background", OFFSETS_TOPIC,
+                            host, exc.message)
+                fields = {}
+            for p in parts:
+                ld = self.loading[p] = Loading(p, next(self._tokens), led[p])
+                bounds = self._bounds_of(fields, p)
+                if bounds is None:
+                    self._ask_bounds(ld)
+                    continue
+                self._begin_replay(ld, bounds)
+                while not self._replay_some(ld, None):
+                    pass
+                self._install(ld)
+
+    def _start_load(self, partition: int, epoch: int) -> None:
+        ld = self.loading[partition] = Loading(partition, next(self._tokens), epoch)
+        log.info("loading %s-%d (leader epoch %d)", OFFSETS_TOPIC, partition, epoch)
+        self._ask_bounds(ld)
+
+    def _ask_bounds(self, ld: Loading) -> None:
+        def answered(reply: Message) -> None:
+            if self.loading.get(ld.partition) is not ld:
+                return  # unloaded meanwhile
+            bounds = None if reply.is_error else self._bounds_of(reply.fields, ld.partition)
+            if bounds is None:
+                ld.attempts += 1
+                if ld.attempts % 50 == 1:
+                    why = reply.error_message if reply.is_error else "not in its bounds"
+                log.warning("loading %s-%d: %s does not lead it yet (%s); retrying", OFFSETS_TOPIC, ld.partition,
+                            self._host(ld.partition), why)
+                self.call_later(LOAD_RETRY, lambda: self.loading.get(ld.partition) is ld and self._ask_bounds(ld))
+                return
+            self._begin_replay(ld, bounds)
+            self._replay_slice(ld)
+
+        self.request(self._host(ld.partition), "get_bounds", callback=answered, timeout=60.0)
+
+    def _begin_replay(self, ld: Loading, bounds: LogBounds) -> None:
+        ld.bounds, ld.offset, ld.end = bounds, bounds.log_start_offset, bounds.log_end_offset
+        if ld.offset < ld.end:
+            ld.reader = LogReader(partition_dir(self.data_dir, OFFSETS_TOPIC, ld.partition), bounds)
+
+    def _replay_some(self, ld: Loading, budget: int | None) -> bool:
+        """Replay up to ``budget`` bytes (None: all); True once the partition is replayed.
+        Up to the log end: on a new leader everything it has becomes committed."""
+        read, retries = 0, 0
+        while ld.offset < ld.end and (budget is None or read < budget):
+            result = ld.reader.read(ld.offset, READ_BYTES, upper_bound=ld.end)
+            if not result.slices:
+                return True
+            try:
+                data = result.read_bytes()
+            except OdradekError:  # compacted under us: list the files again and retry
+                retries += 1
+                if retries > 10:
+                    raise
+                ld.reader.update(ld.bounds._replace(generation=-1))
+                continue
+            read += len(data)
+            for pos, h in iter_batches(data):
+                for r in decode_batch(memoryview(data)[pos:pos + h.size]):
+                    if r.offset >= ld.offset:
+                        ld.view.apply(r.key, r.value)
+                        ld.records += 1
+                ld.offset = max(ld.offset, h.next_offset)
+        return ld.offset >= ld.end
+
+    def _replay_slice(self, ld: Loading) -> None:
+        """One slice of an asynchronous load; the next one runs after pending messages."""
+        if self.loading.get(ld.partition) is not ld:
+            return
+        try:
+            done = self._replay_some(ld, LOAD_SLICE_BYTES)
+        except (OdradekError, OSError) as exc:
+            log.error("loading %s-%d failed (%s); starting over", OFFSETS_TOPIC, ld.partition, exc)
+            self._close_reader(ld)
+            ld.view, ld.records = OffsetsView(), 0
+            self.call_later(1.0, lambda: self.loading.get(ld.partition) is ld and self._ask_bounds(ld))
+            return
+        if done:
+            self._install(ld)
+        else:
+            self.call_later(0, lambda: self._replay_slice(ld))
+
+    @staticmethod
+    def _close_reader(ld: Loading) -> None:
+        if ld.reader is not None:
+            ld.reader.close()
+            ld.reader = None
+
+    def _install(self, ld: Loading) -> None:
+        """A replayed partition: its groups and offsets join memory; it is served from now."""
+        self._close_reader(ld)
+        del self.loading[ld.partition]
+        now, wall, view = self._now(), _wall_ms(), ld.view
+        self.offsets.update(view.offsets)
         for gid, rec in view.groups.items():
             self.groups[gid] = ConsumerGroup.from_record(gid, rec["group"], now, self.group_config)
             if rec.get("empty_since_ms") is not None:
                 self.empty_since[gid] = rec["empty_since_ms"]
-        for gid in self.offsets:
+        for gid in view.offsets:
             self.empty_since.setdefault(gid, wall)
-        log.info("loaded %d groups and %d committed offsets from %d records of %s in %.3f s", len(self.groups),
-                 sum(len(o) for o in self.offsets.values()), records, OFFSETS_TOPIC, time.monotonic() - started)
+        self.owned[ld.partition] = ld.token
+        log.info("loaded %s-%d: %d groups and %d committed offsets from %d records in %.3f s", OFFSETS_TOPIC,
+                 ld.partition, len(view.groups), sum(len(o) for o in view.offsets.values()), ld.records,
+                 time.monotonic() - ld.started)
+        self._loads_settled()
 
-    def _replay(self, partition: int, bounds: LogBounds, view: OffsetsView) -> int:
-        reader = LogReader(partition_dir(self.data_dir, OFFSETS_TOPIC, partition), bounds)
-        count, offset, attempts = 0, bounds.log_start_offset, 0
-        try:
-            while offset < bounds.high_watermark:
-                result = reader.read(offset, 1 << 20, upper_bound=bounds.high_watermark)
-                if not result.slices:
-                    break
-                try:
-                    data = result.read_bytes()
-                except OdradekError:  # compacted under us: list the files again and retry
-                    attempts += 1
-                    if attempts > 10:
-                        raise
-                    reader.update(bounds._replace(generation=-1))
-                    continue
-                for pos, h in iter_batches(data):
-                    for r in decode_batch(memoryview(data)[pos:pos + h.size]):
-                        if r.offset >= offset:
-                            view.apply(r.key, r.value)
-                            count += 1
-                    offset = max(offset, h.next_offset)
-        finally:
-            reader.close()
-        return count
+    def _loads_settled(self) -> None:
+        if not self.loading:
+            waiting, self._on_loaded = self._on_loaded, []
+            for entry, fire in waiting:
+                entry["timer"].cancel()
+                fire()
+
+    def _unload(self, partition: int, why: str) -> None:
+        """This broker stopped leading ``partition``: forget its groups and offsets."""
+        ld = self.loading.pop(partition, None)
+        if ld is not None:
+            self._close_reader(ld)
+        was_owned = self.owned.pop(partition, None) is not None
+        n = self.partitions
+        mine = lambda gid: partition_for(gid, n) == partition  # noqa: E731
+        for key in [k for k in self.held if mine(k[0])]:
+            held = self.held.pop(key)
+            held.timer.cancel()
+            self.reply_error(held.msg, ErrorCode.NOT_COORDINATOR,
+                             f"group '{key[0]}' moved: this broker no longer leads {OFFSETS_TOPIC}-{partition} ({why})")
+        gids = [gid for gid in set(self.groups) | set(self.offsets) | set(self.empty_since) if mine(gid)]
+        for gid in gids:
+            self.groups.pop(gid, None)
+            self.offsets.pop(gid, None)
+            self.empty_since.pop(gid, None)
+        if was_owned or ld is not None:
+            log.info("unloaded %s-%d (%d groups): %s", OFFSETS_TOPIC, partition, len(gids), why)
+        if ld is not None:
+            self._loads_settled()
 
     def on_stop(self) -> None:
         for held in list(self.held.values()):
             held.timer.cancel()
         self.held.clear()
+        for ld in self.loading.values():
+            self._close_reader(ld)
 
     def stats(self) -> dict:
         return {"groups": len(self.groups), "members": sum(len(g.members) for g in self.groups.values()),
-                "commits": self.commits, "heartbeats": self.heartbeats, "held": len(self.held)}
+                "commits": self.commits, "heartbeats": self.heartbeats, "held": len(self.held),
+                "partitions_led": len(self.owned), "partitions_loading": len(self.loading),
+                "metadata_version": self.metadata_version}
 
     # ---- metadata -------------------------------------------------------------------------
-    def _adopt(self, snapshot: dict) -> None:
-        if snapshot.get("version", -1) >= self.metadata_version:
-            self.metadata_version = snapshot["version"]
-            self.topics = {n: t["partitions"] for n, t in snapshot["topics"].items()}
+    def on_metadata(self, msg: Message) -> None:
+        """The controller's push: adopt the snapshot (a newer version than ours) at once."""
+        self._adopt_and_react(msg.fields or {})
+        self.reply(msg, {"version": self.metadata_version})
 
-    def _refresh_metadata(self) -> None:
+    def _adopt(self, snapshot: dict, starting: bool = False) -> bool:
+        """Take a snapshot unless it is older than ours; True if topics changed."""
+        version = snapshot.get("version", -1)
+        if not isinstance(version, int) or version < self.metadata_version:
+            return False
+        self.metadata_version = version
+        self.snapshot = snapshot
+        if isinstance(snapshot.get("broker_id"), int):
+            self.broker_id = snapshot["broker_id"]
+        before = self.topics
+        self.topics = {n: t["partitions"] for n, t in (snapshot.get("topics") or {}).items()}
+        self._follow_leadership(snapshot, starting)
+        return self.topics != before
+
+    def _follow_leadership(self, snapshot: dict, starting: bool) -> None:
+        meta = (snapshot.get("topics") or {}).get(OFFSETS_TOPIC) or {}
+        n, topic_id = meta.get("partitions") or 0, meta.get("id")
+        if self.partitions and (n != self.partitions or topic_id != self.offsets_topic_id):
+            for p in sorted(set(self.owned) | set(self.loading)):
+                self._unload(p, f"{OFFSETS_TOPIC} was deleted or recreated")
+        self.partitions, self.offsets_topic_id = n, topic_id
+        self.leaders = offsets_leaders(snapshot, self.broker_id)
+        led = led_partitions(snapshot, self.broker_id)
+        for p in sorted(set(self.owned) | set(self.loading)):
+            if p not in led:
+                self._unload(p, f"broker {self.leaders[p][0]} leads it now (leader epoch {self.leaders[p][1]})")
+        for p in self.owned:
+            led.pop(p, None)  # still led: a newer leader epoch alone (an ISR change) needs no reload
+        for p in self.loading:
+            led.pop(p, None)
+        if starting:
+            self._load_at_start(led)
+        else:
+            for p, epoch in sorted(led.items()):
+                self._start_load(p, epoch)
+
+    def _adopt_and_react(self, snapshot: dict) -> None:
+        if self._adopt(snapshot):
+            for g in list(self.groups.values()):
+                if g.members and g.maybe_rebalance(self.topics):
+                    self._changed(g)
+
+    def _refresh_metadata(self, then=None) -> None:
         def adopt(reply: Message) -> None:
             if not reply.is_error:
-                before = self.topics
-                self._adopt(reply.fields)
-                if self.topics != before:
-                    for g in list(self.groups.values()):
-                        if g.members and g.maybe_rebalance(self.topics):
-                            self._changed(g)
+                self._adopt_and_react(reply.fields)
+            if then is not None:
+                then()
         self.request(CONTROLLER, "get_metadata", callback=adopt, timeout=10.0)
+
+    def _coordinator_error(self, gid: str) -> OdradekError | None:
+        """Why this broker cannot serve group ``gid`` now (None: it can)."""
+        if not self.partitions:
+            return None  # no offsets topic yet: no group exists anywhere
+        p = partition_for(gid, self.partitions)
+        if p in self.owned:
+            return None
+        if p in self.loading:
+            return OdradekError(f"group '{gid}': {OFFSETS_TOPIC}-{p} is being loaded on broker {self.broker_id}; "
+                                f"retry", ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        leader, epoch = self.leaders[p] if p < len(self.leaders) else (-1, -1)
+        where = f"led by broker {leader} (leader epoch {epoch})" if leader >= 0 else "without a leader"
+        return OdradekError(f"broker {self.broker_id} is not the coordinator of group '{gid}': its partition "
+                            f"{OFFSETS_TOPIC}-{p} is {where}; find the coordinator again", ErrorCode.NOT_COORDINATOR)
 
     # ---- the entry point --------------------------------------------------------------------
     def on_group_request(self, msg: Message) -> None:
         version = msg.get("metadata_version")
         if isinstance(version, int) and version > self.metadata_version:
             self._refresh_metadata()
-        if not self.partitions and msg.get("api") in WRITERS:
-            if not self._queued:
+        if self._creating or (not self.partitions and msg.get("api") in WRITERS):
+            self._queued.append(msg)  # in order, behind the creation of the topic
+            if not self._creating:
                 self._create_topic()
-            self._queued.append(msg)
             return
         self._dispatch_group(msg)
 
@@ -280,6 +568,10 @@ class GroupCoordinator(Actor):
         }.get(api)
         if method is None:
             raise BadRequest(f"the group coordinator does not serve API {api!r}")
+        if api in BY_GROUP:
+            error = self._coordinator_error(_group_id(body))
+            if error is not None:
+                raise error
         method(msg, body)
 
     def _now(self) -> float:
@@ -328,7 +620,7 @@ class GroupCoordinator(Actor):
             timer = self.call_later(wait_ms / 1000, lambda: self._answer_held(key))
             self.held[key] = Held(msg, timer, req.member_epoch, owned)
             return
-        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, **resp}}))
+        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, **resp}}), msg)
 
     def _release_held(self, gid: str, member_id: str) -> None:
         """A member's newer heartbeat supersedes its held one: answer that one now."""
@@ -346,7 +638,7 @@ class GroupCoordinator(Actor):
             self.reply(held.msg, {"body": {"error_code": int(ErrorCode.UNKNOWN_MEMBER_ID),
                                            "error_message": f"member {key[1]} was removed from group '{key[0]}'"}})
             return
-        self._after_write(g, lambda: self.reply(held.msg, {"body": {"error_code": 0, **resp}}))
+        self._after_write(g, lambda: self.reply(held.msg, {"body": {"error_code": 0, **resp}}), held.msg)
 
     def _wake_held(self, g: ConsumerGroup) -> None:
         """The group changed: answer each held heartbeat whose member has news."""
@@ -367,8 +659,11 @@ class GroupCoordinator(Actor):
             self.empty_since.pop(g.group_id, None)
         self._wake_held(g)
 
-    def _after_write(self, g: ConsumerGroup, then) -> None:
-        """Append the group's record if it changed, then run ``then`` (answers wait for it)."""
+    def _after_write(self, g: ConsumerGroup, then, msg: Message | None = None) -> None:
+        """Append the group's record if it changed, then run ``then`` (answers wait for it).
+        If the write fails, ``msg`` (the request waiting for it) gets the retriable error
+        instead (the member retries with the epoch it had, which the group accepts), and the
+        group stays marked changed so that its next operation writes the record again."""
         if not g.changed:
             then()
             return
@@ -376,11 +671,18 @@ class GroupCoordinator(Actor):
         state = None if g.deleted else g.to_record()
         key, value = group_record(g.group_id, state, self.empty_since.get(g.group_id))
 
-        def done(error: str | None) -> None:
-            if error:
-                log.error("group %s: its record was not written (%s); a coordinator restart would resume "
-                          "from an older state", g.group_id, error)
-            then()
+        def done(code: int, error: str) -> None:
+            if not code:
+                then()
+                return
+            log.warning("group %s: its record was not written: %s", g.group_id, error)
+            if self.groups.get(g.group_id) is g:
+                g.changed = True
+            if msg is None:
+                then()
+            else:
+                self.reply_error(msg, group_write_error(code), f"group '{g.group_id}': its new state was not "
+                                                               f"stored ({error}); retry")
 
         self._append(g.group_id, [(key, value)], done)
 
@@ -491,14 +793,14 @@ class GroupCoordinator(Actor):
             return
         recs = [offset_record(gid, t, p, c) for (t, p), c in wanted.items()]
 
-        def done(error: str | None) -> None:
+        def done(code: int, error: str) -> None:
             for tp, c in wanted.items():
-                if error:
-                    results[tp] = (int(ErrorCode.COORDINATOR_NOT_AVAILABLE), f"the commit was not stored: {error}")
+                if code:
+                    results[tp] = (int(commit_error(code)), f"the commit was not stored: {error}")
                 else:
                     self.offsets.setdefault(gid, {})[tp] = c
                     results[tp] = (0, "")
-            if not error:
+            if not code:
                 self.commits += 1
                 if gid not in self.groups or not self.groups[gid].members:
                     self.empty_since.setdefault(gid, _wall_ms())
@@ -558,15 +860,45 @@ class GroupCoordinator(Actor):
                 self.groups.pop(gid, None)
                 self.empty_since.pop(gid, None)
                 recs.append(group_record(gid, None))
-            self._append(gid, recs, lambda error: error and log.error("expiry not stored: %s", error))
+            self._append(gid, recs, lambda code, error: code and log.error("expiry not stored: %s", error))
 
     # ---- administration --------------------------------------------------------------------------
     def find_coordinator(self, msg: Message, body: dict) -> None:
-        def answer(address) -> None:
+        """The leader of the group's ``__consumer_offsets`` partition, with its address from
+        the snapshot's ``brokers``. This broker's own address comes from the snapshot, or,
+        while the snapshot has no port for it (single-broker mode), from the listener."""
+        key = body.get("key")
+
+        def answer(node_id: int, address) -> None:
             host, port = address
-            self.reply(msg, {"body": {"error_code": 0, "node_id": self.config["broker.id"], "host": host,
-                                      "port": port, "key": body.get("key")}})
-        self._with_address(answer)
+            self.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port, "key": key}})
+
+        if not self.partitions:
+            if self.cluster_mode:  # clients reach a coordinator only through FindCoordinator: create it now
+                if not self._creating:
+                    self._create_topic()
+                raise OdradekError(f"{OFFSETS_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            self._own_address(lambda address: answer(self.broker_id, address))  # created on the first write
+            return
+        gid = _group_id(body, "key")
+        p = partition_for(gid, self.partitions)
+        leader = self.leaders[p][0] if p < len(self.leaders) else -1
+        if leader == self.broker_id:
+            self._own_address(lambda address: answer(self.broker_id, address))
+            return
+        entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if not entry or not entry[1]:
+            why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
+            raise OdradekError(f"the coordinator of group '{gid}' is not available: {OFFSETS_TOPIC}-{p} {why}; retry",
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        answer(leader, (entry[0], entry[1]))
+
+    def _own_address(self, then) -> None:
+        entry = (self.snapshot.get("brokers") or {}).get(str(self.broker_id))
+        if entry and entry[1]:
+            then((entry[0], entry[1]))
+        else:
+            self._with_address(then)
 
     def _with_address(self, then) -> None:
         if self.address is not None:
@@ -611,6 +943,10 @@ class GroupCoordinator(Actor):
             raise BadRequest("missing field 'group_ids' (a list of group ids)")
         out = []
         for gid in ids:
+            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.match(gid) else None
+            if error is not None:
+                out.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
+                continue
             if not isinstance(gid, str) or (gid not in self.groups and gid not in self.offsets):
                 out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                             "error_message": f"group {gid!r} does not exist"})
@@ -633,6 +969,10 @@ class GroupCoordinator(Actor):
                 self.reply(msg, {"body": {"results": results}})
 
         for gid in names:
+            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.match(gid) else None
+            if error is not None:
+                results.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
+                continue
             g = self.groups.get(gid) if isinstance(gid, str) else None
             if not isinstance(gid, str) or (g is None and gid not in self.offsets):
                 results.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
@@ -652,9 +992,9 @@ class GroupCoordinator(Actor):
             results.append(entry)
             pending["n"] += 1
 
-            def stored(error, entry=entry) -> None:
-                if error:
-                    entry.update(error_code=int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+            def stored(code, error, entry=entry) -> None:
+                if code:
+                    entry.update(error_code=int(group_write_error(code)),
                                  error_message=f"deleted here, but the tombstones were not stored: {error}")
                 finish()
             self._append(gid, recs, stored)
@@ -676,28 +1016,46 @@ class GroupCoordinator(Actor):
             except GroupError as exc:
                 out.append({"member_id": member_id, "error_code": int(exc.code), "error_message": exc.message})
         self._changed(g)
-        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, "members": out}}))
+        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, "members": out}}), msg)
 
     # ---- writing records ---------------------------------------------------------------------------
     def _append(self, gid: str, recs: list, done) -> None:
-        """Append ``[(key, value)]`` to the group's partition; ``done(error or None)``."""
+        """Append ``[(key, value)]`` to the group's partition with acks=-1; ``done(0, "")``
+        once the ISR has it, else ``done(error_code, message)`` with the write's own code
+        (callers map it: ``commit_error``, ``group_write_error``). A partition unloaded
+        while the write was in flight answers NOT_COORDINATOR: its state here is gone."""
+        if not self.partitions:
+            done(int(ErrorCode.COORDINATOR_NOT_AVAILABLE), f"{OFFSETS_TOPIC} does not exist")
+            return
         partition = partition_for(gid, self.partitions)
-        host = f"log-{placement(OFFSETS_TOPIC, partition, self.log_hosts)}"
+        token = self.owned.get(partition)
+        if token is None:
+            done(int(ErrorCode.NOT_COORDINATOR), f"broker {self.broker_id} does not lead {OFFSETS_TOPIC}-{partition}")
+            return
         batch = encode_batch(recs)
 
         def answered(reply: Message) -> None:
+            if self.owned.get(partition) != token:
+                done(int(ErrorCode.NOT_COORDINATOR), f"broker {self.broker_id} stopped leading "
+                                                     f"{OFFSETS_TOPIC}-{partition} during the write")
+                return
             if reply.is_error:
-                done(reply.error_message or "no answer from the log actor")
-                return
-            try:
-                p = reply.fields["body"]["topics"][0]["partitions"][0]
-            except (KeyError, IndexError, TypeError):
-                done("malformed answer from the log actor")
-                return
-            done(p.get("error_message") or ErrorCode.of(p["error_code"]).name if p.get("error_code") else None)
+                code, why = reply.error_code or int(ErrorCode.UNKNOWN_SERVER_ERROR), reply.error_message
+            else:
+                try:
+                    p = reply.fields["body"]["topics"][0]["partitions"][0]
+                    code, why = p.get("error_code") or 0, p.get("error_message") or ""
+                except (KeyError, IndexError, TypeError):
+                    code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
+            if code:
+                why = f"{OFFSETS_TOPIC}-{partition}: {ErrorCode.of(code).name}" + (f": {why}" if why else "")
+                if ErrorCode.of(code) in LEADERSHIP_LOST:
+                    self._refresh_metadata()  # learn the new leader; the push may be on its way too
+            done(code, why)
 
-        self.request(host, "produce", {"acks": 1, "parts": [[OFFSETS_TOPIC, partition, 0]]}, [batch],
-                     callback=answered, timeout=WRITE_TIMEOUT)
+        self.request(self._host(partition), "produce",
+                     {"acks": -1, "timeout_ms": COMMIT_TIMEOUT_MS, "parts": [[OFFSETS_TOPIC, partition, 0]]},
+                     [batch], callback=answered, timeout=WRITE_TIMEOUT)
 
 
 def _wall_ms() -> int:

@@ -13,7 +13,8 @@ Records (msgpack keys and values; the batch format is ``log.records``):
                                                    "empty_since_ms"}``   group membership
 
 A group's records all go to partition ``partition_for(group, n)``, so they are appended,
-and replayed, in the order they were written.
+and replayed, in the order they were written. The coordinator of a group is the leader of
+that partition (``offsets_leaders``/``led_partitions`` read it from a metadata snapshot).
 """
 from __future__ import annotations
 
@@ -37,6 +38,33 @@ class Committed:
 def partition_for(group_id: str, partitions: int) -> int:
     """Stable across processes and runs (not Python's salted ``hash``)."""
     return zlib.crc32(group_id.encode()) % partitions
+
+
+def offsets_leaders(snapshot: dict, broker_id: int) -> list[tuple[int, int]]:
+    """``[(leader, leader_epoch)]`` per partition of ``__consumer_offsets`` in a metadata
+    snapshot (docs/REPLICATION.md); ``[]`` when the topic does not exist. A snapshot without
+    partition ``state`` (single-broker mode, or an older controller) makes ``broker_id`` the
+    leader of every partition, at epoch 0. A partition without a usable state entry has no
+    leader (-1, -1)."""
+    meta = (snapshot.get("topics") or {}).get(OFFSETS_TOPIC)
+    if not isinstance(meta, dict):
+        return []
+    n = meta.get("partitions") or 0
+    state = meta.get("state")
+    if state is None:
+        return [(broker_id, 0)] * n
+    out = []
+    for p in range(n):
+        s = state[p] if p < len(state) and isinstance(state[p], dict) else {}
+        leader, epoch = s.get("leader"), s.get("leader_epoch")
+        out.append((leader if isinstance(leader, int) else -1, epoch if isinstance(epoch, int) else -1))
+    return out
+
+
+def led_partitions(snapshot: dict, broker_id: int) -> dict[int, int]:
+    """``{partition: leader_epoch}`` of the ``__consumer_offsets`` partitions ``broker_id``
+    leads: the groups it coordinates are those hashing to them."""
+    return {p: epoch for p, (leader, epoch) in enumerate(offsets_leaders(snapshot, broker_id)) if leader == broker_id}
 
 
 def offset_record(group: str, topic: str, partition: int, c: Committed | None) -> tuple[bytes, bytes | None]:
