@@ -98,6 +98,12 @@ def up(args) -> int:
     os.makedirs(directory, exist_ok=True)
     cluster = LocalCluster(directory, args.brokers, settings, chroot=CHROOT, detached=True, first_port=args.port)
     cluster.start()  # on failure it stops whatever it started
+    try:
+        cluster.wait_ready(timeout=30)
+    except TimeoutError as exc:
+        print(f"odradek: warning: {exc}", file=sys.stderr)
+    finally:
+        cluster.close_kazoo()
     zk = cluster.zk
     state = {"dir": directory, "chroot": CHROOT, "zookeeper_connect": cluster.zookeeper_connect,
              "bootstrap": cluster.bootstrap, "started": time.time(),

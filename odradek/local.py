@@ -521,6 +521,15 @@ class LocalCluster:
 
     def stop(self) -> None:
         """Every broker, then our ZooKeeper: nothing is left running, whatever the state."""
+        self.close_kazoo()
+        try:
+            self._parallel(lambda b: b.stop(), list(self.brokers.values()))
+        finally:
+            if self.own_zk and self.zk is not None:
+                self.zk.stop()
+
+    def close_kazoo(self) -> None:
+        """Close the ZooKeeper client of the readers below (the next read opens another)."""
         if self._kazoo is not None:
             try:
                 self._kazoo.stop()
@@ -528,11 +537,6 @@ class LocalCluster:
             except Exception:  # noqa: BLE001 - teardown
                 pass
             self._kazoo = None
-        try:
-            self._parallel(lambda b: b.stop(), list(self.brokers.values()))
-        finally:
-            if self.own_zk and self.zk is not None:
-                self.zk.stop()
 
     def kill(self, broker_id: int) -> None:
         """kill -9 of the broker: its supervisor and every actor."""
@@ -606,6 +610,34 @@ class LocalCluster:
     def isr(self, topic: str, partition: int) -> list[int]:
         state = self.partition_state(topic, partition)
         return [] if state is None else list(state["isr"])
+
+    def wait_ready(self, timeout: float = 30.0) -> int:
+        """Wait until every running broker is registered in ZooKeeper, a controller is elected,
+        and every broker's metadata lists them all with that controller; the controller's id."""
+        def ready():
+            running = sorted(i for i, b in self.brokers.items() if b.running)
+            controller = self.controller_id()
+            if self.registered_brokers() != running or controller is None:
+                return None
+            # the controller has told every broker: each one's metadata lists them all
+            for i in running:
+                body = self.metadata(i)
+                if sorted(b["node_id"] for b in body["brokers"]) != running or body["controller_id"] != controller:
+                    return None
+            return controller
+
+        return self.wait_for(ready, timeout, "every broker registered, a controller elected and known to all")
+
+    def metadata(self, broker_id: int, topics: list | None = None, timeout: float = 5.0) -> dict:
+        """The METADATA answer of one broker (``brokers``, ``controller_id``, ``topics``)."""
+        from network.client import BrokerConnection
+        from network.protocol import ApiKey
+        b = self.brokers[broker_id]
+        conn = BrokerConnection(b.host, b.port, client_id="odradek-local", request_timeout_ms=int(timeout * 1000))
+        try:
+            return conn.request(ApiKey.METADATA, {"topics": topics}).body
+        finally:
+            conn.close()
 
     def wait_for(self, predicate, timeout: float = 30.0, what: str = "condition", interval: float = 0.1):
         """Poll ``predicate()`` until truthy (returned) or raise TimeoutError naming ``what``."""

@@ -4,7 +4,8 @@
 installs it). ``make_cluster(brokers=3, **settings)`` starts a ``LocalCluster`` on it under
 its own chroot (so clusters of different tests never meet), with the tests' short timeouts;
 ``min_insync_replicas=2`` becomes ``--set min.insync.replicas=2`` as in tests/conftest.py.
-``cluster`` is ``make_cluster()``. Teardown stops every broker, whatever the test did
+It returns once every broker is registered and a controller elected. ``cluster`` is
+``make_cluster()``. Teardown stops every broker, whatever the test did
 (killed, paused, restarted); the session's end stops ZooKeeper.
 """
 from __future__ import annotations
@@ -51,7 +52,9 @@ def make_cluster(zookeeper, tmp_path_factory):
         c = LocalCluster(str(tmp_path_factory.mktemp("cluster")), brokers, settings, zk=zookeeper,
                          chroot=f"/odradek-test-{next(_chroots)}")
         clusters.append(c)
-        return c.start()
+        c.start()
+        c.wait_ready()
+        return c
 
     yield make
     for c in clusters:

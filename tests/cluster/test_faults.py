@@ -14,13 +14,14 @@ The ZooKeeper paths read here are docs/REPLICATION.md's (``/controller``,
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
 from log.records import CorruptRecordError, iter_batches
 from log.segment import SEGMENT_RE
 from odradek import Admin, Producer
-from odradek.errors import NotEnoughReplicasError
+from odradek.errors import NotEnoughReplicasError, OdradekError, TopicAlreadyExistsError
 from tests.cluster.verify import (AckedLog, Workload, assert_replicas_identical, check_logs, read_all,
                                   partition_dir)
 
@@ -31,8 +32,21 @@ PARTITIONS = 3
 
 
 def create_replicated_topic(cluster, topic: str = TOPIC, partitions: int = PARTITIONS) -> None:
-    with Admin(cluster.bootstrap) as admin:
-        admin.create_topic(topic, partitions=partitions, replication_factor=3, config={"min.insync.replicas": 2})
+    """Create the topic (retrying retriable answers such as NOT_CONTROLLER while the new
+    cluster's metadata spreads) and wait for a leader and a full ISR everywhere."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            with Admin(cluster.bootstrap) as admin:
+                admin.create_topic(topic, partitions=partitions, replication_factor=3,
+                                   config={"min.insync.replicas": 2})
+            break
+        except TopicAlreadyExistsError:
+            break  # an earlier attempt went through after all
+        except OdradekError as exc:
+            if not exc.retriable or time.monotonic() > deadline:
+                raise
+            time.sleep(0.5)
     wait_healed(cluster, topic, partitions, timeout=30)
 
 
@@ -72,7 +86,7 @@ def finish(cluster, load: Workload, topic: str = TOPIC, partitions: int = PARTIT
     load.wait_acked(100)  # still flowing after the fault
     load.stop_producers()
     assert len(load.acked) > 0
-    load.wait_consumed(timeout=60)  # every acknowledged record consumed; no offset holds two values
+    load.wait_consumed(timeout=30)  # every acknowledged record consumed; no offset holds two values
     wait_healed(cluster, topic, partitions)
     assert_replicas_identical(cluster, topic, range(partitions), timeout=60)
     fresh = read_all(cluster.bootstrap, topic, range(partitions))

@@ -325,7 +325,11 @@ class Workload:
             t.join(timeout)
 
     def wait_consumed(self, timeout: float = 30.0) -> None:
-        wait_consumed(self.acked, self.consumed, timeout)
+        try:
+            wait_consumed(self.acked, self.consumed, timeout)
+        except AssertionError as exc:
+            tail = "\n  ".join(self.errors[-10:])
+            raise AssertionError(f"{exc}\nlast client errors ({len(self.errors)} in all):\n  {tail}") from None
 
     def stop(self) -> None:
         self._stop_producing.set()
