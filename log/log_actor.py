@@ -43,6 +43,7 @@ from actors.runtime import Actor, MailboxFull
 from log import cleaner
 from log.config import LogConfig
 from log.log import Log
+from log.records import HEADER_SIZE, BatchHeader
 from network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.log")
@@ -389,7 +390,12 @@ class LogActor(Actor):
         def replicate(topic, partition, frame, epoch, high_watermark, log_start):
             p = self._follower(topic, partition, epoch)
             if isinstance(frame, int) and 0 <= frame < len(frames):
-                p.log.append_as_follower(frames[frame])
+                batch = frames[frame]
+                base = BatchHeader.read(batch).base_offset if len(batch) >= HEADER_SIZE else -1
+                if 0 <= base < p.log.log_end_offset == p.log.log_start_offset:
+                    # an empty log started inside the leader's first batch: start at the batch
+                    p.log.truncate_fully_and_start_at(base)
+                p.log.append_as_follower(batch)
                 self.appends += 1
             p.log.high_watermark = min(high_watermark, p.log.log_end_offset)
             if log_start > p.log.log_start_offset and log_start <= p.log.high_watermark:

@@ -190,8 +190,6 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("offsets.topic.replication.factor", int, 3,
             "Replication factor of `__consumer_offsets` (capped at the live brokers when it is created).",
             _at_least(1)),
-    Setting("controlled.shutdown.enable", bool, True,
-            "On SIGTERM a cluster broker first asks the controller to move its leaderships away."),
     # --- supervision ---
     Setting("shutdown.timeout.ms", int, 30000, "Time the supervisor gives the actors to stop on SIGTERM.",
             _at_least(100)),
