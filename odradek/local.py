@@ -519,11 +519,12 @@ class LocalCluster:
         if errors:
             raise errors[0]
 
-    def stop(self) -> None:
-        """Every broker, then our ZooKeeper: nothing is left running, whatever the state."""
+    def stop(self, graceful: bool = True) -> None:
+        """Every broker (SIGTERM, or with ``graceful=False`` SIGKILL at once), then our
+        ZooKeeper: nothing is left running, whatever the state."""
         self.close_kazoo()
         try:
-            self._parallel(lambda b: b.stop(), list(self.brokers.values()))
+            self._parallel(lambda b: b.stop() if graceful else (b.kill(), b.stop()), list(self.brokers.values()))
         finally:
             if self.own_zk and self.zk is not None:
                 self.zk.stop()

@@ -5,7 +5,7 @@ installs it). ``make_cluster(brokers=3, **settings)`` starts a ``LocalCluster`` 
 its own chroot (so clusters of different tests never meet), with the tests' short timeouts;
 ``min_insync_replicas=2`` becomes ``--set min.insync.replicas=2`` as in tests/conftest.py.
 It returns once every broker is registered and a controller elected. ``cluster`` is
-``make_cluster()``. Teardown stops every broker, whatever the test did
+``make_cluster()``. Teardown kills every broker, whatever the test did
 (killed, paused, restarted); the session's end stops ZooKeeper.
 """
 from __future__ import annotations
@@ -58,7 +58,7 @@ def make_cluster(zookeeper, tmp_path_factory):
 
     yield make
     for c in clusters:
-        c.stop()
+        c.stop(graceful=False)  # kill -9: the data is thrown away, and a controlled shutdown takes seconds
 
 
 @pytest.fixture
