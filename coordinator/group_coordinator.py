@@ -88,7 +88,7 @@ TICK_INTERVAL = 0.05  # seconds between session/rebalance deadline checks
 METADATA_REFRESH = 2.0  # seconds between topic-metadata refreshes (also on a newer version hint)
 COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: an acks=-1 write waits this long for the ISR
 WRITE_TIMEOUT = 30.0  # seconds before an unanswered produce counts as failed (the log actor's own limit is above)
-LOAD_RETRY = 0.2  # seconds between get_bounds attempts while the log actor does not lead the partition yet
+LOAD_RETRY = 0.05  # seconds between get_bounds attempts while the log actor does not lead the partition yet
 LOAD_SLICE_BYTES = 4 << 20  # bytes replayed per turn of the loop while loading asynchronously
 READ_BYTES = 1 << 20
 CREATED_WAIT = 10.0  # seconds requests queued for the topic's creation wait for its partitions to load
@@ -337,10 +337,10 @@ class GroupCoordinator(Actor):
             bounds = None if reply.is_error else self._bounds_of(reply.fields, ld.partition)
             if bounds is None:
                 ld.attempts += 1
-                if ld.attempts % 50 == 1:
-                    why = reply.error_message if reply.is_error else "not in its bounds"
-                log.warning("loading %s-%d: %s does not lead it yet (%s); retrying", OFFSETS_TOPIC, ld.partition,
-                            self._host(ld.partition), why)
+                if ld.attempts % 200 == 20:  # quiet for the first second (a topic being opened)
+                    why = reply.error_message if reply.is_error else "not in its bounds, or not as leader"
+                    log.warning("loading %s-%d: %s does not lead it yet (%s); retrying", OFFSETS_TOPIC,
+                                ld.partition, self._host(ld.partition), why)
                 self.call_later(LOAD_RETRY, lambda: self.loading.get(ld.partition) is ld and self._ask_bounds(ld))
                 return
             self._begin_replay(ld, bounds)

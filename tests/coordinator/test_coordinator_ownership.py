@@ -100,10 +100,12 @@ class FakeLog(Actor):
 
     def on_start(self):
         self.hold_bounds, self.held, self.produce_error, self.produced = False, [], 0, []
+        self.following, self.bounds_asked = set(), 0  # partitions hosted as a follower
 
     def on_configure(self, msg):
         self.hold_bounds = msg.get("hold_bounds", self.hold_bounds)
         self.produce_error = msg.get("produce_error", self.produce_error)
+        self.following = set(msg.get("following", self.following))
         if not self.hold_bounds:
             for m in self.held:
                 self.on_get_bounds(m)
@@ -114,7 +116,9 @@ class FakeLog(Actor):
         if self.hold_bounds:
             self.held.append(msg)
             return
-        self.reply(msg, {"parts": [[OFFSETS_TOPIC, p, 0, 0, 0, 0, 0, 0, 5, True] for p in range(N)]})
+        self.bounds_asked += 1
+        self.reply(msg, {"parts": [[OFFSETS_TOPIC, p, 0, 0, 0, 0, 0, 0, 5, p not in self.following]
+                                   for p in range(N)]})
 
     def on_produce(self, msg):
         self.produced.append(dict(msg.fields))
@@ -247,7 +251,12 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     err = cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": gained})
     assert err.code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS and f"{OFFSETS_TOPIC}-1" in err.message
     assert cluster.commit(mine, 2) == (0, "")  # the other partitions are served meanwhile
-    cluster.client.request("log-0", "configure", {"hold_bounds": False})
+    # The log actor answers, but hosts partition 1 as a follower still: the coordinator asks again.
+    cluster.client.request("log-0", "configure", {"hold_bounds": False, "following": [1]})
+    asked = cluster.log.bounds_asked
+    wait_until(lambda: cluster.log.bounds_asked > asked + 2, what="get_bounds to be asked again")
+    assert cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": gained}).code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
+    cluster.client.request("log-0", "configure", {"following": []})  # its LEADER_AND_ISR arrived
     wait_until(lambda: cluster.commit(gained)[0] == 0, what="partition 1 to load")
 
     # A member of a group on partition 0 waits in a held heartbeat; partition 0 moves to broker 2.
