@@ -1,7 +1,13 @@
 """Admin: topics and configs, one blocking request per call (like kafka-python's admin client).
 
 Runs in the caller's thread; starts no thread. Thread-safe: every request goes through the
-``Cluster``'s lock and private connection.
+``Cluster``'s lock and private connections.
+
+Routing (as Kafka's admin client): CreateTopics, DeleteTopics and topic config changes go to
+the controller (``controller_id`` of the metadata), followed through NOT_CONTROLLER and
+lost connections (metadata refreshed, ``retry_backoff_ms`` between tries, until
+``request_timeout_ms``); DeleteRecords and ListOffsets go to each partition's leader,
+retried on leader errors; a broker's own configs go to that broker; the rest to any broker.
 
     with Admin("127.0.0.1:9092") as admin:
         admin.create_topic("orders", partitions=3, config={"retention.ms": "86400000"})
@@ -13,21 +19,25 @@ prefixed by what was being done.
 """
 from __future__ import annotations
 
-from typing import Iterable
+import logging
+import time
+from typing import Callable, Iterable
 
-from network.protocol import ApiKey, ErrorCode
-from odradek.cluster import Cluster
+from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster
 from odradek.errors import check, error_for
 from odradek.types import ConfigEntry, PartitionMetadata, TopicDescription, TopicPartition
+
+log = logging.getLogger("odradek.admin")
 
 DEFAULT_TIMEOUT_MS = 30000
 
 
 class Admin:
     def __init__(self, bootstrap_servers="127.0.0.1:9092", client_id: str = "odradek-admin",
-                 request_timeout_ms: int = DEFAULT_TIMEOUT_MS):
+                 request_timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_backoff_ms: int = 100):
         self.request_timeout_ms = request_timeout_ms
-        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms)
+        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms)
 
     def __enter__(self) -> "Admin":
         return self
@@ -41,6 +51,39 @@ class Admin:
     def _call(self, api: ApiKey, body: dict) -> dict:
         return self._cluster.request(api, body).header["body"]
 
+    def _controller_call(self, api: ApiKey, body: dict, items: str) -> dict:
+        """``api`` sent to the controller; NOT_CONTROLLER (top-level or in any of the answer's
+        ``items``) and lost connections refresh the metadata and try again after the backoff."""
+        return _retrying(self._cluster, self.request_timeout_ms / 1000, lambda: self._controller_once(api, body, items))
+
+    def _controller_once(self, api: ApiKey, body: dict, items: str) -> dict:
+        cluster = self._cluster
+        if cluster.controller_id is None or cluster.address(cluster.controller_id) is None:
+            cluster.refresh([])
+        node = cluster.controller_id
+        if node is None or cluster.address(node) is None:
+            raise error_for(ErrorCode.NOT_CONTROLLER, "the metadata names no live controller")
+        answer = cluster.request_node(node, api, body).header["body"]
+        for item in answer.get(items) or ():
+            if item.get("error_code") == ErrorCode.NOT_CONTROLLER:
+                raise error_for(ErrorCode.NOT_CONTROLLER, f"broker {node}: {item.get('error_message') or ''}")
+        return answer
+
+    def _resources_call(self, api: ApiKey, body: dict, resource_type: str, name: str, controller: bool) -> dict:
+        """Configs: a broker's go to that broker; topic ones to the controller (changes) or any
+        broker (descriptions)."""
+        if resource_type == "broker" and str(name).lstrip("-").isdigit():
+            node = int(name)
+
+            def once() -> dict:
+                if self._cluster.address(node) is None:
+                    self._cluster.refresh([])
+                return self._cluster.request_node(node, api, body).header["body"]
+            return _retrying(self._cluster, self.request_timeout_ms / 1000, once)
+        if controller:
+            return self._controller_call(api, body, "resources")
+        return self._call(api, body)
+
     # ---- topics ----------------------------------------------------------------------------
     def create_topic(self, name: str, partitions: int = 1, replication_factor: int = 1,
                      config: dict | None = None, validate_only: bool = False) -> dict:
@@ -49,13 +92,15 @@ class Admin:
         body = {"topics": [{"name": name, "num_partitions": partitions, "replication_factor": replication_factor,
                             "configs": {str(k): str(v) for k, v in (config or {}).items()}}],
                 "timeout_ms": self.request_timeout_ms, "validate_only": validate_only}
-        result = self._one(self._call(ApiKey.CREATE_TOPICS, body)["topics"], name, f"create topic '{name}'")
+        result = self._one(self._controller_call(ApiKey.CREATE_TOPICS, body, "topics")["topics"], name,
+                           f"create topic '{name}'")
         return {"name": name, "num_partitions": result.get("num_partitions", partitions),
                 "replication_factor": result.get("replication_factor", replication_factor)}
 
     def delete_topic(self, name: str) -> None:
         body = {"topics": [name], "timeout_ms": self.request_timeout_ms}
-        self._one(self._call(ApiKey.DELETE_TOPICS, body)["topics"], name, f"delete topic '{name}'")
+        self._one(self._controller_call(ApiKey.DELETE_TOPICS, body, "topics")["topics"], name,
+                  f"delete topic '{name}'")
 
     def list_topics(self, include_internal: bool = False) -> list[str]:
         """Names of the topics, sorted."""
@@ -80,8 +125,8 @@ class Admin:
                          resource_type: str = "topic") -> list[ConfigEntry]:
         """Configs of a topic (or, with ``resource_type="broker"``, a broker id as a string)."""
         body = {"resources": [{"type": resource_type, "name": str(name), "keys": list(keys) if keys else None}]}
-        res = self._one(self._call(ApiKey.DESCRIBE_CONFIGS, body)["resources"], str(name),
-                        f"describe configs of {resource_type} '{name}'")
+        res = self._one(self._resources_call(ApiKey.DESCRIBE_CONFIGS, body, resource_type, name, False)["resources"],
+                        str(name), f"describe configs of {resource_type} '{name}'")
         return [ConfigEntry(c["name"], c.get("value"), c.get("source", "unknown"), bool(c.get("read_only", False)))
                 for c in res.get("configs", [])]
 
@@ -93,34 +138,27 @@ class Admin:
         if not configs:
             raise ValueError("alter_configs: nothing to set or delete")
         body = {"resources": [{"type": resource_type, "name": str(name), "configs": configs}]}
-        self._one(self._call(ApiKey.INCREMENTAL_ALTER_CONFIGS, body)["resources"], str(name),
-                  f"alter configs of {resource_type} '{name}'")
+        self._one(self._resources_call(ApiKey.INCREMENTAL_ALTER_CONFIGS, body, resource_type, name, True)["resources"],
+                  str(name), f"alter configs of {resource_type} '{name}'")
 
     # ---- records ---------------------------------------------------------------------------
     def delete_records(self, offsets: dict) -> dict:
         """Delete records below the given offsets: ``{TopicPartition: offset}`` -> the new
-        low watermark of each partition (``{TopicPartition: low_watermark}``)."""
-        body = {"topics": _by_topic((tp, {"offset": offset}) for tp, offset in offsets.items()),
-                "timeout_ms": self.request_timeout_ms}
-        out = {}
-        for t in self._call(ApiKey.DELETE_RECORDS, body)["topics"]:
-            for p in t["partitions"]:
-                tp = TopicPartition(t["name"], p["index"])
-                check(p.get("error_code"), p.get("error_message"), f"delete records of {tp.topic}-{tp.partition}")
-                out[tp] = p.get("low_watermark", -1)
-        return out
+        low watermark of each partition (``{TopicPartition: low_watermark}``). Each partition
+        is asked of its leader."""
+        wanted = {TopicPartition(*tp): offset for tp, offset in offsets.items()}
+
+        def body_of(tps: list) -> dict:
+            return {"topics": _by_topic((tp, {"offset": wanted[tp]}) for tp in tps),
+                    "timeout_ms": self.request_timeout_ms}
+        return by_leader(self._cluster, list(wanted), ApiKey.DELETE_RECORDS, body_of,
+                         lambda p: p.get("low_watermark", -1), "delete records of", self.request_timeout_ms / 1000)
 
     def list_offsets(self, partitions: Iterable[TopicPartition], timestamp: int = -1) -> dict:
         """``{TopicPartition: offset}`` for ``timestamp`` -1 (latest), -2 (earliest) or a time in
-        ms (the first offset with a timestamp at or after it; -1 if none)."""
-        body = {"topics": _by_topic((tp, {"timestamp": timestamp}) for tp in partitions)}
-        out = {}
-        for t in self._call(ApiKey.LIST_OFFSETS, body)["topics"]:
-            for p in t["partitions"]:
-                tp = TopicPartition(t["name"], p["index"])
-                check(p.get("error_code"), p.get("error_message"), f"list offsets of {tp.topic}-{tp.partition}")
-                out[tp] = p.get("offset", -1)
-        return out
+        ms (the first offset with a timestamp at or after it; -1 if none). Asked of each leader."""
+        return list_offsets(self._cluster, [TopicPartition(*tp) for tp in partitions], timestamp,
+                            self.request_timeout_ms / 1000)
 
     @staticmethod
     def _one(items: list, name: str, doing: str) -> dict:
@@ -137,3 +175,78 @@ def _by_topic(entries) -> list[dict]:
     for tp, fields in entries:
         by_topic.setdefault(tp.topic, []).append({"index": tp.partition, **fields})
     return [{"name": t, "partitions": ps} for t, ps in by_topic.items()]
+
+
+def _retrying(cluster: Cluster, timeout: float, once: Callable[[], dict]) -> dict:
+    """``once()`` until it stops raising retriable errors (NOT_CONTROLLER, lost connections,
+    ...) or ``timeout`` passes; metadata is refreshed (``retry_backoff_ms`` apart) between tries."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return once()
+        except OdradekError as exc:
+            if not exc.retriable or time.monotonic() + cluster.retry_backoff >= deadline:
+                raise
+            log.info("%s; retrying after a metadata refresh", exc)
+        time.sleep(max(cluster.retry_backoff, cluster.refresh_due()))
+        cluster.maybe_refresh([], timeout=max(0.1, deadline - time.monotonic()))
+
+
+def by_leader(cluster: Cluster, tps: list, api: ApiKey, body_of: Callable[[list], dict],
+              value_of: Callable[[dict], object], doing: str, timeout: float) -> dict:
+    """A per-partition request (ListOffsets, DeleteRecords) sent to each partition's leader:
+    ``{tp: value_of(partition answer)}``. Leader errors (NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH,
+    no leader, a dead leader) refresh the metadata and retry the partitions concerned after
+    the backoff until ``timeout``; other errors raise (the first one, with ``doing`` and the partition)."""
+    deadline = time.monotonic() + timeout
+    if any(tp.topic not in cluster.topics for tp in tps):
+        cluster.refresh(sorted({tp.topic for tp in tps}))
+    out: dict = {}
+    todo = list(tps)
+    while todo:
+        groups: dict[int, list] = {}
+        for tp in todo:
+            groups.setdefault(cluster.leader(tp.topic, tp.partition), []).append(tp)
+        errors: dict = {}
+        for node, group in groups.items():
+            if node < 0:
+                for tp in group:
+                    errors[tp] = error_for(ErrorCode.LEADER_NOT_AVAILABLE, "no leader known")
+                continue
+            try:
+                answer = cluster.request_node(node, api, body_of(group),
+                                              timeout=max(0.1, deadline - time.monotonic())).header["body"]
+            except OdradekError as exc:
+                if not exc.retriable:
+                    raise
+                for tp in group:
+                    errors[tp] = exc
+                continue
+            for t in answer.get("topics", []):
+                for p in t.get("partitions", []):
+                    tp = TopicPartition(t["name"], p["index"])
+                    if p.get("error_code"):
+                        errors[tp] = error_for(p["error_code"], p.get("error_message"))
+                    else:
+                        out[tp] = value_of(p)
+        for tp, exc in errors.items():
+            if not exc.retriable or time.monotonic() + cluster.retry_backoff >= deadline:
+                raise error_for(exc.code, f"{doing} {tp.topic}-{tp.partition}: {exc.message}")
+        todo = [tp for tp in todo if tp in errors]
+        if todo:
+            time.sleep(max(cluster.retry_backoff, cluster.refresh_due()))
+            if any(e.code in STALE_METADATA or e.code in NETWORK_ERRORS for e in errors.values()):
+                cluster.maybe_refresh(sorted({tp.topic for tp in todo} | set(cluster.topics)))
+    return out
+
+
+def list_offsets(cluster: Cluster, tps: list, timestamp: int, timeout: float) -> dict:
+    """``{tp: offset}`` from each partition's leader (see ``by_leader``)."""
+    def body_of(group: list) -> dict:
+        return {"replica_id": -1, "topics": _by_topic(
+            (tp, {"timestamp": timestamp, "current_leader_epoch": cluster.leader_epoch(tp.topic, tp.partition)})
+            for tp in group)}
+    if not tps:
+        return {}
+    return by_leader(cluster, tps, ApiKey.LIST_OFFSETS, body_of, lambda p: p.get("offset", -1),
+                     "list offsets of", timeout)

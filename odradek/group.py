@@ -36,7 +36,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import Connection, wait_any
+from odradek.cluster import NETWORK_ERRORS, Connection, wait_any
 from odradek.errors import error_for
 from odradek.types import TopicPartition
 
@@ -44,6 +44,8 @@ log = logging.getLogger("odradek.group")
 
 MIN_HEARTBEAT_GAP = 0.02  # seconds between heartbeats that report nothing new
 HEARTBEAT_GRACE = 5.0  # seconds past its hold time after which a heartbeat counts as lost
+COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
 FATAL = (ErrorCode.FENCED_INSTANCE_ID, ErrorCode.GROUP_MAX_SIZE_REACHED, ErrorCode.INVALID_GROUP_ID,
          ErrorCode.UNSUPPORTED_ASSIGNOR, ErrorCode.INVALID_SESSION_TIMEOUT, ErrorCode.INVALID_REQUEST)
 
@@ -57,6 +59,64 @@ def _tp_entries(tps) -> list:
 
 def _tps(entries) -> set:
     return {TopicPartition(e["topic"], p) for e in entries or () for p in e["partitions"]}
+
+
+def _partition_codes(body: dict) -> list:
+    """Per-partition error codes of an OFFSET_COMMIT / OFFSET_FETCH answer."""
+    return [p.get("error_code", 0) for t in body.get("topics") or () for p in t.get("partitions") or ()]
+
+
+class Coordinator:
+    """Where a group's coordinator is (FIND_COORDINATOR, asked of any broker) and blocking
+    requests to it that follow it when it moves: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
+    COORDINATOR_LOAD_IN_PROGRESS (top-level or, for offset commits and fetches, per
+    partition) and a lost connection forget the address, wait ``retry_backoff_ms`` and find
+    the coordinator again, until the timeout. Thread-safe (the address is one attribute)."""
+
+    def __init__(self, cluster, group_id: str, timeout: float):
+        self.cluster = cluster
+        self.group_id = group_id
+        self.timeout = timeout
+        self.address: tuple[str, int] | None = None
+
+    def find(self, timeout: float | None = None) -> tuple[str, int]:
+        body = self.cluster.request(ApiKey.FIND_COORDINATOR, {"key": self.group_id},
+                                    timeout=self.timeout if timeout is None else timeout).header["body"]
+        address = self.address = (body["host"], int(body["port"]))
+        return address
+
+    def forget(self, address=None) -> None:
+        if address is None or self.address == address:
+            self.address = None
+
+    def request(self, api: int, body: dict, timeout: float | None = None, item_codes=None) -> dict:
+        """The answer body; ``item_codes(body)`` lists per-item error codes to look at."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        backoff = self.cluster.retry_backoff
+        answer = None
+        while True:
+            address = self.address
+            try:
+                if address is None:
+                    address = self.find(max(0.1, deadline - time.monotonic()))
+                answer = self.cluster.request_at(address, api, body,
+                                                 timeout=max(0.1, deadline - time.monotonic())).header["body"]
+                codes = item_codes(answer) if item_codes is not None else ()
+                moved = next((c for c in codes if c in COORDINATOR_ERRORS), None)
+                if moved is None:
+                    return answer
+                err = error_for(moved, f"group {self.group_id}: {ApiKey(api).name} to {address[0]}:{address[1]}")
+            except OdradekError as exc:
+                if exc.code not in COORDINATOR_ERRORS and exc.code not in NETWORK_ERRORS:
+                    raise
+                err = exc
+            self.forget(address)
+            if time.monotonic() + backoff >= deadline:
+                if answer is not None:
+                    return answer  # per-partition errors: the caller reports them
+                raise err
+            log.info("group %s: %s; finding the coordinator again", self.group_id, err)
+            time.sleep(backoff)
 
 
 class GroupMembership:
@@ -79,6 +139,7 @@ class GroupMembership:
         self.auto_commit_interval = auto_commit_interval_ms / 1000
         self.assignor = assignor
         self.request_timeout = consumer.request_timeout_ms / 1000
+        self.coordinator = Coordinator(self.cluster, group_id, self.request_timeout)
         self.on_assign: Optional[Callable] = None
         self.on_revoke: Optional[Callable] = None
         self.topics: list[str] | None = None
@@ -248,7 +309,7 @@ class GroupMembership:
         body = {"group_id": self.group_id, "member_id": member_id,
                 "generation_id_or_member_epoch": epoch if member_id else -1,
                 "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
-        resp = self.cluster.request(ApiKey.OFFSET_COMMIT, body, timeout=self.request_timeout).header["body"]
+        resp = self.coordinator.request(ApiKey.OFFSET_COMMIT, body, item_codes=_partition_codes)
         return {TopicPartition(t["name"], p["partition_index"]): (p["error_code"], p.get("error_message", ""))
                 for t in resp.get("topics", []) for p in t.get("partitions", []) if p.get("error_code")}
 
@@ -280,7 +341,12 @@ class GroupMembership:
             by_topic.setdefault(tp.topic, []).append(tp.partition)
         body = {"group_id": self.group_id, "topics": [{"name": t, "partition_indexes": ps}
                                                       for t, ps in by_topic.items()]}
-        resp = self.cluster.request(ApiKey.OFFSET_FETCH, body, timeout=self.request_timeout).header["body"]
+        resp = self.coordinator.request(ApiKey.OFFSET_FETCH, body, item_codes=_partition_codes)
+        for t in resp.get("topics", []):
+            for p in t.get("partitions", []):
+                if p.get("error_code") in COORDINATOR_ERRORS:  # still, after request_timeout_ms
+                    raise error_for(p["error_code"], f"committed offset of {t['name']}-{p['partition_index']}: "
+                                    f"{p.get('error_message') or ErrorCode.of(p['error_code']).meaning}")
         return {TopicPartition(t["name"], p["partition_index"]): p["committed_offset"]
                 for t in resp.get("topics", []) for p in t.get("partitions", [])}
 
@@ -320,7 +386,7 @@ class GroupMembership:
         body = {"group_id": self.group_id, "member_id": member_id, "instance_id": self.instance_id,
                 "member_epoch": -2 if self.instance_id else -1}
         try:
-            self.cluster.request(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, timeout=min(self.request_timeout, 5.0))
+            self.coordinator.request(ApiKey.CONSUMER_GROUP_HEARTBEAT, body, timeout=min(self.request_timeout, 5.0))
         except OdradekError as exc:
             log.info("leaving group %s: %s", self.group_id, exc)
         with self._lock:
@@ -380,6 +446,8 @@ class GroupMembership:
                 log.info("group %s: heartbeat failed (%s); retrying", self.group_id, exc)
                 if conn is not None:
                     conn.close("heartbeat failed")
+                    if exc.code in COORDINATOR_ERRORS or exc.code in NETWORK_ERRORS:
+                        self.coordinator.forget((conn.host, conn.port))  # find it again
                 conn = None
                 self._sleep(self.consumer.retry_backoff)
             except Exception:
@@ -396,10 +464,16 @@ class GroupMembership:
         self._drain(self._hb_r)
 
     def _connect(self) -> Connection:
-        body = self.cluster.request(ApiKey.FIND_COORDINATOR, {"key": self.group_id},
-                                    timeout=self.request_timeout).header["body"]
-        conn = Connection(body["host"], body["port"], self.consumer.client_id, int(self.request_timeout * 1000))
-        conn.connect()
+        """A connection of the heartbeat thread's own to the coordinator (found again after it
+        moved: NOT_COORDINATOR and lost connections forget the address)."""
+        address = self.coordinator.address or self.coordinator.find()
+        conn = Connection(address[0], address[1], self.consumer.client_id, int(self.request_timeout * 1000))
+        try:
+            conn.connect()
+        except OdradekError:
+            self.coordinator.forget(address)
+            self.cluster.node_failed(address)
+            raise
         return conn
 
     def _request_body(self) -> tuple[dict, float]:
@@ -503,6 +577,7 @@ class GroupAdmin:
         from odradek.cluster import Cluster
         self.cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms)
         self.timeout = request_timeout_ms / 1000
+        self._coordinators: dict[str, Coordinator] = {}
 
     def close(self) -> None:
         self.cluster.close()
@@ -516,33 +591,54 @@ class GroupAdmin:
     def _body(self, api: int, body: dict) -> dict:
         return self.cluster.request(api, body, timeout=self.timeout).header["body"]
 
+    def _coordinator(self, group: str) -> Coordinator:
+        c = self._coordinators.get(group)
+        if c is None:
+            c = self._coordinators[group] = Coordinator(self.cluster, group, self.timeout)
+        return c
+
+    def _group_body(self, group: str, api: int, body: dict, item_codes=None) -> dict:
+        """A request to the group's coordinator (followed when it moves)."""
+        return self._coordinator(group).request(api, body, item_codes=item_codes)
+
     def list(self) -> list[dict]:
-        return self._body(ApiKey.LIST_GROUPS, {})["groups"]
+        """Every group of the cluster: each broker lists those it coordinates (Kafka's way);
+        a broker that cannot be reached is skipped as long as one answers."""
+        self.cluster.refresh([])
+        brokers = sorted(self.cluster.brokers.values())
+        if len(brokers) <= 1:
+            return self._body(ApiKey.LIST_GROUPS, {})["groups"]
+        groups: dict[str, dict] = {}
+        failed, answered = None, 0
+        for b in brokers:
+            try:
+                answer = self.cluster.request_at((b.host, b.port), ApiKey.LIST_GROUPS, {},
+                                                 timeout=self.timeout).header["body"]
+            except OdradekError as exc:
+                failed = exc
+                log.info("list groups: broker %s: %s", b.node_id, exc)
+                continue
+            answered += 1
+            for g in answer.get("groups", []):
+                groups.setdefault(g["group_id"], g)
+        if not answered:
+            raise failed
+        return sorted(groups.values(), key=lambda g: g["group_id"])
 
     def committed(self, group: str) -> dict:
-        body = self._body(ApiKey.OFFSET_FETCH, {"group_id": group, "topics": None})
+        body = self._group_body(group, ApiKey.OFFSET_FETCH, {"group_id": group, "topics": None},
+                                item_codes=_partition_codes)
         return {TopicPartition(t["name"], p["partition_index"]): p["committed_offset"]
                 for t in body.get("topics", []) for p in t.get("partitions", []) if p["committed_offset"] >= 0}
 
     def offsets(self, tps, timestamp: int) -> dict:
         """ListOffsets for ``tps``: ``timestamp`` -1 latest, -2 earliest, else ms."""
-        by_topic: dict[str, list] = {}
-        for tp in tps:
-            by_topic.setdefault(tp.topic, []).append({"index": tp.partition, "timestamp": timestamp})
-        if not by_topic:
-            return {}
-        body = self._body(ApiKey.LIST_OFFSETS, {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]})
-        out = {}
-        for t in body.get("topics", []):
-            for p in t.get("partitions", []):
-                if p.get("error_code"):
-                    raise error_for(p["error_code"], f"{t['name']}-{p['index']}: {p.get('error_message', '')}")
-                out[TopicPartition(t["name"], p["index"])] = p["offset"]
-        return out
+        from odradek.admin import list_offsets
+        return list_offsets(self.cluster, list(tps), timestamp, self.timeout)
 
     def describe(self, group: str) -> dict:
         """The group's state and members, and per partition: owner, committed, log end, lag."""
-        d = self._body(ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]})["groups"][0]
+        d = self._describe(group)
         if d.get("error_code"):
             raise error_for(d["error_code"], d.get("error_message"))
         committed = self.committed(group)
@@ -575,7 +671,7 @@ class GroupAdmin:
         """New committed offsets for an inactive group. ``to``: "earliest", "latest",
         "datetime" (``value`` in ms since the epoch) or "shift" (``value``: +/- N).
         Without ``execute`` nothing is committed (a dry run, as Kafka's tool)."""
-        d = self._body(ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]})["groups"][0]
+        d = self._describe(group)
         if not d.get("error_code") and d.get("members"):
             raise error_for(ErrorCode.NON_EMPTY_GROUP, f"group '{group}' has {len(d['members'])} active members; "
                             f"offsets can be reset only while it is inactive (stop its consumers)")
@@ -607,10 +703,9 @@ class GroupAdmin:
             by_topic: dict[str, list] = {}
             for tp, off in sorted(new.items()):
                 by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition, "committed_offset": off})
-            body = self._body(ApiKey.OFFSET_COMMIT, {"group_id": group, "member_id": "",
-                                                     "generation_id_or_member_epoch": -1,
-                                                     "topics": [{"name": t, "partitions": ps}
-                                                                for t, ps in by_topic.items()]})
+            body = self._group_body(group, ApiKey.OFFSET_COMMIT, {
+                "group_id": group, "member_id": "", "generation_id_or_member_epoch": -1,
+                "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}, item_codes=_partition_codes)
             for t in body.get("topics", []):
                 for p in t.get("partitions", []):
                     if p.get("error_code"):
@@ -619,6 +714,11 @@ class GroupAdmin:
         return {tp: (committed.get(tp), off) for tp, off in sorted(new.items())}
 
     def delete(self, group: str) -> None:
-        r = self._body(ApiKey.DELETE_GROUPS, {"groups_names": [group]})["results"][0]
+        r = self._group_body(group, ApiKey.DELETE_GROUPS, {"groups_names": [group]},
+                             item_codes=lambda b: [x.get("error_code", 0) for x in b.get("results", [])])["results"][0]
         if r.get("error_code"):
             raise error_for(r["error_code"], r.get("error_message"))
+
+    def _describe(self, group: str) -> dict:
+        return self._group_body(group, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]},
+                                item_codes=lambda b: [g.get("error_code", 0) for g in b.get("groups", [])])["groups"][0]
