@@ -1,0 +1,153 @@
+"""The controller's own mechanisms, on real three-broker clusters: controller-epoch fencing,
+leader election rules (clean by default, unclean per topic), preferred leaders, topic
+deletion and config changes reaching every replica. The fault scenarios under load are in
+test_faults.py."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from network.client import BrokerConnection
+from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek import Admin, Producer
+from odradek.errors import NotEnoughReplicasError
+from tests.cluster.verify import partition_dir
+
+pytestmark = pytest.mark.slow
+
+
+def create(cluster, name: str, partitions: int = 1, rf: int = 3, **config) -> None:
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(name, partitions=partitions, replication_factor=rf,
+                           config={k.replace("_", "."): v for k, v in config.items()})
+    cluster.wait_for(lambda: all((cluster.partition_state(name, p) or {}).get("leader", -1) >= 0
+                                 for p in range(partitions)), 30, f"{name} led")
+
+
+def request(broker, api: int, body: dict) -> dict:
+    """One raw request; a top-level error comes back as ``{"error_code", "error_message"}``."""
+    conn = BrokerConnection(broker.host, broker.port, request_timeout_ms=10000)
+    try:
+        return conn.request(api, body).body
+    except OdradekError as exc:
+        return {"error_code": int(exc.code), "error_message": exc.message}
+    finally:
+        conn.close()
+
+
+def test_a_deposed_controllers_requests_are_refused_and_the_new_one_has_a_higher_epoch(make_cluster):
+    cluster = make_cluster()
+    old = cluster.controller_id()
+    old_epoch = int(cluster.kazoo.get("/controller_epoch")[0])
+    cluster.kill(old)
+    cluster.wait_for(lambda: cluster.controller_id() not in (None, old), 30, "a new controller")
+    new_epoch = int(cluster.kazoo.get("/controller_epoch")[0])
+    assert new_epoch > old_epoch
+    survivor = cluster.broker(next(b for b in cluster.ids if b != old))
+    # the new controller has told every live broker its epoch; a request from the old one is stale
+    cluster.wait_for(lambda: request(survivor, ApiKey.UPDATE_METADATA, {
+        "controller_id": old, "controller_epoch": old_epoch, "brokers": {}, "topics": {}})
+        .get("error_code") == ErrorCode.STALE_CONTROLLER_EPOCH, 30, "the old epoch refused")
+    answer = request(survivor, ApiKey.LEADER_AND_ISR, {"controller_id": old, "controller_epoch": old_epoch,
+                                                       "partitions": [], "brokers": []})
+    assert answer["error_code"] == ErrorCode.STALE_CONTROLLER_EPOCH
+    with Admin(survivor.bootstrap) as admin:  # the metadata it serves is still the new controller's
+        assert admin.list_topics(include_internal=True) is not None
+
+
+def test_without_unclean_election_a_partition_whose_isr_is_dead_stays_offline(make_cluster):
+    cluster = make_cluster()
+    create(cluster, "clean", rf=2, min_insync_replicas=1)
+    state = cluster.partition_state("clean", 0)
+    replicas = cluster.topic_assignment("clean")[0]
+    follower = next(r for r in replicas if r != state["leader"])
+    cluster.kill(follower)
+    cluster.wait_for(lambda: cluster.isr("clean", 0) == [state["leader"]], 30, "the follower out of the ISR")
+    with Producer(cluster.bootstrap, acks=1) as p:  # written only to the leader
+        p.send("clean", b"only-on-the-leader", partition=0).result(timeout=30)
+    cluster.kill(state["leader"])
+    cluster.restart(follower)
+    cluster.wait_for(lambda: follower in cluster.registered_brokers(), 30, "the follower back")
+    cluster.wait_for(lambda: cluster.partition_state("clean", 0)["leader"] == -1, 30, "the partition offline")
+    with Admin(cluster.broker(follower).bootstrap) as admin:
+        meta = admin.describe_topic("clean").partitions[0]
+        assert meta.leader == -1 and meta.error_code == ErrorCode.LEADER_NOT_AVAILABLE
+
+
+def test_unclean_election_per_topic_elects_an_out_of_sync_replica(make_cluster):
+    cluster = make_cluster()
+    create(cluster, "unclean", rf=2, min_insync_replicas=1, unclean_leader_election_enable="true")
+    state = cluster.partition_state("unclean", 0)
+    follower = next(r for r in cluster.topic_assignment("unclean")[0] if r != state["leader"])
+    cluster.kill(follower)
+    cluster.wait_for(lambda: cluster.isr("unclean", 0) == [state["leader"]], 30, "the follower out of the ISR")
+    cluster.kill(state["leader"])
+    cluster.restart(follower)
+    cluster.wait_for(lambda: cluster.leader("unclean", 0) == follower, 30, "the out-of-sync follower elected")
+    with Producer(cluster.broker(follower).bootstrap, acks=1) as p:
+        assert p.send("unclean", b"after", partition=0).result(timeout=30).offset >= 0
+
+
+def test_leadership_returns_to_the_preferred_replica(make_cluster):
+    cluster = make_cluster(auto_leader_rebalance_enable="false")
+    create(cluster, "pref", partitions=3)
+    preferred = {p: r[0] for p, r in cluster.topic_assignment("pref").items()}
+    assert all(cluster.leader("pref", p) == preferred[p] for p in preferred)
+    victim = preferred[0]
+    cluster.kill(victim)
+    cluster.wait_for(lambda: cluster.leader("pref", 0) not in (None, victim, -1), 30, "a new leader of pref-0")
+    cluster.restart(victim)
+    cluster.wait_for(lambda: victim in cluster.isr("pref", 0), 30, "the preferred replica in sync again")
+    assert cluster.leader("pref", 0) != victim  # no automatic rebalance: it stays where it is
+    answer = request(cluster.broker(next(b for b in cluster.ids if b != victim)), ApiKey.ELECT_LEADERS,
+                     {"election_type": 0, "topic_partitions": [{"topic": "pref", "partitions": [0]}]})
+    assert answer["partitions"][0]["error_code"] == 0, answer
+    cluster.wait_for(lambda: cluster.leader("pref", 0) == victim, 30, "leadership back on the preferred replica")
+    again = request(cluster.broker(victim), ApiKey.ELECT_LEADERS,
+                    {"election_type": 0, "topic_partitions": [{"topic": "pref", "partitions": [0]}]})
+    assert again["partitions"][0]["error_code"] == ErrorCode.ELECTION_NOT_NEEDED
+
+
+def test_the_controller_rebalances_preferred_leaders_on_its_own(make_cluster):
+    cluster = make_cluster(leader_imbalance_check_interval_seconds=1)
+    create(cluster, "auto", partitions=3)
+    preferred = {p: r[0] for p, r in cluster.topic_assignment("auto").items()}
+    victim = preferred[1]
+    cluster.kill(victim)
+    cluster.wait_for(lambda: cluster.leader("auto", 1) not in (None, victim, -1), 30, "a new leader")
+    cluster.restart(victim)
+    cluster.wait_for(lambda: cluster.leader("auto", 1) == victim, 30, "the preferred leader back by itself")
+
+
+def test_a_deleted_topic_leaves_no_replica_and_no_znode(make_cluster):
+    cluster = make_cluster()
+    create(cluster, "doomed", partitions=2)
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(20):
+            p.send("doomed", b"x%d" % i, partition=i % 2)
+        p.flush(timeout=30)
+    dirs = [partition_dir(cluster.broker(b).data_dir, "doomed", p) for b in cluster.ids for p in range(2)]
+    assert all(os.path.isdir(d) for d in dirs)
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic("doomed")
+        assert "doomed" not in admin.list_topics()
+    cluster.wait_for(lambda: not any(os.path.exists(d) for d in dirs), 30, "every replica's directory gone")
+    assert cluster.topic_assignment("doomed") is None
+    create(cluster, "doomed", partitions=1)  # the name is free again
+
+
+def test_a_topic_config_change_reaches_the_leaders(make_cluster):
+    cluster = make_cluster()
+    create(cluster, "conf", min_insync_replicas=2)
+    state = cluster.partition_state("conf", 0)
+    follower = next(r for r in state["isr"] if r != state["leader"])
+    cluster.kill(follower)
+    cluster.wait_for(lambda: len(cluster.isr("conf", 0)) == 2, 30, "ISR of two")
+    with Producer(cluster.bootstrap, acks="all") as p:
+        p.send("conf", b"two-in-sync", partition=0).result(timeout=30)
+    with Admin(cluster.bootstrap) as admin:
+        admin.alter_configs("conf", set={"min.insync.replicas": 3})
+    with Producer(cluster.bootstrap, acks="all", retries=0) as p:
+        f = p.send("conf", b"needs-three", partition=0)
+        assert isinstance(f.exception(timeout=30), NotEnoughReplicasError)
