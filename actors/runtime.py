@@ -484,6 +484,11 @@ class Actor:
         self.reply(msg, {"name": self.name})
         self.stop()
 
+    def on__drain(self, msg: Message) -> None:
+        """The supervisor is about to stop the tree (specs with ``drain``): finish what must
+        happen while every other actor still runs, then answer. Default: nothing to do."""
+        self.reply(msg, {})
+
     def on__ping(self, msg: Message) -> None:
         self.reply(msg, {"name": self.name, "pid": os.getpid()})
 

@@ -62,6 +62,7 @@ class ChildSpec:
     min_count: int = 1
     max_count: int = 64
     pool: bool = False
+    drain: bool = False  # asked to ``_drain`` (and answer) before anything is stopped
 
     def __post_init__(self) -> None:
         if self.count > 1 or self.scalable:
@@ -404,6 +405,13 @@ class Supervisor(Actor):
     # ---- stop --------------------------------------------------------------------------
     def on_stop(self) -> None:
         deadline = time.monotonic() + self.policy.shutdown_timeout
+        for child in [c for c in self.children.values() if c.spec.drain and c.alive()]:
+            # a drain phase while the whole tree still runs (a cluster broker hands its
+            # partitions' leadership away); up to half the shutdown time
+            try:
+                self.call(child.name, "_drain", {}, timeout=max(0.1, self.policy.shutdown_timeout / 2))
+            except OdradekError as exc:
+                log.warning("%s did not drain: %s", child.name, exc.message)
         for spec in reversed(self.specs):
             group = [c for c in self.children.values() if c.spec is spec and c.alive()]
             for child in group:

@@ -101,6 +101,7 @@ class ClusterController(Controller):
         self.assignment: dict[str, list[list[int]]] = {}
         self.states: dict[tuple[str, int], PartitionState] = {}
         self.metadata_counter = 0
+        self.shutting_down: set[int] = set()  # brokers in a controlled shutdown: never elected
         self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}")
         hosts, _, chroot = config["zookeeper.connect"].partition("/")
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
@@ -290,6 +291,7 @@ class ClusterController(Controller):
             except Exception as exc:  # noqa: BLE001 - it vanished meanwhile
                 log.info("broker %s: %s", child, exc)
         gone, joined = set(self.live) - set(live), set(live) - set(self.live)
+        self.shutting_down -= gone | joined
         first = not self.live
         self.live = live
         self.registry.max_replication = max(len(live), 1)
@@ -333,7 +335,7 @@ class ClusterController(Controller):
 
     def _choose_leader(self, tp: tuple[str, int], isr_live: list[int]) -> int | None:
         for r in self._replicas(tp):
-            if r in isr_live:
+            if r in isr_live and r not in self.shutting_down:
                 return r
         if self.registry.log_config(tp[0]).unclean_leader_election_enable:
             for r in self._replicas(tp):
@@ -401,7 +403,8 @@ class ClusterController(Controller):
         changes = {}
         for tp, st in self.states.items():
             preferred = self._replicas(tp)[0]
-            if st.leader != preferred and preferred in self.live and preferred in st.isr:
+            if st.leader != preferred and preferred in self.live and preferred in st.isr \
+                    and preferred not in self.shutting_down:
                 changes[tp] = (preferred, st.isr)
         self._apply_leader_changes(changes)
 
@@ -686,6 +689,9 @@ class ClusterController(Controller):
         if api == ApiKey.ELECT_LEADERS:
             self._elect_leaders(msg, body)
             return
+        if api == ApiKey.CONTROLLED_SHUTDOWN:
+            self._controlled_shutdown(msg, body)
+            return
         epoch = body.get("controller_epoch", -1)
         if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
             self.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
@@ -802,6 +808,80 @@ class ClusterController(Controller):
             self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", _json([[topic, partition]]), sequence=True)
             self.post(lambda: self.reply(msg, {"zk_version": stat.version}))
         self.zk.set_async(path, st.data(), version=msg.get("zk_version", -1)).rawlink(written)
+
+    # ---- controlled shutdown -------------------------------------------------------------------
+    def on__drain(self, msg: Message) -> None:
+        """SIGTERM: before the broker's actors stop, stop following and ask the controller to
+        move this broker's leaderships away and take it out of the ISRs (Kafka's controlled
+        shutdown), so producers and consumers move on at once instead of after a timeout."""
+        if not (self.registered and self.config.get("controlled.shutdown.enable", True)):
+            self.reply(msg, {})
+            return
+        if self.hosted:
+            self.request(REPLICA_FETCHER, "unfollow", {"parts": [list(tp) for tp in self.hosted]},
+                         timeout=SEND_TIMEOUT)
+        body = {"broker_id": self.broker_id}
+        if self.active:
+            self._move_leadership_away(self.broker_id, lambda remaining: self.reply(msg, {"remaining": remaining}))
+            return
+        controller = self.snapshot_data.get("controller_id", -1)
+        address = self.snapshot_data.get("brokers", {}).get(str(controller))
+        if controller < 0 or not address:
+            self.reply(msg, {"remaining": None})
+            return
+        relay = ControllerChannel(self.post, f"broker-{self.broker_id}")
+        relay.set_brokers({controller: tuple(address)})
+
+        def answered(resp, why) -> None:
+            if why:
+                log.warning("controlled shutdown: %s", why)
+            else:
+                log.info("controlled shutdown: the controller moved our leaderships (%s left)",
+                         len(resp.get("remaining_partitions") or []))
+            relay.close()
+            self.reply(msg, {})
+        relay.send(controller, ApiKey.CONTROLLED_SHUTDOWN, body, answered, timeout=SEND_TIMEOUT / 2)
+
+    def _controlled_shutdown(self, msg: Message, body: dict) -> None:
+        if not self.active:
+            self.reply(msg, {"body": {"error_code": int(ErrorCode.NOT_CONTROLLER),
+                                      "error_message": f"broker {self.broker_id} is not the controller"}})
+            return
+        broker = body.get("broker_id")
+        if broker not in self.live:
+            self.reply(msg, {"body": {"error_code": int(ErrorCode.BROKER_NOT_AVAILABLE),
+                                      "error_message": f"broker {broker!r} is not registered"}})
+            return
+        self._move_leadership_away(broker, lambda remaining: self.reply(msg, {"body": {
+            "error_code": 0, "remaining_partitions": [{"topic": t, "partition": p} for t, p in remaining]}}))
+
+    def _move_leadership_away(self, broker: int, done: Callable[[list], None]) -> None:
+        """New leaders for what ``broker`` leads, and it leaves every ISR; ``done(remaining)``
+        once the replicas were told (remaining: partitions with no other in-sync replica)."""
+        self.shutting_down.add(broker)
+        changes, remaining = {}, []
+        for tp, st in self.states.items():
+            if broker not in self._replicas(tp):
+                continue
+            others = [r for r in st.isr if r != broker and r in self.live]
+            if st.leader == broker:
+                new = self._choose_leader(tp, others)
+                if new is None:
+                    remaining.append(tp)
+                else:
+                    changes[tp] = (new, others)
+            elif broker in st.isr and others:
+                changes[tp] = (st.leader, others)
+        written = self._write_states(changes)
+        per_broker: dict[int, list] = {}
+        for tp in written:
+            for b in self._replicas(tp):
+                if b in self.live:
+                    per_broker.setdefault(b, []).append(tp)
+        log.info("controlled shutdown of broker %d: %d partitions changed, %d could not move", broker,
+                 len(written), len(remaining))
+        steps = [lambda d, b=b, t=t: self._send_leader_and_isr(b, t, d) for b, t in per_broker.items()]
+        self._all_then(steps, lambda: self._send_update_metadata(lambda: done(remaining)))
 
     def _elect_leaders(self, msg: Message, body: dict) -> None:
         """ELECT_LEADERS (preferred): move each partition's leadership to its first replica."""

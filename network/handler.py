@@ -68,10 +68,12 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.LEADER_AND_ISR: (0, 0),
     ApiKey.UPDATE_METADATA: (0, 0),
     ApiKey.STOP_REPLICA: (0, 0),
+    ApiKey.CONTROLLED_SHUTDOWN: (0, 0),
     ApiKey.ELECT_LEADERS: (0, 0),
 }
 # Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
-CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.ELECT_LEADERS)
+CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
+                   ApiKey.ELECT_LEADERS)
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 DYNAMIC_CONFIGS = {"num.io.threads"}

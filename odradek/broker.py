@@ -33,7 +33,7 @@ def actor_specs(config: dict) -> list[ChildSpec]:
     replication = [ChildSpec("replica_fetcher", "log.replica_fetcher:ReplicaFetcher", count=1, args=args,
                              watchers=("controller",))] if cluster else []
     return [
-        ChildSpec("controller", controller, count=1, args=args),
+        ChildSpec("controller", controller, count=1, args=args, drain=cluster),
         ChildSpec("log", "log.log_actor:LogActor", count=config["num.log.threads"], args=args,
                   watchers=("fetch",), pool=True),
         ChildSpec("fetch", "log.fetch_actor:FetchActor", count=1, args=args),

@@ -151,3 +151,20 @@ def test_a_topic_config_change_reaches_the_leaders(make_cluster):
     with Producer(cluster.bootstrap, acks="all", retries=0) as p:
         f = p.send("conf", b"needs-three", partition=0)
         assert isinstance(f.exception(timeout=30), NotEnoughReplicasError)
+
+
+def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops(make_cluster):
+    cluster = make_cluster(zookeeper_session_timeout_ms=30000)  # a crash would take 30 s to notice
+    create(cluster, "moving", partitions=3, min_insync_replicas=2)
+    leader = cluster.leader("moving", 0)
+    led = [p for p in range(3) if cluster.leader("moving", p) == leader]
+    with Producer(cluster.bootstrap, acks="all") as p:
+        p.send("moving", b"before", partition=0).result(timeout=30)
+        assert cluster.broker(leader).terminate(timeout=30) == 0  # SIGTERM: the graceful path
+        # the leaderships moved while it still ran (not when its session closed at the end)
+        assert "controlled shutdown" in cluster.broker(leader).stderr_tail(400)
+        for part in led:
+            state = cluster.partition_state("moving", part)
+            assert state["leader"] not in (leader, -1) and leader not in state["isr"], state
+        # writes go on at once on the new leaders, well within the 30 s session timeout
+        assert p.send("moving", b"after", partition=0).result(timeout=15).offset >= 1
