@@ -757,7 +757,8 @@ class GroupCoordinator(Actor):
         return None
 
     def _check_high_watermarks(self, wanted: dict, results: dict, then) -> None:
-        """Refuse offsets beyond a partition's high watermark (what no consumer can have read)."""
+        """Refuse offsets beyond a partition's high watermark (what no consumer can have read),
+        for the partitions this broker leads (the local fetch actor knows only those)."""
         by_topic: dict[str, list] = {}
         for topic, partition in wanted:
             by_topic.setdefault(topic, []).append({"index": partition, "timestamp": LATEST_TIMESTAMP})
@@ -775,6 +776,8 @@ class GroupCoordinator(Actor):
                         tp = (t["name"], p["index"])
                         if tp not in wanted:
                             continue
+                        if p.get("error_code") == ErrorCode.NOT_LEADER_OR_FOLLOWER:
+                            continue  # led by another broker (cluster mode): not checkable here, as in Kafka
                         if p.get("error_code"):
                             results[tp] = (p["error_code"], p.get("error_message") or "")
                             del wanted[tp]
