@@ -33,9 +33,12 @@ runs, machines and Python versions, unlike ``hash()``; it is not Kafka's murmur2
 Kafka producer places keys differently); without either, to the topic's *sticky*
 partition, a random one kept until its batch closes, so keyless records fill whole batches.
 
-Ordering: records of a partition are sent in ``send`` order. As in Kafka without
-idempotence, a retry with more than one request in flight may reorder (and a retry after a
-lost answer may duplicate); ``max_in_flight=1`` keeps order through retries.
+Ordering: records of a partition are sent in ``send`` order. A batch waiting for a retry
+holds back the later batches of its partition, and a partition with batches in flight to
+one broker sends nothing to another (its new leader) until they are answered, so a moved
+leader does not reorder. As in Kafka without idempotence, with more than one request in
+flight an error only some of them get may reorder (and a retry after a lost answer may
+duplicate); ``max_in_flight=1`` keeps order through every retry.
 
 Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
 (one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
