@@ -120,6 +120,8 @@ class ClusterController(Controller):
 
     def on_stop(self) -> None:
         self.channel.close()
+        if hasattr(self, "_relay"):
+            self._relay.close()
         try:
             self.zk.stop()
             self.zk.close()
