@@ -3,7 +3,7 @@
     odradek serve [--config FILE] [--set key=value]...   run a broker (supervisor + actors)
     odradek status [--config FILE] [--set ...] [--json]  the running broker's actor tree
     odradek configs --describe | --alter key=value ...   broker configs (Kafka's kafka-configs)
-    odradek perf ping | hop ...                          benchmarks
+    odradek perf ping | hop | produce | consume | e2e | replicated | failover ...   benchmarks
 
 Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
 ``listeners`` address of the config, so a plain ``odradek status`` next to a plain
@@ -131,6 +131,10 @@ PERF_TESTS = {
     "produce": ("odradek.perf:produce_main", True),
     "consume": ("odradek.perf:consume_main", True),
     "e2e": ("odradek.perf:e2e_main", True),
+    # start their own LocalCluster (ZooKeeper + 3 brokers on 127.0.0.1); replicated takes
+    # --bootstrap-server to use a running cluster instead
+    "replicated": ("odradek.perf:replicated_main", False),
+    "failover": ("odradek.perf:failover_main", False),
 }
 
 

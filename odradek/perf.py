@@ -10,6 +10,12 @@ without flush), and prints the ratio. ``--no-redis`` skips that part.
         --producer-props acks=1 linger.ms=5 compression.type=lz4
     odradek perf consume --topic perf --messages 2000000
     odradek perf e2e --topic perf-e2e --num-records 10000 --throughput 1000
+    odradek perf replicated --runs 3 --cpu       # acks=all / acks=1 / RF 1 on a 3-broker local cluster
+    odradek perf failover --session-timeout-ms 6000 3000 --runs 5
+
+``replicated`` and ``failover`` start their own ZooKeeper and brokers on 127.0.0.1
+(``odradek.local.LocalCluster``, data in a temp dir) and stop them in a ``finally``;
+``replicated --bootstrap-server`` uses a running cluster instead. No Redis comparison.
 
 Threads and processes: ``produce`` and ``consume`` run in this process (the Producer adds
 its sender thread). ``e2e`` produces here and consumes in a child process, so the two
@@ -543,3 +549,512 @@ def _compare(ours: dict, theirs: dict | None, what: str) -> None:
             ratio = theirs[key] / ours[key] if ours[key] else float("inf")
             print(f"{key[:-3]} latency: odradek {ours[key]:.3f} ms, redis {theirs[key]:.3f} ms "
                   f"(redis / odradek = {ratio:.2f}x)", flush=True)
+
+
+# ---- cluster benchmarks: replicated throughput, failover time --------------------------------
+# Both start their own LocalCluster (ZooKeeper + brokers on 127.0.0.1, data in a temp dir) and
+# stop every process they started in a ``finally``; ``replicated`` can also use a running
+# cluster (``--bootstrap-server``).
+def _median(values: list[float]) -> float:
+    import statistics
+    return statistics.median(values) if values else float("nan")
+
+
+def _loadavg() -> list[float]:
+    try:
+        return [round(x, 2) for x in os.getloadavg()]
+    except OSError:
+        return []
+
+
+def _local_cluster(brokers: int, settings: dict, keep: str | None = None):
+    """A started LocalCluster in a temp dir (or ``keep``), ready (a controller known to all)."""
+    from odradek.local import LocalCluster, zookeeper_missing
+    missing = zookeeper_missing()
+    if missing:
+        raise SystemExit(f"perf: {missing}")
+    base = keep or tempfile.mkdtemp(prefix="odradek-perf-cluster-")
+    cluster = LocalCluster(base, brokers, settings)
+    try:
+        cluster.start()
+        cluster.wait_ready(60)
+    except BaseException:
+        cluster.stop(graceful=False)
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
+        raise
+    return cluster, base
+
+
+def _stop_cluster(cluster, base: str, keep: bool) -> None:
+    try:
+        cluster.stop(graceful=False)  # kill -9 of every broker, then our ZooKeeper: the data is thrown away
+    finally:
+        if not keep:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _create_replicated(bootstrap: str, topic: str, partitions: int, rf: int, min_isr: int,
+                       extra: dict | None = None, timeout: float = 60.0) -> None:
+    """Create the topic (retrying retriable errors while the cluster settles) and wait until
+    every partition has a leader and its full ISR in the brokers' metadata."""
+    from network.protocol import OdradekError
+    from odradek.admin import Admin
+    config = {"min.insync.replicas": min_isr, **(extra or {})}
+    deadline = time.monotonic() + timeout
+    with Admin(bootstrap) as admin:
+        while True:
+            try:
+                admin.create_topic(topic, partitions, rf, config=config)
+                break
+            except OdradekError as exc:
+                if not getattr(getattr(exc, "code", None), "retriable", False) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.2)
+        while True:
+            try:
+                desc = admin.describe_topic(topic)
+                if len(desc.partitions) == partitions and all(
+                        p.leader >= 0 and len(p.isr) == rf for p in desc.partitions):
+                    return
+            except OdradekError as exc:
+                if not getattr(getattr(exc, "code", None), "retriable", False):
+                    raise
+            if time.monotonic() > deadline:
+                raise SystemExit(f"perf: topic {topic} did not get a leader and a full ISR in {timeout:.0f} s")
+            time.sleep(0.1)
+
+
+
+class _ActorCpu:
+    """CPU seconds of every process of the cluster's brokers, grouped by actor (``od:<name>``,
+    digits folded: handler-0 and handler-1 count as handler-N), between ``start`` and ``stop``."""
+
+    def __init__(self, cluster):
+        self.cluster = cluster
+        self.before: dict = {}
+
+    def _procs(self):
+        import psutil
+        for bid, b in self.cluster.brokers.items():
+            if not b.running:
+                continue
+            try:
+                procs = [psutil.Process(b.pid)] + b.children()
+            except psutil.NoSuchProcess:
+                continue
+            for p in procs:
+                try:
+                    t = p.cpu_times()
+                    yield (bid, p.pid), p.name(), t.user + t.system
+                except psutil.NoSuchProcess:
+                    pass
+
+    @staticmethod
+    def _client() -> float:
+        t = os.times()
+        return t.user + t.system
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.before = {key: cpu for key, _name, cpu in self._procs()}
+        self.client0 = self._client()
+
+    def stop(self) -> dict:
+        import re
+        wall = time.monotonic() - self.t0
+        by_actor: dict = {}
+        for key, name, cpu in self._procs():
+            actor = re.sub(r"\d+$", "N", name[3:] if name.startswith("od:") else "supervisor")
+            by_actor[actor] = by_actor.get(actor, 0.0) + cpu - self.before.get(key, 0.0)
+        by_actor["client (producer process)"] = self._client() - self.client0
+        return {"wall_s": wall, "cpu_s": dict(sorted(by_actor.items(), key=lambda kv: -kv[1]))}
+
+
+def replicated_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="odradek perf replicated",
+        description="acks=all producer throughput on a replicated topic (default: a 3-broker LocalCluster on "
+                    "127.0.0.1 started and stopped by this command), compared with acks=1 and replication factor 1")
+    ap.add_argument("--bootstrap-server", help="use this running cluster instead of starting one")
+    ap.add_argument("--brokers", type=int, default=3, help="brokers of the local cluster")
+    ap.add_argument("--num-records", type=int, default=1000000)
+    ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--partitions", type=int, default=6)
+    ap.add_argument("--min-insync-replicas", type=int, default=2, help="topic min.insync.replicas (capped at the RF)")
+    ap.add_argument("--configs", default="all:3,1:3,all:1",
+                    help="comma-separated ACKS:RF runs (default: acks=all RF 3, acks=1 RF 3, acks=all RF 1)")
+    ap.add_argument("--runs", type=int, default=3, help="runs of each config (interleaved); medians reported")
+    ap.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="on top of linger.ms=5 compression.type=lz4 (acks comes from --configs)")
+    ap.add_argument("--broker-props", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="settings of the local cluster's brokers (--set)")
+    ap.add_argument("--cpu", action="store_true", help="print CPU seconds per actor of the local cluster per run")
+    ap.add_argument("--latency-sample", type=int, default=100)
+    ap.add_argument("--reporting-interval", type=int, default=REPORT_INTERVAL_MS)
+    ap.add_argument("--keep-dir", help="put the local cluster here and keep it (default: a temp dir, removed)")
+    ap.add_argument("--json", action="store_true", help="print the results as one JSON line at the end")
+    args = ap.parse_args(argv)
+    configs = []
+    for item in args.configs.split(","):
+        acks, _, rf = item.strip().partition(":")
+        if acks not in ("all", "-1", "0", "1") or not rf.isdigit():
+            raise SystemExit(f"perf replicated: bad config {item!r} (ACKS:RF, e.g. all:3)")
+        configs.append(("all" if acks == "-1" else acks, int(rf)))
+    base_props = {"linger.ms": "5", "compression.type": "lz4", **_props(args.producer_props)}
+    base_props.pop("acks", None)
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    load_before = _loadavg()
+    cluster = base = None
+    if args.bootstrap_server:
+        bootstrap = args.bootstrap_server
+    else:
+        cluster, base = _local_cluster(args.brokers, _props(args.broker_props), args.keep_dir)
+        bootstrap = cluster.bootstrap
+    results = {f"acks={a} rf={rf}": {"acks": a, "replication_factor": rf, "runs": [], "cpu": []}
+               for a, rf in configs}
+    tag = f"{os.getpid()}-{int(time.time())}"
+    try:
+        print(f"odradek perf replicated: {args.num_records} records of {args.record_size} bytes per run, "
+              f"{args.partitions} partitions, min.insync.replicas {args.min_insync_replicas}, "
+              f"{args.runs} run(s) of {', '.join(results)}; cluster {bootstrap}; load average "
+              f"{' '.join(map(str, load_before))}", flush=True)
+        for run in range(1, args.runs + 1):
+            for acks, rf in configs:
+                key = f"acks={acks} rf={rf}"
+                topic = f"perf-rep-acks{acks}-rf{rf}-{run}-{tag}"
+                min_isr = min(args.min_insync_replicas, rf)
+                _create_replicated(bootstrap, topic, args.partitions, rf, min_isr)
+                props = {"acks": acks, **base_props}
+                print(f"\nrun {run}, {key} (min.insync.replicas {min_isr}): topic {topic}, "
+                      f"{' '.join(f'{k}={v}' for k, v in props.items())}", flush=True)
+                cpu = _ActorCpu(cluster) if (cluster is not None and args.cpu) else None
+                if cpu:
+                    cpu.start()
+                r = run_produce(bootstrap, topic, args.num_records, args.record_size, -1, producer_kwargs(props),
+                                args.latency_sample, args.reporting_interval)
+                if cpu:
+                    c = cpu.stop()
+                    results[key]["cpu"].append(c)
+                    print("CPU seconds by actor (all brokers) over " + f"{c['wall_s']:.1f} s wall: "
+                          + ", ".join(f"{k} {v:.2f}" for k, v in c["cpu_s"].items()), flush=True)
+                results[key]["runs"].append(r)
+    finally:
+        if cluster is not None:
+            _stop_cluster(cluster, base, bool(args.keep_dir))
+    errors = 0
+    print(f"\nSummary ({args.num_records} x {args.record_size} B per run, {args.partitions} partitions, "
+          f"medians of {args.runs} run(s); started {started}, load average before "
+          f"{' '.join(map(str, load_before))}, after {' '.join(map(str, _loadavg()))}):", flush=True)
+    print(f"{'config':<16} {'records/s':>12} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8}  runs (records/s)")
+    for key, res in results.items():
+        runs = res["runs"]
+        errors += sum(r["errors"] for r in runs)
+        res["median_records_per_sec"] = _median([r["records_per_sec"] for r in runs])
+        res["median_mb_per_sec"] = _median([r["mb_per_sec"] for r in runs])
+        res["median_p50_ms"] = _median([r["p50_ms"] for r in runs])
+        res["median_p99_ms"] = _median([r["p99_ms"] for r in runs])
+        print(f"{key:<16} {res['median_records_per_sec']:>12,.0f} {res['median_mb_per_sec']:>8.1f} "
+              f"{res['median_p50_ms']:>8.2f} {res['median_p99_ms']:>8.2f}  "
+              + " / ".join(f"{r['records_per_sec']:,.0f}" for r in runs), flush=True)
+    first = next(iter(results.values()))
+    for key, res in list(results.items())[1:]:
+        if first["median_records_per_sec"]:
+            print(f"{key} / {next(iter(results))}: {res['median_records_per_sec'] / first['median_records_per_sec']:.2f}x",
+                  flush=True)
+    if args.json:
+        print(json.dumps({"started": started, "load_before": load_before, "load_after": _loadavg(),
+                          "num_records": args.num_records, "record_size": args.record_size,
+                          "partitions": args.partitions, "min_insync_replicas": args.min_insync_replicas,
+                          "results": results}))
+    return 0 if errors == 0 else 1
+
+
+class _FailoverProducer:
+    """A producer thread sending acks=all records to one partition at ``rate`` records/s; every
+    record's send time and acknowledgement time are kept (monotonic seconds)."""
+
+    def __init__(self, bootstrap: str, topic: str, partition: int, rate: float, size: int, kwargs: dict):
+        import threading
+        from odradek.producer import Producer
+        self.producer = Producer(bootstrap, **kwargs)
+        self.topic, self.partition, self.rate = topic, partition, rate
+        self.value = _payload(size)
+        self.acks: list = []  # (sent, acked, ok)
+        self.sent = 0
+        self._stop = threading.Event()
+        self.producer.send(topic, self.value, partition=partition).result(30)  # metadata, connection
+        self.thread = threading.Thread(target=self._run, name="perf-failover-producer", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        monotonic = time.monotonic
+        acks = self.acks
+        throttle = Throttle(self.rate)
+        while not self._stop.is_set():
+            t0 = monotonic()
+            try:
+                h = self.producer.send(self.topic, self.value, partition=self.partition)
+            except Exception:  # noqa: BLE001 - buffer full or closed: keep the pace
+                acks.append((t0, monotonic(), False))
+                time.sleep(0.01)
+                continue
+            h.add_done_callback(lambda h, t0=t0: acks.append((t0, monotonic(), h.exception() is None)))
+            self.sent += 1
+            throttle.wait(self.sent)
+
+    def first_ack_sent_after(self, t: float) -> float | None:
+        """The earliest acknowledgement of a record whose send() began after ``t``."""
+        times = [acked for sent, acked, ok in list(self.acks) if ok and sent >= t]
+        return min(times) if times else None
+
+    def close(self) -> None:
+        self._stop.set()
+        self.thread.join(10)
+        try:
+            self.producer.close(timeout=30)
+        except Exception:  # noqa: BLE001 - teardown
+            pass
+
+
+def failover_main(argv: list[str]) -> int:
+    ap = argparse.ArgumentParser(
+        prog="odradek perf failover",
+        description="time from a partition leader's kill -9 to a new leader in ZooKeeper and to the next acks=all "
+                    "write acknowledged, on a local cluster (127.0.0.1) started and stopped by this command")
+    ap.add_argument("--brokers", type=int, default=3)
+    ap.add_argument("--partitions", type=int, default=3,
+                    help="partitions of the topic (leaders spread over the brokers; the victim is one of them)")
+    ap.add_argument("--min-insync-replicas", type=int, default=2)
+    ap.add_argument("--session-timeout-ms", type=int, nargs="+", default=[6000],
+                    help="zookeeper.session.timeout.ms of the brokers; several values: one cluster each")
+    ap.add_argument("--runs", type=int, default=5, help="kills per session timeout")
+    ap.add_argument("--rate", type=float, default=500, help="records/s the producer sends to the partition")
+    ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--kill-controller", action="store_true",
+                    help="kill the controller (leading the partition) instead of a leader that is not the controller")
+    ap.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="on top of acks=all linger.ms=0 compression.type=lz4")
+    ap.add_argument("--broker-props", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="more settings of the brokers (--set)")
+    ap.add_argument("--poll-ms", type=float, default=5,
+                    help="how often the brokers' metadata and the producer's acknowledgements are checked")
+    ap.add_argument("--timeout", type=float, default=90, help="seconds a run may take after the kill")
+    ap.add_argument("--keep-dir", help="put the clusters here (session-<ms>/) and keep them (default: temp, removed)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    props = {"acks": "all", "linger.ms": "0", "compression.type": "lz4", **_props(args.producer_props)}
+    started = time.strftime("%Y-%m-%d %H:%M:%S")
+    load_before = _loadavg()
+    print(f"odradek perf failover: {args.brokers} brokers, RF {args.brokers}, min.insync.replicas "
+          f"{args.min_insync_replicas}, producer {args.rate:g} records/s to one partition "
+          f"({' '.join(f'{k}={v}' for k, v in props.items())}), {args.runs} kill(s) per session timeout; "
+          f"load average {' '.join(map(str, load_before))}", flush=True)
+    out = {"started": started, "load_before": load_before, "producer_props": props, "sets": []}
+    failed = 0
+    for session_ms in args.session_timeout_ms:
+        settings = {"zookeeper.session.timeout.ms": session_ms,
+                    # the restarted broker gets its leadership back before the next run, so
+                    # every run starts from the same placement
+                    "leader.imbalance.check.interval.seconds": 1, **_props(args.broker_props)}
+        print(f"\nzookeeper.session.timeout.ms={session_ms}; broker settings "
+              f"{' '.join(f'{k}={v}' for k, v in settings.items())}", flush=True)
+        runs, set_failed = _failover_set(args, settings, props)
+        failed += set_failed
+        out["sets"].append({"session_timeout_ms": session_ms, "settings": settings, "runs": runs,
+                            "summary": _failover_summary(runs)})
+    out["load_after"] = _loadavg()
+    print(f"\nSummary (started {started}; load average before {' '.join(map(str, load_before))}, after "
+          f"{' '.join(map(str, out['load_after']))}); seconds after the kill -9, median / max of the runs:",
+          flush=True)
+    head = (f"{'session ms':>10} {'runs':>4} {'registration gone':>18} {'leader in ZK':>14} "
+            f"{'metadata on all':>16} {'write acked':>12}")
+    print(head)
+    for s in out["sets"]:
+        m = s["summary"]
+
+        def cell(k, w):
+            v = m.get(k)
+            return f"{v['median']:.2f} / {v['max']:.2f}".rjust(w) if v else "-".rjust(w)
+        print(f"{s['session_timeout_ms']:>10} {len(s['runs']):>4} {cell('gone_s', 18)} {cell('zk_leader_s', 14)} "
+              f"{cell('metadata_s', 16)} {cell('acked_s', 12)}")
+    print("Breakdown (medians, seconds): detection = registration gone; election = gone -> leader in ZK; "
+          "propagation = leader in ZK -> metadata on every live broker; client = metadata -> write acked; "
+          "leader->ack = leader in ZK -> write acked")
+    for s in out["sets"]:
+        m = s["summary"]
+        parts = [f"{k} {m[k]['median']:.3f}" for k in ("detection_s", "election_s", "propagation_s", "client_s",
+                                                                  "leader_to_ack_s") if m.get(k)]
+        print(f"  session {s['session_timeout_ms']} ms: " + ", ".join(parts))
+    if args.json:
+        print(json.dumps(out))
+    return 0 if failed == 0 else 1
+
+
+def _failover_summary(runs: list[dict]) -> dict:
+    out = {}
+    for k in ("gone_s", "zk_leader_s", "metadata_s", "acked_s", "detection_s", "election_s", "propagation_s",
+              "client_s", "leader_to_ack_s"):
+        vals = [r[k] for r in runs if r.get(k) is not None]
+        if vals:
+            out[k] = {"median": _median(vals), "max": max(vals), "min": min(vals)}
+    return out
+
+
+def _failover_set(args, settings: dict, props: dict) -> tuple[list[dict], int]:
+    """One cluster at one session timeout: ``args.runs`` kills of a partition's leader."""
+    keep = os.path.join(args.keep_dir, f"session-{settings['zookeeper.session.timeout.ms']}") if args.keep_dir \
+        else None
+    cluster, base = _local_cluster(args.brokers, settings, keep)
+    runs: list[dict] = []
+    failed = 0
+    topic = "perf-failover"
+    try:
+        min_isr = min(args.min_insync_replicas, args.brokers)
+        _create_replicated(cluster.bootstrap, topic, args.partitions, args.brokers, min_isr)
+        for run in range(1, args.runs + 1):
+            try:
+                r = _failover_run(cluster, topic, args, props, run)
+                runs.append(r)
+            except (TimeoutError, RuntimeError) as exc:
+                failed += 1
+                print(f"run {run}: FAILED: {exc}", flush=True)
+    finally:
+        _stop_cluster(cluster, base, bool(keep))
+    return runs, failed
+
+
+def _settled(cluster, topic: str, partitions: int, replicas: int) -> bool:
+    """Every partition has its full ISR and is led by its preferred replica."""
+    assignment = cluster.topic_assignment(topic) or {}
+    for p in range(partitions):
+        state = cluster.partition_state(topic, p)
+        if not state or len(state["isr"]) != replicas or state["leader"] != assignment.get(p, [None])[0]:
+            return False
+    return True
+
+
+def _leaders_known(cluster, topic: str, partition: int, leader: int, live: list[int]) -> bool:
+    for bid in live:
+        body = cluster.metadata(bid, [topic], timeout=2)
+        t = next((t for t in body.get("topics", []) if t.get("name") == topic), None)
+        p = next((p for p in (t or {}).get("partitions", []) if p.get("partition", p.get("index")) == partition),
+                 None)
+        if p is None or p.get("leader", p.get("leader_id")) != leader:
+            return False
+    return True
+
+
+def _watch_zookeeper(cluster, topic: str, partition: int, victim: int) -> dict:
+    """ZooKeeper watches (kazoo's event thread stamps them as they arrive, in ZooKeeper's
+    order): ``gone`` when the victim's ``/brokers/ids/<id>`` vanishes, ``leader`` (time, state)
+    when the partition's state names another leader."""
+    events: dict = {}
+    zk = cluster.kazoo
+
+    def on_ids(children) -> bool | None:
+        if str(victim) not in children:
+            events.setdefault("gone", time.monotonic())
+            return False  # stop watching
+        return None
+
+    def on_state(data, _stat) -> bool | None:
+        state = json.loads(data.decode()) if data else None
+        if state and state["leader"] not in (victim, -1):
+            events.setdefault("leader", (time.monotonic(), state))
+            return False
+        return None
+
+    zk.ChildrenWatch("/brokers/ids", on_ids)
+    zk.DataWatch(f"/brokers/topics/{topic}/partitions/{partition}/state", on_state)
+    return events
+
+
+def _crash(cluster, broker_id: int) -> tuple[float, float]:
+    """kill -9 of a broker's supervisor and every actor *at once*: one SIGKILL to its process
+    group (actors share the supervisor's; it is a session leader), then to each process of the
+    tree in case one left the group. ``LocalBroker.kill`` SIGKILLs the supervisor first and the
+    actors one by one after it, so an actor can get its PDEATHSIG SIGTERM first and stop
+    cleanly: the controller then closes its ZooKeeper session and the broker is "detected"
+    without any session timeout. Returns (monotonic time before the first signal, after the
+    last); then reaps through ``LocalCluster.kill``."""
+    import signal
+    b = cluster.brokers[broker_id]
+    procs = [b.pid] + [p.pid for p in b.children()]
+    t0 = time.monotonic()
+    try:
+        os.killpg(b.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for pid in procs:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    t1 = time.monotonic()
+    cluster.kill(broker_id)  # waits for every process and closes the pipes
+    return t0, t1
+
+
+def _failover_run(cluster, topic: str, args, props: dict, run: int) -> dict:
+    # a fresh, settled start: every broker up, full ISRs, preferred leaders
+    cluster.wait_for(lambda: _settled(cluster, topic, args.partitions, args.brokers), 120,
+                     "full ISRs and preferred leaders")
+    controller = cluster.controller_id()
+    candidates = [p for p in range(args.partitions)
+                  if (cluster.leader(topic, p) == controller) == bool(args.kill_controller)]
+    partition = candidates[0] if candidates else 0
+    state = cluster.partition_state(topic, partition)
+    victim = state["leader"]
+    producer = _FailoverProducer(cluster.bootstrap, topic, partition, args.rate, args.record_size,
+                                 producer_kwargs(props))
+    try:
+        time.sleep(1.0)  # steady state: acknowledgements flowing
+        before = sum(1 for _s, _a, ok in list(producer.acks) if ok)
+        if not before:
+            raise RuntimeError("no acknowledgement before the kill")
+        live = [b for b in cluster.ids if b != victim and cluster.brokers[b].running]
+        events = _watch_zookeeper(cluster, topic, partition, victim)
+        t_kill, t_dead = _crash(cluster, victim)
+        res = {"run": run, "victim": victim, "victim_was_controller": victim == controller,
+               "partition": partition, "leader_epoch_before": state["leader_epoch"], "kill_s": t_dead - t_kill,
+               "reaped_s": time.monotonic() - t_kill,
+               "gone_s": None, "zk_leader_s": None, "metadata_s": None, "acked_s": None}
+        deadline = t_kill + args.timeout
+        poll = args.poll_ms / 1000
+        while res["acked_s"] is None or res["metadata_s"] is None or "leader" not in events or "gone" not in events:
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"after {args.timeout:.0f} s: {res}, ZooKeeper events {events}")
+            if "leader" in events and res["metadata_s"] is None:
+                try:
+                    if _leaders_known(cluster, topic, partition, events["leader"][1]["leader"], live):
+                        res["metadata_s"] = time.monotonic() - t_kill
+                except Exception:  # noqa: BLE001 - a busy broker: ask again
+                    pass
+            if res["acked_s"] is None:
+                acked = producer.first_ack_sent_after(t_dead)
+                if acked is not None:
+                    res["acked_s"] = acked - t_kill
+            time.sleep(poll)
+        res["gone_s"] = events["gone"] - t_kill
+        res["zk_leader_s"] = events["leader"][0] - t_kill
+        new_leader = res["new_leader"] = events["leader"][1]["leader"]
+        res["leader_epoch_after"] = events["leader"][1]["leader_epoch"]
+        res["detection_s"] = res["gone_s"]
+        res["election_s"] = res["zk_leader_s"] - res["gone_s"]
+        res["propagation_s"] = res["metadata_s"] - res["zk_leader_s"]
+        res["client_s"] = res["acked_s"] - res["metadata_s"]
+        res["leader_to_ack_s"] = res["acked_s"] - res["zk_leader_s"]
+        if res["acked_s"] < res["zk_leader_s"]:
+            print(f"run {run}: WARNING: a write was acknowledged before ZooKeeper named a new leader", flush=True)
+        res["failed_sends"] = sum(1 for _s, _a, ok in list(producer.acks) if not ok)
+        print(f"run {run}: killed broker {victim} (leader of {topic}-{partition}"
+              f"{', the controller' if res['victim_was_controller'] else ''}; signals sent in {res['kill_s'] * 1000:.1f} ms): "
+              f"registration gone +{res['gone_s']:.3f} s, leader {new_leader} in ZooKeeper +{res['zk_leader_s']:.3f} s, "
+              f"in every live broker's metadata +{res['metadata_s']:.3f} s, first write sent after the kill "
+              f"acknowledged +{res['acked_s']:.3f} s; failed sends {res['failed_sends']}", flush=True)
+    finally:
+        producer.close()
+        if not cluster.brokers[victim].running:
+            cluster.restart(victim)  # same data and port; the next run waits for its ISR and leadership
+    return res
