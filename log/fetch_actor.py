@@ -91,11 +91,13 @@ class FetchActor(Actor):
             self.roles.pop((topic, partition), None)
             if reader is not None:
                 reader.close()
-        touched = []
+        touched, new_roles = [], False
         for topic, partition, *b in parts:
             key = (topic, partition)
             bounds = LogBounds(*b[:6])
-            self.roles[key] = (b[6], b[7], host)
+            role = (b[6], b[7], host)
+            new_roles |= self.roles.get(key) != role
+            self.roles[key] = role
             reader = self.readers.get(key)
             try:
                 if reader is None:
@@ -109,6 +111,11 @@ class FetchActor(Actor):
         for key in touched:
             for req in list(self.waiting.get(key, ())):
                 self._try(req, final=False)
+        if new_roles:
+            # A leadership changed here: followers' long polls end now, so that their next
+            # fetch can include the partitions they must now fetch from this broker.
+            for req in {r for waiting in self.waiting.values() for r in waiting if r.replica >= 0}:
+                self._try(req, final=True)
 
     # ---- fetch -------------------------------------------------------------------------
     def on_fetch(self, msg: Message) -> None:

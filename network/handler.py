@@ -249,25 +249,17 @@ class RequestHandler(Actor):
                          callback=lambda r, parts=fields["parts"]: merge(r, parts))
 
     def delete_records(self, msg: Message, body: dict) -> None:
-        per_host: dict[str, list] = {}
-        errors: list[list] = []
-        for t in field(body, "topics", list):
-            name = t.get("name") if isinstance(t, dict) else None
-            for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
-                index, offset = (p.get("index"), p.get("offset")) if isinstance(p, dict) else (None, None)
-                problem = self._partition_problem(name, self.topics.get(name), index)
-                if problem is not None:
-                    errors.append([name, index, int(problem[0]), problem[1]])
-                else:
-                    per_host.setdefault(self._host(name, index), []).append([name, index, offset])
-        if not per_host:
-            self.reply(msg, {"body": _partition_body(errors, [], DELETE_RECORDS_ERROR)})
-            return
-        self._gather(msg, [(host, "delete_records", {"parts": parts}, ()) for host, parts in per_host.items()],
-                     errors, DELETE_RECORDS_ERROR)
+        self._to_log_actors(msg, body, "delete_records", lambda p: [p.get("offset")], DELETE_RECORDS_ERROR)
 
     def offset_for_leader_epoch(self, msg: Message, body: dict) -> None:
         """A follower asks where a leader epoch ended: the log actors hosting the partitions answer."""
+        self._to_log_actors(msg, body, "offset_for_leader_epoch",
+                            lambda p: [p.get("current_leader_epoch", -1), p.get("leader_epoch", -1)], EPOCH_ERROR)
+
+    def _to_log_actors(self, msg: Message, body: dict, type_: str, fields_of: Callable[[dict], list],
+                       blank: dict) -> None:
+        """Send each log actor ``type_ {parts: [[topic, partition, *fields_of(p)]]}`` for the
+        request's partitions it hosts; answer with the merged per-partition entries."""
         per_host: dict[str, list] = {}
         errors: list[list] = []
         for t in field(body, "topics", list):
@@ -278,13 +270,11 @@ class RequestHandler(Actor):
                 if problem is not None:
                     errors.append([name, index, int(problem[0]), problem[1]])
                 else:
-                    per_host.setdefault(self._host(name, index), []).append(
-                        [name, index, p.get("current_leader_epoch", -1), p.get("leader_epoch", -1)])
+                    per_host.setdefault(self._host(name, index), []).append([name, index, *fields_of(p)])
         if not per_host:
-            self.reply(msg, {"body": _partition_body(errors, [], EPOCH_ERROR)})
+            self.reply(msg, {"body": _partition_body(errors, [], blank)})
             return
-        self._gather(msg, [(host, "offset_for_leader_epoch", {"parts": parts}, ())
-                           for host, parts in per_host.items()], errors, EPOCH_ERROR)
+        self._gather(msg, [(host, type_, {"parts": parts}, ()) for host, parts in per_host.items()], errors, blank)
 
     def to_controller_actor(self, msg: Message, body: dict) -> None:
         self.forward(msg, CONTROLLER, "broker_request", {"api": msg.get("api"), "body": body}, ())

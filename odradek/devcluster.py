@@ -124,11 +124,16 @@ def up(args) -> int:
     return 0
 
 
-def down(args) -> int:
+def _existing_state(args) -> tuple[str, dict]:
     directory = os.path.abspath(args.dir)
     state = read_state(directory)
     if state is None:
         raise OdradekError(f"no cluster in {directory} ({STATE_FILE} is missing)", ErrorCode.INVALID_REQUEST)
+    return directory, state
+
+
+def down(args) -> int:
+    directory, state = _existing_state(args)
     brokers = state["brokers"]
 
     def stop_broker(e: dict) -> None:
@@ -152,10 +157,7 @@ def down(args) -> int:
 
 
 def status(args) -> int:
-    directory = os.path.abspath(args.dir)
-    state = read_state(directory)
-    if state is None:
-        raise OdradekError(f"no cluster in {directory} ({STATE_FILE} is missing)", ErrorCode.INVALID_REQUEST)
+    _, state = _existing_state(args)
     zk = state["zookeeper"]
     zk_up = _alive(zk) and four_letter(zk["port"], "ruok") == "imok"
     registered, controller = _zk_view(state) if zk_up else (None, None)

@@ -166,12 +166,20 @@ class LocalBroker:
         if self.proc is None or self.proc.poll() is not None:
             return
         kids = self.children()
-        self.proc.kill()
+        # Freeze everyone first: an actor that saw its supervisor die first would get its
+        # parent-death SIGTERM and stop cleanly (closing its ZooKeeper session, say), which
+        # is not a crash.
+        for p in [psutil.Process(self.pid), *kids]:
+            try:
+                p.suspend()
+            except psutil.NoSuchProcess:
+                pass
         for kid in kids:
             try:
                 kid.kill()
             except psutil.NoSuchProcess:
                 pass
+        self.proc.kill()
         self.proc.wait(30)
         psutil.wait_procs(kids, timeout=30)
         self.paused = []
