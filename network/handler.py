@@ -381,7 +381,7 @@ class RequestHandler(Actor):
                     if name not in self.config:
                         continue
                     value = live if name == "num.io.threads" and live else self.config[name]
-                    configs.append({"name": name, "value": str(value), "dynamic": name in DYNAMIC_CONFIGS})
+                    configs.append({"name": name, "value": _text(value), "dynamic": name in DYNAMIC_CONFIGS})
                 out.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": "",
                             "configs": configs})
             self.reply(msg, {"body": {"resources": out + topic_out}})
@@ -441,7 +441,7 @@ class RequestHandler(Actor):
                     "error_message": f"topic '{name}' does not exist", "configs": []}
         wanted = res.get("keys") or res.get("configs")
         overrides = meta["configs"]
-        configs = [{"name": k, "value": str(overrides.get(k, v)), "source": "topic" if k in overrides else "default",
+        configs = [{"name": k, "value": _text(overrides.get(k, v)), "source": "topic" if k in overrides else "default",
                     "read_only": False}
                    for k, v in sorted(self.topic_defaults.items()) if not wanted or k in wanted]
         return {"type": "topic", "name": name, "error_code": 0, "error_message": "", "configs": configs}
@@ -540,6 +540,11 @@ def _partition_body(errors: list, topics, blank: dict) -> dict:
     for name, index, code, message in errors:
         out.setdefault(name, []).append({"index": index, "error_code": code, "error_message": message, **blank})
     return {"topics": [{"name": name, "partitions": parts} for name, parts in out.items()]}
+
+
+def _text(value) -> str:
+    """A config value as Kafka prints it (``true``/``false`` for booleans)."""
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def _resource_error(name: str, code: int, message: str) -> dict:

@@ -156,7 +156,8 @@ def cmd_topics(args) -> int:
             return 0
         if args.describe:
             for name in [args.topic] if args.topic else admin.list_topics():
-                _print_description(admin.describe_topic(name))
+                overrides = {c.name: c.value for c in admin.describe_configs(name) if c.source == "topic"}
+                _print_description(admin.describe_topic(name), overrides)
             return 0
         topic = _need_topic(args)
         if args.create:
@@ -187,8 +188,9 @@ def _need_topic(args) -> str:
     return args.topic
 
 
-def _print_description(d) -> None:
-    configs = ",".join(f"{k}={v}" for k, v in sorted(d.configs.items()))
+def _print_description(d, overrides: dict) -> None:
+    """kafka-topics --describe: the topic's overrides (not every default), then a line per partition."""
+    configs = ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
     rf = len(d.partitions[0].replicas) if d.partitions else 0
     print(f"Topic: {d.name}\tPartitionCount: {len(d.partitions)}\tReplicationFactor: {rf}\tConfigs: {configs}")
     for p in d.partitions:
