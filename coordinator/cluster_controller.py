@@ -313,6 +313,16 @@ class ClusterController(Controller):
         if everyone or joined or gone:
             self._send_update_metadata()
 
+    def _refresh_live_brokers(self) -> None:
+        """Catch up with ``/brokers/ids`` now, not when the watch's event arrives: a topic
+        created just after brokers joined must see them all."""
+        try:
+            children = self.zk.get_children(BROKERS)
+        except Exception:  # noqa: BLE001 - the watch will deliver it
+            return
+        if {int(c) for c in children} != set(self.live):
+            self._brokers_changed(children)
+
     def _replicas(self, tp: tuple[str, int]) -> list[int]:
         return self.assignment[tp[0]][tp[1]]
 
@@ -518,6 +528,7 @@ class ClusterController(Controller):
         body = msg.get("body") or {}
         validate_only = bool(body.get("validate_only"))
         results, created = [], []
+        self._refresh_live_brokers()
         for req in body.get("topics") or []:
             name = req.get("name") if isinstance(req, dict) else None
             try:
