@@ -102,6 +102,23 @@ class Admin:
         self._one(self._controller_call(ApiKey.DELETE_TOPICS, body, "topics")["topics"], name,
                   f"delete topic '{name}'")
 
+    def elect_leaders(self, partitions: Iterable[TopicPartition] | None = None) -> dict:
+        """Preferred leader election (ELECT_LEADERS): move each partition's leadership to its
+        first replica where that one is alive and in sync. ``None``: every partition.
+        Returns ``{TopicPartition: None | OdradekError}`` (ELECTION_NOT_NEEDED included)."""
+        wanted = None
+        if partitions is not None:
+            by_topic: dict[str, list] = {}
+            for tp in partitions:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            wanted = [{"topic": t, "partitions": ps} for t, ps in by_topic.items()]
+        answer = self._controller_call(ApiKey.ELECT_LEADERS, {"election_type": 0, "topic_partitions": wanted},
+                                       "partitions")
+        check(answer.get("error_code"), answer.get("error_message"), "elect leaders")
+        return {TopicPartition(p["topic"], p["partition"]):
+                error_for(p["error_code"], p.get("error_message") or "") if p.get("error_code") else None
+                for p in answer.get("partitions") or ()}
+
     def list_topics(self, include_internal: bool = False) -> list[str]:
         """Names of the topics, sorted."""
         body = self._cluster.refresh(None)

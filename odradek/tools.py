@@ -105,6 +105,16 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     p.add_argument("--execute", action="store_true", help="reset: apply (without it, only show the plan)")
     p.set_defaults(func=cmd_groups)
 
+    p = sub.add_parser("leader-election", help="move partitions' leadership back to their preferred (first) "
+                                               "replica (like kafka-leader-election --election-type preferred)")
+    config_args(p)
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    which = p.add_mutually_exclusive_group(required=True)
+    which.add_argument("--all-topic-partitions", action="store_true")
+    which.add_argument("--topic")
+    p.add_argument("--partition", type=int, action="append", help="with --topic (repeatable; default: all)")
+    p.set_defaults(func=cmd_leader_election)
+
 
 def _one_line_errors(command):
     """Turn the client's argument errors (ValueError/TypeError) into the CLI's one-line error."""
@@ -509,3 +519,25 @@ def dump_index(path: str, out, time_index: bool) -> None:
         count += 1
     if count == 0:
         out.write("(no entries)\n")
+
+
+# ---- leader-election ---------------------------------------------------------------------------
+@_one_line_errors
+def cmd_leader_election(args) -> int:
+    from odradek.admin import Admin
+    from odradek.types import TopicPartition
+    with Admin(_bootstrap_of(args), client_id="odradek-leader-election", request_timeout_ms=TIMEOUT_MS) as admin:
+        wanted = None
+        if args.topic:
+            parts = args.partition or [p.partition for p in admin.describe_topic(args.topic).partitions]
+            wanted = [TopicPartition(args.topic, p) for p in parts]
+        failed = 0
+        for tp, err in sorted(admin.elect_leaders(wanted).items()):
+            if err is None:
+                print(f"Successfully completed leader election (PREFERRED) for {tp.topic}-{tp.partition}")
+            elif err.code == ErrorCode.ELECTION_NOT_NEEDED:
+                print(f"Valid replica already elected for {tp.topic}-{tp.partition}")
+            else:
+                failed += 1
+                print(f"Error completing leader election (PREFERRED) for {tp.topic}-{tp.partition}: {err.message}")
+        return 1 if failed else 0
