@@ -57,6 +57,24 @@ def _json(data) -> bytes:
     return json.dumps(data, sort_keys=True).encode()
 
 
+def assign_replicas(brokers: list[int], partitions: int, rf: int, start: int, shift: int) -> list[list[int]]:
+    """Kafka's rack-unaware assignment: partition p's first (preferred) replica is broker
+    ``(start + p) mod n``, so leaders go round-robin; followers follow at a distance that
+    grows by one each time the leaders wrap around, so replicas of consecutive partitions
+    spread over different brokers. ``rf`` <= ``len(brokers)``."""
+    n = len(brokers)
+    out = []
+    for p in range(partitions):
+        if p > 0 and (p + start) % n == 0:
+            shift += 1
+        first = (p + start) % n
+        replicas = [brokers[first]]
+        for j in range(rf - 1):
+            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
+        out.append(replicas)
+    return out
+
+
 class PartitionState:
     __slots__ = ("leader", "leader_epoch", "isr", "controller_epoch", "zk_version")
 
@@ -559,21 +577,8 @@ class ClusterController(Controller):
         self._all_then(steps, lambda: self._send_update_metadata(answer))
 
     def _assign_replicas(self, partitions: int, rf: int) -> list[list[int]]:
-        """Kafka's rack-unaware assignment: a random start, leaders round-robin over the
-        brokers, followers shifted so that replicas of consecutive partitions spread."""
-        brokers = sorted(self.live)
-        n = len(brokers)
-        start, shift = random.randrange(n), random.randrange(n)
-        out = []
-        for p in range(partitions):
-            if p > 0 and (p + start) % n == 0:
-                shift += 1
-            first = (p + start) % n
-            replicas = [brokers[first]]
-            for j in range(rf - 1):
-                replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n] if n > 1 else brokers[first])
-            out.append(replicas)
-        return out
+        n = len(self.live)
+        return assign_replicas(sorted(self.live), partitions, rf, random.randrange(n), random.randrange(n))
 
     def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict) -> None:
         assignment = self._assign_replicas(partitions, rf)
