@@ -366,7 +366,14 @@ class Actor:
         self._install_signal_wakeup()
         self._open_post_pipe()
         try:
-            self.on_start()
+            try:
+                self.on_start()
+            except Exception as exc:
+                if self.supervisor:  # say why, so a broker that cannot start can tell its operator
+                    why = exc.message if isinstance(exc, OdradekError) else f"{type(exc).__name__}: {exc}"
+                    self.send(self.supervisor, "_start_failed", {"name": self.name, "pid": os.getpid(),
+                                                                 "error": why})
+                raise
             if self.supervisor:
                 self.send(self.supervisor, "_ready", {"name": self.name, "pid": os.getpid(),
                                                       **self.ready_fields()})

@@ -95,6 +95,7 @@ class Child:
         self.restarts = 0
         self.restart_times: collections.deque[float] = collections.deque()
         self.last_exit: int | None = None
+        self.last_error = ""  # why its last start failed, as it said
         self.last_heartbeat = 0.0
         self.heartbeat: dict = {}
         self.sample: dict = {}
@@ -168,7 +169,9 @@ class Supervisor(Actor):
     def _await_ready(self, names: list[str], timeout: float) -> None:
         """Block (running the mailbox) until every named child reported ready."""
         deadline = self.clock() + timeout
-        while any(self.children[n].state == "starting" for n in names):
+        # A child that died while starting is respawned ("restarting") and must still report
+        # ready: it does not count as started (its restarts are bounded by the policy).
+        while any(self.children[n].state in ("starting", "restarting") for n in names):
             if self._stopping:
                 raise ShutdownRequested()
             if self.fatal:
@@ -187,6 +190,12 @@ class Supervisor(Actor):
             self._run_timers()
 
     # ---- messages from children ------------------------------------------------------
+    def on__start_failed(self, msg: Message) -> None:
+        child = self.children.get(msg.get("name"))
+        if child is not None and child.pid == msg.get("pid"):
+            child.last_error = str(msg.get("error") or "")
+            log.error("%s could not start: %s", child.name, child.last_error)
+
     def on__ready(self, msg: Message) -> None:
         child = self.children.get(msg.get("name"))
         if child is None or child.pid != msg.get("pid"):
@@ -252,7 +261,8 @@ class Supervisor(Actor):
             child.restart_times.popleft()
         if len(child.restart_times) > self.policy.max_restarts:
             self.fatal = (f"{child.name} died {len(child.restart_times)} times within "
-                          f"{self.policy.restart_window:g}s (last exit code {proc.exitcode}); "
+                          f"{self.policy.restart_window:g}s (last exit code {proc.exitcode}"
+                          f"{'; it said: ' + child.last_error if child.last_error else ''}); "
                           f"shutting the broker down")
             log.critical(self.fatal)
             self.exit_code = 1

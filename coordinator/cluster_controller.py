@@ -125,7 +125,13 @@ class ClusterController(Controller):
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         self.zk.add_listener(lambda state: self.post(lambda: self._zk_state(state)))
-        self.zk.start(timeout=config["zookeeper.connection.timeout.ms"] / 1000)
+        try:
+            self.zk.start(timeout=config["zookeeper.connection.timeout.ms"] / 1000)
+        except Exception as exc:  # noqa: BLE001 - kazoo's timeout or a bad host string
+            self.zk.close()
+            raise OdradekError(f"cannot reach ZooKeeper at {config['zookeeper.connect']!r} within "
+                               f"zookeeper.connection.timeout.ms={config['zookeeper.connection.timeout.ms']} "
+                               f"({exc}); is it running?", ErrorCode.BROKER_NOT_AVAILABLE) from None
         if chroot:
             self.zk.ensure_path("/" + chroot)
             self.zk.chroot = "/" + chroot

@@ -201,6 +201,14 @@ def test_scaling_a_pool_up_and_down_fails_no_request(tree):
                 except OdradekError as exc:
                     errors.append(exc)
 
+    def relay_knows_its_members() -> bool:  # the relay learns them just after it reports ready
+        try:
+            t.client.request("relay", "relay", {"n": -1}, timeout=5)
+            return True
+        except OdradekError:
+            return False
+
+    assert t.wait_for(relay_knows_its_members)
     th = threading.Thread(target=load)
     th.start()
     try:

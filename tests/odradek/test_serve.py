@@ -115,3 +115,19 @@ def test_a_second_broker_on_the_same_data_directory_is_refused(broker):
     proc = subprocess.run([sys.executable, "-m", "odradek", "serve", *broker.set_args], capture_output=True,
                           text=True, timeout=60, env=env)
     assert proc.returncode == 1 and "another broker" in proc.stderr
+
+
+def test_a_cluster_broker_that_cannot_reach_zookeeper_exits_1_saying_so_and_never_says_ready(tmp_path):
+    import socket
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "odradek", "serve", "--set", "listeners=PLAINTEXT://127.0.0.1:0",
+                           "--set", f"log.dirs={tmp_path / 'data'}", "--set", f"zookeeper.connect=127.0.0.1:{port}",
+                           "--set", "zookeeper.connection.timeout.ms=300", "--set", "supervisor.max.restarts=1"],
+                          capture_output=True, text=True, timeout=60, cwd=tmp_path,
+                          env=dict(os.environ, PYTHONPATH=ROOT))
+    assert proc.returncode == 1
+    assert "odradek ready" not in proc.stdout
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("odradek: controller died") and f"cannot reach ZooKeeper at '127.0.0.1:{port}'" in last
