@@ -1,5 +1,5 @@
-"""The controller actor in cluster mode: this broker's ZooKeeper session, the broker agent,
-and -- on the one broker that wins the election -- the controller of the cluster.
+"""The controller actor in cluster mode: this broker's ZooKeeper session and, on the one broker
+that wins the election, the controller of the cluster.
 
 Process: ``controller`` (one per broker), started first, as in single-broker mode.
 Owns: the kazoo client (its own threads; every watch and async answer comes back to this
@@ -7,23 +7,19 @@ actor's loop through ``Actor.post``), this broker's registration ``/brokers/ids/
 (made once the broker is ready and its address known), its candidacy for ``/controller``,
 and the controller channel (``coordinator.channel``: a sender thread per broker).
 
-As the **broker agent** (every broker) it applies what the active controller sends:
-  broker_request {api: LEADER_AND_ISR, body}  -> ``become`` to the log actors, then
-        ``follow``/``unfollow`` to the replica fetcher
-  broker_request {api: UPDATE_METADATA, body} -> ``metadata`` to every handler and the group
-        coordinator (and new topic configs to the log actors)
-  broker_request {api: STOP_REPLICA, body}    -> ``assign {close}`` to the log actors
-  alter_isr {topic, partition, leader_epoch, isr, zk_version} from a leading log actor: a
-        conditional write of the partition's state node, then an ISR change notification
-  create_topics / delete_topics / alter_topic_configs from a handler: done here when this
-        broker is the controller, else sent on to the controller's broker over TCP
+Every broker's controller actor is also its **broker agent** (``coordinator.broker_agent``,
+mixed in): it applies LEADER_AND_ISR / UPDATE_METADATA / STOP_REPLICA to the local actors
+and writes its leaders' ISR changes.
+
 As the **controller** (the broker holding ``/controller``) it owns partition state:
 assignment of replicas at creation, leader election when brokers die or return, the ISR
-notifications of leaders, preferred-leader rebalancing, and sends LEADER_AND_ISR,
-UPDATE_METADATA and STOP_REPLICA to the brokers. Every write it makes to ZooKeeper is a
-transaction that checks the ``/controller_epoch`` version it wrote when elected, so a
-deposed controller (paused past its session) cannot write. The paths, JSON and messages are
-in docs/REPLICATION.md.
+notifications of leaders, preferred-leader rebalancing and ELECT_LEADERS, controlled
+shutdowns, and sends LEADER_AND_ISR, UPDATE_METADATA and STOP_REPLICA to the brokers.
+Topic changes (create_topics / delete_topics / alter_topic_configs from a handler) are done
+here when this broker is the controller, else sent on to the controller's broker over TCP.
+Every write it makes to ZooKeeper is a transaction that checks the ``/controller_epoch``
+version it wrote when elected, so a deposed controller (paused past its session) cannot
+write. Paths and JSON: ``coordinator.zk_state``; messages: docs/REPLICATION.md.
 """
 from __future__ import annotations
 
@@ -31,30 +27,21 @@ import json
 import logging
 import random
 import time
+import uuid
 from typing import Callable
 
 from actors.message import Message
+from coordinator.broker_agent import SEND_TIMEOUT, BrokerAgent
 from coordinator.channel import ControllerChannel
-from coordinator.controller import Controller, log_host_name
-from coordinator.topics import TopicRegistry, Topic, placement
+from coordinator.controller import Controller
+from coordinator.topics import Topic, TopicRegistry
+from coordinator.zk_state import BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, state_path, to_json
 from network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 
-REPLICA_FETCHER = "replica_fetcher"
-GROUP_COORDINATOR = "group_coordinator"
 REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's node may linger)
-SEND_TIMEOUT = 30.0
 WRITE_RETRIES = 5
-BROKERS, TOPICS, CONFIGS, NOTIFICATIONS = "/brokers/ids", "/brokers/topics", "/config/topics", "/isr_change_notification"
-
-
-def state_path(topic: str, partition: int) -> str:
-    return f"{TOPICS}/{topic}/partitions/{partition}/state"
-
-
-def _json(data) -> bytes:
-    return json.dumps(data, sort_keys=True).encode()
 
 
 def assign_replicas(brokers: list[int], partitions: int, rf: int, start: int, shift: int) -> list[list[int]]:
@@ -75,24 +62,7 @@ def assign_replicas(brokers: list[int], partitions: int, rf: int, start: int, sh
     return out
 
 
-class PartitionState:
-    __slots__ = ("leader", "leader_epoch", "isr", "controller_epoch", "zk_version")
-
-    def __init__(self, leader: int, leader_epoch: int, isr: list[int], controller_epoch: int, zk_version: int = -1):
-        self.leader, self.leader_epoch, self.isr = leader, leader_epoch, list(isr)
-        self.controller_epoch, self.zk_version = controller_epoch, zk_version
-
-    def data(self) -> bytes:
-        return _json({"leader": self.leader, "leader_epoch": self.leader_epoch, "isr": self.isr,
-                      "controller_epoch": self.controller_epoch, "version": 1})
-
-    @classmethod
-    def parse(cls, raw: bytes, zk_version: int) -> "PartitionState":
-        d = json.loads(raw)
-        return cls(d["leader"], d["leader_epoch"], d["isr"], d.get("controller_epoch", 0), zk_version)
-
-
-class ClusterController(Controller):
+class ClusterController(BrokerAgent, Controller):
     # ---- start and stop ------------------------------------------------------------------
     def on_start(self) -> None:
         from kazoo.client import KazooClient
@@ -180,7 +150,7 @@ class ClusterController(Controller):
         from kazoo.exceptions import NodeExistsError
         host, port = self.address
         try:
-            self.zk.create(f"{BROKERS}/{self.broker_id}", _json({"host": host, "port": port, "version": 1,
+            self.zk.create(f"{BROKERS}/{self.broker_id}", to_json({"host": host, "port": port, "version": 1,
                                                                    "timestamp": int(time.time() * 1000)}),
                            ephemeral=True)
         except NodeExistsError:
@@ -213,7 +183,7 @@ class ClusterController(Controller):
             return
         from kazoo.exceptions import NodeExistsError
         try:
-            self.zk.create("/controller", _json({"brokerid": self.broker_id, "version": 1,
+            self.zk.create("/controller", to_json({"brokerid": self.broker_id, "version": 1,
                                                  "timestamp": int(time.time() * 1000)}), ephemeral=True)
         except NodeExistsError:
             return
@@ -588,12 +558,12 @@ class ClusterController(Controller):
 
     def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict) -> None:
         assignment = self._assign_replicas(partitions, rf)
-        topic = Topic(name, __import__("uuid").uuid4().hex, partitions, rf, configs, int(time.time() * 1000))
+        topic = Topic(name, uuid.uuid4().hex, partitions, rf, configs, int(time.time() * 1000))
         t = self.zk.transaction()
         t.check("/controller_epoch", self.epoch_zk_version)
-        t.create(f"{TOPICS}/{name}", _json({"topic_id": topic.topic_id, "created_ms": topic.created_ms, "version": 2,
+        t.create(f"{TOPICS}/{name}", to_json({"topic_id": topic.topic_id, "created_ms": topic.created_ms, "version": 2,
                                              "partitions": {str(p): r for p, r in enumerate(assignment)}}))
-        t.create(f"{CONFIGS}/{name}", _json({"version": 1, "config": configs}))
+        t.create(f"{CONFIGS}/{name}", to_json({"version": 1, "config": configs}))
         t.create(f"{TOPICS}/{name}/partitions")
         states = []
         for p, replicas in enumerate(assignment):
@@ -677,7 +647,7 @@ class ClusterController(Controller):
                 if not validate_only:
                     t = self.zk.transaction()
                     t.check("/controller_epoch", self.epoch_zk_version)
-                    t.set_data(f"{CONFIGS}/{name}", _json({"version": 1, "config": checked}))
+                    t.set_data(f"{CONFIGS}/{name}", to_json({"version": 1, "config": checked}))
                     if any(isinstance(r, Exception) for r in t.commit()):
                         raise OdradekError("cannot record the change in ZooKeeper", ErrorCode.NOT_CONTROLLER)
                     topic.configs = checked
@@ -688,184 +658,7 @@ class ClusterController(Controller):
                 results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
         self._send_update_metadata(lambda: self.reply(msg, {"body": {"resources": results}}))
 
-    # ---- the broker agent -------------------------------------------------------------------------
-    def on_get_metadata(self, msg: Message) -> None:
-        self.reply(msg, self.snapshot())
-
-    def snapshot(self) -> dict:
-        snap = dict(self.snapshot_data)
-        snap.update(defaults=self.topic_defaults, broker_id=self.broker_id)
-        return snap
-
-    def on_get_assignment(self, msg: Message) -> None:
-        """A restarted log actor gets back the partitions (and roles) it had."""
-        host = msg.get("host")
-        self.reply(msg, {"open": [e for (t, p), e in self.hosted.items()
-                                  if log_host_name(placement(t, p, self.log_hosts)) == host]})
-
-    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        super().on_members(role, members, retired)
-        if role == REPLICA_FETCHER and members:
-            self._tell_fetcher(list(self.hosted.values()))
-
-    def on_broker_request(self, msg: Message) -> None:
-        api, body = msg.get("api"), msg.get("body") or {}
-        if api == ApiKey.ELECT_LEADERS:
-            self._elect_leaders(msg, body)
-            return
-        if api == ApiKey.CONTROLLED_SHUTDOWN:
-            self._controlled_shutdown(msg, body)
-            return
-        epoch = body.get("controller_epoch", -1)
-        if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
-            self.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
-                                      "error_message": f"controller epoch {epoch} is older than "
-                                                       f"{self.seen_controller_epoch}"}})
-            return
-        self.seen_controller_epoch = epoch
-        if api == ApiKey.LEADER_AND_ISR:
-            self._leader_and_isr(msg, body)
-        elif api == ApiKey.UPDATE_METADATA:
-            self._update_metadata(msg, body)
-        elif api == ApiKey.STOP_REPLICA:
-            self._stop_replica(msg, body)
-        else:
-            self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request")
-
-    def _leader_and_isr(self, msg: Message, body: dict) -> None:
-        for b in body.get("brokers") or []:
-            self.leader_addresses[str(b["node_id"])] = [b["host"], b["port"]]
-        per_host: dict[str, list] = {}
-        entries = []
-        for e in body.get("partitions") or []:
-            entry = dict(e, role="leader" if e["leader"] == self.broker_id else "follower")
-            entries.append(entry)
-            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(entry)
-        results = []
-
-        def step(done, host, parts) -> None:
-            def became(reply: Message) -> None:
-                if reply.is_error:
-                    results.extend({"topic": e["topic"], "partition": e["partition"],
-                                    "error_code": reply.error_code} for e in parts)
-                else:
-                    for topic, partition, code in reply.get("parts") or []:
-                        results.append({"topic": topic, "partition": partition, "error_code": code})
-                        if code == 0:
-                            self.hosted[(topic, partition)] = next(
-                                e for e in parts if e["topic"] == topic and e["partition"] == partition)
-                done()
-            self.request(host, "become", {"parts": parts}, callback=became, timeout=SEND_TIMEOUT)
-
-        def finished() -> None:
-            self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
-                                if (e["topic"], e["partition"]) in self.hosted])
-            self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
-        self._all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
-
-    def _tell_fetcher(self, entries: list[dict]) -> None:
-        follow = [{"topic": e["topic"], "partition": e["partition"], "leader": e["leader"],
-                   "leader_epoch": e["leader_epoch"]} for e in entries
-                  if e["leader"] != self.broker_id and e["leader"] >= 0]
-        unfollow = [[e["topic"], e["partition"]] for e in entries
-                    if e["leader"] == self.broker_id or e["leader"] < 0]
-        if follow:
-            self.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
-                         timeout=SEND_TIMEOUT)
-        if unfollow:
-            self.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
-
-    def _update_metadata(self, msg: Message, body: dict) -> None:
-        old_topics = self.snapshot_data.get("topics", {})
-        self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
-                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}
-        for node, address in self.snapshot_data["brokers"].items():
-            self.leader_addresses[node] = address
-        # topic config changes reach the log actors hosting their partitions
-        per_host: dict[str, list] = {}
-        for (topic, partition), entry in self.hosted.items():
-            meta = self.snapshot_data["topics"].get(topic)
-            if meta is not None and meta.get("configs") != (old_topics.get(topic) or {}).get("configs"):
-                config = self.registry.defaults | meta["configs"]
-                from log.config import LogConfig
-                entry["config"] = LogConfig.from_properties(config).to_properties()
-                per_host.setdefault(log_host_name(placement(topic, partition, self.log_hosts)), []).append(entry)
-        for host, parts in per_host.items():
-            self.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
-        snapshot = self.snapshot()
-        self.send(GROUP_COORDINATOR, "metadata", snapshot)
-        handlers = self.members.get("handler", [])
-        steps = [lambda d, h=h: self.request(h, "metadata", snapshot, callback=lambda _r: d(), timeout=SEND_TIMEOUT)
-                 for h in handlers]
-        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
-
-    def _stop_replica(self, msg: Message, body: dict) -> None:
-        per_host: dict[str, list] = {}
-        gone = []
-        for e in body.get("partitions") or []:
-            self.hosted.pop((e["topic"], e["partition"]), None)
-            gone.append([e["topic"], e["partition"]])
-            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(
-                {"topic": e["topic"], "partition": e["partition"], "topic_id": e.get("topic_id", ""),
-                 "delete": bool(body.get("delete"))})
-        if gone:
-            self.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
-        steps = [lambda d, h=h, ps=ps: self.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
-                                                     timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
-        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
-
-    def on_alter_isr(self, msg: Message) -> None:
-        """A leader's ISR change: written only if the state node is still at the version the
-        leader knows (a deposed leader's write fails), then announced to the controller."""
-        topic, partition = msg.get("topic"), msg.get("partition")
-        st = PartitionState(self.broker_id, msg.get("leader_epoch"), msg.get("isr"),
-                            self.seen_controller_epoch)
-        path = state_path(topic, partition)
-
-        def written(result) -> None:
-            try:
-                stat = result.get()
-            except Exception as exc:  # noqa: BLE001 - BadVersion, session loss...
-                why = f"{topic}-{partition}: ISR not changed: {exc!r}"
-                self.post(lambda: self.reply_error(msg, ErrorCode.INVALID_UPDATE_VERSION, why))
-                return
-            self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", _json([[topic, partition]]), sequence=True)
-            self.post(lambda: self.reply(msg, {"zk_version": stat.version}))
-        self.zk.set_async(path, st.data(), version=msg.get("zk_version", -1)).rawlink(written)
-
     # ---- controlled shutdown -------------------------------------------------------------------
-    def on__drain(self, msg: Message) -> None:
-        """SIGTERM: before the broker's actors stop, stop following and ask the controller to
-        move this broker's leaderships away and take it out of the ISRs (Kafka's controlled
-        shutdown), so producers and consumers move on at once instead of after a timeout."""
-        if not (self.registered and self.config.get("controlled.shutdown.enable", True)):
-            self.reply(msg, {})
-            return
-        if self.hosted:
-            self.request(REPLICA_FETCHER, "unfollow", {"parts": [list(tp) for tp in self.hosted]},
-                         timeout=SEND_TIMEOUT)
-        body = {"broker_id": self.broker_id}
-        if self.active:
-            self._move_leadership_away(self.broker_id, lambda remaining: self.reply(msg, {"remaining": remaining}))
-            return
-        controller = self.snapshot_data.get("controller_id", -1)
-        address = self.snapshot_data.get("brokers", {}).get(str(controller))
-        if controller < 0 or not address:
-            self.reply(msg, {"remaining": None})
-            return
-        relay = ControllerChannel(self.post, f"broker-{self.broker_id}")
-        relay.set_brokers({controller: tuple(address)})
-
-        def answered(resp, why) -> None:
-            if why:
-                log.warning("controlled shutdown: %s", why)
-            else:
-                log.info("controlled shutdown: the controller moved our leaderships (%s left)",
-                         len(resp.get("remaining_partitions") or []))
-            relay.close()
-            self.reply(msg, {})
-        relay.send(controller, ApiKey.CONTROLLED_SHUTDOWN, body, answered, timeout=SEND_TIMEOUT / 2)
-
     def _controlled_shutdown(self, msg: Message, body: dict) -> None:
         if not self.active:
             self.reply(msg, {"body": {"error_code": int(ErrorCode.NOT_CONTROLLER),

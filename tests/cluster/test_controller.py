@@ -72,9 +72,14 @@ def test_without_unclean_election_a_partition_whose_isr_is_dead_stays_offline(ma
     cluster.restart(follower)
     cluster.wait_for(lambda: follower in cluster.registered_brokers(), 30, "the follower back")
     cluster.wait_for(lambda: cluster.partition_state("clean", 0)["leader"] == -1, 30, "the partition offline")
-    with Admin(cluster.broker(follower).bootstrap) as admin:
-        meta = admin.describe_topic("clean").partitions[0]
-        assert meta.leader == -1 and meta.error_code == ErrorCode.LEADER_NOT_AVAILABLE
+
+    def offline_in_its_metadata():  # the restarted broker hears of the topic from the controller
+        with Admin(cluster.broker(follower).bootstrap) as admin:
+            meta = admin.describe_topic("clean").partitions[0]
+            return meta if meta.leader == -1 else None
+
+    meta = cluster.wait_for(offline_in_its_metadata, 30, "the partition offline in the metadata")
+    assert meta.error_code == ErrorCode.LEADER_NOT_AVAILABLE
 
 
 def test_unclean_election_per_topic_elects_an_out_of_sync_replica(make_cluster):

@@ -1,0 +1,217 @@
+"""The broker agent: the half of a cluster broker's ``controller`` actor that applies what the
+active controller decides (every broker runs it, the controller's own broker included).
+
+Process: ``controller`` (mixed into ``coordinator.cluster_controller.ClusterController``).
+Owns: this broker's view of the cluster (the last UPDATE_METADATA: ``snapshot_data``), the
+last LEADER_AND_ISR entry of each partition it hosts (``hosted``: a restarted log actor gets
+its partitions and roles back from it), and the highest controller epoch seen (older ones
+are refused with STALE_CONTROLLER_EPOCH).
+Accepts:
+  broker_request {api, body}   forwarded by a handler: LEADER_AND_ISR -> ``become`` to the log
+        actors, then ``follow``/``unfollow`` to the replica fetcher; UPDATE_METADATA ->
+        ``metadata`` to every handler and the group coordinator (and new topic configs to the
+        log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN and ELECT_LEADERS
+        go to the controller half
+  alter_isr {topic, partition, leader_epoch, isr, zk_version}   from a leading log actor: a
+        conditional write of the partition's state node, then an ISR change notification
+  get_metadata / get_assignment   from handlers, the group coordinator, log actors
+  _drain                        from the supervisor on SIGTERM: the controlled shutdown
+"""
+from __future__ import annotations
+
+import logging
+
+from actors.message import Message
+from coordinator.channel import ControllerChannel
+from coordinator.controller import log_host_name
+from coordinator.topics import placement
+from coordinator.zk_state import NOTIFICATIONS, PartitionState, state_path, to_json
+from network.protocol import ApiKey, ErrorCode
+
+log = logging.getLogger("odradek.controller")
+
+REPLICA_FETCHER = "replica_fetcher"
+GROUP_COORDINATOR = "group_coordinator"
+SEND_TIMEOUT = 30.0
+
+
+class BrokerAgent:
+    """Mixin for the controller actor; expects ``broker_id``, ``log_hosts``, ``zk``,
+    ``registry``, ``topic_defaults``, ``config`` and the controller half's methods."""
+
+    def on_get_metadata(self, msg: Message) -> None:
+        self.reply(msg, self.snapshot())
+
+    def snapshot(self) -> dict:
+        snap = dict(self.snapshot_data)
+        snap.update(defaults=self.topic_defaults, broker_id=self.broker_id)
+        return snap
+
+    def on_get_assignment(self, msg: Message) -> None:
+        """A restarted log actor gets back the partitions (and roles) it had."""
+        host = msg.get("host")
+        self.reply(msg, {"open": [e for (t, p), e in self.hosted.items()
+                                  if log_host_name(placement(t, p, self.log_hosts)) == host]})
+
+    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
+        super().on_members(role, members, retired)
+        if role == REPLICA_FETCHER and members:
+            self._tell_fetcher(list(self.hosted.values()))
+
+    def on_broker_request(self, msg: Message) -> None:
+        api, body = msg.get("api"), msg.get("body") or {}
+        if api == ApiKey.ELECT_LEADERS:
+            self._elect_leaders(msg, body)
+            return
+        if api == ApiKey.CONTROLLED_SHUTDOWN:
+            self._controlled_shutdown(msg, body)
+            return
+        epoch = body.get("controller_epoch", -1)
+        if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
+            self.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
+                                      "error_message": f"controller epoch {epoch} is older than "
+                                                       f"{self.seen_controller_epoch}"}})
+            return
+        self.seen_controller_epoch = epoch
+        if api == ApiKey.LEADER_AND_ISR:
+            self._leader_and_isr(msg, body)
+        elif api == ApiKey.UPDATE_METADATA:
+            self._update_metadata(msg, body)
+        elif api == ApiKey.STOP_REPLICA:
+            self._stop_replica(msg, body)
+        else:
+            self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request")
+
+    def _leader_and_isr(self, msg: Message, body: dict) -> None:
+        for b in body.get("brokers") or []:
+            self.leader_addresses[str(b["node_id"])] = [b["host"], b["port"]]
+        per_host: dict[str, list] = {}
+        entries = []
+        for e in body.get("partitions") or []:
+            entry = dict(e, role="leader" if e["leader"] == self.broker_id else "follower")
+            entries.append(entry)
+            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(entry)
+        results = []
+
+        def step(done, host, parts) -> None:
+            def became(reply: Message) -> None:
+                if reply.is_error:
+                    results.extend({"topic": e["topic"], "partition": e["partition"],
+                                    "error_code": reply.error_code} for e in parts)
+                else:
+                    for topic, partition, code in reply.get("parts") or []:
+                        results.append({"topic": topic, "partition": partition, "error_code": code})
+                        if code == 0:
+                            self.hosted[(topic, partition)] = next(
+                                e for e in parts if e["topic"] == topic and e["partition"] == partition)
+                done()
+            self.request(host, "become", {"parts": parts}, callback=became, timeout=SEND_TIMEOUT)
+
+        def finished() -> None:
+            self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
+                                if (e["topic"], e["partition"]) in self.hosted])
+            self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
+        self._all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
+
+    def _tell_fetcher(self, entries: list[dict]) -> None:
+        follow = [{"topic": e["topic"], "partition": e["partition"], "leader": e["leader"],
+                   "leader_epoch": e["leader_epoch"]} for e in entries
+                  if e["leader"] != self.broker_id and e["leader"] >= 0]
+        unfollow = [[e["topic"], e["partition"]] for e in entries
+                    if e["leader"] == self.broker_id or e["leader"] < 0]
+        if follow:
+            self.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
+                         timeout=SEND_TIMEOUT)
+        if unfollow:
+            self.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
+
+    def _update_metadata(self, msg: Message, body: dict) -> None:
+        old_topics = self.snapshot_data.get("topics", {})
+        self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
+                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}
+        for node, address in self.snapshot_data["brokers"].items():
+            self.leader_addresses[node] = address
+        # topic config changes reach the log actors hosting their partitions
+        per_host: dict[str, list] = {}
+        for (topic, partition), entry in self.hosted.items():
+            meta = self.snapshot_data["topics"].get(topic)
+            if meta is not None and meta.get("configs") != (old_topics.get(topic) or {}).get("configs"):
+                config = self.registry.defaults | meta["configs"]
+                from log.config import LogConfig
+                entry["config"] = LogConfig.from_properties(config).to_properties()
+                per_host.setdefault(log_host_name(placement(topic, partition, self.log_hosts)), []).append(entry)
+        for host, parts in per_host.items():
+            self.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
+        snapshot = self.snapshot()
+        self.send(GROUP_COORDINATOR, "metadata", snapshot)
+        handlers = self.members.get("handler", [])
+        steps = [lambda d, h=h: self.request(h, "metadata", snapshot, callback=lambda _r: d(), timeout=SEND_TIMEOUT)
+                 for h in handlers]
+        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
+
+    def _stop_replica(self, msg: Message, body: dict) -> None:
+        per_host: dict[str, list] = {}
+        gone = []
+        for e in body.get("partitions") or []:
+            self.hosted.pop((e["topic"], e["partition"]), None)
+            gone.append([e["topic"], e["partition"]])
+            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(
+                {"topic": e["topic"], "partition": e["partition"], "topic_id": e.get("topic_id", ""),
+                 "delete": bool(body.get("delete"))})
+        if gone:
+            self.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
+        steps = [lambda d, h=h, ps=ps: self.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
+                                                     timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
+        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
+
+    def on_alter_isr(self, msg: Message) -> None:
+        """A leader's ISR change: written only if the state node is still at the version the
+        leader knows (a deposed leader's write fails), then announced to the controller."""
+        topic, partition = msg.get("topic"), msg.get("partition")
+        st = PartitionState(self.broker_id, msg.get("leader_epoch"), msg.get("isr"),
+                            self.seen_controller_epoch)
+        path = state_path(topic, partition)
+
+        def written(result) -> None:
+            try:
+                stat = result.get()
+            except Exception as exc:  # noqa: BLE001 - BadVersion, session loss...
+                why = f"{topic}-{partition}: ISR not changed: {exc!r}"
+                self.post(lambda: self.reply_error(msg, ErrorCode.INVALID_UPDATE_VERSION, why))
+                return
+            self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", to_json([[topic, partition]]), sequence=True)
+            self.post(lambda: self.reply(msg, {"zk_version": stat.version}))
+        self.zk.set_async(path, st.data(), version=msg.get("zk_version", -1)).rawlink(written)
+
+
+    def on__drain(self, msg: Message) -> None:
+        """SIGTERM: before the broker's actors stop, stop following and ask the controller to
+        move this broker's leaderships away and take it out of the ISRs (Kafka's controlled
+        shutdown), so producers and consumers move on at once instead of after a timeout."""
+        if not (self.registered and self.config.get("controlled.shutdown.enable", True)):
+            self.reply(msg, {})
+            return
+        if self.hosted:
+            self.request(REPLICA_FETCHER, "unfollow", {"parts": [list(tp) for tp in self.hosted]},
+                         timeout=SEND_TIMEOUT)
+        body = {"broker_id": self.broker_id}
+        if self.active:
+            self._move_leadership_away(self.broker_id, lambda remaining: self.reply(msg, {"remaining": remaining}))
+            return
+        controller = self.snapshot_data.get("controller_id", -1)
+        address = self.snapshot_data.get("brokers", {}).get(str(controller))
+        if controller < 0 or not address:
+            self.reply(msg, {"remaining": None})
+            return
+        relay = ControllerChannel(self.post, f"broker-{self.broker_id}")
+        relay.set_brokers({controller: tuple(address)})
+
+        def answered(resp, why) -> None:
+            if why:
+                log.warning("controlled shutdown: %s", why)
+            else:
+                log.info("controlled shutdown: the controller moved our leaderships (%s left)",
+                         len(resp.get("remaining_partitions") or []))
+            relay.close()
+            self.reply(msg, {})
+        relay.send(controller, ApiKey.CONTROLLED_SHUTDOWN, body, answered, timeout=SEND_TIMEOUT / 2)
