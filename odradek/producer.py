@@ -65,7 +65,7 @@ import msgpack
 
 from log import records as fmt
 from network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
+from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
 from odradek.types import RecordMetadata
 
@@ -755,7 +755,7 @@ class _Sender:
             conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_unacked(layout, err),
                       expect_response=False)
         else:
-            conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_response(layout, frame, err))
+            conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_response(layout, frame, err, node))
 
     # ---- answers ----------------------------------------------------------------------------------
     def _landed(self, layout: list) -> None:
@@ -777,9 +777,11 @@ class _Sender:
                 else:
                     self._retry_or_fail(b, err)
 
-    def _on_response(self, layout: list, frame, err: OdradekError | None) -> None:
+    def _on_response(self, layout: list, frame, err: OdradekError | None, node: int) -> None:
         self._landed(layout)
         if err is not None:  # the whole request failed (connection lost, error body)
+            if err.code in NETWORK_ERRORS:  # dead or silent (paused): ask the others for metadata first
+                self.p._cluster.node_failed(node)
             for _, bs in layout:
                 for b in bs:
                     self._retry_or_fail(b, err)
