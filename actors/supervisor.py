@@ -38,7 +38,7 @@ from typing import Any, Callable
 import psutil
 
 from actors.message import Message
-from actors.runtime import Actor, actor_main, mailbox_path
+from actors.runtime import Actor, actor_main
 from network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.supervisor")

@@ -27,7 +27,6 @@ import os
 import struct
 import time
 import zlib
-from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from log import index as ix
@@ -36,7 +35,7 @@ from log.epochs import LeaderEpochCache
 from log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
 from log.files import FileLayer, system_now_ms
-from log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log, scan_segment
+from log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
 from log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
 from log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CRC_START, HEADER_SIZE,

@@ -30,7 +30,6 @@ they follow the frames on the wire and are written with ``os.sendfile`` (zero-co
 from __future__ import annotations
 
 import collections
-import errno
 import functools
 import logging
 import os

@@ -552,7 +552,7 @@ class GroupMembership:
         log.warning("group %s: poll() was not called for %.0f ms (max_poll_interval_ms): leaving the group so "
                     "its partitions move; the next poll rejoins", self.group_id, self.max_poll_interval * 1000)
         with self._lock:
-            member_id, epoch = self.member_id, self.member_epoch
+            member_id = self.member_id
         body = {"group_id": self.group_id, "member_id": member_id, "instance_id": self.instance_id,
                 "member_epoch": -1}
         try:
