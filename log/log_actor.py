@@ -42,6 +42,7 @@ from actors.message import Message
 from actors.runtime import Actor, MailboxFull
 from log import cleaner
 from log.config import LogConfig
+from log.files import FileLayer
 from log.log import Log
 from log.records import HEADER_SIZE, BatchHeader
 from network.protocol import ErrorCode, OdradekError
@@ -53,7 +54,7 @@ FETCH_ACTOR = "fetch"
 CONTROLLER = "controller"
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
-NO_ANSWER = object()
+PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:
@@ -498,7 +499,7 @@ class LogActor(Actor):
         if key in self.logs:
             return self.logs[key]
         directory = partition_dir(self.data_dir, *key)
-        os.makedirs(directory, exist_ok=True)
+        self._claim_directory(directory, entry.get("topic_id", ""))
         the_log = Log(directory, LogConfig.from_properties(entry["config"]))
         report = the_log.recovery_report
         if getattr(report, "dropped_bytes", 0):
@@ -509,6 +510,27 @@ class LogActor(Actor):
                              "replicas": [self.broker_id]})
         self._dirty.add(key)
         return p
+
+    def _claim_directory(self, directory: str, topic_id: str) -> None:
+        """The directory of a partition of topic ``topic_id`` (KIP-516's ``partition.metadata``).
+        One left by an earlier topic of the same name (deleted while this broker was down) is
+        thrown away, never taken for this topic's log."""
+        path = os.path.join(directory, PARTITION_METADATA)
+        found = None
+        try:
+            with open(path) as f:
+                found = dict(line.split(": ", 1) for line in f.read().splitlines() if ": " in line).get("topic_id")
+        except (OSError, ValueError):
+            pass
+        if topic_id and found and found != topic_id:
+            log.warning("%s holds topic id %s, not %s: a deleted topic's log, removed", directory, found, topic_id)
+            doomed = f"{directory}.{found}-delete"
+            os.rename(directory, doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
+            found = None
+        os.makedirs(directory, exist_ok=True)
+        if topic_id and found is None:
+            FileLayer().write_file_atomically(path, f"version: 0\ntopic_id: {topic_id}\n".encode())
 
     def _close_and_delete(self, topic: str, partition: int, topic_id: str, delete: bool = True) -> None:
         p = self.logs.pop((topic, partition), None)

@@ -14,7 +14,7 @@ from network.client import BrokerConnection
 from network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError
-from tests.cluster.verify import partition_dir
+from tests.cluster.verify import assert_replicas_identical, high_watermarks, partition_dir, read_all
 
 pytestmark = pytest.mark.slow
 
@@ -178,3 +178,37 @@ def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops(make_clu
             assert state["leader"] not in (leader, -1) and leader not in state["isr"], state
         # writes go on at once on the new leaders, well within the 30 s session timeout
         assert p.send("moving", b"after", partition=0).result(timeout=15).offset >= 1
+
+
+def test_a_topic_recreated_while_a_replica_was_down_never_serves_that_replicas_old_data(make_cluster):
+    """Broker B misses the deletion of a topic (it is down); the topic is created again with the
+    same name and a replica on B. B's directory still holds the old topic's log: it must be
+    thrown away (the topic id differs), not taken as the new topic's data."""
+    cluster = make_cluster()
+    create(cluster, "reborn")
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(20):  # one batch each: a truncation by offset could keep some of them
+            p.send("reborn", b"old-%d" % i, partition=0).result(timeout=30)
+    victim = next(b for b in cluster.ids if b != cluster.controller_id())
+    cluster.kill(victim)
+    cluster.wait_for(lambda: victim not in cluster.registered_brokers(), 30, "the victim's session gone")
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic("reborn")
+    cluster.restart(victim)
+    cluster.wait_for(lambda: victim in cluster.registered_brokers(), 30, "the victim back")
+    cluster.wait_ready()
+    fetcher = cluster.broker(victim).actor_process("replica_fetcher")
+    fetcher.suspend()  # the new topic gets data before the victim's replica compares epochs
+    try:
+        create(cluster, "reborn")  # replication factor 3: a replica on the victim again
+        with Producer(cluster.bootstrap, acks=1) as p:
+            for i in range(5):
+                p.send("reborn", b"new-%d" % i, partition=0)
+            p.flush(timeout=30)
+    finally:
+        fetcher.resume()
+    # committed once the victim's replica has the 5 new records at offsets 0-4
+    cluster.wait_for(lambda: high_watermarks(cluster.bootstrap, "reborn", [0])[0] == 5, 60, "high watermark 5")
+    assert_replicas_identical(cluster, "reborn", [0], timeout=30)
+    got = read_all(cluster.bootstrap, "reborn", [0])
+    assert sorted(got.snapshot().values()) == [b"new-%d" % i for i in range(5)]
