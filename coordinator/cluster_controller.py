@@ -179,53 +179,44 @@ class ClusterController(BrokerAgent, Controller):
             self.request(self.supervisor, "status", callback=learned, timeout=5.0)
 
     def _elect(self) -> None:
+        """Stand for election: create ``/controller`` and bump ``/controller_epoch`` in one
+        transaction (so nobody ever sees the new controller with the old epoch)."""
         if not self.registered or self.active:
             return
-        from kazoo.exceptions import NodeExistsError
-        try:
-            self.zk.create("/controller", to_json({"brokerid": self.broker_id, "version": 1,
-                                                 "timestamp": int(time.time() * 1000)}), ephemeral=True)
-        except NodeExistsError:
-            return
-        except Exception as exc:  # noqa: BLE001
-            log.warning("controller election failed: %s", exc)
-            return
-        try:
-            self._bump_controller_epoch()
-        except Exception as exc:  # noqa: BLE001
-            log.error("won the election but cannot bump the controller epoch (%s); resigning", exc)
-            self._delete_controller_node()
-            return
-        log.info("broker %d is the controller (epoch %d)", self.broker_id, self.epoch)
-        self.active = True
-        self._load_cluster_state()
-
-    def _bump_controller_epoch(self) -> None:
-        from kazoo.exceptions import NodeExistsError
-        while True:
-            if not self.zk.exists("/controller_epoch"):
-                try:
-                    self.zk.create("/controller_epoch", b"1")
-                    self.epoch, self.epoch_zk_version = 1, 0
-                    return
-                except NodeExistsError:
-                    continue
-            raw, stat = self.zk.get("/controller_epoch")
-            from kazoo.exceptions import BadVersionError
+        from kazoo.exceptions import BadVersionError, NodeExistsError, NoNodeError
+        me = to_json({"brokerid": self.broker_id, "version": 1, "timestamp": int(time.time() * 1000)})
+        for _ in range(WRITE_RETRIES):
             try:
-                stat2 = self.zk.set("/controller_epoch", str(int(raw) + 1).encode(), version=stat.version)
-            except BadVersionError:
-                continue
-            self.epoch, self.epoch_zk_version = int(raw) + 1, stat2.version
+                if self.zk.exists("/controller"):
+                    return
+                try:
+                    raw, stat = self.zk.get("/controller_epoch")
+                    epoch, version = int(raw) + 1, stat.version
+                except NoNodeError:
+                    epoch, version = 1, -1
+                t = self.zk.transaction()
+                t.create("/controller", me, ephemeral=True)
+                if version < 0:
+                    t.create("/controller_epoch", b"1")
+                else:
+                    t.set_data("/controller_epoch", str(epoch).encode(), version=version)
+                results = t.commit()
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next watch event retries
+                log.warning("controller election failed: %s", exc)
+                return
+            if isinstance(results[0], NodeExistsError):
+                return  # someone else won
+            if isinstance(results[1], (BadVersionError, NodeExistsError)):
+                continue  # another candidate moved the epoch meanwhile: try again
+            if any(isinstance(r, Exception) for r in results):
+                log.warning("controller election failed: %s", results)
+                return
+            self.epoch = epoch
+            self.epoch_zk_version = 0 if version < 0 else results[1].version
+            log.info("broker %d is the controller (epoch %d)", self.broker_id, self.epoch)
+            self.active = True
+            self._load_cluster_state()
             return
-
-    def _delete_controller_node(self) -> None:
-        try:
-            raw, _ = self.zk.get("/controller")
-            if json.loads(raw).get("brokerid") == self.broker_id:
-                self.zk.delete("/controller")
-        except Exception:  # noqa: BLE001
-            pass
 
     def _resign(self) -> None:
         if self.active:
