@@ -86,6 +86,7 @@ class ClusterController(BrokerAgent, Controller):
         self.active = False
         self.epoch, self.epoch_zk_version = -1, -1
         self.live: dict[int, tuple[str, int]] = {}
+        self.live_epochs: dict[int, int] = {}  # broker id -> czxid of its registration
         self.assignment: dict[str, list[list[int]]] = {}
         self.states: dict[tuple[str, int], PartitionState] = {}
         self.metadata_counter = 0
@@ -250,7 +251,7 @@ class ClusterController(BrokerAgent, Controller):
             except Exception as exc:  # noqa: BLE001 - one broken topic must not stop the cluster
                 log.error("topic %s in ZooKeeper is unreadable, skipped: %s", name, exc)
         self.registry.version = 0
-        self.live = {}
+        self.live, self.live_epochs = {}, {}
         self.zk.ChildrenWatch(BROKERS, self._watch_brokers)
         self.zk.ChildrenWatch(NOTIFICATIONS, self._watch_notifications)
 
@@ -270,14 +271,23 @@ class ClusterController(BrokerAgent, Controller):
     def _brokers_changed(self, children) -> None:
         if not self.active:
             return
-        live = {}
+        live, epochs = {}, {}
         for child in children:
             try:
-                d = json.loads(self.zk.get(f"{BROKERS}/{child}")[0])
+                raw, stat = self.zk.get(f"{BROKERS}/{child}")
+                d = json.loads(raw)
                 live[int(child)] = (d["host"], d["port"])
+                epochs[int(child)] = stat.czxid  # the broker epoch (KIP-380): new with each registration
             except Exception as exc:  # noqa: BLE001 - it vanished meanwhile
                 log.info("broker %s: %s", child, exc)
         gone, joined = set(self.live) - set(live), set(live) - set(self.live)
+        # A broker that left and registered again between two looks (the watch saw both
+        # changes at once) has a new epoch: it restarted and must be told everything again.
+        bounced = {b for b in live if b in self.live_epochs and self.live_epochs[b] != epochs.get(b)}
+        if bounced:
+            log.info("brokers %s registered again (new broker epochs)", sorted(bounced))
+        joined |= bounced
+        self.live_epochs = epochs
         self.shutting_down -= gone | joined
         first = not self.live
         self.live = live

@@ -64,7 +64,19 @@ def wait_healed(cluster, topic: str = TOPIC, partitions: int = PARTITIONS, timeo
                 return False
         return True
 
-    cluster.wait_for(healed, timeout, f"every replica of {topic} back in the ISR")
+    try:
+        cluster.wait_for(healed, timeout, f"every replica of {topic} back in the ISR")
+    except TimeoutError as exc:  # say where it stands, for whoever reads the failure
+        states = {p: cluster.partition_state(topic, p) for p in range(partitions)}
+        stats = {}
+        for b in cluster.ids:
+            try:
+                stats[b] = {a["name"]: a.get("stats") for a in cluster.broker(b).status()["actors"]
+                            if a["name"] in ("controller", "replica_fetcher", "log-0", "log-1")}
+            except Exception as why:  # noqa: BLE001
+                stats[b] = repr(why)
+        raise TimeoutError(f"{exc}; registered {cluster.registered_brokers()}, controller "
+                           f"{cluster.controller_id()}, states {states}, actor stats {stats}") from None
 
 
 def new_leader(cluster, topic: str, partition: int, old_leader: int, old_epoch: int, timeout: float = 30.0) -> dict:
