@@ -219,11 +219,31 @@ class ClusterController(BrokerAgent, Controller):
             self._load_cluster_state()
             return
 
+    def _fenced_commit(self, t) -> list | None:
+        """Commit a transaction whose first operation checks our controller epoch. None when
+        that check failed: another broker is the controller now, and this one resigns. (Any
+        other failing operation fails the whole transaction too, but only the check's result
+        is a BadVersionError in the first place; the others come back RolledBackError.)"""
+        from kazoo.exceptions import BadVersionError
+        result = t.commit()
+        if isinstance(result[0], BadVersionError):
+            log.error("controller epoch %d is stale (a newer controller wrote /controller_epoch): resigning",
+                      self.epoch)
+            self._resign()
+            return None
+        return result
+
     def _resign(self) -> None:
         if self.active:
             log.warning("broker %d is no longer the controller", self.broker_id)
         self.active = False
         self.channel.set_brokers({})
+        try:  # if /controller still names us (a session that survived), let an election happen
+            raw, _ = self.zk.get("/controller")
+            if json.loads(raw).get("brokerid") == self.broker_id:
+                self.zk.delete("/controller")
+        except Exception:  # noqa: BLE001 - gone already, or ZooKeeper unreachable
+            pass
 
     # ---- the controller: loading and watching --------------------------------------------------
     def _load_cluster_state(self) -> None:
@@ -363,10 +383,8 @@ class ClusterController(BrokerAgent, Controller):
                 t = self.zk.transaction()
                 t.check("/controller_epoch", self.epoch_zk_version)
                 t.set_data(state_path(*tp), new.data(), version=st.zk_version)
-                result = t.commit()
-                if isinstance(result[0], Exception):
-                    log.error("controller epoch %d is stale (%s): resigning", self.epoch, result[0])
-                    self._resign()
+                result = self._fenced_commit(t)
+                if result is None:
                     return written
                 if isinstance(result[1], BadVersionError):
                     raw, stat = self.zk.get(state_path(*tp))
@@ -573,12 +591,11 @@ class ClusterController(BrokerAgent, Controller):
             states.append(st)
             t.create(f"{TOPICS}/{name}/partitions/{p}")
             t.create(state_path(name, p), st.data())
-        result = t.commit()
+        result = self._fenced_commit(t)
+        if result is None:
+            raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
         failed = [r for r in result if isinstance(r, Exception)]
         if failed:
-            if isinstance(result[0], Exception):
-                self._resign()
-                raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
             raise OdradekError(f"cannot record topic '{name}' in ZooKeeper: {failed[0]!r}",
                                ErrorCode.UNKNOWN_SERVER_ERROR)
         self.registry.topics[name] = topic
@@ -606,7 +623,9 @@ class ClusterController(BrokerAgent, Controller):
                 t.delete(f"{TOPICS}/{name}/partitions")
                 t.delete(f"{TOPICS}/{name}")
                 t.delete(f"{CONFIGS}/{name}")
-                result = t.commit()
+                result = self._fenced_commit(t)
+                if result is None:
+                    raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
                 if any(isinstance(r, Exception) for r in result):
                     raise OdradekError(f"cannot delete '{name}' in ZooKeeper: {result}", ErrorCode.UNKNOWN_SERVER_ERROR)
                 for p in range(topic.partitions):
@@ -649,8 +668,12 @@ class ClusterController(BrokerAgent, Controller):
                     t = self.zk.transaction()
                     t.check("/controller_epoch", self.epoch_zk_version)
                     t.set_data(f"{CONFIGS}/{name}", to_json({"version": 1, "config": checked}))
-                    if any(isinstance(r, Exception) for r in t.commit()):
-                        raise OdradekError("cannot record the change in ZooKeeper", ErrorCode.NOT_CONTROLLER)
+                    result = self._fenced_commit(t)
+                    if result is None:
+                        raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
+                    if any(isinstance(r, Exception) for r in result):
+                        raise OdradekError(f"cannot record the change in ZooKeeper: {result}",
+                                           ErrorCode.UNKNOWN_SERVER_ERROR)
                     topic.configs = checked
                 results.append({"type": "topic", "name": name, "error_code": 0})
             except (OdradekError, KeyError, TypeError, AttributeError) as exc:

@@ -212,3 +212,39 @@ def test_a_topic_recreated_while_a_replica_was_down_never_serves_that_replicas_o
     assert_replicas_identical(cluster, "reborn", [0], timeout=30)
     got = read_all(cluster.bootstrap, "reborn", [0])
     assert sorted(got.snapshot().values()) == [b"new-%d" % i for i in range(5)]
+
+
+def test_only_a_failed_epoch_check_makes_the_controller_resign_not_a_lost_race_on_a_state_node(zookeeper):
+    """A controller's write is [check /controller_epoch, write the state node]. When a leader
+    changed the state node meanwhile, the write fails with every result an error, but the
+    check's is RolledBackError: that is a retry, not fencing. (Taking it for fencing left a
+    cluster with no acting controller.)"""
+    import types
+
+    from coordinator.cluster_controller import ClusterController
+
+    zk = zookeeper.client("")
+    root = f"/fencing-{os.getpid()}"
+    try:
+        zk.create(f"{root}/controller_epoch", b"1", makepath=True)
+        zk.create(f"{root}/state", b"a")
+        zk.set(f"{root}/state", b"b")  # a leader's ISR change: the state is at version 1 now
+        c = ClusterController.__new__(ClusterController)
+        c.zk, c.epoch, c.broker_id, c.active = zk, 1, 7, True
+        c.channel = types.SimpleNamespace(set_brokers=lambda brokers: None)
+
+        lost_race = zk.transaction()
+        lost_race.check(f"{root}/controller_epoch", 0)
+        lost_race.set_data(f"{root}/state", b"c", version=0)
+        result = c._fenced_commit(lost_race)
+        assert result is not None and c.active  # still the controller: it re-reads and retries
+
+        fenced = zk.transaction()
+        fenced.check(f"{root}/controller_epoch", 5)  # another controller bumped the epoch
+        fenced.set_data(f"{root}/state", b"c", version=1)
+        assert c._fenced_commit(fenced) is None and not c.active
+        assert zk.get(f"{root}/state")[0] == b"b"  # nothing written
+    finally:
+        zk.delete(root, recursive=True)
+        zk.stop()
+        zk.close()
