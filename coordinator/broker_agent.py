@@ -22,7 +22,6 @@ from __future__ import annotations
 import logging
 
 from actors.message import Message
-from coordinator.channel import ControllerChannel
 from coordinator.controller import log_host_name
 from coordinator.topics import placement
 from coordinator.zk_state import NOTIFICATIONS, PartitionState, state_path, to_json
@@ -36,8 +35,9 @@ SEND_TIMEOUT = 30.0
 
 
 class BrokerAgent:
-    """Mixin for the controller actor; expects ``broker_id``, ``log_hosts``, ``zk``,
-    ``registry``, ``topic_defaults``, ``config`` and the controller half's methods."""
+    """Mixin for the controller actor; expects ``broker_id``, ``log_hosts``, ``zk``, ``relay``
+    (a channel to the controller's broker), ``registry``, ``topic_defaults``, ``config`` and
+    the controller half's methods."""
 
     def on_get_metadata(self, msg: Message) -> None:
         self.reply(msg, self.snapshot())
@@ -198,20 +198,23 @@ class BrokerAgent:
         if self.active:
             self._move_leadership_away(self.broker_id, lambda remaining: self.reply(msg, {"remaining": remaining}))
             return
-        controller = self.snapshot_data.get("controller_id", -1)
-        address = self.snapshot_data.get("brokers", {}).get(str(controller))
-        if controller < 0 or not address:
-            self.reply(msg, {"remaining": None})
-            return
-        relay = ControllerChannel(self.post, f"broker-{self.broker_id}")
-        relay.set_brokers({controller: tuple(address)})
-
         def answered(resp, why) -> None:
             if why:
                 log.warning("controlled shutdown: %s", why)
             else:
                 log.info("controlled shutdown: the controller moved our leaderships (%s left)",
                          len(resp.get("remaining_partitions") or []))
-            relay.close()
             self.reply(msg, {})
-        relay.send(controller, ApiKey.CONTROLLED_SHUTDOWN, body, answered, timeout=SEND_TIMEOUT / 2)
+        if not self._to_controller(ApiKey.CONTROLLED_SHUTDOWN, body, answered, SEND_TIMEOUT / 2):
+            self.reply(msg, {"remaining": None})
+
+    def _to_controller(self, api: int, body: dict, callback, timeout: float) -> bool:
+        """Send a request to the active controller's broker (``relay``, a channel of one);
+        False when no controller is known yet."""
+        controller = self.snapshot_data.get("controller_id", -1)
+        address = self.snapshot_data.get("brokers", {}).get(str(controller))
+        if controller < 0 or not address:
+            return False
+        self.relay.set_brokers({controller: tuple(address)})
+        self.relay.send(controller, api, body, callback, timeout=timeout)
+        return True

@@ -92,6 +92,7 @@ class ClusterController(BrokerAgent, Controller):
         self.metadata_counter = 0
         self.shutting_down: set[int] = set()  # brokers in a controlled shutdown: never elected
         self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}")
+        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}")  # this broker -> the controller
         hosts, _, chroot = config["zookeeper.connect"].partition("/")
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
@@ -115,8 +116,7 @@ class ClusterController(BrokerAgent, Controller):
 
     def on_stop(self) -> None:
         self.channel.close()
-        if hasattr(self, "_relay"):
-            self._relay.close()
+        self.relay.close()
         try:
             self.zk.stop()
             self.zk.close()
@@ -518,21 +518,13 @@ class ClusterController(BrokerAgent, Controller):
         """Not the controller: send the request on to its broker and relay the answer."""
         if self.active:
             return False
-        controller = self.snapshot_data.get("controller_id", -1)
-        address = self.snapshot_data.get("brokers", {}).get(str(controller))
-        if controller < 0 or not address:
-            self.reply_error(msg, ErrorCode.NOT_CONTROLLER, "no controller is known yet; retry")
-            return True
-        if not hasattr(self, "_relay"):
-            self._relay = ControllerChannel(self.post, f"broker-{self.broker_id}")
-        self._relay.set_brokers({controller: tuple(address)})
-
         def relayed(resp, why) -> None:
             if why:
                 self.reply_error(msg, ErrorCode.NOT_CONTROLLER, f"the controller did not answer: {why}")
             else:
                 self.reply(msg, {"body": resp})
-        self._relay.send(controller, api, msg.get("body") or {}, relayed, timeout=SEND_TIMEOUT)
+        if not self._to_controller(api, msg.get("body") or {}, relayed, SEND_TIMEOUT):
+            self.reply_error(msg, ErrorCode.NOT_CONTROLLER, "no controller is known yet; retry")
         return True
 
     def on_create_topics(self, msg: Message) -> None:

@@ -26,6 +26,7 @@ from typing import NamedTuple
 
 from log.errors import StorageError
 from log.files import FileLayer
+from network.protocol import ErrorCode
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 EPOCH_CHECKPOINT_VERSION = 0
@@ -210,3 +211,13 @@ def _int(text: str, what: str) -> int:
     if not text or not (text.isdigit() or (text[0] == "-" and text[1:].isdigit())):
         raise ValueError(f"bad {what} {text[:20]!r}")
     return int(text)
+
+
+def epoch_mismatch(requested, current: int):
+    """Kafka's check of the leader epoch a request expects against the partition's: an
+    older one is FENCED_LEADER_EPOCH (the asker's metadata is stale), a newer one
+    UNKNOWN_LEADER_EPOCH (this broker has not heard of it yet); -1 (or no integer) is not
+    checked. None when they agree."""
+    if not isinstance(requested, int) or isinstance(requested, bool) or requested < 0 or requested == current:
+        return None
+    return ErrorCode.FENCED_LEADER_EPOCH if requested < current else ErrorCode.UNKNOWN_LEADER_EPOCH

@@ -26,6 +26,7 @@ import logging
 
 from actors.message import Message
 from actors.runtime import Actor
+from log.epochs import epoch_mismatch
 from log.errors import OffsetOutOfRangeError
 from log.log_actor import partition_dir
 from log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
@@ -204,8 +205,8 @@ class FetchActor(Actor):
         leader_epoch, leading, _ = self.roles.get(key, (-1, False, ""))
         if not leading:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{key[0]}-{key[1]}: this broker is not its leader"
-        if isinstance(epoch, int) and not isinstance(epoch, bool) and epoch >= 0 and epoch != leader_epoch:
-            code = ErrorCode.FENCED_LEADER_EPOCH if epoch < leader_epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+        code = epoch_mismatch(epoch, leader_epoch)
+        if code is not None:
             return code, f"{key[0]}-{key[1]}: leader epoch {epoch} requested, the leader is at {leader_epoch}"
         return None
 

@@ -6,7 +6,7 @@ an independent ``Log`` and appends to it are serialized by this actor's one loop
 what "a log actor per partition" means here without a process per partition (a process
 costs ~25 MiB; thousands of partitions must not cost thousands of processes).
 Owns: the ``Log`` objects of its partitions (segments, indexes, checkpoints, leader-epoch
-cache) and each partition's replica state (``Replica``): leader or follower, leader epoch,
+cache) and each partition's replica state (``PartitionLog``): leader or follower, leader epoch,
 ISR, the followers' progress, the high watermark and the purgatory of acks=all produces.
 In single-broker mode every partition is led here at epoch 0 with an ISR of one, so the
 high watermark is the log end.
@@ -42,6 +42,7 @@ from actors.message import Message
 from actors.runtime import Actor, MailboxFull
 from log import cleaner
 from log.config import LogConfig
+from log.epochs import epoch_mismatch
 from log.files import FileLayer
 from log.log import Log
 from log.records import HEADER_SIZE, BatchHeader
@@ -98,10 +99,11 @@ class PartitionLog:
 
 class DelayedProduce:
     """An acks=all produce waiting for the high watermark of some of its partitions."""
-    __slots__ = ("msg", "results", "left", "timer")
+    __slots__ = ("msg", "results", "waiting_on", "timer")
 
     def __init__(self, msg: Message, results: dict):
-        self.msg, self.results, self.left, self.timer = msg, results, 0, None
+        self.msg, self.results, self.timer = msg, results, None
+        self.waiting_on: list[PartitionLog] = []  # one entry per partition still below the high watermark
 
 
 class LogActor(Actor):
@@ -160,7 +162,7 @@ class LogActor(Actor):
             results.setdefault(topic, []).append(self._append(topic, partition, frames[frame], acks, delayed))
         if not msg.reply_to:  # acks=0 produces come one-way: nobody waits for an answer
             return
-        if delayed is not None and delayed.left:
+        if delayed is not None and delayed.waiting_on:
             timeout = fields.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
             timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
             delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
@@ -192,21 +194,20 @@ class LogActor(Actor):
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
                  "log_append_time_ms": append_time, "log_start_offset": info.log_start_offset}
         if delayed is not None and p.log.high_watermark <= info.last_offset:
-            delayed.left += 1
+            delayed.waiting_on.append(p)
             p.waiting.append((info.last_offset + 1, delayed, entry))
         return entry
 
     def _expire_produce(self, delayed: DelayedProduce) -> None:
         """The produce's timeout passed: its unreplicated partitions fail REQUEST_TIMED_OUT."""
-        for p in self.logs.values():
-            if any(d is delayed for _, d, _ in p.waiting):
-                for _, d, entry in p.waiting:
-                    if d is delayed:
-                        entry.update(error_code=int(ErrorCode.REQUEST_TIMED_OUT),
-                                     error_message=f"{p.topic}-{p.partition}: not replicated to the ISR "
-                                                   f"{p.isr} in time (high watermark {p.log.high_watermark})")
-                p.waiting = [w for w in p.waiting if w[1] is not delayed]
-        delayed.left = 0
+        for p in delayed.waiting_on:
+            for _, d, entry in p.waiting:
+                if d is delayed:
+                    entry.update(error_code=int(ErrorCode.REQUEST_TIMED_OUT),
+                                 error_message=f"{p.topic}-{p.partition}: not replicated to the ISR "
+                                               f"{p.isr} in time (high watermark {p.log.high_watermark})")
+            p.waiting = [w for w in p.waiting if w[1] is not delayed]
+        delayed.waiting_on.clear()
         self.reply(delayed.msg, _produce_body(delayed.results))
 
     def _complete_waiting(self, p: PartitionLog, error: tuple[int, str] | None = None) -> None:
@@ -222,8 +223,8 @@ class LogActor(Actor):
                 entry.update(error_code=int(ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND),
                              error_message=f"{p.topic}-{p.partition}: written, but the ISR shrank to {p.isr} "
                                            f"(min.insync.replicas {p.log.config.min_insync_replicas})")
-            delayed.left -= 1
-            if delayed.left == 0:
+            delayed.waiting_on.remove(p)
+            if not delayed.waiting_on:
                 if delayed.timer is not None:
                     delayed.timer.cancel()
                 self._answers.append((delayed.msg, _produce_body(delayed.results)))
@@ -264,7 +265,8 @@ class LogActor(Actor):
             self._advance_high_watermark(p)
 
     def _epoch_start(self, p: PartitionLog) -> int:
-        epoch, end = p.log.end_offset_for_epoch(p.leader_epoch - 1) if p.leader_epoch > 0 else (-1, 0)
+        """Where the current leader epoch began: the end of the one before it."""
+        end = p.log.end_offset_for_epoch(p.leader_epoch - 1)[1] if p.leader_epoch > 0 else 0
         return max(end, 0)
 
     def _shrink_isrs(self) -> None:
@@ -320,8 +322,8 @@ class LogActor(Actor):
     def _epoch_problem(self, p, topic, partition, current) -> tuple[int, str] | None:
         if p is None or p.leader != self.broker_id:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition}: broker {self.broker_id} is not its leader"
-        if isinstance(current, int) and current >= 0 and current != p.leader_epoch:
-            code = ErrorCode.FENCED_LEADER_EPOCH if current < p.leader_epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+        code = epoch_mismatch(current, p.leader_epoch)
+        if code is not None:
             return code, f"{topic}-{partition}: leader epoch {current} requested, this leader is at {p.leader_epoch}"
         return None
 
@@ -332,19 +334,20 @@ class LogActor(Actor):
             raise OdradekError(f"{topic}-{partition} is not hosted by {self.name}", ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if p.leader == self.broker_id:
             raise OdradekError(f"{topic}-{partition}: this broker is its leader", ErrorCode.NOT_LEADER_OR_FOLLOWER)
-        if epoch is not None and epoch != p.leader_epoch:
-            code = ErrorCode.FENCED_LEADER_EPOCH if epoch < p.leader_epoch else ErrorCode.UNKNOWN_LEADER_EPOCH
+        code = epoch_mismatch(epoch, p.leader_epoch) if epoch is not None else None
+        if code is not None:
             raise OdradekError(f"{topic}-{partition}: follower is at leader epoch {p.leader_epoch}, not {epoch}", code)
         return p
 
     def _per_partition(self, msg: Message, fn) -> None:
-        """Run ``fn(*part)`` for each part; reply ``[topic, partition, error_code, log_end_offset, ...]``."""
+        """Run ``fn(*part)`` (it returns the partition) for each part; reply ``[topic, partition,
+        error_code, log_end_offset]`` each."""
         out = []
         for part in msg.get("parts") or ():
             topic, partition = part[0], part[1]
             try:
-                p, extra = fn(*part)
-                out.append([topic, partition, 0, p.log.log_end_offset, *extra])
+                p = fn(*part)
+                out.append([topic, partition, 0, p.log.log_end_offset])
                 self._dirty.add((topic, partition))
             except OdradekError as exc:
                 out.append([topic, partition, int(exc.code), -1])
@@ -374,7 +377,7 @@ class LogActor(Actor):
                 log.info("%s-%d: truncating from %d to %d (leader epoch %d ends at %d)", topic, partition,
                          p.log.log_end_offset, target, epoch, end_offset)
                 p.log.truncate_to(target)
-            return p, []
+            return p
         self._per_partition(msg, truncate)
 
     def on_truncate_fully(self, msg: Message) -> None:
@@ -382,7 +385,7 @@ class LogActor(Actor):
             p = self._follower(topic, partition)
             log.info("%s-%d: starting empty at the leader's log start %d", topic, partition, offset)
             p.log.truncate_fully_and_start_at(offset)
-            return p, []
+            return p
         self._per_partition(msg, truncate)
 
     def on_replicate(self, msg: Message) -> None:
@@ -401,7 +404,7 @@ class LogActor(Actor):
             p.log.high_watermark = min(high_watermark, p.log.log_end_offset)
             if log_start > p.log.log_start_offset and log_start <= p.log.high_watermark:
                 p.log.delete_records_before(log_start)
-            return p, []
+            return p
         self._per_partition(msg, replicate)
 
     def on_delete_records(self, msg: Message) -> None:
