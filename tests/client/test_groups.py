@@ -165,6 +165,11 @@ def ownership_intervals(ws: list[Worker]) -> dict[int, list[tuple[float, float, 
     return out
 
 
+def every_record_consumed_by_one_owner_at_a_time(ws: list[Worker], acked) -> None:
+    wait_until(lambda: all_consumed(ws, acked), what="every record to be consumed")
+    assert_one_owner_at_a_time(ws)
+
+
 def assert_one_owner_at_a_time(ws: list[Worker]) -> None:
     for p, intervals in ownership_intervals(ws).items():
         intervals.sort()
@@ -210,8 +215,7 @@ def test_a_join_moves_only_what_the_new_member_takes_while_the_others_keep_consu
         assert during, "members that kept their partitions stopped consuming during the join"
     finally:
         acked = load.stop()
-    wait_until(lambda: all_consumed(workers, acked), what="every record to be consumed")
-    assert_one_owner_at_a_time(workers)
+    every_record_consumed_by_one_owner_at_a_time(workers, acked)
     for w in workers:
         w.stop()
 
@@ -234,8 +238,7 @@ def test_kill_9_of_a_member_moves_its_partitions_within_the_session_timeout(brok
     finally:
         acked = load.stop()
     # Consumption resumed from the killed member's last commit: nothing is missing.
-    wait_until(lambda: all_consumed(workers, acked), what="every record to be consumed")
-    assert_one_owner_at_a_time(workers)
+    every_record_consumed_by_one_owner_at_a_time(workers, acked)
     w1.stop()
 
 
@@ -258,8 +261,7 @@ def test_a_static_member_restarting_within_its_session_timeout_moves_nothing(bro
         assert len([e for e in w2.events() if e[0] in "AV"]) == w2_events, "the other member saw a rebalance"
     finally:
         acked = load.stop()
-    wait_until(lambda: all_consumed(workers, acked), what="every record to be consumed")
-    assert_one_owner_at_a_time(workers)
+    every_record_consumed_by_one_owner_at_a_time(workers, acked)
     for w in workers:
         w.stop()
 
@@ -292,8 +294,7 @@ def test_kill_9_of_the_coordinator_loses_no_commit(broker, workers, tmp_path):
             "partitions moved after the coordinator restarted"
     finally:
         acked = load.stop()
-    wait_until(lambda: all_consumed(workers, acked), what="every record to be consumed")
-    assert_one_owner_at_a_time(workers)
+    every_record_consumed_by_one_owner_at_a_time(workers, acked)
     for w in workers:
         w.stop()
 
