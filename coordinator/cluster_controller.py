@@ -483,21 +483,16 @@ class ClusterController(BrokerAgent, Controller):
                 "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics}
 
     def _send_update_metadata(self, done: Callable | None = None) -> None:
+        """UPDATE_METADATA to every live broker; ``done`` once each answered (or failed)."""
         body = self._metadata_body()
-        targets = list(self.live)
-        pending = {"n": len(targets)}
-        if not targets and done:
-            done()
 
-        def answered(broker, resp, why) -> None:
-            if why:
-                log.warning("UPDATE_METADATA to broker %d: %s", broker, why)
-            pending["n"] -= 1
-            if pending["n"] == 0 and done:
-                done()
-        for b in targets:
-            self.channel.send(b, ApiKey.UPDATE_METADATA, body, lambda r, w, b=b: answered(b, r, w),
-                              timeout=SEND_TIMEOUT)
+        def send(finished, broker) -> None:
+            def answered(_resp, why) -> None:
+                if why:
+                    log.warning("UPDATE_METADATA to broker %d: %s", broker, why)
+                finished()
+            self.channel.send(broker, ApiKey.UPDATE_METADATA, body, answered, timeout=SEND_TIMEOUT)
+        self._all_then([lambda d, b=b: send(d, b) for b in list(self.live)], done or (lambda: None))
 
     def _all_then(self, steps: list[Callable[[Callable], None]], done: Callable) -> None:
         """Run ``steps`` (each takes a completion callback) in parallel, then ``done``."""
