@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 
-from actors.runtime import Actor, MailboxFull
+from odradek.actors.runtime import Actor, MailboxFull
 
 
 class Echo(Actor):
@@ -119,7 +119,7 @@ class Driver(Actor):
 
 
 def _run(cls: str, name: str, run_dir: str, args: dict) -> None:
-    from actors.runtime import import_object
+    from odradek.actors.runtime import import_object
     actor = import_object(cls)(name, run_dir, args)
     actor.run()
 
@@ -128,8 +128,8 @@ def measure(sizes: list[int], seconds: float, requests: int, warmup: int) -> dic
     mp = multiprocessing.get_context("spawn")
     run_dir = tempfile.mkdtemp(prefix="odr-hop-", dir="/tmp")
     out = mp.Queue()
-    echo = mp.Process(target=_run, args=("actors.bench:Echo", "echo", run_dir, {}))
-    driver = mp.Process(target=_run, args=("actors.bench:Driver", "driver", run_dir,
+    echo = mp.Process(target=_run, args=("odradek.actors.bench:Echo", "echo", run_dir, {}))
+    driver = mp.Process(target=_run, args=("odradek.actors.bench:Driver", "driver", run_dir,
                                            {"peer": "echo", "out": out, "sizes": sizes, "seconds": seconds,
                                             "requests": requests, "warmup": warmup}))
     echo.start()

@@ -12,8 +12,8 @@ from typing import Any, Sequence
 
 import zmq
 
-from actors.message import Message, encode_header
-from actors.runtime import LINGER_MS, await_reply, mailbox_address, mailbox_path
+from odradek.actors.message import Message, encode_header
+from odradek.actors.runtime import LINGER_MS, await_reply, mailbox_address, mailbox_path
 
 _seq = itertools.count()
 

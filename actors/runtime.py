@@ -45,8 +45,8 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
-from network.protocol import ErrorCode, OdradekError
+from odradek.actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.actors")
 

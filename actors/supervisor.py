@@ -37,9 +37,9 @@ from typing import Any, Callable
 
 import psutil
 
-from actors.message import Message
-from actors.runtime import Actor, actor_main
-from network.protocol import ErrorCode, OdradekError
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor, actor_main
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.supervisor")
 

@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import logging
 
-from actors.message import Message
-from coordinator.controller import log_host_name
-from coordinator.topics import placement
-from coordinator.zk_state import NOTIFICATIONS, PartitionState, state_path, to_json
-from network.protocol import ApiKey, ErrorCode
+from odradek.actors.message import Message
+from odradek.coordinator.controller import log_host_name
+from odradek.coordinator.topics import placement
+from odradek.coordinator.zk_state import NOTIFICATIONS, PartitionState, state_path, to_json
+from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
 
@@ -137,7 +137,7 @@ class BrokerAgent:
             meta = self.snapshot_data["topics"].get(topic)
             if meta is not None and meta.get("configs") != (old_topics.get(topic) or {}).get("configs"):
                 config = self.registry.defaults | meta["configs"]
-                from log.config import LogConfig
+                from odradek.log.config import LogConfig
                 entry["config"] = LogConfig.from_properties(config).to_properties()
                 per_host.setdefault(log_host_name(placement(topic, partition, self.log_hosts)), []).append(entry)
         for host, parts in per_host.items():

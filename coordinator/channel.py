@@ -17,8 +17,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from network.client import BrokerConnection
-from network.protocol import OdradekError
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import OdradekError
 
 log = logging.getLogger("odradek.controller.channel")
 

@@ -30,13 +30,13 @@ import time
 import uuid
 from typing import Callable
 
-from actors.message import Message
-from coordinator.broker_agent import SEND_TIMEOUT, BrokerAgent
-from coordinator.channel import ControllerChannel
-from coordinator.controller import Controller
-from coordinator.topics import Topic, TopicRegistry
-from coordinator.zk_state import BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, state_path, to_json
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.actors.message import Message
+from odradek.coordinator.broker_agent import SEND_TIMEOUT, BrokerAgent
+from odradek.coordinator.channel import ControllerChannel
+from odradek.coordinator.controller import Controller
+from odradek.coordinator.topics import Topic, TopicRegistry
+from odradek.coordinator.zk_state import BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, state_path, to_json
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 
@@ -172,7 +172,7 @@ class ClusterController(BrokerAgent, Controller):
                 host, _, port = str(address).rpartition(":")
                 adv = self.config.get("advertised.listeners")
                 if adv:
-                    from network.protocol import parse_listener
+                    from odradek.network.protocol import parse_listener
                     host = parse_listener(adv)[0]
                 self.address = (host, int(port))
                 self._maybe_register()

@@ -27,10 +27,10 @@ import os
 import shutil
 from typing import Callable
 
-from actors.message import Message
-from actors.runtime import Actor
-from coordinator.topics import TopicRegistry, placement
-from network.protocol import ErrorCode, OdradekError
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.coordinator.topics import TopicRegistry, placement
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 

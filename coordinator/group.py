@@ -49,8 +49,8 @@ import re
 import uuid
 from typing import Callable, Iterable
 
-from coordinator import assignors
-from network.protocol import ErrorCode, OdradekError
+from odradek.coordinator import assignors
+from odradek.network.protocol import ErrorCode, OdradekError
 
 TP = tuple[str, int]
 

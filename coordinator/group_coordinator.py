@@ -68,17 +68,17 @@ import logging
 import re
 import time
 
-from actors.message import Message
-from actors.runtime import Actor
-from coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
-from coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, led_partitions,
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
+from odradek.coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, led_partitions,
                                  offset_record, offsets_leaders, partition_for)
-from coordinator.offsets import expired as expired_offsets
-from coordinator.topics import placement
-from log.log_actor import partition_dir
-from log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
-from log.records import decode_batch, encode_batch, iter_batches
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.coordinator.offsets import expired as expired_offsets
+from odradek.coordinator.topics import placement
+from odradek.log.log_actor import partition_dir
+from odradek.log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
+from odradek.log.records import decode_batch, encode_batch, iter_batches
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 
@@ -907,7 +907,7 @@ class GroupCoordinator(Actor):
         if self.address is not None:
             then(self.address)
             return
-        from network.protocol import parse_listener
+        from odradek.network.protocol import parse_listener
         cfg = self.config
         host, port = parse_listener(cfg.get("advertised.listeners") or cfg["listeners"])
         if port != 0 or not self.supervisor:

@@ -18,10 +18,10 @@ import time
 import uuid
 import zlib
 
-from log.config import LogConfig
-from log.errors import InvalidConfigError
-from log.files import FileLayer
-from network.protocol import ErrorCode, OdradekError
+from odradek.log.config import LogConfig
+from odradek.log.errors import InvalidConfigError
+from odradek.log.files import FileLayer
+from odradek.network.protocol import ErrorCode, OdradekError
 
 LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
 MAX_NAME_LENGTH = 249

@@ -26,11 +26,11 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 
-from log import index as ix
-from log.errors import StorageError
-from log.log import CLEANED_SUFFIX, SWAP_SUFFIX, Log, LogSegment, read_file
-from log.recovery import IndexPolicy
-from log.records import (COMPRESSION_LZ4, BatchHeader, decode_batch, encode_records,
+from odradek.log import index as ix
+from odradek.log.errors import StorageError
+from odradek.log.log import CLEANED_SUFFIX, SWAP_SUFFIX, Log, LogSegment, read_file
+from odradek.log.recovery import IndexPolicy
+from odradek.log.records import (COMPRESSION_LZ4, BatchHeader, decode_batch, encode_records,
                          iter_batches)
 
 CLEANER_CHECKPOINT = "cleaner.checkpoint"

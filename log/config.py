@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from log.errors import InvalidConfigError
+from odradek.log.errors import InvalidConfigError
 
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1

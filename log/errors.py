@@ -9,7 +9,7 @@ reads); ``StorageError`` blames the disk (retriable once the fault clears);
 """
 from __future__ import annotations
 
-from network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 
 
 class CorruptRecordError(OdradekError):

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 import logging
 
-from actors.message import Message
-from actors.runtime import Actor
-from log.epochs import epoch_mismatch
-from log.errors import OffsetOutOfRangeError
-from log.log_actor import partition_dir
-from log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
-from network.protocol import ErrorCode, OdradekError
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.log.epochs import epoch_mismatch
+from odradek.log.errors import OffsetOutOfRangeError
+from odradek.log.log_actor import partition_dir
+from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.fetch")
 

@@ -20,11 +20,11 @@ from __future__ import annotations
 import bisect
 import os
 
-from log import index as ix
-from log.log import (CLEAN_SHUTDOWN, CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, TMP_SUFFIX,
+from odradek.log import index as ix
+from odradek.log.log import (CLEAN_SHUTDOWN, CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, TMP_SUFFIX,
                      Log, LogSegment)
-from log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log, scan_segment
-from log.segment import INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, segment_paths
+from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log, scan_segment
+from odradek.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, segment_paths
 
 
 def load_log(lg: Log) -> RecoveryReport:

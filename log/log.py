@@ -29,19 +29,19 @@ import time
 import zlib
 from typing import Callable, NamedTuple
 
-from log import index as ix
-from log.config import LogConfig
-from log.epochs import LeaderEpochCache
-from log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
+from odradek.log import index as ix
+from odradek.log.config import LogConfig
+from odradek.log.epochs import LeaderEpochCache
+from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
-from log.files import FileLayer, system_now_ms
-from log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
-from log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
+from odradek.log.files import FileLayer, system_now_ms
+from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
+from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
-from log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CRC_START, HEADER_SIZE,
+from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CRC_START, HEADER_SIZE,
                          KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, patch_base_offset,
                          set_log_append_time, validate_batches)
-from log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
+from odradek.log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
                          segment_paths)
 
 CLEAN_SHUTDOWN = ".clean_shutdown"
@@ -965,7 +965,7 @@ class Log:
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> RecoveryReport:
-        from log.loader import load_log  # the loader is long; it lives in its own module
+        from odradek.log.loader import load_log  # the loader is long; it lives in its own module
         try:
             return load_log(self)
         except OSError as e:

@@ -38,15 +38,15 @@ import os
 import shutil
 import time
 
-from actors.message import Message
-from actors.runtime import Actor, MailboxFull
-from log import cleaner
-from log.config import LogConfig
-from log.epochs import epoch_mismatch
-from log.files import FileLayer
-from log.log import Log
-from log.records import HEADER_SIZE, BatchHeader
-from network.protocol import ErrorCode, OdradekError
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor, MailboxFull
+from odradek.log import cleaner
+from odradek.log.config import LogConfig
+from odradek.log.epochs import epoch_mismatch
+from odradek.log.files import FileLayer
+from odradek.log.log import Log
+from odradek.log.records import HEADER_SIZE, BatchHeader
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.log")
 

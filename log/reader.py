@@ -25,10 +25,10 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from log import index as ix
-from log.errors import OffsetOutOfRangeError, StorageError
-from log.records import BatchHeader, CorruptRecordError
-from log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_paths
+from odradek.log import index as ix
+from odradek.log.errors import OffsetOutOfRangeError, StorageError
+from odradek.log.records import BatchHeader, CorruptRecordError
+from odradek.log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_paths
 
 TAIL_HINTS = 1024  # tail positions a LogReader remembers (see LogReader._tail)
 EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset

@@ -27,7 +27,7 @@ from typing import Iterator, NamedTuple, Sequence
 import lz4.block
 import msgpack
 
-from log.errors import CorruptRecordError, RecordTooLargeError
+from odradek.log.errors import CorruptRecordError, RecordTooLargeError
 
 # baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 | crc u32 |
 # attributes i16 | lastOffsetDelta i32 | firstTimestamp i64 | maxTimestamp i64 |

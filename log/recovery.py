@@ -16,7 +16,7 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 
-from log.records import CRC_START, HEADER_SIZE, BatchHeader, CorruptRecordError, check_header
+from odradek.log.records import CRC_START, HEADER_SIZE, BatchHeader, CorruptRecordError, check_header
 
 log = logging.getLogger("odradek.log")
 

@@ -45,13 +45,13 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple
 
-from actors.message import Message
-from actors.runtime import Actor
-from coordinator.topics import placement
-from log import records as fmt
-from log.errors import CorruptRecordError
-from network.client import BrokerConnection
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.coordinator.topics import placement
+from odradek.log import records as fmt
+from odradek.log.errors import CorruptRecordError
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.replica_fetcher")
 

@@ -16,8 +16,8 @@ import os
 import re
 from typing import NamedTuple
 
-from log import index as ix
-from log.records import HEADER_SIZE, BatchHeader, CorruptRecordError, decode_batch
+from odradek.log import index as ix
+from odradek.log.records import HEADER_SIZE, BatchHeader, CorruptRecordError, decode_batch
 
 SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index|timeindex)((?:\.[a-z]+)?)$")
 LOG_SUFFIX = ".log"

@@ -22,10 +22,10 @@ import errno
 import logging
 import socket
 
-from actors.message import Message
-from actors.runtime import Actor
-from network.processor import socket_path
-from network.protocol import parse_listener
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.network.processor import socket_path
+from odradek.network.protocol import parse_listener
 
 log = logging.getLogger("odradek.acceptor")
 

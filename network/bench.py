@@ -22,8 +22,8 @@ import statistics
 import sys
 import time
 
-from network.client import BrokerConnection, parse_bootstrap
-from network.protocol import ApiKey
+from odradek.network.client import BrokerConnection, parse_bootstrap
+from odradek.network.protocol import ApiKey
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -22,8 +22,8 @@ import socket
 import time
 from typing import Any, NamedTuple, Sequence
 
-from network import codec
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network import codec
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 RECV_SIZE = 256 * 1024
 

@@ -34,11 +34,11 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from actors.message import Message
-from actors.runtime import Actor
-from coordinator.topics import placement
-from log.records import validate_batches
-from network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.coordinator.topics import placement
+from odradek.log.records import validate_batches
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
 log = logging.getLogger("odradek.handler")
 

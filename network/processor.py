@@ -39,10 +39,10 @@ from typing import Any
 
 import zmq
 
-from actors.message import Message
-from actors.runtime import Actor, MailboxFull
-from network import codec
-from network.protocol import ApiKey, ErrorCode
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor, MailboxFull
+from odradek.network import codec
+from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
 

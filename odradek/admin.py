@@ -23,7 +23,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster
 from odradek.errors import check, error_for
 from odradek.types import ConfigEntry, PartitionMetadata, TopicDescription, TopicPartition

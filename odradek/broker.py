@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import sys
 
-from actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
+from odradek.actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
 from odradek import config as cfg
 
 log = logging.getLogger("odradek.broker")
@@ -29,21 +29,21 @@ def actor_specs(config: dict) -> list[ChildSpec]:
     args = {"config": config, "broker_id": config["broker.id"], "data_dir": cfg.data_dir(config),
             "topic_defaults": cfg.topic_defaults(config), "log_hosts": config["num.log.threads"]}
     cluster = cluster_mode(config)
-    controller = "coordinator.cluster_controller:ClusterController" if cluster else "coordinator.controller:Controller"
-    replication = [ChildSpec("replica_fetcher", "log.replica_fetcher:ReplicaFetcher", count=1, args=args,
+    controller = "odradek.coordinator.cluster_controller:ClusterController" if cluster else "odradek.coordinator.controller:Controller"
+    replication = [ChildSpec("replica_fetcher", "odradek.log.replica_fetcher:ReplicaFetcher", count=1, args=args,
                              watchers=("controller",))] if cluster else []
     return [
         ChildSpec("controller", controller, count=1, args=args, drain=cluster),
-        ChildSpec("log", "log.log_actor:LogActor", count=config["num.log.threads"], args=args,
+        ChildSpec("log", "odradek.log.log_actor:LogActor", count=config["num.log.threads"], args=args,
                   watchers=("fetch",), pool=True),
-        ChildSpec("fetch", "log.fetch_actor:FetchActor", count=1, args=args),
+        ChildSpec("fetch", "odradek.log.fetch_actor:FetchActor", count=1, args=args),
         *replication,
-        ChildSpec("group_coordinator", "coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
-        ChildSpec("handler", "network.handler:RequestHandler", count=config["num.io.threads"], args=args,
+        ChildSpec("group_coordinator", "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
+        ChildSpec("handler", "odradek.network.handler:RequestHandler", count=config["num.io.threads"], args=args,
                   watchers=("processor", "controller"), scalable=True, min_count=1, max_count=64),
-        ChildSpec("processor", "network.processor:Processor", count=config["num.network.threads"], args=args,
+        ChildSpec("processor", "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,
                   watchers=("acceptor",), pool=True),
-        ChildSpec("acceptor", "network.acceptor:Acceptor", count=1, args=dict(args)),
+        ChildSpec("acceptor", "odradek.network.acceptor:Acceptor", count=1, args=dict(args)),
     ]
 
 

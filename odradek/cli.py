@@ -16,7 +16,7 @@ import json
 import logging
 import sys
 
-from network.protocol import OdradekError
+from odradek.network.protocol import OdradekError
 from odradek import config as cfg
 
 
@@ -57,7 +57,7 @@ def _fmt_bytes(n) -> str:
 
 
 def cmd_status(args) -> int:
-    from actors.client import MailboxClient
+    from odradek.actors.client import MailboxClient
     config = _load(args)
     run_dir = cfg.run_dir(config)
     import os
@@ -87,8 +87,8 @@ def cmd_status(args) -> int:
 
 # ---- configs -----------------------------------------------------------------------------
 def cmd_configs(args) -> int:
-    from network.client import BrokerConnection, parse_bootstrap
-    from network.protocol import ApiKey
+    from odradek.network.client import BrokerConnection, parse_bootstrap
+    from odradek.network.protocol import ApiKey
     host, port = parse_bootstrap(_bootstrap(args))[0]
     entity = args.entity_name if args.entity_name is not None else "0"
     conn = BrokerConnection(host, port, client_id="odradek-configs")
@@ -126,8 +126,8 @@ def cmd_configs(args) -> int:
 # ---- perf --------------------------------------------------------------------------------
 # name -> ("module:function", takes a bootstrap server); each function takes argv.
 PERF_TESTS = {
-    "ping": ("network.bench:main", True),
-    "hop": ("actors.bench:main", False),
+    "ping": ("odradek.network.bench:main", True),
+    "hop": ("odradek.actors.bench:main", False),
     "produce": ("odradek.perf:produce_main", True),
     "consume": ("odradek.perf:consume_main", True),
     "e2e": ("odradek.perf:e2e_main", True),
@@ -139,7 +139,7 @@ PERF_TESTS = {
 
 
 def cmd_perf(args, rest: list[str]) -> int:
-    from actors.runtime import import_object
+    from odradek.actors.runtime import import_object
     target, wants_bootstrap = PERF_TESTS[args.what]
     if wants_bootstrap and not any(a.startswith("--bootstrap-server") for a in rest):
         rest = ["--bootstrap-server", _bootstrap(args)] + rest
@@ -183,7 +183,7 @@ def build_parser() -> argparse.ArgumentParser:
     if importlib.util.find_spec("odradek.tools"):  # topics, produce, consume, dump-log
         from odradek import tools
         tools.add_parsers(sub, _config_args, _bootstrap)
-    from pipeline import cli as pipeline_cli  # `odradek pipeline run NAME` (pyspark loads lazily)
+    from odradek.pipeline import cli as pipeline_cli  # `odradek pipeline run NAME` (pyspark loads lazily)
     pipeline_cli.add_parser(sub, _config_args, _bootstrap)
     from odradek import devcluster  # `odradek cluster up|down|status`: a local ZooKeeper and brokers
     devcluster.add_parser(sub)

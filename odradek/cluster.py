@@ -29,8 +29,8 @@ import threading
 import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
-from network import codec
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network import codec
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.errors import error_for
 from odradek.types import BrokerMetadata, PartitionMetadata
 

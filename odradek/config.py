@@ -21,7 +21,7 @@ import os
 import tomllib
 from typing import Any, Callable
 
-from network.protocol import ErrorCode, OdradekError, parse_listener
+from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
 
 
 class ConfigError(OdradekError):

@@ -48,8 +48,8 @@ from typing import Iterable, Optional
 import lz4.block
 import msgpack
 
-from log import records as fmt
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.log import records as fmt
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
 from odradek.types import Record, TopicPartition

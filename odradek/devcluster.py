@@ -21,7 +21,7 @@ import time
 
 import psutil
 
-from network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 from odradek import config as cfg
 from odradek.local import LocalCluster, four_letter, stop_pid
 

@@ -16,7 +16,7 @@ Every class is named after its code in CamelCase with an ``Error`` suffix
 """
 from __future__ import annotations
 
-from network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 
 __all__ = ["OdradekError", "ErrorCode", "error_for"]
 

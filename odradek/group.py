@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, Connection, wait_any
 from odradek.errors import error_for
 from odradek.types import TopicPartition

@@ -25,9 +25,6 @@ import time
 import psutil
 
 READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
-# The checkout this package runs from: on PYTHONPATH for the child, so an uninstalled tree
-# (a fresh clone's tests) runs its own code.
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class LocalBroker:
@@ -61,7 +58,6 @@ class LocalBroker:
         tail of the broker's stderr if it exits or stays silent."""
         os.makedirs(self.data_dir, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1")
-        env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
         self._stderr = open(self.stderr_path, "ab")
         began = time.perf_counter()
         self.host = self.port = None
@@ -130,7 +126,7 @@ class LocalBroker:
 
     def status(self, timeout: float = 5.0) -> dict:
         """The supervisor's status (``odradek status --json``)."""
-        from actors.client import MailboxClient
+        from odradek.actors.client import MailboxClient
         with MailboxClient(self.run_dir) as client:
             return client.request("supervisor", "status", timeout=timeout).fields
 
@@ -639,8 +635,8 @@ class LocalCluster:
 
     def metadata(self, broker_id: int, topics: list | None = None, timeout: float = 5.0) -> dict:
         """The METADATA answer of one broker (``brokers``, ``controller_id``, ``topics``)."""
-        from network.client import BrokerConnection
-        from network.protocol import ApiKey
+        from odradek.network.client import BrokerConnection
+        from odradek.network.protocol import ApiKey
         b = self.brokers[broker_id]
         conn = BrokerConnection(b.host, b.port, client_id="odradek-local", request_timeout_ms=int(timeout * 1000))
         try:

@@ -361,10 +361,9 @@ def _odradek_sender(bootstrap: str, topic: str, kwargs: dict):
 def _e2e(child_args: list[str], n: int, rate: float, size: int, make_sender) -> dict:
     """Start the consumer child, wait until it is reading, send n stamped records at ``rate``,
     collect the child's latencies."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [_root(), os.environ.get("PYTHONPATH")])))
     child = subprocess.Popen([sys.executable, "-c", "import sys; from odradek.perf import e2e_child; "
                               "sys.exit(e2e_child(sys.argv[1:]))", *child_args, str(n)],
-                             stdout=subprocess.PIPE, text=True, env=env)
+                             stdout=subprocess.PIPE, text=True)
     try:
         if child.stdout.readline().strip() != "ready":
             raise SystemExit("perf e2e: the consumer process did not start")
@@ -418,10 +417,6 @@ def e2e_child(argv: list[str]) -> int:
                     lat.append((now - unpack(fields[b"v"])[0]) / 1e6)
     print(json.dumps(lat[:n]), flush=True)
     return 0
-
-
-def _root() -> str:
-    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ---- Redis Streams, for comparison -------------------------------------------------------------
@@ -598,7 +593,7 @@ def _create_replicated(bootstrap: str, topic: str, partitions: int, rf: int, min
                        extra: dict | None = None, timeout: float = 60.0) -> None:
     """Create the topic (retrying retriable errors while the cluster settles) and wait until
     every partition has a leader and its full ISR in the brokers' metadata."""
-    from network.protocol import OdradekError
+    from odradek.network.protocol import OdradekError
     from odradek.admin import Admin
     config = {"min.insync.replicas": min_isr, **(extra or {})}
     deadline = time.monotonic() + timeout

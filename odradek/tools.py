@@ -21,7 +21,7 @@ import os
 import sys
 import time
 
-from network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 
 _bootstrap_of = None  # set by add_parsers: args -> "host:port"
 TIMEOUT_MS = 5000  # how long a command waits for an unreachable broker before its one-line error
@@ -432,7 +432,7 @@ def _base_offset(path: str) -> int:
 def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> None:
     """Print each batch of a segment (and its records); a torn or zero-filled tail is reported,
     not fatal."""
-    from log import records as fmt
+    from odradek.log import records as fmt
     out.write(f"Log starting offset: {_base_offset(path)}\n")
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -463,7 +463,7 @@ def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> No
 
 
 def _batch_problem(buf, pos: int, size: int) -> str | None:
-    from log import records as fmt
+    from odradek.log import records as fmt
     if size - pos < fmt.HEADER_SIZE:
         return "partial batch header"
     h = fmt.BatchHeader.read(buf, pos)
@@ -477,7 +477,7 @@ def _batch_problem(buf, pos: int, size: int) -> str | None:
 
 
 def _dump_records(data: bytes, out, max_bytes: int) -> None:
-    from log import records as fmt
+    from odradek.log import records as fmt
     try:
         recs = fmt.decode_batch(data)
     except OdradekError as exc:
@@ -502,7 +502,7 @@ def _show(b, max_bytes: int) -> str:
 
 
 def dump_index(path: str, out, time_index: bool) -> None:
-    from log import index
+    from odradek.log import index
     base = _base_offset(path)
     entry = index.TIME_ENTRY if time_index else index.OFFSET_ENTRY
     with open(path, "rb") as f:

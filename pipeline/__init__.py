@@ -1,6 +1,6 @@
 """Odradek for Spark: the ``odradek`` data source and the example pipelines.
 
-    import pipeline
+    from odradek import pipeline
     pipeline.register(spark)                       # once per SparkSession
     df = (spark.read.format("odradek")
           .option("kafka.bootstrap.servers", "127.0.0.1:9092")
@@ -21,5 +21,5 @@ FORMAT = "odradek"
 
 def register(spark) -> None:
     """Register the ``odradek`` format with ``spark`` (idempotent per session)."""
-    from pipeline.source import OdradekDataSource
+    from odradek.pipeline.source import OdradekDataSource
     spark.dataSource.register(OdradekDataSource)

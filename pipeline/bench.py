@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     bootstrap = args.bootstrap_server or broker.bootstrap
     spark = None
     try:
-        from pipeline.session import session
+        from odradek.pipeline.session import session
         spark = session(args.master, app="odradek-bench")
         result = run(spark, bootstrap, args.records, args.size, args.partitions, args.runs, args.values)
     finally:

@@ -21,10 +21,10 @@ import time
 import zlib
 from typing import Iterator
 
-from log import records as fmt
-from network.client import BrokerConnection, parse_bootstrap
+from odradek.log import records as fmt
+from odradek.network.client import BrokerConnection, parse_bootstrap
 from odradek.consumer import split_batches  # one walk of a fetch answer's batches, shared with the client
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.pipeline")
 

@@ -53,8 +53,8 @@ def _arguments(p: argparse.ArgumentParser) -> None:
 
 def cmd_pipeline(args) -> int:
     bs = args.bootstrap_server or (_bootstrap_of(args) if _bootstrap_of else "127.0.0.1:9092")
-    from pipeline import clicks
-    from pipeline.session import session
+    from odradek.pipeline import clicks
+    from odradek.pipeline.session import session
 
     remote = "://" in args.output  # hdfs://, s3a://...: Spark writes there; no local state file
     output = args.output if remote else os.path.abspath(args.output)
@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.cli", description="Run an example Spark pipeline.")
     _arguments(parser)
     args = parser.parse_args(argv)
-    from network.protocol import OdradekError
+    from odradek.network.protocol import OdradekError
     try:
         return cmd_pipeline(args)
     except OdradekError as exc:

@@ -22,9 +22,9 @@ import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from log import records as fmt
-from network.protocol import ErrorCode, OdradekError
-from pipeline.broker import check_crc
+from odradek.log import records as fmt
+from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.pipeline.broker import check_crc
 
 SCHEMA_DDL = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
               "timestampType INT")

@@ -19,7 +19,7 @@ def session(master: str | None = "local[2]", app: str = "odradek", conf: dict | 
         os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
     from pyspark.sql import SparkSession
 
-    import pipeline
+    from odradek import pipeline
 
     builder = SparkSession.builder.appName(app)
     if master:

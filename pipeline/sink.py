@@ -29,11 +29,11 @@ from typing import Iterator
 import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage)
 
-from network.client import BrokerConnection, parse_bootstrap
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.client import BrokerConnection, parse_bootstrap
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.producer import encode_rows, partition_for_key
-from pipeline import options as opt
-from pipeline.broker import CLIENT_ID, RETRY_BACKOFF, Planner, retriable
+from odradek.pipeline import options as opt
+from odradek.pipeline.broker import CLIENT_ID, RETRY_BACKOFF, Planner, retriable
 
 log = logging.getLogger("odradek.pipeline")
 

@@ -24,9 +24,9 @@ from typing import Iterator
 from pyspark.sql.datasource import DataSource, DataSourceReader, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows, SupportsTriggerAvailableNow
 
-from pipeline import options as opt
-from pipeline.broker import DataLoss, Planner, RangeFetcher
-from pipeline.columns import ddl, to_arrow
+from odradek.pipeline import options as opt
+from odradek.pipeline.broker import DataLoss, Planner, RangeFetcher
+from odradek.pipeline.columns import ddl, to_arrow
 
 log = logging.getLogger("odradek.pipeline")
 
@@ -65,11 +65,11 @@ class OdradekDataSource(DataSource):
         return StreamReader(opt.stream_read_options(self.options))
 
     def writer(self, schema, overwrite: bool):
-        from pipeline.sink import BatchWriter
+        from odradek.pipeline.sink import BatchWriter
         return BatchWriter(opt.write_options(self.options, schema.fieldNames()), schema)
 
     def streamWriter(self, schema, overwrite: bool):
-        from pipeline.sink import StreamWriter
+        from odradek.pipeline.sink import StreamWriter
         return StreamWriter(opt.write_options(self.options, schema.fieldNames()), schema)
 
 

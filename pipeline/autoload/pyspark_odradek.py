@@ -6,6 +6,6 @@ each under its ``name()``. This module is that hook: with its directory on the p
 module installed at top level), ``spark.read.format("odradek")`` works without
 ``pipeline.register(spark)``.
 """
-from pipeline.source import OdradekDataSource as DefaultSource
+from odradek.pipeline.source import OdradekDataSource as DefaultSource
 
 __all__ = ["DefaultSource"]

@@ -1,7 +1,7 @@
 """Small actors used by the runtime's tests (they run in real spawned processes)."""
 import os
 
-from actors.runtime import Actor
+from odradek.actors.runtime import Actor
 
 
 class Echo(Actor):

@@ -10,10 +10,10 @@ import time
 import psutil
 import pytest
 
-from actors.client import MailboxClient
-from actors.message import Message, decode, encode_header, MalformedMessage
-from actors.runtime import Actor
-from network.protocol import ErrorCode, OdradekError
+from odradek.actors.client import MailboxClient
+from odradek.actors.message import Message, decode, encode_header, MalformedMessage
+from odradek.actors.runtime import Actor
+from odradek.network.protocol import ErrorCode, OdradekError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -118,7 +118,7 @@ def test_pending_requests_get_an_error_when_the_actor_stops(tree):
     # Hold a request in echo-1 from a second client, then stop echo-1 through the runtime.
     holder = MailboxClient(t.run_dir)
     try:
-        from actors.message import encode_header as enc
+        from odradek.actors.message import encode_header as enc
         holder._peer("echo-1").send_multipart([enc("hold", 99, holder.name, {})])
         time.sleep(0.2)
         t.client.request("echo-1", "_stop")

@@ -4,7 +4,7 @@ import json
 import logging
 import sys
 
-from actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
+from odradek.actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
 
 
 def main() -> int:

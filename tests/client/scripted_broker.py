@@ -31,9 +31,9 @@ import select
 import socket
 import threading
 
-from log import records as fmt
-from network import codec
-from network.protocol import ApiKey, ErrorCode
+from odradek.log import records as fmt
+from odradek.network import codec
+from odradek.network.protocol import ApiKey, ErrorCode
 
 NOT_LEADER = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from log import records as fmt
+from odradek.log import records as fmt
 from odradek.producer import encode_rows, pack_rows
 
 

@@ -7,11 +7,11 @@ import time
 
 import pytest
 
-from network.protocol import ErrorCode
+from odradek.network.protocol import ErrorCode
 from odradek import Admin, Consumer, Producer, TopicPartition, errors
 from odradek.cluster import Connection
 from odradek.producer import encode_rows
-from network.protocol import ApiKey
+from odradek.network.protocol import ApiKey
 
 
 def consume_all(bootstrap: str, tps: list, expected: int, max_wait: float = 30.0) -> list:

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer, TopicPartition
 from odradek.group import GroupAdmin
 from tests.coordinator.test_group_coordinator import commit, hb, join

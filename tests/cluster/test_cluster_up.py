@@ -10,12 +10,11 @@ import sys
 import psutil
 
 from odradek import Admin
-from odradek.local import ROOT, stop_pid
+from odradek.local import stop_pid
 
 
 def odradek(*args, cwd) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "odradek", *args], cwd=cwd, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "odradek", *args], cwd=cwd, capture_output=True,
                           text=True, timeout=180)
 
 

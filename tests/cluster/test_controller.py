@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from network.client import BrokerConnection
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError
 from tests.cluster.verify import assert_replicas_identical, high_watermarks, partition_dir, read_all
@@ -221,7 +221,7 @@ def test_only_a_failed_epoch_check_makes_the_controller_resign_not_a_lost_race_o
     cluster with no acting controller.)"""
     import types
 
-    from coordinator.cluster_controller import ClusterController
+    from odradek.coordinator.cluster_controller import ClusterController
 
     zk = zookeeper.client("")
     root = f"/fencing-{os.getpid()}"

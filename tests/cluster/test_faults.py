@@ -18,8 +18,8 @@ import time
 
 import pytest
 
-from log.records import CorruptRecordError, iter_batches
-from log.segment import SEGMENT_RE
+from odradek.log.records import CorruptRecordError, iter_batches
+from odradek.log.segment import SEGMENT_RE
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError, OdradekError, TopicAlreadyExistsError
 from tests.cluster.verify import (AckedLog, Workload, assert_replicas_identical, check_logs, read_all,

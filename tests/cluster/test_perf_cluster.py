@@ -11,16 +11,17 @@ import sys
 import psutil
 import pytest
 
-from odradek.local import ROOT, zookeeper_missing
+from odradek.local import zookeeper_missing
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def _perf(args: list[str], timeout: float = 300) -> subprocess.CompletedProcess:
     missing = zookeeper_missing()
     if missing:
         pytest.fail(missing, pytrace=False)
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.run([sys.executable, "-m", "odradek", "perf", *args], capture_output=True, text=True,
-                          timeout=timeout, env=env, cwd=ROOT)
+                          timeout=timeout, cwd=ROOT)
 
 
 def _nothing_left(directory: str) -> list[str]:

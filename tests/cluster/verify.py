@@ -17,8 +17,8 @@ import os
 import threading
 import time
 
-from log.records import CorruptRecordError, iter_batches
-from log.segment import SEGMENT_RE
+from odradek.log.records import CorruptRecordError, iter_batches
+from odradek.log.segment import SEGMENT_RE
 from odradek import Admin, Consumer, Producer, TopicPartition
 
 

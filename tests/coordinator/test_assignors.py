@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from coordinator.assignors import range_assign, uniform
+from odradek.coordinator.assignors import range_assign, uniform
 
 TOPICS = ["a", "b", "c"]
 

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from actors.client import MailboxClient
-from coordinator.offsets import OFFSETS_TOPIC, partition_for
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.actors.client import MailboxClient
+from odradek.coordinator.offsets import OFFSETS_TOPIC, partition_for
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
 from tests.coordinator.test_group_coordinator import commit, coordinator_stats, fetch_offsets, hb, join
 from tests.network.helpers import connect, wait_until

@@ -16,11 +16,11 @@ import time
 
 import pytest
 
-from actors.client import MailboxClient
-from actors.runtime import Actor
-from coordinator.group_coordinator import GroupCoordinator, commit_error, group_write_error
-from coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.actors.client import MailboxClient
+from odradek.actors.runtime import Actor
+from odradek.coordinator.group_coordinator import GroupCoordinator, commit_error, group_write_error
+from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
 from tests.network.helpers import wait_until
 

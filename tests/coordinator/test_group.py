@@ -7,9 +7,9 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from coordinator.group import (EMPTY, RECONCILING, STABLE, STABLE_GROUP, UNRELEASED, UNREVOKED, ConsumerGroup,
+from odradek.coordinator.group import (EMPTY, RECONCILING, STABLE, STABLE_GROUP, UNRELEASED, UNREVOKED, ConsumerGroup,
                                GroupConfig, GroupError, HeartbeatRequest, tps_of)
-from network.protocol import ErrorCode
+from odradek.network.protocol import ErrorCode
 
 TOPICS = {"t": 6}
 

@@ -7,9 +7,9 @@ import time
 
 import pytest
 
-from coordinator.group import tps_of
-from coordinator.offsets import Committed, OffsetsView, expired, group_record, offset_record
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.coordinator.group import tps_of
+from odradek.coordinator.offsets import Committed, OffsetsView, expired, group_record, offset_record
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
 from tests.network.helpers import actor, connect, kill9, wait_until
 
@@ -57,7 +57,7 @@ def fetch_offsets(conn, group="g"):
 
 
 def coordinator_stats(broker) -> dict:
-    from actors.client import MailboxClient
+    from odradek.actors.client import MailboxClient
     with MailboxClient(broker.run_dir) as client:
         return client.request("group_coordinator", "_stats", timeout=5.0).fields
 

@@ -4,8 +4,8 @@ import os
 
 import pytest
 
-from coordinator.topics import TopicRegistry, check_topic_name, placement
-from network.protocol import ErrorCode, OdradekError
+from odradek.coordinator.topics import TopicRegistry, check_topic_name, placement
+from odradek.network.protocol import ErrorCode, OdradekError
 
 DEFAULTS = {"retention.ms": 604800000, "segment.bytes": 1073741824}
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import pytest
 
-from log.config import LogConfig
-from log.log import Log
+from odradek.log.config import LogConfig
+from odradek.log.log import Log
 from tests.log.support import Clock, FaultyFiles
 
 

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import time
 
-from log import records as fmt
-from network import codec
-from network.protocol import ApiKey, ErrorCode
+from odradek.log import records as fmt
+from odradek.network import codec
+from odradek.network.protocol import ApiKey, ErrorCode
 from tests.client.scripted_broker import ScriptedBroker
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import errno
 import os
 
-from log.files import FileLayer
-from log.records import decode_batch, encode_batch, iter_batches
+from odradek.log.files import FileLayer
+from odradek.log.records import decode_batch, encode_batch, iter_batches
 
 
 class Clock:

@@ -13,10 +13,10 @@ import struct
 import pytest
 import zmq
 
-from log.config import LogConfig
-from log.errors import OdradekError
-from log.log import Log
-from log.records import (HEADER, MAGIC, BatchHeader, check_header, encode_batch,
+from odradek.log.config import LogConfig
+from odradek.log.errors import OdradekError
+from odradek.log.log import Log
+from odradek.log.records import (HEADER, MAGIC, BatchHeader, check_header, encode_batch,
                          validate_batches)
 from tests.log.support import Clock
 
@@ -97,7 +97,7 @@ def test_the_fast_path_matches_the_general_path_on_good_and_bad_batches(tmp_path
 
 def test_the_fast_checks_never_accept_what_check_header_refuses():
     """Random headers: whatever the fast path would take, validate_batches takes too."""
-    from log import log as log_module
+    from odradek.log import log as log_module
     view = log_module._APPEND_VIEW
     rnd = random.Random(3)
     body = b"x" * 40
@@ -124,7 +124,7 @@ def test_the_fast_checks_never_accept_what_check_header_refuses():
 
 
 def test_the_append_view_reads_the_same_fields_as_the_header():
-    from log import log as log_module
+    from odradek.log import log as log_module
     good = encode_batch([(b"k", b"v")] * 3, None, timestamp_ms=12345, producer_id=9,
                         base_sequence=4, producer_epoch=2, partition_leader_epoch=6)
     h = BatchHeader.read(good)

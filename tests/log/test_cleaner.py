@@ -4,10 +4,10 @@ from __future__ import annotations
 import os
 import shutil
 
-from log.cleaner import clean
-from log.config import LogConfig
-from log.log import Log
-from log.records import encode_batch
+from odradek.log.cleaner import clean
+from odradek.log.config import LogConfig
+from odradek.log.log import Log
+from odradek.log.records import encode_batch
 from tests.log.support import Clock, Crash, FaultyFiles, log_records
 
 CFG = LogConfig(segment_bytes=1024, index_interval_bytes=128, segment_index_bytes=240,

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from log import index as ix
-from log.config import LogConfig
-from log.errors import InvalidConfigError
+from odradek.log import index as ix
+from odradek.log.config import LogConfig
+from odradek.log.errors import InvalidConfigError
 
 
 def test_defaults_are_kafkas():

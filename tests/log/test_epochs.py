@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from log.config import LogConfig
-from log.epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
-from log.errors import InvalidRecordError
-from log.log import Log
-from log.records import BatchHeader
+from odradek.log.config import LogConfig
+from odradek.log.epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
+from odradek.log.errors import InvalidRecordError
+from odradek.log.log import Log
+from odradek.log.records import BatchHeader
 from tests.log.support import Clock, FaultyFiles, batch, log_batches
 
 

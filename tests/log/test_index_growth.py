@@ -6,9 +6,9 @@ import os
 
 import pytest
 
-from log import index as ix
-from log.config import LogConfig
-from log.errors import StorageError
+from odradek.log import index as ix
+from odradek.log.config import LogConfig
+from odradek.log.errors import StorageError
 from tests.log.support import batch, log_batches, log_records
 
 

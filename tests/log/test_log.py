@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from log.config import LogConfig
-from log.errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError,
+from odradek.log.config import LogConfig
+from odradek.log.errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError,
                         RecordTooLargeError, StorageError)
-from log.records import BatchHeader, decode_batch, encode_batch, iter_batches
+from odradek.log.records import BatchHeader, decode_batch, encode_batch, iter_batches
 from tests.log.support import batch, log_batches, log_records
 
 
@@ -280,7 +280,7 @@ def Log_reopen(open_log):
 def test_follower_appends_keep_leader_offsets_and_refuse_going_backwards(open_log):
     leader, follower = open_log(), None
     b1 = bytearray(batch(3))
-    from log.records import patch_base_offset
+    from odradek.log.records import patch_base_offset
     patch_base_offset(b1, 10, 7)
     follower = open_log()
     info = follower.append_as_follower(bytes(b1))

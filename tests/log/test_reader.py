@@ -6,11 +6,11 @@ import os
 
 import pytest
 
-from log.config import LogConfig
-from log.errors import OffsetOutOfRangeError
-from log.log import Log
-from log.reader import LogReader
-from log.records import iter_batches
+from odradek.log.config import LogConfig
+from odradek.log.errors import OffsetOutOfRangeError
+from odradek.log.log import Log
+from odradek.log.reader import LogReader
+from odradek.log.records import iter_batches
 from tests.log.support import Clock, batch, log_batches
 
 CFG = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_index_bytes=240,

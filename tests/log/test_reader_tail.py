@@ -2,10 +2,10 @@
 exactly what the indexed path returns (also after rolls and truncation)."""
 import time
 
-from log.config import LogConfig
-from log.log import Log
-from log.reader import LogReader
-from log.records import encode_batch
+from odradek.log.config import LogConfig
+from odradek.log.log import Log
+from odradek.log.reader import LogReader
+from odradek.log.records import encode_batch
 
 
 def fill(tmp_path, batches, segment_bytes=1 << 30):

@@ -8,12 +8,12 @@ import time
 
 import pytest
 
-from actors.client import MailboxClient
-from actors.runtime import Actor
-from coordinator.topics import placement
-from log import records as fmt
-from log import replica_fetcher as rf
-from network.protocol import ErrorCode
+from odradek.actors.client import MailboxClient
+from odradek.actors.runtime import Actor
+from odradek.coordinator.topics import placement
+from odradek.log import records as fmt
+from odradek.log import replica_fetcher as rf
+from odradek.network.protocol import ErrorCode
 from tests.log.leader_stub import LeaderStub
 
 

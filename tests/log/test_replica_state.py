@@ -3,7 +3,7 @@ last caught up, by Kafka's rule (caught up as of a fetch that reached the leader
 as of the previous fetch when this one reached the end the leader had then)."""
 from __future__ import annotations
 
-from log.log_actor import Follower
+from odradek.log.log_actor import Follower
 
 
 def test_a_new_follower_has_an_unknown_log_end_and_counts_as_caught_up_from_the_start():

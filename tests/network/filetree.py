@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 import sys
 
-from actors.supervisor import Supervisor, run_supervisor
-from network.handler import SUPPORTED, RequestHandler
-from network.protocol import ApiKey
+from odradek.actors.supervisor import Supervisor, run_supervisor
+from odradek.network.handler import SUPPORTED, RequestHandler
+from odradek.network.protocol import ApiKey
 from odradek import config as cfg
 from odradek.broker import actor_specs
 

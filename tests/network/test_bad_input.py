@@ -9,7 +9,7 @@ import time
 import msgpack
 import pytest
 
-from network.protocol import ApiKey, ErrorCode
+from odradek.network.protocol import ApiKey, ErrorCode
 
 from tests.network.helpers import (PingLoad, actor, connect, packed_header, raw_frame, raw_request, raw_socket,
                                    read_responses, wait_until)

@@ -8,8 +8,8 @@ import sys
 
 import pytest
 
-from network.client import BrokerConnection
-from network.protocol import ApiKey
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

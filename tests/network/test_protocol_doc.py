@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 import re
 
-from network.handler import SUPPORTED
-from network.protocol import ErrorCode
+from odradek.network.handler import SUPPORTED
+from odradek.network.protocol import ErrorCode
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "PROTOCOL.md")
 START, END = "<!-- error-codes:start -->", "<!-- error-codes:end -->"

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import pytest
 
-from network.client import parse_bootstrap
-from network.handler import SUPPORTED
-from network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.client import parse_bootstrap
+from odradek.network.handler import SUPPORTED
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 from tests.network.helpers import actors_of, connect, raw_request, raw_socket, read_responses, wait_until
 

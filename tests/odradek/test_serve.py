@@ -9,8 +9,8 @@ import time
 import psutil
 import pytest
 
-from network.client import BrokerConnection
-from network.protocol import ApiKey, OdradekError
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey, OdradekError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

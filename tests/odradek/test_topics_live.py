@@ -3,8 +3,8 @@ import time
 
 import pytest
 
-from network.client import BrokerConnection
-from network.protocol import ApiKey
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey
 from odradek import Admin, Consumer, Producer, TopicPartition
 
 FAST = {"log_retention_check_interval_ms": 100, "log_segment_delete_delay_ms": 0, "log_cleaner_backoff_ms": 100}

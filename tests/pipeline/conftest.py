@@ -58,7 +58,7 @@ def mod_broker(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def spark():
-    from pipeline.session import session
+    from odradek.pipeline.session import session
     s = session("local[2]", app="odradek-tests", conf={"spark.sql.shuffle.partitions": "2"})
     try:
         yield s

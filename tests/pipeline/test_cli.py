@@ -30,7 +30,7 @@ def test_zero_config_registration_then_pipeline_run_clicks(mod_broker, topic_nam
         df = (spark.read.format("odradek").option("kafka.bootstrap.servers", "{bs}")
               .option("subscribe", "{topic_name}").load())
         print("zero-config rows", df.count(), flush=True)
-        from pipeline import cli
+        from odradek.pipeline import cli
         sys.exit(cli.main(["run", "clicks", "--bootstrap-server", "{bs}", "--events", "2000", "--minutes", "4",
                            "--output", {out!r}, "--start-ms", "1700000040000"]))
     """)
@@ -47,7 +47,7 @@ def test_zero_config_registration_then_pipeline_run_clicks(mod_broker, topic_nam
 
 
 def test_python_m_pipeline_cli_explains_itself():
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "--help"], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-m", "odradek.pipeline.cli", "--help"], capture_output=True, text=True,
                        timeout=60, cwd=ROOT)
     assert r.returncode == 0 and "clicks" in r.stdout and "--master" in r.stdout
 
@@ -56,7 +56,7 @@ def test_add_parser_plugs_pipeline_into_the_odradek_command_line():
     import argparse
 
     from odradek import cli
-    from pipeline import cli as pipeline_cli
+    from odradek.pipeline import cli as pipeline_cli
     parser = cli.build_parser()
     sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
     if "pipeline" not in sub.choices:  # until odradek/cli.py calls add_parser itself

@@ -3,11 +3,11 @@ from __future__ import annotations
 
 import pytest
 
-from log.records import encode_records, Record
-from pipeline import options as opt
+from odradek.log.records import encode_records, Record
+from odradek.pipeline import options as opt
 from odradek.consumer import split_batches as split
-from pipeline.columns import ARROW_SCHEMA, ARROW_SCHEMA_HEADERS, to_arrow
-from pipeline.source import OffsetRange, from_json_offsets, rate_limit, split_ranges, to_json_offsets
+from odradek.pipeline.columns import ARROW_SCHEMA, ARROW_SCHEMA_HEADERS, to_arrow
+from odradek.pipeline.source import OffsetRange, from_json_offsets, rate_limit, split_ranges, to_json_offsets
 
 BS = {"kafka.bootstrap.servers": "127.0.0.1:9092"}
 

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from odradek import Admin, TopicPartition
-from pipeline import clicks
+from odradek.pipeline import clicks
 from tests.pipeline.support import create, produce
 
 
