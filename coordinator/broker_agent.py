@@ -4,8 +4,11 @@ active controller decides (every broker runs it, the controller's own broker inc
 Process: ``controller`` (mixed into ``coordinator.cluster_controller.ClusterController``).
 Owns: this broker's view of the cluster (the last UPDATE_METADATA: ``snapshot_data``), the
 last LEADER_AND_ISR entry of each partition it hosts (``hosted``: a restarted log actor gets
-its partitions and roles back from it), and the highest controller epoch seen (older ones
-are refused with STALE_CONTROLLER_EPOCH).
+its partitions and roles back from it), the highest controller epoch seen (older ones
+are refused with STALE_CONTROLLER_EPOCH), and the broker epoch of every live broker
+(``broker_epochs``: the czxid of its ``/brokers/ids/<id>``, watched from ZooKeeper), which
+it pushes (``broker_epochs {epochs}``) to the fetch actor, which lets only a live broker
+fetch as a replica, and to the replica fetcher, which proves this broker's own with it.
 Accepts:
   broker_request {api, body}   forwarded by a handler: LEADER_AND_ISR -> ``become`` to the log
         actors, then ``follow``/``unfollow`` to the replica fetcher; UPDATE_METADATA ->
@@ -15,6 +18,7 @@ Accepts:
   alter_isr {topic, partition, leader_epoch, isr, zk_version}   from a leading log actor: a
         conditional write of the partition's state node, then an ISR change notification
   get_metadata / get_assignment   from handlers, the group coordinator, log actors
+  get_broker_epochs             from the fetch actor and the replica fetcher, when they start
   _drain                        from the supervisor on SIGTERM: the controlled shutdown
 """
 from __future__ import annotations
@@ -24,12 +28,13 @@ import logging
 from odradek.actors.message import Message
 from odradek.coordinator.controller import log_host_name
 from odradek.coordinator.topics import placement
-from odradek.coordinator.zk_state import NOTIFICATIONS, PartitionState, state_path, to_json
+from odradek.coordinator.zk_state import BROKERS, NOTIFICATIONS, PartitionState, state_path, to_json
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
 
 REPLICA_FETCHER = "replica_fetcher"
+FETCH_ACTOR = "fetch"
 GROUP_COORDINATOR = "group_coordinator"
 SEND_TIMEOUT = 30.0
 
@@ -58,6 +63,33 @@ class BrokerAgent:
         if role == REPLICA_FETCHER and members:
             self._tell_fetcher(list(self.hosted.values()))
 
+    # ---- broker epochs (KIP-903: who may fetch as a replica) --------------------------------
+    def on_get_broker_epochs(self, msg: Message) -> None:
+        """From the fetch actor and the replica fetcher when they start; later changes are pushed."""
+        self.reply(msg, {"epochs": getattr(self, "broker_epochs", None) or {}})
+
+    def _watch_broker_epochs(self) -> None:
+        """Watch ``/brokers/ids`` (once; kazoo keeps the watch across reconnections)."""
+        if getattr(self, "broker_epochs", None) is not None:
+            return
+        self.broker_epochs: dict[str, int] = {}
+        self.zk.ChildrenWatch(BROKERS, lambda children: self.post(lambda: self._read_broker_epochs(children)))
+
+    def _read_broker_epochs(self, children) -> None:
+        epochs = {}
+        for child in children:
+            try:
+                stat = self.zk.exists(f"{BROKERS}/{child}")
+            except Exception as exc:  # noqa: BLE001 - session trouble: the watch fires again
+                log.warning("cannot read the registration of broker %s: %s", child, exc)
+                continue
+            if stat is not None:
+                epochs[str(child)] = stat.czxid
+        if epochs != self.broker_epochs:
+            self.broker_epochs = epochs
+            for role in (FETCH_ACTOR, REPLICA_FETCHER):
+                self.request(role, "broker_epochs", {"epochs": epochs}, timeout=SEND_TIMEOUT)
+
     def on_broker_request(self, msg: Message) -> None:
         api, body = msg.get("api"), msg.get("body") or {}
         if api == ApiKey.ELECT_LEADERS:
@@ -83,6 +115,7 @@ class BrokerAgent:
             self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request")
 
     def _leader_and_isr(self, msg: Message, body: dict) -> None:
+        self._watch_broker_epochs()
         for b in body.get("brokers") or []:
             self.leader_addresses[str(b["node_id"])] = [b["host"], b["port"]]
         per_host: dict[str, list] = {}
@@ -126,6 +159,7 @@ class BrokerAgent:
             self.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
 
     def _update_metadata(self, msg: Message, body: dict) -> None:
+        self._watch_broker_epochs()
         old_topics = self.snapshot_data.get("topics", {})
         self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
                               "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}

@@ -9,7 +9,10 @@ Accepts:
   fetch {body}          (from a handler; answered straight to the client's processor)
   list_offsets {body}   likewise
   bounds {parts, closed, host}   one-way, from log actors (each part: LogBounds, the leader
-                        epoch and whether this broker leads the partition)
+                        epoch, whether this broker leads the partition and its replica set)
+  broker_epochs {epochs: {"<id>": czxid}}   from the broker agent (cluster mode): the live
+                        brokers and their broker epochs, whenever ``/brokers/ids`` changes
+                        (asked for with ``get_broker_epochs`` at start)
 A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms``; every ``bounds``
 update of a partition it reads re-checks it, so it answers as soon as data arrives.
 
@@ -19,6 +22,14 @@ its fetch offset, which is its own log end, goes to the log actor at once
 (``replica_progress``): that is how the leader advances the high watermark and the ISR.
 A ``current_leader_epoch`` older than the leader's is FENCED_LEADER_EPOCH, a newer one
 UNKNOWN_LEADER_EPOCH (-1 is not checked).
+
+Who may fetch as a replica (KIP-903's idea): a ``replica_id`` is a claim, checked before it is
+believed. The fetch must carry the ``broker_epoch`` of that broker's live registration (the
+czxid of ``/brokers/ids/<id>``, which only that broker's session knows and which changes with
+every registration), else the whole fetch is refused with STALE_BROKER_EPOCH; a broker outside
+a partition's replica set gets REPLICA_NOT_AVAILABLE for it; and only a fetch offset inside the
+leader's log ``[log start, log end]`` of a partition answered without error is progress (a
+future or out-of-range offset never moves a follower, so never the ISR or the high watermark).
 """
 from __future__ import annotations
 
@@ -60,7 +71,11 @@ class FetchActor(Actor):
         self.readers: dict[tuple[str, int], LogReader] = {}
         self.roles: dict[tuple[str, int], tuple[int, bool, str]] = {}  # leader epoch, leading here, log actor
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
+        self.broker_epochs: dict[int, int] = {}  # live broker id -> the czxid of its registration
         self.served_bytes = 0
+        self.refused_replica_fetches = 0
+        if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
+            self.request("controller", "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
 
     def on_stop(self) -> None:
         for reader in self.readers.values():
@@ -68,7 +83,7 @@ class FetchActor(Actor):
 
     def stats(self) -> dict:
         return {"partitions": len(self.readers), "delayed": sum(len(w) for w in self.waiting.values()),
-                "served_bytes": self.served_bytes}
+                "served_bytes": self.served_bytes, "refused_replica_fetches": self.refused_replica_fetches}
 
     # ---- bounds from the log actors ----------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
@@ -96,7 +111,7 @@ class FetchActor(Actor):
         for topic, partition, *b in parts:
             key = (topic, partition)
             bounds = LogBounds(*b[:6])
-            role = (b[6], b[7], host)
+            role = (b[6], b[7], host, tuple(b[8]) if len(b) > 8 else ())
             new_roles |= self.roles.get(key) != role
             self.roles[key] = role
             reader = self.readers.get(key)
@@ -118,6 +133,14 @@ class FetchActor(Actor):
             for req in {r for waiting in self.waiting.values() for r in waiting if r.replica >= 0}:
                 self._try(req, final=True)
 
+    def on_broker_epochs(self, msg: Message) -> None:
+        self._learn_broker_epochs(msg)
+        self.reply(msg, {})
+
+    def _learn_broker_epochs(self, msg: Message) -> None:
+        if not msg.is_error:
+            self.broker_epochs = {int(b): int(e) for b, e in (msg.get("epochs") or {}).items()}
+
     # ---- fetch -------------------------------------------------------------------------
     def on_fetch(self, msg: Message) -> None:
         body = msg.get("body") or {}
@@ -130,6 +153,8 @@ class FetchActor(Actor):
                 parts.append((t.get("name"), p.get("index"), p.get("fetch_offset"),
                               p.get("partition_max_bytes", 1048576), p.get("current_leader_epoch", -1)))
         replica = _int(body, "replica_id", -1, lo=-1)
+        if replica >= 0:
+            self._check_broker_epoch(replica, body.get("broker_epoch"))
         req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica)
         if replica >= 0:
             self._tell_progress(replica, parts)
@@ -159,12 +184,30 @@ class FetchActor(Actor):
         self.reply(req.msg, {"body": body, "files": files})
         return True
 
+    def _check_broker_epoch(self, replica: int, claimed) -> None:
+        """A fetch as broker ``replica`` must prove it: the broker epoch of its live registration."""
+        known = self.broker_epochs.get(replica)
+        if known is not None and claimed == known and not isinstance(claimed, bool):
+            return
+        self.refused_replica_fetches += 1
+        why = ("is not a live broker of this cluster" if known is None else
+               f"sent broker epoch {claimed!r}, not that of its registration")
+        raise OdradekError(f"a fetch as replica {replica} refused: broker {replica} {why}; only a live "
+                           f"broker's replica fetcher may fetch as a replica (consumers use replica_id -1)",
+                           ErrorCode.STALE_BROKER_EPOCH)
+
     def _tell_progress(self, replica: int, parts) -> None:
-        """A follower's fetch offset is its log end: the leader's log actor needs it now."""
+        """A follower's fetch offset is its log end: the leader's log actor needs it now. Only
+        an offset this leader could have served counts, from a replica of the partition."""
         per_host: dict[str, list] = {}
-        for topic, partition, offset, *_ in parts:
-            role = self.roles.get((topic, partition))
-            if role is not None and role[1] and isinstance(offset, int):
+        for topic, partition, offset, _max, epoch in parts:
+            key = (topic, partition)
+            role, reader = self.roles.get(key), self.readers.get(key)
+            if role is None or reader is None or self._role_problem(key, epoch, replica) is not None:
+                continue
+            b = reader.bounds
+            if isinstance(offset, int) and not isinstance(offset, bool) and \
+                    b.log_start_offset <= offset <= b.log_end_offset:
                 per_host.setdefault(role[2], []).append([topic, partition, replica, offset])
         for host, progress in per_host.items():
             self.send(host, "replica_progress", {"parts": progress})
@@ -177,7 +220,7 @@ class FetchActor(Actor):
         reader = self.readers.get(key)
         if reader is None:
             return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here"), []
-        problem = self._role_problem(key, epoch)
+        problem = self._role_problem(key, epoch, replica)
         if problem is not None:
             return _fail(entry, *problem), []
         b = reader.bounds
@@ -201,10 +244,13 @@ class FetchActor(Actor):
         entry["records_size"] = result.size
         return entry, [[s.path, s.position, s.length] for s in result.slices]
 
-    def _role_problem(self, key: tuple[str, int], epoch) -> tuple[int, str] | None:
-        leader_epoch, leading, _ = self.roles.get(key, (-1, False, ""))
+    def _role_problem(self, key: tuple[str, int], epoch, replica: int = -1) -> tuple[int, str] | None:
+        leader_epoch, leading, _, replicas = self.roles.get(key, (-1, False, "", ()))
         if not leading:
             return ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{key[0]}-{key[1]}: this broker is not its leader"
+        if replica >= 0 and replica not in replicas:
+            return (ErrorCode.REPLICA_NOT_AVAILABLE,
+                    f"{key[0]}-{key[1]}: broker {replica} is not one of its replicas {list(replicas)}")
         code = epoch_mismatch(epoch, leader_epoch)
         if code is not None:
             return code, f"{key[0]}-{key[1]}: leader epoch {epoch} requested, the leader is at {leader_epoch}"

@@ -250,13 +250,18 @@ class LogActor(Actor):
             self._complete_waiting(p)
 
     def on_replica_progress(self, msg: Message) -> None:
+        """A follower's fetch offset (the fetch actor checked who it is) is its log end. An
+        offset beyond our log end, or below our log start, is not progress: nobody can have
+        fetched what this leader does not have, and believing it would let a follower into
+        the ISR, and past the high watermark, without the data."""
         now = _now_ms()
         for topic, partition, replica, offset in msg.get("parts") or ():
             p = self.logs.get((topic, partition))
             if p is None or p.leader != self.broker_id:
                 continue
             f = p.followers.get(replica)
-            if f is None:
+            if f is None or not isinstance(offset, int) or \
+                    not p.log.log_start_offset <= offset <= p.log.log_end_offset:
                 continue
             f.fetched(offset, p.log.log_end_offset, now)
             if replica not in p.isr and offset >= p.log.high_watermark and \
@@ -554,7 +559,7 @@ class LogActor(Actor):
         self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name})
 
     def _bounds(self, p: PartitionLog) -> list:
-        return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id]
+        return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id, p.replicas]
 
     def _take_changes(self) -> dict:
         parts = [self._bounds(self.logs[key]) for key in self._dirty if key in self.logs]

@@ -10,6 +10,9 @@ Accepts:
         from the controller (broker agent): add or update partitions; a new leader or leader
         epoch re-runs truncation. Answered ``{}`` at once; the work is asynchronous.
   unfollow {parts: [[topic, partition]]}  likewise; answered ``{}``.
+  broker_epochs {epochs: {"<id>": czxid}}  from the broker agent (asked for with
+        ``get_broker_epochs`` at start): this broker's own epoch goes with every FETCH, which
+        the leader refuses (STALE_BROKER_EPOCH, retried after the backoff) until it knows it.
 Sends, to the log actor hosting a partition (``log-<placement>``):
   follower_state {parts: [[topic, partition]]}
         -> {parts: [[topic, partition, error_code, latest_epoch, log_end_offset]]}
@@ -85,14 +88,15 @@ def setting(config: dict, name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def fetch_body(replica_id: int, config: dict, parts) -> dict:
-    """The FETCH body for ``parts`` = ``[(topic, partition, fetch_offset, leader_epoch)]``."""
+def fetch_body(replica_id: int, config: dict, parts, broker_epoch: int = -1) -> dict:
+    """The FETCH body for ``parts`` = ``[(topic, partition, fetch_offset, leader_epoch)]``;
+    ``broker_epoch`` (the czxid of this broker's registration) proves ``replica_id``."""
     topics: dict[str, list] = {}
     part_max = setting(config, "replica.fetch.max.bytes", 1048576)
     for topic, partition, offset, epoch in parts:
         topics.setdefault(topic, []).append({"index": partition, "fetch_offset": offset,
                                              "partition_max_bytes": part_max, "current_leader_epoch": epoch})
-    return {"replica_id": replica_id,
+    return {"replica_id": replica_id, "broker_epoch": broker_epoch,
             "max_wait_ms": setting(config, "replica.fetch.wait.max.ms", 500),
             "min_bytes": setting(config, "replica.fetch.min.bytes", 1),
             "max_bytes": setting(config, "replica.fetch.response.max.bytes", 10485760),
@@ -381,6 +385,8 @@ class ReplicaFetcher(Actor):
         self.replicated_batches = 0
         self.truncations = 0
         self.closing = False
+        self.broker_epoch = -1  # the czxid of our registration: proves our replica_id to leaders
+        self.request("controller", "get_broker_epochs", callback=self._learn_broker_epoch, timeout=LOCAL_TIMEOUT)
         self.call_every(1.0, self._reap)
 
     def on_stop(self) -> None:
@@ -409,6 +415,14 @@ class ReplicaFetcher(Actor):
                             for s in self.sessions.values()}}
 
     # ---- from the controller -----------------------------------------------------------
+    def on_broker_epochs(self, msg: Message) -> None:
+        self._learn_broker_epoch(msg)
+        self.reply(msg, {})
+
+    def _learn_broker_epoch(self, msg: Message) -> None:
+        if not msg.is_error:
+            self.broker_epoch = int((msg.get("epochs") or {}).get(str(self.broker_id), -1))
+
     def on_follow(self, msg: Message) -> None:
         for broker, address in (msg.get("brokers") or {}).items():
             self._set_broker(int(broker), address)
@@ -667,7 +681,7 @@ class ReplicaFetcher(Actor):
         s.fetches += 1
         sent = [(p.topic, p.partition, p.gen, p.fetch_offset) for p in parts]
         body = fetch_body(self.broker_id, self.config,
-                          [(p.topic, p.partition, p.fetch_offset, p.leader_epoch) for p in parts])
+                          [(p.topic, p.partition, p.fetch_offset, p.leader_epoch) for p in parts], self.broker_epoch)
         s.submit(ApiKey.FETCH, body, self.fetch_timeout,
                  lambda body, frames, err, s=s, sent=sent: self._on_fetch(s, sent, body, frames, err))
 
