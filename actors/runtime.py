@@ -14,7 +14,8 @@ Lifecycle, three visible phases:
           is none); replies to this actor's own requests go to the callbacks given to
           ``request()``
   stop    on ``_stop``, SIGTERM, or ``stop()``: ``on_stop()``, then every request this actor
-          received and has not answered gets an ``_error`` reply, every request it sent and
+          received and has not answered gets an ``_error`` reply (NETWORK_EXCEPTION, retriable:
+          not done, as if the connection had closed), every request it sent and
           is still waiting for fails its callback, and sockets close with a short linger
 
 Sending never blocks the loop: a peer whose queue is full (``mailbox.hwm``) raises
@@ -555,9 +556,11 @@ class Actor:
                     continue
                 if msg.reply_to and not msg.is_reply:
                     self._unanswered[(msg.reply_to, msg.corr)] = msg.type
+        # A retriable code (as if the connection had closed): a request this actor did not
+        # finish (a produce, say) may be done again elsewhere; the client must not give up.
         for (reply_to, corr), type_ in list(self._unanswered.items()):
-            self.reply_error_to(reply_to, corr, ErrorCode.BROKER_NOT_AVAILABLE,
-                                f"{self.name} is stopping; '{type_}' was not completed")
+            self.reply_error_to(reply_to, corr, ErrorCode.NETWORK_EXCEPTION,
+                                f"{self.name} is stopping; '{type_}' was not completed, retry")
         for corr in list(self._waiting):
             self._complete(corr, Message(ERROR, corr, None, error_fields(
                 ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} stopped before an answer arrived")))

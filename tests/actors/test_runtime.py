@@ -125,7 +125,8 @@ def test_pending_requests_get_an_error_when_the_actor_stops(tree):
         assert holder.inbox.poll(5000), "the held request was never answered"
         answer = decode(holder.inbox.recv_multipart())
         assert answer.is_error and answer.corr == 99
-        assert answer.error_code == ErrorCode.BROKER_NOT_AVAILABLE and "stopping" in answer.error_message
+        assert answer.error_code == ErrorCode.NETWORK_EXCEPTION and "stopping" in answer.error_message
+        assert ErrorCode.of(answer.error_code).retriable  # a produce it held is retried, not failed
     finally:
         holder.close()
 
