@@ -33,12 +33,15 @@ runs, machines and Python versions, unlike ``hash()``; it is not Kafka's murmur2
 Kafka producer places keys differently); without either, to the topic's *sticky*
 partition, a random one kept until its batch closes, so keyless records fill whole batches.
 
-Ordering: records of a partition are sent in ``send`` order. A batch waiting for a retry
-holds back the later batches of its partition, and a partition with batches in flight to
-one broker sends nothing to another (its new leader) until they are answered, so a moved
-leader does not reorder. As in Kafka without idempotence, with more than one request in
-flight an error only some of them get may reorder (and a retry after a lost answer may
-duplicate); ``max_in_flight=1`` keeps order through every retry.
+Ordering: records of a partition land in ``send`` order, through every retry. Up to
+``max_in_flight`` requests are in flight per broker, but at most one per partition
+(``max_in_flight_per_partition``; a request carries as many of the partition's closed
+batches as fit in ``max_request_size``), so a request refused with a retriable error has no
+later batch of its partition in flight to overtake it; a batch waiting for a retry holds
+back the later batches of its partition, and a partition with a request in flight to one
+broker sends nothing to another (its new leader) until it is answered. Unlike Kafka without
+idempotence, ``max_in_flight`` > 1 does not reorder. A retry after a lost answer may still
+duplicate (idempotence, a later issue, removes that).
 
 Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
 (one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
@@ -297,6 +300,11 @@ class Producer:
         self.retries = retries
         self.retry_backoff = retry_backoff_ms / 1000
         self.max_in_flight = max_in_flight
+        # Requests of one partition in flight at once. One keeps the partition's order through
+        # every retry (nothing sent after a refused request can overtake it). Idempotence
+        # (producer id + sequence numbers, a later issue) will let this rise to max_in_flight,
+        # as in Kafka, the broker then refusing an out-of-sequence batch.
+        self.max_in_flight_per_partition = 1
         self.request_timeout_ms = request_timeout_ms
         self.delivery_timeout = delivery_timeout_ms / 1000
         self.max_block = max_block_ms / 1000
@@ -586,7 +594,7 @@ class _Sender:
         self.stopping = False
         self.stop_deadline: float | None = None
         self.metadata_wanted = False
-        self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches in flight]
+        self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches, requests in flight]
         self.requests = self.batches = self.retried = 0
 
     def stop(self, deadline: float | None) -> None:
@@ -694,22 +702,34 @@ class _Sender:
         self.retry = waiting
 
     def _send_to(self, node: int, batches: list) -> list:
-        """Send batches to one broker in requests; returns those that did not fit."""
+        """Send batches to one broker in requests (up to ``max_in_flight`` of them, each at
+        most ``max_request_size``); returns those that must wait. A partition with
+        ``max_in_flight_per_partition`` requests in flight sends nothing more until one is
+        answered, and a batch that does not fit holds back its partition's later ones."""
         conn = self._conn(node)
         if conn is None:
             for b in batches:
                 b.retry_at = time.monotonic() + self.p.retry_backoff
             self.metadata_wanted = True
             return batches
-        i = 0
-        while i < len(batches) and conn.in_flight < self.p.max_in_flight:
-            group, size = [], 0
-            while i < len(batches) and (not group or size + len(batches[i].data) <= self.p.max_request_size):
-                group.append(batches[i])
-                size += len(batches[i].data)
-                i += 1
+        limit, in_flight = self.p.max_in_flight_per_partition, self.in_flight
+        while batches and conn.in_flight < self.p.max_in_flight:
+            group, rest, size, held = [], [], 0, set()
+            for b in batches:
+                tp = (b.topic, b.partition)
+                busy = in_flight.get(tp)
+                if tp in held or (busy is not None and busy[2] >= limit) or \
+                        (group and size + len(b.data) > self.p.max_request_size):
+                    held.add(tp)
+                    rest.append(b)
+                    continue
+                group.append(b)
+                size += len(b.data)
+            if not group:
+                break
             self._send_request(conn, node, group)
-        return batches[i:]
+            batches = rest
+        return batches
 
     def _conn(self, node: int) -> Connection | None:
         conn = self.conns.get(node)
@@ -746,9 +766,10 @@ class _Sender:
         for tp, bs in layout:
             busy = in_flight.get(tp)
             if busy is None:
-                in_flight[tp] = [node, len(bs)]
+                in_flight[tp] = [node, len(bs), 1]
             else:
                 busy[1] += len(bs)
+                busy[2] += 1
         self.requests += 1
         self.batches += len(group)
         if self.p.acks == 0:
@@ -765,7 +786,8 @@ class _Sender:
             busy = in_flight.get(tp)
             if busy is not None:
                 busy[1] -= len(bs)
-                if busy[1] <= 0:
+                busy[2] -= 1
+                if busy[2] <= 0:
                     del in_flight[tp]
 
     def _on_unacked(self, layout: list, err: OdradekError | None) -> None:
