@@ -1,7 +1,7 @@
 """The ``odradek`` command line, shaped after Kafka's tools.
 
     odradek serve [--config FILE] [--set key=value]...   run a broker (supervisor + actors)
-    odradek status [--config FILE] [--set ...] [--json]  the running broker's actor tree
+    odradek status [--bootstrap-server H:P | --config FILE --set ...] [--json]  a local broker's actor tree
     odradek configs --describe | --alter key=value ...   broker configs (Kafka's kafka-configs)
     odradek perf ping | hop | produce | consume | e2e | replicated | failover ...   benchmarks
 
@@ -58,14 +58,16 @@ def _fmt_bytes(n) -> str:
 
 def cmd_status(args) -> int:
     from odradek.actors.client import MailboxClient
-    config = _load(args)
-    run_dir = cfg.run_dir(config)
+    from odradek import tools
+    run_dir = tools.run_dir_of(args.bootstrap_server) if args.bootstrap_server else cfg.run_dir(_load(args))
     import os
     if not os.path.exists(os.path.join(run_dir, "supervisor.mbox")):
-        raise OdradekError(f"no broker is running with run directory {run_dir} "
-                           f"(start one with `odradek serve`, or pass the same --config/--set it uses)")
+        raise OdradekError(f"no broker is running with run directory {run_dir} (start one with `odradek serve`, "
+                           f"or pass --bootstrap-server, or the same --config/--set it uses)")
     with MailboxClient(run_dir) as client:
         status = client.request("supervisor", "status", timeout=args.timeout).fields
+    if args.bootstrap_server:
+        tools.check_status_address(status, args.bootstrap_server)
     if args.json:
         print(json.dumps(status, indent=2))
         return 0
@@ -158,6 +160,8 @@ def build_parser() -> argparse.ArgumentParser:
     _config_args(p)
     p.add_argument("--json", action="store_true", help="print the raw status as JSON")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for the supervisor")
+    p.add_argument("--bootstrap-server", metavar="HOST:PORT",
+                   help="the broker on this machine listening there (asked for its log.dirs/run.dir)")
     p.set_defaults(func=cmd_status)
 
     p = sub.add_parser("configs", help="describe or alter broker configs (like kafka-configs)")

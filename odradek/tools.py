@@ -154,6 +154,54 @@ def _configs(items: list[str]) -> dict:
     return out
 
 
+# ---- status: which local broker ----------------------------------------------------------------
+def run_dir_of(bootstrap: str) -> str:
+    """The run directory of the broker listening at ``bootstrap`` (on this machine: its
+    supervisor's mailbox is a local socket), from the ``log.dirs`` and ``run.dir`` it reports
+    (DESCRIBE_CONFIGS). A relative path is the broker's own: resolved against the working
+    directory of the process listening on that port."""
+    from odradek import config as cfg
+    from odradek.network.client import BrokerConnection, parse_bootstrap
+    from odradek.network.protocol import ApiKey
+    host, port = parse_bootstrap(bootstrap)[0]
+    with BrokerConnection(host, port, client_id="odradek-status", request_timeout_ms=TIMEOUT_MS,
+                          connect_timeout_ms=TIMEOUT_MS) as conn:
+        resp = conn.request(ApiKey.DESCRIBE_CONFIGS, {"resources": [{"type": "broker", "name": "",
+                                                                     "configs": ["log.dirs", "run.dir"]}]})
+    found = {}
+    for res in resp.body.get("resources", []):
+        if res.get("error_code"):
+            raise OdradekError(f"the broker at {bootstrap} would not describe its configs: "
+                               f"{res.get('error_message')}", res["error_code"])
+        found.update({c["name"]: c["value"] for c in res.get("configs", []) if c["name"] in ("log.dirs", "run.dir")})
+    if "log.dirs" not in found:
+        raise OdradekError(f"the broker at {bootstrap} did not report its log.dirs", ErrorCode.UNKNOWN_SERVER_ERROR)
+    cwd = _listener_cwd(port)
+    return cfg.run_dir({name: os.path.join(cwd, value) if value and not os.path.isabs(value) else value
+                        for name, value in found.items()})
+
+
+def _listener_cwd(port: int) -> str:
+    """The working directory of this user's process listening on ``port`` (ours if none is seen)."""
+    import psutil
+    for conn in psutil.net_connections("tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return psutil.Process(conn.pid).cwd()
+            except psutil.Error:
+                break
+    return os.getcwd()
+
+
+def check_status_address(status: dict, bootstrap: str) -> None:
+    """The supervisor found must be the one listening at ``bootstrap``."""
+    from odradek.network.client import parse_bootstrap
+    address = status.get("supervisor", {}).get("address")
+    if address and parse_bootstrap(address)[0][1] != parse_bootstrap(bootstrap)[0][1]:
+        raise OdradekError(f"the run directory the broker at {bootstrap} reports belongs to the broker at "
+                           f"{address}: two brokers share log.dirs/run.dir?", ErrorCode.INVALID_CONFIG)
+
+
 # ---- topics -----------------------------------------------------------------------------------
 @_one_line_errors
 def cmd_topics(args) -> int:
