@@ -75,6 +75,17 @@ class BrokerAgent:
         self.broker_epochs: dict[str, int] = {}
         self.zk.ChildrenWatch(BROKERS, lambda children: self.post(lambda: self._read_broker_epochs(children)))
 
+    def _refresh_broker_epochs(self) -> None:
+        """Read them again now: the watch reports a change of the children only, so a broker
+        that re-registered between two looks (same ids, a new czxid) is seen here, at the
+        UPDATE_METADATA the controller sends when a broker (re)joins."""
+        try:
+            children = self.zk.get_children(BROKERS)
+        except Exception as exc:  # noqa: BLE001 - session trouble: the watch fires again
+            log.warning("cannot list the registered brokers: %s", exc)
+            return
+        self._read_broker_epochs(children)
+
     def _read_broker_epochs(self, children) -> None:
         epochs = {}
         for child in children:
@@ -160,6 +171,7 @@ class BrokerAgent:
 
     def _update_metadata(self, msg: Message, body: dict) -> None:
         self._watch_broker_epochs()
+        self._refresh_broker_epochs()
         old_topics = self.snapshot_data.get("topics", {})
         self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
                               "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}

@@ -69,7 +69,7 @@ class FetchActor(Actor):
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
         self.readers: dict[tuple[str, int], LogReader] = {}
-        self.roles: dict[tuple[str, int], tuple[int, bool, str]] = {}  # leader epoch, leading here, log actor
+        self.roles: dict[tuple[str, int], tuple] = {}  # leader epoch, leading here, log actor, replicas
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
         self.broker_epochs: dict[int, int] = {}  # live broker id -> the czxid of its registration
         self.served_bytes = 0
