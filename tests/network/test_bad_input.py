@@ -31,7 +31,8 @@ def abused(tmp_path_factory):
     the whole time; the module fails if that client ever failed."""
     from tests.conftest import BrokerProcess
     broker = BrokerProcess(str(tmp_path_factory.mktemp("abused")),
-                           {"socket.request.max.bytes": 65536, "connections.max.idle.ms": 500}).start()
+                           {"socket.request.max.bytes": 65536, "connections.max.idle.ms": 500,
+                            "max.connections.per.ip": 1000}).start()
     load = PingLoad(broker, threads=1, depth=2).__enter__()
     try:
         yield broker
