@@ -71,7 +71,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),
     Setting("run.dir", str, "",
             "Directory for the actors' ipc sockets and the pid file; empty means `<log.dirs>/run` "
-            "(or a short path under /tmp when that would be too long for a Unix socket)."),
+            "(or a short path under /tmp when that would be too long for a Unix socket). Created 0700; "
+            "refused if it is another user's, a symlink, or writable by others."),
     # --- network edge ---
     Setting("num.network.threads", int, 2, "Processor actors: each owns a share of the client connections.",
             _between(1, 64)),
