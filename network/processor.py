@@ -36,13 +36,16 @@ is always "stop reading", never growth.
     ``ANSWER_BYTES_MAX`` bytes of answers the client has not read, its requests are no
     longer read until it reads its answers.
   * Deadlines: a request must arrive whole within ``request.timeout.ms`` of its first byte
-    (while the processor is reading it), else the connection is closed (slowloris); the
+    (the clock stops while the processor holds the connection back, not while the
+    client's unread answers do), else the connection is closed (slowloris); the
     idle clock (``connections.max.idle.ms``) restarts on a whole request or an answer
     written, never on a stray byte.
   * ``shed_idle`` (request, from the acceptor at ``max.connections``): close this
-    processor's least recently used idle connection; replies ``{closed: bool}``. Writes never block: a full kernel buffer leaves the rest queued and
-watches POLLOUT. Responses may name file regions (``files: [[path, position, length]]``);
-they follow the frames on the wire and are written with ``os.sendfile`` (zero-copy).
+    processor's least recently used idle connection; replies ``{closed: bool}``.
+
+Writes never block: a full kernel buffer leaves the rest queued and watches POLLOUT.
+Responses may name file regions (``files: [[path, position, length]]``); they follow the
+frames on the wire and are written with ``os.sendfile`` (zero-copy).
 """
 from __future__ import annotations
 
@@ -160,6 +163,7 @@ class Processor(Actor):
         self.reserved = 0  # bytes reserved for requests being read or at handlers
         self._starved: collections.deque[Connection] = collections.deque()
         self._regrant = False
+        self._draining = False  # stopping: no new request goes to a handler
         self.conns: dict[int, Connection] = {}
         self._conn_ids = 0
         self._inflight: dict[int, InFlight] = {}
@@ -201,6 +205,7 @@ class Processor(Actor):
 
     def _drain_before_stop(self) -> None:
         """Give in-flight requests a short while to be answered and written."""
+        self._draining = True
         for conn in self.conns.values():
             self._set_events(conn, 0)
         deadline = self.clock() + STOP_DRAIN_SECONDS
@@ -321,7 +326,8 @@ class Processor(Actor):
 
     def _can_dispatch(self, conn: Connection) -> bool:
         return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
-                and not conn.starved and len(conn.slots) < PIPELINE_MAX and conn.wq_bytes < ANSWER_BYTES_MAX)
+                and not self._draining and not conn.starved and len(conn.slots) < PIPELINE_MAX
+                and conn.wq_bytes < ANSWER_BYTES_MAX)
 
     def _held_back(self, conn: Connection) -> bool:
         """Not read for the processor's reasons (not the client's): its request's deadline
