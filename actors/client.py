@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import zmq
 
 from odradek.actors.message import Message, encode_header
-from odradek.actors.runtime import LINGER_MS, await_reply, mailbox_address, mailbox_path
+from odradek.actors.runtime import LINGER_MS, await_reply, mailbox_address, mailbox_path, make_private
 
 _seq = itertools.count()
 
@@ -26,6 +26,7 @@ class MailboxClient:
         self.inbox = self.ctx.socket(zmq.PULL)
         self.inbox.setsockopt(zmq.LINGER, 0)
         self.inbox.bind(mailbox_address(run_dir, self.name))
+        make_private(mailbox_path(run_dir, self.name))  # no one else may answer in the broker's name
         self._peers: dict[str, zmq.Socket] = {}
         self._corr = itertools.count(1)
 

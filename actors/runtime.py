@@ -22,6 +22,11 @@ Sending never blocks the loop: a peer whose queue is full (``mailbox.hwm``) rais
 ``MailboxFull`` to the sender, which answers its own requester with an error instead.
 Nothing is dropped silently.
 
+Privacy. Whatever the operator's umask, an actor's files are its user's alone: ``actor_main``
+sets the umask to ``PRIVATE_UMASK`` (directories 0700, files 0600: segments, indexes,
+metadata), and every ipc socket is chmod-ed 0600 right after it is bound (inside a run
+directory that is itself 0700, see ``actors.supervisor.prepare_run_dir``).
+
 Threads. An actor may run worker threads for blocking work (a TCP client, say); they must
 never touch its ZeroMQ sockets or its state. ``post(callback)`` is the one method they may
 call: it queues ``callback()`` to run on the actor's loop (through a queue and a self-pipe
@@ -55,6 +60,7 @@ HEARTBEAT_INTERVAL = 1.0  # seconds between heartbeats an actor sends its superv
 MAILBOX_HWM = 100_000  # messages queued towards one peer before MailboxFull
 LINGER_MS = 500  # how long close() waits to deliver queued messages
 MAX_BATCH = 256  # messages handled per wake-up before timers and fds get a turn
+PRIVATE_UMASK = 0o077  # files 0600, directories 0700, whatever the operator's umask
 
 
 class MailboxFull(OdradekError):
@@ -67,6 +73,11 @@ def mailbox_address(run_dir: str, name: str) -> str:
 
 def mailbox_path(run_dir: str, name: str) -> str:
     return os.path.join(run_dir, name) + ".mbox"
+
+
+def make_private(path: str) -> None:
+    """A socket (or file) just created: readable and writable by this user only."""
+    os.chmod(path, 0o600)
 
 
 def import_object(path: str) -> Any:
@@ -336,6 +347,7 @@ class Actor:
         self.mailbox.setsockopt(zmq.RCVHWM, MAILBOX_HWM)
         self.mailbox.setsockopt(zmq.LINGER, 0)
         self.mailbox.bind(mailbox_address(self.run_dir, self.name))
+        make_private(path)
         self._poller.register(self.mailbox, zmq.POLLIN)
 
     def _install_signal_wakeup(self) -> None:
@@ -648,6 +660,7 @@ def actor_main(spec: dict) -> None:
     """Entry point of a spawned actor process. ``spec`` is plain data:
     ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level"}``."""
     _prctl_setup(spec["name"])
+    os.umask(PRIVATE_UMASK)
     raise_fd_limit()
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the supervisor's to handle
     logging.basicConfig(level=spec.get("log_level", "INFO"), stream=sys.stderr,

@@ -32,6 +32,7 @@ import logging
 import multiprocessing
 import os
 import signal
+import stat
 import time
 from typing import Any, Callable
 
@@ -444,9 +445,10 @@ class Supervisor(Actor):
 
 
 def prepare_run_dir(run_dir: str) -> None:
-    """Claim the run directory for this supervisor: refuse if a live supervisor holds it,
-    else clear what a killed one left (socket files, pid file)."""
-    os.makedirs(run_dir, exist_ok=True)
+    """Claim the run directory for this supervisor: make sure it is private
+    (``claim_private_dir``), refuse if a live supervisor holds it, else clear what a killed
+    one left (socket files, pid file)."""
+    claim_private_dir(run_dir)
     pidfile = os.path.join(run_dir, PIDFILE)
     try:
         with open(pidfile) as f:
@@ -463,9 +465,41 @@ def prepare_run_dir(run_dir: str) -> None:
                                f"stop it first or use another log.dirs", ErrorCode.BROKER_NOT_AVAILABLE)
     clear_run_dir(run_dir, keep_pidfile=False)
     tmp = pidfile + ".tmp"
-    with open(tmp, "w") as f:
+    with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600), "w") as f:
         f.write(str(os.getpid()))
     os.replace(tmp, pidfile)
+
+
+def claim_private_dir(path: str) -> None:
+    """Create ``path`` with mode 0700, or accept an existing one only if it is a real
+    directory (not a symlink) owned by this user that nobody else can write to; one that is
+    merely readable by others is narrowed to 0700 (nothing can have been planted in it).
+    Anything else is refused: whoever owns or can write it could replace our sockets and
+    intercept the broker's messages (a name in the shared /tmp can be taken first)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    os.makedirs(parent, exist_ok=True)
+    try:
+        os.mkdir(path, 0o700)
+        os.chmod(path, 0o700)  # mkdir's mode was narrowed by the umask, maybe below 0700
+        return
+    except FileExistsError:
+        pass
+    st = os.lstat(path)
+    fix = "remove it, or set run.dir to a directory of your own"
+    if not stat.S_ISDIR(st.st_mode):
+        raise OdradekError(f"run directory {path} exists and is not a directory (a symlink or file "
+                           f"someone may have planted); {fix}", ErrorCode.BROKER_NOT_AVAILABLE)
+    if st.st_uid != os.geteuid():
+        raise OdradekError(f"run directory {path} belongs to uid {st.st_uid}, not to this broker's user "
+                           f"(uid {os.geteuid()}): its owner could intercept the broker's sockets; {fix}",
+                           ErrorCode.BROKER_NOT_AVAILABLE)
+    if st.st_mode & 0o022:
+        raise OdradekError(f"run directory {path} has mode {stat.S_IMODE(st.st_mode):04o}: others may write "
+                           f"to it and replace the broker's sockets; it must be 0700 ({fix}, or chmod 700 it)",
+                           ErrorCode.BROKER_NOT_AVAILABLE)
+    if stat.S_IMODE(st.st_mode) != 0o700:
+        log.warning("run directory %s had mode %04o; narrowing it to 0700", path, stat.S_IMODE(st.st_mode))
+        os.chmod(path, 0o700)
 
 
 def clear_run_dir(run_dir: str, keep_pidfile: bool = True) -> None:

@@ -4,8 +4,11 @@ Runs in its own process (actor ``acceptor``, one per broker). It owns the listen
 socket (bound in ``on_start``; its address is reported in ``ready_fields`` and a restarted
 acceptor rebinds ``args["bound_port"]``) and the connection counts per processor and per IP.
 
-For each accepted connection: admission (``max.connections``, ``max.connections.per.ip``:
-over a limit the socket is closed at once and counted), then the file descriptor is passed
+For each accepted connection: admission (``max.connections.per.ip``: over it the socket is
+closed at once and counted; at ``max.connections`` the new socket is held while processors,
+busiest first, are asked to ``shed_idle`` (close their least recently used idle connection,
+as Kafka does); the first that did makes room, and if none had one the new socket is closed),
+then the file descriptor is passed
 with ``socket.send_fds`` over the Unix socket ``<run_dir>/<processor>.sock`` to the running
 processor with the fewest connections (one that fails is skipped), and our copy is closed.
 No client byte is ever read here.
@@ -13,7 +16,9 @@ No client byte is ever read here.
 Messages it accepts: ``_members`` for the processor role (from the supervisor);
 ``conn_closed {processor, ip}`` (one-way, from processors). It asks each processor for
 ``connections`` when the processor set changes or after its own restart, and starts
-accepting only when the counts are rebuilt, so limits hold across its restarts.
+accepting only when the counts are rebuilt, so limits hold across its restarts; it asks
+processors to ``shed_idle`` at ``max.connections`` (replies ``{closed: bool}``; a processor
+sends its ``conn_closed`` before that reply, so the count is already down when it arrives).
 """
 from __future__ import annotations
 
@@ -32,6 +37,8 @@ log = logging.getLogger("odradek.acceptor")
 BACKLOG = 1024
 REBUILD_TIMEOUT = 2.0  # seconds to wait for processors' counts before accepting anyway
 ACCEPTS_PER_WAKEUP = 64
+MAX_HELD = 16  # new sockets waiting at max.connections for an idle one to be closed
+SHED_TIMEOUT = 1.0  # seconds a processor gets to answer shed_idle
 
 
 class Acceptor(Actor):
@@ -50,6 +57,7 @@ class Acceptor(Actor):
         self._feeds: dict[str, socket.socket] = {}
         self._awaiting: set[str] = set()
         self._accepting = False
+        self._held: dict[int, socket.socket] = {}  # fd -> a new socket waiting for room
         self.counters = collections.Counter()
 
     # ---- lifecycle ---------------------------------------------------------------------
@@ -71,6 +79,8 @@ class Acceptor(Actor):
             self.unwatch(self.listener.fileno())
             self.listener.close()
         for sock in self._feeds.values():
+            sock.close()
+        for sock in self._held.values():
             sock.close()
 
     def stats(self) -> dict:
@@ -138,16 +148,41 @@ class Acceptor(Actor):
                 log.error("%s: accept failed: %s", self.name, exc)
                 self.counters["accept_errors"] += 1
                 return
+            if self.per_ip[addr[0]] >= self.max_per_ip:
+                self.counters["refused_per_ip"] += 1
+                sock.close()
+            elif self.total >= self.max_connections:
+                self._make_room(sock, addr[0])
+            else:
+                with sock:
+                    self._admit(sock, addr[0])
+
+    # ---- at max.connections: the least recently used idle connection makes room --------
+    def _make_room(self, sock: socket.socket, ip: str) -> None:
+        if len(self._held) >= MAX_HELD:
+            self.counters["refused_max_connections"] += 1
+            sock.close()
+            return
+        self._held[sock.fileno()] = sock
+        self._shed_next(sock, ip, sorted(self._by_load(), key=lambda n: -sum(self.by_processor[n].values())))
+
+    def _shed_next(self, sock: socket.socket, ip: str, processors: list[str]) -> None:
+        """Ask the next processor to close an idle connection; admit when one did."""
+        if sock.fileno() < 0:  # closed: we are stopping
+            return
+        if self.total < self.max_connections or not processors:
+            self._held.pop(sock.fileno(), None)
             with sock:
-                self._admit(sock, addr[0])
+                if self.total < self.max_connections and self.per_ip[ip] < self.max_per_ip:
+                    self._admit(sock, ip)
+                else:
+                    self.counters["refused_max_connections"] += 1
+            return
+        name, rest = processors[0], processors[1:]
+        self.request(name, "shed_idle", callback=lambda _reply: self._shed_next(sock, ip, rest),
+                     timeout=SHED_TIMEOUT)
 
     def _admit(self, sock: socket.socket, ip: str) -> None:
-        if self.total >= self.max_connections:
-            self.counters["refused_max_connections"] += 1
-            return
-        if self.per_ip[ip] >= self.max_per_ip:
-            self.counters["refused_per_ip"] += 1
-            return
         for name in self._by_load():
             if self._hand_off(name, sock):
                 self.by_processor[name][ip] += 1

@@ -20,6 +20,14 @@ frame arrived in one chunk; one copy into a frame-sized buffer when it spanned s
 Errors say whose fault they are: ``FrameError`` is always the peer's (garbage, a size over
 the limit, a header of the wrong shape). It carries the request's correlation id when the
 header could be read, so the broker can answer before it closes the connection.
+``BadRequest`` (a kind of ``FrameError``) is a whole, well-framed request whose header is
+unacceptable (nested deeper than ``MAX_DEPTH``, a map key that is not a string): it is
+answered and the stream stays usable.
+
+Memory grows with bytes received, never with bytes announced: a frame's buffer is extended
+as its bytes arrive. ``head_size()`` tells the reader how large the frame being received
+will be once its size prefix is in, so the reader can reserve that much of its budget
+before it reads more (a connection-level rule any decoder with a size prefix can follow).
 """
 from __future__ import annotations
 
@@ -37,6 +45,7 @@ MAX_HEADER = 1 << 20  # a header larger than this is refused even if the frame i
 MAX_OVERSIZED_HEADER = 1 << 16  # header bytes buffered to answer an oversized frame
 BIG_FRAME = 1 << 16  # frames at least this large that span chunks get their own buffer
 DEFAULT_MAX_FRAME = 104857600
+MAX_DEPTH = 32  # containers nested in a header (a body itself is at depth 2); deeper is refused
 
 _packb = msgpack.Packer(use_bin_type=True).pack
 
@@ -52,6 +61,11 @@ class FrameError(Exception):
         self.code = code
         self.corr = corr
         self.api = api
+
+
+class BadRequest(FrameError):
+    """A request read whole whose header is unacceptable; framing is intact, so the stream
+    stays usable after it is answered."""
 
 
 class Frame(NamedTuple):
@@ -123,13 +137,22 @@ class Decoder:
         self._buf: bytes | memoryview = b""  # unconsumed received bytes
         self._pos = 0
         self._big: bytearray | None = None  # a frame being assembled from several chunks
-        self._big_have = 0
+        self._big_size = 0  # its size; _big grows towards it as bytes arrive
         self._failed: FrameError | None = None
 
     @property
     def buffered(self) -> int:
         """Bytes received and not yet returned as frames."""
-        return len(self._buf) - self._pos + self._big_have
+        return len(self._buf) - self._pos + (len(self._big) if self._big is not None else 0)
+
+    def head_size(self) -> int | None:
+        """Bytes (size prefix included) of the frame at the head of the stream once it has
+        arrived whole, or None while its size prefix has not arrived."""
+        if self._big is not None:
+            return self._big_size
+        if len(self._buf) - self._pos < 4:
+            return None
+        return 4 + _U32.unpack_from(self._buf, self._pos)[0]
 
     def feed(self, data: bytes) -> None:
         if not data:
@@ -144,9 +167,8 @@ class Decoder:
             self._buf, self._pos = bytes(self._buf[self._pos:]) + data, 0
 
     def _fill_big(self, data) -> None:
-        n = min(len(data), len(self._big) - self._big_have)
-        self._big[self._big_have:self._big_have + n] = memoryview(data)[:n]
-        self._big_have += n
+        n = min(len(data), self._big_size - len(self._big))
+        self._big += memoryview(data)[:n]
         if n < len(data):
             self._buf, self._pos = memoryview(data)[n:], 0
 
@@ -155,15 +177,17 @@ class Decoder:
             raise self._failed
         try:
             return self._next()
+        except BadRequest:
+            raise  # the frame was consumed whole: the stream goes on
         except FrameError as exc:
             self._failed = exc
             raise
 
     def _next(self) -> Frame | None:
         if self._big is not None:
-            if self._big_have < len(self._big):
+            if len(self._big) < self._big_size:
                 return None
-            data, self._big, self._big_have = self._big, None, 0
+            data, self._big, self._big_size = self._big, None, 0
             return self._parse(memoryview(data), 0, len(data))
         buf, pos = self._buf, self._pos
         avail = len(buf) - pos
@@ -179,7 +203,7 @@ class Decoder:
         end = pos + 4 + size
         if end > len(buf):
             if size >= BIG_FRAME:  # assemble it in its own buffer: no quadratic joins
-                self._big = bytearray(4 + size)
+                self._big, self._big_size = bytearray(), 4 + size
                 self._buf, self._pos = b"", 0
                 self._fill_big(memoryview(buf)[pos:])
             return None
@@ -216,6 +240,8 @@ class Decoder:
         hstart = start + PREFIX
         header = self._unpack(view[hstart:hstart + hlen])
         self._check_fields(header)
+        if "api" in self.fields:  # requests; responses are the broker's own
+            _check_shape(header)
         lens = header["frames"]
         frames = []
         at = hstart + hlen
@@ -238,6 +264,27 @@ class Decoder:
                 got = "missing" if name not in header else f"{type(value).__name__} {value!r:.40}"
                 raise FrameError(f"frame header field '{name}' must be {kind.__name__}, got {got}",
                                  corr=_int_or_none(header.get("corr")), api=_int_or_none(header.get("api")))
+
+
+def _check_shape(header: dict) -> None:
+    """Refuse (``BadRequest``) a header nested deeper than ``MAX_DEPTH`` or holding a map key
+    that is not a string: neither can cross to a handler (the actors' messages refuse both).
+    Iterative, so a deep header cannot exhaust the stack here either."""
+    stack = [(header, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > MAX_DEPTH:
+            raise BadRequest(f"request header nested deeper than {MAX_DEPTH} levels", corr=header["corr"],
+                             api=header["api"])
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if not isinstance(key, str):
+                    raise BadRequest(f"map keys must be strings, got {type(key).__name__} {key!r:.40}",
+                                     corr=header["corr"], api=header["api"])
+                if isinstance(item, (dict, list)):
+                    stack.append((item, depth + 1))
+        elif isinstance(value, list):
+            stack.extend((item, depth + 1) for item in value if isinstance(item, (dict, list)))
 
 
 def _int_or_none(value: Any) -> int | None:

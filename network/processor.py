@@ -10,7 +10,8 @@ Messages it accepts:
   * from handlers (or any actor a handler forwarded to): ``_reply {body, files?}`` +
     payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
   * ``_members`` for the handler role (from the supervisor): re-pin connections;
-  * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}}``.
+  * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}}``;
+  * ``shed_idle`` (request, from the acceptor): ``{closed: bool}``.
 It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
 (reply_to = itself) and the one-way ``conn_closed {processor, ip}`` to the acceptor.
 
@@ -21,11 +22,30 @@ its requests there are answered, then re-pins. If the handler *died*, its reques
 once with NETWORK_EXCEPTION (retriable: the outcome is unknown, as when a connection drops);
 late answers to them are ignored.
 
-Back-pressure: at ``queued.max.requests`` requests in flight the processor stops reading
-every socket until the count falls below; a connection whose handler is being changed stops
-reading on its own. Writes never block: a full kernel buffer leaves the rest queued and
-watches POLLOUT. Responses may name file regions (``files: [[path, position, length]]``);
-they follow the frames on the wire and are written with ``os.sendfile`` (zero-copy).
+Limits and back-pressure (docs/ARCHITECTURE.md, "Limits and back-pressure"): back-pressure
+is always "stop reading", never growth.
+  * At ``queued.max.requests`` requests in flight the processor stops reading every socket
+    until the count falls below; a connection whose handler is being changed stops reading
+    on its own.
+  * Bytes: a request's announced size is *reserved* from the processor's
+    ``queued.max.request.bytes`` once its size prefix is in (buffers still grow only with
+    bytes received) and returned when it is answered; a connection whose next request does
+    not fit stops being read until enough is returned (first come, first served). A request
+    larger than the whole budget is let through alone.
+  * Per connection: at ``PIPELINE_MAX`` requests awaiting their answers, or
+    ``ANSWER_BYTES_MAX`` bytes of answers the client has not read, its requests are no
+    longer read until it reads its answers.
+  * Deadlines: a request must arrive whole within ``request.timeout.ms`` of its first byte
+    (the clock stops while the processor holds the connection back, not while the
+    client's unread answers do), else the connection is closed (slowloris); the
+    idle clock (``connections.max.idle.ms``) restarts on a whole request or an answer
+    written, never on a stray byte.
+  * ``shed_idle`` (request, from the acceptor at ``max.connections``): close this
+    processor's least recently used idle connection; replies ``{closed: bool}``.
+
+Writes never block: a full kernel buffer leaves the rest queued and watches POLLOUT.
+Responses may name file regions (``files: [[path, position, length]]``); they follow the
+frames on the wire and are written with ``os.sendfile`` (zero-copy).
 """
 from __future__ import annotations
 
@@ -52,6 +72,13 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
+DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
+PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
+ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
+
+
+def _nbytes(buf: Any) -> int:
+    return buf.nbytes if isinstance(buf, memoryview) else len(buf)
 
 
 def socket_path(run_dir: str, name: str) -> str:
@@ -81,7 +108,8 @@ class Connection:
     Owned by one processor; never shared."""
 
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
-                 "events", "callback", "last_active", "repin", "closing", "closed", "requests")
+                 "events", "callback", "last_active", "repin", "closing", "closed", "requests",
+                 "reserved", "starved", "started", "wq_bytes")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -101,17 +129,26 @@ class Connection:
         self.closing = False  # write what is due, then close
         self.closed = False
         self.requests = 0
+        self.reserved = 0  # bytes of queued.max.request.bytes reserved for the request being read
+        self.starved = False  # waiting for the processor's byte budget; not read meanwhile
+        self.started: float | None = None  # when the request being read began to arrive
+        self.wq_bytes = 0  # answer bytes in wq (file regions aside)
+
+    def idle(self) -> bool:
+        """Nothing in flight, nothing to write, nothing half received."""
+        return not self.slots and not self.wq and not self.decoder.buffered and not self.closing
 
 
 class InFlight:
     """A request sent to a handler and not yet answered."""
 
-    __slots__ = ("conn", "slot", "handler", "sent", "corr", "done")
+    __slots__ = ("conn", "slot", "handler", "sent", "corr", "done", "reserved")
 
-    def __init__(self, conn: Connection, slot: list, handler: str, sent: float):
+    def __init__(self, conn: Connection, slot: list, handler: str, sent: float, reserved: int):
         self.conn, self.slot, self.handler, self.sent = conn, slot, handler, sent
         self.corr = 0
         self.done = False
+        self.reserved = reserved  # bytes of the budget returned when answered
 
 
 class Processor(Actor):
@@ -122,6 +159,11 @@ class Processor(Actor):
         self.idle_timeout = config.get("connections.max.idle.ms", 600000) / 1000
         self.max_inflight = int(config.get("queued.max.requests", 500))
         self.request_timeout = config.get("request.timeout.ms", 30000) / 1000
+        self.budget = int(config.get("queued.max.request.bytes", DEFAULT_REQUEST_BYTES))
+        self.reserved = 0  # bytes reserved for requests being read or at handlers
+        self._starved: collections.deque[Connection] = collections.deque()
+        self._regrant = False
+        self._draining = False  # stopping: no new request goes to a handler
         self.conns: dict[int, Connection] = {}
         self._conn_ids = 0
         self._inflight: dict[int, InFlight] = {}
@@ -163,6 +205,7 @@ class Processor(Actor):
 
     def _drain_before_stop(self) -> None:
         """Give in-flight requests a short while to be answered and written."""
+        self._draining = True
         for conn in self.conns.values():
             self._set_events(conn, 0)
         deadline = self.clock() + STOP_DRAIN_SECONDS
@@ -176,7 +219,7 @@ class Processor(Actor):
 
     def stats(self) -> dict:
         return {"connections": len(self.conns), "in_flight": len(self._inflight),
-                "backlog": len(self._inflight), **self.counters}
+                "backlog": len(self._inflight), "reserved_bytes": self.reserved, **self.counters}
 
     # ---- receiving connections from the acceptor ----------------------------------------
     def _on_feed_connect(self, _events: int) -> None:
@@ -225,6 +268,16 @@ class Processor(Actor):
         ips = collections.Counter(conn.ip for conn in self.conns.values())
         self.reply(msg, {"processor": self.name, "ips": dict(ips)})
 
+    def on_shed_idle(self, msg: Message) -> None:
+        """The acceptor is at max.connections: make room by closing the least recently used
+        idle connection, as Kafka does."""
+        idle = [conn for conn in self.conns.values() if conn.idle()]
+        if idle:
+            self.counters["shed_idle"] += 1
+            self._close(min(idle, key=lambda c: c.last_active),
+                        "least recently used idle connection, closed to admit a new one at max.connections")
+        self.reply(msg, {"closed": bool(idle)})
+
     # ---- socket events -----------------------------------------------------------------
     def _on_socket(self, conn: Connection, events: int) -> None:
         if events & zmq.POLLOUT:
@@ -246,26 +299,89 @@ class Processor(Actor):
             self._close(conn, "closed by the client")
             return
         self.counters["bytes_in"] += len(data)
-        conn.last_active = self.clock()
+        if conn.started is None:
+            conn.started = self.clock()
         conn.decoder.feed(data)
         self._pump(conn)
 
     def _pump(self, conn: Connection) -> None:
         """Send the connection's decoded requests to its handler while it may."""
         decoder = conn.decoder
-        while self._can_dispatch(conn):
+        while self._can_dispatch(conn) and self._reserve(conn):
             try:
                 frame = decoder.next()
+            except codec.BadRequest as exc:
+                self._answer_bad(conn, exc)
+                continue
             except codec.FrameError as exc:
                 self._reject(conn, exc)
                 break
             if frame is None:
                 break
+            conn.last_active = conn.started = self.clock()
             self._send_request(conn, frame)
+        if not decoder.buffered:
+            conn.started = None
         self._set_events(conn, self._wanted(conn))
 
     def _can_dispatch(self, conn: Connection) -> bool:
-        return conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+        return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+                and not self._draining and not conn.starved and len(conn.slots) < PIPELINE_MAX
+                and conn.wq_bytes < ANSWER_BYTES_MAX)
+
+    def _held_back(self, conn: Connection) -> bool:
+        """Not read for the processor's reasons (not the client's): its request's deadline
+        does not run meanwhile, and restarts when reading does (``_restart_deadline``)."""
+        return self._paused or conn.starved or conn.repin or conn.handler is None
+
+    def _restart_deadline(self, conn: Connection) -> None:
+        if conn.started is not None:
+            conn.started = self.clock()
+
+    # ---- the byte budget (queued.max.request.bytes) -------------------------------------
+    def _reserve(self, conn: Connection) -> bool:
+        """Reserve the next request's announced size before reading more of it; False (and
+        the connection waits in line, unread) when it does not fit."""
+        size = conn.decoder.head_size()
+        if conn.reserved or size is None or size > self.max_request + 4:
+            return True  # nothing to reserve yet, already done, or refused unbuffered
+        if self.reserved and (self.reserved + size > self.budget or self._starved):
+            conn.starved = True
+            self._starved.append(conn)
+            self.counters["starved"] += 1
+            return False
+        self.reserved += size
+        conn.reserved = size
+        return True
+
+    def _take_reservation(self, conn: Connection) -> int:
+        size, conn.reserved = conn.reserved, 0
+        return size
+
+    def _release(self, size: int) -> None:
+        if size:
+            self.reserved -= size
+            if self._starved:
+                self._regrant = True
+                self._schedule_flush()
+
+    def _grant(self) -> None:
+        """Budget came back: let waiting connections read again, in the order they waited."""
+        self._regrant = False
+        while self._starved:
+            conn = self._starved[0]
+            if conn.closed:
+                self._starved.popleft()
+                continue
+            size = conn.decoder.head_size() or 0
+            if self.reserved and self.reserved + size > self.budget:
+                return
+            self._starved.popleft()
+            conn.starved = False
+            self.reserved += size
+            conn.reserved = size
+            self._restart_deadline(conn)  # it waited on us, not the other way round
+            self._pump(conn)
 
     def _wanted(self, conn: Connection) -> int:
         events = zmq.POLLIN if self._can_dispatch(conn) else 0
@@ -292,11 +408,12 @@ class Processor(Actor):
             except MailboxFull:
                 self.counters["dropped_acks0"] += 1
             conn.requests += 1
+            self._release(self._take_reservation(conn))
             return
         slot = [h["corr"], None]
         conn.slots.append(slot)
         conn.requests += 1
-        rec = InFlight(conn, slot, conn.handler, self.clock())
+        rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
         conn.at_handler += 1
         rec.corr = self.request(conn.handler, "request", fields, frame.frames,
                                 callback=functools.partial(self._on_answer, rec), timeout=None)
@@ -310,6 +427,7 @@ class Processor(Actor):
             return  # already failed (handler died, timeout); a late answer is ignored
         rec.done = True
         self._inflight.pop(rec.corr, None)
+        self._release(rec.reserved)
         conn = rec.conn
         if rec.handler == conn.handler:
             conn.at_handler -= 1
@@ -335,9 +453,7 @@ class Processor(Actor):
     def _answered(self, conn: Connection) -> None:
         """Bookkeeping after a request of ``conn`` was answered or failed."""
         if not conn.closed:
-            self._dirty.add(conn)
-            if self._flush_timer is None:
-                self._flush_timer = self.call_later(0, self._flush_dirty)
+            self._mark_dirty(conn)
         if conn.repin and conn.at_handler == 0:
             self._move(conn)
         if self._paused and len(self._inflight) < self.max_inflight * RESUME_FRACTION:
@@ -348,8 +464,17 @@ class Processor(Actor):
         self._on_answer(rec, Message("_error", rec.corr, None, {"code": int(code), "message": message}))
 
     # ---- writing responses in request order --------------------------------------------
+    def _mark_dirty(self, conn: Connection) -> None:
+        self._dirty.add(conn)
+        self._schedule_flush()
+
+    def _schedule_flush(self) -> None:
+        if self._flush_timer is None:
+            self._flush_timer = self.call_later(0, self._flush_dirty)
+
     def _flush_dirty(self) -> None:
-        """Runs once per loop turn after answers arrived: one write per connection."""
+        """Runs once per loop turn after answers arrived: one write per connection; then
+        returned budget goes to the connections waiting for it."""
         self._flush_timer = None
         dirty, self._dirty = self._dirty, set()
         for conn in dirty:
@@ -357,8 +482,12 @@ class Processor(Actor):
                 continue
             slots = conn.slots
             while slots and slots[0][1] is not None:
-                conn.wq.extend(slots.popleft()[1])
+                bufs = slots.popleft()[1]
+                conn.wq_bytes += sum(_nbytes(b) for b in bufs if not isinstance(b, FileRegion))
+                conn.wq.extend(bufs)
             self._write(conn)
+        if self._regrant:
+            self._grant()
 
     def _write(self, conn: Connection) -> None:
         wq = conn.wq
@@ -376,6 +505,7 @@ class Processor(Actor):
                     bufs.append(item)
                 sent = conn.sock.sendmsg(bufs)
                 self.counters["bytes_out"] += sent
+                conn.wq_bytes -= sent
                 if not self._consume(wq, sent):
                     break
         except (BlockingIOError, InterruptedError):
@@ -387,14 +517,14 @@ class Processor(Actor):
         if not wq and conn.closing and not conn.slots:
             self._close(conn, conn.closing if isinstance(conn.closing, str) else "closing")
             return
-        self._set_events(conn, self._wanted(conn))
+        self._pump(conn)  # requests held back while its answers piled up may go on now
 
     @staticmethod
     def _consume(wq: collections.deque, sent: int) -> bool:
         """Drop ``sent`` bytes from the head of the queue; False if a buffer was cut short."""
         while wq and not isinstance(wq[0], FileRegion):
             head = wq[0]
-            n = len(head) if not isinstance(head, memoryview) else head.nbytes
+            n = _nbytes(head)
             if n <= sent:  # empty frames too, even when nothing was sent
                 wq.popleft()
                 sent -= n
@@ -438,11 +568,20 @@ class Processor(Actor):
         self.counters["rejected"] += 1
         log.info("%s: %s sent a bad request (%s): %s", self.name, conn.peer, exc.code.name, exc.message)
         conn.closing = f"bad request: {exc.message}"
+        self._release(self._take_reservation(conn))
         if exc.corr is not None:
             conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
-        self._dirty.add(conn)
-        if self._flush_timer is None:
-            self._flush_timer = self.call_later(0, self._flush_dirty)
+        self._mark_dirty(conn)
+
+    def _answer_bad(self, conn: Connection, exc: codec.BadRequest) -> None:
+        """A whole request with an unacceptable header: answer it in its turn; the
+        connection goes on."""
+        self.counters["rejected"] += 1
+        log.info("%s: %s sent a bad request (%s): %s", self.name, conn.peer, exc.code.name, exc.message)
+        self._release(self._take_reservation(conn))
+        conn.last_active = self.clock()
+        conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
+        self._mark_dirty(conn)
 
     def _close(self, conn: Connection, why: str) -> None:
         if conn.closed:
@@ -460,6 +599,10 @@ class Processor(Actor):
             pass
         if conn.handler is not None:
             self._pinned[conn.handler] -= 1
+        self._release(self._take_reservation(conn))
+        if conn.starved:
+            self._regrant = True
+            self._schedule_flush()
         self.counters["closed"] += 1
         log.debug("%s: closed %s (%s)", self.name, conn.peer, why)
         self._tell_acceptor_closed(conn.ip)
@@ -471,12 +614,18 @@ class Processor(Actor):
             log.warning("%s: could not tell the acceptor a connection from %s closed", self.name, ip)
 
     def _sweep(self) -> None:
-        """Close idle connections; fail requests older than request.timeout.ms."""
+        """Close idle connections and those whose request is not whole within
+        request.timeout.ms of its first byte; fail requests older than request.timeout.ms."""
         now = self.clock()
         for conn in list(self.conns.values()):
             if now - conn.last_active > self.idle_timeout and not conn.slots and not conn.wq:
                 self.counters["idle_closed"] += 1
                 self._close(conn, "idle")
+            elif conn.started is not None and not self._held_back(conn) and now - conn.started > self.request_timeout:
+                self.counters["slow_request_closed"] += 1
+                log.info("%s: %s did not send its request whole within request.timeout.ms; closing",
+                         self.name, conn.peer)
+                self._close(conn, "request not whole within request.timeout.ms")
         expired = [rec for rec in self._inflight.values() if now - rec.sent > self.request_timeout]
         for rec in expired:
             self._fail(rec, ErrorCode.REQUEST_TIMED_OUT,
@@ -493,6 +642,7 @@ class Processor(Actor):
         self._paused = False
         for conn in list(self.conns.values()):
             if not conn.closed:
+                self._restart_deadline(conn)
                 self._pump(conn)
 
     # ---- handler membership and pinning ------------------------------------------------
@@ -511,6 +661,7 @@ class Processor(Actor):
         for conn in list(self.conns.values()):
             if conn.handler is None and not conn.closed:
                 self._pin(conn)
+                self._restart_deadline(conn)
                 self._pump(conn)
         if any(name not in old for name in members):
             self._rebalance()
@@ -545,6 +696,7 @@ class Processor(Actor):
         conn.at_handler = 0
         if not conn.closed:
             self._pin(conn)
+            self._restart_deadline(conn)
             self._pump(conn)
 
     def _pin(self, conn: Connection) -> None:

@@ -80,7 +80,9 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
 def serve(config: dict) -> int:
     """Run a broker in this process until SIGTERM/SIGINT; returns the exit code."""
     import os
-    os.makedirs(cfg.data_dir(config), exist_ok=True)
+    from odradek.actors.runtime import PRIVATE_UMASK
+    os.umask(PRIVATE_UMASK)  # data, run directory and sockets are this user's alone (children inherit it)
+    os.makedirs(cfg.data_dir(config), mode=0o700, exist_ok=True)
     sup = build(config)
     code = run_supervisor(sup)
     if sup.fatal:

@@ -71,7 +71,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),
     Setting("run.dir", str, "",
             "Directory for the actors' ipc sockets and the pid file; empty means `<log.dirs>/run` "
-            "(or a short path under /tmp when that would be too long for a Unix socket)."),
+            "(or a short path under /tmp when that would be too long for a Unix socket). Created 0700; "
+            "refused if it is another user's, a symlink, or writable by others."),
     # --- network edge ---
     Setting("num.network.threads", int, 2, "Processor actors: each owns a share of the client connections.",
             _between(1, 64)),
@@ -79,14 +80,18 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "`odradek configs --alter num.io.threads=N`.", _between(1, 64), dynamic=True),
     Setting("socket.request.max.bytes", int, 104857600, "Largest request a processor accepts, in bytes.",
             _at_least(1024)),
-    Setting("max.connections", int, 1000, "Connections the acceptor admits in all.", _at_least(1)),
-    Setting("max.connections.per.ip", int, 1000, "Connections the acceptor admits from one IP address.",
-            _at_least(1)),
+    Setting("max.connections", int, 1000, "Connections the acceptor admits in all; at the limit a new one "
+            "takes the place of the least recently used idle one, if there is one.", _at_least(1)),
+    Setting("max.connections.per.ip", int, 500, "Connections the acceptor admits from one IP address (below "
+            "`max.connections`, so one address cannot lock the others out).", _at_least(1)),
     Setting("connections.max.idle.ms", int, 600000, "A connection silent this long is closed.", _at_least(100)),
     Setting("queued.max.requests", int, 500,
             "Requests one processor keeps in flight before it stops reading its sockets.", _at_least(1)),
+    Setting("queued.max.request.bytes", int, 104857600, "Bytes of requests one processor holds (being received "
+            "or awaiting their answers) before it stops reading connections starting another.", _at_least(1024)),
     Setting("request.timeout.ms", int, 30000,
-            "A request still unanswered after this long gets REQUEST_TIMED_OUT from its processor.", _at_least(100)),
+            "A request still unanswered after this long gets REQUEST_TIMED_OUT from its processor; a connection "
+            "whose request has not arrived whole this long after its first byte is closed.", _at_least(100)),
     # --- topics and logs (broker-wide defaults; topics override them by topic-level name) ---
     Setting("num.partitions", int, 1, "Partitions of a topic created without a count.", _between(1, 10000)),
     Setting("default.replication.factor", int, 1, "Replication factor of a topic created without one.",

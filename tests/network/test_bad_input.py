@@ -31,7 +31,8 @@ def abused(tmp_path_factory):
     the whole time; the module fails if that client ever failed."""
     from tests.conftest import BrokerProcess
     broker = BrokerProcess(str(tmp_path_factory.mktemp("abused")),
-                           {"socket.request.max.bytes": 65536, "connections.max.idle.ms": 500}).start()
+                           {"socket.request.max.bytes": 65536, "connections.max.idle.ms": 500,
+                            "max.connections.per.ip": 1000}).start()
     load = PingLoad(broker, threads=1, depth=2).__enter__()
     try:
         yield broker
@@ -147,22 +148,49 @@ def test_500_connections_at_once_are_all_served(abused):
             s.close()
 
 
-def test_the_connection_limit_closes_connections_over_it(start_broker):
+def test_at_the_connection_limit_a_new_connection_is_closed_when_none_is_idle(start_broker):
     broker = start_broker(max_connections=5)
+    busy = [raw_socket(broker) for _ in range(5)]
+    try:
+        for s in busy:  # half a request each: none of them is idle
+            s.sendall(raw_request(ApiKey.PING, 1)[:11])
+        wait_until(lambda: actor(broker, "acceptor")["state"] == "running")
+        extra = raw_socket(broker)
+        extra.sendall(raw_request(ApiKey.PING, 1))
+        assert closed_after(extra) == []
+        busy.pop().close()
+        with connect(broker) as again:  # a slot is free again once the processor reports the close
+            wait_until(lambda: _ping_ok(again), what="a freed slot to be reusable")
+    finally:
+        for s in busy:
+            s.close()
+
+
+def test_at_the_connection_limit_the_least_recently_used_idle_connection_makes_room(start_broker):
+    """Defect 10 of issue 16: at max.connections everyone else was locked out; as in Kafka, the
+    least recently used idle connection is closed for the new one."""
+    broker = start_broker(max_connections=5, num_network_threads=1)
     conns = [connect(broker) for _ in range(5)]
     try:
         for c in conns:
             c.request(ApiKey.PING, {})
-        extra = raw_socket(broker)
-        extra.sendall(raw_request(ApiKey.PING, 1))
-        assert closed_after(extra) == []
-        wait_until(lambda: actor(broker, "acceptor")["state"] == "running")
-        conns.pop().close()
-        with connect(broker) as again:  # a slot is free again once the processor reports the close
-            wait_until(lambda: _ping_ok(again), what="a freed slot to be reusable")
+        for c in conns[1:]:  # conns[0] is now the least recently used
+            c.request(ApiKey.PING, {})
+        with connect(broker) as newcomer:
+            assert newcomer.request(ApiKey.PING, {"new": 1}, timeout=10).body == {"new": 1}
+        assert not _ping_ok(conns[0])
+        for c in conns[1:]:
+            assert c.request(ApiKey.PING, {"still": 1}, timeout=10).body == {"still": 1}
     finally:
         for c in conns:
             c.close()
+
+
+def test_one_address_cannot_take_every_connection_by_default():
+    """Defect 10 of issue 16: one IP could take all max.connections."""
+    from odradek import config as cfg
+    defaults = cfg.load(None, [])
+    assert defaults["max.connections.per.ip"] < defaults["max.connections"]
 
 
 def test_the_per_ip_limit_closes_connections_over_it(start_broker):

@@ -199,3 +199,49 @@ def test_good_frames_before_garbage_in_the_same_chunk_are_delivered_first():
     assert dec.next().corr == 2
     with pytest.raises(codec.FrameError):
         dec.next()
+
+
+def test_a_frame_announcing_100_mb_holds_only_the_bytes_received():
+    import tracemalloc
+    head = msgpack.packb({"api": int(ApiKey.PING), "v": 0, "corr": 1, "client": "c", "body": {}, "frames": []})
+    dec = codec.Decoder(max_size=200 << 20)
+    tracemalloc.start()
+    try:
+        dec.feed(struct.pack(">II", 100 << 20, len(head)) + head + b"x" * 1000)
+        assert dec.next() is None
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, f"decoder allocated {peak} bytes for 1 KB received"
+    assert dec.buffered == 8 + len(head) + 1000
+    assert dec.head_size() == 4 + (100 << 20)
+
+
+def test_the_head_size_is_known_once_the_size_prefix_is_in():
+    data = request(corr=3)
+    dec = codec.Decoder()
+    dec.feed(data[:3])
+    assert dec.head_size() is None
+    dec.feed(data[3:10])
+    assert dec.head_size() == len(data)
+
+
+def test_a_header_nested_too_deep_is_refused_with_its_corr_and_the_stream_goes_on():
+    deep = 0
+    for _ in range(1022):
+        deep = [deep]
+    dec = codec.Decoder()
+    dec.feed(request(corr=5, body={"x": deep}) + request(corr=6))
+    with pytest.raises(codec.BadRequest) as err:
+        dec.next()
+    assert err.value.corr == 5 and err.value.code == ErrorCode.INVALID_REQUEST and "nested deeper" in err.value.message
+    assert dec.next().corr == 6
+
+
+def test_a_map_key_that_is_not_a_string_is_refused_with_its_corr_and_the_stream_goes_on():
+    dec = codec.Decoder()
+    dec.feed(request(corr=5, body={"topics": {1: "a"}}) + request(corr=6))
+    with pytest.raises(codec.BadRequest) as err:
+        dec.next()
+    assert err.value.corr == 5 and err.value.code == ErrorCode.INVALID_REQUEST and "map keys" in err.value.message
+    assert dec.next().corr == 6
