@@ -249,20 +249,17 @@ class Nemesis:
         return Fault("slow-disk", b, thread.start, heal, "log actors stopped 80 of every 100 ms")
 
     def _fill(self, b: int) -> None:
-        path = os.path.join(self.full_disk[b], "filler")
-        with open(path, "wb") as f:
-            try:
-                while True:
-                    f.write(b"\0" * (1 << 20))
-                    f.flush()
-            except OSError:
-                pass
-            try:  # the last bytes
-                while True:
-                    f.write(b"\0" * 512)
-                    f.flush()
-            except OSError:
-                pass
+        """Write zeros until the file system refuses (unbuffered: the last bytes count too)."""
+        fd = os.open(os.path.join(self.full_disk[b], "filler"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            for size in (1 << 20, 4096, 1):
+                try:
+                    while True:
+                        os.write(fd, b"\0" * size)
+                except OSError:
+                    pass
+        finally:
+            os.close(fd)
 
     def _unfill(self, b: int) -> None:
         try:

@@ -87,7 +87,7 @@ def run(opts: ChaosOptions) -> dict:
                 with open(clock_files[i], "w") as f:
                     f.write("+0s\n")
                 env[i] = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": clock_files[i],
-                          "FAKETIME_NO_CACHE": "1"}
+                          "FAKETIME_CACHE_DURATION": "1"}  # re-read each second; cheap
         full_disk = {}
         if "full-disk" in opts.faults:
             victim = ids[-1]
