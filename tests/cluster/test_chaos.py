@@ -111,6 +111,42 @@ def test_the_proxy_drops_connections_and_passes_one_way(echo_proxy):
     assert _roundtrip(port, client) == client
 
 
+def test_a_broker_behind_the_proxy_registers_and_advertises_the_proxys_address(zookeeper, tmp_path):
+    """advertised.listeners with a port: the ZooKeeper registration (what other brokers
+    dial) carries it, not the listener's bound port; a client through the proxy is served."""
+    import json
+    from odradek import Admin, Consumer, Producer, TopicPartition
+    from odradek.local import LocalCluster
+    from tests.cluster.conftest import TEST_SETTINGS
+    proxy = FaultProxy()
+    cluster = None
+    try:
+        port = proxy.add("broker-1", lambda: ("127.0.0.1", cluster.broker(1).port))
+        cluster = LocalCluster(str(tmp_path), 1, TEST_SETTINGS, zk=zookeeper, chroot="/odradek-behind-proxy",
+                               broker_settings={1: {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"}})
+        cluster.start()
+        cluster.wait_ready()
+        registered = json.loads(cluster.kazoo.get("/brokers/ids/1")[0])
+        assert (registered["host"], registered["port"]) == ("127.0.0.1", port)
+        bootstrap = f"127.0.0.1:{port}"
+        with Admin(bootstrap) as admin:
+            admin.create_topic("behind", partitions=1, replication_factor=1)
+        with Producer(bootstrap) as producer:
+            producer.send("behind", b"through the proxy").result(30)
+        with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("behind", 0)])
+            got = []
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got = consumer.poll(timeout_ms=500)
+        assert [r.value for r in got] == [b"through the proxy"]
+        assert proxy.links["broker-1"].bytes > 0
+    finally:
+        if cluster is not None:
+            cluster.stop(graceful=False)
+        proxy.close()
+
+
 # ---- the checker -----------------------------------------------------------------------------
 def _ack(t, value, p, o):
     return {"t": t, "type": "ack", "value": value, "partition": p, "offset": o}
