@@ -16,7 +16,8 @@ replica comparison. Anomalies (each a count and up to ``EXAMPLES`` examples):
 - ``replica_divergence``: replicas differing below the high watermark (by offset, epoch
   and CRC per batch);
 - ``failed_sends`` (and their errors by kind) and ``indeterminate`` sends (neither
-  acknowledged nor failed when the run ended) are counted too.
+  acknowledged nor failed when the run ended) are counted too, and ``ack_gaps``: stretches
+  of more than 5 s without an acknowledgement (availability, not judged).
 """
 from __future__ import annotations
 
@@ -56,8 +57,16 @@ def check(events: list[dict], final: list[list], replica_problems: list[str]) ->
         "sent": len(sent), "acknowledged": len(acked), "failed_sends": len(failed),
         "failed_by_error": dict(kinds.most_common(8)),
         "indeterminate": len(sent - set(acked) - set(failed)),
-        "stored": len(final), "anomalies": found,
+        "stored": len(final), "anomalies": found, "ack_gaps": ack_gaps(events),
     }
+
+
+def ack_gaps(events: list[dict], longer_than: float = 5.0) -> list[dict]:
+    """Stretches of more than ``longer_than`` seconds with no acknowledgement while sends
+    were going on (availability, not safety), the longest first."""
+    acks = [e["t"] for e in events if e["type"] == "ack"]
+    gaps = [{"seconds": round(b - a, 1), "from": a, "to": b} for a, b in zip(acks, acks[1:]) if b - a > longer_than]
+    return sorted(gaps, key=lambda g: -g["seconds"])
 
 
 def _inconsistent(events: list[dict], final: list[list]) -> list[dict]:
@@ -102,6 +111,10 @@ def summary(result: dict) -> str:
     for name in ANOMALIES:
         a = result["anomalies"][name]
         lines.append(f"  {name:22} {a['count']}" + (f"   e.g. {a['examples'][:2]}" if a["count"] else ""))
+    gaps = result.get("ack_gaps", [])
+    if gaps:
+        lines.append(f"  no acknowledgement for more than 5 s: {len(gaps)} times, the longest {gaps[0]['seconds']} s "
+                     f"(from {gaps[0]['from']} s)")
     for err, n in result["failed_by_error"].items():
         lines.append(f"  failed send: {n} x {err}")
     return "\n".join(lines)

@@ -30,7 +30,7 @@ Faults (``FAULTS``; each picks its broker from the live cluster state when it st
 - ``clock-jump``: the broker's clocks jump forward 1-10 minutes (libfaketime, only when the
   runner started brokers with it).
 
-Combined faults: with ``combine`` > 0 a fault may start together with a second one that hits
+The schedule draws every fault once per round, in an order drawn from ``seed``. Combined faults: with ``combine`` > 0 a fault may start together with a second one that hits
 the same broker or ZooKeeper, so a majority of replicas always survives.
 """
 from __future__ import annotations
@@ -91,8 +91,11 @@ class Nemesis:
 
     def _run(self) -> None:
         self._stop.wait(self.gap)
+        order: list[str] = []
         while not self._stop.is_set():
-            name = self.rng.choice(self.faults)
+            if not order:  # every fault once per round, in a seeded random order
+                order = self.rng.sample(self.faults, len(self.faults))
+            name = order.pop()
             try:
                 first = self.make(name)
                 batch = [first]

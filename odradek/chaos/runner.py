@@ -99,7 +99,9 @@ def run(opts: ChaosOptions) -> dict:
             else:
                 mounts.append(where)
                 full_disk[victim] = where
-        cluster = LocalCluster(work, opts.brokers, CLUSTER_SETTINGS, zk=zk, chroot="/odradek",
+        # a loaded machine can take a minute to start a broker's actor tree: 180 s before
+        # a restart counts as failed
+        cluster = LocalCluster(work, opts.brokers, CLUSTER_SETTINGS, zk=zk, chroot="/odradek", start_timeout=180,
                                broker_settings=broker_settings, broker_env=env)
         cluster_ref.append(cluster)
         say(f"chaos: starting ZooKeeper and {opts.brokers} brokers in {work}")
@@ -143,6 +145,11 @@ def run(opts: ChaosOptions) -> dict:
         result["paths"] = report.write(opts.out_dir, events, result, meta)
         say(checker.summary(result))
         return result
+    except BaseException:
+        os.makedirs(opts.out_dir, exist_ok=True)  # what happened until the failure, for its report
+        history.dump(os.path.join(opts.out_dir, "history.jsonl"))
+        say(f"chaos: the run failed; its history is in {opts.out_dir}/history.jsonl (seed {opts.seed})")
+        raise
     finally:
         for thing in (nemesis, load):
             if thing is not None:
