@@ -70,11 +70,16 @@ def plot(path: str, events: list[dict], spans, title: str) -> None:
     end = int(max((e["t"] for e in events), default=0)) + 1
     xs = list(range(end))
     fig, ax = plt.subplots(figsize=(14, 5))
+    series = {}
     for kind, label, color in (("ack", "acknowledged/s", "tab:blue"), ("poll", "read/s (all readers)", "tab:green"),
                                ("fail", "failed sends/s", "tab:red")):
         r = rates(events, kind)
-        ax.plot(xs, [r.get(x, 0) for x in xs], label=label, color=color, linewidth=0.9)
-    top = ax.get_ylim()[1]
+        series[kind] = [r.get(x, 0) for x in xs]
+        ax.plot(xs, series[kind], label=label, color=color, linewidth=0.9)
+    # a reader catching up after a fault reads thousands at once: keep the steady rates legible
+    steady = sorted(series["poll"] + series["ack"])[int(0.98 * (2 * len(xs) - 1))] if xs else 1
+    top = max(steady * 1.6, max(series["fail"], default=0) * 1.1, 10)
+    ax.set_ylim(0, top)
     colors = plt.get_cmap("tab20")
     names = sorted({s[2].split(" ")[0] for s in spans})
     for i, (s, e, label) in enumerate(spans):
