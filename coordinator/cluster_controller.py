@@ -171,9 +171,10 @@ class ClusterController(BrokerAgent, Controller):
             if address and self.address is None:
                 host, _, port = str(address).rpartition(":")
                 adv = self.config.get("advertised.listeners")
-                if adv:
+                if adv:  # its host, and its port unless 0 (a proxy in front of the listener)
                     from odradek.network.protocol import parse_listener
-                    host = parse_listener(adv)[0]
+                    host, adv_port = parse_listener(adv)
+                    port = adv_port or port
                 self.address = (host, int(port))
                 self._maybe_register()
         if self.supervisor:

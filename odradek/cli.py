@@ -4,6 +4,7 @@
     odradek status [--bootstrap-server H:P | --config FILE --set ...] [--json]  a local broker's actor tree
     odradek configs --describe | --alter key=value ...   broker configs (Kafka's kafka-configs)
     odradek perf ping | hop | produce | consume | e2e | replicated | failover ...   benchmarks
+    odradek chaos [--time S] [--seed N] [--faults ...]   a local cluster under faults (RELIABILITY.md)
 
 Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
 ``listeners`` address of the config, so a plain ``odradek status`` next to a plain
@@ -191,6 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.add_parser(sub, _config_args, _bootstrap)
     from odradek import devcluster  # `odradek cluster up|down|status`: a local ZooKeeper and brokers
     devcluster.add_parser(sub)
+    from odradek.chaos import cli as chaos_cli  # `odradek chaos`: faults, then the anomaly report
+    chaos_cli.add_parser(sub)
     return parser
 
 

@@ -65,7 +65,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092",
             "Address the acceptor listens on, `PLAINTEXT://host:port`; port 0 picks a free port.", _listener),
     Setting("advertised.listeners", str, "",
-            "Address given to clients in Metadata; empty means the same as `listeners`.",
+            "Address given to clients in Metadata (and registered in ZooKeeper for the other brokers); empty "
+            "means the same as `listeners`; port 0 means the listener's bound port. `odradek chaos` points it "
+            "at a fault proxy.",
             lambda v: None if not v else _listener(v)),
     Setting("log.dirs", str, "./odradek-data",
             "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),

@@ -29,8 +29,9 @@ READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
 
 class LocalBroker:
     def __init__(self, data_dir: str, settings: dict | None = None, start_timeout: float = 60.0,
-                 detached: bool = False):
+                 detached: bool = False, env: dict | None = None):
         self.data_dir = data_dir
+        self.env = dict(env or {})  # added to the broker's environment (e.g. LD_PRELOAD)
         # detached: stdout goes to <data_dir>/broker.stdout instead of a pipe, so the broker
         # outlives this process (``odradek cluster up``); readiness is read from that file.
         self.detached = detached
@@ -57,7 +58,7 @@ class LocalBroker:
         """Start and wait for the ready line (``start_timeout``); raises RuntimeError with the
         tail of the broker's stderr if it exits or stays silent."""
         os.makedirs(self.data_dir, exist_ok=True)
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
         self._stderr = open(self.stderr_path, "ab")
         began = time.perf_counter()
         self.host = self.port = None
@@ -449,8 +450,12 @@ class LocalCluster:
 
     def __init__(self, base_dir: str, brokers: int = 3, settings: dict | None = None,
                  zk: LocalZooKeeper | None = None, chroot: str = "/odradek", start_timeout: float = 60.0,
-                 detached: bool = False, first_port: int = 0):
+                 detached: bool = False, first_port: int = 0, broker_settings=None, broker_env=None):
         self.base_dir = os.path.abspath(base_dir)
+        # per broker id: extra settings (``{id: {...}}``, e.g. advertised.listeners and
+        # zookeeper.connect through a fault proxy) and environment, applied at creation
+        self.broker_settings = dict(broker_settings or {})
+        self.broker_env = dict(broker_env or {})
         self.count = brokers
         self.settings = dict(settings or {})
         self.zk = zk
@@ -494,11 +499,13 @@ class LocalCluster:
                     root.stop()
                     root.close()
             for i in range(1, self.count + 1):
-                settings = {"broker.id": i, "zookeeper.connect": self.zookeeper_connect, **self.settings}
+                settings = {"broker.id": i, "zookeeper.connect": self.zookeeper_connect, **self.settings,
+                            **self.broker_settings.get(i, {})}
                 if self.first_port:
                     settings["listeners"] = f"PLAINTEXT://127.0.0.1:{self.first_port + i - 1}"
                 self.brokers[i] = LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings,
-                                              self.start_timeout, detached=self.detached)
+                                              self.start_timeout, detached=self.detached,
+                                              env=self.broker_env.get(i))
             self._parallel(lambda b: b.start(), self.brokers.values())
         except BaseException:
             self.stop()

@@ -31,7 +31,7 @@ def test_replica_batches_walks_every_segment(tmp_path):
     assert len([n for n in os.listdir(tmp_path / "t-0") if n.endswith(".log")]) > 1  # several segments
     batches = replica_batches(str(tmp_path), "t", 0)
     assert [b[0] for b in batches] == list(range(0, 60, 3))
-    assert all(last == base + 2 for base, last, _ in batches)
+    assert all(last == base + 2 for base, last, *_ in batches)
     assert replica_batches(str(tmp_path), "t", 0, upto=30) == batches[:10]
     assert replica_batches(str(tmp_path), "t", 1) == []  # no such partition here
 

@@ -1,0 +1,223 @@
+"""The fault battery on a short schedule (docs/RELIABILITY.md), and its parts on their own.
+
+``test_a_short_chaos_schedule_loses_no_acknowledged_write`` runs ``odradek.chaos.runner``
+for about two minutes of faults (every kind that leaves a majority of replicas alive, a
+fixed seed) and asserts the goal: no lost write, no offset with two values, no replica
+divergence below the high watermark, the cluster healed, a report and a plot written.
+Failed sends and duplicates are reported (printed), not judged: producer retries and the
+idempotent producer are other issues' work.
+
+The other tests check the parts with no cluster, or with one broker: the proxy's rules on
+a real TCP echo server, the checker on hand-made histories (each anomaly found, a clean
+history clean), the power-loss cut on real segment files.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+import socketserver
+import threading
+import time
+
+import pytest
+
+from odradek.chaos import checker
+from odradek.chaos.nemesis import power_loss
+from odradek.chaos.proxy import FaultProxy, source_of
+from odradek.chaos.replicas import replica_batches
+from odradek.network import codec
+from tests.cluster.test_verify import write_log
+
+
+# ---- the proxy -----------------------------------------------------------------------------
+class _Echo(socketserver.BaseRequestHandler):
+    def handle(self):
+        while data := self.request.recv(65536):
+            self.request.sendall(data)
+
+
+@pytest.fixture
+def echo_proxy():
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _Echo)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    proxy = FaultProxy()
+    proxy.add("echo", lambda: server.server_address)
+    yield proxy, proxy.links["echo"].port
+    proxy.close()
+    server.shutdown()
+    server.server_close()
+
+
+def _request(client_id: str) -> bytes:
+    return b"".join(bytes(b) for b in codec.encode_request(1, 0, 7, client_id, {"x": 1}))
+
+
+def _roundtrip(port: int, payload: bytes, timeout: float = 1.0) -> bytes:
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        s.sendall(payload)
+        got = b""
+        try:
+            while len(got) < len(payload):
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                got += chunk
+        except socket.timeout:
+            pass
+        return got
+
+
+def test_the_proxy_learns_a_connections_source_from_its_client_id():
+    assert source_of(_request("odradek-replica-2")) == 2
+    assert source_of(_request("controller-11")) == 11
+    assert source_of(_request("broker-3")) == 3
+    assert source_of(_request("chaos-p0")) == "client"
+    assert source_of(b"garbage") == "client"
+
+
+def test_the_proxy_forwards_delays_and_blackholes_by_source(echo_proxy):
+    proxy, port = echo_proxy
+    client, broker2 = _request("chaos-p0"), _request("odradek-replica-2")
+    assert _roundtrip(port, client) == client
+
+    proxy.set_rule("echo", 2, "blackhole")  # broker 2 cut off, clients still served
+    assert _roundtrip(port, broker2) == b""
+    assert _roundtrip(port, client) == client
+
+    proxy.set_rule("echo", "client", ("delay", 0.3))
+    began = time.monotonic()
+    assert _roundtrip(port, client, timeout=3) == client
+    assert time.monotonic() - began >= 0.3
+
+    proxy.heal()
+    assert _roundtrip(port, broker2) == broker2
+
+
+def test_the_proxy_drops_connections_and_passes_one_way(echo_proxy):
+    proxy, port = echo_proxy
+    client = _request("chaos-p0")
+    proxy.set_rule("echo", "*", "drop")
+    with pytest.raises(OSError):  # reset at once
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(client)
+            if not s.recv(100):
+                raise ConnectionResetError("closed")
+    proxy.set_rule("echo", "*", "in")  # requests arrive, answers are lost
+    assert _roundtrip(port, client) == b""
+    assert proxy.links["echo"].bytes > 0
+    proxy.heal()
+    assert _roundtrip(port, client) == client
+
+
+def test_a_broker_behind_the_proxy_registers_and_advertises_the_proxys_address(zookeeper, tmp_path):
+    """advertised.listeners with a port: the ZooKeeper registration (what other brokers
+    dial) carries it, not the listener's bound port; a client through the proxy is served."""
+    import json
+    from odradek import Admin, Consumer, Producer, TopicPartition
+    from odradek.local import LocalCluster
+    from tests.cluster.conftest import TEST_SETTINGS
+    proxy = FaultProxy()
+    cluster = None
+    try:
+        port = proxy.add("broker-1", lambda: ("127.0.0.1", cluster.broker(1).port))
+        cluster = LocalCluster(str(tmp_path), 1, TEST_SETTINGS, zk=zookeeper, chroot="/odradek-behind-proxy",
+                               broker_settings={1: {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}"}})
+        cluster.start()
+        cluster.wait_ready()
+        registered = json.loads(cluster.kazoo.get("/brokers/ids/1")[0])
+        assert (registered["host"], registered["port"]) == ("127.0.0.1", port)
+        bootstrap = f"127.0.0.1:{port}"
+        with Admin(bootstrap) as admin:
+            admin.create_topic("behind", partitions=1, replication_factor=1)
+        with Producer(bootstrap) as producer:
+            producer.send("behind", b"through the proxy").result(30)
+        with Consumer(bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition("behind", 0)])
+            got = []
+            deadline = time.monotonic() + 30
+            while not got and time.monotonic() < deadline:
+                got = consumer.poll(timeout_ms=500)
+        assert [r.value for r in got] == [b"through the proxy"]
+        assert proxy.links["broker-1"].bytes > 0
+    finally:
+        if cluster is not None:
+            cluster.stop(graceful=False)
+        proxy.close()
+
+
+# ---- the checker -----------------------------------------------------------------------------
+def _ack(t, value, p, o):
+    return {"t": t, "type": "ack", "value": value, "partition": p, "offset": o}
+
+
+def _poll(t, reader, records, generation=1, mode="group"):
+    return {"t": t, "type": "poll", "reader": reader, "mode": mode, "generation": generation, "records": records}
+
+
+def test_a_clean_history_has_no_anomaly():
+    events = [{"t": 0, "type": "send", "value": v} for v in range(3)]
+    events += [_ack(1, 0, 0, 0), _ack(1, 1, 0, 1), _ack(1, 2, 1, 0)]
+    events += [_poll(2, "c0", [[0, 0, 0], [0, 1, 1]]), _poll(2, "c1", [[1, 0, 2]])]
+    final = [[0, 0, 0], [0, 1, 1], [1, 0, 2]]
+    result = checker.check(events, final, [])
+    assert {k: v["count"] for k, v in result["anomalies"].items()} == {k: 0 for k in checker.ANOMALIES}
+    assert (result["sent"], result["acknowledged"], result["failed_sends"], result["indeterminate"]) == (3, 3, 0, 0)
+
+
+def test_the_checker_finds_every_anomaly():
+    events = [{"t": 0, "type": "send", "value": v} for v in range(6)]
+    events += [_ack(1, 0, 0, 0), _ack(1, 1, 0, 1), _ack(1, 2, 0, 2), _ack(1, 3, 0, 3)]
+    events += [{"t": 1, "type": "fail", "value": 4, "error": "NotEnoughReplicasError: 1 of 2"}]
+    events += [_poll(2, "c0", [[0, 0, 0], [0, 2, 2]]),     # skipped offset 1
+               _poll(3, "c0", [[0, 1, 9]]),                # went back; offset 1 with another value
+               _poll(4, "c0", [[0, 0, 0]], generation=2)]  # a new assignment: going back is fine
+    final = [[0, 0, 0], [0, 1, 1], [0, 2, 2], [0, 4, 2]]   # 3 lost, 2 stored twice
+    result = checker.check(events, final, ["chaos-0: replica 2 differs"])
+    counts = {k: v["count"] for k, v in result["anomalies"].items()}
+    assert counts == {"lost": 1, "duplicates": 1, "inconsistent_offsets": 1, "unseen": 1, "poll_skips": 1,
+                      "nonmonotonic_polls": 1, "replica_divergence": 1}
+    assert result["anomalies"]["lost"]["examples"] == [{"value": 3, "acked_at": [0, 3]}]
+    assert result["failed_sends"] == 1 and result["indeterminate"] == 1  # value 5: no answer
+    assert "lost                   1" in checker.summary(result)
+
+
+# ---- power loss ------------------------------------------------------------------------------
+def test_power_loss_cuts_each_partition_back_to_its_recovery_point(tmp_path):
+    values = [b"v%d" % i for i in range(60)]
+    write_log(str(tmp_path / "t-0"), values, per_batch=3, segment_bytes=900)
+    before = replica_batches(str(tmp_path), "t", 0)
+    assert len({b[0] for b in before}) == 20 and len(os.listdir(tmp_path / "t-0")) > 2
+    with open(tmp_path / "t-0" / "partition.checkpoint", "w") as f:
+        f.write("0\nlog_start_offset 0\nrecovery_point 30\nhigh_watermark 30\n")
+    cut = power_loss(str(tmp_path), random.Random(1))
+    assert cut
+    after = replica_batches(str(tmp_path), "t", 0)
+    assert after == [b for b in before if b[0] < 30]  # garbage after the cut ends the walk
+
+
+# ---- the battery -----------------------------------------------------------------------------
+SHORT_SCHEDULE = ["kill-leader", "kill-follower", "kill-controller", "pause-leader", "partition-brokers",
+                  "partition-zk", "partition-clients", "power-loss", "zk-restart", "drop"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_a_short_chaos_schedule_loses_no_acknowledged_write(tmp_path, zookeeper):
+    from odradek.chaos.runner import ChaosOptions, run
+    lines: list[str] = []
+    opts = ChaosOptions(duration=110, seed=16, faults=SHORT_SCHEDULE, fault_duration=7, gap=5, combine=0.3,
+                        rate=50, out_dir=str(tmp_path / "report"), work_dir=str(tmp_path / "cluster"),
+                        log=lines.append)
+    result = run(opts)
+    print("\n".join(lines))
+    anomalies = {k: v["count"] for k, v in result["anomalies"].items()}
+    assert result["healed"], "the cluster did not heal: " + "\n".join(lines)
+    assert result["acknowledged"] > 1000, result
+    bad = {k: result["anomalies"][k] for k in ("lost", "inconsistent_offsets", "replica_divergence")
+           if anomalies[k]}
+    assert not bad, f"seed {opts.seed}: {bad}"
+    faults = [e for e in __import__("json").load(open(result["paths"]["json"]))["faults"]]
+    assert len(faults) >= 4
+    assert os.path.getsize(result["paths"]["plot"]) > 10000
