@@ -23,7 +23,7 @@ from odradek.log.errors import InvalidConfigError
 from odradek.log.files import FileLayer
 from odradek.network.protocol import ErrorCode, OdradekError
 
-LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")  # always fullmatch: "$" would let "abc\n" through
 MAX_NAME_LENGTH = 249
 MAX_PARTITIONS = 10000
 FILE_VERSION = 1
@@ -38,8 +38,8 @@ def check_topic_name(name) -> None:
     if len(name) > MAX_NAME_LENGTH:
         raise OdradekError(f"topic name is {len(name)} characters; the limit is {MAX_NAME_LENGTH}",
                            ErrorCode.INVALID_TOPIC_EXCEPTION)
-    if not LEGAL_NAME.match(name):
-        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
+    if not LEGAL_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not LEGAL_NAME.fullmatch(c)})
         raise OdradekError(f"topic name '{name}' contains {''.join(bad)!r}: only ASCII letters, digits, "
                            f"'.', '_' and '-' are allowed", ErrorCode.INVALID_TOPIC_EXCEPTION)
 
@@ -97,6 +97,18 @@ class TopicRegistry:
         self.version = int(data.get("version", 0))
         for t in data.get("topics", []):
             self.topics[t["name"]] = Topic(**t)
+
+    def _commit(self, undo) -> None:
+        """Bump the version and save; if the save fails (a full disk), ``undo()`` the change
+        in memory and refuse it with KAFKA_STORAGE_ERROR: memory never runs ahead of the file."""
+        self.version += 1
+        try:
+            self._save()
+        except OSError as exc:
+            self.version -= 1
+            undo()
+            raise OdradekError(f"could not write the topic metadata {self.path}: {exc.strerror or exc}; "
+                               f"nothing was changed", ErrorCode.KAFKA_STORAGE_ERROR) from None
 
     def _save(self) -> None:
         if self.path is None:
@@ -157,15 +169,13 @@ class TopicRegistry:
         partitions, replication_factor, configs = self.validate_create(name, partitions, replication_factor, configs)
         topic = Topic(name, uuid.uuid4().hex, partitions, replication_factor, configs, self.now_ms())
         self.topics[name] = topic
-        self.version += 1
-        self._save()
+        self._commit(lambda: self.topics.pop(name))
         return topic
 
     def delete(self, name: str) -> Topic:
         topic = self.get(name)
         del self.topics[name]
-        self.version += 1
-        self._save()
+        self._commit(lambda: self.topics.__setitem__(name, topic))
         return topic
 
     def alter_configs(self, name: str, ops: list) -> Topic:
@@ -183,9 +193,8 @@ class TopicRegistry:
             else:
                 raise OdradekError(f"config operation must be 'set' or 'delete', got {kind!r}",
                                    ErrorCode.INVALID_REQUEST)
-        topic.configs = self._checked_configs(configs)
-        self.version += 1
-        self._save()
+        old, topic.configs = topic.configs, self._checked_configs(configs)
+        self._commit(lambda: setattr(topic, "configs", old))
         return topic
 
     def snapshot(self) -> dict:

@@ -72,9 +72,9 @@ def _finish_interrupted_work(lg: Log, report: RecoveryReport) -> None:
                     _remove(files, lg.dir, base + suffix + extra, report, names)
             report.swaps_completed.append(int(base))
     names = set(files.listdir(lg.dir))
-    logs = {n[:20] for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.match(n)}
+    logs = {n[:20] for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.fullmatch(n)}
     for name in sorted(names):
-        m = SEGMENT_RE.match(name)
+        m = SEGMENT_RE.fullmatch(name)
         if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, TMP_SUFFIX)):
             _remove(files, lg.dir, name, report, names)
         elif name.endswith(SWAP_SUFFIX):  # an index swap without its log: roll back
@@ -97,7 +97,7 @@ def _open_segments(lg: Log, cp) -> None:
     files = lg._files
     names = files.listdir(lg.dir)
     bases = sorted(int(n[:20]) for n in names
-                   if (m := SEGMENT_RE.match(n)) and m.group(2) == "log" and not m.group(3))
+                   if (m := SEGMENT_RE.fullmatch(n)) and m.group(2) == "log" and not m.group(3))
     now = lg._now()
     for base in bases:
         path = segment_paths(lg.dir, base)[0]

@@ -235,7 +235,7 @@ class LogReader:
         for seg in self._segments:
             seg.close()
         b = self.bounds
-        bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.match, os.listdir(self.directory))
+        bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.fullmatch, os.listdir(self.directory))
                        if m and m.group(2) == "log" and not m.group(3))
         bases = [x for x in bases if x <= b.active_base_offset]
         segs = []
@@ -303,4 +303,4 @@ class LogReader:
 
 def list_log_bases(names: Sequence[str]) -> list[int]:
     """Base offsets of the ``.log`` files among directory entries ``names``."""
-    return sorted(int(n[:20]) for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.match(n))
+    return sorted(int(n[:20]) for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.fullmatch(n))

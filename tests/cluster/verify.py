@@ -35,7 +35,7 @@ def replica_batches(data_dir: str, topic: str, partition: int, upto: int | None 
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.match, names)
+    bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.fullmatch, names)
                    if m and m.group(2) == "log" and not m.group(3))
     out: list[tuple] = []
     for base in bases:
