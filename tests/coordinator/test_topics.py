@@ -100,3 +100,22 @@ def test_placement_is_stable_and_spreads_a_topics_partitions():
     hosts = [placement("orders", p, 4) for p in range(8)]
     assert hosts == [placement("orders", p, 4) for p in range(8)]
     assert sorted(set(hosts)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["abc\n", "abc\r\n", "\nabc", "a\nb"])
+def test_a_name_with_a_newline_anywhere_is_refused(name):
+    with pytest.raises(OdradekError) as err:
+        check_topic_name(name)
+    assert err.value.code == ErrorCode.INVALID_TOPIC_EXCEPTION and "\\n" in err.value.message
+
+
+def test_a_metadata_write_that_fails_changes_nothing_and_says_storage_error(tmp_path):
+    r = registry(tmp_path)
+    r.create("kept")
+    r._save = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    for change in (lambda: r.create("new"), lambda: r.delete("kept"),
+                   lambda: r.alter_configs("kept", [{"name": "retention.ms", "value": "5"}])):
+        with pytest.raises(OdradekError) as err:
+            change()
+        assert err.value.code == ErrorCode.KAFKA_STORAGE_ERROR and "nothing was changed" in err.value.message
+    assert set(r.topics) == {"kept"} and r.get("kept").configs == {} and r.version == 1

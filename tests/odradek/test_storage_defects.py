@@ -1,0 +1,95 @@
+"""Storage and validation defects found by hostile and careless input (issue 16: 2, 3, 4)
+each on a real broker."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from odradek import Admin, Consumer, Producer, TopicPartition
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+
+
+def produce(bootstrap, topic, values):
+    with Producer(bootstrap, linger_ms=0, compression=None) as p:
+        handles = [p.send(topic, v) for v in values]
+        p.flush()
+        return [h.result(10) for h in handles]
+
+
+def consume_all(bootstrap, topic, count):
+    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as c:
+        c.assign([TopicPartition(topic, 0)])
+        got, deadline = [], time.monotonic() + 20
+        while len(got) < count and time.monotonic() < deadline:
+            got.extend(r.value for r in c.poll(timeout_ms=200))
+        return got
+
+
+def test_a_topic_of_249_characters_can_be_deleted_created_again_and_survives_a_restart(start_broker, tmp_path):
+    data = str(tmp_path / "data")
+    broker = start_broker(data)
+    name = "t" * 249
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(name)
+        produce(broker.bootstrap, name, [b"old"])
+        admin.delete_topic(name)
+        assert name not in admin.list_topics()
+        assert not [d for d in os.listdir(data) if d.startswith("ttt")], "the deleted partition's files remain"
+        admin.create_topic(name)
+        produce(broker.bootstrap, name, [b"new"])
+    broker.stop()
+    broker = start_broker(data)
+    assert consume_all(broker.bootstrap, name, 1) == [b"new"]
+
+
+def test_a_topic_whose_partition_cannot_be_created_is_refused_and_leaves_nothing_behind(broker):
+    blocker = os.path.join(broker.data_dir, "blocked-0")
+    with open(blocker, "w") as f:  # a file where the partition directory must go
+        f.write("in the way")
+    with Admin(broker.bootstrap) as admin:
+        with pytest.raises(OdradekError) as err:
+            admin.create_topic("blocked")
+        assert err.value.code == ErrorCode.KAFKA_STORAGE_ERROR and "not created" in str(err.value)
+        assert "blocked" not in admin.list_topics()
+        os.unlink(blocker)
+        admin.create_topic("blocked")
+    assert produce(broker.bootstrap, "blocked", [b"x"])[0].offset == 0
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (needs mount rights: root in a container that allows it)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield str(mnt)
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+def fill(directory):
+    """Fill the file system of ``directory``; returns the filler's path."""
+    path = os.path.join(directory, "filler")
+    with open(path, "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 4096)
+        except OSError:
+            pass
+    return path
+
+
+def test_a_topic_created_on_a_full_disk_is_refused_and_can_be_created_once_space_returns(start_broker, small_disk):
+    broker = start_broker(os.path.join(small_disk, "data"))
+    filler = fill(small_disk)
+    with Admin(broker.bootstrap) as admin:
+        with pytest.raises(OdradekError) as err:
+            admin.create_topic("full", partitions=4)
+        assert err.value.code == ErrorCode.KAFKA_STORAGE_ERROR
+        assert "full" not in admin.list_topics()
+        os.unlink(filler)
+        admin.create_topic("full", partitions=4)
+    assert produce(broker.bootstrap, "full", [b"x"])[0].offset == 0
+
