@@ -1,4 +1,4 @@
-"""Storage and validation defects found by hostile and careless input (issue 16: 2, 3, 4)
+"""Storage and validation defects found by hostile and careless input (issue 16: 2, 3, 4, 12),
 each on a real broker."""
 import os
 import subprocess
@@ -92,4 +92,22 @@ def test_a_topic_created_on_a_full_disk_is_refused_and_can_be_created_once_space
         os.unlink(filler)
         admin.create_topic("full", partitions=4)
     assert produce(broker.bootstrap, "full", [b"x"])[0].offset == 0
+
+
+def test_a_fetch_asking_to_wait_2_pow_40_ms_is_answered_empty_at_the_cap(start_broker):
+    broker = start_broker(request_timeout_ms=4000)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("idle")
+    conn = BrokerConnection(broker.host, broker.port)
+    try:
+        started = time.monotonic()
+        body = conn.request(ApiKey.FETCH, {"max_wait_ms": 1 << 40, "min_bytes": 1 << 40, "topics": [
+            {"name": "idle", "partitions": [{"index": 0, "fetch_offset": 0}]}]}).body
+        waited = time.monotonic() - started
+    finally:
+        conn.close()
+    assert body.get("error_code", 0) == 0, body
+    part = body["topics"][0]["partitions"][0]
+    assert part["error_code"] == 0 and part["records_size"] == 0
+    assert 1.0 < waited < 4.0
 
