@@ -2,6 +2,7 @@
 each on a real broker."""
 import os
 import subprocess
+import sys
 import time
 
 import pytest
@@ -111,3 +112,37 @@ def test_a_fetch_asking_to_wait_2_pow_40_ms_is_answered_empty_at_the_cap(start_b
     assert part["error_code"] == 0 and part["records_size"] == 0
     assert 1.0 < waited < 4.0
 
+
+def test_produced_batches_that_lie_about_their_records_are_refused_and_nothing_is_written(broker):
+    from tests.log.test_records import THREE, _forged
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("lies")
+    forged = {ErrorCode.CORRUPT_MESSAGE: [_forged(THREE, count=100), _forged(THREE, attributes=1)],
+              ErrorCode.INVALID_RECORD: [_forged(THREE, attributes=0x20), _forged(THREE, last_delta=2**31 - 1)],
+              ErrorCode.INVALID_TIMESTAMP: [_forged(THREE, first_ts=-2**63, max_ts=-2**63)]}
+    conn = BrokerConnection(broker.host, broker.port)
+    try:
+        for code, batches in forged.items():
+            for batch in batches:
+                body = conn.request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 5000, "topics": [
+                    {"name": "lies", "partitions": [{"index": 0, "frame": 0}]}]}, [batch]).body
+                assert body["topics"][0]["partitions"][0]["error_code"] == code, body
+    finally:
+        conn.close()
+    with Consumer(broker.bootstrap) as c:
+        assert c.end_offsets([TopicPartition("lies", 0)]) == {TopicPartition("lies", 0): 0}
+
+
+def test_the_broker_raises_its_open_files_limit_to_the_hard_limit_and_status_reports_it(start_broker):
+    import resource
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard <= 256:
+        pytest.skip("needs a finite hard limit above 256")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # the broker inherits a low soft limit
+    try:
+        broker = start_broker()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert broker.status()["supervisor"]["open_files_limit"] == [hard, hard]
+    out = subprocess.run([sys.executable, "-m", "odradek", "status", *broker.set_args], capture_output=True, text=True)
+    assert f"open files limit {hard} (hard {hard})" in out.stdout, out.stdout + out.stderr
