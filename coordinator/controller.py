@@ -50,7 +50,7 @@ class Controller(Actor):
         self.registry = TopicRegistry(
             os.path.join(self.args["data_dir"], "meta", "topics.json"), self.args["topic_defaults"],
             default_partitions=config["num.partitions"], default_replication=config["default.replication.factor"],
-            max_replication=1)
+            max_replication=1, min_segment_bytes=config["log.segment.bytes.min"])
         self._remove_deleted_dirs()
 
     def _remove_deleted_dirs(self) -> None:

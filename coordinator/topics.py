@@ -71,8 +71,9 @@ class TopicRegistry:
     """The set of topics. Every mutation bumps ``version`` and is saved before it returns."""
 
     def __init__(self, path: str | None, defaults: dict, default_partitions: int = 1, default_replication: int = 1,
-                 max_replication: int = 1, now_ms=lambda: int(time.time() * 1000)):
+                 max_replication: int = 1, now_ms=lambda: int(time.time() * 1000), min_segment_bytes: int = 14):
         self.path = path
+        self.min_segment_bytes = min_segment_bytes  # the broker's log.segment.bytes.min
         self.defaults = defaults  # topic-level defaults from the broker config
         self.default_partitions = default_partitions
         self.default_replication = default_replication
@@ -163,6 +164,10 @@ class TopicRegistry:
             parsed = LogConfig.from_properties({**self.defaults, **configs}).to_properties()
         except InvalidConfigError as exc:
             raise OdradekError(exc.message, ErrorCode.INVALID_CONFIG) from None
+        if "segment.bytes" in configs and parsed["segment.bytes"] < self.min_segment_bytes:
+            raise OdradekError(f"segment.bytes {parsed['segment.bytes']} is below the minimum {self.min_segment_bytes} "
+                               f"(log.segment.bytes.min): each segment costs files and descriptors",
+                               ErrorCode.INVALID_CONFIG)
         return {k: parsed[k] for k in configs}
 
     def create(self, name, partitions=None, replication_factor=None, configs=None) -> Topic:

@@ -119,3 +119,15 @@ def test_a_metadata_write_that_fails_changes_nothing_and_says_storage_error(tmp_
             change()
         assert err.value.code == ErrorCode.KAFKA_STORAGE_ERROR and "nothing was changed" in err.value.message
     assert set(r.topics) == {"kept"} and r.get("kept").configs == {} and r.version == 1
+
+
+def test_a_segment_size_below_the_brokers_minimum_is_refused_naming_the_setting(tmp_path):
+    r = registry(tmp_path, min_segment_bytes=1 << 20)
+    for change in (lambda: r.create("tiny", configs={"segment.bytes": "71"}),
+                   lambda: r.alter_configs("kept", [{"name": "segment.bytes", "value": "71"}])):
+        if "kept" not in r.topics:
+            r.create("kept")
+        with pytest.raises(OdradekError) as err:
+            change()
+        assert err.value.code == ErrorCode.INVALID_CONFIG and "log.segment.bytes.min" in err.value.message
+    assert r.create("ok", configs={"segment.bytes": str(1 << 20)}).configs == {"segment.bytes": 1 << 20}

@@ -146,3 +146,15 @@ def test_the_broker_raises_its_open_files_limit_to_the_hard_limit_and_status_rep
     assert broker.status()["supervisor"]["open_files_limit"] == [hard, hard]
     out = subprocess.run([sys.executable, "-m", "odradek", "status", *broker.set_args], capture_output=True, text=True)
     assert f"open files limit {hard} (hard {hard})" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_topic_with_71_byte_segments_is_refused_unless_the_test_setting_allows_it(start_broker):
+    strict = start_broker()
+    with Admin(strict.bootstrap) as admin:
+        with pytest.raises(OdradekError) as err:
+            admin.create_topic("tiny", config={"segment.bytes": 71})
+        assert err.value.code == ErrorCode.INVALID_CONFIG and "log.segment.bytes.min" in str(err.value)
+    lax = start_broker(log_segment_bytes_min=14)
+    with Admin(lax.bootstrap) as admin:
+        admin.create_topic("tiny", config={"segment.bytes": 71})
+    assert [r.offset for r in produce(lax.bootstrap, "tiny", [b"a", b"b"])] == [0, 1]
