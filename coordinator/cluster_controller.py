@@ -73,7 +73,8 @@ class ClusterController(BrokerAgent, Controller):
         self.log_hosts = self.args["log_hosts"]
         self.topic_defaults = self.args["topic_defaults"]
         self.registry = TopicRegistry(None, self.topic_defaults, default_partitions=config["num.partitions"],
-                                      default_replication=config["default.replication.factor"], max_replication=1)
+                                      default_replication=config["default.replication.factor"], max_replication=1,
+                                      min_segment_bytes=config["log.segment.bytes.min"])
         self._remove_deleted_dirs()
         # the broker agent's view
         self.seen_controller_epoch = -1
@@ -252,7 +253,7 @@ class ClusterController(BrokerAgent, Controller):
         broker the whole state (LEADER_AND_ISR for its replicas, UPDATE_METADATA)."""
         self.registry = TopicRegistry(None, self.topic_defaults, default_partitions=self.config["num.partitions"],
                                       default_replication=self.config["default.replication.factor"],
-                                      max_replication=1)
+                                      max_replication=1, min_segment_bytes=self.config["log.segment.bytes.min"])
         self.assignment.clear()
         self.states.clear()
         for name in self.zk.get_children(TOPICS):

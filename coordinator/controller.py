@@ -50,7 +50,7 @@ class Controller(Actor):
         self.registry = TopicRegistry(
             os.path.join(self.args["data_dir"], "meta", "topics.json"), self.args["topic_defaults"],
             default_partitions=config["num.partitions"], default_replication=config["default.replication.factor"],
-            max_replication=1)
+            max_replication=1, min_segment_bytes=config["log.segment.bytes.min"])
         self._remove_deleted_dirs()
 
     def _remove_deleted_dirs(self) -> None:
@@ -123,7 +123,26 @@ class Controller(Actor):
                 results.append({"name": name, "error_code": 0, "num_partitions": parts, "replication_factor": rf})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
-        self._push(open_=opened, done=lambda: self.reply(msg, {"body": {"topics": results}}))
+        self._push(open_=opened, done=lambda failed: self._undo_failed_creations(
+            failed, results, lambda: self.reply(msg, {"body": {"topics": results}})))
+
+    def _undo_failed_creations(self, failed: list, results: list, done: Callable[[], None]) -> None:
+        """A topic with a partition that could not be created (a full disk) is refused with
+        that partition's error and removed again, files and metadata: never a topic
+        without a leader."""
+        problems = _first_failure(failed)
+        closed = []
+        for result in results:
+            name = result["name"]
+            if result["error_code"] or name not in problems:
+                continue
+            topic = self.registry.delete(name)
+            closed += [(name, p, topic.topic_id) for p in range(topic.partitions)]
+            code, text = problems[name]
+            log.error("creating topic %s failed, undone: %s", name, text)
+            result.clear()
+            result.update(name=name, error_code=code, error_message=f"topic '{name}' was not created: {text}")
+        self._push(close=closed, done=lambda _failed: done())
 
     def on_delete_topics(self, msg: Message) -> None:
         body = msg.get("body") or {}
@@ -138,7 +157,19 @@ class Controller(Actor):
                 results.append({"name": name, "error_code": 0})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
-        self._push(close=closed, done=lambda: self.reply(msg, {"body": {"topics": results}}))
+        self._push(close=closed, done=lambda failed: self._report_failed_deletions(failed, results, msg))
+
+    def _report_failed_deletions(self, failed: list, results: list, msg: Message) -> None:
+        """A deletion whose files could not be removed is not reported as done. The topic is
+        gone from the metadata; its leftover directory is thrown away when the broker opens a
+        partition of that name again (another topic id) and ``-delete`` leftovers at start."""
+        problems = _first_failure(failed)
+        for result in results:
+            if not result["error_code"] and result["name"] in problems:
+                code, text = problems[result["name"]]
+                result.update(error_code=code, error_message=f"topic '{result['name']}' was removed from the "
+                                                             f"metadata but not all of its files: {text}")
+        self.reply(msg, {"body": {"topics": results}})
 
     def on_alter_topic_configs(self, msg: Message) -> None:
         body = msg.get("body") or {}
@@ -162,13 +193,14 @@ class Controller(Actor):
                 code = exc.code if isinstance(exc, OdradekError) else ErrorCode.INVALID_REQUEST
                 text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
                 results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
-        self._push(configure=changed, done=lambda: self.reply(msg, {"body": {"resources": results}}))
+        self._push(configure=changed, done=lambda _failed: self.reply(msg, {"body": {"resources": results}}))
 
     # ---- pushing changes -------------------------------------------------------------
-    def _push(self, done: Callable[[], None], open_=(), close=(), configure=()) -> None:
-        """Tell log hosts and handlers, then call ``done``. Opening: log hosts first, so no
-        handler routes to a partition before it is open. Closing: handlers first, so none
-        routes to a partition being closed."""
+    def _push(self, done: Callable[[list], None], open_=(), close=(), configure=()) -> None:
+        """Tell log hosts and handlers, then call ``done(failed)`` with the partitions a log
+        host could not change (``[[topic, partition, error code, message]]``). Opening: log
+        hosts first, so no handler routes to a partition before it is open. Closing: handlers
+        first, so none routes to a partition being closed."""
         per_host: dict[str, dict] = {}
         for topic, p in open_:
             per_host.setdefault(self._host_of(topic, p), {}).setdefault("open", []).append(
@@ -179,32 +211,46 @@ class Controller(Actor):
         for topic, p in configure:
             per_host.setdefault(self._host_of(topic, p), {}).setdefault("configure", []).append(
                 self._partition_entry(topic, p))
+        failed: list = []
         if not per_host:
-            done()
+            done(failed)
             return
         hosts = [(host, "assign", change) for host, change in per_host.items()]
         snapshot = self.snapshot()
         handlers = [(h, "metadata", snapshot) for h in self.members.get("handler", [])]
         self.send(GROUP_COORDINATOR, "metadata", snapshot)
         phases = [handlers, hosts] if close else [hosts, handlers]
-        self._in_phases(phases, done)
+        self._in_phases(phases, failed, lambda: done(failed))
 
-    def _in_phases(self, phases: list[list[tuple[str, str, dict]]], done: Callable[[], None]) -> None:
+    def _in_phases(self, phases: list[list[tuple[str, str, dict]]], failed: list, done: Callable[[], None]) -> None:
         if not phases:
             done()
             return
         targets, rest = phases[0], phases[1:]
         if not targets:
-            self._in_phases(rest, done)
+            self._in_phases(rest, failed, done)
             return
         pending = {"n": len(targets)}
 
-        def acked(reply: Message, to: str) -> None:
+        def acked(reply: Message, to: str, fields: dict) -> None:
             if reply.is_error:
                 log.error("%s did not apply a metadata change: %s", to, reply.error_message)
+                failed.extend([e["topic"], e["partition"], int(ErrorCode.KAFKA_STORAGE_ERROR),
+                               f"{to} did not apply the change: {reply.error_message}"]
+                              for kind in ("open", "close") for e in fields.get(kind) or ())
+            else:
+                failed.extend((reply.fields or {}).get("failed") or ())
             pending["n"] -= 1
             if pending["n"] == 0:
-                self._in_phases(rest, done)
+                self._in_phases(rest, failed, done)
 
         for to, type_, fields in targets:
-            self.request(to, type_, fields, callback=lambda r, to=to: acked(r, to), timeout=PUSH_TIMEOUT)
+            self.request(to, type_, fields, callback=lambda r, to=to, f=fields: acked(r, to, f), timeout=PUSH_TIMEOUT)
+
+
+def _first_failure(failed: list) -> dict[str, tuple[int, str]]:
+    """Topic name -> (error code, message) of its first failed partition."""
+    out: dict[str, tuple[int, str]] = {}
+    for topic, partition, code, text in failed:
+        out.setdefault(topic, (int(code), f"partition {partition}: {text}"))
+    return out

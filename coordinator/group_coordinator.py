@@ -95,7 +95,7 @@ CREATED_WAIT = 10.0  # seconds requests queued for the topic's creation wait for
 MAX_WAIT_MS = 30_000  # a heartbeat is held at most this long
 WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT)  # need __consumer_offsets to exist
 BY_GROUP = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LEAVE_GROUP)
-GROUP_ID = re.compile(r"^[\x21-\x7e]{1,255}$")
+GROUP_ID = re.compile(r"[\x21-\x7e]{1,255}")  # always fullmatch: "$" matches before a final newline
 
 # Write errors meaning "this broker no longer leads the partition".
 LEADERSHIP_LOST = frozenset({ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH,
@@ -143,7 +143,7 @@ def _get(body: dict, name: str, kind, default=...):
 
 def _group_id(body: dict, name: str = "group_id") -> str:
     gid = body.get(name)
-    if not isinstance(gid, str) or not GROUP_ID.match(gid):
+    if not isinstance(gid, str) or not GROUP_ID.fullmatch(gid):
         raise OdradekError(f"group id must be 1 to 255 printable ASCII characters without spaces, got {gid!r}",
                            ErrorCode.INVALID_GROUP_ID)
     return gid
@@ -946,7 +946,7 @@ class GroupCoordinator(Actor):
             raise BadRequest("missing field 'group_ids' (a list of group ids)")
         out = []
         for gid in ids:
-            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.match(gid) else None
+            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.fullmatch(gid) else None
             if error is not None:
                 out.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue
@@ -972,7 +972,7 @@ class GroupCoordinator(Actor):
                 self.reply(msg, {"body": {"results": results}})
 
         for gid in names:
-            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.match(gid) else None
+            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.fullmatch(gid) else None
             if error is not None:
                 results.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue

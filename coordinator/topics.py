@@ -23,7 +23,7 @@ from odradek.log.errors import InvalidConfigError
 from odradek.log.files import FileLayer
 from odradek.network.protocol import ErrorCode, OdradekError
 
-LEGAL_NAME = re.compile(r"^[a-zA-Z0-9._-]+$")
+LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")  # always fullmatch: "$" would let "abc\n" through
 MAX_NAME_LENGTH = 249
 MAX_PARTITIONS = 10000
 FILE_VERSION = 1
@@ -38,8 +38,8 @@ def check_topic_name(name) -> None:
     if len(name) > MAX_NAME_LENGTH:
         raise OdradekError(f"topic name is {len(name)} characters; the limit is {MAX_NAME_LENGTH}",
                            ErrorCode.INVALID_TOPIC_EXCEPTION)
-    if not LEGAL_NAME.match(name):
-        bad = sorted({c for c in name if not re.match(r"[a-zA-Z0-9._-]", c)})
+    if not LEGAL_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not LEGAL_NAME.fullmatch(c)})
         raise OdradekError(f"topic name '{name}' contains {''.join(bad)!r}: only ASCII letters, digits, "
                            f"'.', '_' and '-' are allowed", ErrorCode.INVALID_TOPIC_EXCEPTION)
 
@@ -71,8 +71,9 @@ class TopicRegistry:
     """The set of topics. Every mutation bumps ``version`` and is saved before it returns."""
 
     def __init__(self, path: str | None, defaults: dict, default_partitions: int = 1, default_replication: int = 1,
-                 max_replication: int = 1, now_ms=lambda: int(time.time() * 1000)):
+                 max_replication: int = 1, now_ms=lambda: int(time.time() * 1000), min_segment_bytes: int = 14):
         self.path = path
+        self.min_segment_bytes = min_segment_bytes  # the broker's log.segment.bytes.min
         self.defaults = defaults  # topic-level defaults from the broker config
         self.default_partitions = default_partitions
         self.default_replication = default_replication
@@ -97,6 +98,18 @@ class TopicRegistry:
         self.version = int(data.get("version", 0))
         for t in data.get("topics", []):
             self.topics[t["name"]] = Topic(**t)
+
+    def _commit(self, undo) -> None:
+        """Bump the version and save; if the save fails (a full disk), ``undo()`` the change
+        in memory and refuse it with KAFKA_STORAGE_ERROR: memory never runs ahead of the file."""
+        self.version += 1
+        try:
+            self._save()
+        except OSError as exc:
+            self.version -= 1
+            undo()
+            raise OdradekError(f"could not write the topic metadata {self.path}: {exc.strerror or exc}; "
+                               f"nothing was changed", ErrorCode.KAFKA_STORAGE_ERROR) from None
 
     def _save(self) -> None:
         if self.path is None:
@@ -151,21 +164,23 @@ class TopicRegistry:
             parsed = LogConfig.from_properties({**self.defaults, **configs}).to_properties()
         except InvalidConfigError as exc:
             raise OdradekError(exc.message, ErrorCode.INVALID_CONFIG) from None
+        if "segment.bytes" in configs and parsed["segment.bytes"] < self.min_segment_bytes:
+            raise OdradekError(f"segment.bytes {parsed['segment.bytes']} is below the minimum {self.min_segment_bytes} "
+                               f"(log.segment.bytes.min): each segment costs files and descriptors",
+                               ErrorCode.INVALID_CONFIG)
         return {k: parsed[k] for k in configs}
 
     def create(self, name, partitions=None, replication_factor=None, configs=None) -> Topic:
         partitions, replication_factor, configs = self.validate_create(name, partitions, replication_factor, configs)
         topic = Topic(name, uuid.uuid4().hex, partitions, replication_factor, configs, self.now_ms())
         self.topics[name] = topic
-        self.version += 1
-        self._save()
+        self._commit(lambda: self.topics.pop(name))
         return topic
 
     def delete(self, name: str) -> Topic:
         topic = self.get(name)
         del self.topics[name]
-        self.version += 1
-        self._save()
+        self._commit(lambda: self.topics.__setitem__(name, topic))
         return topic
 
     def alter_configs(self, name: str, ops: list) -> Topic:
@@ -183,9 +198,8 @@ class TopicRegistry:
             else:
                 raise OdradekError(f"config operation must be 'set' or 'delete', got {kind!r}",
                                    ErrorCode.INVALID_REQUEST)
-        topic.configs = self._checked_configs(configs)
-        self.version += 1
-        self._save()
+        old, topic.configs = topic.configs, self._checked_configs(configs)
+        self._commit(lambda: setattr(topic, "configs", old))
         return topic
 
     def snapshot(self) -> dict:

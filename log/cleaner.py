@@ -172,11 +172,10 @@ def _swap_in(lg: Log, old: LogSegment, batches: list) -> LogSegment:
     for path in (old.log_path, old.index_path, old.timeindex_path):
         files.rename(path + SWAP_SUFFIX, path)
     files.fsync_dir(lg.dir)
-    fd = files.open(old.log_path, os.O_RDWR)
-    new = LogSegment(files, lg.dir, old.base_offset, fd, len(data), old.created_ms)
+    old.close(trim=False)  # drops the cached descriptors of the replaced files
+    new = LogSegment(files, lg.dir, old.base_offset, None, len(data), old.created_ms)
     new._closed_sources[new.index_path] = (ix.BufferSource(odata), len(oentries))
     new._closed_sources[new.timeindex_path] = (ix.BufferSource(tdata), len(tentries))
     new.max_timestamp = max(policy.max_ts, -1)
     lg.replace_segment(old, new)
-    old.close(trim=False)
     return new

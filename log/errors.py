@@ -36,6 +36,12 @@ class InvalidRecordError(OdradekError):
     code = ErrorCode.INVALID_RECORD
 
 
+class InvalidTimestampError(OdradekError):
+    """A produced batch's timestamp is out of range (negative, other than -1 for none)."""
+
+    code = ErrorCode.INVALID_TIMESTAMP
+
+
 class OffsetOutOfRangeError(OdradekError):
     """The requested offset is below the log start offset or above the log end offset."""
 

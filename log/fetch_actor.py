@@ -13,7 +13,9 @@ Accepts:
   broker_epochs {epochs: {"<id>": czxid}}   from the broker agent (cluster mode): the live
                         brokers and their broker epochs, whenever ``/brokers/ids`` changes
                         (asked for with ``get_broker_epochs`` at start)
-A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms``; every ``bounds``
+A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms`` (capped at 60 s and
+1 s short of ``request.timeout.ms``, so that it is answered, empty if need be, before its
+processor gives up on it); every ``bounds``
 update of a partition it reads re-checks it, so it answers as soon as data arrives.
 
 Replication: only a partition's leader serves it. A consumer (``replica_id`` -1) reads up
@@ -46,6 +48,7 @@ from odradek.network.protocol import ErrorCode, OdradekError
 log = logging.getLogger("odradek.fetch")
 
 MAX_WAIT_MS = 60_000  # a longer max_wait_ms is capped, as a request must not hold forever
+ANSWER_MARGIN_MS = 1_000  # and the wait ends this long before the processor's request.timeout.ms
 
 
 class FetchRequest:
@@ -68,6 +71,8 @@ def _int(body: dict, key: str, default: int, lo: int = 0) -> int:
 class FetchActor(Actor):
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
+        request_timeout = int((self.args.get("config") or {}).get("request.timeout.ms", 30000))
+        self.max_wait_ms = max(min(MAX_WAIT_MS, request_timeout - ANSWER_MARGIN_MS), 0)
         self.readers: dict[tuple[str, int], LogReader] = {}
         self.roles: dict[tuple[str, int], tuple] = {}  # leader epoch, leading here, log actor, replicas
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
@@ -144,7 +149,7 @@ class FetchActor(Actor):
     # ---- fetch -------------------------------------------------------------------------
     def on_fetch(self, msg: Message) -> None:
         body = msg.get("body") or {}
-        max_wait = min(_int(body, "max_wait_ms", 500), MAX_WAIT_MS)
+        max_wait = min(_int(body, "max_wait_ms", 500), self.max_wait_ms)
         parts = []
         for t in body.get("topics") or []:
             for p in (t.get("partitions") or []) if isinstance(t, dict) else []:

@@ -7,12 +7,22 @@ them) and raises ``OSError`` as the OS does. The log turns ``OSError`` into ``St
 
 Index files are written through ``mmap`` (as Kafka does): their bytes are not routed through
 this layer, only their creation, allocation, truncation, flushing and renaming.
+
+``DescriptorCache``: the descriptors of files that are not being written (closed segments'
+``.log`` and index files, every file the fetch actor reads) are a bounded, least recently
+used cache per process, reopened on demand. Only an active segment keeps its own descriptors.
+Without it, a log actor held one descriptor per segment and the fetch actor two per
+partition: ``segment.bytes=71`` and 21,000 produces, or 10,000 partitions, ran a process out
+of descriptors (EMFILE) and the broker could not start again.
 """
 from __future__ import annotations
 
+import collections
+import contextlib
 import errno
 import mmap
 import os
+import threading
 import time
 
 
@@ -120,3 +130,89 @@ class FileLayer:
         self.write_file_durably(tmp, data)
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
+
+
+OPEN_FILES_PER_PROCESS = 1024  # the descriptor cache's size in each log actor and the fetch actor
+
+
+class DescriptorCache:
+    """Open descriptors by ``(path, flags)``, at most ``capacity`` of them unused; the least
+    recently used is closed first and reopened when needed again.
+
+    ``use(path, flags, files)`` is a context manager giving the descriptor, pinned while in
+    use (a log actor closes its logs in parallel threads: a descriptor in use is never closed
+    under its user). ``forget(path)`` closes a path's descriptors (after their last user):
+    call it when the file is deleted, renamed over or its segment closed, so that no stale
+    descriptor of an old file is served. Thread-safe.
+    """
+
+    def __init__(self, capacity: int = OPEN_FILES_PER_PROCESS):
+        self.capacity = capacity
+        self._open: collections.OrderedDict[tuple[str, int], list] = collections.OrderedDict()  # [fd, users, files]
+        self._lock = threading.Lock()
+        self.opened = 0  # descriptors opened so far (stats, tests)
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    @contextlib.contextmanager
+    def use(self, path: str, flags: int = os.O_RDONLY, files: "FileLayer | None" = None):
+        """``flags``: ``os.O_RDONLY`` or ``os.O_RDWR``."""
+        entry = self._acquire((path, flags), files or FileLayer())
+        try:
+            yield entry[0]
+        finally:
+            with self._lock:
+                entry[1] -= 1
+                if entry[1] == 0 and self._open.get((path, flags)) is not entry:  # forgotten while in use
+                    entry[2].close(entry[0])
+                self._evict()
+
+    def pread(self, path: str, size: int, position: int, files: "FileLayer | None" = None) -> bytes:
+        files = files or FileLayer()
+        with self.use(path, os.O_RDONLY, files) as fd:
+            return files.pread(fd, size, position)
+
+    def _acquire(self, key: tuple[str, int], files: "FileLayer") -> list:
+        with self._lock:
+            entry = self._open.get(key)
+            if entry is None:
+                entry = self._open[key] = [files.open(key[0], key[1]), 0, files]
+                self.opened += 1
+            else:
+                self._open.move_to_end(key)
+            entry[1] += 1
+            self._evict()
+            return entry
+
+    def _evict(self) -> None:
+        """Close unused descriptors, least recently used first, down to ``capacity``."""
+        if len(self._open) <= self.capacity:
+            return
+        for key in [k for k, e in self._open.items() if e[1] == 0][:len(self._open) - self.capacity]:
+            entry = self._open.pop(key)
+            entry[2].close(entry[0])
+
+    def forget(self, *paths: str) -> None:
+        with self._lock:
+            for key in [(p, f) for p in paths for f in (os.O_RDONLY, os.O_RDWR)]:
+                entry = self._open.pop(key, None)
+                if entry is not None and entry[1] == 0:
+                    entry[2].close(entry[0])
+
+    def close_all(self) -> None:
+        with self._lock:
+            for key in [k for k, e in self._open.items() if e[1] == 0]:
+                entry = self._open.pop(key)
+                entry[2].close(entry[0])
+
+
+_process_cache: tuple[int, DescriptorCache] | None = None
+
+
+def descriptors() -> DescriptorCache:
+    """This process's descriptor cache (one per process, made on first use)."""
+    global _process_cache
+    if _process_cache is None or _process_cache[0] != os.getpid():
+        _process_cache = (os.getpid(), DescriptorCache())
+    return _process_cache[1]

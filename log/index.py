@@ -49,16 +49,19 @@ class BufferSource:
 
 
 class FileSource:
-    """Entries read with ``pread`` from a file another process may be writing."""
+    """Entries read with ``pread`` from a file another process may be writing, through the
+    process's descriptor cache (``log.files.DescriptorCache``): no descriptor is held."""
 
-    __slots__ = ("fd", "file_size")
+    __slots__ = ("cache", "path", "files", "file_size")
 
-    def __init__(self, fd: int):
-        self.fd = fd
-        self.file_size = os.fstat(fd).st_size
+    def __init__(self, cache, path: str, files=None):
+        """Raises FileNotFoundError if there is no such file."""
+        self.cache, self.path, self.files = cache, path, files
+        with cache.use(path, os.O_RDONLY, files) as fd:
+            self.file_size = os.fstat(fd).st_size
 
     def entry_bytes(self, i: int, size: int) -> bytes | None:
-        data = os.pread(self.fd, size, i * size)
+        data = self.cache.pread(self.path, size, i * size, self.files)
         return data if len(data) == size else None
 
     def capacity(self, size: int) -> int:

@@ -72,9 +72,9 @@ def _finish_interrupted_work(lg: Log, report: RecoveryReport) -> None:
                     _remove(files, lg.dir, base + suffix + extra, report, names)
             report.swaps_completed.append(int(base))
     names = set(files.listdir(lg.dir))
-    logs = {n[:20] for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.match(n)}
+    logs = {n[:20] for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.fullmatch(n)}
     for name in sorted(names):
-        m = SEGMENT_RE.match(name)
+        m = SEGMENT_RE.fullmatch(name)
         if name.endswith((DELETED_SUFFIX, CLEANED_SUFFIX, TMP_SUFFIX)):
             _remove(files, lg.dir, name, report, names)
         elif name.endswith(SWAP_SUFFIX):  # an index swap without its log: roll back
@@ -97,12 +97,10 @@ def _open_segments(lg: Log, cp) -> None:
     files = lg._files
     names = files.listdir(lg.dir)
     bases = sorted(int(n[:20]) for n in names
-                   if (m := SEGMENT_RE.match(n)) and m.group(2) == "log" and not m.group(3))
+                   if (m := SEGMENT_RE.fullmatch(n)) and m.group(2) == "log" and not m.group(3))
     now = lg._now()
-    for base in bases:
-        path = segment_paths(lg.dir, base)[0]
-        fd = files.open(path, os.O_RDWR)
-        seg = LogSegment(files, lg.dir, base, fd, files.fstat_size(fd), now)
+    for base in bases:  # no descriptor each: closed segments read through the descriptor cache
+        seg = LogSegment(files, lg.dir, base, None, files.file_size(segment_paths(lg.dir, base)[0]), now)
         lg._segments.append(seg)
         lg._bases.append(base)
     if not lg._segments:
@@ -143,7 +141,8 @@ def _check_closed_indexes(lg: Log, seg: LogSegment, next_base: int, report: Reco
         seg.max_timestamp = seg.max_timestamp_from_index()
         return
     policy = IndexPolicy(lg.config.index_interval_bytes)
-    scan = scan_segment(lg._files, seg.fd, seg.size, seg.base_offset, 0, seg.base_offset, policy)
+    with seg.log_fd() as fd:
+        scan = scan_segment(lg._files, fd, seg.size, seg.base_offset, 0, seg.base_offset, policy)
     if scan.error:
         report.reasons.append(f"segment {seg.base_offset} (below the recovery point): {scan.error}; "
                               "indexed its valid prefix only")
@@ -201,8 +200,9 @@ def _scan(lg: Log, seg: LogSegment, active: bool, clean: bool, min_offset: int, 
         policy = IndexPolicy(cfg.index_interval_bytes, 0, t, t)
     else:
         report.indexes_rebuilt.append(seg.base_offset)
-    scan = scan_segment(lg._files, seg.fd, seg.size, seg.base_offset, start, min_offset, policy,
-                        resume_at=start if resume and start else None)
+    with seg.log_fd() as fd:
+        scan = scan_segment(lg._files, fd, seg.size, seg.base_offset, start, min_offset, policy,
+                            resume_at=start if resume and start else None)
     report.bytes_scanned += scan.valid_end - start
     if active:
         for e in scan.offset_entries:
@@ -222,8 +222,9 @@ def _cut(lg: Log, i: int, seg: LogSegment, scan, report: RecoveryReport) -> None
     report.truncated_segment = seg.base_offset
     report.truncated_at_position = scan.valid_end
     report.dropped_from_offset = scan.next_offset
-    files.ftruncate(seg.fd, scan.valid_end)
-    files.fsync(seg.fd)
+    with seg.log_fd() as fd:
+        files.ftruncate(fd, scan.valid_end)
+        files.fsync(fd)
     seg.size = scan.valid_end
     while len(lg._segments) > i + 1:
         later = lg._segments.pop()

@@ -22,7 +22,7 @@ Every ``OSError`` surfaces as ``StorageError`` (KAFKA_STORAGE_ERROR) with the lo
 from __future__ import annotations
 
 import bisect
-import mmap
+import contextlib
 import os
 import struct
 import time
@@ -34,7 +34,7 @@ from odradek.log.config import LogConfig
 from odradek.log.epochs import LeaderEpochCache
 from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
-from odradek.log.files import FileLayer, system_now_ms
+from odradek.log.files import FileLayer, descriptors, system_now_ms
 from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
@@ -86,17 +86,22 @@ def _storage(op: str, e: OSError) -> StorageError:
 
 
 class LogSegment(SegmentView):
-    """A segment as the writer sees it: an open ``.log`` and, while active, index writers.
+    """A segment as the writer sees it. While active: its own ``.log`` descriptor (``fd``)
+    and index writers. Closed: no descriptor of its own; its files are read through the
+    process's descriptor cache (``log.files.descriptors()``), so a log of thousands of
+    segments costs a bounded number of descriptors.
 
     Single writer (the log actor, through ``Log``).
     """
 
-    def __init__(self, files: FileLayer, directory: str, base_offset: int, fd: int, size: int,
+    def __init__(self, files: FileLayer, directory: str, base_offset: int, fd: int | None, size: int,
                  created_ms: int):
         self.files = files
         self.base_offset = base_offset
         self.log_path, self.index_path, self.timeindex_path = segment_paths(directory, base_offset)
-        self.fd = fd
+        self.fd = fd  # only while active (or being made active)
+        self.closed = False
+        self._descriptors = descriptors()
         self.size = size
         self.created_ms = created_ms
         self.max_timestamp = -1
@@ -105,9 +110,22 @@ class LogSegment(SegmentView):
         self.policy: IndexPolicy | None = None
         self._closed_sources: dict[str, tuple] = {}
 
+    @contextlib.contextmanager
+    def log_fd(self):
+        """A descriptor of the ``.log``: its own if active, else one from the cache (read-write,
+        pinned while in use)."""
+        if self.fd is not None:
+            yield self.fd
+        else:
+            with self._descriptors.use(self.log_path, os.O_RDWR, self.files) as fd:
+                yield fd
+
     # -- read side (SegmentView)
     def pread(self, size: int, position: int) -> bytes:
-        return self.files.pread(self.fd, size, position)
+        if self.fd is not None:
+            return self.files.pread(self.fd, size, position)
+        with self.log_fd() as fd:
+            return self.files.pread(fd, size, position)
 
     def offset_source(self):
         if self.oidx is not None:
@@ -120,10 +138,13 @@ class LogSegment(SegmentView):
         return self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
 
     def _closed_source(self, path: str, counter, bound: int):
-        """A closed segment's index, mapped read-only on first use (pages load lazily)."""
+        """A closed segment's index, probed with ``pread`` through the descriptor cache."""
         found = self._closed_sources.get(path)
         if found is None:
-            src = ix.BufferSource(map_file(self.files, path))
+            try:
+                src = ix.FileSource(self._descriptors, path, self.files)
+            except FileNotFoundError:
+                src = ix.BufferSource(b"")
             found = self._closed_sources[path] = (src, counter(src, bound))
         return found
 
@@ -133,6 +154,8 @@ class LogSegment(SegmentView):
 
         Writers already open (recovery activates the active segment a second time) are
         closed first: each holds a mapping and its descriptor."""
+        if self.fd is None:
+            self.fd = self.files.open(self.log_path, os.O_RDWR)
         if self.oidx is not None:
             oidx, tidx, self.oidx, self.tidx = self.oidx, self.tidx, None, None
             try:
@@ -143,6 +166,7 @@ class LogSegment(SegmentView):
         tsrc, tcount = self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
         ocount, tcount = min(ocount, capacity - 1), min(tcount, capacity - 1)
         self._closed_sources.clear()
+        self._descriptors.forget(self.index_path, self.timeindex_path)  # the writers map their own
         self.oidx = ix.IndexWriter(self.files, self.index_path, ix.OFFSET_ENTRY, capacity, ocount)
         self.tidx = ix.IndexWriter(self.files, self.timeindex_path, ix.TIME_ENTRY, capacity, tcount)
         self._reset_policy(interval)
@@ -191,6 +215,8 @@ class LogSegment(SegmentView):
         odata = self.oidx.trim_and_close()
         tdata = self.tidx.trim_and_close()
         self.oidx = self.tidx = None
+        fd, self.fd = self.fd, None  # closed from now on: reads go through the descriptor cache
+        self.files.close(fd)
         self._closed_sources[self.index_path] = (ix.BufferSource(odata), len(odata) // ix.OFFSET_ENTRY.size)
         self._closed_sources[self.timeindex_path] = (ix.BufferSource(tdata), len(tdata) // ix.TIME_ENTRY.size)
 
@@ -222,11 +248,13 @@ class LogSegment(SegmentView):
         tdata = b"".join(ix.TIME_ENTRY.pack(*e) for e in time_entries)
         self.files.write_file_atomically(self.index_path, odata)
         self.files.write_file_atomically(self.timeindex_path, tdata)
+        self._descriptors.forget(self.index_path, self.timeindex_path)  # the old files' descriptors
         self._closed_sources[self.index_path] = (ix.BufferSource(odata), len(offset_entries))
         self._closed_sources[self.timeindex_path] = (ix.BufferSource(tdata), len(time_entries))
 
     def flush(self) -> None:
-        self.files.fsync(self.fd)
+        with self.log_fd() as fd:
+            self.files.fsync(fd)
         if self.oidx is not None:
             self.oidx.flush()
             self.tidx.flush()
@@ -242,26 +270,15 @@ class LogSegment(SegmentView):
                     self.tidx.close_untrimmed()
         finally:
             self.oidx = self.tidx = None
+            self.closed = True
+            self._descriptors.forget(*self.all_paths)
             if self.fd is not None:
-                self.files.close(self.fd)
-                self.fd = None
+                fd, self.fd = self.fd, None
+                self.files.close(fd)
 
     @property
     def all_paths(self) -> tuple[str, str, str]:
         return self.log_path, self.index_path, self.timeindex_path
-
-
-def map_file(files: FileLayer, path: str):
-    """The file mapped read-only (b'' if missing or empty); no descriptor stays open."""
-    try:
-        fd = files.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return b""
-    try:
-        size = files.fstat_size(fd)
-        return mmap.mmap(fd, size, access=mmap.ACCESS_READ) if size else b""
-    finally:
-        files.close(fd)
 
 
 def read_file(files: FileLayer, path: str) -> bytes:
@@ -569,7 +586,8 @@ class Log:
         if self._dirty_tail is not None:
             seg, size = self._dirty_tail
             try:
-                self._files.ftruncate(seg.fd, size)
+                with seg.log_fd() as fd:
+                    self._files.ftruncate(fd, size)
             except OSError as e:
                 raise _storage(f"truncating the failed write in {seg.log_path}", e) from None
             self._dirty_tail = None
@@ -693,7 +711,7 @@ class Log:
         self._check_open()
         try:
             for seg in self._unflushed_segments:
-                if seg.fd is not None:
+                if not seg.closed:
                     seg.flush()
             if self._unflushed_segments:
                 self._files.fsync_dir(self.dir)

@@ -62,6 +62,17 @@ def partition_dir(data_dir: str, topic: str, partition: int) -> str:
     return os.path.join(data_dir, f"{topic}-{partition}")
 
 
+MAX_FILE_NAME = 255  # bytes of one directory entry (ext4, xfs, tmpfs)
+
+
+def doomed_dir(data_dir: str, topic: str, partition: int, unique: str) -> str:
+    """Where a partition directory is renamed to be deleted: ``<topic>-<p>.<unique>-delete``
+    with the topic cut short so that the name fits ``MAX_FILE_NAME`` (as Kafka does): a
+    249-character topic would not fit otherwise, and the rename would fail."""
+    suffix = f"-{partition}.{unique}-delete"
+    return os.path.join(data_dir, topic[:MAX_FILE_NAME - len(suffix)] + suffix)
+
+
 class Follower:
     """What the leader knows of one follower: its log end (the offset of its last fetch) and
     when it was last caught up (Kafka's lastCaughtUpTimeMs rule)."""
@@ -118,10 +129,11 @@ class LogActor(Actor):
         self._answers: list[tuple[Message, dict]] = []
         self.appends = 0
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
-        for entry in assignment.get("open", []):
-            p = self._open_partition(entry)
-            if "leader" in entry:  # cluster mode: the role this partition had before a restart
-                self._become(p, entry)
+        failed: list = []  # a partition that cannot open (a storage error) stays offline, logged;
+        for entry in assignment.get("open", []):  # the others are served: the broker starts
+            self._attempt(failed, entry, self._open_partition)
+            if "leader" in entry and (entry["topic"], entry["partition"]) in self.logs:  # cluster mode:
+                self._become(self.logs[entry["topic"], entry["partition"]], entry)  # the role it had before
         self._dirty.update(self.logs)
         self.after_batch()
         self.call_every(config["log.retention.check.interval.ms"] / 1000, self._retention)
@@ -435,16 +447,30 @@ class LogActor(Actor):
 
     # ---- assignment from the controller -------------------------------------------------
     def on_assign(self, msg: Message) -> None:
+        """Each change is tried on its own; the reply lists the ones that failed (``failed``:
+        ``[[topic, partition, error code, message]]``) so the controller never reports a
+        creation or deletion that did not happen."""
+        failed: list = []
         for entry in msg.get("open") or ():
-            self._open_partition(entry)
+            self._attempt(failed, entry, self._open_partition)
         for entry in msg.get("configure") or ():
             p = self.logs.get((entry["topic"], entry["partition"]))
             if p is not None:
                 p.log.config = LogConfig.from_properties(entry["config"])
         for entry in msg.get("close") or ():
-            self._close_and_delete(entry["topic"], entry["partition"], entry["topic_id"],
-                                   delete=entry.get("delete", True))
-        self._tell_fetch_actor_then(lambda: self.reply(msg, {"partitions": len(self.logs)}))
+            self._attempt(failed, entry, lambda e: self._close_and_delete(
+                e["topic"], e["partition"], e["topic_id"], delete=e.get("delete", True)))
+        self._tell_fetch_actor_then(lambda: self.reply(msg, {"partitions": len(self.logs), "failed": failed}))
+
+    @staticmethod
+    def _attempt(failed: list, entry: dict, change) -> None:
+        try:
+            change(entry)
+        except (OdradekError, OSError) as exc:
+            code = exc.code if isinstance(exc, OdradekError) else ErrorCode.KAFKA_STORAGE_ERROR
+            text = exc.message if isinstance(exc, OdradekError) else f"{exc.strerror or exc} (errno {exc.errno})"
+            log.error("%s-%s: %s", entry["topic"], entry["partition"], text)
+            failed.append([entry["topic"], entry["partition"], int(code), text])
 
     def _tell_fetch_actor_then(self, done) -> None:
         """The fetch actor learns of a change before the controller does, so a client that
@@ -507,7 +533,7 @@ class LogActor(Actor):
         if key in self.logs:
             return self.logs[key]
         directory = partition_dir(self.data_dir, *key)
-        self._claim_directory(directory, entry.get("topic_id", ""))
+        self._claim_directory(key, entry.get("topic_id", ""))
         the_log = Log(directory, LogConfig.from_properties(entry["config"]))
         report = the_log.recovery_report
         if getattr(report, "dropped_bytes", 0):
@@ -519,10 +545,11 @@ class LogActor(Actor):
         self._dirty.add(key)
         return p
 
-    def _claim_directory(self, directory: str, topic_id: str) -> None:
+    def _claim_directory(self, key: tuple[str, int], topic_id: str) -> None:
         """The directory of a partition of topic ``topic_id`` (KIP-516's ``partition.metadata``).
         One left by an earlier topic of the same name (deleted while this broker was down) is
         thrown away, never taken for this topic's log."""
+        directory = partition_dir(self.data_dir, *key)
         path = os.path.join(directory, PARTITION_METADATA)
         found = None
         try:
@@ -532,9 +559,7 @@ class LogActor(Actor):
             pass
         if topic_id and found and found != topic_id:
             log.warning("%s holds topic id %s, not %s: a deleted topic's log, removed", directory, found, topic_id)
-            doomed = f"{directory}.{found}-delete"
-            os.rename(directory, doomed)
-            shutil.rmtree(doomed, ignore_errors=True)
+            _delete_dir(directory, doomed_dir(self.data_dir, *key, found))
             found = None
         os.makedirs(directory, exist_ok=True)
         if topic_id and found is None:
@@ -550,9 +575,7 @@ class LogActor(Actor):
         self._closed.append((topic, partition))
         directory = partition_dir(self.data_dir, topic, partition)
         if delete and os.path.isdir(directory):
-            doomed = f"{directory}.{topic_id or int(time.time())}-delete"
-            os.rename(directory, doomed)  # the name is free at once for a new topic
-            shutil.rmtree(doomed, ignore_errors=True)
+            _delete_dir(directory, doomed_dir(self.data_dir, topic, partition, topic_id or str(int(time.time()))))
 
     # ---- the fetch actor ---------------------------------------------------------------
     def on_get_bounds(self, msg: Message) -> None:
@@ -601,6 +624,19 @@ class LogActor(Actor):
 
     def _clean(self) -> None:
         self._each("compaction", lambda lg: lg.config.compact and cleaner.clean(lg).cleaned)
+
+
+def _delete_dir(directory: str, doomed: str) -> None:
+    """Rename ``directory`` to ``doomed`` (the name is free at once for a new topic; the
+    controller removes ``-delete`` leftovers at start), then remove it. If the rename fails,
+    remove it in place; an OSError means the directory (or part of it) is still there."""
+    try:
+        os.rename(directory, doomed)
+    except OSError as exc:
+        log.warning("could not rename %s to %s (%s): removing it in place", directory, doomed, exc)
+        shutil.rmtree(directory)
+        return
+    shutil.rmtree(doomed, ignore_errors=True)
 
 
 def _now_ms() -> int:

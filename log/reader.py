@@ -27,6 +27,7 @@ from typing import NamedTuple, Sequence
 
 from odradek.log import index as ix
 from odradek.log.errors import OffsetOutOfRangeError, StorageError
+from odradek.log.files import descriptors
 from odradek.log.records import BatchHeader, CorruptRecordError
 from odradek.log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_paths
 
@@ -141,7 +142,9 @@ def plan_offset_for_time(segments: Sequence[SegmentView], timestamp: int, log_st
 
 
 class ReaderSegment(SegmentView):
-    """A read-only view of one segment for a process that does not own the log."""
+    """A read-only view of one segment for a process that does not own the log. Its files
+    are read through the process's descriptor cache (``log.files.descriptors()``): a reader
+    holds no descriptor of its own, whatever the number of segments and partitions."""
 
     def __init__(self, directory: str, base_offset: int, size: int, active: bool):
         self.base_offset = base_offset
@@ -149,29 +152,22 @@ class ReaderSegment(SegmentView):
         self.size = size
         self.active = active
         self.next_offset_bound = 1 << 32
-        self._fd = os.open(self.log_path, os.O_RDONLY)
-        self._index_fds: dict[str, int | None] = {}
+        self._descriptors = descriptors()
+        with self._descriptors.use(self.log_path):  # FileNotFoundError if retention took it
+            pass
         self._cache: dict[str, tuple] = {}
         self.max_timestamp = self.max_timestamp_from_index()
 
     def pread(self, size: int, position: int) -> bytes:
-        return os.pread(self._fd, size, position)
-
-    def _index_fd(self, path: str) -> int | None:
-        if path not in self._index_fds:
-            try:
-                self._index_fds[path] = os.open(path, os.O_RDONLY)
-            except FileNotFoundError:
-                self._index_fds[path] = None
-        return self._index_fds[path]
+        return self._descriptors.pread(self.log_path, size, position)
 
     def _source(self, path: str, counter, bound: int) -> tuple[object, int]:
         if not self.active and path in self._cache:  # closed: immutable, count it once
             return self._cache[path]
-        fd = self._index_fd(path)
-        if fd is None:
+        try:
+            src = ix.FileSource(self._descriptors, path)  # probed with pread: nothing loaded, nothing mapped
+        except FileNotFoundError:
             return ix.BufferSource(b""), 0
-        src = ix.FileSource(fd)  # probed with pread: nothing loaded, nothing mapped
         found = (src, counter(src, bound))
         if not self.active:
             self._cache[path] = found
@@ -184,10 +180,10 @@ class ReaderSegment(SegmentView):
         return self._source(self.timeindex_path, ix.count_time_entries, self.next_offset_bound)
 
     def close(self) -> None:
-        for fd in [self._fd, *self._index_fds.values()]:
-            if fd is not None:
-                os.close(fd)
-        self._index_fds.clear()
+        """Drop this view's cached descriptors: the files may be replaced (compaction) or
+        deleted (retention) before the next view opens them."""
+        self._descriptors.forget(self.log_path, self.index_path, self.timeindex_path)
+        self._cache.clear()
 
 
 class LogReader:
@@ -235,7 +231,7 @@ class LogReader:
         for seg in self._segments:
             seg.close()
         b = self.bounds
-        bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.match, os.listdir(self.directory))
+        bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.fullmatch, os.listdir(self.directory))
                        if m and m.group(2) == "log" and not m.group(3))
         bases = [x for x in bases if x <= b.active_base_offset]
         segs = []
@@ -303,4 +299,4 @@ class LogReader:
 
 def list_log_bases(names: Sequence[str]) -> list[int]:
     """Base offsets of the ``.log`` files among directory entries ``names``."""
-    return sorted(int(n[:20]) for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.match(n))
+    return sorted(int(n[:20]) for n in names if n.endswith(LOG_SUFFIX) and SEGMENT_RE.fullmatch(n))

@@ -27,7 +27,7 @@ from typing import Iterator, NamedTuple, Sequence
 import lz4.block
 import msgpack
 
-from odradek.log.errors import CorruptRecordError, RecordTooLargeError
+from odradek.log.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
 
 # baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 | crc u32 |
 # attributes i16 | lastOffsetDelta i32 | firstTimestamp i64 | maxTimestamp i64 |
@@ -214,6 +214,62 @@ def validate_batches(buf, max_size: int | None = None, verify_crc: bool = True) 
     return headers
 
 
+def validate_produced(buf, max_size: int | None = None) -> list[BatchHeader]:
+    """``validate_batches`` plus what only a client's batch must satisfy (Kafka's checks on
+    produce): no control bit, offsets 0 .. recordCount-1 (``lastOffsetDelta = recordCount - 1``),
+    timestamps that are -1 (none) or not negative, and records whose framing agrees with the
+    header: the payload is what the compression bit says (an lz4 block, or raw msgpack) and
+    is an array of exactly ``recordCount`` entries, the first at offset delta 0 (the consumer
+    checks the last one's against ``lastOffsetDelta``). Replicated and compacted batches
+    (gaps, control batches) take ``validate_batches`` only.
+
+    Raises ``InvalidRecordError`` (INVALID_RECORD), ``InvalidTimestampError``
+    (INVALID_TIMESTAMP) or ``CorruptRecordError`` (CORRUPT_MESSAGE).
+    """
+    headers = validate_batches(buf, max_size)
+    pos = 0
+    for h in headers:
+        where = f"batch at byte {pos}"
+        if h.attributes & CONTROL_BIT:
+            raise InvalidRecordError(f"{where}: the control bit is set; clients may not write control batches")
+        if h.last_offset_delta != h.record_count - 1:
+            raise InvalidRecordError(f"{where}: lastOffsetDelta {h.last_offset_delta} does not match recordCount "
+                                     f"{h.record_count} (a producer's records have offsets 0 to recordCount - 1)")
+        if h.first_timestamp < NO_TIMESTAMP or h.max_timestamp < NO_TIMESTAMP:
+            raise InvalidTimestampError(f"{where}: timestamp {min(h.first_timestamp, h.max_timestamp)} is "
+                                        f"negative (only -1, no timestamp, may be)")
+        _check_record_framing(buf, pos, h, where)
+        pos += h.size
+    return headers
+
+
+def _check_record_framing(buf, pos: int, h: BatchHeader, where: str) -> None:
+    """The records' framing agrees with the header, read without decoding a record: the
+    payload (decompressed if the lz4 bit is set) is a msgpack array of ``recordCount``
+    entries whose first is a 5-element entry at offset delta 0. Constant work past the lz4
+    block; the keys, values and headers inside are not looked at."""
+    data = _payload(memoryview(buf)[pos:pos + h.size], h)
+    count, at = _array_header(data)
+    if count != h.record_count:
+        held = "no list of" if count is None else count
+        raise CorruptRecordError(f"{where}: recordCount says {h.record_count} records; the payload holds {held} "
+                                 f"records")
+    if data[at:at + 2] != b"\x95\x00":
+        raise CorruptRecordError(f"{where}: the first record is not a 5-field entry at offset delta 0")
+
+
+def _array_header(data) -> tuple[int | None, int]:
+    """``(length, header size)`` of the msgpack array at the start of ``data``, or (None, 0)."""
+    first = data[0] if len(data) else 0
+    if 0x90 <= first <= 0x9F:
+        return first & 0x0F, 1
+    if first == 0xDC and len(data) >= 3:
+        return int.from_bytes(data[1:3], "big"), 3
+    if first == 0xDD and len(data) >= 5:
+        return int.from_bytes(data[1:5], "big"), 5
+    return None, 0
+
+
 def patch_base_offset(buf, base_offset: int, leader_epoch: int | None = None, pos: int = 0) -> None:
     """Rewrite baseOffset (and partitionLeaderEpoch) of the batch at ``pos`` in place.
 
@@ -339,7 +395,7 @@ def encode_records(records: Sequence[Record], compression: str | None = "lz4", *
 
 
 def _payload(buf, h: BatchHeader) -> bytes:
-    data = bytes(memoryview(buf)[HEADER_SIZE:h.size])
+    data = memoryview(buf)[HEADER_SIZE:h.size]
     if h.compression == COMPRESSION_NONE:
         return data
     if len(data) < _LZ4_SIZE.size:

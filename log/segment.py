@@ -19,7 +19,7 @@ from typing import NamedTuple
 from odradek.log import index as ix
 from odradek.log.records import HEADER_SIZE, BatchHeader, CorruptRecordError, decode_batch
 
-SEGMENT_RE = re.compile(r"^(\d{20})\.(log|index|timeindex)((?:\.[a-z]+)?)$")
+SEGMENT_RE = re.compile(r"(\d{20})\.(log|index|timeindex)((?:\.[a-z]+)?)")  # always fullmatch
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"

@@ -37,7 +37,7 @@ from typing import Any, Callable
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.coordinator.topics import placement
-from odradek.log.records import validate_batches
+from odradek.log.records import validate_produced
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
 log = logging.getLogger("odradek.handler")
@@ -512,10 +512,12 @@ class RequestHandler(Actor):
 
 
 def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] | None:
-    """Check every batch's framing and CRC here, in the handler pool, so the partition's single
-    writer need not (it still checks sizes and header fields). Records are never decoded."""
+    """Check every batch's framing, CRC and what a client's batch must be (``validate_produced``:
+    no control bit, offsets and record count that agree with the records' framing, sane
+    timestamps) here, in the handler pool, so the partition's single writer need not (it
+    still checks sizes and header fields)."""
     try:
-        validate_batches(batch)
+        validate_produced(batch)
     except OdradekError as exc:
         return exc.code, f"{topic}-{partition}: {exc.message}"
     return None

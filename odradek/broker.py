@@ -13,6 +13,7 @@ listener closes first while the actors behind it still answer in-flight requests
 from __future__ import annotations
 
 import logging
+import resource
 import sys
 
 from odradek.actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
@@ -72,9 +73,23 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
         print(f"odradek ready on {host}:{port} (broker {config['broker.id']})", file=out, flush=True)
 
     info = {"broker_id": config["broker.id"], "cluster_id": config["cluster.id"],
-            "data_dir": cfg.data_dir(config)}
+            "data_dir": cfg.data_dir(config), "open_files_limit": list(resource.getrlimit(resource.RLIMIT_NOFILE))}
     return Supervisor(cfg.run_dir(config), specs, restart_policy(config), on_ready=on_ready, info=info,
                       log_level=config["log.level"])
+
+
+def raise_open_files_limit() -> tuple[int, int]:
+    """Raise this process's soft RLIMIT_NOFILE to its hard limit (children inherit it), as
+    a log actor holds three descriptors per partition it hosts (the active segment) plus its
+    bounded cache (``log.files.OPEN_FILES_PER_PROCESS``). Returns ``(soft, hard)``."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = 1 << 20 if hard == resource.RLIM_INFINITY else hard  # the kernel's usual nr_open
+    if soft != target:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+        except (ValueError, OSError) as exc:
+            log.warning("could not raise the open files limit from %d to %d: %s", soft, hard, exc)
+    return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
 def serve(config: dict) -> int:
@@ -82,6 +97,7 @@ def serve(config: dict) -> int:
     import os
     from odradek.actors.runtime import PRIVATE_UMASK
     os.umask(PRIVATE_UMASK)  # data, run directory and sockets are this user's alone (children inherit it)
+    raise_open_files_limit()
     os.makedirs(cfg.data_dir(config), mode=0o700, exist_ok=True)
     sup = build(config)
     code = run_supervisor(sup)

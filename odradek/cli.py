@@ -75,6 +75,8 @@ def cmd_status(args) -> int:
     sup = status["supervisor"]
     print(f"broker {sup.get('broker_id')} ({sup.get('address', '?')}), supervisor pid {sup['pid']}, "
           f"{sup['state']}, data {sup.get('data_dir')}")
+    if sup.get("open_files_limit"):
+        print("open files limit {} (hard {})".format(*sup["open_files_limit"]))
     cols = ["ACTOR", "ROLE", "PID", "STATE", "RESTARTS", "MEMORY", "CPU%", "FDS", "PROCESSED", "OPEN", "BACKLOG",
             "UPTIME"]
     rows = [[a["name"], a["role"], str(a["pid"] or "-"), a["state"], str(a["restarts"]), _fmt_bytes(a["rss"]),

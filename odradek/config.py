@@ -105,6 +105,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "hash, and each is the single writer of its partitions.", _between(1, 64)),
     Setting("log.segment.bytes", int, 1073741824, "Topic default for `segment.bytes`: roll a segment at this size.",
             _at_least(1024)),
+    Setting("log.segment.bytes.min", int, 1048576,
+            "Smallest `segment.bytes` a topic may be given (Kafka's floor: 1 MiB; tiny segments cost a file, "
+            "and descriptors, per batch). Test-only: lower it (to as little as 14) to test logs of many segments.",
+            _at_least(14)),
     Setting("log.roll.ms", int, 604800000, "Topic default for `segment.ms`: roll a segment this old.", _at_least(1)),
     Setting("log.retention.ms", int, 604800000,
             "Topic default for `retention.ms`: delete closed segments older than this; -1 keeps forever.",

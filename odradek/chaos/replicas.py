@@ -26,7 +26,7 @@ def segment_bases(directory: str) -> list[int]:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
-    return sorted(int(m.group(1)) for m in map(SEGMENT_RE.match, names)
+    return sorted(int(m.group(1)) for m in map(SEGMENT_RE.fullmatch, names)
                   if m and m.group(2) == "log" and not m.group(3))
 
 

@@ -171,7 +171,7 @@ def tear_tail(data_dir: str, topic: str, partition: int) -> int:
     """What a crash loses of data never flushed: the active segment's last whole batch goes,
     and the one before it is torn half-way. Returns bytes cut (0 if the segment is too short)."""
     directory = partition_dir(data_dir, topic, partition)
-    bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.match, os.listdir(directory))
+    bases = sorted(int(m.group(1)) for m in map(SEGMENT_RE.fullmatch, os.listdir(directory))
                    if m and m.group(2) == "log" and not m.group(3))
     if not bases:
         return 0

@@ -100,3 +100,34 @@ def test_placement_is_stable_and_spreads_a_topics_partitions():
     hosts = [placement("orders", p, 4) for p in range(8)]
     assert hosts == [placement("orders", p, 4) for p in range(8)]
     assert sorted(set(hosts)) == [0, 1, 2, 3]
+
+
+@pytest.mark.parametrize("name", ["abc\n", "abc\r\n", "\nabc", "a\nb"])
+def test_a_name_with_a_newline_anywhere_is_refused(name):
+    with pytest.raises(OdradekError) as err:
+        check_topic_name(name)
+    assert err.value.code == ErrorCode.INVALID_TOPIC_EXCEPTION and "\\n" in err.value.message
+
+
+def test_a_metadata_write_that_fails_changes_nothing_and_says_storage_error(tmp_path):
+    r = registry(tmp_path)
+    r.create("kept")
+    r._save = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    for change in (lambda: r.create("new"), lambda: r.delete("kept"),
+                   lambda: r.alter_configs("kept", [{"name": "retention.ms", "value": "5"}])):
+        with pytest.raises(OdradekError) as err:
+            change()
+        assert err.value.code == ErrorCode.KAFKA_STORAGE_ERROR and "nothing was changed" in err.value.message
+    assert set(r.topics) == {"kept"} and r.get("kept").configs == {} and r.version == 1
+
+
+def test_a_segment_size_below_the_brokers_minimum_is_refused_naming_the_setting(tmp_path):
+    r = registry(tmp_path, min_segment_bytes=1 << 20)
+    for change in (lambda: r.create("tiny", configs={"segment.bytes": "71"}),
+                   lambda: r.alter_configs("kept", [{"name": "segment.bytes", "value": "71"}])):
+        if "kept" not in r.topics:
+            r.create("kept")
+        with pytest.raises(OdradekError) as err:
+            change()
+        assert err.value.code == ErrorCode.INVALID_CONFIG and "log.segment.bytes.min" in err.value.message
+    assert r.create("ok", configs={"segment.bytes": str(1 << 20)}).configs == {"segment.bytes": 1 << 20}

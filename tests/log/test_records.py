@@ -9,10 +9,10 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odradek.log.errors import CorruptRecordError, RecordTooLargeError
+from odradek.log.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
 from odradek.log.records import (HEADER, HEADER_SIZE, MAGIC, BatchHeader, Record, decode_batch,
                          encode_batch, encode_records, iter_batches, patch_base_offset,
-                         set_log_append_time, validate_batch, validate_batches)
+                         set_log_append_time, validate_batch, validate_batches, validate_produced)
 
 keys = st.one_of(st.none(), st.binary(max_size=20))
 headers = st.lists(st.tuples(st.text(max_size=5), st.binary(max_size=5)), max_size=2)
@@ -176,3 +176,45 @@ def test_well_formed_msgpack_of_the_wrong_shape_is_corrupt(entries, attrs):
         decode_batch(_raw_batch(payload, attrs, max(len(entries), 1)))
     except CorruptRecordError:
         pass
+
+
+def _forged(entries: list, compressed: bool = False, count: int | None = None, last_delta: int | None = None,
+            attributes: int = 0, first_ts: int = 0, max_ts: int = 0) -> bytes:
+    """A batch with a valid CRC whose header says what the arguments say, whatever it holds."""
+    payload = msgpack.packb(entries, use_bin_type=True)
+    if compressed:
+        payload = lz4.block.compress(payload, store_size=True)
+    count = len(entries) if count is None else count
+    b = bytearray(HEADER_SIZE + len(payload))
+    HEADER.pack_into(b, 0, 0, len(b) - 12, 0, MAGIC, 0, attributes, count - 1 if last_delta is None else last_delta,
+                     first_ts, max_ts, -1, -1, -1, count)
+    b[HEADER_SIZE:] = payload
+    struct.pack_into(">I", b, 17, zlib.crc32(b[21:]))
+    return bytes(b)
+
+
+THREE = [[i, 0, None, b"v%d" % i, []] for i in range(3)]
+
+
+@pytest.mark.parametrize("batch, error, words", [
+    (_forged(THREE, count=100), CorruptRecordError, "recordCount says 100 records; the payload holds 3"),
+    (_forged(THREE, attributes=1), CorruptRecordError, "lz4"),
+    (_forged(THREE, attributes=0x20), InvalidRecordError, "control"),
+    (_forged(THREE, first_ts=-2**63, max_ts=-2**63), InvalidTimestampError, "negative"),
+    (_forged(THREE, last_delta=2**31 - 1), InvalidRecordError, "lastOffsetDelta 2147483647"),
+    (_forged([[1, 0, None, b"a", []], [2, 0, None, b"b", []]]), CorruptRecordError, "offset delta 0"),
+    (_forged([[0, 0, None], [1, 0, None]]), CorruptRecordError, "5-field"),
+    (_forged({"not": "a list"}, count=1), CorruptRecordError, "payload holds"),
+])
+def test_a_produced_batch_whose_header_disagrees_with_its_records_is_refused(batch, error, words):
+    validate_batches(batch)  # sound as stored bytes: only a producer's batch must be more
+    with pytest.raises(error) as err:
+        validate_produced(batch)
+    assert words in err.value.message
+
+
+@pytest.mark.parametrize("compression", [None, "lz4"])
+def test_a_producers_batches_pass_the_produce_checks(compression):
+    batches = encode_batch([(b"k", b"v")] * 5, compression) + encode_batch([(None, b"x", [("h", b"1")], 7)],
+                                                                          compression)
+    assert [h.record_count for h in validate_produced(batches)] == [5, 1]

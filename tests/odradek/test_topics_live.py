@@ -7,7 +7,8 @@ from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey
 from odradek import Admin, Consumer, Producer, TopicPartition
 
-FAST = {"log_retention_check_interval_ms": 100, "log_segment_delete_delay_ms": 0, "log_cleaner_backoff_ms": 100}
+FAST = {"log_retention_check_interval_ms": 100, "log_segment_delete_delay_ms": 0, "log_cleaner_backoff_ms": 100,
+        "log_segment_bytes_min": 1024}  # the test-only way to small segments
 
 
 def wait_for(pred, timeout=20.0, what="condition"):
