@@ -46,6 +46,7 @@ from typing import Any, Callable, Sequence
 import zmq
 
 from odradek.actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
+from odradek.actors.metrics import Metrics
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.actors")
@@ -128,6 +129,7 @@ class Actor:
         self._fences_expected: set[str] = set()
         self._fences_seen: set[str] = set()
         self.processed = 0
+        self.metrics = Metrics()  # counters and histograms for the metrics actor (``_metrics``)
         self.started_at = time.time()
         self.members: dict[str, list[str]] = {}
         self._early: list = []  # messages that arrived during a blocking call()
@@ -156,6 +158,11 @@ class Actor:
     def stats(self) -> dict:
         """Extra numbers for ``odradek status`` (merged into the heartbeat)."""
         return {}
+
+    def metric_gauges(self) -> list:
+        """Values read at scrape time, not counted: ``[[name, [label values], value], ...]``
+        (log sizes, group states, ...). Computed only when the metrics actor asks."""
+        return []
 
     def ready_fields(self) -> dict:
         """Extra facts reported with ``_ready`` (a listener's bound address, ...)."""
@@ -501,6 +508,10 @@ class Actor:
 
     def on__stats(self, msg: Message) -> None:
         self.reply(msg, self.heartbeat_fields())
+
+    def on__metrics(self, msg: Message) -> None:
+        """From the metrics actor at scrape time: this actor's counters, histograms, gauges."""
+        self.reply(msg, {"name": self.name, **self.metrics.snapshot(), "gauges": self.metric_gauges()})
 
     def on__members(self, msg: Message) -> None:
         """From the supervisor: the running members of a role this actor watches. Names in
