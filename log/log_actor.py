@@ -150,6 +150,19 @@ class LogActor(Actor):
                                         if p.leader == self.broker_id and len(p.isr) < len(p.replicas)),
                 "delayed_produces": sum(len(p.waiting) for p in self.logs.values())}
 
+    def metric_gauges(self) -> list:
+        """Per partition: size, segments, offsets, replica health; read at scrape time."""
+        out = []
+        for (topic, partition), p in self.logs.items():
+            key, lg = [topic, partition], p.log
+            leading = p.leader == self.broker_id
+            out += [["log_size", key, lg.size], ["log_segments", key, len(lg.segments)],
+                    ["log_end_offset", key, lg.log_end_offset], ["log_start_offset", key, lg.log_start_offset],
+                    ["high_watermark", key, lg.high_watermark], ["leader", key, int(leading)],
+                    ["under_replicated", key, int(leading and len(p.isr) < len(p.replicas))],
+                    ["under_min_isr", key, int(leading and len(p.isr) < lg.config.min_insync_replicas)]]
+        return out
+
     # ---- produce -----------------------------------------------------------------------
     def on_produce(self, msg: Message) -> None:
         fields, frames = msg.fields, msg.frames
@@ -189,6 +202,8 @@ class LogActor(Actor):
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         self._dirty.add((topic, partition))
         self.appends += 1
+        self.metrics.inc("bytes_in", (topic,), info.size)
+        self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
         self._advance_high_watermark(p)
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
@@ -298,6 +313,7 @@ class LogActor(Actor):
             if p.leader != self.broker_id or p.leader_epoch != epoch:
                 return
             log.info("%s-%d: ISR %s -> %s", p.topic, p.partition, p.isr, isr)
+            self.metrics.inc("isr_expands" if len(isr) > len(p.isr) else "isr_shrinks")
             p.isr, p.zk_version = list(isr), reply.get("zk_version", p.zk_version)
             self._advance_high_watermark(p)
             self.after_batch()

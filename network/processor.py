@@ -91,7 +91,8 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}"
         self.decoder = codec.Decoder(max_size)
         self.handler: str | None = None
-        self.slots: collections.deque[list] = collections.deque()  # [client corr, buffers or None]
+        # [client corr, buffers or None] (+ [api, arrived, answered] for a request, for its timings)
+        self.slots: collections.deque[list] = collections.deque()
         self.at_handler = 0  # requests out at the pinned handler
         self.wq: collections.deque[Any] = collections.deque()  # buffers and FileRegions to write
         self.events = 0
@@ -173,6 +174,9 @@ class Processor(Actor):
         for rec in list(self._inflight.values()):
             self._fail(rec, ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} is stopping")
         self._flush_dirty()
+
+    def metric_gauges(self) -> list:
+        return [["connections", ["PLAINTEXT"], len(self.conns)]]
 
     def stats(self) -> dict:
         return {"connections": len(self.conns), "in_flight": len(self._inflight),
@@ -285,6 +289,7 @@ class Processor(Actor):
         h = frame.header
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
                   "body": h["body"], "t": time.time()}
+        self.metrics.inc("requests", (h["api"],))
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.
             try:
@@ -293,7 +298,7 @@ class Processor(Actor):
                 self.counters["dropped_acks0"] += 1
             conn.requests += 1
             return
-        slot = [h["corr"], None]
+        slot = [h["corr"], None, h["api"], self.clock(), 0.0]
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock())
@@ -314,8 +319,10 @@ class Processor(Actor):
         if rec.handler == conn.handler:
             conn.at_handler -= 1
         corr = rec.slot[0]
+        rec.slot[4] = self.clock()
         if reply.type == "_error":
             fields = reply.fields or {}
+            self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
             rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),
                                              fields.get("message", ""))
         else:
@@ -357,8 +364,19 @@ class Processor(Actor):
                 continue
             slots = conn.slots
             while slots and slots[0][1] is not None:
-                conn.wq.extend(slots.popleft()[1])
+                slot = slots.popleft()
+                conn.wq.extend(slot[1])
+                if len(slot) > 2:
+                    self._timed(slot)
             self._write(conn)
+
+    def _timed(self, slot: list) -> None:
+        """A response leaves its slot for the socket: its total time (arrival here to the
+        write) and its response-send part (answer received to the write, Kafka's response
+        queue + send), per API."""
+        now, api = self.clock(), (slot[2],)
+        self.metrics.observe("request_total_ms", api, (now - slot[3]) * 1000)
+        self.metrics.observe("response_send_ms", api, (now - slot[4]) * 1000)
 
     def _write(self, conn: Connection) -> None:
         wq = conn.wq

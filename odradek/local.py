@@ -25,6 +25,7 @@ import time
 import psutil
 
 READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
+CONSOLE = re.compile(r"odradek console on (\S+) ")
 
 
 class LocalBroker:
@@ -106,6 +107,21 @@ class LocalBroker:
                     self.host, self.port = m.group(1), int(m.group(2))
                     return True
         return False
+
+    @property
+    def console_url(self) -> str | None:
+        """The admin listener's base URL (metrics, health, console), as the broker printed
+        it before its ready line; None if ``admin.listener`` is off."""
+        if self.detached:
+            with open(self.stdout_path, errors="replace") as f:
+                lines = f.readlines()
+        else:
+            lines = list(self.stdout_lines)
+        for line in reversed(lines):
+            m = CONSOLE.search(line)
+            if m:
+                return m.group(1)
+        return None
 
     @property
     def pid(self) -> int:
