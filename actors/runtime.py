@@ -55,6 +55,7 @@ HEARTBEAT_INTERVAL = 1.0  # seconds between heartbeats an actor sends its superv
 MAILBOX_HWM = 100_000  # messages queued towards one peer before MailboxFull
 LINGER_MS = 500  # how long close() waits to deliver queued messages
 MAX_BATCH = 256  # messages handled per wake-up before timers and fds get a turn
+PROGRESS_INTERVAL = 1.0  # seconds between two progress reports of long work
 
 
 class MailboxFull(OdradekError):
@@ -130,6 +131,8 @@ class Actor:
         self._fences_seen: set[str] = set()
         self.processed = 0
         self.metrics = Metrics()  # counters and histograms for the metrics actor (``_metrics``)
+        self.progress = ""  # long work under way (recovery at start), shown by ``status``
+        self._progress_at = clock()  # work shorter than PROGRESS_INTERVAL reports nothing
         self.started_at = time.time()
         self.members: dict[str, list[str]] = {}
         self._early: list = []  # messages that arrived during a blocking call()
@@ -163,6 +166,19 @@ class Actor:
         """Values read at scrape time, not counted: ``[[name, [label values], value], ...]``
         (log sizes, group states, ...). Computed only when the metrics actor asks."""
         return []
+
+    def report_progress(self, text: str, done: bool = False) -> None:
+        """Long work that holds the loop (recovering partitions at start): say how far it
+        is, in the log and in ``odradek status`` (a heartbeat carries it, even before the
+        actor is ready), at most once per PROGRESS_INTERVAL, the first time after that
+        long. ``done`` logs ``text`` and clears the progress, if any was shown."""
+        now = self.clock()
+        if (done and not self.progress) or (not done and now - self._progress_at < PROGRESS_INTERVAL):
+            return
+        self._progress_at = now
+        self.progress = "" if done else text
+        log.info("%s: %s", self.name, text)
+        self._heartbeat()
 
     def ready_fields(self) -> dict:
         """Extra facts reported with ``_ready`` (a listener's bound address, ...)."""
@@ -490,7 +506,7 @@ class Actor:
 
     def heartbeat_fields(self) -> dict:
         fields = {"name": self.name, "pid": os.getpid(), "processed": self.processed,
-                  "open": len(self._unanswered), "waiting": len(self._waiting)}
+                  "open": len(self._unanswered), "waiting": len(self._waiting), "progress": self.progress}
         fields.update(self.stats())
         return fields
 

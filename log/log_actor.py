@@ -118,10 +118,14 @@ class LogActor(Actor):
         self._answers: list[tuple[Message, dict]] = []
         self.appends = 0
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
-        for entry in assignment.get("open", []):
+        entries, began = assignment.get("open", []), time.monotonic()
+        for i, entry in enumerate(entries):
+            self.report_progress(f"opening partitions: {i}/{len(entries)} ({entry['topic']}-{entry['partition']})")
             p = self._open_partition(entry)
             if "leader" in entry:  # cluster mode: the role this partition had before a restart
                 self._become(p, entry)
+        if entries:
+            self.report_progress(f"opened {len(entries)} partitions in {time.monotonic() - began:.1f}s", done=True)
         self._dirty.update(self.logs)
         self.after_batch()
         self.call_every(config["log.retention.check.interval.ms"] / 1000, self._retention)

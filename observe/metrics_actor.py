@@ -42,14 +42,16 @@ LIVE_TIMEOUT = 2.0  # seconds the loop has to run a posted callback for /health/
 
 def admin_address(config: dict) -> tuple[str, int] | None:
     """``admin.listener`` as (host, port); None when empty (off). ``HOST:+N`` is the Kafka
-    listener's port plus N (0 stays 0: an ephemeral port, as in tests)."""
+    listener's port plus N (0 stays 0: an ephemeral port, as in tests; so does a sum over
+    65535)."""
     value = (config.get("admin.listener") or "").strip()
     if not value:
         return None
     host, _, port = value.rpartition(":")
     if port.startswith("+"):
         kafka_port = parse_listener(config["listeners"])[1]
-        return host, (kafka_port + int(port[1:]) if kafka_port else 0)
+        port = kafka_port + int(port[1:]) if kafka_port else 0
+        return host, (port if port <= 65535 else 0)
     return host, int(port)
 
 
@@ -74,8 +76,13 @@ class MetricsActor(Actor):
             return
         from odradek.observe.console import make_app  # bottle and templates: only when serving
         app = make_app(self)
-        self.server = make_server(address[0], address[1], app, server_class=_ThreadingServer,
-                                  handler_class=_QuietHandler)
+        try:
+            self.server = make_server(address[0], address[1], app, server_class=_ThreadingServer,
+                                      handler_class=_QuietHandler)
+        except OSError as exc:  # the broker serves clients all the same; say why there is no console
+            log.error("admin.listener %s:%d cannot be bound (%s): no metrics, health or console over HTTP; "
+                      "set admin.listener to a free address, or empty to turn it off", *address, exc.strerror)
+            return
         self.host, self.port = address[0], self.server.server_port
         threading.Thread(target=self.server.serve_forever, name="admin-http", daemon=True).start()
         log.info("metrics, health and console on http://%s:%d/", self.host, self.port)

@@ -77,10 +77,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("advertised.listeners", str, "",
             "Address given to clients in Metadata; empty means the same as `listeners`.",
             lambda v: None if not v else _listener(v)),
-    Setting("admin.listener", str, "127.0.0.1:+1",
+    Setting("admin.listener", str, "127.0.0.1:+1000",
             "HTTP address of the metrics actor: `/metrics` (Prometheus), `/health/live`, `/health/ready` "
             "and the web console. `host:port`, or `host:+N` for the Kafka listener's port plus N (an "
-            "ephemeral port when that is 0); empty turns it off.", _admin_listener),
+            "ephemeral port when that is 0 or the sum is over 65535); empty turns it off. A port that "
+            "cannot be bound is logged and leaves the broker running without HTTP.", _admin_listener),
     Setting("log.dirs", str, "./odradek-data",
             "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),
     Setting("run.dir", str, "",

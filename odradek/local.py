@@ -20,6 +20,7 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Any, Callable
 import time
 
 import psutil
@@ -477,6 +478,7 @@ class LocalCluster:
         self.first_port = first_port  # broker i listens on first_port + i - 1 (0: any free port)
         self.brokers: dict[int, LocalBroker] = {}
         self._kazoo = None
+        self.report: Callable[[str], Any] | None = None  # told each step of start (``cluster up``)
 
     @property
     def ids(self) -> list[int]:
@@ -502,6 +504,7 @@ class LocalCluster:
                 self.zk = LocalZooKeeper(os.path.join(self.base_dir, "zookeeper")).start()
             elif not self.zk.running:
                 self.zk.start()
+            self._tell(f"zookeeper up on {self.zk.connect}")
             if self.chroot:
                 root = self.zk.client()
                 try:
@@ -515,11 +518,22 @@ class LocalCluster:
                     settings["listeners"] = f"PLAINTEXT://127.0.0.1:{self.first_port + i - 1}"
                 self.brokers[i] = LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings,
                                               self.start_timeout, detached=self.detached)
-            self._parallel(lambda b: b.start(), self.brokers.values())
+            self._tell(f"starting {self.count} brokers")
+            self._parallel(self._start_broker, self.brokers.items())
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _tell(self, text: str) -> None:
+        if self.report is not None:
+            self.report(text)
+
+    def _start_broker(self, item: tuple[int, LocalBroker]) -> None:
+        broker_id, b = item
+        b.start()
+        console = f", console {b.console_url}" if b.console_url else ""
+        self._tell(f"broker {broker_id} up on {b.bootstrap} in {b.started_s:.1f}s{console}")
 
     @staticmethod
     def _parallel(fn, items) -> None:

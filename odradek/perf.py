@@ -1124,3 +1124,110 @@ def _failover_run(cluster, topic: str, args, props: dict, run: int) -> dict:
         if not cluster.brokers[victim].running:
             cluster.restart(victim)  # same data and port; the next run waits for its ISR and leadership
     return res
+
+
+# ---- scrape: what /metrics costs --------------------------------------------------------------
+_SCRAPER = """
+import sys, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+while True:
+    t0 = time.monotonic()
+    urllib.request.urlopen(url, timeout=10).read()
+    time.sleep(max(0.0, every - (time.monotonic() - t0)))
+"""
+
+
+def scrape_main(argv: list[str]) -> int:
+    """Two figures of docs/OBSERVABILITY.md's goals, each on its own broker (127.0.0.1, temp
+    data): (1) produce throughput with and without a Prometheus scrape every second (a
+    separate scraper process, runs alternating, medians); (2) scrape time of a broker
+    holding ``--partitions`` partitions."""
+    ap = argparse.ArgumentParser(prog="odradek perf scrape", description="the cost of /metrics")
+    ap.add_argument("--runs", type=int, default=3, help="alternating runs with and without scraping")
+    ap.add_argument("--num-records", type=int, default=300000)
+    ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes")
+    ap.add_argument("--partitions", type=int, default=10000, help="partitions of the scrape-time broker; 0 skips")
+    ap.add_argument("--scrapes", type=int, default=10)
+    ap.add_argument("--skip-cost", action="store_true", help="only the scrape-time part")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    result = {"loadavg_before": _loadavg()}
+    if not args.skip_cost:
+        result["cost"] = _scrape_cost(args)
+    if args.partitions:
+        result["scrape_time"] = _scrape_time(args)
+    result["loadavg_after"] = _loadavg()
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _local_broker(settings: dict):
+    from odradek.local import LocalBroker
+    broker = LocalBroker(tempfile.mkdtemp(prefix="odradek-perf-scrape-"), settings, start_timeout=300)
+    return broker.start()
+
+
+def _scrape_cost(args) -> dict:
+    broker = _local_broker({})
+    url = broker.console_url + "metrics"
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    try:
+        kwargs = producer_kwargs({"acks": "1", "linger.ms": "5", "compression.type": "lz4"})
+        _ensure_topic(broker.bootstrap, "scrape-cost", 1)
+        for run in range(args.runs):
+            for mode in (("without", "with") if run % 2 == 0 else ("with", "without")):
+                scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, url, str(args.interval)]) \
+                    if mode == "with" else None
+                try:
+                    r = run_produce(broker.bootstrap, "scrape-cost", args.num_records, args.record_size, -1, kwargs,
+                                    report_ms=3_600_000)
+                finally:
+                    if scraper is not None:
+                        scraper.kill()
+                        scraper.wait()
+                rates[mode].append(r["records_per_sec"])
+                print(f"run {run + 1} {mode} scraping every {args.interval:g}s: {r['records_per_sec']:.0f} records/s",
+                      flush=True)
+    finally:
+        broker.stop()
+    without, with_ = _median(rates["without"]), _median(rates["with"])
+    cost = (without - with_) / without * 100
+    print(f"median produce throughput: {without:.0f} records/s without, {with_:.0f} with a scrape every "
+          f"{args.interval:g}s: {cost:+.1f}% cost (goal < 2%)", flush=True)
+    return {"without": rates["without"], "with": rates["with"], "cost_percent": cost}
+
+
+def _scrape_time(args) -> dict:
+    import urllib.request
+    from odradek.admin import Admin
+    threads = max(2, args.partitions // 2000)  # ARCHITECTURE.md's rule of thumb for num.log.threads
+    broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000})
+    try:
+        began = time.monotonic()
+        with Admin(broker.bootstrap, request_timeout_ms=600000) as admin:
+            left, i = args.partitions, 0
+            while left > 0:
+                n = min(left, 2500)
+                admin.create_topic(f"scrape-many-{i}", partitions=n)
+                left, i = left - n, i + 1
+        print(f"{args.partitions} partitions on {threads} log actors created in {time.monotonic() - began:.0f}s",
+              flush=True)
+        url = broker.console_url + "metrics"
+        times, size = [], 0
+        for _ in range(args.scrapes):
+            t0 = time.monotonic()
+            with urllib.request.urlopen(url, timeout=30) as r:
+                body = r.read()
+            times.append(time.monotonic() - t0)
+            size = len(body)
+            time.sleep(0.5)
+        missing = sum(1 for line in body.decode().splitlines()
+                      if line.startswith("odradek_scrape_actor_answered") and line.endswith(" 0.0"))
+    finally:
+        broker.stop()
+    print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
+          f"{size / 2**20:.1f} MiB of text, {missing} actors missing (goal < 1 s)", flush=True)
+    return {"partitions": args.partitions, "median_s": _median(times), "max_s": max(times), "bytes": size,
+            "actors_missing": missing}

@@ -15,7 +15,7 @@ function draw(id, series) {
     const ys = series[n];
     g.strokeStyle = COLORS[i % COLORS.length]; g.beginPath();
     ys.forEach((v, x) => {
-      const px = (x / (KEEP - 1)) * c.width, py = c.height - 4 - (v / max) * (c.height - 20);
+      const px = (x / Math.max(ys.length - 1, 1)) * c.width, py = c.height - 4 - (v / max) * (c.height - 20);
       x ? g.lineTo(px, py) : g.moveTo(px, py);
     });
     g.stroke(); g.fillStyle = g.strokeStyle; g.fillText(n, 60 + i * 140, 12);

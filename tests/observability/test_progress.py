@@ -44,3 +44,19 @@ def test_perf_refuses_a_plot_file_it_cannot_write_before_running():
                            "--topic", "t", "--num-records", "1", "--plot", "out.pdf"],
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and ".png or .svg" in proc.stderr
+
+
+def test_long_work_reports_its_progress_in_the_heartbeat_once_a_second_then_clears_it():
+    from odradek.actors.runtime import Actor
+    now = [100.0]
+    actor = Actor("log-0", "/nonexistent", clock=lambda: now[0])
+    actor.report_progress("opening partitions: 1/10")
+    assert actor.heartbeat_fields()["progress"] == ""  # under a second: nothing to say
+    now[0] += 1.5
+    actor.report_progress("opening partitions: 5/10")
+    assert actor.heartbeat_fields()["progress"] == "opening partitions: 5/10"
+    now[0] += 0.2
+    actor.report_progress("opening partitions: 6/10")
+    assert actor.heartbeat_fields()["progress"] == "opening partitions: 5/10"
+    actor.report_progress("opened 10 partitions", done=True)
+    assert actor.heartbeat_fields()["progress"] == ""
