@@ -52,6 +52,7 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
+KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
 
 
 def socket_path(run_dir: str, name: str) -> str:
@@ -289,7 +290,8 @@ class Processor(Actor):
         h = frame.header
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
                   "body": h["body"], "t": time.time()}
-        self.metrics.inc("requests", (h["api"],))
+        api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
+        self.metrics.inc("requests", (api,))
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.
             try:
@@ -298,7 +300,7 @@ class Processor(Actor):
                 self.counters["dropped_acks0"] += 1
             conn.requests += 1
             return
-        slot = [h["corr"], None, h["api"], self.clock(), 0.0]
+        slot = [h["corr"], None, api, self.clock(), 0.0]
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock())

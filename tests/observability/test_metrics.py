@@ -127,3 +127,15 @@ def test_an_empty_admin_listener_turns_http_off(start_broker):
     broker = start_broker(admin_listener="")
     assert broker.console_url is None
     assert all("console" not in line for line in broker.stdout_lines)
+
+
+def test_made_up_api_keys_share_one_label_so_a_client_cannot_grow_the_metrics(shared_broker):
+    host, port = shared_broker.bootstrap.split(":")
+    with BrokerConnection(host, int(port)) as conn:
+        for api in range(5000, 5020):
+            with pytest.raises(OdradekError):
+                conn.request(api, {})
+    samples = scrape(shared_broker)
+    apis = {dict(labels).get("api") for name, labels in samples if name == "odradek_requests_total"}
+    assert not any(a.isdigit() and int(a) >= 5000 for a in apis), apis
+    assert value(samples, "odradek_requests_total", api="-1") >= 20
