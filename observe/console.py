@@ -98,8 +98,14 @@ def make_app(actor) -> bottle.Bottle:
     # ---- machine endpoints ------------------------------------------------------------
     @app.get("/metrics")
     def metrics():
+        try:
+            text = generate_latest(registry)
+        except Exception as exc:  # the broker did not answer in time: say so, no half page
+            bottle.response.status = 503
+            bottle.response.content_type = "text/plain; charset=utf-8"
+            return f"odradek: metrics not gathered: {exc}\n"
         bottle.response.content_type = CONTENT_TYPE_LATEST
-        return generate_latest(registry)
+        return text
 
     @app.get("/health/live")
     def live():

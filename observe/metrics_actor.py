@@ -70,6 +70,7 @@ class MetricsActor(Actor):
         self.config = self.args.get("config", {})
         self.server = None
         self.host = self.port = None
+        self._last_status: dict | None = None  # used when the supervisor is too busy to answer a scrape
         address = admin_address(self.config)
         if address is None:
             log.info("admin.listener is empty: no metrics, health or console over HTTP")
@@ -138,8 +139,13 @@ class MetricsActor(Actor):
 
         def with_status(status) -> None:
             if isinstance(status, BaseException):
-                done(status)
-                return
+                if self._last_status is None:
+                    done(status)
+                    return
+                log.warning("scrape: %s; using the actor table of the previous scrape", status)
+                status = self._last_status
+            else:
+                self._last_status = status
             names = [r["name"] for r in status.get("actors", [])
                      if r.get("state") == "running" and r["name"] != self.name]
             answers: dict[str, dict | None] = {name: None for name in names}

@@ -1200,8 +1200,10 @@ def _scrape_cost(args) -> dict:
 
 
 def _scrape_time(args) -> dict:
+    import urllib.error
     import urllib.request
     from odradek.admin import Admin
+    from odradek.errors import TopicAlreadyExistsError
     threads = max(2, args.partitions // 2000)  # ARCHITECTURE.md's rule of thumb for num.log.threads
     broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000})
     try:
@@ -1210,24 +1212,44 @@ def _scrape_time(args) -> dict:
             left, i = args.partitions, 0
             while left > 0:
                 n = min(left, 2500)
-                admin.create_topic(f"scrape-many-{i}", partitions=n)
+                try:
+                    admin.create_topic(f"scrape-many-{i}", partitions=n)
+                except TopicAlreadyExistsError:  # a slow first answer, retried: it was created
+                    pass
                 left, i = left - n, i + 1
         print(f"{args.partitions} partitions on {threads} log actors created in {time.monotonic() - began:.0f}s",
               flush=True)
         url = broker.console_url + "metrics"
-        times, size = [], 0
+        settle = time.monotonic() + 600  # until every partition is open and scraped
+        while time.monotonic() < settle:
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    if r.read().decode().count("\nodradek_log_size_bytes{") >= args.partitions:
+                        break
+            except OSError:
+                pass
+            time.sleep(2)
+        print(f"every partition open after {time.monotonic() - began:.0f}s", flush=True)
+        times, size, failed, missing = [], 0, 0, 0
         for _ in range(args.scrapes):
             t0 = time.monotonic()
-            with urllib.request.urlopen(url, timeout=30) as r:
-                body = r.read()
-            times.append(time.monotonic() - t0)
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    body = r.read().decode()
+            except urllib.error.HTTPError as exc:  # 503: the broker did not answer in time
+                failed += 1
+                print(f"scrape failed after {time.monotonic() - t0:.3f}s: {exc.read().decode().strip()}", flush=True)
+                continue
+            finally:
+                times.append(time.monotonic() - t0)
             size = len(body)
+            missing += sum(1 for line in body.splitlines()
+                           if line.startswith("odradek_scrape_actor_answered") and line.endswith(" 0.0"))
             time.sleep(0.5)
-        missing = sum(1 for line in body.decode().splitlines()
-                      if line.startswith("odradek_scrape_actor_answered") and line.endswith(" 0.0"))
     finally:
         broker.stop()
     print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
-          f"{size / 2**20:.1f} MiB of text, {missing} actors missing (goal < 1 s)", flush=True)
-    return {"partitions": args.partitions, "median_s": _median(times), "max_s": max(times), "bytes": size,
-            "actors_missing": missing}
+          f"{size / 2**20:.1f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor answers missing "
+          f"(goal < 1 s)", flush=True)
+    return {"partitions": args.partitions, "times_s": times, "median_s": _median(times), "max_s": max(times),
+            "bytes": size, "failed": failed, "actors_missing": missing}
