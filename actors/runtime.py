@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence
 import zmq
 
 from odradek.actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
+from odradek.actors.metrics import Metrics
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.actors")
@@ -61,6 +62,7 @@ MAILBOX_HWM = 100_000  # messages queued towards one peer before MailboxFull
 LINGER_MS = 500  # how long close() waits to deliver queued messages
 MAX_BATCH = 256  # messages handled per wake-up before timers and fds get a turn
 PRIVATE_UMASK = 0o077  # files 0600, directories 0700, whatever the operator's umask
+PROGRESS_INTERVAL = 1.0  # seconds between two progress reports of long work
 
 
 class MailboxFull(OdradekError):
@@ -140,6 +142,9 @@ class Actor:
         self._fences_expected: set[str] = set()
         self._fences_seen: set[str] = set()
         self.processed = 0
+        self.metrics = Metrics()  # counters and histograms for the metrics actor (``_metrics``)
+        self.progress = ""  # long work under way (recovery at start), shown by ``status``
+        self._progress_at = clock()  # work shorter than PROGRESS_INTERVAL reports nothing
         self.started_at = time.time()
         self.members: dict[str, list[str]] = {}
         self._early: list = []  # messages that arrived during a blocking call()
@@ -168,6 +173,24 @@ class Actor:
     def stats(self) -> dict:
         """Extra numbers for ``odradek status`` (merged into the heartbeat)."""
         return {}
+
+    def metric_gauges(self) -> list:
+        """Values read at scrape time, not counted: ``[[name, [label values], value], ...]``
+        (log sizes, group states, ...). Computed only when the metrics actor asks."""
+        return []
+
+    def report_progress(self, text: str, done: bool = False) -> None:
+        """Long work that holds the loop (recovering partitions at start): say how far it
+        is, in the log and in ``odradek status`` (a heartbeat carries it, even before the
+        actor is ready), at most once per PROGRESS_INTERVAL, the first time after that
+        long. ``done`` logs ``text`` and clears the progress, if any was shown."""
+        now = self.clock()
+        if (done and not self.progress) or (not done and now - self._progress_at < PROGRESS_INTERVAL):
+            return
+        self._progress_at = now
+        self.progress = "" if done else text
+        log.info("%s: %s", self.name, text)
+        self._heartbeat()
 
     def ready_fields(self) -> dict:
         """Extra facts reported with ``_ready`` (a listener's bound address, ...)."""
@@ -496,7 +519,7 @@ class Actor:
 
     def heartbeat_fields(self) -> dict:
         fields = {"name": self.name, "pid": os.getpid(), "processed": self.processed,
-                  "open": len(self._unanswered), "waiting": len(self._waiting)}
+                  "open": len(self._unanswered), "waiting": len(self._waiting), "progress": self.progress}
         fields.update(self.stats())
         return fields
 
@@ -514,6 +537,10 @@ class Actor:
 
     def on__stats(self, msg: Message) -> None:
         self.reply(msg, self.heartbeat_fields())
+
+    def on__metrics(self, msg: Message) -> None:
+        """From the metrics actor at scrape time: this actor's counters, histograms, gauges."""
+        self.reply(msg, {"name": self.name, **self.metrics.snapshot(), "gauges": self.metric_gauges()})
 
     def on__members(self, msg: Message) -> None:
         """From the supervisor: the running members of a role this actor watches. Names in

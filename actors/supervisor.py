@@ -323,7 +323,7 @@ class Supervisor(Actor):
                          "last_exit": child.last_exit,
                          "rss": sample.get("rss"), "cpu": sample.get("cpu"), "fds": sample.get("fds"),
                          "processed": hb.get("processed"), "open": hb.get("open"),
-                         "backlog": hb.get("backlog", 0),
+                         "backlog": hb.get("backlog", 0), "progress": hb.get("progress", ""),
                          "uptime": round(time.time() - child.started_at, 1) if child.started_at else None})
         return {"supervisor": {"pid": os.getpid(), "state": "running" if self.ready else "starting",
                                **self.info},

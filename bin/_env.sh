@@ -81,3 +81,26 @@ ensure_zookeeper() {
     fi
     [ -f /usr/share/java/zookeeper.jar ] || { echo "odradek: zookeeper installed but /usr/share/java/zookeeper.jar is missing" >&2; return 1; }
 }
+
+# The web console's tests (tests/observability/test_console_browser.py) and
+# bin/console-screenshots drive Debian's chromium through chromium-driver (selenium).
+# Installed once, when missing; silent otherwise.
+ensure_chromium() {
+    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
+        return 0
+    fi
+    local sudo=""
+    [ "$(id -u)" != 0 ] && sudo="sudo"
+    command -v apt-get >/dev/null 2>&1 || {
+        echo "odradek: chromium and chromium-driver are missing and apt-get is not available" >&2
+        return 1
+    }
+    echo "odradek: installing chromium and chromium-driver (the console's browser tests)" >&2
+    if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1; then
+        $sudo apt-get update -qq >&2 || true
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >&2 || {
+            echo "odradek: could not install chromium chromium-driver; see the messages above" >&2
+            return 1
+        }
+    fi
+}

@@ -131,6 +131,12 @@ class ClusterController(BrokerAgent, Controller):
                 "registered": self.registered, "hosted_partitions": len(self.hosted),
                 "offline_partitions": sum(1 for s in self.states.values() if s.leader < 0) if self.active else None}
 
+    def metric_gauges(self) -> list:
+        """Kafka's ActiveControllerCount and OfflinePartitionsCount (the latter counted by
+        the active controller only, as in Kafka)."""
+        offline = sum(1 for s in self.states.values() if s.leader < 0) if self.active else 0
+        return [["active_controller", [], int(self.active)], ["offline_partitions", [], offline]]
+
     # ---- session, registration, election ----------------------------------------------------
     def _zk_state(self, state: str) -> None:
         if state == "LOST":

@@ -64,6 +64,10 @@ class Controller(Actor):
     def stats(self) -> dict:
         return {"topics": len(self.registry.topics), "metadata_version": self.registry.version}
 
+    def metric_gauges(self) -> list:
+        """One broker is its own controller; none of its partitions can lack a leader."""
+        return [["active_controller", [], 1], ["offline_partitions", [], 0]]
+
     # ---- reads -----------------------------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         """A handler that joined after its own ``get_metadata`` may have missed a push:

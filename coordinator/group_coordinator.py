@@ -462,6 +462,15 @@ class GroupCoordinator(Actor):
                 "partitions_led": len(self.owned), "partitions_loading": len(self.loading),
                 "metadata_version": self.metadata_version}
 
+    def metric_gauges(self) -> list:
+        """Each group's state and size, and every committed offset (the metrics actor
+        subtracts them from the high watermarks for the lag); read at scrape time."""
+        out = [["group_members", [gid, g.state], len(g.members)] for gid, g in self.groups.items()]
+        for gid, offsets in self.offsets.items():
+            out += [["committed_offset", [gid, topic, partition], c.offset]
+                    for (topic, partition), c in offsets.items()]
+        return out
+
     # ---- metadata -------------------------------------------------------------------------
     def on_metadata(self, msg: Message) -> None:
         """The controller's push: adopt the snapshot (a newer version than ours) at once."""

@@ -185,6 +185,7 @@ class FetchActor(Actor):
             return False
         self._forget(req)
         self.served_bytes += total
+        self._count_out(req.replica, topics)
         body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         self.reply(req.msg, {"body": body, "files": files})
         return True
@@ -200,6 +201,15 @@ class FetchActor(Actor):
         raise OdradekError(f"a fetch as replica {replica} refused: broker {replica} {why}; only a live "
                            f"broker's replica fetcher may fetch as a replica (consumers use replica_id -1)",
                            ErrorCode.STALE_BROKER_EPOCH)
+    def _count_out(self, replica: int, topics: dict) -> None:
+        """Bytes served per topic: to consumers (Kafka's BytesOut) or to followers
+        (ReplicationBytesOut)."""
+        name = "bytes_out" if replica < 0 else "replication_bytes_out"
+        for topic, entries in topics.items():
+            self.metrics.inc(name, (topic,), sum(e["records_size"] for e in entries))
+
+    def metric_gauges(self) -> list:
+        return [["delayed_fetches", [], sum(len(w) for w in self.waiting.values())]]
 
     def _tell_progress(self, replica: int, parts) -> None:
         """A follower's fetch offset is its log end: the leader's log actor needs it now. Only

@@ -130,10 +130,14 @@ class LogActor(Actor):
         self.appends = 0
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
         failed: list = []  # a partition that cannot open (a storage error) stays offline, logged;
-        for entry in assignment.get("open", []):  # the others are served: the broker starts
+        entries, began = assignment.get("open", []), time.monotonic()  # the others are served
+        for i, entry in enumerate(entries):
+            self.report_progress(f"opening partitions: {i}/{len(entries)} ({entry['topic']}-{entry['partition']})")
             self._attempt(failed, entry, self._open_partition)
             if "leader" in entry and (entry["topic"], entry["partition"]) in self.logs:  # cluster mode:
                 self._become(self.logs[entry["topic"], entry["partition"]], entry)  # the role it had before
+        if entries:
+            self.report_progress(f"opened {len(entries)} partitions in {time.monotonic() - began:.1f}s", done=True)
         self._dirty.update(self.logs)
         self.after_batch()
         self.call_every(config["log.retention.check.interval.ms"] / 1000, self._retention)
@@ -161,6 +165,19 @@ class LogActor(Actor):
                 "under_replicated": sum(1 for p in self.logs.values()
                                         if p.leader == self.broker_id and len(p.isr) < len(p.replicas)),
                 "delayed_produces": sum(len(p.waiting) for p in self.logs.values())}
+
+    def metric_gauges(self) -> list:
+        """Per partition: size, segments, offsets, replica health; read at scrape time."""
+        out = []
+        for (topic, partition), p in self.logs.items():
+            key, lg = [topic, partition], p.log
+            leading = p.leader == self.broker_id
+            out += [["log_size", key, lg.size], ["log_segments", key, len(lg.segments)],
+                    ["log_end_offset", key, lg.log_end_offset], ["log_start_offset", key, lg.log_start_offset],
+                    ["high_watermark", key, lg.high_watermark], ["leader", key, int(leading)],
+                    ["under_replicated", key, int(leading and len(p.isr) < len(p.replicas))],
+                    ["under_min_isr", key, int(leading and len(p.isr) < lg.config.min_insync_replicas)]]
+        return out
 
     # ---- produce -----------------------------------------------------------------------
     def on_produce(self, msg: Message) -> None:
@@ -201,6 +218,8 @@ class LogActor(Actor):
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         self._dirty.add((topic, partition))
         self.appends += 1
+        self.metrics.inc("bytes_in", (topic,), info.size)
+        self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
         self._advance_high_watermark(p)
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
@@ -315,6 +334,7 @@ class LogActor(Actor):
             if p.leader != self.broker_id or p.leader_epoch != epoch:
                 return
             log.info("%s-%d: ISR %s -> %s", p.topic, p.partition, p.isr, isr)
+            self.metrics.inc("isr_expands" if len(isr) > len(p.isr) else "isr_shrinks")
             p.isr, p.zk_version = list(isr), reply.get("zk_version", p.zk_version)
             self._advance_high_watermark(p)
             self.after_batch()

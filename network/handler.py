@@ -32,6 +32,7 @@ UNKNOWN_SERVER_ERROR reply and keeps serving).
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Callable
 
 from odradek.actors.message import Message
@@ -168,7 +169,12 @@ class RequestHandler(Actor):
                                f"got {version!r}", ErrorCode.UNSUPPORTED_VERSION)
         if not isinstance(body, dict):
             raise BadRequest(f"{ApiKey(api).name}: the request body must be a map")
-        method(msg, body)
+        picked_up = time.time()
+        self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
+        try:
+            method(msg, body)
+        finally:
+            self.metrics.observe("request_local_ms", (api,), (time.time() - picked_up) * 1000)
 
     # ---- data APIs: routed to the actor that owns the data ---------------------------------
     def produce(self, msg: Message, body: dict) -> None:

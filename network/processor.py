@@ -79,6 +79,7 @@ ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is
 
 def _nbytes(buf: Any) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
 
 
 def socket_path(run_dir: str, name: str) -> str:
@@ -119,7 +120,8 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}"
         self.decoder = codec.Decoder(max_size)
         self.handler: str | None = None
-        self.slots: collections.deque[list] = collections.deque()  # [client corr, buffers or None]
+        # [client corr, buffers or None] (+ [api, arrived, answered] for a request, for its timings)
+        self.slots: collections.deque[list] = collections.deque()
         self.at_handler = 0  # requests out at the pinned handler
         self.wq: collections.deque[Any] = collections.deque()  # buffers and FileRegions to write
         self.events = 0
@@ -216,6 +218,9 @@ class Processor(Actor):
         for rec in list(self._inflight.values()):
             self._fail(rec, ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} is stopping")
         self._flush_dirty()
+
+    def metric_gauges(self) -> list:
+        return [["connections", ["PLAINTEXT"], len(self.conns)]]
 
     def stats(self) -> dict:
         return {"connections": len(self.conns), "in_flight": len(self._inflight),
@@ -401,6 +406,8 @@ class Processor(Actor):
         h = frame.header
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
                   "body": h["body"], "t": time.time()}
+        api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
+        self.metrics.inc("requests", (api,))
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.
             try:
@@ -410,7 +417,7 @@ class Processor(Actor):
             conn.requests += 1
             self._release(self._take_reservation(conn))
             return
-        slot = [h["corr"], None]
+        slot = [h["corr"], None, api, self.clock(), 0.0]
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
@@ -432,8 +439,10 @@ class Processor(Actor):
         if rec.handler == conn.handler:
             conn.at_handler -= 1
         corr = rec.slot[0]
+        rec.slot[4] = self.clock()
         if reply.type == "_error":
             fields = reply.fields or {}
+            self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
             rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),
                                              fields.get("message", ""))
         else:
@@ -482,12 +491,22 @@ class Processor(Actor):
                 continue
             slots = conn.slots
             while slots and slots[0][1] is not None:
-                bufs = slots.popleft()[1]
-                conn.wq_bytes += sum(_nbytes(b) for b in bufs if not isinstance(b, FileRegion))
-                conn.wq.extend(bufs)
+                slot = slots.popleft()
+                conn.wq_bytes += sum(_nbytes(b) for b in slot[1] if not isinstance(b, FileRegion))
+                conn.wq.extend(slot[1])
+                if len(slot) > 2:
+                    self._timed(slot)
             self._write(conn)
         if self._regrant:
             self._grant()
+
+    def _timed(self, slot: list) -> None:
+        """A response leaves its slot for the socket: its total time (arrival here to the
+        write) and its response-send part (answer received to the write, Kafka's response
+        queue + send), per API."""
+        now, api = self.clock(), (slot[2],)
+        self.metrics.observe("request_total_ms", api, (now - slot[3]) * 1000)
+        self.metrics.observe("response_send_ms", api, (now - slot[4]) * 1000)
 
     def _write(self, conn: Connection) -> None:
         wq = conn.wq

@@ -8,7 +8,9 @@ ZooKeeper session, ``coordinator.cluster_controller``), log actors (open and rec
 partitions), the fetch actor, the replica fetcher (cluster mode), the group coordinator (replays ``__consumer_offsets``,
 which it creates on first use), request handlers, processors, the acceptor — so
 a client can connect only once everything behind the listener is ready, and on shutdown the
-listener closes first while the actors behind it still answer in-flight requests.
+listener closes first while the actors behind it still answer in-flight requests. The
+metrics actor (``observe.metrics_actor``: Prometheus metrics, health, the web console) comes
+after the acceptor: it asks every other actor at scrape time, so they all exist first.
 """
 from __future__ import annotations
 
@@ -45,6 +47,8 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec("processor", "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,
                   watchers=("acceptor",), pool=True),
         ChildSpec("acceptor", "odradek.network.acceptor:Acceptor", count=1, args=dict(args)),
+        # Last: everything it asks exists; first to stop, so no scrape sees a half-stopped tree.
+        ChildSpec("metrics", "odradek.observe.metrics_actor:MetricsActor", count=1, args=args),
     ]
 
 
@@ -62,7 +66,7 @@ def restart_policy(config: dict) -> RestartPolicy:
 
 def build(config: dict, out=sys.stdout) -> Supervisor:
     specs = actor_specs(config)
-    acceptor_spec = specs[-1]
+    acceptor_spec = next(s for s in specs if s.role == "acceptor")
 
     def on_ready(sup: Supervisor) -> None:
         info = sup.children["acceptor"].ready_info
@@ -70,6 +74,10 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
         # A restarted acceptor must come back on the port clients know, even if it was 0.
         acceptor_spec.args["bound_port"] = port
         sup.info["address"] = f"{host}:{port}"
+        admin = sup.children["metrics"].ready_info
+        if admin.get("admin_port"):
+            sup.info["console"] = f"http://{admin['admin_host']}:{admin['admin_port']}/"
+            print(f"odradek console on {sup.info['console']} (metrics at /metrics)", file=out, flush=True)
         print(f"odradek ready on {host}:{port} (broker {config['broker.id']})", file=out, flush=True)
 
     info = {"broker_id": config["broker.id"], "cluster_id": config["cluster.id"],

@@ -87,6 +87,9 @@ def cmd_status(args) -> int:
     widths = [max(len(r[i]) for r in [cols] + rows) for i in range(len(cols))]
     for r in [cols] + rows:
         print("  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip())
+    for a in status["actors"]:
+        if a.get("progress"):
+            print(f"{a['name']}: {a['progress']}")
     return 0
 
 
@@ -140,6 +143,8 @@ PERF_TESTS = {
     # --bootstrap-server to use a running cluster instead
     "replicated": ("odradek.perf:replicated_main", False),
     "failover": ("odradek.perf:failover_main", False),
+    # starts its own brokers: produce with and without a scrape a second; a 10,000-partition scrape
+    "scrape": ("odradek.perf:scrape_main", False),
 }
 
 

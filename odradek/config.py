@@ -54,6 +54,16 @@ def _listener(v: str) -> str | None:
     return None
 
 
+def _admin_listener(v: str) -> str | None:
+    if not v:
+        return None
+    host, sep, port = v.rpartition(":")
+    digits = port[1:] if port.startswith("+") else port
+    if not sep or not host or not digits.isdigit() or int(digits) > 65535:
+        return "must be host:port, host:+N (the Kafka port plus N) or empty (off)"
+    return None
+
+
 def _one_of(*choices: str) -> Callable[[Any], str | None]:
     return lambda v: None if v in choices else f"must be one of {', '.join(choices)}"
 
@@ -69,6 +79,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "means the same as `listeners`; port 0 means the listener's bound port. `odradek chaos` points it "
             "at a fault proxy.",
             lambda v: None if not v else _listener(v)),
+    Setting("admin.listener", str, "127.0.0.1:+1000",
+            "HTTP address of the metrics actor: `/metrics` (Prometheus), `/health/live`, `/health/ready` "
+            "and the web console. `host:port`, or `host:+N` for the Kafka listener's port plus N (an "
+            "ephemeral port when that is 0 or the sum is over 65535); empty turns it off. A port that "
+            "cannot be bound is logged and leaves the broker running without HTTP.", _admin_listener),
     Setting("log.dirs", str, "./odradek-data",
             "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),
     Setting("run.dir", str, "",

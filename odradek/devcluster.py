@@ -97,6 +97,8 @@ def up(args) -> int:
     cfg.load(None, [f"{k}={v}" for k, v in settings.items()])  # a bad setting fails here, once
     os.makedirs(directory, exist_ok=True)
     cluster = LocalCluster(directory, args.brokers, settings, chroot=CHROOT, detached=True, first_port=args.port)
+    began = time.monotonic()
+    cluster.report = lambda text: print(f"[{time.monotonic() - began:5.1f}s] {text}", file=sys.stderr, flush=True)
     cluster.start()  # on failure it stops whatever it started
     try:
         cluster.wait_ready(timeout=30)

@@ -20,11 +20,13 @@ import socket
 import subprocess
 import sys
 import threading
+from typing import Any, Callable
 import time
 
 import psutil
 
 READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
+CONSOLE = re.compile(r"odradek console on (\S+) ")
 
 
 class LocalBroker:
@@ -107,6 +109,21 @@ class LocalBroker:
                     self.host, self.port = m.group(1), int(m.group(2))
                     return True
         return False
+
+    @property
+    def console_url(self) -> str | None:
+        """The admin listener's base URL (metrics, health, console), as the broker printed
+        it before its ready line; None if ``admin.listener`` is off."""
+        if self.detached:
+            with open(self.stdout_path, errors="replace") as f:
+                lines = f.readlines()
+        else:
+            lines = list(self.stdout_lines)
+        for line in reversed(lines):
+            m = CONSOLE.search(line)
+            if m:
+                return m.group(1)
+        return None
 
     @property
     def pid(self) -> int:
@@ -466,6 +483,7 @@ class LocalCluster:
         self.first_port = first_port  # broker i listens on first_port + i - 1 (0: any free port)
         self.brokers: dict[int, LocalBroker] = {}
         self._kazoo = None
+        self.report: Callable[[str], Any] | None = None  # told each step of start (``cluster up``)
 
     @property
     def ids(self) -> list[int]:
@@ -491,6 +509,7 @@ class LocalCluster:
                 self.zk = LocalZooKeeper(os.path.join(self.base_dir, "zookeeper")).start()
             elif not self.zk.running:
                 self.zk.start()
+            self._tell(f"zookeeper up on {self.zk.connect}")
             if self.chroot:
                 root = self.zk.client()
                 try:
@@ -506,11 +525,22 @@ class LocalCluster:
                 self.brokers[i] = LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings,
                                               self.start_timeout, detached=self.detached,
                                               env=self.broker_env.get(i))
-            self._parallel(lambda b: b.start(), self.brokers.values())
+            self._tell(f"starting {self.count} brokers")
+            self._parallel(self._start_broker, self.brokers.items())
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _tell(self, text: str) -> None:
+        if self.report is not None:
+            self.report(text)
+
+    def _start_broker(self, item: tuple[int, LocalBroker]) -> None:
+        broker_id, b = item
+        b.start()
+        console = f", console {b.console_url}" if b.console_url else ""
+        self._tell(f"broker {broker_id} up on {b.bootstrap} in {b.started_s:.1f}s{console}")
 
     @staticmethod
     def _parallel(fn, items) -> None:

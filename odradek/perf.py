@@ -40,21 +40,30 @@ import time
 
 _STAMP = struct.Struct(">q")
 REPORT_INTERVAL_MS = 5000
+TICK_SECONDS = 1.0  # one point of the timeline (and of the live line) per second
 
 
 # ---- statistics -------------------------------------------------------------------------------
 class Stats:
-    """Counts, bytes and latency samples; prints Kafka-style progress and summary lines.
+    """Counts, bytes and latency samples; prints Kafka-style progress and summary lines, a
+    live line rewritten every second when the output is a terminal (records/s, MB/s,
+    latency so far), and keeps a per-second ``timeline`` for ``--plot``.
     Thread-safe for ``sample`` (callbacks on the sender thread) via the GIL's atomic appends."""
 
-    def __init__(self, report_ms: int = REPORT_INTERVAL_MS, out=None):
-        self.start = self.window_start = time.monotonic()
+    def __init__(self, report_ms: int = REPORT_INTERVAL_MS, out=None, live: bool | None = None):
+        self.start = self.window_start = self.tick_start = time.monotonic()
         self.report_every = report_ms / 1000
         self.count = self.bytes = 0
         self.window_count = self.window_bytes = 0
+        self.tick_count = self.tick_bytes = 0
         self.latencies: list[float] = []  # ms
         self.window_lat: list[float] = []
+        self.tick_lat: list[float] = []
+        # (seconds since start, records/s, MB/s, p50 ms, p99 ms) per TICK_SECONDS
+        self.timeline: list[tuple[float, float, float, float, float]] = []
         self._out = out
+        self.live = self.out.isatty() if live is None else live
+        self._live_shown = False
 
     @property
     def out(self):
@@ -63,11 +72,37 @@ class Stats:
     def sample(self, latency_ms: float) -> None:
         self.latencies.append(latency_ms)
         self.window_lat.append(latency_ms)
+        self.tick_lat.append(latency_ms)
+
+    def tick(self, count: int, nbytes: int, now: float) -> None:
+        """Once a second: a timeline point, and the live line on a terminal."""
+        if now - self.tick_start < TICK_SECONDS:
+            return
+        elapsed = now - self.tick_start
+        lat, self.tick_lat = sorted(self.tick_lat), []
+        point = (now - self.start, (count - self.tick_count) / elapsed, (nbytes - self.tick_bytes) / elapsed / 2**20,
+                 percentile(lat, 50), percentile(lat, 99))
+        self.timeline.append(point)
+        self.tick_start, self.tick_count, self.tick_bytes = now, count, nbytes
+        if self.live:
+            so_far = sorted(self.latencies)
+            tail = (f", latency so far p50 {percentile(so_far, 50):.1f} ms p99 {percentile(so_far, 99):.1f} ms"
+                    if so_far else "")
+            print(f"\r\033[K{count} records, {point[1]:.0f} records/s, {point[2]:.2f} MB/s{tail}",
+                  end="", file=self.out, flush=True)
+            self._live_shown = True
+
+    def _end_live_line(self) -> None:
+        if self._live_shown:
+            print("\r\033[K", end="", file=self.out, flush=True)
+            self._live_shown = False
 
     def progress(self, count: int, nbytes: int, unit: str = "records sent", latency: bool = True) -> None:
         now = time.monotonic()
+        self.tick(count, nbytes, now)
         if now - self.window_start < self.report_every:
             return
+        self._end_live_line()
         elapsed = now - self.window_start
         n, b = count - self.window_count, nbytes - self.window_bytes
         lat = self.window_lat
@@ -81,19 +116,49 @@ class Stats:
 
     def summary(self, count: int, nbytes: int, elapsed: float, unit: str = "records sent",
                 latency: bool = True) -> dict:
+        self._end_live_line()
         lat = sorted(self.latencies)
         pct = {p: percentile(lat, p) for p in (50, 95, 99, 99.9)}
         result = {"records": count, "seconds": elapsed, "records_per_sec": count / elapsed if elapsed else 0.0,
                   "mb_per_sec": nbytes / elapsed / 2**20 if elapsed else 0.0,
                   "avg_latency_ms": sum(lat) / len(lat) if lat else 0.0, "max_latency_ms": lat[-1] if lat else 0.0,
                   "p50_ms": pct[50], "p95_ms": pct[95], "p99_ms": pct[99], "p99_9_ms": pct[99.9],
-                  "latency_samples": len(lat)}
+                  "latency_samples": len(lat), "timeline": self.timeline}
         tail = (f", {result['avg_latency_ms']:.2f} ms avg latency, {result['max_latency_ms']:.2f} ms max latency, "
                 f"{pct[50]:.2f} ms 50th, {pct[95]:.2f} ms 95th, {pct[99]:.2f} ms 99th, {pct[99.9]:.2f} ms 99.9th"
                 if latency else "")
         print(f"{count} {unit}, {result['records_per_sec']:.1f} records/sec ({result['mb_per_sec']:.2f} MB/sec)"
               f"{tail}.", file=self.out, flush=True)
         return result
+
+
+def _plot_file(value: str) -> str:
+    """argparse type of ``--plot``: refused before the run, not after it."""
+    from odradek.plot import check_path
+    try:
+        return check_path(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def write_plot(path: str, title: str, result: dict, latency: bool = True) -> None:
+    """``--plot FILE``: throughput over time, latency over time and its percentiles."""
+    from odradek import plot
+    t = [p[0] for p in result["timeline"]]
+    panels = [plot.Panel("records/s", [plot.Line("records/s", t, [p[1] for p in result["timeline"]])]),
+              plot.Panel("MB/s", [plot.Line("MB/s", t, [p[2] for p in result["timeline"]])])]
+    bars = None
+    if latency:
+        panels.append(plot.Panel("latency ms", [plot.Line("p50", t, [p[3] for p in result["timeline"]]),
+                                                plot.Line("p99", t, [p[4] for p in result["timeline"]])]))
+        bars = ("latency ms", ["p50", "p95", "p99", "p99.9", "max"],
+                [result["p50_ms"], result["p95_ms"], result["p99_ms"], result["p99_9_ms"], result["max_latency_ms"]])
+    try:
+        plot.figure(path, title, panels, bars)
+    except plot.PlotUnavailable as exc:
+        print(f"no plot: {exc}", file=sys.stderr, flush=True)
+        return
+    print(f"Plot written to {path}", flush=True)
 
 
 def percentile(sorted_values: list, p: float) -> float:
@@ -185,6 +250,7 @@ def produce_main(argv: list[str]) -> int:
     ap.add_argument("--reporting-interval", type=int, default=REPORT_INTERVAL_MS, help="ms between progress lines")
     ap.add_argument("--no-redis", action="store_true", help="skip the Redis Streams comparison")
     ap.add_argument("--json", action="store_true", help="print the summaries as one JSON line at the end")
+    ap.add_argument("--plot", metavar="FILE", type=_plot_file, help="write throughput and latency over time to FILE (.png or .svg)")
     args = ap.parse_args(argv)
     props = {"acks": "1", "linger.ms": "5", "compression.type": "lz4", **_props(args.producer_props)}
     _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
@@ -192,6 +258,8 @@ def produce_main(argv: list[str]) -> int:
           f"{' '.join(f'{k}={v}' for k, v in props.items())}", flush=True)
     ours = run_produce(args.bootstrap_server, args.topic, args.num_records, args.record_size, args.throughput,
                        producer_kwargs(props), args.latency_sample, args.reporting_interval)
+    if args.plot:
+        write_plot(args.plot, f"perf produce: {args.num_records} x {args.record_size} B to {args.topic}", ours)
     theirs = None
     if not args.no_redis:
         theirs = _with_redis(lambda r: redis_produce(r, args.num_records, args.record_size, args.throughput,
@@ -258,11 +326,14 @@ def consume_main(argv: list[str]) -> int:
     ap.add_argument("--reporting-interval", type=int, default=REPORT_INTERVAL_MS)
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--plot", metavar="FILE", type=_plot_file, help="write throughput over time to FILE (.png or .svg)")
     args = ap.parse_args(argv)
     count = _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
     _prefill(args.bootstrap_server, args.topic, count, args.messages, args.record_size)
     ours = run_consume(args.bootstrap_server, args.topic, count, args.messages, args.fetch_size,
                        args.max_poll_records, args.timeout, args.reporting_interval)
+    if args.plot:
+        write_plot(args.plot, f"perf consume: {args.messages} records of {args.topic}", ours, latency=False)
     theirs = None
     if not args.no_redis:
         theirs = _with_redis(lambda r: redis_consume(r, args.messages, args.record_size, args.reporting_interval))
@@ -1053,3 +1124,132 @@ def _failover_run(cluster, topic: str, args, props: dict, run: int) -> dict:
         if not cluster.brokers[victim].running:
             cluster.restart(victim)  # same data and port; the next run waits for its ISR and leadership
     return res
+
+
+# ---- scrape: what /metrics costs --------------------------------------------------------------
+_SCRAPER = """
+import sys, time, urllib.request
+url, every = sys.argv[1], float(sys.argv[2])
+while True:
+    t0 = time.monotonic()
+    urllib.request.urlopen(url, timeout=10).read()
+    time.sleep(max(0.0, every - (time.monotonic() - t0)))
+"""
+
+
+def scrape_main(argv: list[str]) -> int:
+    """Two figures of docs/OBSERVABILITY.md's goals, each on its own broker (127.0.0.1, temp
+    data): (1) produce throughput with and without a Prometheus scrape every second (a
+    separate scraper process, runs alternating, medians); (2) scrape time of a broker
+    holding ``--partitions`` partitions."""
+    ap = argparse.ArgumentParser(prog="odradek perf scrape", description="the cost of /metrics")
+    ap.add_argument("--runs", type=int, default=3, help="alternating runs with and without scraping")
+    ap.add_argument("--num-records", type=int, default=300000)
+    ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--interval", type=float, default=1.0, help="seconds between scrapes")
+    ap.add_argument("--partitions", type=int, default=10000, help="partitions of the scrape-time broker; 0 skips")
+    ap.add_argument("--scrapes", type=int, default=10)
+    ap.add_argument("--skip-cost", action="store_true", help="only the scrape-time part")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    result = {"loadavg_before": _loadavg()}
+    if not args.skip_cost:
+        result["cost"] = _scrape_cost(args)
+    if args.partitions:
+        result["scrape_time"] = _scrape_time(args)
+    result["loadavg_after"] = _loadavg()
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+def _local_broker(settings: dict):
+    from odradek.local import LocalBroker
+    broker = LocalBroker(tempfile.mkdtemp(prefix="odradek-perf-scrape-"), settings, start_timeout=300)
+    return broker.start()
+
+
+def _scrape_cost(args) -> dict:
+    broker = _local_broker({})
+    url = broker.console_url + "metrics"
+    rates: dict[str, list[float]] = {"without": [], "with": []}
+    try:
+        kwargs = producer_kwargs({"acks": "1", "linger.ms": "5", "compression.type": "lz4"})
+        _ensure_topic(broker.bootstrap, "scrape-cost", 1)
+        for run in range(args.runs):
+            for mode in (("without", "with") if run % 2 == 0 else ("with", "without")):
+                scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, url, str(args.interval)]) \
+                    if mode == "with" else None
+                try:
+                    r = run_produce(broker.bootstrap, "scrape-cost", args.num_records, args.record_size, -1, kwargs,
+                                    report_ms=3_600_000)
+                finally:
+                    if scraper is not None:
+                        scraper.kill()
+                        scraper.wait()
+                rates[mode].append(r["records_per_sec"])
+                print(f"run {run + 1} {mode} scraping every {args.interval:g}s: {r['records_per_sec']:.0f} records/s",
+                      flush=True)
+    finally:
+        broker.stop()
+    without, with_ = _median(rates["without"]), _median(rates["with"])
+    cost = (without - with_) / without * 100
+    print(f"median produce throughput: {without:.0f} records/s without, {with_:.0f} with a scrape every "
+          f"{args.interval:g}s: {cost:+.1f}% cost (goal < 2%)", flush=True)
+    return {"without": rates["without"], "with": rates["with"], "cost_percent": cost}
+
+
+def _scrape_time(args) -> dict:
+    import urllib.error
+    import urllib.request
+    from odradek.admin import Admin
+    from odradek.errors import TopicAlreadyExistsError
+    threads = max(2, args.partitions // 2000)  # ARCHITECTURE.md's rule of thumb for num.log.threads
+    broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000})
+    try:
+        began = time.monotonic()
+        with Admin(broker.bootstrap, request_timeout_ms=600000) as admin:
+            left, i = args.partitions, 0
+            while left > 0:
+                n = min(left, 2500)
+                try:
+                    admin.create_topic(f"scrape-many-{i}", partitions=n)
+                except TopicAlreadyExistsError:  # a slow first answer, retried: it was created
+                    pass
+                left, i = left - n, i + 1
+        print(f"{args.partitions} partitions on {threads} log actors created in {time.monotonic() - began:.0f}s",
+              flush=True)
+        url = broker.console_url + "metrics"
+        settle = time.monotonic() + 600  # until every partition is open and scraped
+        while time.monotonic() < settle:
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    if r.read().decode().count("\nodradek_log_size_bytes{") >= args.partitions:
+                        break
+            except OSError:
+                pass
+            time.sleep(2)
+        print(f"every partition open after {time.monotonic() - began:.0f}s", flush=True)
+        times, size, failed, missing = [], 0, 0, 0
+        for _ in range(args.scrapes):
+            t0 = time.monotonic()
+            try:
+                with urllib.request.urlopen(url, timeout=30) as r:
+                    body = r.read().decode()
+            except urllib.error.HTTPError as exc:  # 503: the broker did not answer in time
+                failed += 1
+                print(f"scrape failed after {time.monotonic() - t0:.3f}s: {exc.read().decode().strip()}", flush=True)
+                continue
+            finally:
+                times.append(time.monotonic() - t0)
+            size = len(body)
+            missing += sum(1 for line in body.splitlines()
+                           if line.startswith("odradek_scrape_actor_answered") and line.endswith(" 0.0"))
+            time.sleep(0.5)
+    finally:
+        broker.stop()
+    print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
+          f"{size / 2**20:.1f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor answers missing "
+          f"(goal < 1 s)", flush=True)
+    return {"partitions": args.partitions, "times_s": times, "median_s": _median(times), "max_s": max(times),
+            "bytes": size, "failed": failed, "actors_missing": missing}

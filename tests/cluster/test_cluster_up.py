@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -37,6 +38,9 @@ def test_up_status_down(tmp_path):
     try:
         up = odradek("cluster", "up", "--brokers", "3", "--set", "shutdown.timeout.ms=10000", cwd=cwd)
         assert up.returncode == 0, up.stderr
+        for broker_id in (1, 2, 3):  # each broker is shown as it comes up, with its console
+            assert re.search(rf"broker {broker_id} up on 127\.0\.0\.1:\d+ in [\d.]+s, console http://", up.stderr), \
+                up.stderr
         bootstrap = up.stdout.strip()
         with open(state_path) as f:
             state = json.load(f)

@@ -16,7 +16,7 @@ import sys
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LAYERS = ("actors", "network", "log", "coordinator", "pipeline")
+LAYERS = ("actors", "network", "log", "coordinator", "pipeline", "observe")
 SHADOWS = {name: f"raise ImportError('the application\\'s own {name}.py was imported by Odradek')\n"
            for name in LAYERS}
 

@@ -1,0 +1,46 @@
+"""Counters and histograms an actor keeps for the metrics actor: plain dicts, no locks.
+
+Single-threaded like its actor: only the actor's loop touches it. The hot path is one dict
+update (``inc``) or a bisect and two updates (``observe``); nothing is formatted, named or
+exported here. Keys are ``(name, labels)`` with ``labels`` a tuple of label *values*; which
+label names they stand for, and the Prometheus name and help of each metric, live in one
+table at the top layer (``odradek.observe.catalogue``). ``snapshot()`` is the plain-data
+answer to a ``_metrics`` request (msgpack: lists, no tuple keys).
+"""
+from __future__ import annotations
+
+import bisect
+
+# Upper bounds (milliseconds) of latency histogram buckets; +Inf is implicit. Kafka's
+# request times span tens of microseconds (a PING) to the 60 s cap of a long poll.
+BUCKETS_MS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0,
+              1000.0, 2500.0, 5000.0, 10000.0, 30000.0, 60000.0)
+
+
+class Metrics:
+    """``inc(name, labels, n)`` for counters, ``observe(name, labels, ms)`` for histograms."""
+
+    __slots__ = ("counters", "histograms")
+
+    def __init__(self) -> None:
+        self.counters: dict[tuple[str, tuple], float] = {}
+        self.histograms: dict[tuple[str, tuple], list] = {}  # [count per bucket..., +Inf, sum]
+
+    def inc(self, name: str, labels: tuple = (), n: float = 1) -> None:
+        key = (name, labels)
+        counters = self.counters
+        counters[key] = counters.get(key, 0) + n
+
+    def observe(self, name: str, labels: tuple, ms: float) -> None:
+        key = (name, labels)
+        h = self.histograms.get(key)
+        if h is None:
+            h = self.histograms[key] = [0] * (len(BUCKETS_MS) + 1) + [0.0]
+        h[bisect.bisect_left(BUCKETS_MS, ms)] += 1
+        h[-1] += ms
+
+    def snapshot(self) -> dict:
+        """``{"counters": [[name, labels, value]], "histograms": [[name, labels, buckets, sum]]}``
+        with ``buckets`` the per-bucket (not cumulative) counts, +Inf last."""
+        return {"counters": [[n, list(labels), v] for (n, labels), v in self.counters.items()],
+                "histograms": [[n, list(labels), h[:-1], h[-1]] for (n, labels), h in self.histograms.items()]}

@@ -1,0 +1,170 @@
+"""The metrics actor: Prometheus metrics, health checks and the web console over HTTP.
+
+Process: ``metrics`` (one per broker, started last, after the acceptor, so stopped first).
+Owns: the admin listener (``admin.listener``; empty turns the actor's HTTP side off) and
+an HTTP server thread that serves ``/metrics`` (Prometheus text, through
+``prometheus_client``), ``/health/live``, ``/health/ready`` and the console
+(``observe.console``).
+
+Threads. The HTTP server runs on threads of its own (one per request) and never touches
+this actor's ZeroMQ sockets or state: what needs the broker is handed to the actor's loop
+with ``post()`` and awaited on a ``concurrent.futures.Future`` with a timeout. The loop
+never blocks on HTTP. The console's pages talk to the broker as a client (``Admin``,
+``Consumer`` over TCP on the broker's own listener), as any operator's tool would.
+
+Sends (at scrape time, on the loop): ``status`` to the supervisor (the actor table: pids,
+states, restarts, RSS, CPU, messages handled), then ``_metrics`` to every running actor
+(each answers with its counters, histograms and scrape-time gauges: ``actors.metrics``).
+Answers that do not come within ``GATHER_TIMEOUT`` are reported as missing
+(``odradek_scrape_actor_answered 0``), never waited for longer. Accepts nothing but the
+runtime's own messages.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import functools
+import logging
+import socketserver
+import threading
+import time
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from odradek.actors.message import Message
+from odradek.actors.runtime import Actor
+from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
+from odradek.observe.collector import Snapshot
+
+log = logging.getLogger("odradek.metrics")
+
+GATHER_TIMEOUT = 0.8  # seconds an actor has to answer a scrape (a scrape must answer within 1 s)
+LIVE_TIMEOUT = 2.0  # seconds the loop has to run a posted callback for /health/live
+
+
+def admin_address(config: dict) -> tuple[str, int] | None:
+    """``admin.listener`` as (host, port); None when empty (off). ``HOST:+N`` is the Kafka
+    listener's port plus N (0 stays 0: an ephemeral port, as in tests; so does a sum over
+    65535)."""
+    value = (config.get("admin.listener") or "").strip()
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    if port.startswith("+"):
+        kafka_port = parse_listener(config["listeners"])[1]
+        port = kafka_port + int(port[1:]) if kafka_port else 0
+        return host, (port if port <= 65535 else 0)
+    return host, int(port)
+
+
+class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+
+class _QuietHandler(WSGIRequestHandler):
+    def log_message(self, format, *args) -> None:  # one line per request would flood the log
+        log.debug("%s %s", self.address_string(), format % args)
+
+
+class MetricsActor(Actor):
+    def on_start(self) -> None:
+        self.config = self.args.get("config", {})
+        self.server = None
+        self.host = self.port = None
+        self._last_status: dict | None = None  # used when the supervisor is too busy to answer a scrape
+        address = admin_address(self.config)
+        if address is None:
+            log.info("admin.listener is empty: no metrics, health or console over HTTP")
+            return
+        from odradek.observe.console import make_app  # bottle and templates: only when serving
+        app = make_app(self)
+        try:
+            self.server = make_server(address[0], address[1], app, server_class=_ThreadingServer,
+                                      handler_class=_QuietHandler)
+        except OSError as exc:  # the broker serves clients all the same; say why there is no console
+            log.error("admin.listener %s:%d cannot be bound (%s): no metrics, health or console over HTTP; "
+                      "set admin.listener to a free address, or empty to turn it off", *address, exc.strerror)
+            return
+        self.host, self.port = address[0], self.server.server_port
+        threading.Thread(target=self.server.serve_forever, name="admin-http", daemon=True).start()
+        log.info("metrics, health and console on http://%s:%d/", self.host, self.port)
+
+    def on_stop(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+
+    def ready_fields(self) -> dict:
+        return {"admin_host": self.host, "admin_port": self.port}
+
+    # ---- called from HTTP threads: hand the work to the loop, wait with a timeout ---------
+    def on_loop(self, start, timeout: float):
+        """Run ``start(done)`` on the actor's loop; it calls ``done(result)`` (or
+        ``done(exception)``) when finished. Returns the result; raises TimeoutError."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        def done(result) -> None:
+            if not future.done():
+                if isinstance(result, BaseException):
+                    future.set_exception(result)
+                else:
+                    future.set_result(result)
+
+        self.post(lambda: start(done))
+        return future.result(timeout)
+
+    def gather(self, timeout: float = GATHER_TIMEOUT) -> Snapshot:
+        """Every actor's metrics and the supervisor's table, gathered by message."""
+        return self.on_loop(functools.partial(self._gather, timeout), timeout * 2 + 1.0)
+
+    def status(self, timeout: float = 2.0) -> dict:
+        """The supervisor's ``status`` (the actor tree, the broker's address)."""
+        return self.on_loop(functools.partial(self._ask_status, timeout), timeout + 1.0)
+
+    def live(self) -> bool:
+        """True if the loop runs a posted callback within LIVE_TIMEOUT."""
+        try:
+            return self.on_loop(lambda done: done(True), LIVE_TIMEOUT)
+        except concurrent.futures.TimeoutError:
+            return False
+
+    # ---- on the loop ------------------------------------------------------------------
+    def _ask_status(self, timeout: float, done) -> None:
+        def answered(reply: Message) -> None:
+            done(OdradekError(reply.error_message, ErrorCode.of(reply.error_code)) if reply.is_error
+                 else reply.fields)
+        self.request(self.supervisor, "status", callback=answered, timeout=timeout)
+
+    def _gather(self, timeout: float, done) -> None:
+        began = time.monotonic()
+
+        def with_status(status) -> None:
+            if isinstance(status, BaseException):
+                if self._last_status is None:
+                    done(status)
+                    return
+                log.warning("scrape: %s; using the actor table of the previous scrape", status)
+                status = self._last_status
+            else:
+                self._last_status = status
+            names = [r["name"] for r in status.get("actors", [])
+                     if r.get("state") == "running" and r["name"] != self.name]
+            answers: dict[str, dict | None] = {name: None for name in names}
+            answers[self.name] = {"name": self.name, **self.metrics.snapshot(), "gauges": []}
+            left = [len(names)]
+
+            def finish() -> None:
+                done(Snapshot(status, answers, time.monotonic() - began))
+
+            def got(name: str, reply: Message) -> None:
+                if not reply.is_error:
+                    answers[name] = reply.fields
+                left[0] -= 1
+                if left[0] == 0:
+                    finish()
+
+            if not names:
+                finish()
+            for name in names:
+                self.request(name, "_metrics", callback=functools.partial(got, name), timeout=timeout)
+
+        self._ask_status(timeout, with_status)

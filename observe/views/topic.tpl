@@ -1,0 +1,25 @@
+% rebase("layout.tpl", title=title)
+% if message:
+<p class="message">{{message}}</p>
+% end
+<p><a href="/topics/{{topic.name}}/messages">Browse messages</a></p>
+<h2>Partitions</h2>
+<table id="partitions"><tr><th>partition</th><th>leader</th><th>replicas</th><th>ISR</th>
+<th>start</th><th>high watermark</th><th>end</th><th>size</th><th>segments</th></tr>
+% for p in topic.partitions:
+% g = sizes.get(p.partition, {})
+<tr><td><a href="/topics/{{topic.name}}/messages?partition={{p.partition}}">{{p.partition}}</a></td>
+<td>{{p.leader}}</td><td>{{", ".join(map(str, p.replicas))}}</td><td>{{", ".join(map(str, p.isr))}}</td>
+<td>{{g.get("log_start_offset", "-")}}</td><td>{{g.get("high_watermark", "-")}}</td><td>{{g.get("log_end_offset", "-")}}</td>
+<td>{{g.get("log_size", "-")}}</td><td>{{g.get("log_segments", "-")}}</td></tr>
+% end
+</table>
+<h2>Configs</h2>
+<table id="configs"><tr><th>name</th><th>value</th></tr>
+% for k, v in sorted(topic.configs.items()):
+<tr><td>{{k}}</td><td>{{v}}</td></tr>
+% end
+</table>
+<form method="post" action="/topics/{{topic.name}}/configs" class="inline">
+<input name="key" placeholder="config, e.g. retention.ms" required><input name="value" placeholder="value">
+<button type="submit">Set</button></form>

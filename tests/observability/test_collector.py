@@ -1,0 +1,73 @@
+"""The pure half: actors' plain-dict counters and the collector that turns them into
+Prometheus families, without a broker."""
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from odradek.actors.metrics import BUCKETS_MS, Metrics
+from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.observe.collector import BrokerCollector, Snapshot
+
+
+def parsed(snapshot: Snapshot) -> dict:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(lambda: snapshot))
+    text = generate_latest(registry).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_an_observation_lands_in_the_first_bucket_at_or_above_it():
+    m = Metrics()
+    m.observe("request_total_ms", (0,), 0.3)
+    m.observe("request_total_ms", (0,), 0.5)
+    m.observe("request_total_ms", (0,), 99999)
+    (_, labels, buckets, total), = m.snapshot()["histograms"]
+    assert buckets[BUCKETS_MS.index(0.5)] == 2 and buckets[-1] == 1 and total == 0.3 + 0.5 + 99999
+
+
+def test_counters_of_several_actors_are_added_and_histograms_exported_in_seconds():
+    a, b = Metrics(), Metrics()
+    a.inc("requests", (int(ApiKey.PRODUCE),), 2)
+    b.inc("requests", (int(ApiKey.PRODUCE),), 3)
+    a.inc("errors", (int(ApiKey.FETCH), int(ErrorCode.OFFSET_OUT_OF_RANGE)))
+    a.observe("request_total_ms", (int(ApiKey.PRODUCE),), 2.0)
+    b.observe("request_total_ms", (int(ApiKey.PRODUCE),), 4.0)
+    snap = Snapshot({"actors": []}, {"processor-0": {**a.snapshot(), "gauges": []},
+                                     "processor-1": {**b.snapshot(), "gauges": []}})
+    s = parsed(snap)
+    assert s[("odradek_requests_total", (("api", "produce"),))] == 5
+    assert s[("odradek_request_errors_total", (("api", "fetch"), ("error", "OFFSET_OUT_OF_RANGE")))] == 1
+    assert s[("odradek_request_total_time_seconds_count", (("api", "produce"),))] == 2
+    assert abs(s[("odradek_request_total_time_seconds_sum", (("api", "produce"),))] - 0.006) < 1e-9
+    assert s[("odradek_request_total_time_seconds_bucket", (("api", "produce"), ("le", "0.0025")))] == 1
+    assert s[("odradek_request_total_time_seconds_bucket", (("api", "produce"), ("le", "0.005")))] == 2
+
+
+def test_lag_is_the_high_watermark_minus_the_committed_offset_and_totals_add_up():
+    log_gauges = [["high_watermark", ["t", 0], 100], ["high_watermark", ["t", 1], 7],
+                  ["under_replicated", ["t", 0], 1], ["under_replicated", ["t", 1], 1]]
+    group_gauges = [["committed_offset", ["g", "t", 0], 40], ["committed_offset", ["g", "t", 1], 7],
+                    ["committed_offset", ["g", "elsewhere", 0], 3], ["group_members", ["g", "stable"], 2]]
+    snap = Snapshot({"actors": []}, {"log-0": {"gauges": log_gauges}, "group_coordinator": {"gauges": group_gauges},
+                                     "fetch": None})
+    s = parsed(snap)
+    assert s[("odradek_consumer_group_lag", (("group", "g"), ("partition", "0"), ("topic", "t")))] == 60
+    assert s[("odradek_consumer_group_lag", (("group", "g"), ("partition", "1"), ("topic", "t")))] == 0
+    # a partition this broker does not host has no known end: no lag is invented for it
+    assert not any(k[0] == "odradek_consumer_group_lag" and ("topic", "elsewhere") in k[1] for k in s)
+    assert s[("odradek_under_replicated_partitions", ())] == 2
+    assert s[("odradek_consumer_group_members", (("group", "g"), ("state", "stable")))] == 2
+    assert s[("odradek_scrape_actor_answered", (("actor", "fetch"),))] == 0
+
+
+def test_the_actor_table_becomes_per_actor_metrics():
+    status = {"actors": [{"name": "log-0", "role": "log", "state": "running", "restarts": 2, "processed": 10,
+                          "open": 1, "backlog": 0, "rss": 1000, "cpu": 50.0}]}
+    s = parsed(Snapshot(status, {}))
+    key = (("actor", "log-0"), ("role", "log"))
+    assert s[("odradek_actor_restarts_total", key)] == 2
+    assert s[("odradek_actor_messages_total", key)] == 10
+    assert s[("odradek_actor_cpu_ratio", key)] == 0.5
+    assert s[("odradek_actor_up", key)] == 1

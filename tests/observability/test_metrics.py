@@ -1,0 +1,141 @@
+"""/metrics on a real broker: Prometheus' own parser reads it, counters move by what the
+test produced and consumed, lag is produced minus committed; the health endpoints."""
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from odradek import Admin, Consumer, Producer
+from odradek.observe.catalogue import all_specs
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.types import TopicPartition
+from tests.observability.conftest import http_get
+
+
+def scrape(broker) -> dict:
+    """{(sample name, sorted labels): value} of one scrape, parsed by prometheus_client."""
+    status, text = http_get(broker.console_url + "metrics")
+    assert status == 200
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def value(samples: dict, name: str, **labels) -> float:
+    return samples.get((name, tuple(sorted((k, str(v)) for k, v in labels.items()))), 0.0)
+
+
+def produce(bootstrap: str, topic: str, partitions: int, n: int, size: int = 50) -> None:
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=partitions)
+    producer = Producer(bootstrap)
+    for i in range(n):
+        producer.send(topic, value=os.urandom(size), partition=i % partitions)  # incompressible
+    producer.flush()
+    producer.close()
+
+
+def test_the_metrics_text_parses_and_names_every_metric_of_the_catalogue(shared_broker):
+    status, text = http_get(shared_broker.console_url + "metrics")
+    assert status == 200
+    names = {fam.name for fam in text_string_to_metric_families(text)}
+    # the parser drops a counter's _total from the family name
+    expected = {s.name for s in all_specs()}
+    assert expected <= names, f"missing: {sorted(expected - names)}"
+    samples = scrape(shared_broker)
+    assert value(samples, "odradek_active_controller") == 1
+    assert value(samples, "odradek_actor_up", actor="log-0", role="log") == 1
+    assert value(samples, "odradek_scrape_actor_answered", actor="processor-0") == 1
+    # the supervisor samples memory and CPU every second: present from its first sample on
+    deadline = time.monotonic() + 10
+    while not value(samples, "odradek_actor_resident_memory_bytes", actor="fetch", role="fetch") and \
+            time.monotonic() < deadline:
+        time.sleep(0.5)
+        samples = scrape(shared_broker)
+    assert value(samples, "odradek_actor_resident_memory_bytes", actor="fetch", role="fetch") > 2**20
+
+
+def test_counters_move_by_the_records_produced_and_consumed(shared_broker):
+    before = scrape(shared_broker)
+    produce(shared_broker.bootstrap, "counted", 2, 300)
+    after_produce = scrape(shared_broker)
+    assert value(after_produce, "odradek_topic_records_in_total", topic="counted") == 300
+    size = sum(value(after_produce, "odradek_log_size_bytes", topic="counted", partition=p) for p in (0, 1))
+    assert value(after_produce, "odradek_topic_bytes_in_total", topic="counted") == size > 300 * 50
+    assert value(after_produce, "odradek_requests_total", api="produce") > value(before, "odradek_requests_total",
+                                                                               api="produce")
+    assert value(after_produce, "odradek_request_total_time_seconds_count", api="produce") > 0
+    assert value(after_produce, "odradek_request_queue_time_seconds_count", api="produce") > 0
+
+    consumer = Consumer(shared_broker.bootstrap, auto_offset_reset="earliest")
+    consumer.assign([TopicPartition("counted", 0), TopicPartition("counted", 1)])
+    got, deadline = 0, time.monotonic() + 60
+    while got < 300 and time.monotonic() < deadline:
+        got += len(consumer.poll(500))
+    consumer.close()
+    assert got == 300
+    after_consume = scrape(shared_broker)
+    assert value(after_consume, "odradek_topic_bytes_out_total", topic="counted") >= size
+    assert value(after_consume, "odradek_requests_total", api="fetch") > value(before, "odradek_requests_total",
+                                                                             api="fetch")
+
+
+def test_a_groups_lag_is_what_was_produced_minus_what_it_committed(shared_broker):
+    produce(shared_broker.bootstrap, "lagging", 2, 100)  # 50 per partition
+    consumer = Consumer(shared_broker.bootstrap, group_id="lag-group", enable_auto_commit=False)
+    consumer.assign([TopicPartition("lagging", 0), TopicPartition("lagging", 1)])
+    consumer.commit({TopicPartition("lagging", 0): 20, TopicPartition("lagging", 1): 45})
+    consumer.close()
+    samples = scrape(shared_broker)
+    for partition, committed in ((0, 20), (1, 45)):
+        produced = value(samples, "odradek_high_watermark", topic="lagging", partition=partition)
+        assert produced == 50
+        assert value(samples, "odradek_consumer_group_committed_offset", group="lag-group", topic="lagging",
+                     partition=partition) == committed
+        assert value(samples, "odradek_consumer_group_lag", group="lag-group", topic="lagging",
+                     partition=partition) == produced - committed
+
+
+def test_request_level_errors_are_counted_per_api_and_code(shared_broker):
+    before = scrape(shared_broker)
+    host, port = shared_broker.bootstrap.split(":")
+    with BrokerConnection(host, int(port)) as conn:
+        for _ in range(3):
+            with pytest.raises(OdradekError) as caught:
+                conn.request(ApiKey.METADATA, {}, version=99)
+            assert caught.value.code == ErrorCode.UNSUPPORTED_VERSION
+    after = scrape(shared_broker)
+    labels = dict(api="metadata", error="UNSUPPORTED_VERSION")
+    assert value(after, "odradek_request_errors_total", **labels) - \
+        value(before, "odradek_request_errors_total", **labels) == 3
+
+
+def test_live_and_ready_answer_200_on_a_running_broker(shared_broker):
+    status, body = http_get(shared_broker.console_url + "health/live")
+    assert status == 200 and '"live": true' in body
+    status, body = http_get(shared_broker.console_url + "health/ready")
+    assert status == 200 and '"ready": true' in body
+
+
+def test_an_empty_admin_listener_turns_http_off(start_broker):
+    broker = start_broker(admin_listener="")
+    assert broker.console_url is None
+    assert all("console" not in line for line in broker.stdout_lines)
+
+
+def test_made_up_api_keys_share_one_label_so_a_client_cannot_grow_the_metrics(shared_broker):
+    host, port = shared_broker.bootstrap.split(":")
+    with BrokerConnection(host, int(port)) as conn:
+        for api in range(5000, 5020):
+            with pytest.raises(OdradekError):
+                conn.request(api, {})
+    samples = scrape(shared_broker)
+    apis = {dict(labels).get("api") for name, labels in samples if name == "odradek_requests_total"}
+    assert not any(a.isdigit() and int(a) >= 5000 for a in apis), apis
+    assert value(samples, "odradek_requests_total", api="-1") >= 20
