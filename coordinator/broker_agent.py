@@ -10,8 +10,8 @@ Accepts:
   broker_request {api, body}   forwarded by a handler: LEADER_AND_ISR -> ``become`` to the log
         actors, then ``follow``/``unfollow`` to the replica fetcher; UPDATE_METADATA ->
         ``metadata`` to every handler and the group coordinator (and new topic configs to the
-        log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN and ELECT_LEADERS
-        go to the controller half
+        log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN, ELECT_LEADERS,
+        CREATE_PARTITIONS and ALTER/LIST_PARTITION_REASSIGNMENTS go to the controller half
   alter_isr {topic, partition, leader_epoch, isr, zk_version}   from a leading log actor: a
         conditional write of the partition's state node, then an ISR change notification
   get_metadata / get_assignment   from handlers, the group coordinator, log actors
@@ -60,11 +60,12 @@ class BrokerAgent:
 
     def on_broker_request(self, msg: Message) -> None:
         api, body = msg.get("api"), msg.get("body") or {}
-        if api == ApiKey.ELECT_LEADERS:
-            self._elect_leaders(msg, body)
-            return
-        if api == ApiKey.CONTROLLED_SHUTDOWN:
-            self._controlled_shutdown(msg, body)
+        controller_half = {ApiKey.ELECT_LEADERS: self._elect_leaders, ApiKey.CONTROLLED_SHUTDOWN: self._controlled_shutdown,
+                           ApiKey.CREATE_PARTITIONS: self._create_partitions,
+                           ApiKey.ALTER_PARTITION_REASSIGNMENTS: self._alter_reassignments,
+                           ApiKey.LIST_PARTITION_REASSIGNMENTS: self._list_reassignments}.get(api)
+        if controller_half is not None:
+            controller_half(msg, body)
             return
         epoch = body.get("controller_epoch", -1)
         if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:

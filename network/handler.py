@@ -70,10 +70,14 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.STOP_REPLICA: (0, 0),
     ApiKey.CONTROLLED_SHUTDOWN: (0, 0),
     ApiKey.ELECT_LEADERS: (0, 0),
+    ApiKey.CREATE_PARTITIONS: (0, 0),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
 }
 # Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
-                   ApiKey.ELECT_LEADERS)
+                   ApiKey.ELECT_LEADERS, ApiKey.CREATE_PARTITIONS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+                   ApiKey.LIST_PARTITION_REASSIGNMENTS)
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 DYNAMIC_CONFIGS = {"num.io.threads"}

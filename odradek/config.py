@@ -190,6 +190,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("offsets.topic.replication.factor", int, 3,
             "Replication factor of `__consumer_offsets` (capped at the live brokers when it is created).",
             _at_least(1)),
+    Setting("broker.rack", str, "",
+            "This broker's rack (or zone). When every broker has one, new partitions and `odradek reassign "
+            "--generate` place each partition's replicas on distinct racks where there are enough."),
     Setting("controlled.shutdown.enable", bool, True,
             "On SIGTERM a cluster broker first stops following and asks the controller to move its "
             "leaderships away and take it out of the ISRs (CONTROLLED_SHUTDOWN)."),

@@ -449,8 +449,9 @@ class LocalCluster:
 
     def __init__(self, base_dir: str, brokers: int = 3, settings: dict | None = None,
                  zk: LocalZooKeeper | None = None, chroot: str = "/odradek", start_timeout: float = 60.0,
-                 detached: bool = False, first_port: int = 0):
+                 detached: bool = False, first_port: int = 0, broker_settings: dict | None = None):
         self.base_dir = os.path.abspath(base_dir)
+        self.broker_settings = dict(broker_settings or {})  # broker id -> its own settings (broker.rack, ...)
         self.count = brokers
         self.settings = dict(settings or {})
         self.zk = zk
@@ -494,16 +495,31 @@ class LocalCluster:
                     root.stop()
                     root.close()
             for i in range(1, self.count + 1):
-                settings = {"broker.id": i, "zookeeper.connect": self.zookeeper_connect, **self.settings}
-                if self.first_port:
-                    settings["listeners"] = f"PLAINTEXT://127.0.0.1:{self.first_port + i - 1}"
-                self.brokers[i] = LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings,
-                                              self.start_timeout, detached=self.detached)
+                self.brokers[i] = self._new_broker(i)
             self._parallel(lambda b: b.start(), self.brokers.values())
         except BaseException:
             self.stop()
             raise
         return self
+
+    def _new_broker(self, i: int, settings: dict | None = None) -> LocalBroker:
+        settings = {"broker.id": i, "zookeeper.connect": self.zookeeper_connect, **self.settings,
+                    **self.broker_settings.get(i, {}), **(settings or {})}
+        if self.first_port:
+            settings["listeners"] = f"PLAINTEXT://127.0.0.1:{self.first_port + i - 1}"
+        return LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings, self.start_timeout,
+                           detached=self.detached)
+
+    def add(self, settings: dict | None = None) -> int:
+        """Start one more broker (the next id, its own data directory) in the running cluster
+        and wait until every broker knows it; its id. It holds no partitions until a
+        reassignment (``odradek reassign``) or a new topic gives it some."""
+        i = max(self.brokers, default=0) + 1
+        self.brokers[i] = self._new_broker(i, settings)
+        self.count = len(self.brokers)
+        self.brokers[i].start()
+        self.wait_ready(self.start_timeout)
+        return i
 
     @staticmethod
     def _parallel(fn, items) -> None:
