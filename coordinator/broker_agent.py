@@ -57,6 +57,7 @@ class BrokerAgent:
         super().on_members(role, members, retired)
         if role == REPLICA_FETCHER and members:
             self._tell_fetcher(list(self.hosted.values()))
+            self._tell_throttles(force=True)
 
     def on_broker_request(self, msg: Message) -> None:
         api, body = msg.get("api"), msg.get("body") or {}
@@ -111,6 +112,7 @@ class BrokerAgent:
         def finished() -> None:
             self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
                                 if (e["topic"], e["partition"]) in self.hosted])
+            self._tell_throttles()
             self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
         self._all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
 
@@ -129,7 +131,8 @@ class BrokerAgent:
     def _update_metadata(self, msg: Message, body: dict) -> None:
         old_topics = self.snapshot_data.get("topics", {})
         self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
-                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}
+                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1),
+                              "racks": body.get("racks") or {}}
         for node, address in self.snapshot_data["brokers"].items():
             self.leader_addresses[node] = address
         # topic config changes reach the log actors hosting their partitions
@@ -161,6 +164,7 @@ class BrokerAgent:
                  "delete": bool(body.get("delete"))})
         if gone:
             self.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
+            self._tell_throttles()
         steps = [lambda d, h=h, ps=ps: self.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
                                                      timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
         self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))

@@ -34,6 +34,7 @@ from odradek.coordinator.broker_agent import SEND_TIMEOUT, BrokerAgent
 from odradek.coordinator.channel import ControllerChannel
 from odradek.coordinator.controller import Controller
 from odradek.coordinator.reassignment import MOVE_CHECK_INTERVAL, ReassignmentMixin
+from odradek.coordinator.throttles import ThrottleMixin
 from odradek.coordinator.topics import Topic, TopicRegistry
 from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
                                           state_path, to_json, topic_data)
@@ -45,7 +46,7 @@ REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's n
 WRITE_RETRIES = 5
 
 
-class ClusterController(BrokerAgent, ReassignmentMixin, Controller):
+class ClusterController(BrokerAgent, ThrottleMixin, ReassignmentMixin, Controller):
     # ---- start and stop ------------------------------------------------------------------
     def on_start(self) -> None:
         from kazoo.client import KazooClient
@@ -94,6 +95,7 @@ class ClusterController(BrokerAgent, ReassignmentMixin, Controller):
             self.zk.chroot = "/" + chroot
         for path in (BROKERS, TOPICS, CONFIGS, NOTIFICATIONS):
             self.zk.ensure_path(path)
+        self._load_throttle_rates()
         self.call_every(REGISTER_RETRY, self._maybe_register)
         interval = config["leader.imbalance.check.interval.seconds"]
         self.call_every(MOVE_CHECK_INTERVAL, self._complete_moves)
@@ -440,6 +442,8 @@ class ClusterController(BrokerAgent, ReassignmentMixin, Controller):
         t = self.registry.get(tp[0])
         return {"topic": tp[0], "partition": tp[1], "topic_id": t.topic_id, "leader": st.leader,
                 "leader_epoch": st.leader_epoch, "isr": st.isr, "replicas": self._replicas(tp),
+                "adding_replicas": self.moves[tp].adding if tp in self.moves else [],
+                "removing_replicas": self.moves[tp].removing if tp in self.moves else [],
                 "zk_version": st.zk_version, "config": self.registry.log_config(tp[0]).to_properties()}
 
     def _send_leader_and_isr(self, broker: int, tps: list, done: Callable | None = None) -> None:
@@ -471,7 +475,8 @@ class ClusterController(BrokerAgent, ReassignmentMixin, Controller):
                             "configs": t.configs, "state": state}
         return {"controller_id": self.broker_id, "controller_epoch": self.epoch,
                 "version": (self.epoch << 32) + self.metadata_counter,
-                "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics}
+                "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics,
+                "racks": {str(b): self.racks.get(b) for b in self.live if self.racks.get(b)}}
 
     def _send_update_metadata(self, done: Callable | None = None) -> None:
         """UPDATE_METADATA to every live broker; ``done`` once each answered (or failed)."""

@@ -12,6 +12,7 @@ BROKERS = "/brokers/ids"                        # ephemeral <id>: {"host", "port
 TOPICS = "/brokers/topics"                      # <topic>: {"topic_id", "partitions": {"0": [replicas]},
                                                 #   "adding_replicas"/"removing_replicas": {"0": [...]} (KIP-455)
 CONFIGS = "/config/topics"                      # <topic>: {"config": {name: value}}
+BROKER_CONFIGS = "/config/brokers"              # <id>: {"config": {"leader.replication.throttled.rate": ...}}
 NOTIFICATIONS = "/isr_change_notification"      # isr_change_<seq>: [[topic, partition], ...]
 CONTROLLER = "/controller"                      # ephemeral {"brokerid"}
 CONTROLLER_EPOCH = "/controller_epoch"          # "<int>"

@@ -10,6 +10,10 @@ Accepts:
   list_offsets {body}   likewise
   bounds {parts, closed, host}   one-way, from log actors (each part: LogBounds, the leader
                         epoch and whether this broker leads the partition)
+  throttle {rate, parts: [[topic, partition, replica]]}   from the controller (broker agent):
+                        the replicas a reassignment is adding to partitions led here; what
+                        they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
+                        over it they get no data until the rate has caught up
 A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms``; every ``bounds``
 update of a partition it reads re-checks it, so it answers as soon as data arrives.
 
@@ -23,6 +27,7 @@ UNKNOWN_LEADER_EPOCH (-1 is not checked).
 from __future__ import annotations
 
 import logging
+import time
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
@@ -30,6 +35,7 @@ from odradek.log.epochs import epoch_mismatch
 from odradek.log.errors import OffsetOutOfRangeError
 from odradek.log.log_actor import partition_dir
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
+from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.fetch")
@@ -61,6 +67,9 @@ class FetchActor(Actor):
         self.roles: dict[tuple[str, int], tuple[int, bool, str]] = {}  # leader epoch, leading here, log actor
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
         self.served_bytes = 0
+        self.quota = Quota(int((self.args.get("config") or {}).get("leader.replication.throttled.rate", UNLIMITED)),
+                           time.monotonic())
+        self.throttled: set[tuple[str, int, int]] = set()  # (topic, partition, replica)
 
     def on_stop(self) -> None:
         for reader in self.readers.values():
@@ -119,6 +128,11 @@ class FetchActor(Actor):
                 self._try(req, final=True)
 
     # ---- fetch -------------------------------------------------------------------------
+    def on_throttle(self, msg: Message) -> None:
+        self.quota.set_rate(int(msg.get("rate") or UNLIMITED), time.monotonic())
+        self.throttled = {(t, p, r) for t, p, r in msg.get("parts") or ()}
+        self.reply(msg, {})
+
     def on_fetch(self, msg: Message) -> None:
         body = msg.get("body") or {}
         max_wait = min(_int(body, "max_wait_ms", 500), MAX_WAIT_MS)
@@ -187,7 +201,8 @@ class FetchActor(Actor):
             return _fail(entry, ErrorCode.INVALID_REQUEST,
                          f"{topic}-{partition}: fetch_offset must be an integer and partition_max_bytes >= 1"), []
         limit = min(part_max, budget)
-        if limit <= 0 and not first:
+        throttled = replica >= 0 and (topic, partition, replica) in self.throttled
+        if (limit <= 0 and not first) or (throttled and not self.quota.allows(time.monotonic())):
             return entry, []
         try:
             result = reader.read(offset, max(limit, 1),
@@ -199,6 +214,8 @@ class FetchActor(Actor):
         except (OSError, OdradekError) as exc:
             return _fail(entry, ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition}: {exc}"), []
         entry["records_size"] = result.size
+        if throttled:
+            self.quota.record(result.size, time.monotonic())
         return entry, [[s.path, s.position, s.length] for s in result.slices]
 
     def _role_problem(self, key: tuple[str, int], epoch) -> tuple[int, str] | None:

@@ -161,6 +161,11 @@ class Admin:
         self._one(self._controller_call(ApiKey.CREATE_PARTITIONS, body, "results")["results"], name,
                   f"create partitions of '{name}'")
 
+    def broker_racks(self) -> dict[int, str | None]:
+        """``{broker id: its broker.rack or None}`` of the live brokers (from the metadata)."""
+        body = self._cluster.refresh([])
+        return {b["node_id"]: b.get("rack") for b in body.get("brokers", [])}
+
     def list_topics(self, include_internal: bool = False) -> list[str]:
         """Names of the topics, sorted."""
         body = self._cluster.refresh(None)

@@ -187,6 +187,8 @@ def build_parser() -> argparse.ArgumentParser:
     pipeline_cli.add_parser(sub, _config_args, _bootstrap)
     from odradek import devcluster  # `odradek cluster up|down|status`: a local ZooKeeper and brokers
     devcluster.add_parser(sub)
+    from odradek import reassign  # `odradek reassign`: move partitions (like kafka-reassign-partitions)
+    reassign.add_parser(sub, _config_args, _bootstrap)
     return parser
 
 
