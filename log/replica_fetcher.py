@@ -410,7 +410,7 @@ class ReplicaFetcher(Actor):
         return {"partitions": len(self.parts), "partition_states": states,
                 "replicated_bytes": self.replicated_bytes, "replicated_batches": self.replicated_batches,
                 "truncations": self.truncations, "throttle": {"rate": self.quota.rate, "partitions": len(self.throttled),
-                                                              "bytes": self.throttled_bytes},
+                                                              "bytes": self.throttled_bytes, "at": self.clock()},
                 "leaders": {str(s.leader): {"address": s.address, "state": s.state, "connected": s.connected,
                                             "partitions": len(s.parts), "fetches": s.fetches, "errors": s.errors,
                                             "last_error": s.last_error}

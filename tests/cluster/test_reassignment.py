@@ -9,11 +9,13 @@ The ZooKeeper state read is docs/REPLICATION.md's (the topic node's ``partitions
 """
 from __future__ import annotations
 
+import json
 import os
+import time
 
 import pytest
 
-from odradek import Admin, TopicPartition
+from odradek import Admin, Consumer, TopicPartition
 from odradek.errors import InvalidPartitionsError, InvalidReplicaAssignmentError, NoReassignmentInProgressError
 from tests.cluster.test_faults import create_replicated_topic, finish, wait_healed
 from tests.cluster.verify import Workload, partition_dir
@@ -71,6 +73,30 @@ def test_move_every_partition_to_a_new_broker_under_load_then_change_the_replica
             assert admin.describe_topic(TOPIC).partitions[0].replicas == (4, 2, 1)
         finish(cluster, load, TOPIC, PARTITIONS)
     assert not load.acked.failed
+    # a group coordinated by broker 3, which hosts none of the topic now, commits its offsets
+    reassign(cluster, {p: [4, 2] for p in range(PARTITIONS)})
+    wait_moved(cluster, TOPIC, {p: [4, 2] for p in range(PARTITIONS)})
+    group = group_coordinated_by(cluster, 3)
+    with Consumer(cluster.bootstrap, group_id=group) as consumer:
+        consumer.assign([TopicPartition(TOPIC, 0)])
+        consumer.commit({TopicPartition(TOPIC, 0): 1})
+        assert consumer.committed(TopicPartition(TOPIC, 0)) == 1
+
+
+def group_coordinated_by(cluster, broker: int) -> str:
+    """A group id whose coordinator is ``broker``."""
+    from odradek.network.client import BrokerConnection
+    from odradek.network.protocol import ApiKey
+    b = cluster.broker(broker)
+    conn = BrokerConnection(b.host, b.port, client_id="test")
+    try:
+        for i in range(500):
+            body = conn.request(ApiKey.FIND_COORDINATOR, {"key": f"group-{i}"}).body
+            if body.get("error_code") == 0 and body.get("node_id") == broker:
+                return f"group-{i}"
+    finally:
+        conn.close()
+    raise AssertionError(f"no group id of 500 is coordinated by broker {broker}")
 
 
 def test_bad_reassignments_are_refused_with_kafkas_error_codes(make_cluster):
@@ -90,3 +116,52 @@ def test_bad_reassignments_are_refused_with_kafkas_error_codes(make_cluster):
             admin.create_partitions(TOPIC, 1)
         with pytest.raises(InvalidReplicaAssignmentError):
             admin.create_partitions(TOPIC, 2, assignments=[[1, 2]])  # the topic has 3 replicas per partition
+
+
+def fetcher_stats(cluster, broker: int) -> dict:
+    """The replica fetcher's own numbers, asked of it now (``_stats``)."""
+    from odradek.actors.client import MailboxClient
+    with MailboxClient(cluster.broker(broker).run_dir) as client:
+        return client.request("replica_fetcher", "_stats", timeout=5.0).fields
+
+
+def reassign_cli(capsys, cluster, *args) -> str:
+    from odradek.cli import main
+    assert main(["reassign", "--bootstrap-server", cluster.bootstrap, *args]) == 0, capsys.readouterr()
+    return capsys.readouterr().out
+
+
+def test_a_throttled_move_survives_the_controller_killed_and_keeps_to_its_rate(make_cluster, tmp_path, capsys):
+    rate = 1_000_000
+    # small replica fetches, so the rate is measured in steps much smaller than a second's worth
+    cluster = make_cluster(3, replica_fetch_max_bytes=65536)
+    create_replicated_topic(cluster, TOPIC, PARTITIONS)
+    from odradek import Producer
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(1000):  # ~10 MB: about ten seconds at the throttle
+            producer.send(TOPIC, os.urandom(10_000), partition=i % PARTITIONS)
+        producer.flush(60)
+    assert cluster.add() == 4
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": TOPIC, "partition": p, "replicas": [2, 3, 4]} for p in range(PARTITIONS)]}))
+    with Workload(cluster.bootstrap, TOPIC, rate=50) as load:
+        out = reassign_cli(capsys, cluster, "--execute", "--reassignment-json-file", str(plan), "--throttle", str(rate))
+        assert "Current partition replica assignment" in out and "Successfully started partition reassignments" in out
+        cluster.wait_for(lambda: fetcher_stats(cluster, 4)["throttle"]["bytes"] > 200_000, 30, "the move under way")
+        first = fetcher_stats(cluster, 4)["throttle"]  # timed by the fetcher's clock
+        time.sleep(4)
+        last = fetcher_stats(cluster, 4)["throttle"]
+        measured = (last["bytes"] - first["bytes"]) / (last["at"] - first["at"])
+        print(f"replication under a {rate} B/s throttle: {measured:.0f} B/s")
+        assert 0.8 * rate <= measured <= 1.2 * rate, f"{measured:.0f} B/s under a {rate} B/s throttle"
+        assert "still in progress" in reassign_cli(capsys, cluster, "--verify", "--reassignment-json-file", str(plan))
+        controller = cluster.controller_id()
+        cluster.kill(controller)
+        cluster.wait_for(lambda: cluster.controller_id() not in (None, controller), 30, "another controller")
+        cluster.restart(controller)  # it may be one of the move's targets
+        wait_moved(cluster, TOPIC, {p: [2, 3, 4] for p in range(PARTITIONS)}, timeout=120)
+        out = reassign_cli(capsys, cluster, "--verify", "--reassignment-json-file", str(plan))
+        assert out.count("is completed") == PARTITIONS and "Clearing broker-level throttles" in out
+        assert fetcher_stats(cluster, 4)["throttle"]["rate"] == 2 ** 63 - 1
+        finish(cluster, load, TOPIC, PARTITIONS)
