@@ -34,6 +34,7 @@ from odradek.coordinator.broker_agent import SEND_TIMEOUT, BrokerAgent
 from odradek.coordinator.channel import ControllerChannel
 from odradek.coordinator.controller import Controller
 from odradek.coordinator.reassignment import MOVE_CHECK_INTERVAL, ReassignmentMixin
+from odradek.coordinator.stray_logs import STRAY_CHECK_INTERVAL, StrayLogsMixin
 from odradek.coordinator.throttles import ThrottleMixin
 from odradek.coordinator.topics import Topic, TopicRegistry
 from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
@@ -46,7 +47,7 @@ REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's n
 WRITE_RETRIES = 5
 
 
-class ClusterController(BrokerAgent, ThrottleMixin, ReassignmentMixin, Controller):
+class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, ReassignmentMixin, Controller):
     # ---- start and stop ------------------------------------------------------------------
     def on_start(self) -> None:
         from kazoo.client import KazooClient
@@ -99,6 +100,8 @@ class ClusterController(BrokerAgent, ThrottleMixin, ReassignmentMixin, Controlle
         self.call_every(REGISTER_RETRY, self._maybe_register)
         interval = config["leader.imbalance.check.interval.seconds"]
         self.call_every(MOVE_CHECK_INTERVAL, self._complete_moves)
+        self.stray_since = {}
+        self.call_every(STRAY_CHECK_INTERVAL, self._check_stray_logs)
         if config["auto.leader.rebalance.enable"]:
             self.call_every(interval, self._rebalance_preferred_leaders)
 

@@ -6,6 +6,7 @@ ListPartitionReassignments, IncrementalAlterConfigs of the brokers' throttle rat
     odradek reassign --generate --topic orders --broker-list 2,3,4 [--replication-factor 2]
     odradek reassign --execute --reassignment-json-file plan.json [--throttle 50000000]
     odradek reassign --verify [--reassignment-json-file plan.json]   # removes the throttles when done
+                                                                     # (no file: every move in progress)
     odradek reassign --cancel --reassignment-json-file plan.json
     odradek reassign --list
     odradek reassign --decommission 1 [--throttle 50000000]         # everything off broker 1
@@ -134,6 +135,8 @@ def run(args, bootstrap: str) -> int:
                 print(f"Broker {args.decommission} holds no replicas.")
                 return 0
             return _execute(admin, plan, args.throttle)
+        if args.verify and not args.reassignment_json_file:
+            return _verify(admin, {})  # every move in progress (a --decommission's, say)
         plan = parse_plan(_read(args.reassignment_json_file, "--reassignment-json-file"))
         if args.execute:
             return _execute(admin, plan, args.throttle)
@@ -215,6 +218,8 @@ def _verify(admin, plan: dict) -> int:
     current = current_assignment(admin, sorted({tp.topic for tp in plan}))
     status = 0
     print("Status of partition reassignment:")
+    for tp in sorted(set(moving) - set(plan)):
+        print(f"Reassignment of partition {tp.topic}-{tp.partition} is still in progress.")
     for tp, target in sorted(plan.items()):
         if tp in moving:
             print(f"Reassignment of partition {tp.topic}-{tp.partition} is still in progress.")

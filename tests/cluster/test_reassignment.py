@@ -50,7 +50,7 @@ def reassign(cluster, moves: dict) -> None:
 
 
 def test_move_every_partition_to_a_new_broker_under_load_then_change_the_replication_factor(make_cluster):
-    cluster = make_cluster(3)
+    cluster = make_cluster(3, log_stray_delete_delay_ms=3000)
     create_replicated_topic(cluster, TOPIC, PARTITIONS)
     with Workload(cluster.bootstrap, TOPIC) as load:
         load.wait_acked(200)
@@ -73,6 +73,14 @@ def test_move_every_partition_to_a_new_broker_under_load_then_change_the_replica
             assert admin.describe_topic(TOPIC).partitions[0].replicas == (4, 2, 1)
         finish(cluster, load, TOPIC, PARTITIONS)
     assert not load.acked.failed
+    # broker 1 is down while its replicas move away: back, it finds them stray and removes them
+    cluster.kill(1)
+    reassign(cluster, {p: [4, 2, 3] for p in range(PARTITIONS)})
+    wait_moved(cluster, TOPIC, {p: [4, 2, 3] for p in range(PARTITIONS)})
+    cluster.restart(1)
+    assert any(os.path.exists(partition_dir(data_1, TOPIC, p)) for p in range(PARTITIONS))
+    cluster.wait_for(lambda: not any(os.path.exists(partition_dir(data_1, TOPIC, p)) for p in range(PARTITIONS)),
+                     30, "broker 1's stray replicas removed")
     # a group coordinated by broker 3, which hosts none of the topic now, commits its offsets
     reassign(cluster, {p: [4, 2] for p in range(PARTITIONS)})
     wait_moved(cluster, TOPIC, {p: [4, 2] for p in range(PARTITIONS)})
@@ -165,3 +173,32 @@ def test_a_throttled_move_survives_the_controller_killed_and_keeps_to_its_rate(m
         assert out.count("is completed") == PARTITIONS and "Clearing broker-level throttles" in out
         assert fetcher_stats(cluster, 4)["throttle"]["rate"] == 2 ** 63 - 1
         finish(cluster, load, TOPIC, PARTITIONS)
+
+
+def test_racks_then_decommission_under_load_then_new_partitions_reach_the_group(make_cluster, capsys):
+    from odradek.cli import main
+    racks = {b: f"rack-{'abc'[(b - 1) // 2]}" for b in range(1, 7)}  # 1,2: a; 3,4: b; 5,6: c
+    cluster = make_cluster(6, broker_settings={b: {"broker.rack": r} for b, r in racks.items()})
+    create_replicated_topic(cluster, TOPIC, 6)
+    spread = lambda: all(len({racks[b] for b in r}) == 3 for r in cluster.topic_assignment(TOPIC).values())  # noqa: E731
+    assert spread(), cluster.topic_assignment(TOPIC)
+    assert main(["topics", "--describe", "--topic", TOPIC, "--bootstrap-server", cluster.bootstrap]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "Racks:" in line]
+    assert len(lines) == 6 and all(len(set(line.split("Racks: ")[1].split(","))) == 3 for line in lines)
+    with Workload(cluster.bootstrap, TOPIC, producer_settings={"metadata_max_age_ms": 2000}) as load:
+        load.wait_acked(200)
+        out = reassign_cli(capsys, cluster, "--decommission", "6", "--throttle", "20000000")
+        assert "Successfully started partition reassignments" in out
+        cluster.wait_for(lambda: all(6 not in r for r in cluster.topic_assignment(TOPIC).values()), 60,
+                         "nothing left on broker 6")
+        wait_healed(cluster, TOPIC, 6)
+        assert spread(), cluster.topic_assignment(TOPIC)  # each replica of 6 went to rack c's other broker
+        load.wait_acked(200)
+        # CreatePartitions: placed on distinct racks; the group's members are given the new ones
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_partitions(TOPIC, 8)
+        wait_healed(cluster, TOPIC, 8)
+        assert spread(), cluster.topic_assignment(TOPIC)
+        cluster.wait_for(lambda: {6, 7} <= {p for p, _ in load.acked.snapshot()}, 60, "records in the new partitions")
+        finish(cluster, load, TOPIC, 8)
+    assert "Clearing broker-level throttles" in reassign_cli(capsys, cluster, "--verify")

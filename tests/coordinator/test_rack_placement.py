@@ -68,3 +68,11 @@ def test_a_plan_round_trips_through_kafkas_json_and_bad_json_says_what_is_expect
     assert parse_plan(plan_json(plan)) == plan
     with pytest.raises(OdradekError, match="partitions"):
         parse_plan('{"version": 1}')
+
+
+def test_a_directory_is_stray_when_the_metadata_gives_this_broker_no_replica_of_it():
+    from odradek.coordinator.stray_logs import stray_dirs
+    topics = {"t": {"state": [{"replicas": [1, 2]}, {"replicas": [2, 3]}]}}
+    names = ["t-0", "t-1", "t-2", "gone-0", "meta", "t-0.abc-delete", "__consumer_offsets-3"]
+    assert stray_dirs(names, topics, set(), 1) == [("t", 1), ("t", 2), ("gone", 0), ("__consumer_offsets", 3)]
+    assert stray_dirs(names, topics, {("t", 1)}, 1) == [("t", 2), ("gone", 0), ("__consumer_offsets", 3)]
