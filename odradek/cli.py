@@ -135,6 +135,7 @@ PERF_TESTS = {
     # --bootstrap-server to use a running cluster instead
     "replicated": ("odradek.perf:replicated_main", False),
     "failover": ("odradek.perf:failover_main", False),
+    "reassign": ("odradek.reassign_bench:main", False),  # moves 1 GiB to a new broker (issue 17)
 }
 
 
