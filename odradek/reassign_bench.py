@@ -101,14 +101,23 @@ def _move(cluster, bootstrap: str, throttle: int, window: float, producer: _Prod
             raise SystemExit(f"perf: the move was refused: {errors}")
         cluster.wait_for(lambda: _moved(cluster, plan), 3600, "the move", interval=0.05)
         end = producer.sample()
+        moved = _replicated_bytes(cluster, new)
         if throttle:
             for b in cluster.ids:
                 admin.alter_configs(str(b), delete=THROTTLES, resource_type="broker")
     seconds = end[0] - start[0]
     return {"throttle_bytes_per_s": throttle or None, "from_broker": oldest, "to_broker": new,
-            "move_seconds": round(seconds, 2),
+            "moved_bytes": moved, "move_seconds": round(seconds, 2),
+            "moved_mb_per_s": round(moved / seconds / 1e6, 1),
             "producer_mb_per_s_before": round(_rate(before, start) / 1e6, 2),
             "producer_mb_per_s_during": round(_rate(start, end) / 1e6, 2)}
+
+
+def _replicated_bytes(cluster, broker: int) -> int:
+    """Bytes the broker's replica fetcher has appended (all of it the move's, on a new broker)."""
+    from odradek.actors.client import MailboxClient
+    with MailboxClient(cluster.broker(broker).run_dir) as client:
+        return client.request("replica_fetcher", "_stats", timeout=10.0).get("replicated_bytes", 0)
 
 
 def main(argv: list[str]) -> int:
@@ -140,6 +149,7 @@ def main(argv: list[str]) -> int:
         _stop_cluster(cluster, base, bool(args.keep))
     for r in results:
         what = f"at {r['throttle_bytes_per_s'] / 1e6:g} MB/s" if r["throttle_bytes_per_s"] else "unthrottled"
-        print(f"move of {args.bytes / 2**30:g} GiB {what}: {r['move_seconds']} s; producer "
+        print(f"move of {r['moved_bytes'] / 2**30:.2f} GiB {what}: {r['move_seconds']} s "
+              f"({r['moved_mb_per_s']} MB/s); producer "
               f"{r['producer_mb_per_s_before']} MB/s before, {r['producer_mb_per_s_during']} MB/s during")
     return 0
