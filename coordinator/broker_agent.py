@@ -13,8 +13,8 @@ Accepts:
   broker_request {api, body}   forwarded by a handler: LEADER_AND_ISR -> ``become`` to the log
         actors, then ``follow``/``unfollow`` to the replica fetcher; UPDATE_METADATA ->
         ``metadata`` to every handler and the group coordinator (and new topic configs to the
-        log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN and ELECT_LEADERS
-        go to the controller half
+        log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN, ELECT_LEADERS,
+        CREATE_PARTITIONS and ALTER/LIST_PARTITION_REASSIGNMENTS go to the controller half
   alter_isr {topic, partition, leader_epoch, isr, zk_version}   from a leading log actor: a
         conditional write of the partition's state node, then an ISR change notification
   get_metadata / get_assignment   from handlers, the group coordinator, log actors
@@ -62,6 +62,7 @@ class BrokerAgent:
         super().on_members(role, members, retired)
         if role == REPLICA_FETCHER and members:
             self._tell_fetcher(list(self.hosted.values()))
+            self._tell_throttles(force=True)
 
     # ---- broker epochs (KIP-903: who may fetch as a replica) --------------------------------
     def on_get_broker_epochs(self, msg: Message) -> None:
@@ -103,11 +104,12 @@ class BrokerAgent:
 
     def on_broker_request(self, msg: Message) -> None:
         api, body = msg.get("api"), msg.get("body") or {}
-        if api == ApiKey.ELECT_LEADERS:
-            self._elect_leaders(msg, body)
-            return
-        if api == ApiKey.CONTROLLED_SHUTDOWN:
-            self._controlled_shutdown(msg, body)
+        controller_half = {ApiKey.ELECT_LEADERS: self._elect_leaders, ApiKey.CONTROLLED_SHUTDOWN: self._controlled_shutdown,
+                           ApiKey.CREATE_PARTITIONS: self._create_partitions,
+                           ApiKey.ALTER_PARTITION_REASSIGNMENTS: self._alter_reassignments,
+                           ApiKey.LIST_PARTITION_REASSIGNMENTS: self._list_reassignments}.get(api)
+        if controller_half is not None:
+            controller_half(msg, body)
             return
         epoch = body.get("controller_epoch", -1)
         if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
@@ -154,6 +156,7 @@ class BrokerAgent:
         def finished() -> None:
             self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
                                 if (e["topic"], e["partition"]) in self.hosted])
+            self._tell_throttles()
             self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
         self._all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
 
@@ -174,7 +177,8 @@ class BrokerAgent:
         self._refresh_broker_epochs()
         old_topics = self.snapshot_data.get("topics", {})
         self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
-                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1)}
+                              "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1),
+                              "racks": body.get("racks") or {}}
         for node, address in self.snapshot_data["brokers"].items():
             self.leader_addresses[node] = address
         # topic config changes reach the log actors hosting their partitions
@@ -206,6 +210,7 @@ class BrokerAgent:
                  "delete": bool(body.get("delete"))})
         if gone:
             self.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
+            self._tell_throttles()
         steps = [lambda d, h=h, ps=ps: self.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
                                                      timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
         self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))

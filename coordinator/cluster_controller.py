@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import random
 import time
 import uuid
 from typing import Callable
@@ -34,8 +33,12 @@ from odradek.actors.message import Message
 from odradek.coordinator.broker_agent import SEND_TIMEOUT, BrokerAgent
 from odradek.coordinator.channel import ControllerChannel
 from odradek.coordinator.controller import Controller
+from odradek.coordinator.reassignment import MOVE_CHECK_INTERVAL, ReassignmentMixin
+from odradek.coordinator.stray_logs import STRAY_CHECK_INTERVAL, StrayLogsMixin
+from odradek.coordinator.throttles import ThrottleMixin
 from odradek.coordinator.topics import Topic, TopicRegistry
-from odradek.coordinator.zk_state import BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, state_path, to_json
+from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
+                                          state_path, to_json, topic_data)
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
@@ -44,25 +47,7 @@ REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's n
 WRITE_RETRIES = 5
 
 
-def assign_replicas(brokers: list[int], partitions: int, rf: int, start: int, shift: int) -> list[list[int]]:
-    """Kafka's rack-unaware assignment: partition p's first (preferred) replica is broker
-    ``(start + p) mod n``, so leaders go round-robin; followers follow at a distance that
-    grows by one each time the leaders wrap around, so replicas of consecutive partitions
-    spread over different brokers. ``rf`` <= ``len(brokers)``."""
-    n = len(brokers)
-    out = []
-    for p in range(partitions):
-        if p > 0 and (p + start) % n == 0:
-            shift += 1
-        first = (p + start) % n
-        replicas = [brokers[first]]
-        for j in range(rf - 1):
-            replicas.append(brokers[(first + 1 + (shift + j) % (n - 1)) % n])
-        out.append(replicas)
-    return out
-
-
-class ClusterController(BrokerAgent, Controller):
+class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, ReassignmentMixin, Controller):
     # ---- start and stop ------------------------------------------------------------------
     def on_start(self) -> None:
         from kazoo.client import KazooClient
@@ -90,6 +75,8 @@ class ClusterController(BrokerAgent, Controller):
         self.live_epochs: dict[int, int] = {}  # broker id -> czxid of its registration
         self.assignment: dict[str, list[list[int]]] = {}
         self.states: dict[tuple[str, int], PartitionState] = {}
+        self.moves: dict = {}  # reassignments in progress (coordinator.reassignment)
+        self.racks: dict[int, str | None] = {}  # live broker -> its broker.rack
         self.metadata_counter = 0
         self.shutting_down: set[int] = set()  # brokers in a controlled shutdown: never elected
         self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}")
@@ -110,8 +97,12 @@ class ClusterController(BrokerAgent, Controller):
             self.zk.chroot = "/" + chroot
         for path in (BROKERS, TOPICS, CONFIGS, NOTIFICATIONS):
             self.zk.ensure_path(path)
+        self._load_throttle_rates()
         self.call_every(REGISTER_RETRY, self._maybe_register)
         interval = config["leader.imbalance.check.interval.seconds"]
+        self.call_every(MOVE_CHECK_INTERVAL, self._complete_moves)
+        self.stray_since = {}
+        self.call_every(STRAY_CHECK_INTERVAL, self._check_stray_logs)
         if config["auto.leader.rebalance.enable"]:
             self.call_every(interval, self._rebalance_preferred_leaders)
 
@@ -159,6 +150,7 @@ class ClusterController(BrokerAgent, Controller):
         host, port = self.address
         try:
             self.zk.create(f"{BROKERS}/{self.broker_id}", to_json({"host": host, "port": port, "version": 1,
+                                                                   "rack": self.config.get("broker.rack") or None,
                                                                    "timestamp": int(time.time() * 1000)}),
                            ephemeral=True)
         except NodeExistsError:
@@ -262,17 +254,18 @@ class ClusterController(BrokerAgent, Controller):
                                       max_replication=1, min_segment_bytes=self.config["log.segment.bytes.min"])
         self.assignment.clear()
         self.states.clear()
+        self.moves.clear()
         for name in self.zk.get_children(TOPICS):
             try:
                 raw, _ = self.zk.get(f"{TOPICS}/{name}")
-                d = json.loads(raw)
-                parts = [d["partitions"][str(i)] for i in range(len(d["partitions"]))]
+                d, parts, adding, removing = parse_topic(raw)
                 configs = {}
                 if self.zk.exists(f"{CONFIGS}/{name}"):
                     configs = json.loads(self.zk.get(f"{CONFIGS}/{name}")[0]).get("config", {})
                 self.registry.topics[name] = Topic(name, d["topic_id"], len(parts), len(parts[0]), configs,
                                                    d.get("created_ms", 0))
                 self.assignment[name] = parts
+                self._load_moves(name, parts, adding, removing)
                 for p in range(len(parts)):
                     raw, stat = self.zk.get(state_path(name, p))
                     self.states[(name, p)] = PartitionState.parse(raw, stat.version)
@@ -305,6 +298,7 @@ class ClusterController(BrokerAgent, Controller):
                 raw, stat = self.zk.get(f"{BROKERS}/{child}")
                 d = json.loads(raw)
                 live[int(child)] = (d["host"], d["port"])
+                self.racks[int(child)] = d.get("rack")
                 epochs[int(child)] = stat.czxid  # the broker epoch (KIP-380): new with each registration
             except Exception as exc:  # noqa: BLE001 - it vanished meanwhile
                 log.info("broker %s: %s", child, exc)
@@ -429,6 +423,8 @@ class ClusterController(BrokerAgent, Controller):
                 self.states[tp] = PartitionState.parse(raw, stat.version)
         if touched:
             self._send_update_metadata()
+        if touched & set(self.moves):
+            self._complete_moves()
 
     def _rebalance_preferred_leaders(self) -> None:
         if not self.active:
@@ -457,6 +453,8 @@ class ClusterController(BrokerAgent, Controller):
         t = self.registry.get(tp[0])
         return {"topic": tp[0], "partition": tp[1], "topic_id": t.topic_id, "leader": st.leader,
                 "leader_epoch": st.leader_epoch, "isr": st.isr, "replicas": self._replicas(tp),
+                "adding_replicas": self.moves[tp].adding if tp in self.moves else [],
+                "removing_replicas": self.moves[tp].removing if tp in self.moves else [],
                 "zk_version": st.zk_version, "config": self.registry.log_config(tp[0]).to_properties()}
 
     def _send_leader_and_isr(self, broker: int, tps: list, done: Callable | None = None) -> None:
@@ -488,7 +486,8 @@ class ClusterController(BrokerAgent, Controller):
                             "configs": t.configs, "state": state}
         return {"controller_id": self.broker_id, "controller_epoch": self.epoch,
                 "version": (self.epoch << 32) + self.metadata_counter,
-                "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics}
+                "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics,
+                "racks": {str(b): self.racks.get(b) for b in self.live if self.racks.get(b)}}
 
     def _send_update_metadata(self, done: Callable | None = None) -> None:
         """UPDATE_METADATA to every live broker; ``done`` once each answered (or failed)."""
@@ -558,25 +557,14 @@ class ClusterController(BrokerAgent, Controller):
             answer()
             return
         tps = [(n, p) for n in created for p in range(self.registry.topics[n].partitions)]
-        per_broker: dict[int, list] = {}
-        for tp in tps:
-            for b in self._replicas(tp):
-                if b in self.live:
-                    per_broker.setdefault(b, []).append(tp)
-        steps = [lambda d, b=b, t=t: self._send_leader_and_isr(b, t, d) for b, t in per_broker.items()]
-        self._all_then(steps, lambda: self._send_update_metadata(answer))
-
-    def _assign_replicas(self, partitions: int, rf: int) -> list[list[int]]:
-        n = len(self.live)
-        return assign_replicas(sorted(self.live), partitions, rf, random.randrange(n), random.randrange(n))
+        self._announce(tps, {}, answer)
 
     def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict) -> None:
         assignment = self._assign_replicas(partitions, rf)
         topic = Topic(name, uuid.uuid4().hex, partitions, rf, configs, int(time.time() * 1000))
         t = self.zk.transaction()
         t.check("/controller_epoch", self.epoch_zk_version)
-        t.create(f"{TOPICS}/{name}", to_json({"topic_id": topic.topic_id, "created_ms": topic.created_ms, "version": 2,
-                                             "partitions": {str(p): r for p, r in enumerate(assignment)}}))
+        t.create(f"{TOPICS}/{name}", topic_data(topic.topic_id, topic.created_ms, assignment, {}, {}))
         t.create(f"{CONFIGS}/{name}", to_json({"version": 1, "config": configs}))
         t.create(f"{TOPICS}/{name}/partitions")
         states = []
@@ -629,6 +617,8 @@ class ClusterController(BrokerAgent, Controller):
                     self.states.pop((name, p), None)
                 del self.registry.topics[name]
                 self.assignment.pop(name, None)
+                for p in range(topic.partitions):
+                    self.moves.pop((name, p), None)
                 log.info("deleted topic %s", name)
                 results.append({"name": name, "error_code": 0})
             except OdradekError as exc:

@@ -785,8 +785,10 @@ class GroupCoordinator(Actor):
                         tp = (t["name"], p["index"])
                         if tp not in wanted:
                             continue
-                        if p.get("error_code") == ErrorCode.NOT_LEADER_OR_FOLLOWER:
-                            continue  # led by another broker (cluster mode): not checkable here, as in Kafka
+                        if p.get("error_code") == ErrorCode.NOT_LEADER_OR_FOLLOWER or (
+                                p.get("error_code") == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
+                                and tp[1] < self.topics.get(tp[0], 0)):
+                            continue  # led by another broker, or hosted elsewhere (cluster mode): not checkable here
                         if p.get("error_code"):
                             results[tp] = (p["error_code"], p.get("error_message") or "")
                             del wanted[tp]

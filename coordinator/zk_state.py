@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 
 BROKERS = "/brokers/ids"                        # ephemeral <id>: {"host", "port"}
-TOPICS = "/brokers/topics"                      # <topic>: {"topic_id", "partitions": {"0": [replicas]}}
+TOPICS = "/brokers/topics"                      # <topic>: {"topic_id", "partitions": {"0": [replicas]},
+                                                #   "adding_replicas"/"removing_replicas": {"0": [...]} (KIP-455)
 CONFIGS = "/config/topics"                      # <topic>: {"config": {name: value}}
+BROKER_CONFIGS = "/config/brokers"              # <id>: {"config": {"leader.replication.throttled.rate": ...}}
 NOTIFICATIONS = "/isr_change_notification"      # isr_change_<seq>: [[topic, partition], ...]
 CONTROLLER = "/controller"                      # ephemeral {"brokerid"}
 CONTROLLER_EPOCH = "/controller_epoch"          # "<int>"
@@ -22,6 +24,26 @@ def state_path(topic: str, partition: int) -> str:
 
 def to_json(data) -> bytes:
     return json.dumps(data, sort_keys=True).encode()
+
+
+def topic_data(topic_id: str, created_ms: int, replicas: list[list[int]], adding: dict[int, list[int]],
+               removing: dict[int, list[int]]) -> bytes:
+    """The topic node as Kafka (2.4+) writes it: during a reassignment ``partitions`` holds
+    every replica of the move (target and original), and ``adding_replicas`` /
+    ``removing_replicas`` say which are which, so a new controller can resume the move."""
+    return to_json({"topic_id": topic_id, "created_ms": created_ms, "version": 2,
+                    "partitions": {str(p): r for p, r in enumerate(replicas)},
+                    "adding_replicas": {str(p): r for p, r in adding.items() if r},
+                    "removing_replicas": {str(p): r for p, r in removing.items() if r}})
+
+
+def parse_topic(raw: bytes) -> tuple[dict, list[list[int]], dict[int, list[int]], dict[int, list[int]]]:
+    """-> (the node's JSON, replicas per partition, adding and removing replicas by partition)."""
+    d = json.loads(raw)
+    replicas = [d["partitions"][str(i)] for i in range(len(d["partitions"]))]
+    adding = {int(p): r for p, r in (d.get("adding_replicas") or {}).items()}
+    removing = {int(p): r for p, r in (d.get("removing_replicas") or {}).items()}
+    return d, replicas, adding, removing
 
 
 class PartitionState:

@@ -13,6 +13,10 @@ Accepts:
   broker_epochs {epochs: {"<id>": czxid}}   from the broker agent (cluster mode): the live
                         brokers and their broker epochs, whenever ``/brokers/ids`` changes
                         (asked for with ``get_broker_epochs`` at start)
+  throttle {rate, parts: [[topic, partition, replica]]}   from the controller (broker agent):
+                        the replicas a reassignment is adding to partitions led here; what
+                        they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
+                        over it they get no data until the rate has caught up
 A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms`` (capped at 60 s and
 1 s short of ``request.timeout.ms``, so that it is answered, empty if need be, before its
 processor gives up on it); every ``bounds``
@@ -36,6 +40,7 @@ future or out-of-range offset never moves a follower, so never the ISR or the hi
 from __future__ import annotations
 
 import logging
+import time
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
@@ -43,6 +48,7 @@ from odradek.log.epochs import epoch_mismatch
 from odradek.log.errors import OffsetOutOfRangeError
 from odradek.log.log_actor import partition_dir
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
+from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.fetch")
@@ -81,6 +87,9 @@ class FetchActor(Actor):
         self.refused_replica_fetches = 0
         if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
             self.request("controller", "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
+        self.quota = Quota(int((self.args.get("config") or {}).get("leader.replication.throttled.rate", UNLIMITED)),
+                           time.monotonic())
+        self.throttled: set[tuple[str, int, int]] = set()  # (topic, partition, replica)
 
     def on_stop(self) -> None:
         for reader in self.readers.values():
@@ -147,6 +156,11 @@ class FetchActor(Actor):
             self.broker_epochs = {int(b): int(e) for b, e in (msg.get("epochs") or {}).items()}
 
     # ---- fetch -------------------------------------------------------------------------
+    def on_throttle(self, msg: Message) -> None:
+        self.quota.set_rate(int(msg.get("rate") or UNLIMITED), time.monotonic())
+        self.throttled = {(t, p, r) for t, p, r in msg.get("parts") or ()}
+        self.reply(msg, {})
+
     def on_fetch(self, msg: Message) -> None:
         body = msg.get("body") or {}
         max_wait = min(_int(body, "max_wait_ms", 500), self.max_wait_ms)
@@ -245,7 +259,8 @@ class FetchActor(Actor):
             return _fail(entry, ErrorCode.INVALID_REQUEST,
                          f"{topic}-{partition}: fetch_offset must be an integer and partition_max_bytes >= 1"), []
         limit = min(part_max, budget)
-        if limit <= 0 and not first:
+        throttled = replica >= 0 and (topic, partition, replica) in self.throttled
+        if (limit <= 0 and not first) or (throttled and not self.quota.allows(time.monotonic())):
             return entry, []
         try:
             result = reader.read(offset, max(limit, 1),
@@ -257,6 +272,8 @@ class FetchActor(Actor):
         except (OSError, OdradekError) as exc:
             return _fail(entry, ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition}: {exc}"), []
         entry["records_size"] = result.size
+        if throttled:
+            self.quota.record(result.size, time.monotonic())
         return entry, [[s.path, s.position, s.length] for s in result.slices]
 
     def _role_problem(self, key: tuple[str, int], epoch, replica: int = -1) -> tuple[int, str] | None:

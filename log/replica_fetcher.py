@@ -13,6 +13,9 @@ Accepts:
   broker_epochs {epochs: {"<id>": czxid}}  from the broker agent (asked for with
         ``get_broker_epochs`` at start): this broker's own epoch goes with every FETCH, which
         the leader refuses (STALE_BROKER_EPOCH, retried after the backoff) until it knows it.
+  throttle {rate, parts: [[topic, partition]]}   from the controller (broker agent): the
+        partitions this broker is adding as a reassignment's new replica, whose fetches share
+        ``follower.replication.throttled.rate`` bytes/s (``log.throttle.Quota``). Answered ``{}``.
 Sends, to the log actor hosting a partition (``log-<placement>``):
   follower_state {parts: [[topic, partition]]}
         -> {parts: [[topic, partition, error_code, latest_epoch, log_end_offset]]}
@@ -53,6 +56,7 @@ from odradek.actors.runtime import Actor
 from odradek.coordinator.topics import placement
 from odradek.log import records as fmt
 from odradek.log.errors import CorruptRecordError
+from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
@@ -384,6 +388,9 @@ class ReplicaFetcher(Actor):
         self.replicated_bytes = 0
         self.replicated_batches = 0
         self.truncations = 0
+        self.quota = Quota(setting(config, "follower.replication.throttled.rate", UNLIMITED), self.clock())
+        self.throttled: set[tuple[str, int]] = set()
+        self.throttled_bytes = 0
         self.closing = False
         self.broker_epoch = -1  # the czxid of our registration: proves our replica_id to leaders
         self.request("controller", "get_broker_epochs", callback=self._learn_broker_epoch, timeout=LOCAL_TIMEOUT)
@@ -408,7 +415,8 @@ class ReplicaFetcher(Actor):
             states[p.state] = states.get(p.state, 0) + 1
         return {"partitions": len(self.parts), "partition_states": states,
                 "replicated_bytes": self.replicated_bytes, "replicated_batches": self.replicated_batches,
-                "truncations": self.truncations,
+                "truncations": self.truncations, "throttle": {"rate": self.quota.rate, "partitions": len(self.throttled),
+                                                              "bytes": self.throttled_bytes, "at": self.clock()},
                 "leaders": {str(s.leader): {"address": s.address, "state": s.state, "connected": s.connected,
                                             "partitions": len(s.parts), "fetches": s.fetches, "errors": s.errors,
                                             "last_error": s.last_error}
@@ -430,6 +438,13 @@ class ReplicaFetcher(Actor):
             self._follow(entry["topic"], entry["partition"], int(entry["leader"]), int(entry["leader_epoch"]))
         self.reply(msg, {})
         self._attach_waiting()
+        for s in list(self.sessions.values()):
+            self._kick(s)
+
+    def on_throttle(self, msg: Message) -> None:
+        self.quota.set_rate(int(msg.get("rate") or UNLIMITED), self.clock())
+        self.throttled = {(t, p) for t, p in msg.get("parts") or ()}
+        self.reply(msg, {})
         for s in list(self.sessions.values()):
             self._kick(s)
 
@@ -525,13 +540,19 @@ class ReplicaFetcher(Actor):
         due = [p for p in members if p.state == TRUNCATE and p.retry_at <= now]
         if due:
             self._truncate(s, due)
+        held = []  # throttled partitions over the rate
         if not s.busy and s.retry_at <= now:
             ready = [p for p in members if p.state == FETCHING and p.retry_at <= now]
+            if self.throttled and not self.quota.allows(now):
+                held = [p for p in ready if p.key in self.throttled]
+                ready = [p for p in ready if p.key not in self.throttled]
             if ready:
                 self._fetch(s, ready)
             else:
-                s.state = "idle"
+                s.state = "throttled" if held else "idle"
         wake = [p.retry_at for p in members if p.state in (TRUNCATE, FETCHING) and p.retry_at > now]
+        if held and not s.busy:
+            wake.append(now + self.quota.wait(now))
         if s.retry_at > now:
             wake.append(s.retry_at)
         if s.timer is not None:
@@ -770,6 +791,9 @@ class ReplicaFetcher(Actor):
                     p.high_watermark, p.log_start_offset = data.high_watermark, data.log_start_offset
                     p.why = ""
                     if action.kind == APPEND:
+                        if p.key in self.throttled:
+                            self.quota.record(len(action.records), now)
+                            self.throttled_bytes += len(action.records)
                         p.bytes += len(action.records)
                         p.batches += action.batches
                         self.replicated_bytes += len(action.records)

@@ -71,13 +71,18 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.STOP_REPLICA: (0, 0),
     ApiKey.CONTROLLED_SHUTDOWN: (0, 0),
     ApiKey.ELECT_LEADERS: (0, 0),
+    ApiKey.CREATE_PARTITIONS: (0, 0),
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
 }
 # Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
-                   ApiKey.ELECT_LEADERS)
+                   ApiKey.ELECT_LEADERS, ApiKey.CREATE_PARTITIONS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
+                   ApiKey.LIST_PARTITION_REASSIGNMENTS)
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
-DYNAMIC_CONFIGS = {"num.io.threads"}
+THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
+DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 CONTROLLER = "controller"
 FETCH_ACTOR = "fetch"
@@ -91,6 +96,20 @@ ACKS = (0, 1, -1)
 
 class BadRequest(OdradekError):
     code = ErrorCode.INVALID_REQUEST
+
+
+def _throttle_rate(name: str, value, op: str) -> int | None:
+    """A throttle rate change: bytes/s >= 1, or None (op 'delete': back to the broker config)."""
+    if op == "delete":
+        return None
+    try:
+        rate = int(str(value).strip())
+    except ValueError:
+        rate = 0
+    if rate < 1:
+        raise OdradekError(f"'{name}' must be a positive number of bytes per second, got {value!r}",
+                           ErrorCode.INVALID_CONFIG)
+    return rate
 
 
 def field(body: dict, name: str, kind: type | tuple, default: Any = ...) -> Any:
@@ -114,6 +133,7 @@ class RequestHandler(Actor):
         self.advertised = _advertised(self.config)
         self.topics: dict[str, dict] = {}
         self.brokers: dict[str, list] = {}
+        self.racks: dict[str, str] = {}
         self.controller_id = self.broker_id
         self.topic_defaults: dict = {}
         self.metadata_version = -1
@@ -148,6 +168,7 @@ class RequestHandler(Actor):
             self.topics = snapshot["topics"]
             self.topic_defaults = snapshot["defaults"]
             self.brokers = snapshot.get("brokers") or {}
+            self.racks = snapshot.get("racks") or {}  # broker.rack of each broker that has one
             self.controller_id = snapshot.get("controller_id", self.broker_id)
 
     def stats(self) -> dict:
@@ -355,7 +376,7 @@ class RequestHandler(Actor):
         for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
             if int(node) == self.broker_id:
                 host, port = self.advertised
-            brokers.append({"node_id": int(node), "host": host, "port": port})
+            brokers.append({"node_id": int(node), "host": host, "port": port, "rack": self.racks.get(str(node))})
         if not brokers:
             brokers = [{"node_id": self.broker_id, "host": self.advertised[0], "port": self.advertised[1]}]
         self.reply(msg, {"body": {
@@ -414,17 +435,23 @@ class RequestHandler(Actor):
 
     def _alter_broker(self, msg: Message, body: dict, done: list) -> None:
         resources = self._broker_resources(body)
-        results, scale_to = list(done), None
+        results, scale_to, rates = list(done), None, {}
         for res, problem in resources:
             if problem:
                 results.append(problem)
                 continue
             try:
-                scale_to = self._check_alter(res.get("configs") or []) or scale_to
+                scale_to = self._check_alter(res.get("configs") or [], rates) or scale_to
             except OdradekError as exc:
                 results.append(_resource_error(res["name"], exc.code, exc.message))
                 continue
             results.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": ""})
+        if rates and not body.get("validate_only"):  # the controller actor keeps them (coordinator.throttles)
+            self.request(CONTROLLER, "set_throttle_rates", {"rates": rates}, timeout=GATHER_TIMEOUT,
+                         callback=lambda _r: self._alter_broker(msg, {**body, "resources": [
+                             {**r, "configs": [c for c in r.get("configs") or [] if c.get("name") not in rates]}
+                             for r in body.get("resources") or []]}, done))
+            return
         if scale_to is None:
             self.reply(msg, {"body": {"resources": results}})
             return
@@ -472,8 +499,9 @@ class RequestHandler(Actor):
                 out.append(({**res, "name": str(self.broker_id)}, None))
         return out
 
-    def _check_alter(self, configs: list) -> int | None:
-        """Validate a resource's changes; the new handler count, if any. Raises INVALID_CONFIG."""
+    def _check_alter(self, configs: list, rates: dict) -> int | None:
+        """Validate a resource's changes; the new handler count, if any (throttle rates go
+        into ``rates``, None for a delete). Raises INVALID_CONFIG."""
         count = None
         for c in configs:
             if not isinstance(c, dict) or not isinstance(c.get("name"), str):
@@ -482,6 +510,9 @@ class RequestHandler(Actor):
             if name not in DYNAMIC_CONFIGS:
                 raise OdradekError(f"'{name}' is not a dynamic broker config (dynamic: "
                                    f"{', '.join(sorted(DYNAMIC_CONFIGS))})", ErrorCode.INVALID_CONFIG)
+            if name in THROTTLE_RATES:
+                rates[name] = _throttle_rate(name, value, op)
+                continue
             if op != "set":
                 raise OdradekError(f"operation {op!r} on '{name}' is not supported (only 'set')",
                                    ErrorCode.INVALID_CONFIG)

@@ -38,9 +38,12 @@ class ApiKey(enum.IntEnum):
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
+    ALTER_PARTITION_REASSIGNMENTS = 45
+    LIST_PARTITION_REASSIGNMENTS = 46
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
     # Odradek-only: a no-op round trip through the whole chain (processor, handler), used
@@ -116,6 +119,7 @@ class ErrorCode(enum.IntEnum):
     FENCED_INSTANCE_ID = (82, False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")
     ELIGIBLE_LEADERS_NOT_AVAILABLE = (83, False, "Eligible topic partition leaders are not available.")
     ELECTION_NOT_NEEDED = (84, False, "Leader election not needed for topic partition.")
+    NO_REASSIGNMENT_IN_PROGRESS = (85, False, "No partition reassignment is in progress.")
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     THROTTLING_QUOTA_EXCEEDED = (89, True, "There is a throttling quota violation.")
     INVALID_UPDATE_VERSION = (95, False, "The given update version was invalid.")

@@ -119,6 +119,53 @@ class Admin:
                 error_for(p["error_code"], p.get("error_message") or "") if p.get("error_code") else None
                 for p in answer.get("partitions") or ()}
 
+    # ---- partitions: reassignment and growth ---------------------------------------------------
+    def alter_partition_reassignments(self, moves: dict) -> dict:
+        """Move partitions: ``{TopicPartition: [broker ids] | None}`` (None cancels a move in
+        progress). Returns ``{TopicPartition: None | OdradekError}``; the moves complete in the
+        background (``list_partition_reassignments`` shows the ones in progress)."""
+        by_topic: dict[str, list] = {}
+        for tp, replicas in moves.items():
+            tp = TopicPartition(*tp)
+            by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition,
+                                                      "replicas": None if replicas is None else list(replicas)})
+        answer = self._controller_call(ApiKey.ALTER_PARTITION_REASSIGNMENTS, {
+            "timeout_ms": self.request_timeout_ms, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]},
+            "responses")
+        check(answer.get("error_code"), answer.get("error_message"), "alter partition reassignments")
+        return {TopicPartition(t["name"], p["partition_index"]):
+                error_for(p["error_code"], p.get("error_message") or "") if p.get("error_code") else None
+                for t in answer.get("responses") or () for p in t.get("partitions") or ()}
+
+    def list_partition_reassignments(self, partitions: Iterable[TopicPartition] | None = None) -> dict:
+        """Moves in progress: ``{TopicPartition: {"replicas", "adding_replicas", "removing_replicas"}}``."""
+        wanted = None
+        if partitions is not None:
+            by_topic: dict[str, list] = {}
+            for tp in partitions:
+                by_topic.setdefault(tp.topic, []).append(tp.partition)
+            wanted = [{"name": t, "partition_indexes": ps} for t, ps in by_topic.items()]
+        answer = self._controller_call(ApiKey.LIST_PARTITION_REASSIGNMENTS, {"topics": wanted}, "topics")
+        check(answer.get("error_code"), answer.get("error_message"), "list partition reassignments")
+        return {TopicPartition(t["name"], p["partition_index"]): {k: p[k] for k in ("replicas", "adding_replicas",
+                                                                                     "removing_replicas")}
+                for t in answer.get("topics") or () for p in t.get("partitions") or ()}
+
+    def create_partitions(self, name: str, count: int, assignments: list[list[int]] | None = None,
+                          validate_only: bool = False) -> None:
+        """Grow topic ``name`` to ``count`` partitions; ``assignments`` places the new ones
+        (one replica list each), else the controller does (rack-aware where racks are set)."""
+        body = {"topics": [{"name": name, "count": count,
+                            "assignments": None if assignments is None else [{"broker_ids": list(a)} for a in assignments]}],
+                "timeout_ms": self.request_timeout_ms, "validate_only": validate_only}
+        self._one(self._controller_call(ApiKey.CREATE_PARTITIONS, body, "results")["results"], name,
+                  f"create partitions of '{name}'")
+
+    def broker_racks(self) -> dict[int, str | None]:
+        """``{broker id: its broker.rack or None}`` of the live brokers (from the metadata)."""
+        body = self._cluster.refresh([])
+        return {b["node_id"]: b.get("rack") for b in body.get("brokers", [])}
+
     def list_topics(self, include_internal: bool = False) -> list[str]:
         """Names of the topics, sorted."""
         body = self._cluster.refresh(None)

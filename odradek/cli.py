@@ -145,6 +145,7 @@ PERF_TESTS = {
     "failover": ("odradek.perf:failover_main", False),
     # starts its own brokers: produce with and without a scrape a second; a 10,000-partition scrape
     "scrape": ("odradek.perf:scrape_main", False),
+    "reassign": ("odradek.reassign_bench:main", False),  # moves 1 GiB to a new broker (issue 17)
 }
 
 
@@ -201,6 +202,8 @@ def build_parser() -> argparse.ArgumentParser:
     devcluster.add_parser(sub)
     from odradek.chaos import cli as chaos_cli  # `odradek chaos`: faults, then the anomaly report
     chaos_cli.add_parser(sub)
+    from odradek import reassign  # `odradek reassign`: move partitions (like kafka-reassign-partitions)
+    reassign.add_parser(sub, _config_args, _bootstrap)
     return parser
 
 

@@ -216,6 +216,19 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("offsets.topic.replication.factor", int, 3,
             "Replication factor of `__consumer_offsets` (capped at the live brokers when it is created).",
             _at_least(1)),
+    Setting("leader.replication.throttled.rate", int, 2 ** 63 - 1,
+            "Bytes/s a leader serves to the replicas reassignments are adding (its fetches beyond it "
+            "get no data until the rate catches up); the default is no limit. Dynamic: "
+            "`odradek reassign --execute --throttle` sets it on the brokers.", _at_least(1), dynamic=True),
+    Setting("follower.replication.throttled.rate", int, 2 ** 63 - 1,
+            "Bytes/s a broker fetches for the replicas reassignments are adding on it; the default is "
+            "no limit. Dynamic, like the leader's.", _at_least(1), dynamic=True),
+    Setting("log.stray.delete.delay.ms", int, 300000,
+            "A partition directory this broker holds no replica of (moved away or deleted while it was "
+            "down) is removed once the cluster metadata has said so for this long.", _at_least(0)),
+    Setting("broker.rack", str, "",
+            "This broker's rack (or zone). When every broker has one, new partitions and `odradek reassign "
+            "--generate` place each partition's replicas on distinct racks where there are enough."),
     Setting("controlled.shutdown.enable", bool, True,
             "On SIGTERM a cluster broker first stops following and asks the controller to move its "
             "leaderships away and take it out of the ISRs (CONTROLLED_SHUTDOWN)."),

@@ -2,6 +2,7 @@
 
     odradek cluster up --brokers 3 [--dir D] [--port P] [--set key=value]...
     odradek cluster status [--dir D]
+    odradek cluster add [--dir D] [--set key=value]...   # one more broker in the running cluster
     odradek cluster down [--dir D]
 
 ``up`` starts a standalone ZooKeeper (Debian's ``zookeeper`` package) and brokers with ids
@@ -10,6 +11,9 @@
 ``D/cluster.json`` (pids, ports, bootstrap), prints the bootstrap string on stdout (details
 on stderr) and returns. ``down`` stops every process recorded there (SIGTERM, then SIGKILL)
 and removes the file; the data stays, and the next ``up`` on the same directory reuses it.
+``add`` starts broker N+1 with the first broker's settings (plus its own ``--set``, e.g.
+``broker.rack``), waits until it is registered and records it; it holds no partitions until
+``odradek reassign`` moves some to it or a new topic is placed on it.
 """
 from __future__ import annotations
 
@@ -38,16 +42,20 @@ def add_parser(sub) -> None:
     up.add_argument("--brokers", type=int, default=3, help="number of brokers, ids 1..N (default 3)")
     up.add_argument("--port", type=int, default=0,
                     help="port of broker 1; broker i gets PORT+i-1 (default: any free ports)")
-    for q in (up, csub.add_parser("down", help="stop every process of the cluster (data is kept)"),
+    add = csub.add_parser("add", help="start one more broker in the running cluster (it gets no partitions "
+                                      "until `odradek reassign` moves some to it)")
+    for q in (up, add, csub.add_parser("down", help="stop every process of the cluster (data is kept)"),
               csub.add_parser("status", help="processes, ports, registrations and the controller")):
         q.add_argument("--dir", default=DEFAULT_DIR, help=f"the cluster's directory (default ./{DEFAULT_DIR})")
     up.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
                     help="broker setting for every broker (repeatable), e.g. --set min.insync.replicas=2")
+    add.add_argument("--set", metavar="KEY=VALUE", action="append", default=[],
+                     help="a setting of the new broker only (repeatable), e.g. --set broker.rack=r2")
     p.set_defaults(func=run)
 
 
 def run(args) -> int:
-    return {"up": up, "down": down, "status": status}[args.cluster_command](args)
+    return {"up": up, "add": add, "down": down, "status": status}[args.cluster_command](args)
 
 
 def _state_path(directory: str) -> str:
@@ -85,15 +93,7 @@ def up(args) -> int:
             raise OdradekError(f"a cluster is already running in {directory} (odradek cluster down --dir {args.dir})",
                                ErrorCode.INVALID_REQUEST)
         os.unlink(_state_path(directory))
-    settings = {}
-    for item in args.set:
-        name, sep, value = item.partition("=")
-        if not sep:
-            raise cfg.ConfigError(f"--set expects key=value, got {item!r}")
-        settings[name.strip()] = value.strip()
-    reserved = {"broker.id", "zookeeper.connect", "log.dirs", "listeners"} & set(settings)
-    if reserved:
-        raise cfg.ConfigError(f"`odradek cluster up` sets {', '.join(sorted(reserved))} itself")
+    settings = _settings(args.set)
     cfg.load(None, [f"{k}={v}" for k, v in settings.items()])  # a bad setting fails here, once
     os.makedirs(directory, exist_ok=True)
     cluster = LocalCluster(directory, args.brokers, settings, chroot=CHROOT, detached=True, first_port=args.port)
@@ -124,6 +124,49 @@ def up(args) -> int:
     print(f"state in {_state_path(directory)}; stop with: odradek cluster down --dir {args.dir}", file=sys.stderr)
     print(cluster.bootstrap)
     return 0
+
+
+def add(args) -> int:
+    from odradek.local import LocalBroker
+    directory, state = _existing_state(args)
+    if not _alive(state["zookeeper"]):
+        raise OdradekError(f"the cluster in {directory} is not running (odradek cluster up --dir {args.dir})",
+                           ErrorCode.INVALID_REQUEST)
+    new_id = max(e["id"] for e in state["brokers"]) + 1
+    settings = {k: v for k, v in state["brokers"][0]["settings"].items() if k not in ("listeners", "log.dirs")}
+    settings.update(_settings(args.set))
+    settings["broker.id"] = new_id
+    cfg.load(None, [f"{k}={v}" for k, v in settings.items()])  # a bad setting fails here
+    broker = LocalBroker(os.path.join(directory, f"broker-{new_id}"), settings, detached=True).start()
+    entry = {"id": new_id, "pid": broker.pid, "create_time": _create_time(broker.pid), "host": broker.host,
+             "port": broker.port, "data_dir": broker.data_dir, "settings": broker.settings}
+    state["brokers"].append(entry)
+    state["bootstrap"] = ",".join(f"{e['host']}:{e['port']}" for e in state["brokers"])
+    tmp = _state_path(directory) + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(state, f, indent=2)
+    os.replace(tmp, _state_path(directory))
+    deadline = time.monotonic() + 30
+    while new_id not in (_zk_view(state)[0] or ()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    registered, _ = _zk_view(state)
+    print(f"broker {new_id} {broker.host}:{broker.port} (pid {broker.pid}), data {broker.data_dir}"
+          f"{'' if registered is None or new_id in registered else ' (not registered yet)'}", file=sys.stderr)
+    print(state["bootstrap"])
+    return 0
+
+
+def _settings(items: list[str]) -> dict:
+    settings = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep:
+            raise cfg.ConfigError(f"--set expects key=value, got {item!r}")
+        settings[name.strip()] = value.strip()
+    reserved = {"broker.id", "zookeeper.connect", "log.dirs", "listeners"} & set(settings)
+    if reserved:
+        raise cfg.ConfigError(f"`odradek cluster` sets {', '.join(sorted(reserved))} itself")
+    return settings
 
 
 def _existing_state(args) -> tuple[str, dict]:

@@ -469,7 +469,7 @@ class LocalCluster:
                  zk: LocalZooKeeper | None = None, chroot: str = "/odradek", start_timeout: float = 60.0,
                  detached: bool = False, first_port: int = 0, broker_settings=None, broker_env=None):
         self.base_dir = os.path.abspath(base_dir)
-        # per broker id: extra settings (``{id: {...}}``, e.g. advertised.listeners and
+        # per broker id: extra settings (``{id: {...}}``: broker.rack, or advertised.listeners and
         # zookeeper.connect through a fault proxy) and environment, applied at creation
         self.broker_settings = dict(broker_settings or {})
         self.broker_env = dict(broker_env or {})
@@ -518,13 +518,7 @@ class LocalCluster:
                     root.stop()
                     root.close()
             for i in range(1, self.count + 1):
-                settings = {"broker.id": i, "zookeeper.connect": self.zookeeper_connect, **self.settings,
-                            **self.broker_settings.get(i, {})}
-                if self.first_port:
-                    settings["listeners"] = f"PLAINTEXT://127.0.0.1:{self.first_port + i - 1}"
-                self.brokers[i] = LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings,
-                                              self.start_timeout, detached=self.detached,
-                                              env=self.broker_env.get(i))
+                self.brokers[i] = self._new_broker(i)
             self._tell(f"starting {self.count} brokers")
             self._parallel(self._start_broker, self.brokers.items())
         except BaseException:
@@ -541,6 +535,25 @@ class LocalCluster:
         b.start()
         console = f", console {b.console_url}" if b.console_url else ""
         self._tell(f"broker {broker_id} up on {b.bootstrap} in {b.started_s:.1f}s{console}")
+
+    def _new_broker(self, i: int, settings: dict | None = None) -> LocalBroker:
+        settings = {"broker.id": i, "zookeeper.connect": self.zookeeper_connect, **self.settings,
+                    **self.broker_settings.get(i, {}), **(settings or {})}
+        if self.first_port:
+            settings["listeners"] = f"PLAINTEXT://127.0.0.1:{self.first_port + i - 1}"
+        return LocalBroker(os.path.join(self.base_dir, f"broker-{i}"), settings, self.start_timeout,
+                           detached=self.detached, env=self.broker_env.get(i))
+
+    def add(self, settings: dict | None = None) -> int:
+        """Start one more broker (the next id, its own data directory) in the running cluster
+        and wait until every broker knows it; its id. It holds no partitions until a
+        reassignment (``odradek reassign``) or a new topic gives it some."""
+        i = max(self.brokers, default=0) + 1
+        self.brokers[i] = self._new_broker(i, settings)
+        self.count = len(self.brokers)
+        self._start_broker((i, self.brokers[i]))
+        self.wait_ready(self.start_timeout)
+        return i
 
     @staticmethod
     def _parallel(fn, items) -> None:

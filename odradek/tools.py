@@ -213,9 +213,10 @@ def cmd_topics(args) -> int:
                 print(name)
             return 0
         if args.describe:
+            racks = {b: r for b, r in admin.broker_racks().items() if r}
             for name in [args.topic] if args.topic else admin.list_topics():
                 overrides = {c.name: c.value for c in admin.describe_configs(name) if c.source == "topic"}
-                _print_description(admin.describe_topic(name), overrides)
+                _print_description(admin.describe_topic(name), overrides, racks)
             return 0
         topic = _need_topic(args)
         if args.create:
@@ -246,14 +247,16 @@ def _need_topic(args) -> str:
     return args.topic
 
 
-def _print_description(d, overrides: dict) -> None:
-    """kafka-topics --describe: the topic's overrides (not every default), then a line per partition."""
+def _print_description(d, overrides: dict, racks: dict | None = None) -> None:
+    """kafka-topics --describe: the topic's overrides (not every default), then a line per
+    partition (with its replicas' racks when the brokers have ``broker.rack``)."""
     configs = ",".join(f"{k}={v}" for k, v in sorted(overrides.items()))
     rf = len(d.partitions[0].replicas) if d.partitions else 0
     print(f"Topic: {d.name}\tPartitionCount: {len(d.partitions)}\tReplicationFactor: {rf}\tConfigs: {configs}")
     for p in d.partitions:
         print(f"\tTopic: {d.name}\tPartition: {p.partition}\tLeader: {p.leader}\t"
-              f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}")
+              f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}"
+              + (f"\tRacks: {','.join(str(racks.get(r)) for r in p.replicas)}" if racks else ""))
 
 
 # ---- produce ----------------------------------------------------------------------------------

@@ -47,10 +47,10 @@ def zookeeper(tmp_path_factory):
 def make_cluster(zookeeper, tmp_path_factory):
     clusters: list[LocalCluster] = []
 
-    def make(brokers: int = 3, **settings) -> LocalCluster:
+    def make(brokers: int = 3, broker_settings: dict | None = None, **settings) -> LocalCluster:
         settings = {**TEST_SETTINGS, **{k.replace("_", "."): v for k, v in settings.items()}}
         c = LocalCluster(str(tmp_path_factory.mktemp("cluster")), brokers, settings, zk=zookeeper,
-                         chroot=f"/odradek-test-{next(_chroots)}")
+                         chroot=f"/odradek-test-{next(_chroots)}", broker_settings=broker_settings)
         clusters.append(c)
         c.start()
         c.wait_ready()

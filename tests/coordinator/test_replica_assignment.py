@@ -6,7 +6,7 @@ import itertools
 
 import pytest
 
-from odradek.coordinator.cluster_controller import assign_replicas
+from odradek.coordinator.reassignment import assign_replicas
 
 
 @pytest.mark.parametrize("brokers,rf", [(3, 3), (3, 2), (5, 3), (6, 2), (4, 1)])
