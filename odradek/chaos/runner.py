@@ -124,8 +124,10 @@ def run(opts: ChaosOptions) -> dict:
             wait_healed(cluster, topic, opts.partitions, 180)
         except TimeoutError as exc:
             healed = False
-            history.add("nemesis_error", name="heal", error=str(exc)[:300])
-            say(f"chaos: NOT HEALED: {exc}")
+            states = partition_states(cluster, topic, opts.partitions)
+            history.add("nemesis_error", name="heal", error=str(exc)[:300], states=states)
+            say(f"chaos: NOT HEALED: {exc}; brokers registered {cluster.registered_brokers()}, "
+                f"controller {cluster.controller_id()}, partition states {states}")
         load.stop_producers()
         ends = high_watermarks(bootstrap, topic, range(opts.partitions))
         wait_read(history, ends, 60)
@@ -223,6 +225,14 @@ def wait_healed(cluster, topic: str, partitions: int, timeout: float) -> None:
                 return False
         return True
     cluster.wait_for(healed, timeout, f"every partition of {topic} led with a full ISR", interval=0.5)
+
+
+def partition_states(cluster, topic: str, partitions: int) -> dict:
+    """``{partition: state}`` as ZooKeeper holds it (for a report that the cluster did not heal)."""
+    try:
+        return {p: cluster.partition_state(topic, p) for p in range(partitions)}
+    except Exception as exc:  # noqa: BLE001 - ZooKeeper itself may be the problem
+        return {"error": repr(exc)}
 
 
 def wait_read(history: History, ends: dict[int, int], timeout: float) -> None:
