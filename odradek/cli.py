@@ -73,10 +73,9 @@ def cmd_status(args) -> int:
         print(json.dumps(status, indent=2))
         return 0
     sup = status["supervisor"]
+    limit = sup.get("open_files_limit") or ["?", "?"]
     print(f"broker {sup.get('broker_id')} ({sup.get('address', '?')}), supervisor pid {sup['pid']}, "
-          f"{sup['state']}, data {sup.get('data_dir')}")
-    if sup.get("open_files_limit"):
-        print("open files limit {} (hard {})".format(*sup["open_files_limit"]))
+          f"{sup['state']}, data {sup.get('data_dir')}, open files limit {limit[0]} (hard {limit[1]})")
     cols = ["ACTOR", "ROLE", "PID", "STATE", "RESTARTS", "MEMORY", "CPU%", "FDS", "PROCESSED", "OPEN", "BACKLOG",
             "UPTIME"]
     rows = [[a["name"], a["role"], str(a["pid"] or "-"), a["state"], str(a["restarts"]), _fmt_bytes(a["rss"]),
