@@ -1196,6 +1196,7 @@ def _scrape_cost(args) -> dict:
                       flush=True)
     finally:
         broker.stop()
+        shutil.rmtree(broker.data_dir, ignore_errors=True)
     without, with_ = _median(rates["without"]), _median(rates["with"])
     cost = (without - with_) / without * 100
     print(f"median produce throughput: {without:.0f} records/s without, {with_:.0f} with a scrape every "
@@ -1252,6 +1253,7 @@ def _scrape_time(args) -> dict:
             time.sleep(0.5)
     finally:
         broker.stop()
+        shutil.rmtree(broker.data_dir, ignore_errors=True)
     print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
           f"{size / 2**20:.1f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor answers missing "
           f"(goal < 1 s)", flush=True)
