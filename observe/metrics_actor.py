@@ -110,7 +110,11 @@ class MetricsActor(Actor):
                     future.set_result(result)
 
         self.post(lambda: start(done))
-        return future.result(timeout)
+        try:
+            return future.result(timeout)
+        except concurrent.futures.TimeoutError:
+            raise TimeoutError(f"the broker did not answer within {timeout:g}s (its actors or this "
+                               f"actor's loop are too busy)") from None
 
     def gather(self, timeout: float = GATHER_TIMEOUT) -> Snapshot:
         """Every actor's metrics and the supervisor's table, gathered by message."""
@@ -124,7 +128,7 @@ class MetricsActor(Actor):
         """True if the loop runs a posted callback within LIVE_TIMEOUT."""
         try:
             return self.on_loop(lambda done: done(True), LIVE_TIMEOUT)
-        except concurrent.futures.TimeoutError:
+        except TimeoutError:
             return False
 
     # ---- on the loop ------------------------------------------------------------------

@@ -1150,12 +1150,16 @@ def scrape_main(argv: list[str]) -> int:
     ap.add_argument("--partitions", type=int, default=10000, help="partitions of the scrape-time broker; 0 skips")
     ap.add_argument("--scrapes", type=int, default=10)
     ap.add_argument("--skip-cost", action="store_true", help="only the scrape-time part")
+    ap.add_argument("--exposition", action="store_true",
+                    help="only the collector and text exposition of a --partitions snapshot, in this process")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = {"loadavg_before": _loadavg()}
-    if not args.skip_cost:
+    if args.exposition:
+        result["exposition"] = _exposition_time(args.partitions, args.scrapes)
+    elif not args.skip_cost:
         result["cost"] = _scrape_cost(args)
-    if args.partitions:
+    if args.partitions and not args.exposition:
         result["scrape_time"] = _scrape_time(args)
     result["loadavg_after"] = _loadavg()
     if args.json:
@@ -1192,6 +1196,7 @@ def _scrape_cost(args) -> dict:
                       flush=True)
     finally:
         broker.stop()
+        shutil.rmtree(broker.data_dir, ignore_errors=True)
     without, with_ = _median(rates["without"]), _median(rates["with"])
     cost = (without - with_) / without * 100
     print(f"median produce throughput: {without:.0f} records/s without, {with_:.0f} with a scrape every "
@@ -1248,8 +1253,31 @@ def _scrape_time(args) -> dict:
             time.sleep(0.5)
     finally:
         broker.stop()
+        shutil.rmtree(broker.data_dir, ignore_errors=True)
     print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
           f"{size / 2**20:.1f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor answers missing "
           f"(goal < 1 s)", flush=True)
     return {"partitions": args.partitions, "times_s": times, "median_s": _median(times), "max_s": max(times),
             "bytes": size, "failed": failed, "actors_missing": missing}
+
+
+def _exposition_time(partitions: int, runs: int) -> dict:
+    """The CPU part of a scrape without a broker: the log actors' gauges of ``partitions``
+    partitions (8 series each, over 5 log actors) through the collector and
+    ``prometheus_client.generate_latest``."""
+    from prometheus_client import CollectorRegistry, generate_latest
+    from odradek.observe.collector import BrokerCollector, Snapshot
+    names = ("log_size", "log_segments", "log_end_offset", "log_start_offset", "high_watermark", "leader",
+             "under_replicated", "under_min_isr")
+    gauges = [[n, [f"t{i // 2500}", i % 2500], 1000 + i] for i in range(partitions) for n in names]
+    snap = Snapshot({"actors": []}, {f"log-{j}": {"gauges": gauges[j::5]} for j in range(5)})
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(BrokerCollector(lambda: snap))
+    times, size = [], 0
+    for _ in range(max(1, runs)):
+        t0 = time.perf_counter()
+        size = len(generate_latest(registry))
+        times.append(time.perf_counter() - t0)
+    print(f"exposition of {partitions} partitions ({len(gauges)} samples): median {_median(times):.3f}s, "
+          f"{size / 2**20:.1f} MiB of text", flush=True)
+    return {"partitions": partitions, "samples": len(gauges), "median_s": _median(times), "bytes": size}
