@@ -376,7 +376,8 @@ class RequestHandler(Actor):
         for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
             if int(node) == self.broker_id:
                 host, port = self.advertised
-            brokers.append({"node_id": int(node), "host": host, "port": port, "rack": self.racks.get(str(node))})
+            rack = self.racks.get(str(node))  # Kafka's nullable field: only brokers with broker.rack carry it
+            brokers.append({"node_id": int(node), "host": host, "port": port, **({"rack": rack} if rack else {})})
         if not brokers:
             brokers = [{"node_id": self.broker_id, "host": self.advertised[0], "port": self.advertised[1]}]
         self.reply(msg, {"body": {

@@ -15,10 +15,10 @@ import time
 
 import pytest
 
-from odradek import Admin, Consumer, TopicPartition
+from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.errors import InvalidPartitionsError, InvalidReplicaAssignmentError, NoReassignmentInProgressError
 from tests.cluster.test_faults import create_replicated_topic, finish, wait_healed
-from tests.cluster.verify import Workload, partition_dir
+from tests.cluster.verify import Workload, assert_replicas_identical, partition_dir
 
 pytestmark = pytest.mark.slow
 
@@ -62,7 +62,7 @@ def test_move_every_partition_to_a_new_broker_under_load_then_change_the_replica
         data_1 = cluster.broker(1).data_dir
         cluster.wait_for(lambda: not any(os.path.exists(partition_dir(data_1, TOPIC, p)) for p in range(PARTITIONS)),
                          30, "broker 1's replicas deleted")
-        # replication factor 3 -> 2, then 2 -> 3 again (a new replica copies the whole log)
+        # replication factor 3 -> 2, then 2 -> 3 again (a new replica copies the whole log; 1 -> 3 below)
         reassign(cluster, {p: [4, 2] for p in range(PARTITIONS)})
         wait_moved(cluster, TOPIC, {p: [4, 2] for p in range(PARTITIONS)})
         assert all(cluster.leader(TOPIC, p) in (4, 2) for p in range(PARTITIONS))
@@ -81,6 +81,22 @@ def test_move_every_partition_to_a_new_broker_under_load_then_change_the_replica
     assert any(os.path.exists(partition_dir(data_1, TOPIC, p)) for p in range(PARTITIONS))
     cluster.wait_for(lambda: not any(os.path.exists(partition_dir(data_1, TOPIC, p)) for p in range(PARTITIONS)),
                      30, "broker 1's stray replicas removed")
+    # replication factor 1 -> 3 (a topic without min.insync.replicas, written with acks=1)
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic("single", partitions=1, replication_factor=1)
+    cluster.wait_for(lambda: cluster.leader("single", 0) is not None, 30, "a leader of single-0")
+    with Producer(cluster.bootstrap, acks=1) as producer:
+        for i in range(500):
+            producer.send("single", f"r{i}".encode())
+        producer.flush(30)
+    only = cluster.topic_assignment("single")[0][0]
+    replicas = [only] + [b for b in (1, 2, 3, 4) if b != only][:2]
+    with Admin(cluster.bootstrap) as admin:
+        assert admin.alter_partition_reassignments({TopicPartition("single", 0): replicas}) == {
+            TopicPartition("single", 0): None}
+    cluster.wait_for(lambda: sorted(cluster.isr("single", 0)) == sorted(replicas)
+                     and cluster.topic_assignment("single")[0] == replicas, 60, "single-0 on three brokers")
+    assert_replicas_identical(cluster, "single", [0])
     # a group coordinated by broker 3, which hosts none of the topic now, commits its offsets
     reassign(cluster, {p: [4, 2] for p in range(PARTITIONS)})
     wait_moved(cluster, TOPIC, {p: [4, 2] for p in range(PARTITIONS)})
@@ -144,7 +160,6 @@ def test_a_throttled_move_survives_the_controller_killed_and_keeps_to_its_rate(m
     # small replica fetches, so the rate is measured in steps much smaller than a second's worth
     cluster = make_cluster(3, replica_fetch_max_bytes=65536)
     create_replicated_topic(cluster, TOPIC, PARTITIONS)
-    from odradek import Producer
     with Producer(cluster.bootstrap, acks="all") as producer:
         for i in range(1000):  # ~10 MB: about ten seconds at the throttle
             producer.send(TOPIC, os.urandom(10_000), partition=i % PARTITIONS)
