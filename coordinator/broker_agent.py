@@ -217,22 +217,22 @@ class BrokerAgent:
 
     def on_alter_isr(self, msg: Message) -> None:
         """A leader's ISR change: written only if the state node is still at the version the
-        leader knows (a deposed leader's write fails), then announced to the controller."""
+        leader knows (a deposed leader's write fails), then announced to the controller. An
+        unknown outcome (``outcome_unknown``: the connection to ZooKeeper failed) is retried by
+        the leader, whose retry finds its own earlier write (``write_isr``'s read-back)."""
         topic, partition = msg.get("topic"), msg.get("partition")
         st = PartitionState(self.broker_id, msg.get("leader_epoch"), msg.get("isr"),
                             self.seen_controller_epoch)
-        path = state_path(topic, partition)
 
-        def written(result) -> None:
-            try:
-                stat = result.get()
-            except Exception as exc:  # noqa: BLE001 - BadVersion, session loss...
-                why = f"{topic}-{partition}: ISR not changed: {exc!r}"
-                self.post(lambda: self.reply_error(msg, ErrorCode.INVALID_UPDATE_VERSION, why))
+        def written(version, problem, unknown) -> None:
+            if problem is not None:
+                why = f"{topic}-{partition}: ISR not changed: {problem}"
+                code = ErrorCode.REQUEST_TIMED_OUT if unknown else ErrorCode.INVALID_UPDATE_VERSION
+                self.post(lambda: self.reply_error(msg, code, why))
                 return
             self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", to_json([[topic, partition]]), sequence=True)
-            self.post(lambda: self.reply(msg, {"zk_version": stat.version}))
-        self.zk.set_async(path, st.data(), version=msg.get("zk_version", -1)).rawlink(written)
+            self.post(lambda: self.reply(msg, {"zk_version": version}))
+        write_isr(self.zk, state_path(topic, partition), st, msg.get("zk_version", -1), written)
 
 
     def on__drain(self, msg: Message) -> None:
@@ -269,3 +269,34 @@ class BrokerAgent:
         self.relay.set_brokers({controller: tuple(address)})
         self.relay.send(controller, api, body, callback, timeout=timeout)
         return True
+
+
+def write_isr(zk, path: str, st: PartitionState, version: int, done) -> None:
+    """Write ``st`` to the partition's state node if it is still at ``version``; then
+    ``done(new_version, None, False)``. A write that fails is not yet a refusal: the node is
+    read back, and if it already holds this leader, epoch and ISR (an earlier write that
+    ZooKeeper applied but whose answer was lost with the connection, or this same write),
+    the change is done at the node's version, as Kafka's leaders check. Otherwise
+    ``done(None, why, unknown)``, ``unknown`` when ZooKeeper could not be asked (the outcome
+    is not known yet). ``done`` runs on kazoo's thread."""
+    def read_back(result) -> None:
+        try:
+            raw, stat = result.get()
+            now = PartitionState.parse(raw, stat.version)
+        except Exception as exc:  # noqa: BLE001 - the connection again: nothing is known
+            done(None, f"write failed and the state node could not be read back: {exc!r}", True)
+            return
+        if (now.leader, now.leader_epoch, list(now.isr)) == (st.leader, st.leader_epoch, list(st.isr)):
+            done(stat.version, None, False)
+        else:
+            done(None, f"the state node is at version {stat.version} with leader {now.leader}, epoch "
+                       f"{now.leader_epoch}, ISR {now.isr}", False)
+
+    def written(result) -> None:
+        try:
+            stat = result.get()
+        except Exception:  # noqa: BLE001 - BadVersion, connection loss...: look at what is there
+            zk.get_async(path).rawlink(read_back)
+            return
+        done(stat.version, None, False)
+    zk.set_async(path, st.data(), version=version).rawlink(written)

@@ -95,7 +95,7 @@ class Follower:
 class PartitionLog:
     """One hosted partition: its log and its replica state."""
     __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
-                 "zk_version", "followers", "waiting", "isr_change_in_flight")
+                 "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr")
 
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Log):
         self.topic, self.partition, self.topic_id, self.log = topic, partition, topic_id, log_
@@ -106,6 +106,10 @@ class PartitionLog:
         self.followers: dict[int, Follower] = {}
         self.waiting: list = []  # (required offset, DelayedProduce), in append order
         self.isr_change_in_flight = False
+        # An ISR change sent and not known to be refused: until it is, the high watermark counts
+        # it too (Kafka's "maximal ISR"), so a write ZooKeeper applied whose answer was lost can
+        # never let an acknowledged record miss a replica the controller may elect.
+        self.pending_isr: list[int] = []
 
 
 class DelayedProduce:
@@ -268,7 +272,7 @@ class LogActor(Actor):
         if p.leader != self.broker_id:
             return
         hw = p.log.log_end_offset
-        for r in p.isr:
+        for r in set(p.isr).union(p.pending_isr):
             if r != self.broker_id:
                 f = p.followers.get(r)
                 if f is None or f.log_end_offset < 0:
@@ -319,10 +323,12 @@ class LogActor(Actor):
 
     def _alter_isr(self, p: PartitionLog, isr: list[int]) -> None:
         """Ask the controller actor to record the new ISR in ZooKeeper (conditional on the
-        version this leader knows); apply it only once recorded."""
+        version this leader knows); apply it only once recorded. While its outcome is unknown
+        the change stays pending (``pending_isr``: the high watermark counts it)."""
         if p.isr_change_in_flight:
             return
         p.isr_change_in_flight = True
+        p.pending_isr = list(isr)
         epoch = p.leader_epoch
 
         def recorded(reply: Message) -> None:
@@ -330,7 +336,10 @@ class LogActor(Actor):
             if reply.is_error:
                 log.warning("%s-%d: ISR change to %s not recorded: %s", p.topic, p.partition, isr,
                             reply.error_message)
-                return
+                if reply.error_code == ErrorCode.INVALID_UPDATE_VERSION:  # refused: not written
+                    p.pending_isr = []
+                return  # else unknown (ZooKeeper unreachable, no answer): still pending, retried
+            p.pending_isr = []
             if p.leader != self.broker_id or p.leader_epoch != epoch:
                 return
             log.info("%s-%d: ISR %s -> %s", p.topic, p.partition, p.isr, isr)
@@ -522,6 +531,7 @@ class LogActor(Actor):
         leader, epoch = entry["leader"], entry["leader_epoch"]
         was_leader = p.leader == self.broker_id
         p.isr, p.replicas = list(entry.get("isr") or []), list(entry.get("replicas") or [])
+        p.pending_isr = []  # the controller's word is the state now
         p.zk_version = entry.get("zk_version", p.zk_version)
         if leader == self.broker_id:
             now = _now_ms()
