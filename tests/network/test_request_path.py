@@ -22,7 +22,7 @@ def test_metadata_names_this_broker_at_its_bound_address(shared_broker):
     broker = shared_broker
     with connect(broker) as conn:
         body = conn.metadata()
-    assert body["brokers"] == [{"node_id": 0, "host": broker.host, "port": broker.port, "rack": None}]
+    assert body["brokers"] == [{"node_id": 0, "host": broker.host, "port": broker.port}]
     assert body["controller_id"] == 0 and body["cluster_id"] == "odradek" and body["topics"] == []
 
 
