@@ -42,6 +42,8 @@ import zmq
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.network import codec
+from odradek.network.kafka import framing as kafka_framing
+from odradek.network.kafka.connection import KafkaConnection
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
@@ -52,6 +54,21 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
+
+
+def _read_regions(files) -> list:
+    """The bytes of a reply's file regions (a Kafka fetch: native batches must be converted,
+    so no sendfile); a region cut short (segment deleted meanwhile) is zero-filled, as the
+    native path pads it, and the conversion drops it."""
+    out = []
+    for path, position, length in files or ():
+        try:
+            with open(path, "rb") as f:
+                out.append(os.pread(f.fileno(), int(length), int(position)).ljust(int(length), b"\0"))
+        except OSError as exc:
+            log.warning("cannot read %s for a Kafka fetch: %s", path, exc)
+            out.append(bytes(int(length)))
+    return out
 
 
 def socket_path(run_dir: str, name: str) -> str:
@@ -81,7 +98,8 @@ class Connection:
     Owned by one processor; never shared."""
 
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
-                 "events", "callback", "last_active", "repin", "closing", "closed", "requests")
+                 "events", "callback", "last_active", "repin", "closing", "closed", "requests",
+                 "sniff", "kafka")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -101,6 +119,10 @@ class Connection:
         self.closing = False  # write what is due, then close
         self.closed = False
         self.requests = 0
+        # Protocol: decided on the first bytes (``_sniff``); ``kafka`` holds a Kafka
+        # connection's state, None for a native one (``decoder`` is then codec.Decoder).
+        self.sniff: bytearray | None = bytearray()
+        self.kafka: KafkaConnection | None = None
 
 
 class InFlight:
@@ -247,8 +269,26 @@ class Processor(Actor):
             return
         self.counters["bytes_in"] += len(data)
         conn.last_active = self.clock()
+        if conn.sniff is not None:
+            data = self._sniff(conn, data)
+            if data is None:
+                return
         conn.decoder.feed(data)
         self._pump(conn)
+
+    def _sniff(self, conn: Connection, data: bytes) -> bytes | None:
+        """Tell the protocol from a connection's first bytes (rule: network/kafka/framing.py,
+        docs/PROTOCOL.md); the bytes to feed its decoder, or None until enough are known."""
+        conn.sniff += data
+        kind = kafka_framing.sniff(conn.sniff)
+        if kind is None:
+            return None
+        data, conn.sniff = bytes(conn.sniff), None
+        if kind == "kafka":
+            conn.kafka = KafkaConnection(self.max_request, conn.peer)
+            conn.decoder = conn.kafka
+            self.counters["kafka_connections"] += 1
+        return data
 
     def _pump(self, conn: Connection) -> None:
         """Send the connection's decoded requests to its handler while it may."""
@@ -283,6 +323,11 @@ class Processor(Actor):
     # ---- requests out, answers back ----------------------------------------------------
     def _send_request(self, conn: Connection, frame: codec.Frame) -> None:
         h = frame.header
+        if "answer" in h:  # a Kafka request answered without a handler (ApiVersions, ...)
+            conn.slots.append([h["corr"], h["answer"]])
+            conn.requests += 1
+            self._answered(conn)
+            return
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
                   "body": h["body"], "t": time.time()}
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
@@ -293,7 +338,7 @@ class Processor(Actor):
                 self.counters["dropped_acks0"] += 1
             conn.requests += 1
             return
-        slot = [h["corr"], None]
+        slot = [h["corr"], None, h.get("kafka")]  # [corr, buffers, Kafka context or None]
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock())
@@ -314,7 +359,11 @@ class Processor(Actor):
         if rec.handler == conn.handler:
             conn.at_handler -= 1
         corr = rec.slot[0]
-        if reply.type == "_error":
+        if conn.kafka is not None:
+            fields = reply.fields or {}
+            rec.slot[1] = conn.kafka.answer(rec.slot[2], corr, reply.type, fields,
+                                            list(reply.frames) + _read_regions(fields.get("files")))
+        elif reply.type == "_error":
             fields = reply.fields or {}
             rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),
                                              fields.get("message", ""))

@@ -69,7 +69,8 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
         # A restarted acceptor must come back on the port clients know, even if it was 0.
         acceptor_spec.args["bound_port"] = port
         sup.info["address"] = f"{host}:{port}"
-        print(f"odradek ready on {host}:{port} (broker {config['broker.id']})", file=out, flush=True)
+        print(f"odradek ready on {host}:{port} (broker {config['broker.id']}); this listener speaks both the "
+              f"native protocol and Kafka's (bootstrap.servers={host}:{port})", file=out, flush=True)
 
     info = {"broker_id": config["broker.id"], "cluster_id": config["cluster.id"],
             "data_dir": cfg.data_dir(config)}
