@@ -81,3 +81,23 @@ ensure_zookeeper() {
     fi
     [ -f /usr/share/java/zookeeper.jar ] || { echo "odradek: zookeeper installed but /usr/share/java/zookeeper.jar is missing" >&2; return 1; }
 }
+
+# tests/kafka drive `kcat` (Debian's kcat package), a real Kafka tool no one here wrote.
+# Installed once, when missing; silent otherwise. Without it those kcat tests are skipped.
+ensure_kcat() {
+    command -v kcat >/dev/null 2>&1 && return 0
+    local sudo=""
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "odradek: kcat is missing: run \`apt-get install kcat\` as root" >&2; return 1; }
+        sudo="sudo"
+    fi
+    command -v apt-get >/dev/null 2>&1 || { echo "odradek: kcat is missing and apt-get is not available" >&2; return 1; }
+    echo "odradek: installing kcat (Debian's kcat package) for tests/kafka" >&2
+    if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat >/dev/null 2>&1; then
+        $sudo apt-get update -qq >&2 || true
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends kcat >&2 || {
+            echo "odradek: could not install kcat; see the messages above" >&2
+            return 1
+        }
+    fi
+}
