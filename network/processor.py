@@ -43,7 +43,6 @@ from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.network import codec
 from odradek.network.kafka import framing as kafka_framing
-from odradek.network.kafka.connection import KafkaConnection
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
@@ -122,7 +121,7 @@ class Connection:
         # Protocol: decided on the first bytes (``_sniff``); ``kafka`` holds a Kafka
         # connection's state, None for a native one (``decoder`` is then codec.Decoder).
         self.sniff: bytearray | None = bytearray()
-        self.kafka: KafkaConnection | None = None
+        self.kafka = None  # network.kafka.connection.KafkaConnection
 
 
 class InFlight:
@@ -285,6 +284,8 @@ class Processor(Actor):
             return None
         data, conn.sniff = bytes(conn.sniff), None
         if kind == "kafka":
+            # Imported on the first Kafka connection: kio's schemas cost a native-only broker nothing.
+            from odradek.network.kafka.connection import KafkaConnection
             conn.kafka = KafkaConnection(self.max_request, conn.peer)
             conn.decoder = conn.kafka
             self.counters["kafka_connections"] += 1
