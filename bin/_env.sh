@@ -82,25 +82,35 @@ ensure_zookeeper() {
     [ -f /usr/share/java/zookeeper.jar ] || { echo "odradek: zookeeper installed but /usr/share/java/zookeeper.jar is missing" >&2; return 1; }
 }
 
-# The web console's tests (tests/observability/test_console_browser.py) and
-# bin/console-screenshots drive Debian's chromium through chromium-driver (selenium).
-# Installed once, when missing; silent otherwise.
-ensure_chromium() {
-    if command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; then
-        return 0
-    fi
+# Debian packages the tests drive, installed once when missing (silent otherwise), the way
+# ensure_zookeeper does: `apt_install WHAT PACKAGE...` (WHAT says who needs them).
+apt_install() {
+    local what="$1"; shift
     local sudo=""
-    [ "$(id -u)" != 0 ] && sudo="sudo"
-    command -v apt-get >/dev/null 2>&1 || {
-        echo "odradek: chromium and chromium-driver are missing and apt-get is not available" >&2
-        return 1
-    }
-    echo "odradek: installing chromium and chromium-driver (the console's browser tests)" >&2
-    if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >/dev/null 2>&1; then
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null 2>&1 || { echo "odradek: $* missing ($what): run \`apt-get install $*\` as root" >&2; return 1; }
+        sudo="sudo"
+    fi
+    command -v apt-get >/dev/null 2>&1 || { echo "odradek: $* missing ($what) and apt-get is not available" >&2; return 1; }
+    echo "odradek: installing $* ($what)" >&2
+    if ! $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >/dev/null 2>&1; then
         $sudo apt-get update -qq >&2 || true
-        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends chromium chromium-driver >&2 || {
-            echo "odradek: could not install chromium chromium-driver; see the messages above" >&2
+        $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@" >&2 || {
+            echo "odradek: could not install $*; see the messages above" >&2
             return 1
         }
     fi
+}
+
+# The web console's tests (tests/observability/test_console_browser.py) and
+# bin/console-screenshots drive Debian's chromium through chromium-driver (selenium).
+ensure_chromium() {
+    command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1 && return 0
+    apt_install "the console's browser tests" chromium chromium-driver
+}
+
+# tests/kafka drive `kcat` (Debian's kcat package), a real Kafka tool no one here wrote.
+ensure_kcat() {
+    command -v kcat >/dev/null 2>&1 && return 0
+    apt_install "the Kafka tool tests in tests/kafka" kcat
 }

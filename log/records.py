@@ -27,6 +27,7 @@ from typing import Iterator, NamedTuple, Sequence
 import lz4.block
 import msgpack
 
+from odradek.log import kafka_batch
 from odradek.log.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
 
 # baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 | crc u32 |
@@ -144,6 +145,9 @@ def check_header(h: BatchHeader, pos: int | None = None) -> None:
 
 
 def _diagnose(h: BatchHeader, where: str) -> None:
+    if h.magic == kafka_batch.MAGIC:  # Kafka's batch: its own rules (log/kafka_batch.py)
+        kafka_batch.check_header(h, where)
+        return
     if h.magic != MAGIC:
         raise CorruptRecordError(f"{where}: magic {h.magic} is not {MAGIC}")
     if h.batch_length < MIN_BATCH_LENGTH:
@@ -161,8 +165,14 @@ def _diagnose(h: BatchHeader, where: str) -> None:
 
 def crc_of(buf, pos: int, size: int) -> int:
     """CRC-32 of the covered bytes of the batch at ``pos`` occupying ``size`` bytes."""
+    if buf[pos + OFFSET_MAGIC] == kafka_batch.MAGIC:
+        return kafka_batch.crc_of(buf, pos, size)
     with memoryview(buf) as mv:
         return zlib.crc32(mv[pos + CRC_START:pos + size])
+
+
+def _crc_kind(h: BatchHeader) -> str:
+    return "CRC-32C (Kafka's magic 2)" if h.magic == kafka_batch.MAGIC else "CRC"
 
 
 def validate_batch(buf, max_size: int | None = None) -> BatchHeader:
@@ -180,7 +190,7 @@ def validate_batch(buf, max_size: int | None = None) -> BatchHeader:
     check_header(h)
     crc = crc_of(buf, 0, n)
     if crc != h.crc:
-        raise CorruptRecordError(f"CRC mismatch: header says {h.crc:#010x}, bytes give {crc:#010x}")
+        raise CorruptRecordError(f"{_crc_kind(h)} mismatch: header says {h.crc:#010x}, bytes give {crc:#010x}")
     return h
 
 
@@ -205,8 +215,8 @@ def validate_batches(buf, max_size: int | None = None, verify_crc: bool = True) 
             if max_size is not None and end - pos > max_size:
                 raise RecordTooLargeError(
                     f"batch at byte {pos}: {end - pos} bytes exceeds max.message.bytes {max_size}")
-            if verify_crc and zlib.crc32(mv[pos + CRC_START:end]) != h.crc:
-                raise CorruptRecordError(f"batch at byte {pos}: CRC mismatch")
+            if verify_crc and crc_of(mv, pos, end - pos) != h.crc:
+                raise CorruptRecordError(f"batch at byte {pos}: {_crc_kind(h)} mismatch")
             headers.append(h)
             pos = end
     if not headers:
@@ -238,7 +248,8 @@ def validate_produced(buf, max_size: int | None = None) -> list[BatchHeader]:
         if h.first_timestamp < NO_TIMESTAMP or h.max_timestamp < NO_TIMESTAMP:
             raise InvalidTimestampError(f"{where}: timestamp {min(h.first_timestamp, h.max_timestamp)} is "
                                         f"negative (only -1, no timestamp, may be)")
-        _check_record_framing(buf, pos, h, where)
+        if h.magic == MAGIC:  # a Kafka batch's records are checked by its consumers (docs/FORMAT.md)
+            _check_record_framing(buf, pos, h, where)
         pos += h.size
     return headers
 
@@ -416,6 +427,8 @@ def decode_batch(buf, verify_crc: bool = True) -> list[Record]:
         check_header(h)
         if h.size > len(buf):
             raise CorruptRecordError("batch runs past the end of the buffer")
+    if h.magic == kafka_batch.MAGIC:
+        return kafka_batch.decode(buf, h, Record)
     data = _payload(buf, h)
     try:
         entries = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)

@@ -357,7 +357,8 @@ class RequestHandler(Actor):
             self._metadata(msg, topics)
 
     def _auto_create(self, body: dict) -> bool:
-        return bool(self.config.get("auto.create.topics.enable")) and body.get("allow_auto_topic_creation", True)
+        # Only on request: Kafka clients always say (network/kafka/apis.py); the bundled client does not.
+        return bool(self.config.get("auto.create.topics.enable")) and body.get("allow_auto_topic_creation") is True
 
     def _topic_metadata(self, name: str, meta: dict) -> dict:
         partitions = []

@@ -62,6 +62,7 @@ import zmq
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.network import codec
+from odradek.network.kafka import framing as kafka_framing
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
@@ -80,6 +81,21 @@ ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is
 def _nbytes(buf: Any) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
 KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
+
+
+def _read_regions(files) -> list:
+    """The bytes of a reply's file regions (a Kafka fetch: native batches must be converted,
+    so no sendfile); a region cut short (segment deleted meanwhile) is zero-filled, as the
+    native path pads it, and the conversion drops it."""
+    out = []
+    for path, position, length in files or ():
+        try:
+            with open(path, "rb") as f:
+                out.append(os.pread(f.fileno(), int(length), int(position)).ljust(int(length), b"\0"))
+        except OSError as exc:
+            log.warning("cannot read %s for a Kafka fetch: %s", path, exc)
+            out.append(bytes(int(length)))
+    return out
 
 
 def socket_path(run_dir: str, name: str) -> str:
@@ -110,7 +126,7 @@ class Connection:
 
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
-                 "reserved", "starved", "started", "wq_bytes")
+                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -135,6 +151,10 @@ class Connection:
         self.starved = False  # waiting for the processor's byte budget; not read meanwhile
         self.started: float | None = None  # when the request being read began to arrive
         self.wq_bytes = 0  # answer bytes in wq (file regions aside)
+        # Protocol: decided on the first bytes (``_sniff``); ``kafka`` holds a Kafka
+        # connection's state, None for a native one (``decoder`` is then codec.Decoder).
+        self.sniff: bytearray | None = bytearray()
+        self.kafka = None  # network.kafka.connection.KafkaConnection
 
     def idle(self) -> bool:
         """Nothing in flight, nothing to write, nothing half received."""
@@ -306,8 +326,28 @@ class Processor(Actor):
         self.counters["bytes_in"] += len(data)
         if conn.started is None:
             conn.started = self.clock()
+        if conn.sniff is not None:
+            data = self._sniff(conn, data)
+            if data is None:
+                return
         conn.decoder.feed(data)
         self._pump(conn)
+
+    def _sniff(self, conn: Connection, data: bytes) -> bytes | None:
+        """Tell the protocol from a connection's first bytes (rule: network/kafka/framing.py,
+        docs/PROTOCOL.md); the bytes to feed its decoder, or None until enough are known."""
+        conn.sniff += data
+        kind = kafka_framing.sniff(conn.sniff)
+        if kind is None:
+            return None
+        data, conn.sniff = bytes(conn.sniff), None
+        if kind == "kafka":
+            # Imported on the first Kafka connection: kio's schemas cost a native-only broker nothing.
+            from odradek.network.kafka.connection import KafkaConnection
+            conn.kafka = KafkaConnection(self.max_request, conn.peer)
+            conn.decoder = conn.kafka
+            self.counters["kafka_connections"] += 1
+        return data
 
     def _pump(self, conn: Connection) -> None:
         """Send the connection's decoded requests to its handler while it may."""
@@ -404,6 +444,12 @@ class Processor(Actor):
     # ---- requests out, answers back ----------------------------------------------------
     def _send_request(self, conn: Connection, frame: codec.Frame) -> None:
         h = frame.header
+        if "answer" in h:  # a Kafka request answered without a handler (ApiVersions, ...)
+            conn.slots.append([h["corr"], h["answer"]])
+            conn.requests += 1
+            self._release(self._take_reservation(conn))
+            self._answered(conn)
+            return
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
                   "body": h["body"], "t": time.time()}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
@@ -417,7 +463,7 @@ class Processor(Actor):
             conn.requests += 1
             self._release(self._take_reservation(conn))
             return
-        slot = [h["corr"], None, api, self.clock(), 0.0]
+        slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka")]  # + Kafka context or None
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
@@ -440,7 +486,13 @@ class Processor(Actor):
             conn.at_handler -= 1
         corr = rec.slot[0]
         rec.slot[4] = self.clock()
-        if reply.type == "_error":
+        if conn.kafka is not None:
+            fields = reply.fields or {}
+            if reply.type == "_error":
+                self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
+            rec.slot[1] = conn.kafka.answer(rec.slot[5], corr, reply.type, fields,
+                                            list(reply.frames) + _read_regions(fields.get("files")))
+        elif reply.type == "_error":
             fields = reply.fields or {}
             self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
             rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),

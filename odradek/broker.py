@@ -78,7 +78,8 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
         if admin.get("admin_port"):
             sup.info["console"] = f"http://{admin['admin_host']}:{admin['admin_port']}/"
             print(f"odradek console on {sup.info['console']} (metrics at /metrics)", file=out, flush=True)
-        print(f"odradek ready on {host}:{port} (broker {config['broker.id']})", file=out, flush=True)
+        print(f"odradek ready on {host}:{port} (broker {config['broker.id']}); this listener speaks both the "
+              f"native protocol and Kafka's (bootstrap.servers={host}:{port})", file=out, flush=True)
 
     info = {"broker_id": config["broker.id"], "cluster_id": config["cluster.id"],
             "data_dir": cfg.data_dir(config), "open_files_limit": list(resource.getrlimit(resource.RLIMIT_NOFILE))}

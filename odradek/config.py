@@ -113,8 +113,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("num.partitions", int, 1, "Partitions of a topic created without a count.", _between(1, 10000)),
     Setting("default.replication.factor", int, 1, "Replication factor of a topic created without one.",
             _at_least(1)),
-    Setting("auto.create.topics.enable", bool, False,
-            "Create a topic when a client asks Metadata for it (Kafka's default is true; ours is false)."),
+    Setting("auto.create.topics.enable", bool, True,
+            "Create a topic (num.partitions, default.replication.factor) when a client asks Metadata for it "
+            "with allow_auto_topic_creation set, as Kafka clients do (Kafka's default); the bundled client "
+            "never sets it."),
     Setting("num.log.threads", int, 2,
             "Processes hosting the partitions' log actors; each partition is placed on one by a stable "
             "hash, and each is the single writer of its partitions.", _between(1, 64)),

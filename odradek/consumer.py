@@ -48,6 +48,7 @@ from typing import Iterable, Optional
 import lz4.block
 import msgpack
 
+from odradek.log import kafka_batch
 from odradek.log import records as fmt
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
@@ -64,6 +65,7 @@ _repeat = itertools.repeat
 _read_header = fmt.HEADER.unpack_from
 _HEADER_SIZE = fmt.HEADER_SIZE
 _MAGIC = fmt.MAGIC
+_MAGICS = (fmt.MAGIC, kafka_batch.MAGIC)  # native batches and Kafka's (written by Kafka producers)
 
 
 # ---- fetch-answer parsing (pure; unit-tested without a broker) -------------------------------
@@ -78,7 +80,7 @@ def split_batches(view, start: int = 0, end: int | None = None) -> tuple[list, s
         if end - pos < _HEADER_SIZE:
             return out, "partial header"
         h = fmt.BatchHeader._make(_read_header(view, pos))
-        if h.magic != _MAGIC or h.batch_length < fmt.MIN_BATCH_LENGTH or h.record_count < 1 \
+        if h.magic not in _MAGICS or h.batch_length < fmt.MIN_BATCH_LENGTH or h.record_count < 1 \
                 or h.last_offset_delta < h.record_count - 1 or h.base_offset < 0:
             return out, "zero padding" if not any(bytes(view[pos:pos + _HEADER_SIZE])) else "bad header"
         if pos + h.size > end:
@@ -93,6 +95,8 @@ def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: in
     """The ``Record``s of the batch at ``view[pos:]`` with offsets >= ``min_offset``.
     Raises ``CorruptMessageError`` if the batch does not check out."""
     end = pos + h.size
+    if h.magic == kafka_batch.MAGIC:
+        return _decode_kafka(view, pos, h, topic, partition, min_offset, check_crc)
     if check_crc and zlib.crc32(view[pos + fmt.CRC_START:end]) != h.crc:
         raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: CRC mismatch in the batch at offset "
                         f"{h.base_offset}")
@@ -122,6 +126,22 @@ def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: in
             return out[min_offset - base:]
         return [r for r in out if r.offset >= min_offset]
     return out
+
+
+def _decode_kafka(view, pos: int, h, topic: str, partition: int, min_offset: int, check_crc: bool) -> list:
+    """``decode_records`` for a Kafka (magic 2) batch: all five codecs, varint records."""
+    batch = view[pos:pos + h.size]
+    if check_crc and kafka_batch.crc_of(batch, 0, h.size) != h.crc:
+        raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: CRC-32C mismatch in the Kafka batch "
+                        f"at offset {h.base_offset}")
+    try:
+        rows = kafka_batch.decode(batch, h, fmt.Record)
+    except fmt.CorruptRecordError as exc:
+        raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: Kafka batch at offset "
+                        f"{h.base_offset} does not decode ({exc})") from None
+    return [_new_record((topic, partition, r.offset, r.timestamp, r.key, r.value,
+                         tuple((k, v) for k, v in r.headers)))
+            for r in rows if r.offset >= min_offset]
 
 
 class _Partition:

@@ -28,9 +28,9 @@ Life of a record:
    metadata first. Other errors fail the batch's future with the broker's error class.
 
 Partitioning: a record with a ``partition`` goes there; with a key, to
-``zlib.crc32(key) % partitions`` (CRC-32 of the key bytes: stable across processes,
-runs, machines and Python versions, unlike ``hash()``; it is not Kafka's murmur2, so a
-Kafka producer places keys differently); without either, to the topic's *sticky*
+``(murmur2(key) & 0x7fffffff) % partitions``, Kafka's default partitioner (stable across
+processes, runs and machines, and the partition a Kafka producer picks for the same key);
+without either, to the topic's *sticky*
 partition, a random one kept until its batch closes, so keyless records fill whole batches.
 
 Ordering: records of a partition land in ``send`` order, through every retry. Up to
@@ -87,9 +87,31 @@ LEADER_ERRORS = STALE_METADATA  # retried after a metadata refresh (the leader m
 ACK_TIMEOUT_MARGIN_MS = 1000  # the broker's acks=all wait ends this much before our request timeout
 
 
+def murmur2(key: bytes) -> int:
+    """Kafka's murmur2 of the key bytes (Utils.murmur2), as an unsigned 32-bit value."""
+    m, n = 0x5BD1E995, len(key)
+    h = (0x9747B28C ^ n) & 0xFFFFFFFF
+    end = n & ~3
+    for (k,) in struct.iter_unpack("<I", key[:end]):
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
+    extra = n & 3
+    if extra == 3:
+        h ^= key[end + 2] << 16
+    if extra >= 2:
+        h ^= key[end + 1] << 8
+    if extra >= 1:
+        h = ((h ^ key[end]) * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
 def partition_for_key(key: bytes, num_partitions: int) -> int:
-    """The partition of a keyed record: CRC-32 (zlib) of the key bytes mod the partition count."""
-    return _crc32(key) % num_partitions
+    """The partition of a keyed record: Kafka's default partitioner, so a Kafka producer and
+    this one put a key on the same partition."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
 def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str]) -> bytes:

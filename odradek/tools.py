@@ -500,7 +500,7 @@ def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> No
                     return
                 h = fmt.BatchHeader.read(buf, pos)
                 crc_ok = fmt.crc_of(buf, pos, h.size) == h.crc
-                codec = "LZ4" if h.compression == fmt.COMPRESSION_LZ4 else "NONE"
+                codec = _codec_name(h)
                 ts_type = "LogAppendTime" if h.log_append_time else "CreateTime"
                 out.write(f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.record_count} "
                           f"baseSequence: {h.base_sequence} producerId: {h.producer_id} "
@@ -511,6 +511,15 @@ def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> No
                 if records and crc_ok:
                     _dump_records(buf[pos:pos + h.size], out, max_bytes)
                 pos += h.size
+
+
+def _codec_name(h) -> str:
+    """A batch's compression as Kafka's dump-log names it, for native and magic-2 batches."""
+    from odradek.log import kafka_batch
+    from odradek.log import records as fmt
+    if h.magic == kafka_batch.MAGIC:
+        return kafka_batch.CODECS[h.attributes & kafka_batch.COMPRESSION_MASK].upper()
+    return "LZ4" if h.compression == fmt.COMPRESSION_LZ4 else "NONE"
 
 
 def _batch_problem(buf, pos: int, size: int) -> str | None:

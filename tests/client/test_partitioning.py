@@ -4,12 +4,11 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import zlib
 
 import pytest
 
 from odradek import Producer, errors
-from odradek.producer import partition_for_key
+from odradek.producer import murmur2, partition_for_key
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 KEYS = [b"", b"a", b"customer-42", bytes(range(256)), "ключ".encode()]
@@ -24,8 +23,16 @@ def test_a_key_maps_to_the_same_partition_in_another_process_with_another_hash_s
     assert out.stdout.strip() == str(here)
 
 
-def test_the_key_hash_is_crc32_of_the_key_bytes_as_documented():
-    assert [partition_for_key(k, 5) for k in KEYS] == [zlib.crc32(k) % 5 for k in KEYS]
+# Kafka's own murmur2 test vectors (Utils.murmur2 in the Java client), as signed 32-bit values.
+MURMUR2 = {b"21": -973932308, b"foobar": -790332482, b"a-little-bit-long-string": -985981536,
+           b"a-little-bit-longer-string": -1486304829,
+           b"lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8": -58897971, b"abc": 479470107}
+
+
+def test_the_key_hash_is_kafkas_murmur2_so_kafka_producers_pick_the_same_partition():
+    for key, signed in MURMUR2.items():
+        assert murmur2(key) == signed & 0xFFFFFFFF
+        assert partition_for_key(key, 5) == (signed & 0x7FFFFFFF) % 5
 
 
 def test_records_of_one_key_land_in_one_partition(scripted):

@@ -1,0 +1,328 @@
+"""The translation table between Kafka requests and the broker's internal requests.
+
+Pure, no I/O. One entry per Kafka API key (``register``): the versions served, and two
+functions that carry a request across:
+
+* ``to_internal(version, request) -> (body, frames)``: the Kafka request body (a dict with
+  kio's field names, see ``schema``) becomes the internal ``request`` body the native
+  protocol sends for the same API (docs/PROTOCOL.md), plus its payload frames;
+* ``from_internal(version, request, reply, payload) -> dict | list``: the internal answer
+  (``reply`` = the reply's fields, ``payload`` = its payload frames, file regions already
+  read) becomes the Kafka response body: a dict that ``schema`` encodes, or ready buffers;
+* ``error(version, request, code, message) -> dict``: the response when the broker
+  answered with an error for the whole request (Kafka's getErrorResponse): the code on
+  every partition, or at the top level.
+
+``internal`` names the internal API key (Kafka's own key unless the entry says otherwise);
+``local`` answers in the processor, without a handler (ApiVersions). ``groups.py`` and
+``admin.py`` register their families here on import. ApiVersions advertises exactly this
+table.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import struct
+from typing import Callable
+
+from odradek.log import kafka_batch, records
+from odradek.log.errors import CorruptRecordError
+from odradek.network.protocol import ApiKey, ErrorCode
+
+
+@dataclasses.dataclass(frozen=True)
+class Api:
+    key: int
+    min_version: int
+    max_version: int
+    to_internal: Callable | None = None
+    from_internal: Callable | None = None
+    error: Callable | None = None
+    internal: int | None = None
+    local: Callable | None = None  # (version, request) -> response dict, no handler involved
+    answers: Callable | None = None  # (version, request) -> False if no response is due (acks=0)
+
+
+REGISTRY: dict[int, Api] = {}
+
+
+def register(api: Api) -> Api:
+    REGISTRY[api.key] = api
+    return api
+
+
+def top_level_error(version: int, request: dict, code: int, message: str) -> dict:
+    """The default error response: the code at the top level (schema fills the rest)."""
+    return {"error_code": code, "error_message": message}
+
+
+# ---- helpers shared by the partitioned APIs -------------------------------------------------
+
+def _per_partition(request: dict, topics_key: str, name_key: str, parts_key: str, index_key: str,
+                   out_topics: str, out_name: str, out_parts: str, out_index: str, entry: dict) -> dict:
+    return {out_topics: [{out_name: t[name_key], out_parts: [{out_index: p[index_key], **entry}
+                                                              for p in t[parts_key]]}
+                         for t in request[topics_key]]}
+
+
+# ---- ApiVersions (18): answered by the processor from this table ------------------------------
+
+def api_versions(version: int, request: dict) -> dict:
+    keys = [{"api_key": k, "min_version": a.min_version, "max_version": a.max_version}
+            for k, a in sorted(REGISTRY.items())]
+    return {"error_code": 0, "api_keys": keys}
+
+
+register(Api(ApiKey.API_VERSIONS, 0, 3, local=api_versions))
+
+
+# ---- Metadata (3) -------------------------------------------------------------------------------
+
+def metadata_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    body = {"allow_auto_topic_creation": bool(request.get("allow_auto_topic_creation", True))}
+    if request.get("topics") is not None:  # null: every topic (internally: no "topics")
+        body["topics"] = [t["name"] for t in request["topics"] if t.get("name") is not None]
+    return body, []
+
+
+def metadata_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    topics = []
+    for t in body.get("topics") or ():
+        parts = [{"error_code": p.get("error_code", 0), "partition_index": p["index"], "leader_id": p["leader"],
+                  "leader_epoch": p.get("leader_epoch", -1), "replica_nodes": p.get("replicas") or [],
+                  "isr_nodes": p.get("isr") or []} for p in t.get("partitions") or ()]
+        topics.append({"error_code": t.get("error_code", 0), "name": t["name"], "topic_id": _uuid(t.get("topic_id")),
+                       "is_internal": bool(t.get("is_internal")), "partitions": parts})
+    return {"brokers": body.get("brokers") or [], "cluster_id": body.get("cluster_id"),
+            "controller_id": body.get("controller_id", -1), "topics": topics}
+
+
+def _uuid(value):
+    import uuid
+    if isinstance(value, str):
+        try:
+            return uuid.UUID(value)
+        except ValueError:
+            return uuid.uuid5(uuid.NAMESPACE_OID, value)
+    return value if value is not None else uuid.UUID(int=0)
+
+
+def metadata_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"topics": [{"error_code": code, "name": t.get("name")} for t in request.get("topics") or ()]}
+
+
+register(Api(ApiKey.METADATA, 1, 12, metadata_to_internal, metadata_from_internal, metadata_error))
+
+
+# ---- Produce (0) ----------------------------------------------------------------------------------
+
+def produce_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    frames, topics = [], []
+    for t in request["topic_data"]:
+        parts = []
+        for p in t["partition_data"]:
+            parts.append({"index": p["index"], "frame": len(frames)})
+            frames.append(p["records"] or b"")
+        topics.append({"name": t["name"], "partitions": parts})
+    return {"acks": request["acks"], "timeout_ms": request["timeout"], "topics": topics}, frames
+
+
+def produce_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"responses": [{"name": t["name"], "partition_responses": [
+        {"index": p["index"], "error_code": p.get("error_code", 0), "base_offset": p.get("base_offset", -1),
+         "log_append_time": _append_time(p.get("log_append_time_ms", -1)),
+         "log_start_offset": p.get("log_start_offset", -1), "error_message": p.get("error_message")}
+        for p in t["partitions"]]} for t in body.get("topics") or ()]}
+
+
+def _append_time(ms):
+    return None if ms is None or ms < 0 else ms
+
+
+def produce_error(version: int, request: dict, code: int, message: str) -> dict:
+    return _per_partition(request, "topic_data", "name", "partition_data", "index", "responses", "name",
+                          "partition_responses", "index",
+                          {"error_code": code, "base_offset": -1, "error_message": message})
+
+
+register(Api(ApiKey.PRODUCE, 3, 9, produce_to_internal, produce_from_internal, produce_error,
+             answers=lambda version, request: request.get("acks") != 0))
+
+
+# ---- Fetch (1) ------------------------------------------------------------------------------------
+# Incremental fetch sessions (KIP-227) are declined: every answer carries session id 0, which
+# tells the client that no session was created and that it sends full fetches (valid Kafka).
+# The response is written here, not through kio, so record bytes are never copied twice.
+
+FETCH_SESSION_ID_NOT_FOUND = 70
+
+
+def fetch_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    topics = [{"name": t["topic"], "partitions": [
+        {"index": p["partition"], "fetch_offset": p["fetch_offset"], "partition_max_bytes": p["partition_max_bytes"],
+         "current_leader_epoch": p.get("current_leader_epoch", -1)} for p in t["partitions"]]}
+        for t in request["topics"]]
+    return {"replica_id": -1, "max_wait_ms": request["max_wait"], "min_bytes": request["min_bytes"],
+            "max_bytes": request.get("max_bytes", 52428800), "isolation_level": request.get("isolation_level", 0),
+            "topics": topics}, []
+
+
+def fetch_from_internal(version: int, request: dict, reply: dict, payload: list) -> list:
+    body = reply.get("body") or {}
+    data = b"".join(payload) if len(payload) != 1 else payload[0]
+    at, topics = 0, []
+    for t in body.get("topics") or ():
+        parts = []
+        for p in t["partitions"]:
+            n = p.get("records_size", 0)
+            parts.append((p, as_kafka_records(memoryview(data)[at:at + n])))
+            at += n
+        topics.append((t["name"], parts))
+    return encode_fetch(version, body.get("error_code", 0), topics)
+
+
+def fetch_error(version: int, request: dict, code: int, message: str) -> list:
+    topics = [(t["topic"], [({"index": p["partition"], "error_code": code}, b"") for p in t["partitions"]])
+              for t in request["topics"]]
+    return encode_fetch(version, 0, topics)
+
+
+def as_kafka_records(view: memoryview) -> bytes | memoryview:
+    """A partition's stored batches as a Kafka consumer reads them: magic-2 batches as they
+    are, native batches converted; a partial last batch is dropped (the client asks again)."""
+    pos, out, plain = 0, [], True
+    n = len(view)
+    while n - pos >= records.HEADER_SIZE:
+        h = records.BatchHeader.read(view, pos)
+        end = pos + h.size
+        if h.batch_length < records.MIN_BATCH_LENGTH or end > n:
+            break
+        if h.magic == kafka_batch.MAGIC:
+            out.append(view[pos:end])
+        else:
+            plain = False
+            try:
+                batch = view[pos:end]
+                out.append(kafka_batch.from_native(batch, h, records.decode_batch(batch, verify_crc=False)))
+            except CorruptRecordError:
+                break
+        pos = end
+    if plain:
+        return view[:pos]
+    return b"".join(out)
+
+
+_I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
+
+
+def encode_fetch(version: int, error_code: int, topics: list) -> list:
+    """Fetch response v4..v12 (v12 flexible: compact arrays and strings, tagged fields)."""
+    flex = version >= 12
+    out = [_I32.pack(0)]  # throttle_time_ms
+    if version >= 7:
+        out.append(_I16.pack(error_code) + _I32.pack(0))  # error_code, session_id 0: no session
+    out.append(_array_len(len(topics), flex))
+    for name, parts in topics:
+        out.append(_string(name, flex))
+        out.append(_array_len(len(parts), flex))
+        for p, data in parts:
+            fixed = _I32.pack(p["index"]) + _I16.pack(p.get("error_code", 0)) + \
+                _I64.pack(p.get("high_watermark", -1)) + _I64.pack(p.get("last_stable_offset", -1))
+            if version >= 5:
+                fixed += _I64.pack(p.get("log_start_offset", -1))
+            fixed += _array_len(0, flex)  # aborted_transactions: none (no transactions)
+            if version >= 11:
+                fixed += _I32.pack(-1)  # preferred_read_replica
+            fixed += _uvarint(len(data) + 1) if flex else _I32.pack(len(data))
+            out.append(fixed)
+            if len(data):
+                out.append(data)
+            if flex:
+                out.append(b"\x00")
+        if flex:
+            out.append(b"\x00")
+    if flex:
+        out.append(b"\x00")
+    return out
+
+
+def _array_len(n: int, flex: bool) -> bytes:
+    return _uvarint(n + 1) if flex else _I32.pack(n)
+
+
+def _string(s: str, flex: bool) -> bytes:
+    raw = s.encode()
+    return (_uvarint(len(raw) + 1) if flex else _I16.pack(len(raw))) + raw
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+register(Api(ApiKey.FETCH, 4, 12, fetch_to_internal, fetch_from_internal, fetch_error))
+
+
+# ---- ListOffsets (2) ---------------------------------------------------------------------------------
+
+def list_offsets_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"topics": [{"name": t["name"], "partitions": [
+        {"index": p["partition_index"], "timestamp": p["timestamp"],
+         "current_leader_epoch": p.get("current_leader_epoch", -1)} for p in t["partitions"]]}
+        for t in request["topics"]]}, []
+
+
+def list_offsets_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"topics": [{"name": t["name"], "partitions": [
+        {"partition_index": p["index"], "error_code": p.get("error_code", 0), "timestamp": p.get("timestamp", -1),
+         "offset": p.get("offset", -1), "leader_epoch": p.get("leader_epoch", -1)} for p in t["partitions"]]}
+        for t in body.get("topics") or ()]}
+
+
+def list_offsets_error(version: int, request: dict, code: int, message: str) -> dict:
+    return _per_partition(request, "topics", "name", "partitions", "partition_index", "topics", "name",
+                          "partitions", "partition_index", {"error_code": code, "timestamp": -1, "offset": -1})
+
+
+register(Api(ApiKey.LIST_OFFSETS, 1, 7, list_offsets_to_internal, list_offsets_from_internal,
+             list_offsets_error))
+
+
+# ---- OffsetForLeaderEpoch (23) -------------------------------------------------------------------------
+
+def epoch_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"replica_id": request.get("replica_id", -1), "topics": [{"name": t["topic"], "partitions": [
+        {"index": p["partition"], "current_leader_epoch": p.get("current_leader_epoch", -1),
+         "leader_epoch": p["leader_epoch"]} for p in t["partitions"]]} for t in request["topics"]]}, []
+
+
+def epoch_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"topics": [{"topic": t["name"], "partitions": [
+        {"partition": p["index"], "error_code": p.get("error_code", 0), "leader_epoch": p.get("leader_epoch", -1),
+         "end_offset": p.get("end_offset", -1)} for p in t["partitions"]]} for t in body.get("topics") or ()]}
+
+
+def epoch_error(version: int, request: dict, code: int, message: str) -> dict:
+    return _per_partition(request, "topics", "topic", "partitions", "partition", "topics", "topic",
+                          "partitions", "partition", {"error_code": code, "leader_epoch": -1, "end_offset": -1})
+
+
+register(Api(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, epoch_to_internal, epoch_from_internal, epoch_error))
+
+
+# ---- the other families register themselves ---------------------------------------------------------
+
+for _family in ("groups", "admin"):
+    try:
+        importlib.import_module(f"odradek.network.kafka.{_family}")
+    except ModuleNotFoundError as _exc:
+        if _exc.name != f"odradek.network.kafka.{_family}":
+            raise
