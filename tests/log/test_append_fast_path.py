@@ -120,7 +120,10 @@ def test_the_fast_checks_never_accept_what_check_header_refuses():
             ref_ok = True
         except OdradekError:
             ref_ok = False
-        assert fast_ok == ref_ok, f
+        if magic == MAGIC:
+            assert fast_ok == ref_ok, f
+        else:  # another format (Kafka's magic 2) always takes the general path, which checks it
+            assert not fast_ok, f
 
 
 def test_the_append_view_reads_the_same_fields_as_the_header():

@@ -361,7 +361,7 @@ def test_crc_checked_appends_skip_only_the_crc(open_log):
     bad[-1] ^= 1
     assert lg.append(bytes(bad), crc_checked=True).base_offset == 0  # the caller vouched for it
     worse = bytearray(batch(2))
-    worse[16] = 2  # magic is still checked
+    worse[16] = 3  # magic is still checked (an unknown one: 2 is Kafka's, stored too)
     with pytest.raises(CorruptRecordError, match="magic"):
         lg.append(bytes(worse), crc_checked=True)
 
