@@ -60,7 +60,7 @@ from typing import Any
 import zmq
 
 from odradek.actors.message import Message
-from odradek.actors.runtime import Actor, MailboxFull
+from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.network import codec
 from odradek.network.kafka import framing as kafka_framing
 from odradek.network.protocol import ApiKey, ErrorCode
@@ -206,6 +206,7 @@ class Processor(Actor):
             os.unlink(path)
         self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self._listener.bind(path)
+        make_private(path)  # only the broker's user may hand connections over
         self._listener.listen(16)
         self._listener.setblocking(False)
         self.watch(self._listener.fileno(), self._on_feed_connect)
