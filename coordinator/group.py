@@ -45,9 +45,11 @@ Errors raise ``GroupError`` (an ``OdradekError``) whose message says whose fault
 from __future__ import annotations
 
 import dataclasses
-import re
+import functools
 import uuid
 from typing import Callable, Iterable
+
+import re2
 
 from odradek.coordinator import assignors
 from odradek.network.protocol import ErrorCode, OdradekError
@@ -64,6 +66,21 @@ UNRELEASED = "unreleased_partitions"
 
 EMPTY, RECONCILING, STABLE_GROUP, DEAD = "empty", "reconciling", "stable", "dead"
 MAX_FENCED_IDS = 1000  # replaced static member ids remembered, to answer them FENCED_INSTANCE_ID
+
+
+# RE2 (google-re2) matches in time linear in the topic name, whatever the pattern: with
+# Python's backtracking `re`, a member subscribing to "(a+)+" froze the coordinator on a topic
+# "a"*40 + "X" (issue 16, defect 8). Kafka uses RE2/J for KIP-848 subscriptions too, so
+# patterns mean the same (no backreferences or lookarounds).
+_RE2_OPTIONS = re2.Options()
+_RE2_OPTIONS.log_errors = False  # a member's bad pattern is its error (INVALID_REQUEST), not a broker log line
+
+
+@functools.lru_cache(maxsize=1024)
+def subscription_regex(pattern: str):
+    """The compiled subscription pattern (cached: every member's pattern is matched against
+    every topic at each assignment); raises ``re2.error`` if it does not compile."""
+    return re2.compile(pattern, options=_RE2_OPTIONS)
 
 
 class GroupError(OdradekError):
@@ -127,7 +144,7 @@ class Member:
         if topic in self.subscribed_topic_names:
             return True
         if self.subscribed_topic_regex and not topic.startswith("__"):
-            return re.fullmatch(self.subscribed_topic_regex, topic) is not None
+            return subscription_regex(self.subscribed_topic_regex).fullmatch(topic) is not None
         return False
 
     def owned(self) -> set:
@@ -206,8 +223,8 @@ class ConsumerGroup:
                              f"{', '.join(self.config.assignors)}", ErrorCode.UNSUPPORTED_ASSIGNOR)
         if req.subscribed_topic_regex:
             try:
-                re.compile(req.subscribed_topic_regex)
-            except re.error as exc:
+                subscription_regex(req.subscribed_topic_regex)
+            except re2.error as exc:
                 raise GroupError(f"subscribed_topic_regex {req.subscribed_topic_regex!r} does not compile: {exc}",
                                  ErrorCode.INVALID_REQUEST) from None
         if req.member_epoch == JOIN_EPOCH and not req.subscribed_topic_names and not req.subscribed_topic_regex:

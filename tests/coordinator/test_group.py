@@ -256,6 +256,19 @@ def test_regex_subscription_and_unknown_assignor():
     assert e.value.code == ErrorCode.UNSUPPORTED_ASSIGNOR
 
 
+def test_a_catastrophic_backtracking_regex_matches_in_linear_time():
+    """Issue 16, defect 8: "(a+)+" against a topic "a"*40 + "X" spun the coordinator at 100% CPU
+    (Python's backtracking re: about 2^40 steps, holding the GIL) and every group API timed out.
+    With a backtracking engine this test hangs until pytest's timeout fails it."""
+    g = new_group()
+    topics = {"a" * 40 + "X": 1, "aaa": 1}
+    resp = g.heartbeat(HeartbeatRequest("", 0, subscribed_topic_regex="(a+)+"), 0, topics)
+    assert tps_of(resp["assignment"]) == {("aaa", 0)}
+    with pytest.raises(GroupError) as e:
+        g.heartbeat(HeartbeatRequest("", 0, subscribed_topic_regex="(a"), 0, topics)
+    assert e.value.code == ErrorCode.INVALID_REQUEST and "does not compile" in e.value.message
+
+
 def test_group_max_size_and_bad_session_timeouts_are_refused():
     g = new_group(max_size=1)
     Client(g).beat(0)
