@@ -219,6 +219,17 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             self._load_cluster_state()
             return
 
+    def _commit_or_raise(self, t, what: str) -> list:
+        """Commit a controller transaction; OdradekError (NOT_CONTROLLER if fenced, else
+        UNKNOWN_SERVER_ERROR naming ``what``) unless every operation in it succeeded."""
+        result = self._fenced_commit(t)
+        if result is None:
+            raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
+        failed = [r for r in result if isinstance(r, Exception)]
+        if failed:
+            raise OdradekError(f"cannot record {what} in ZooKeeper: {failed[0]!r}", ErrorCode.UNKNOWN_SERVER_ERROR)
+        return result
+
     def _fenced_commit(self, t) -> list | None:
         """Commit a transaction whose first operation checks our controller epoch. None when
         that check failed: another broker is the controller now, and this one resigns. (Any
@@ -574,13 +585,7 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             states.append(st)
             t.create(f"{TOPICS}/{name}/partitions/{p}")
             t.create(state_path(name, p), st.data())
-        result = self._fenced_commit(t)
-        if result is None:
-            raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
-        failed = [r for r in result if isinstance(r, Exception)]
-        if failed:
-            raise OdradekError(f"cannot record topic '{name}' in ZooKeeper: {failed[0]!r}",
-                               ErrorCode.UNKNOWN_SERVER_ERROR)
+        self._commit_or_raise(t, f"topic '{name}'")
         self.registry.topics[name] = topic
         self.registry.version += 1
         self.assignment[name] = assignment

@@ -111,7 +111,7 @@ class Move:
 class ReassignmentMixin:
     """Expects the controller half (``states``, ``assignment``, ``live``, ``registry``, ``zk``,
     ``_write_states``, ``_send_leader_and_isr``, ``_send_update_metadata``, ``_all_then``,
-    ``_fenced_commit``, ``_via_controller``, ``_choose_leader``) and sets ``moves``."""
+    ``_commit_or_raise``, ``_via_controller``, ``_choose_leader``) and sets ``moves``."""
 
     moves: dict
 
@@ -156,13 +156,7 @@ class ReassignmentMixin:
         for p, st in (new_states or {}).items():
             t.create(f"{TOPICS}/{name}/partitions/{p}")
             t.create(state_path(name, p), st.data())
-        result = self._fenced_commit(t)
-        if result is None:
-            raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
-        failed = [r for r in result if isinstance(r, Exception)]
-        if failed:
-            raise OdradekError(f"cannot record the replicas of '{name}' in ZooKeeper: {failed[0]!r}",
-                               ErrorCode.UNKNOWN_SERVER_ERROR)
+        self._commit_or_raise(t, f"the replicas of '{name}'")
         self.assignment[name] = replicas
         for p, (_, move) in changes.items():
             self.moves.pop((name, p), None)

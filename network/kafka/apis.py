@@ -27,7 +27,8 @@ from typing import Callable
 
 from odradek.log import kafka_batch, records
 from odradek.log.errors import CorruptRecordError
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.network.kafka.framing import uvarint
+from odradek.network.protocol import ApiKey
 
 
 @dataclasses.dataclass(frozen=True)
@@ -235,7 +236,7 @@ def encode_fetch(version: int, error_code: int, topics: list) -> list:
             fixed += _array_len(0, flex)  # aborted_transactions: none (no transactions)
             if version >= 11:
                 fixed += _I32.pack(-1)  # preferred_read_replica
-            fixed += _uvarint(len(data) + 1) if flex else _I32.pack(len(data))
+            fixed += uvarint(len(data) + 1) if flex else _I32.pack(len(data))
             out.append(fixed)
             if len(data):
                 out.append(data)
@@ -249,21 +250,14 @@ def encode_fetch(version: int, error_code: int, topics: list) -> list:
 
 
 def _array_len(n: int, flex: bool) -> bytes:
-    return _uvarint(n + 1) if flex else _I32.pack(n)
+    return uvarint(n + 1) if flex else _I32.pack(n)
 
 
 def _string(s: str, flex: bool) -> bytes:
     raw = s.encode()
-    return (_uvarint(len(raw) + 1) if flex else _I16.pack(len(raw))) + raw
+    return (uvarint(len(raw) + 1) if flex else _I16.pack(len(raw))) + raw
 
 
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while value >= 0x80:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
 
 
 register(Api(ApiKey.FETCH, 4, 12, fetch_to_internal, fetch_from_internal, fetch_error))
