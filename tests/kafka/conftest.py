@@ -30,5 +30,11 @@ def topic() -> str:
     return f"t-{uuid.uuid4().hex[:10]}"
 
 
-def needs_kcat():
-    return pytest.mark.skipif(shutil.which("kcat") is None, reason="kcat is installed by bin/test (bin/_env.sh)")
+@pytest.fixture
+def kcat() -> str:
+    """kcat's path; a test that needs it fails, saying how to get it, rather than skipping."""
+    path = shutil.which("kcat")
+    if path is None:
+        pytest.fail("kcat is not installed: bin/test installs it (ensure_kcat in bin/_env.sh), "
+                    "or run `apt-get install kcat`", pytrace=False)
+    return path

@@ -17,7 +17,6 @@ from odradek import Admin, Consumer, Producer
 from odradek import TopicPartition as OdradekTP
 from odradek.producer import partition_for_key
 
-from .conftest import needs_kcat
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
 
@@ -51,8 +50,7 @@ def test_admin_client_and_kcat_list_the_broker_at_the_address_serve_printed(kafk
     assert [(b.id, f"{b.host}:{b.port}") for b in md.brokers.values()] == [(0, bootstrap)]
 
 
-@needs_kcat()
-def test_kcat_lists_produces_and_consumes(bootstrap, topic):
+def test_kcat_lists_produces_and_consumes(bootstrap, topic, kcat):
     subprocess.run(["kcat", "-P", "-b", bootstrap, "-t", topic, "-K", ":"], input=b"a:1\nb:2\n", check=True,
                    timeout=60)
     out = subprocess.run(["kcat", "-C", "-b", bootstrap, "-t", topic, "-o", "beginning", "-e", "-J"],

@@ -50,7 +50,7 @@ def test_an_application_with_its_own_log_network_and_pipeline_modules_uses_odrad
         (app / f"{name}.py").write_text(text)
     (app / "app.py").write_text(textwrap.dedent(f"""
         from odradek import Admin, Consumer, Producer, TopicPartition
-        import odradek.broker, odradek.pipeline.source, odradek.coordinator.group_coordinator  # noqa: F401
+        import odradek.broker, odradek.pipeline.broker, odradek.coordinator.group_coordinator  # noqa: F401
 
         bootstrap = "{broker.host}:{broker.port}"
         with Admin(bootstrap) as admin:
