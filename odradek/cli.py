@@ -133,8 +133,8 @@ def cmd_configs(args) -> int:
 # ---- perf --------------------------------------------------------------------------------
 # name -> ("module:function", takes a bootstrap server); each function takes argv.
 PERF_TESTS = {
-    "ping": ("odradek.network.bench:main", True),
-    "hop": ("odradek.actors.bench:main", False),
+    "ping": ("odradek.bench.ping:main", True),
+    "hop": ("odradek.bench.hop:main", False),
     "produce": ("odradek.perf:produce_main", True),
     "consume": ("odradek.perf:consume_main", True),
     "e2e": ("odradek.perf:e2e_main", True),
@@ -144,7 +144,7 @@ PERF_TESTS = {
     "failover": ("odradek.perf:failover_main", False),
     # starts its own brokers: produce with and without a scrape a second; a 10,000-partition scrape
     "scrape": ("odradek.perf:scrape_main", False),
-    "reassign": ("odradek.reassign_bench:main", False),  # moves 1 GiB to a new broker (issue 17)
+    "reassign": ("odradek.bench.reassign:main", False),  # moves 1 GiB to a new broker (issue 17)
 }
 
 

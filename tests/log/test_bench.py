@@ -1,7 +1,7 @@
 """The storage benchmark runs end to end in quick mode and prints its table."""
 from __future__ import annotations
 
-from odradek.log import bench
+from odradek.bench import storage as bench
 
 
 def test_the_quick_benchmark_runs_and_prints_every_figure(capsys, tmp_path):

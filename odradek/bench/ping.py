@@ -12,7 +12,7 @@ Phases:
                for each handler count in ``--handlers`` (set with IncrementalAlterConfigs
                num.io.threads, restored afterwards)
 
-    python -m network.bench --bootstrap-server 127.0.0.1:9092 --handlers 1,2,4
+    python -m odradek.bench.ping --bootstrap-server 127.0.0.1:9092 --handlers 1,2,4
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Storage benchmark: ``python -m log.bench [--quick] [--runs N] [--dir PATH]``.
+"""Storage benchmark: ``python -m odradek.bench.storage [--quick] [--runs N] [--dir PATH]``.
 
 A tool, run by hand (and by a smoke test in ``--quick`` mode); it uses the log library in one
 process, no actors. Each figure is measured ``--runs`` times (default 5) and the median is
@@ -238,7 +238,7 @@ def median(values):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m log.bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m odradek.bench.storage", description=__doc__.split("\n")[0])
     p.add_argument("--quick", action="store_true", help="small sizes: a smoke test (seconds)")
     p.add_argument("--runs", type=int, default=None, help="repetitions per figure (default 5, quick 1)")
     p.add_argument("--dir", default=None, help="where to write (default: a temp dir on /tmp's disk)")

@@ -13,7 +13,7 @@ loop's dispatch).
 
 for 100 B and 64 KiB payloads by default.
 
-    python -m actors.bench [--sizes 100,65536] [--seconds 3]
+    python -m odradek.bench.hop [--sizes 100,65536] [--seconds 3]
 """
 from __future__ import annotations
 
@@ -128,8 +128,8 @@ def measure(sizes: list[int], seconds: float, requests: int, warmup: int) -> dic
     mp = multiprocessing.get_context("spawn")
     run_dir = tempfile.mkdtemp(prefix="odr-hop-", dir="/tmp")
     out = mp.Queue()
-    echo = mp.Process(target=_run, args=("odradek.actors.bench:Echo", "echo", run_dir, {}))
-    driver = mp.Process(target=_run, args=("odradek.actors.bench:Driver", "driver", run_dir,
+    echo = mp.Process(target=_run, args=("odradek.bench.hop:Echo", "echo", run_dir, {}))
+    driver = mp.Process(target=_run, args=("odradek.bench.hop:Driver", "driver", run_dir,
                                            {"peer": "echo", "out": out, "sizes": sizes, "seconds": seconds,
                                             "requests": requests, "warmup": warmup}))
     echo.start()

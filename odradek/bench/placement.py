@@ -1,4 +1,4 @@
-"""Partitions per log actor: ``python -m log.placement_bench [--partitions 10,1000,5000]
+"""Partitions per log actor: ``python -m odradek.bench.placement [--partitions 10,1000,5000]
 [--threads 1,2,4] [--dir PATH] [--batches N]``.
 
 How many partitions a log-actor process can host, and what ``num.log.threads`` buys, on a
@@ -175,7 +175,7 @@ def run_one(root: str, partitions: int, threads: int, batches: int, extra: list[
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m log.placement_bench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m odradek.bench.placement", description=__doc__.split("\n")[0])
     p.add_argument("--partitions", default="10,1000,5000")
     p.add_argument("--threads", default="1,2,4")
     p.add_argument("--batches", type=int, default=20000, help="batches produced per configuration")

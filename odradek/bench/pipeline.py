@@ -1,6 +1,6 @@
 """Spark connector benchmark: batch write and batch read of N fixed-size records.
 
-    python -m pipeline.bench [--records 1000000] [--size 100] [--values padded|random] [--partitions 2] [--runs 3]
+    python -m odradek.bench.pipeline [--records 1000000] [--size 100] [--values padded|random] [--partitions 2] [--runs 3]
                              [--master local[2]] [--bootstrap-server HOST:PORT]
 
 Without ``--bootstrap-server`` it starts its own broker (``odradek serve`` on 127.0.0.1, an
@@ -96,7 +96,7 @@ def _warm_up(spark, bootstrap: str, partitions: int, tag: str) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m pipeline.bench", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m odradek.bench.pipeline", description=__doc__.split("\n\n")[0])
     p.add_argument("--records", type=int, default=1_000_000)
     p.add_argument("--size", type=int, default=100, help="value bytes per record")
     p.add_argument("--partitions", type=int, default=2, help="topic partitions (= Spark tasks)")
