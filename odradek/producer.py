@@ -84,6 +84,7 @@ _crc32 = zlib.crc32
 _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
 LEADER_ERRORS = STALE_METADATA  # retried after a metadata refresh (the leader may have moved)
+KEY_MEMO = 65536  # keys per topic whose partition the producer remembers (then it starts over)
 ACK_TIMEOUT_MARGIN_MS = 1000  # the broker's acks=all wait ends this much before our request timeout
 
 
@@ -142,7 +143,10 @@ def pack_rows(rows: list) -> bytes:
     length (the usual benchmark and a common workload), each value's framing is one cached
     string: "end of the previous row + this row's position, timestamp, key and bin header"."""
     n = len(rows)
-    if set(map(type, rows)) != _ONLY_BYTES:
+    types = set(map(type, rows))
+    if types != _ONLY_BYTES:
+        if types == _ONLY_TUPLES:  # full rows only (keyed records): msgpack packs them as they are
+            return _packb(rows)
         return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
     parts = [None] * (2 * n)
     parts[1::2] = rows
@@ -195,6 +199,7 @@ class _BinHeaders(dict):
 
 
 _ONLY_BYTES = {bytes}
+_ONLY_TUPLES = {tuple}
 _ROW_PREFIX: list = []
 _FRAMING: dict = {}  # value length -> framing strings by position (at most 64 lengths kept)
 _BIN_HEADER = _BinHeaders()
@@ -345,6 +350,10 @@ class Producer:
         self._sticky: dict[str, _Batch] = {}  # topic -> open batch of its sticky partition
         self._open: dict[tuple, _Batch] = {}  # (topic, partition) -> open batch
         self._last_sticky: dict[str, int] = {}  # topic -> its previous sticky partition
+        # topic -> (the TopicMetadata the partitions were computed from, {key: partition}): the
+        # keyed fast path's memo of murmur2, valid while that metadata object is current (a
+        # refresh replaces it, so a partition count change is seen at once), KEY_MEMO keys each
+        self._key_memo: dict[str, tuple] = {}
         self._ready: collections.deque = collections.deque()  # closed and encoded, for the sender
         self._incomplete: set = set()  # batches whose future is not done (the sender discards)
         self._queued = 0  # bytes closed into batches (callers, under the lock)
@@ -381,6 +390,26 @@ class Producer:
                 handle._batch = batch
                 handle._index = index
                 return handle
+        elif key.__class__ is bytes and partition is None and headers is None and timestamp_ms is None \
+                and value.__class__ is bytes:
+            memo = self._key_memo.get(topic)
+            if memo is not None and memo[0] is self._cluster.topics.get(topic):
+                partition = memo[1].get(key)
+                if partition is not None:
+                    with self._lock:
+                        batch = self._open.get((topic, partition))
+                        if batch is not None:
+                            rows = batch.rows
+                            index = len(rows)
+                            rows.append((index, 0, key, value, ()))
+                            batch.size += len(value) + len(key) + RECORD_OVERHEAD
+                            if batch.size >= self.batch_size:
+                                self._close_batch(batch)
+                    if batch is not None:
+                        handle = FutureRecordMetadata()
+                        handle._batch = batch
+                        handle._index = index
+                        return handle
         return self._send_general(topic, value, key, partition, headers, timestamp_ms)
 
     def _send_general(self, topic, value, key, partition, headers, timestamp_ms) -> FutureRecordMetadata:
@@ -394,7 +423,7 @@ class Producer:
                 raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
                                 f"topic '{topic}' has partitions 0..{count - 1}; partition {partition!r} does not exist")
         elif key is not None:
-            partition = partition_for_key(key, count)
+            partition = self._partition_of_key(topic, key, count)
         size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD
         with self._lock:
             if partition is None:
@@ -422,6 +451,17 @@ class Producer:
             if batch.size >= self.batch_size:
                 self._close_batch(batch)
         return _handle(batch, index)
+
+    def _partition_of_key(self, topic: str, key: bytes, count: int) -> int:
+        """``partition_for_key``, remembered for the fast path in ``send`` (see ``_key_memo``)."""
+        partition = partition_for_key(key, count)
+        meta = self._cluster.topics.get(topic)
+        if meta is not None and len(meta.partitions) == count:
+            memo = self._key_memo.get(topic)
+            if memo is None or memo[0] is not meta or len(memo[1]) >= KEY_MEMO:
+                memo = self._key_memo[topic] = (meta, {})
+            memo[1][key] = partition
+        return partition
 
     # ---- batches (all under _lock) -------------------------------------------------------------
     def _new_sticky_batch(self, topic: str, count: int) -> _Batch:

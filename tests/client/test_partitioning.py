@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -65,3 +66,27 @@ def test_an_explicit_partition_outside_the_topic_is_refused_at_send(scripted):
         with pytest.raises(errors.UnknownTopicOrPartitionError):
             p.send("t", b"v", partition=2)
         assert p.send("t", b"v", partition=1).result(10).partition == 1
+
+
+def test_a_keyed_record_follows_the_partition_count_of_the_newest_metadata(scripted):
+    """``send`` remembers each key's partition for its fast path; more partitions in a refreshed
+    metadata must move the key at once, as Kafka's partitioner computes it per record."""
+    broker = scripted({"t": 2})
+    keys = [b"user-%d" % i for i in range(40)]
+    moved = [k for k in keys if partition_for_key(k, 2) != partition_for_key(k, 7)]
+    with Producer(broker.bootstrap, linger_ms=1, metadata_max_age_ms=100) as p:
+        before = [p.send("t", b"v", key=k) for k in keys * 3]  # the first sends fill the memo
+        p.flush()
+        assert [h.result().partition for h in before] == [partition_for_key(k, 2) for k in keys * 3]
+        with broker.lock:  # seven partitions now; partitions 0 and 1 keep their logs
+            broker.topics["t"] = 7
+            for i in range(2, 7):
+                broker.logs[("t", i)], broker.end[("t", i)] = [], 0
+                broker.cluster.leaders[("t", i)] = [broker.node_id, 0]
+        deadline = time.monotonic() + 10
+        while len(p.partitions_for("t")) != 7:  # the sender refreshes after metadata_max_age_ms
+            assert time.monotonic() < deadline, "the producer never refreshed its metadata"
+            time.sleep(0.05)
+        after = [p.send("t", b"v", key=k) for k in moved]
+        p.flush()
+    assert moved and [h.result().partition for h in after] == [partition_for_key(k, 7) for k in moved]
