@@ -403,6 +403,7 @@ def e2e_main(argv: list[str]) -> int:
     ap.add_argument("--record-size", type=int, default=100)
     ap.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
     ap.add_argument("--no-redis", action="store_true")
+    ap.add_argument("--no-nats", action="store_true", help="skip the NATS JetStream comparison")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     if args.record_size < _STAMP.size:
@@ -418,9 +419,27 @@ def e2e_main(argv: list[str]) -> int:
         theirs = _with_redis(lambda r: _e2e(["redis", str(r.port)], args.num_records, args.throughput,
                                             args.record_size, lambda: _redis_sender(r.port)))
         _compare(ours, theirs, "latency")
+    nats = None if args.no_nats else _e2e_nats(args.num_records, args.throughput, args.record_size)
+    if nats is not None:
+        _compare(ours, nats, "latency", "NATS JetStream")
     if args.json:
-        print(json.dumps({"odradek": ours, "redis": theirs}))
+        print(json.dumps({"odradek": ours, "redis": theirs, "nats": nats}))
     return 0 if ours["records"] == args.num_records else 1
+
+
+def _e2e_nats(n: int, rate: float, size: int) -> dict | None:
+    """The same e2e workload on NATS JetStream (odradek/bench/nats.py), when it is installed."""
+    from odradek.bench import nats
+    why = nats.available()
+    if why:
+        print(f"\nNATS JetStream comparison skipped: {why}.", flush=True)
+        return None
+    server = nats.NatsServer()
+    try:
+        print(f"\nnats: the same workload on NATS JetStream (nats-server -js on 127.0.0.1:{server.port})", flush=True)
+        return _e2e(["nats", str(server.port)], n, rate, size, lambda: nats.sender(server.port))
+    finally:
+        server.stop()
 
 
 def _odradek_sender(bootstrap: str, topic: str, kwargs: dict):
@@ -462,6 +481,9 @@ def e2e_child(argv: list[str]) -> int:
     """The consumer side of ``e2e`` (a child process): prints "ready", then the latencies (ms,
     JSON) of the n records it received."""
     kind, n = argv[0], int(argv[-1])
+    if kind == "nats":
+        from odradek.bench import nats
+        return nats.main_child(argv, _STAMP.unpack_from)
     lat: list[float] = []
     monotonic_ns = time.monotonic_ns
     unpack = _STAMP.unpack_from
@@ -603,18 +625,18 @@ def redis_consume(server: RedisServer, n: int, size: int, report_ms: int, count:
     return stats.summary(got, nbytes, elapsed, "records consumed", latency=False)
 
 
-def _compare(ours: dict, theirs: dict | None, what: str) -> None:
+def _compare(ours: dict, theirs: dict | None, what: str, peer: str = "redis") -> None:
     if not theirs:
         return
     if what == "throughput":
         ratio = ours["records_per_sec"] / theirs["records_per_sec"] if theirs["records_per_sec"] else float("inf")
-        print(f"\nodradek / redis throughput: {ratio:.2f}x ({ours['records_per_sec']:.0f} vs "
+        print(f"\nodradek / {peer} throughput: {ratio:.2f}x ({ours['records_per_sec']:.0f} vs "
               f"{theirs['records_per_sec']:.0f} records/sec)", flush=True)
     else:
         for key in ("p50_ms", "p99_ms"):
             ratio = theirs[key] / ours[key] if ours[key] else float("inf")
-            print(f"{key[:-3]} latency: odradek {ours[key]:.3f} ms, redis {theirs[key]:.3f} ms "
-                  f"(redis / odradek = {ratio:.2f}x)", flush=True)
+            print(f"{key[:-3]} latency: odradek {ours[key]:.3f} ms, {peer} {theirs[key]:.3f} ms "
+                  f"({peer} / odradek = {ratio:.2f}x)", flush=True)
 
 
 # ---- cluster benchmarks: replicated throughput, failover time --------------------------------
