@@ -171,16 +171,18 @@ class LogActor(Actor):
                 "delayed_produces": sum(len(p.waiting) for p in self.logs.values())}
 
     def metric_gauges(self) -> list:
-        """Per partition: size, segments, offsets, replica health; read at scrape time."""
-        out = []
+        """One row per partition, read at scrape time: ``["partition", [topic, partition],
+        [size, segments, log end, log start, high watermark, leading, under-replicated,
+        under min ISR]]`` (``observe.catalogue.PARTITION_COLUMNS``; one row, not eight gauges,
+        keeps a 10,000-partition answer small)."""
+        me, out = self.broker_id, []
         for (topic, partition), p in self.logs.items():
-            key, lg = [topic, partition], p.log
-            leading = p.leader == self.broker_id
-            out += [["log_size", key, lg.size], ["log_segments", key, len(lg.segments)],
-                    ["log_end_offset", key, lg.log_end_offset], ["log_start_offset", key, lg.log_start_offset],
-                    ["high_watermark", key, lg.high_watermark], ["leader", key, int(leading)],
-                    ["under_replicated", key, int(leading and len(p.isr) < len(p.replicas))],
-                    ["under_min_isr", key, int(leading and len(p.isr) < lg.config.min_insync_replicas)]]
+            lg = p.log
+            leading = p.leader == me
+            out.append(["partition", [topic, partition],
+                        [lg.size, len(lg.segments), lg.log_end_offset, lg.log_start_offset, lg.high_watermark,
+                         int(leading), int(leading and len(p.isr) < len(p.replicas)),
+                         int(leading and len(p.isr) < lg.config.min_insync_replicas)]])
         return out
 
     # ---- produce -----------------------------------------------------------------------

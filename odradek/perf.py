@@ -1137,6 +1137,14 @@ while True:
 """
 
 
+def _sample(text: str, name: str) -> float:
+    """The value of an unlabelled sample in Prometheus text (0 if absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def scrape_main(argv: list[str]) -> int:
     """Two figures of docs/OBSERVABILITY.md's goals, each on its own broker (127.0.0.1, temp
     data): (1) produce throughput with and without a Prometheus scrape every second (a
@@ -1152,11 +1160,13 @@ def scrape_main(argv: list[str]) -> int:
     ap.add_argument("--skip-cost", action="store_true", help="only the scrape-time part")
     ap.add_argument("--exposition", action="store_true",
                     help="only the collector and text exposition of a --partitions snapshot, in this process")
+    ap.add_argument("--partition-level", action="store_true",
+                    help="scrape with metrics.partition.level=true (per-partition series; default: per topic)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = {"loadavg_before": _loadavg()}
     if args.exposition:
-        result["exposition"] = _exposition_time(args.partitions, args.scrapes)
+        result["exposition"] = _exposition_time(args.partitions, args.scrapes, args.partition_level)
     elif not args.skip_cost:
         result["cost"] = _scrape_cost(args)
     if args.partitions and not args.exposition:
@@ -1210,7 +1220,8 @@ def _scrape_time(args) -> dict:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
     threads = max(2, args.partitions // 2000)  # ARCHITECTURE.md's rule of thumb for num.log.threads
-    broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000})
+    broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000,
+                            "metrics.partition.level": args.partition_level})
     try:
         began = time.monotonic()
         with Admin(broker.bootstrap, request_timeout_ms=600000) as admin:
@@ -1229,7 +1240,7 @@ def _scrape_time(args) -> dict:
         while time.monotonic() < settle:
             try:
                 with urllib.request.urlopen(url, timeout=30) as r:
-                    if r.read().decode().count("\nodradek_log_size_bytes{") >= args.partitions:
+                    if _sample(r.read().decode(), "odradek_partition_count") >= args.partitions:
                         break
             except OSError:
                 pass
@@ -1254,30 +1265,32 @@ def _scrape_time(args) -> dict:
     finally:
         broker.stop()
         shutil.rmtree(broker.data_dir, ignore_errors=True)
-    print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
+    print(f"scrape of {args.partitions} partitions ({'per partition' if args.partition_level else 'per topic'}): median {_median(times):.3f}s, max {max(times):.3f}s, "
           f"{size / 2**20:.1f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor answers missing "
           f"(goal < 1 s)", flush=True)
-    return {"partitions": args.partitions, "times_s": times, "median_s": _median(times), "max_s": max(times),
+    return {"partitions": args.partitions, "partition_level": args.partition_level, "times_s": times, "median_s": _median(times), "max_s": max(times),
             "bytes": size, "failed": failed, "actors_missing": missing}
 
 
-def _exposition_time(partitions: int, runs: int) -> dict:
-    """The CPU part of a scrape without a broker: the log actors' gauges of ``partitions``
-    partitions (8 series each, over 5 log actors) through the collector and
-    ``prometheus_client.generate_latest``."""
-    from prometheus_client import CollectorRegistry, generate_latest
+def _exposition_time(partitions: int, runs: int, partition_level: bool = False) -> dict:
+    """The CPU part of a scrape without a broker: the log actors' rows of ``partitions``
+    partitions (over 5 log actors) and one group's committed offset of each, through the
+    collector and its text exposition (``BrokerCollector.exposition``, what ``/metrics``
+    serves), per topic or, with ``partition_level``, per partition."""
     from odradek.observe.collector import BrokerCollector, Snapshot
-    names = ("log_size", "log_segments", "log_end_offset", "log_start_offset", "high_watermark", "leader",
-             "under_replicated", "under_min_isr")
-    gauges = [[n, [f"t{i // 2500}", i % 2500], 1000 + i] for i in range(partitions) for n in names]
-    snap = Snapshot({"actors": []}, {f"log-{j}": {"gauges": gauges[j::5]} for j in range(5)})
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(lambda: snap))
+    rows = [["partition", [f"t{i // 2500}", i % 2500], [1000 + i, 1, 2000 + i, 0, 2000 + i, 1, 0, 0]]
+            for i in range(partitions)]
+    committed = [["committed_offset", ["g", f"t{i // 2500}", i % 2500], 1000 + i] for i in range(partitions)]
+    answers = {f"log-{j}": {"gauges": rows[j::5]} for j in range(5)}
+    answers["group_coordinator"] = {"gauges": committed}
+    snap = Snapshot({"actors": []}, answers)
+    collector = BrokerCollector(lambda: snap, partition_level)
     times, size = [], 0
     for _ in range(max(1, runs)):
         t0 = time.perf_counter()
-        size = len(generate_latest(registry))
+        size = len(collector.exposition())
         times.append(time.perf_counter() - t0)
-    print(f"exposition of {partitions} partitions ({len(gauges)} samples): median {_median(times):.3f}s, "
-          f"{size / 2**20:.1f} MiB of text", flush=True)
-    return {"partitions": partitions, "samples": len(gauges), "median_s": _median(times), "bytes": size}
+    print(f"exposition of {partitions} partitions ({'per partition' if partition_level else 'per topic'}): "
+          f"median {_median(times):.3f}s, max {max(times):.3f}s, {size / 2**20:.2f} MiB of text", flush=True)
+    return {"partitions": partitions, "partition_level": partition_level, "times_s": times,
+            "median_s": _median(times), "bytes": size}

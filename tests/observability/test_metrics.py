@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from odradek import Admin, Consumer, Producer
-from odradek.observe.catalogue import all_specs
+from odradek.observe.catalogue import GROUP_PARTITION, PARTITION_COLUMNS, all_specs
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.types import TopicPartition
@@ -41,13 +41,17 @@ def produce(bootstrap: str, topic: str, partitions: int, n: int, size: int = 50)
     producer.close()
 
 
+PER_PARTITION = {s.name for s in [*PARTITION_COLUMNS.values(), *GROUP_PARTITION.values()]}
+
+
 def test_the_metrics_text_parses_and_names_every_metric_of_the_catalogue(shared_broker):
     status, text = http_get(shared_broker.console_url + "metrics")
     assert status == 200
     names = {fam.name for fam in text_string_to_metric_families(text)}
-    # the parser drops a counter's _total from the family name
-    expected = {s.name for s in all_specs()}
+    # the parser drops a counter's _total from the family name; per-partition series are opt-in
+    expected = {s.name for s in all_specs()} - PER_PARTITION
     assert expected <= names, f"missing: {sorted(expected - names)}"
+    assert not names & PER_PARTITION, "per-partition series without metrics.partition.level=true"
     samples = scrape(shared_broker)
     assert value(samples, "odradek_active_controller") == 1
     assert value(samples, "odradek_actor_up", actor="log-0", role="log") == 1
@@ -66,7 +70,9 @@ def test_counters_move_by_the_records_produced_and_consumed(shared_broker):
     produce(shared_broker.bootstrap, "counted", 2, 300)
     after_produce = scrape(shared_broker)
     assert value(after_produce, "odradek_topic_records_in_total", topic="counted") == 300
-    size = sum(value(after_produce, "odradek_log_size_bytes", topic="counted", partition=p) for p in (0, 1))
+    size = value(after_produce, "odradek_topic_log_size_bytes", topic="counted")
+    assert value(after_produce, "odradek_topic_partitions", topic="counted") == 2
+    assert value(after_produce, "odradek_topic_leaders", topic="counted") == 2
     assert value(after_produce, "odradek_topic_bytes_in_total", topic="counted") == size > 300 * 50
     assert value(after_produce, "odradek_requests_total", api="produce") > value(before, "odradek_requests_total",
                                                                                api="produce")
@@ -86,20 +92,41 @@ def test_counters_move_by_the_records_produced_and_consumed(shared_broker):
                                                                              api="fetch")
 
 
-def test_a_groups_lag_is_what_was_produced_minus_what_it_committed(shared_broker):
-    produce(shared_broker.bootstrap, "lagging", 2, 100)  # 50 per partition
-    consumer = Consumer(shared_broker.bootstrap, group_id="lag-group", enable_auto_commit=False)
-    consumer.assign([TopicPartition("lagging", 0), TopicPartition("lagging", 1)])
-    consumer.commit({TopicPartition("lagging", 0): 20, TopicPartition("lagging", 1): 45})
+def lag_setup(bootstrap: str, topic: str, group: str) -> None:
+    """100 records on two partitions (50 each); the group commits 20 and 45."""
+    produce(bootstrap, topic, 2, 100)
+    consumer = Consumer(bootstrap, group_id=group, enable_auto_commit=False)
+    consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+    consumer.commit({TopicPartition(topic, 0): 20, TopicPartition(topic, 1): 45})
     consumer.close()
+
+
+def test_a_groups_lag_per_topic_is_what_was_produced_minus_what_it_committed(shared_broker):
+    lag_setup(shared_broker.bootstrap, "lagging", "lag-group")
     samples = scrape(shared_broker)
+    assert value(samples, "odradek_consumer_group_topic_lag", group="lag-group", topic="lagging") == \
+        (50 - 20) + (50 - 45)
+
+
+def test_per_partition_series_when_asked_for_and_their_sums_per_topic(start_broker):
+    broker = start_broker(metrics_partition_level=True)
+    lag_setup(broker.bootstrap, "lagging", "lag-group")
+    samples = scrape(broker)
     for partition, committed in ((0, 20), (1, 45)):
         produced = value(samples, "odradek_high_watermark", topic="lagging", partition=partition)
         assert produced == 50
+        assert value(samples, "odradek_log_end_offset", topic="lagging", partition=partition) == 50
+        assert value(samples, "odradek_partition_leader", topic="lagging", partition=partition) == 1
         assert value(samples, "odradek_consumer_group_committed_offset", group="lag-group", topic="lagging",
                      partition=partition) == committed
         assert value(samples, "odradek_consumer_group_lag", group="lag-group", topic="lagging",
                      partition=partition) == produced - committed
+    assert value(samples, "odradek_topic_log_size_bytes", topic="lagging") == sum(
+        value(samples, "odradek_log_size_bytes", topic="lagging", partition=p) for p in (0, 1)) > 100 * 50
+    assert value(samples, "odradek_consumer_group_topic_lag", group="lag-group", topic="lagging") == 35
+    assert value(samples, "odradek_leader_count") == value(samples, "odradek_partition_count") >= 2
+    names = {name for name, _ in samples}
+    assert {s.name for s in PARTITION_COLUMNS.values()} <= names
 
 
 def test_request_level_errors_are_counted_per_api_and_code(shared_broker):
