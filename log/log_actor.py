@@ -114,10 +114,11 @@ class PartitionLog:
 
 class DelayedProduce:
     """An acks=all produce waiting for the high watermark of some of its partitions."""
-    __slots__ = ("msg", "results", "waiting_on", "timer")
+    __slots__ = ("msg", "results", "waiting_on", "timer", "since")
 
     def __init__(self, msg: Message, results: dict):
         self.msg, self.results, self.timer = msg, results, None
+        self.since = time.monotonic()  # for Kafka's remote time (held here waiting for the ISR)
         self.waiting_on: list[PartitionLog] = []  # one entry per partition still below the high watermark
 
 
@@ -245,7 +246,7 @@ class LogActor(Actor):
                                                f"{p.isr} in time (high watermark {p.log.high_watermark})")
             p.waiting = [w for w in p.waiting if w[1] is not delayed]
         delayed.waiting_on.clear()
-        self.reply(delayed.msg, _produce_body(delayed.results))
+        self.reply(delayed.msg, _produce_body(delayed.results, delayed.since))
 
     def _complete_waiting(self, p: PartitionLog, error: tuple[int, str] | None = None) -> None:
         """Answer the acks=all produces the high watermark has passed (or all, with ``error``)."""
@@ -264,7 +265,7 @@ class LogActor(Actor):
             if not delayed.waiting_on:
                 if delayed.timer is not None:
                     delayed.timer.cancel()
-                self._answers.append((delayed.msg, _produce_body(delayed.results)))
+                self._answers.append((delayed.msg, _produce_body(delayed.results, delayed.since)))
         if done:
             del p.waiting[:done]
 
@@ -675,8 +676,13 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _produce_body(results: dict) -> dict:
-    return {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}}
+def _produce_body(results: dict, held_since: float | None = None) -> dict:
+    """The produce answer; ``remote_ms`` (the processor's remote-time histogram) when it
+    waited for the ISR since ``held_since``."""
+    body = {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}}
+    if held_since is not None:
+        body["remote_ms"] = (time.monotonic() - held_since) * 1000
+    return body
 
 
 def _error(partition: int, code: int, message: str) -> dict:

@@ -56,6 +56,15 @@ COUNTED: dict[str, Spec] = {
     "request_local_ms": Spec("odradek_request_local_time_seconds", "histogram",
                              "A handler's own work on a request (until it answers or hands it on).",
                              ("api",), "RequestMetrics LocalTimeMs"),
+    "request_remote_ms": Spec("odradek_request_remote_time_seconds", "histogram",
+                              "Time the request was held waiting in a purgatory: an acks=all produce in the "
+                              "log actor until its ISR caught up, a long-poll fetch in the fetch actor until "
+                              "min_bytes arrived or max_wait_ms passed (0 for the others).", ("api",),
+                              "RequestMetrics RemoteTimeMs"),
+    "client_requests": Spec("odradek_client_requests", "counter",
+                            "Requests received, per client.id (the first 100 distinct ids a processor sees, "
+                            "each up to 100 characters; the others are counted as '(other)', none as '(none)').",
+                            ("client_id",), "RequestMetrics RequestsPerSec by client (quota metrics' client-id)"),
     "response_send_ms": Spec("odradek_response_send_time_seconds", "histogram",
                              "From the answer reaching the processor to its bytes going to the socket "
                              "(Kafka's response queue + send).", ("api",),

@@ -166,3 +166,61 @@ def test_made_up_api_keys_share_one_label_so_a_client_cannot_grow_the_metrics(sh
     apis = {dict(labels).get("api") for name, labels in samples if name == "odradek_requests_total"}
     assert not any(a.isdigit() and int(a) >= 5000 for a in apis), apis
     assert value(samples, "odradek_requests_total", api="-1") >= 20
+
+
+def test_requests_are_counted_per_client_id_and_ids_past_the_cap_fold_into_other(shared_broker):
+    host, port = shared_broker.bootstrap.split(":")
+    n = 260  # over two processors' caps of 100 distinct ids each (connections alternate between them)
+    for i in range(n):
+        with BrokerConnection(host, int(port), client_id=f"obs-many-{i}") as conn:
+            with pytest.raises(OdradekError):
+                conn.request(ApiKey.METADATA, {}, version=99)
+    samples = scrape(shared_broker)
+    counted = {dict(labels)["client_id"]: v for (name, labels), v in samples.items()
+               if name == "odradek_client_requests_total"}
+    named = [c for c in counted if c.startswith("obs-many-")]
+    assert 0 < len(named) <= 200 and all(counted[c] == 1 for c in named)
+    assert counted["(other)"] >= n - len(named)
+    assert len(counted) <= 2 * 100 + 2, "the number of client_id labels is not bounded"
+
+
+def test_a_long_poll_fetch_shows_its_wait_as_remote_time(shared_broker):
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("remote-wait", partitions=1)
+    before = scrape(shared_broker)
+    host, port = shared_broker.bootstrap.split(":")
+    body = {"max_wait_ms": 400, "min_bytes": 1,
+            "topics": [{"name": "remote-wait", "partitions": [{"index": 0, "fetch_offset": 0,
+                                                                "partition_max_bytes": 1024}]}]}
+    with BrokerConnection(host, int(port)) as conn:
+        for _ in range(2):
+            conn.request(ApiKey.FETCH, body)  # nothing to read: each waits max_wait_ms in the fetch actor
+    after = scrape(shared_broker)
+
+    def moved(name: str) -> float:
+        return value(after, name, api="fetch") - value(before, name, api="fetch")
+    assert moved("odradek_request_remote_time_seconds_sum") >= 2 * 0.35
+    assert moved("odradek_request_remote_time_seconds_count") >= 2
+    # a request no purgatory held counts with 0 remote time
+    assert value(after, "odradek_request_remote_time_seconds_bucket", api="metadata", le="5e-05") == \
+        value(after, "odradek_request_remote_time_seconds_count", api="metadata") > 0
+
+
+def test_the_processors_log_line_about_a_bad_request_names_the_client_id(shared_broker):
+    import socket
+    import struct
+    from odradek.network import codec
+    host, port = shared_broker.bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"".join(codec.encode_request(ApiKey.METADATA, 0, 1, "obs-who-am-i", {})))
+        sock.recv(65536)  # its answer: the request was dispatched, the client id known
+        sock.sendall(struct.pack(">II", 1 << 30, 8) + b"\xc1" * 8)  # announces 1 GiB: refused, logged
+        sock.recv(65536)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(shared_broker.stderr_path, errors="replace") as f:
+            lines = [line for line in f if "sent a bad request" in line and "obs-who-am-i" in line]
+        if lines:
+            break
+        time.sleep(0.2)
+    assert lines and "client 'obs-who-am-i'" in lines[0] and "MESSAGE_TOO_LARGE" in lines[0]
