@@ -60,11 +60,12 @@ ANSWER_MARGIN_MS = 1_000  # and the wait ends this long before the processor's r
 class FetchRequest:
     """One parsed fetch: ``parts`` is a list of (topic, partition, offset, partition_max_bytes)."""
 
-    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer", "replica")
+    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer", "replica", "since")
 
     def __init__(self, msg: Message, parts, min_bytes: int, max_bytes: int, replica: int = -1):
         self.msg, self.parts, self.min_bytes, self.max_bytes, self.timer = msg, parts, min_bytes, max_bytes, None
         self.replica = replica
+        self.since: float | None = None  # when it began to wait (Kafka's remote time)
 
 
 def _int(body: dict, key: str, default: int, lo: int = 0) -> int:
@@ -179,6 +180,7 @@ class FetchActor(Actor):
             self._tell_progress(replica, parts)
         if self._try(req, final=max_wait == 0):
             return
+        req.since = time.monotonic()
         req.timer = self.call_later(max_wait / 1000, lambda: self._try(req, final=True))
         for topic, partition, *_ in parts:
             self.waiting.setdefault((topic, partition), set()).add(req)
@@ -201,7 +203,10 @@ class FetchActor(Actor):
         self.served_bytes += total
         self._count_out(req.replica, topics)
         body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
-        self.reply(req.msg, {"body": body, "files": files})
+        answer = {"body": body, "files": files}
+        if req.since is not None:
+            answer["remote_ms"] = (time.monotonic() - req.since) * 1000
+        self.reply(req.msg, answer)
         return True
 
     def _check_broker_epoch(self, replica: int, claimed) -> None:

@@ -114,10 +114,11 @@ class PartitionLog:
 
 class DelayedProduce:
     """An acks=all produce waiting for the high watermark of some of its partitions."""
-    __slots__ = ("msg", "results", "waiting_on", "timer")
+    __slots__ = ("msg", "results", "waiting_on", "timer", "since")
 
     def __init__(self, msg: Message, results: dict):
         self.msg, self.results, self.timer = msg, results, None
+        self.since = time.monotonic()  # for Kafka's remote time (held here waiting for the ISR)
         self.waiting_on: list[PartitionLog] = []  # one entry per partition still below the high watermark
 
 
@@ -171,16 +172,18 @@ class LogActor(Actor):
                 "delayed_produces": sum(len(p.waiting) for p in self.logs.values())}
 
     def metric_gauges(self) -> list:
-        """Per partition: size, segments, offsets, replica health; read at scrape time."""
-        out = []
+        """One row per partition, read at scrape time: ``["partition", [topic, partition],
+        [size, segments, log end, log start, high watermark, leading, under-replicated,
+        under min ISR]]`` (``observe.catalogue.PARTITION_COLUMNS``; one row, not eight gauges,
+        keeps a 10,000-partition answer small)."""
+        me, out = self.broker_id, []
         for (topic, partition), p in self.logs.items():
-            key, lg = [topic, partition], p.log
-            leading = p.leader == self.broker_id
-            out += [["log_size", key, lg.size], ["log_segments", key, len(lg.segments)],
-                    ["log_end_offset", key, lg.log_end_offset], ["log_start_offset", key, lg.log_start_offset],
-                    ["high_watermark", key, lg.high_watermark], ["leader", key, int(leading)],
-                    ["under_replicated", key, int(leading and len(p.isr) < len(p.replicas))],
-                    ["under_min_isr", key, int(leading and len(p.isr) < lg.config.min_insync_replicas)]]
+            lg = p.log
+            leading = p.leader == me
+            out.append(["partition", [topic, partition],
+                        [lg.size, len(lg.segments), lg.log_end_offset, lg.log_start_offset, lg.high_watermark,
+                         int(leading), int(leading and len(p.isr) < len(p.replicas)),
+                         int(leading and len(p.isr) < lg.config.min_insync_replicas)]])
         return out
 
     # ---- produce -----------------------------------------------------------------------
@@ -243,7 +246,7 @@ class LogActor(Actor):
                                                f"{p.isr} in time (high watermark {p.log.high_watermark})")
             p.waiting = [w for w in p.waiting if w[1] is not delayed]
         delayed.waiting_on.clear()
-        self.reply(delayed.msg, _produce_body(delayed.results))
+        self.reply(delayed.msg, _produce_body(delayed.results, delayed.since))
 
     def _complete_waiting(self, p: PartitionLog, error: tuple[int, str] | None = None) -> None:
         """Answer the acks=all produces the high watermark has passed (or all, with ``error``)."""
@@ -262,7 +265,7 @@ class LogActor(Actor):
             if not delayed.waiting_on:
                 if delayed.timer is not None:
                     delayed.timer.cancel()
-                self._answers.append((delayed.msg, _produce_body(delayed.results)))
+                self._answers.append((delayed.msg, _produce_body(delayed.results, delayed.since)))
         if done:
             del p.waiting[:done]
 
@@ -673,8 +676,13 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _produce_body(results: dict) -> dict:
-    return {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}}
+def _produce_body(results: dict, held_since: float | None = None) -> dict:
+    """The produce answer; ``remote_ms`` (the processor's remote-time histogram) when it
+    waited for the ISR since ``held_since``."""
+    body = {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}}
+    if held_since is not None:
+        body["remote_ms"] = (time.monotonic() - held_since) * 1000
+    return body
 
 
 def _error(partition: int, code: int, message: str) -> dict:

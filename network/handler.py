@@ -194,6 +194,12 @@ class RequestHandler(Actor):
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
             method(msg, body)
+        except OdradekError:
+            raise
+        except Exception:  # a bug: name whose request it was (the runtime logs the traceback and answers)
+            log.error("%s: %s v%s from %s (client '%s') failed", self.name, ApiKey(api).name, version,
+                      fields.get("peer"), fields.get("client"))
+            raise
         finally:
             self.metrics.observe("request_local_ms", (api,), (time.time() - picked_up) * 1000)
 

@@ -76,6 +76,8 @@ DIED_CODE = ErrorCode.NETWORK_EXCEPTION
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
+CLIENT_IDS_MAX = 100  # distinct client ids counted by name; the others count as "(other)"
+CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
 
 
 def _nbytes(buf: Any) -> int:
@@ -126,7 +128,7 @@ class Connection:
 
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
-                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka")
+                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "client")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -155,6 +157,11 @@ class Connection:
         # connection's state, None for a native one (``decoder`` is then codec.Decoder).
         self.sniff: bytearray | None = bytearray()
         self.kafka = None  # network.kafka.connection.KafkaConnection
+        self.client = ""  # the client.id of its last request, for log lines
+
+    def who(self) -> str:
+        """The peer and, once a request said it, the client id: what a log line names."""
+        return f"{self.peer} (client '{self.client}')" if self.client else self.peer
 
     def idle(self) -> bool:
         """Nothing in flight, nothing to write, nothing half received."""
@@ -198,6 +205,7 @@ class Processor(Actor):
         self._listener: socket.socket | None = None
         self._feeds: dict[int, socket.socket] = {}
         self.counters = collections.Counter()
+        self._client_ids: set[str] = set()  # counted by name (at most CLIENT_IDS_MAX)
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_start(self) -> None:
@@ -455,6 +463,8 @@ class Processor(Actor):
                   "body": h["body"], "t": time.time()}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
         self.metrics.inc("requests", (api,))
+        conn.client = h["client"] if isinstance(h["client"], str) else ""
+        self.metrics.inc("client_requests", (self._client_label(conn.client),))
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.
             try:
@@ -476,6 +486,17 @@ class Processor(Actor):
             if len(self._inflight) >= self.max_inflight:
                 self._pause()
 
+    def _client_label(self, client: str) -> str:
+        """A client id as a metric label, with bounded cardinality whatever clients send."""
+        if client in self._client_ids:
+            return client
+        if not client:
+            return "(none)"
+        if len(self._client_ids) < CLIENT_IDS_MAX and len(client) <= CLIENT_ID_LABEL_MAX:
+            self._client_ids.add(client)
+            return client
+        return "(other)"
+
     def _on_answer(self, rec: InFlight, reply: Message) -> None:
         if rec.done:
             return  # already failed (handler died, timeout); a late answer is ignored
@@ -487,6 +508,8 @@ class Processor(Actor):
             conn.at_handler -= 1
         corr = rec.slot[0]
         rec.slot[4] = self.clock()
+        # Kafka's remote time: what the answering actor held it in a purgatory (acks=all, long poll)
+        self.metrics.observe("request_remote_ms", (rec.slot[2],), (reply.fields or {}).get("remote_ms", 0))
         if conn.kafka is not None:
             fields = reply.fields or {}
             if reply.type == "_error":
@@ -638,7 +661,7 @@ class Processor(Actor):
     def _reject(self, conn: Connection, exc: codec.FrameError) -> None:
         """A framing error: answer with the correlation id if we have one, then close."""
         self.counters["rejected"] += 1
-        log.info("%s: %s sent a bad request (%s): %s", self.name, conn.peer, exc.code.name, exc.message)
+        log.info("%s: %s sent a bad request (%s): %s", self.name, conn.who(), exc.code.name, exc.message)
         conn.closing = f"bad request: {exc.message}"
         self._release(self._take_reservation(conn))
         if exc.corr is not None:
@@ -649,7 +672,7 @@ class Processor(Actor):
         """A whole request with an unacceptable header: answer it in its turn; the
         connection goes on."""
         self.counters["rejected"] += 1
-        log.info("%s: %s sent a bad request (%s): %s", self.name, conn.peer, exc.code.name, exc.message)
+        log.info("%s: %s sent a bad request (%s): %s", self.name, conn.who(), exc.code.name, exc.message)
         self._release(self._take_reservation(conn))
         conn.last_active = self.clock()
         conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
@@ -676,7 +699,7 @@ class Processor(Actor):
             self._regrant = True
             self._schedule_flush()
         self.counters["closed"] += 1
-        log.debug("%s: closed %s (%s)", self.name, conn.peer, why)
+        log.debug("%s: closed %s (%s)", self.name, conn.who(), why)
         self._tell_acceptor_closed(conn.ip)
 
     def _tell_acceptor_closed(self, ip: str) -> None:
@@ -696,7 +719,7 @@ class Processor(Actor):
             elif conn.started is not None and not self._held_back(conn) and now - conn.started > self.request_timeout:
                 self.counters["slow_request_closed"] += 1
                 log.info("%s: %s did not send its request whole within request.timeout.ms; closing",
-                         self.name, conn.peer)
+                         self.name, conn.who())
                 self._close(conn, "request not whole within request.timeout.ms")
         expired = [rec for rec in self._inflight.values() if now - rec.sent > self.request_timeout]
         for rec in expired:

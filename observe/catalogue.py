@@ -23,6 +23,8 @@ class Spec:
     labels: tuple[str, ...] = ()
     kafka: str = ""  # the Kafka metric it stands for, if any
     total: str = ""  # also export the sum over all label values under this gauge name
+    per_topic: str = ""  # the sum per topic (or per group and topic), exported by default
+    per_topic_help: str = ""
 
 
 # Counters and histograms kept by actors (``self.metrics.inc`` / ``observe``).
@@ -54,6 +56,15 @@ COUNTED: dict[str, Spec] = {
     "request_local_ms": Spec("odradek_request_local_time_seconds", "histogram",
                              "A handler's own work on a request (until it answers or hands it on).",
                              ("api",), "RequestMetrics LocalTimeMs"),
+    "request_remote_ms": Spec("odradek_request_remote_time_seconds", "histogram",
+                              "Time the request was held waiting in a purgatory: an acks=all produce in the "
+                              "log actor until its ISR caught up, a long-poll fetch in the fetch actor until "
+                              "min_bytes arrived or max_wait_ms passed (0 for the others).", ("api",),
+                              "RequestMetrics RemoteTimeMs"),
+    "client_requests": Spec("odradek_client_requests", "counter",
+                            "Requests received, per client.id (the first 100 distinct ids a processor sees, "
+                            "each up to 100 characters; the others are counted as '(other)', none as '(none)').",
+                            ("client_id",), "RequestMetrics RequestsPerSec by client (quota metrics' client-id)"),
     "response_send_ms": Spec("odradek_response_send_time_seconds", "histogram",
                              "From the answer reaching the processor to its bytes going to the socket "
                              "(Kafka's response queue + send).", ("api",),
@@ -66,24 +77,6 @@ GAUGES: dict[str, Spec] = {
                         ("listener",), "socket-server-metrics connection-count"),
     "delayed_fetches": Spec("odradek_delayed_fetches", "gauge", "Fetches waiting in the fetch purgatory.",
                             (), "DelayedFetchMetrics / purgatory size"),
-    "log_size": Spec("odradek_log_size_bytes", "gauge", "Bytes of a partition's log on disk.",
-                     ("topic", "partition"), "Log Size"),
-    "log_segments": Spec("odradek_log_segments", "gauge", "Segments of a partition's log.",
-                         ("topic", "partition"), "Log NumLogSegments"),
-    "log_end_offset": Spec("odradek_log_end_offset", "gauge", "The offset the next record will get.",
-                           ("topic", "partition"), "Log LogEndOffset"),
-    "log_start_offset": Spec("odradek_log_start_offset", "gauge", "The first offset still in the log.",
-                             ("topic", "partition"), "Log LogStartOffset"),
-    "high_watermark": Spec("odradek_high_watermark", "gauge", "The last committed offset + 1 (what consumers see).",
-                           ("topic", "partition"), "Partition HighWatermark"),
-    "leader": Spec("odradek_partition_leader", "gauge", "1 if this broker leads the partition.",
-                   ("topic", "partition"), "", total="odradek_leader_count"),
-    "under_replicated": Spec("odradek_partition_under_replicated", "gauge",
-                             "1 if this broker leads the partition and its ISR is smaller than its replicas.",
-                             ("topic", "partition"), "", total="odradek_under_replicated_partitions"),
-    "under_min_isr": Spec("odradek_partition_under_min_isr", "gauge",
-                          "1 if this broker leads the partition and its ISR is below min.insync.replicas.",
-                          ("topic", "partition"), "", total="odradek_under_min_isr_partitions"),
     "active_controller": Spec("odradek_active_controller", "gauge", "1 if this broker is the active controller.",
                               (), "KafkaController ActiveControllerCount"),
     "offline_partitions": Spec("odradek_offline_partitions", "gauge",
@@ -92,16 +85,62 @@ GAUGES: dict[str, Spec] = {
     "group_members": Spec("odradek_consumer_group_members", "gauge",
                           "Members of a consumer group this broker coordinates; the state label is its state.",
                           ("group", "state"), "GroupMetadataManager NumGroups<state>"),
+}
+
+# The log actors' row per partition, in its column order (``LogActor.metric_gauges``). Each
+# column is a per-partition gauge, exported only with ``metrics.partition.level=true``; its
+# ``per_topic`` sum is exported always, its ``total`` (the sum over the broker) always.
+PARTITION_COLUMNS: dict[str, Spec] = {
+    "log_size": Spec("odradek_log_size_bytes", "gauge", "Bytes of a partition's log on disk.",
+                     ("topic", "partition"), "Log Size",
+                     per_topic="odradek_topic_log_size_bytes",
+                     per_topic_help="Bytes on disk of the topic's partitions hosted here."),
+    "log_segments": Spec("odradek_log_segments", "gauge", "Segments of a partition's log.",
+                         ("topic", "partition"), "Log NumLogSegments",
+                         per_topic="odradek_topic_log_segments",
+                         per_topic_help="Segments of the topic's partitions hosted here."),
+    "log_end_offset": Spec("odradek_log_end_offset", "gauge", "The offset the next record will get.",
+                           ("topic", "partition"), "Log LogEndOffset"),
+    "log_start_offset": Spec("odradek_log_start_offset", "gauge", "The first offset still in the log.",
+                             ("topic", "partition"), "Log LogStartOffset"),
+    "high_watermark": Spec("odradek_high_watermark", "gauge", "The last committed offset + 1 (what consumers see).",
+                           ("topic", "partition"), "Partition HighWatermark"),
+    "leader": Spec("odradek_partition_leader", "gauge", "1 if this broker leads the partition.",
+                   ("topic", "partition"), "", total="odradek_leader_count",
+                   per_topic="odradek_topic_leaders", per_topic_help="Partitions of the topic this broker leads."),
+    "under_replicated": Spec("odradek_partition_under_replicated", "gauge",
+                             "1 if this broker leads the partition and its ISR is smaller than its replicas.",
+                             ("topic", "partition"), "", total="odradek_under_replicated_partitions",
+                             per_topic="odradek_topic_under_replicated_partitions",
+                             per_topic_help="Partitions of the topic this broker leads whose ISR is smaller "
+                                            "than their replicas."),
+    "under_min_isr": Spec("odradek_partition_under_min_isr", "gauge",
+                          "1 if this broker leads the partition and its ISR is below min.insync.replicas.",
+                          ("topic", "partition"), "", total="odradek_under_min_isr_partitions",
+                          per_topic="odradek_topic_under_min_isr_partitions",
+                          per_topic_help="Partitions of the topic this broker leads whose ISR is below "
+                                         "min.insync.replicas."),
+}
+
+# Per-partition group offsets: exported per partition only with metrics.partition.level=true.
+GROUP_PARTITION: dict[str, Spec] = {
     "committed_offset": Spec("odradek_consumer_group_committed_offset", "gauge",
                              "A group's committed offset of a partition.", ("group", "topic", "partition"),
                              "kafka-exporter kafka_consumergroup_current_offset"),
+    "lag": Spec("odradek_consumer_group_lag", "gauge",
+                "High watermark minus the group's committed offset (both known on this broker).",
+                ("group", "topic", "partition"), "kafka-exporter kafka_consumergroup_lag",
+                per_topic="odradek_consumer_group_topic_lag",
+                per_topic_help="A group's lag summed over the topic's partitions (both ends known on this "
+                               "broker; kafka-exporter's kafka_consumergroup_lag_sum)."),
 }
 
 # Derived by the collector from the above and from the supervisor's ``status``.
 DERIVED: dict[str, Spec] = {
-    "lag": Spec("odradek_consumer_group_lag", "gauge",
-                "High watermark minus the group's committed offset (both known on this broker).",
-                ("group", "topic", "partition"), "kafka-exporter kafka_consumergroup_lag"),
+    "partitions": Spec("odradek_partition_count", "gauge", "Partitions (replicas) this broker hosts.", (),
+                       "ReplicaManager PartitionCount"),
+    "topic_partitions": Spec("odradek_topic_partitions", "gauge", "Partitions of the topic this broker hosts.",
+                             ("topic",)),
     "actor_up": Spec("odradek_actor_up", "gauge", "1 if the actor is running.", ("actor", "role")),
     "actor_restarts": Spec("odradek_actor_restarts", "counter", "Times the supervisor started the actor "
                            "after its first start.", ("actor", "role")),
@@ -123,7 +162,11 @@ DERIVED: dict[str, Spec] = {
 
 
 def all_specs() -> list[Spec]:
-    """Every exported metric (totals included), for the docs test and the dashboard test."""
-    specs = [*COUNTED.values(), *GAUGES.values(), *DERIVED.values()]
+    """Every exported metric (totals and per-topic sums included), for the docs test and the
+    dashboard test."""
+    specs = [*COUNTED.values(), *GAUGES.values(), *PARTITION_COLUMNS.values(), *GROUP_PARTITION.values(),
+             *DERIVED.values()]
     totals = [Spec(s.total, "gauge", f"Sum of {s.name}.") for s in specs if s.total]
-    return specs + totals
+    topics = [Spec(s.per_topic, "gauge", s.per_topic_help, ("group", "topic") if "group" in s.labels else ("topic",))
+              for s in specs if s.per_topic]
+    return specs + totals + topics

@@ -23,7 +23,6 @@ import threading
 import time
 
 import bottle
-from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.observe.collector import BrokerCollector, families
@@ -91,15 +90,14 @@ def render(value: bytes | None, fmt: str) -> str:
 def make_app(actor) -> bottle.Bottle:
     app = bottle.Bottle()
     clients = Clients(actor)
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(actor.gather))
+    collector = BrokerCollector(actor.gather, bool(actor.config.get("metrics.partition.level", False)))
     view = _viewer()
 
     # ---- machine endpoints ------------------------------------------------------------
     @app.get("/metrics")
     def metrics():
         try:
-            text = generate_latest(registry)
+            text = collector.exposition()
         except Exception as exc:  # the broker did not answer in time: say so, no half page
             bottle.response.status = 503
             bottle.response.content_type = "text/plain; charset=utf-8"
@@ -139,7 +137,7 @@ def make_app(actor) -> bottle.Bottle:
                     out["records_in"] += s.value
                 elif s.name == "odradek_topic_bytes_out_total":
                     out["bytes_out"] += s.value
-                elif s.name == "odradek_consumer_group_lag":
+                elif s.name == "odradek_consumer_group_topic_lag":
                     g = s.labels["group"]
                     out["lag"][g] = out["lag"].get(g, 0) + s.value
         return out

@@ -13,8 +13,9 @@ never blocks on HTTP. The console's pages talk to the broker as a client (``Admi
 ``Consumer`` over TCP on the broker's own listener), as any operator's tool would.
 
 Sends (at scrape time, on the loop): ``status`` to the supervisor (the actor table: pids,
-states, restarts, RSS, CPU, messages handled), then ``_metrics`` to every running actor
-(each answers with its counters, histograms and scrape-time gauges: ``actors.metrics``).
+states, restarts, RSS, CPU, messages handled) and, at the same time, ``_metrics`` to every
+actor running at the previous scrape (then to any the new table adds; each answers with
+its counters, histograms and scrape-time gauges: ``actors.metrics``).
 Answers that do not come within ``GATHER_TIMEOUT`` are reported as missing
 (``odradek_scrape_actor_answered 0``), never waited for longer. Accepts nothing but the
 runtime's own messages.
@@ -139,7 +140,36 @@ class MetricsActor(Actor):
         self.request(self.supervisor, "status", callback=answered, timeout=timeout)
 
     def _gather(self, timeout: float, done) -> None:
+        """``status`` to the supervisor and ``_metrics`` to the actors running at the last
+        scrape, at once (one round trip, not two); an actor the new table adds is asked
+        when it comes, one it no longer lists running is left out of the snapshot."""
         began = time.monotonic()
+        answers: dict[str, dict | None] = {self.name: {"name": self.name, **self.metrics.snapshot(), "gauges": []}}
+        table: list = [None]  # the supervisor's status, once known
+        left = [0]
+
+        def running(status: dict) -> list[str]:
+            return [r["name"] for r in status.get("actors", [])
+                    if r.get("state") == "running" and r["name"] != self.name]
+
+        def finish() -> None:
+            if table[0] is None or left[0]:
+                return
+            now = set(running(table[0])) | {self.name}
+            done(Snapshot(table[0], {k: v for k, v in answers.items() if k in now}, time.monotonic() - began))
+
+        def got(name: str, reply: Message) -> None:
+            if not reply.is_error:
+                answers[name] = reply.fields
+            left[0] -= 1
+            finish()
+
+        def ask(names: list[str]) -> None:
+            for name in names:
+                if name not in answers:
+                    answers[name] = None
+                    left[0] += 1
+                    self.request(name, "_metrics", callback=functools.partial(got, name), timeout=timeout)
 
         def with_status(status) -> None:
             if isinstance(status, BaseException):
@@ -150,25 +180,10 @@ class MetricsActor(Actor):
                 status = self._last_status
             else:
                 self._last_status = status
-            names = [r["name"] for r in status.get("actors", [])
-                     if r.get("state") == "running" and r["name"] != self.name]
-            answers: dict[str, dict | None] = {name: None for name in names}
-            answers[self.name] = {"name": self.name, **self.metrics.snapshot(), "gauges": []}
-            left = [len(names)]
+            table[0] = status
+            ask(running(status))
+            finish()
 
-            def finish() -> None:
-                done(Snapshot(status, answers, time.monotonic() - began))
-
-            def got(name: str, reply: Message) -> None:
-                if not reply.is_error:
-                    answers[name] = reply.fields
-                left[0] -= 1
-                if left[0] == 0:
-                    finish()
-
-            if not names:
-                finish()
-            for name in names:
-                self.request(name, "_metrics", callback=functools.partial(got, name), timeout=timeout)
-
+        if self._last_status is not None:
+            ask(running(self._last_status))
         self._ask_status(timeout, with_status)

@@ -84,6 +84,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "and the web console. `host:port`, or `host:+N` for the Kafka listener's port plus N (an "
             "ephemeral port when that is 0 or the sum is over 65535); empty turns it off. A port that "
             "cannot be bound is logged and leaves the broker running without HTTP.", _admin_listener),
+    Setting("metrics.partition.level", bool, False,
+            "Export per-partition series on `/metrics` (log size, segments, offsets, leadership, replica "
+            "health; a group's committed offset and lag per partition). Off: the same numbers summed per "
+            "topic (and per group and topic for lag), as kafka-exporter's `_sum` series, so a broker with "
+            "10,000 partitions answers a scrape with a few hundred series instead of over 80,000."),
     Setting("log.dirs", str, "./odradek-data",
             "Directory holding the partitions' logs and the broker's run files (comma-separated; the first is used)."),
     Setting("run.dir", str, "",

@@ -1159,6 +1159,14 @@ while True:
 """
 
 
+def _sample(text: str, name: str) -> float:
+    """The value of an unlabelled sample in Prometheus text (0 if absent)."""
+    for line in text.splitlines():
+        if line.startswith(name + " "):
+            return float(line.split()[1])
+    return 0.0
+
+
 def scrape_main(argv: list[str]) -> int:
     """Two figures of docs/OBSERVABILITY.md's goals, each on its own broker (127.0.0.1, temp
     data): (1) produce throughput with and without a Prometheus scrape every second (a
@@ -1172,13 +1180,17 @@ def scrape_main(argv: list[str]) -> int:
     ap.add_argument("--partitions", type=int, default=10000, help="partitions of the scrape-time broker; 0 skips")
     ap.add_argument("--scrapes", type=int, default=10)
     ap.add_argument("--skip-cost", action="store_true", help="only the scrape-time part")
+    ap.add_argument("--cpu-scrapes", type=int, default=10, help="scrapes per window of the CPU measurement")
+    ap.add_argument("--cpu-pairs", type=int, default=3, help="idle/scrape window pairs of the CPU measurement")
     ap.add_argument("--exposition", action="store_true",
                     help="only the collector and text exposition of a --partitions snapshot, in this process")
+    ap.add_argument("--partition-level", action="store_true",
+                    help="scrape with metrics.partition.level=true (per-partition series; default: per topic)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     result = {"loadavg_before": _loadavg()}
     if args.exposition:
-        result["exposition"] = _exposition_time(args.partitions, args.scrapes)
+        result["exposition"] = _exposition_time(args.partitions, args.scrapes, args.partition_level)
     elif not args.skip_cost:
         result["cost"] = _scrape_cost(args)
     if args.partitions and not args.exposition:
@@ -1195,10 +1207,74 @@ def _local_broker(settings: dict):
     return broker.start()
 
 
+def _broker_cpu(broker) -> dict[str, float]:
+    """CPU seconds (user + system) each process of ``broker`` has used so far, by actor name
+    (the supervisor's process as ``supervisor``)."""
+    import psutil
+    procs = {"supervisor": broker.pid, **{a["name"]: a["pid"] for a in broker.status()["actors"] if a.get("pid")}}
+    out = {}
+    for name, pid in procs.items():
+        try:
+            t = psutil.Process(pid).cpu_times()
+            out[name] = t.user + t.system
+        except psutil.NoSuchProcess:
+            pass
+    return out
+
+
+def _own_cpu() -> float:
+    """CPU seconds this process (the benchmark's producer) has used so far."""
+    t = os.times()
+    return t.user + t.system
+
+
+def _cpu_delta(a: dict, b: dict) -> dict[str, float]:
+    return {k: b[k] - a[k] for k in b if k in a}
+
+
+def _scrape_cpu(broker, url: str, scrapes: int, interval: float, pairs: int) -> dict:
+    """CPU seconds one scrape costs the broker, from its processes' CPU counters (far less
+    noisy on a shared machine than a throughput difference): ``pairs`` times, an idle
+    window and a window of ``scrapes`` scrapes ``interval`` apart, of the same length,
+    alternating; per pair the difference per scrape; medians over the pairs."""
+    import urllib.request
+    metrics_actor, others, walls = [], [], []
+    for pair in range(pairs):
+        windows = {}
+        for mode in (("idle", "scrape") if pair % 2 == 0 else ("scrape", "idle")):
+            c0 = _broker_cpu(broker)
+            began = time.monotonic()
+            for k in range(scrapes):
+                due = began + (k + 1) * interval
+                if mode == "scrape":
+                    t0 = time.monotonic()
+                    with urllib.request.urlopen(url, timeout=30) as r:
+                        r.read()
+                    walls.append(time.monotonic() - t0)
+                time.sleep(max(0.0, due - time.monotonic()))
+            windows[mode] = _cpu_delta(c0, _broker_cpu(broker))
+        extra = {k: (windows["scrape"][k] - windows["idle"].get(k, 0.0)) / scrapes for k in windows["scrape"]}
+        metrics_actor.append(extra.get("metrics", 0.0))
+        others.append(sum(v for k, v in extra.items() if k != "metrics"))
+        print(f"pair {pair + 1}: a scrape cost the metrics actor {metrics_actor[-1] * 1000:.1f} ms CPU and the other "
+              f"processes {others[-1] * 1000:.1f} ms", flush=True)
+    return {"metrics_actor_cpu_s": metrics_actor, "others_cpu_s": others,
+            "median_metrics_actor_cpu_s": _median(metrics_actor), "median_others_cpu_s": _median(others),
+            "median_wall_s": _median(walls)}
+
+
 def _scrape_cost(args) -> dict:
+    """Produce throughput with and without a scrape every ``--interval`` (runs alternating
+    ABBA, so drift in the machine's load falls on both), with the broker's CPU seconds per
+    record in each run; then the CPU a scrape costs (``_scrape_cpu``), which says what the
+    throughput pairs cannot on a noisy machine: at one scrape per ``--interval``, the share
+    of the CPU the benchmark (broker and producer, CPU-bound together on this machine) used
+    per second under produce load that scraping takes. The scraper's own CPU (parsing the
+    text: Prometheus' work, on another machine in production) is not counted."""
     broker = _local_broker({})
     url = broker.console_url + "metrics"
     rates: dict[str, list[float]] = {"without": [], "with": []}
+    cpu_per_s: dict[str, list[float]] = {"without": [], "with": []}
     try:
         kwargs = producer_kwargs({"acks": "1", "linger.ms": "5", "compression.type": "lz4"})
         _ensure_topic(broker.bootstrap, "scrape-cost", 1)
@@ -1206,6 +1282,7 @@ def _scrape_cost(args) -> dict:
             for mode in (("without", "with") if run % 2 == 0 else ("with", "without")):
                 scraper = subprocess.Popen([sys.executable, "-c", _SCRAPER, url, str(args.interval)]) \
                     if mode == "with" else None
+                c0, t0, own0 = _broker_cpu(broker), time.monotonic(), _own_cpu()
                 try:
                     r = run_produce(broker.bootstrap, "scrape-cost", args.num_records, args.record_size, -1, kwargs,
                                     report_ms=3_600_000)
@@ -1213,17 +1290,32 @@ def _scrape_cost(args) -> dict:
                     if scraper is not None:
                         scraper.kill()
                         scraper.wait()
+                used = sum(_cpu_delta(c0, _broker_cpu(broker)).values())
+                producer_used = _own_cpu() - own0
                 rates[mode].append(r["records_per_sec"])
-                print(f"run {run + 1} {mode} scraping every {args.interval:g}s: {r['records_per_sec']:.0f} records/s",
-                      flush=True)
+                cpu_per_s[mode].append((used + producer_used) / (time.monotonic() - t0))
+                print(f"run {run + 1} {mode} scraping every {args.interval:g}s: {r['records_per_sec']:.0f} records/s, "
+                      f"broker and producer CPU {cpu_per_s[mode][-1]:.2f} cores "
+                      f"(broker {used / (time.monotonic() - t0):.2f})", flush=True)
+        cpu = _scrape_cpu(broker, url, args.cpu_scrapes, args.interval, args.cpu_pairs)
     finally:
         broker.stop()
         shutil.rmtree(broker.data_dir, ignore_errors=True)
     without, with_ = _median(rates["without"]), _median(rates["with"])
     cost = (without - with_) / without * 100
+    per_scrape = cpu["median_metrics_actor_cpu_s"] + cpu["median_others_cpu_s"]
+    busy = _median(cpu_per_s["without"])
+    share = per_scrape / args.interval / busy * 100 if busy else float("nan")
     print(f"median produce throughput: {without:.0f} records/s without, {with_:.0f} with a scrape every "
-          f"{args.interval:g}s: {cost:+.1f}% cost (goal < 2%)", flush=True)
-    return {"without": rates["without"], "with": rates["with"], "cost_percent": cost}
+          f"{args.interval:g}s: {cost:+.1f}% (goal < 2%; spread without {min(rates['without']):.0f}-"
+          f"{max(rates['without']):.0f}, with {min(rates['with']):.0f}-{max(rates['with']):.0f})", flush=True)
+    print(f"a scrape costs {cpu['median_metrics_actor_cpu_s'] * 1000:.1f} ms CPU in the metrics actor and "
+          f"{cpu['median_others_cpu_s'] * 1000:.1f} ms in the other actors (medians of {args.cpu_pairs} pairs of "
+          f"{args.cpu_scrapes} scrapes); at one per {args.interval:g}s that is {share:.2f}% of the "
+          f"{busy:.2f} cores the broker and the producer used producing (goal < 2%)", flush=True)
+    return {"without": rates["without"], "with": rates["with"], "cost_percent": cost,
+            "broker_cores_without": cpu_per_s["without"], "broker_cores_with": cpu_per_s["with"],
+            "scrape_cpu": cpu, "cpu_share_percent": share}
 
 
 def _scrape_time(args) -> dict:
@@ -1232,13 +1324,14 @@ def _scrape_time(args) -> dict:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
     threads = max(2, args.partitions // 2000)  # ARCHITECTURE.md's rule of thumb for num.log.threads
-    broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000})
+    broker = _local_broker({"num.log.threads": threads, "actor.start.timeout.ms": 300000,
+                            "metrics.partition.level": args.partition_level})
     try:
         began = time.monotonic()
         with Admin(broker.bootstrap, request_timeout_ms=600000) as admin:
             left, i = args.partitions, 0
             while left > 0:
-                n = min(left, 2500)
+                n = min(left, 1000)  # 2,500 at once made log actors miss heartbeats (load 14)
                 try:
                     admin.create_topic(f"scrape-many-{i}", partitions=n)
                 except TopicAlreadyExistsError:  # a slow first answer, retried: it was created
@@ -1251,7 +1344,7 @@ def _scrape_time(args) -> dict:
         while time.monotonic() < settle:
             try:
                 with urllib.request.urlopen(url, timeout=30) as r:
-                    if r.read().decode().count("\nodradek_log_size_bytes{") >= args.partitions:
+                    if _sample(r.read().decode(), "odradek_partition_count") >= args.partitions:
                         break
             except OSError:
                 pass
@@ -1273,33 +1366,38 @@ def _scrape_time(args) -> dict:
             missing += sum(1 for line in body.splitlines()
                            if line.startswith("odradek_scrape_actor_answered") and line.endswith(" 0.0"))
             time.sleep(0.5)
+        cpu = _scrape_cpu(broker, url, args.cpu_scrapes, args.interval, args.cpu_pairs)
     finally:
         broker.stop()
         shutil.rmtree(broker.data_dir, ignore_errors=True)
-    print(f"scrape of {args.partitions} partitions: median {_median(times):.3f}s, max {max(times):.3f}s, "
-          f"{size / 2**20:.1f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor answers missing "
-          f"(goal < 1 s)", flush=True)
-    return {"partitions": args.partitions, "times_s": times, "median_s": _median(times), "max_s": max(times),
-            "bytes": size, "failed": failed, "actors_missing": missing}
+    level = "per partition" if args.partition_level else "per topic"
+    print(f"scrape of {args.partitions} partitions ({level}): median {_median(times):.3f}s, min {min(times):.3f}s, "
+          f"max {max(times):.3f}s, {size / 2**20:.2f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor "
+          f"answers missing (goal < 1 s)", flush=True)
+    return {"partitions": args.partitions, "partition_level": args.partition_level, "times_s": times,
+            "median_s": _median(times), "max_s": max(times), "bytes": size, "failed": failed,
+            "actors_missing": missing, "scrape_cpu": cpu}
 
 
-def _exposition_time(partitions: int, runs: int) -> dict:
-    """The CPU part of a scrape without a broker: the log actors' gauges of ``partitions``
-    partitions (8 series each, over 5 log actors) through the collector and
-    ``prometheus_client.generate_latest``."""
-    from prometheus_client import CollectorRegistry, generate_latest
+def _exposition_time(partitions: int, runs: int, partition_level: bool = False) -> dict:
+    """The CPU part of a scrape without a broker: the log actors' rows of ``partitions``
+    partitions (over 5 log actors) and one group's committed offset of each, through the
+    collector and its text exposition (``BrokerCollector.exposition``, what ``/metrics``
+    serves), per topic or, with ``partition_level``, per partition."""
     from odradek.observe.collector import BrokerCollector, Snapshot
-    names = ("log_size", "log_segments", "log_end_offset", "log_start_offset", "high_watermark", "leader",
-             "under_replicated", "under_min_isr")
-    gauges = [[n, [f"t{i // 2500}", i % 2500], 1000 + i] for i in range(partitions) for n in names]
-    snap = Snapshot({"actors": []}, {f"log-{j}": {"gauges": gauges[j::5]} for j in range(5)})
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(lambda: snap))
+    rows = [["partition", [f"t{i // 1000}", i % 1000], [1000 + i, 1, 2000 + i, 0, 2000 + i, 1, 0, 0]]
+            for i in range(partitions)]
+    committed = [["committed_offset", ["g", f"t{i // 1000}", i % 1000], 1000 + i] for i in range(partitions)]
+    answers = {f"log-{j}": {"gauges": rows[j::5]} for j in range(5)}
+    answers["group_coordinator"] = {"gauges": committed}
+    snap = Snapshot({"actors": []}, answers)
+    collector = BrokerCollector(lambda: snap, partition_level)
     times, size = [], 0
     for _ in range(max(1, runs)):
         t0 = time.perf_counter()
-        size = len(generate_latest(registry))
+        size = len(collector.exposition())
         times.append(time.perf_counter() - t0)
-    print(f"exposition of {partitions} partitions ({len(gauges)} samples): median {_median(times):.3f}s, "
-          f"{size / 2**20:.1f} MiB of text", flush=True)
-    return {"partitions": partitions, "samples": len(gauges), "median_s": _median(times), "bytes": size}
+    print(f"exposition of {partitions} partitions ({'per partition' if partition_level else 'per topic'}): "
+          f"median {_median(times):.3f}s, max {max(times):.3f}s, {size / 2**20:.2f} MiB of text", flush=True)
+    return {"partitions": partitions, "partition_level": partition_level, "times_s": times,
+            "median_s": _median(times), "bytes": size}

@@ -2,6 +2,7 @@
 Prometheus families, without a broker."""
 from __future__ import annotations
 
+import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -10,9 +11,9 @@ from odradek.network.protocol import ApiKey, ErrorCode
 from odradek.observe.collector import BrokerCollector, Snapshot
 
 
-def parsed(snapshot: Snapshot) -> dict:
+def parsed(snapshot: Snapshot, partition_level: bool = False) -> dict:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(BrokerCollector(lambda: snapshot))
+    registry.register(BrokerCollector(lambda: snapshot, partition_level))
     text = generate_latest(registry).decode()
     return {(s.name, tuple(sorted(s.labels.items()))): s.value
             for fam in text_string_to_metric_families(text) for s in fam.samples}
@@ -45,21 +46,60 @@ def test_counters_of_several_actors_are_added_and_histograms_exported_in_seconds
     assert s[("odradek_request_total_time_seconds_bucket", (("api", "produce"), ("le", "0.005")))] == 2
 
 
+def row(hw: int, size: int = 0, leading: int = 1, under_replicated: int = 0) -> list:
+    """A log actor's partition row (observe.catalogue.PARTITION_COLUMNS order)."""
+    return [size, 1, hw, 0, hw, leading, under_replicated, 0]
+
+
+LOG_ROWS = [["partition", ["t", 0], row(100, size=1000, under_replicated=1)],
+            ["partition", ["t", 1], row(7, size=500, under_replicated=1)],
+            ["partition", ["u", 0], row(3, size=1, leading=0)]]
+GROUP_GAUGES = [["committed_offset", ["g", "t", 0], 40], ["committed_offset", ["g", "t", 1], 7],
+                ["committed_offset", ["g", "elsewhere", 0], 3], ["group_members", ["g", "stable"], 2]]
+
+
 def test_lag_is_the_high_watermark_minus_the_committed_offset_and_totals_add_up():
-    log_gauges = [["high_watermark", ["t", 0], 100], ["high_watermark", ["t", 1], 7],
-                  ["under_replicated", ["t", 0], 1], ["under_replicated", ["t", 1], 1]]
-    group_gauges = [["committed_offset", ["g", "t", 0], 40], ["committed_offset", ["g", "t", 1], 7],
-                    ["committed_offset", ["g", "elsewhere", 0], 3], ["group_members", ["g", "stable"], 2]]
-    snap = Snapshot({"actors": []}, {"log-0": {"gauges": log_gauges}, "group_coordinator": {"gauges": group_gauges},
-                                     "fetch": None})
-    s = parsed(snap)
+    snap = Snapshot({"actors": []}, {"log-0": {"gauges": LOG_ROWS[:2]}, "log-1": {"gauges": LOG_ROWS[2:]},
+                                     "group_coordinator": {"gauges": GROUP_GAUGES}, "fetch": None})
+    s = parsed(snap, partition_level=True)
     assert s[("odradek_consumer_group_lag", (("group", "g"), ("partition", "0"), ("topic", "t")))] == 60
     assert s[("odradek_consumer_group_lag", (("group", "g"), ("partition", "1"), ("topic", "t")))] == 0
     # a partition this broker does not host has no known end: no lag is invented for it
     assert not any(k[0] == "odradek_consumer_group_lag" and ("topic", "elsewhere") in k[1] for k in s)
+    assert s[("odradek_consumer_group_topic_lag", (("group", "g"), ("topic", "t")))] == 60
+    assert s[("odradek_log_size_bytes", (("partition", "1"), ("topic", "t")))] == 500
     assert s[("odradek_under_replicated_partitions", ())] == 2
+    assert s[("odradek_leader_count", ())] == 2
+    assert s[("odradek_partition_count", ())] == 3
     assert s[("odradek_consumer_group_members", (("group", "g"), ("state", "stable")))] == 2
     assert s[("odradek_scrape_actor_answered", (("actor", "fetch"),))] == 0
+
+
+def test_by_default_partitions_are_summed_per_topic_and_no_partition_series_is_exported():
+    snap = Snapshot({"actors": []}, {"log-0": {"gauges": LOG_ROWS}, "group_coordinator": {"gauges": GROUP_GAUGES}})
+    s = parsed(snap)
+    assert not any(("partition", "0") in labels for _, labels in s), "a per-partition series by default"
+    assert s[("odradek_topic_log_size_bytes", (("topic", "t"),))] == 1500
+    assert s[("odradek_topic_partitions", (("topic", "t"),))] == 2
+    assert s[("odradek_topic_leaders", (("topic", "u"),))] == 0
+    assert s[("odradek_topic_under_replicated_partitions", (("topic", "t"),))] == 2
+    assert s[("odradek_consumer_group_topic_lag", (("group", "g"), ("topic", "t")))] == 60
+    assert s[("odradek_leader_count", ())] == 2
+
+
+@pytest.mark.parametrize("partition_level", [False, True])
+def test_the_served_text_is_what_prometheus_clients_writer_makes_of_the_same_families(partition_level):
+    odd = [["partition", ['we"ird\\top\nic', 0], row(5)]]  # not a legal topic name: escaping still holds
+    groups = [*GROUP_GAUGES, ["committed_offset", ['g "x"\n', 'we"ird\\top\nic', 0], 2]]
+    snap = Snapshot({"actors": []}, {"log-0": {"gauges": LOG_ROWS + odd}, "group_coordinator": {"gauges": groups},
+                                     "p": {"counters": [["requests", [0], 2**60]], "gauges": []}})
+    collector = BrokerCollector(lambda: snap, partition_level)
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(collector)
+    expected = generate_latest(registry)
+    assert collector.exposition() == expected
+    assert collector.exposition() == expected  # and again, from the label strings it cached
+    assert ('odradek_consumer_group_lag{group="g \\"x\\"\\n"' in expected.decode()) == partition_level
 
 
 def test_the_actor_table_becomes_per_actor_metrics():

@@ -9,7 +9,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from odradek import Admin, Consumer, Producer
-from odradek.observe.catalogue import all_specs
+from odradek.observe.catalogue import GROUP_PARTITION, PARTITION_COLUMNS, all_specs
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.types import TopicPartition
@@ -41,13 +41,17 @@ def produce(bootstrap: str, topic: str, partitions: int, n: int, size: int = 50)
     producer.close()
 
 
+PER_PARTITION = {s.name for s in [*PARTITION_COLUMNS.values(), *GROUP_PARTITION.values()]}
+
+
 def test_the_metrics_text_parses_and_names_every_metric_of_the_catalogue(shared_broker):
     status, text = http_get(shared_broker.console_url + "metrics")
     assert status == 200
     names = {fam.name for fam in text_string_to_metric_families(text)}
-    # the parser drops a counter's _total from the family name
-    expected = {s.name for s in all_specs()}
+    # the parser drops a counter's _total from the family name; per-partition series are opt-in
+    expected = {s.name for s in all_specs()} - PER_PARTITION
     assert expected <= names, f"missing: {sorted(expected - names)}"
+    assert not names & PER_PARTITION, "per-partition series without metrics.partition.level=true"
     samples = scrape(shared_broker)
     assert value(samples, "odradek_active_controller") == 1
     assert value(samples, "odradek_actor_up", actor="log-0", role="log") == 1
@@ -66,7 +70,9 @@ def test_counters_move_by_the_records_produced_and_consumed(shared_broker):
     produce(shared_broker.bootstrap, "counted", 2, 300)
     after_produce = scrape(shared_broker)
     assert value(after_produce, "odradek_topic_records_in_total", topic="counted") == 300
-    size = sum(value(after_produce, "odradek_log_size_bytes", topic="counted", partition=p) for p in (0, 1))
+    size = value(after_produce, "odradek_topic_log_size_bytes", topic="counted")
+    assert value(after_produce, "odradek_topic_partitions", topic="counted") == 2
+    assert value(after_produce, "odradek_topic_leaders", topic="counted") == 2
     assert value(after_produce, "odradek_topic_bytes_in_total", topic="counted") == size > 300 * 50
     assert value(after_produce, "odradek_requests_total", api="produce") > value(before, "odradek_requests_total",
                                                                                api="produce")
@@ -86,20 +92,41 @@ def test_counters_move_by_the_records_produced_and_consumed(shared_broker):
                                                                              api="fetch")
 
 
-def test_a_groups_lag_is_what_was_produced_minus_what_it_committed(shared_broker):
-    produce(shared_broker.bootstrap, "lagging", 2, 100)  # 50 per partition
-    consumer = Consumer(shared_broker.bootstrap, group_id="lag-group", enable_auto_commit=False)
-    consumer.assign([TopicPartition("lagging", 0), TopicPartition("lagging", 1)])
-    consumer.commit({TopicPartition("lagging", 0): 20, TopicPartition("lagging", 1): 45})
+def lag_setup(bootstrap: str, topic: str, group: str) -> None:
+    """100 records on two partitions (50 each); the group commits 20 and 45."""
+    produce(bootstrap, topic, 2, 100)
+    consumer = Consumer(bootstrap, group_id=group, enable_auto_commit=False)
+    consumer.assign([TopicPartition(topic, 0), TopicPartition(topic, 1)])
+    consumer.commit({TopicPartition(topic, 0): 20, TopicPartition(topic, 1): 45})
     consumer.close()
+
+
+def test_a_groups_lag_per_topic_is_what_was_produced_minus_what_it_committed(shared_broker):
+    lag_setup(shared_broker.bootstrap, "lagging", "lag-group")
     samples = scrape(shared_broker)
+    assert value(samples, "odradek_consumer_group_topic_lag", group="lag-group", topic="lagging") == \
+        (50 - 20) + (50 - 45)
+
+
+def test_per_partition_series_when_asked_for_and_their_sums_per_topic(start_broker):
+    broker = start_broker(metrics_partition_level=True)
+    lag_setup(broker.bootstrap, "lagging", "lag-group")
+    samples = scrape(broker)
     for partition, committed in ((0, 20), (1, 45)):
         produced = value(samples, "odradek_high_watermark", topic="lagging", partition=partition)
         assert produced == 50
+        assert value(samples, "odradek_log_end_offset", topic="lagging", partition=partition) == 50
+        assert value(samples, "odradek_partition_leader", topic="lagging", partition=partition) == 1
         assert value(samples, "odradek_consumer_group_committed_offset", group="lag-group", topic="lagging",
                      partition=partition) == committed
         assert value(samples, "odradek_consumer_group_lag", group="lag-group", topic="lagging",
                      partition=partition) == produced - committed
+    assert value(samples, "odradek_topic_log_size_bytes", topic="lagging") == sum(
+        value(samples, "odradek_log_size_bytes", topic="lagging", partition=p) for p in (0, 1)) > 100 * 50
+    assert value(samples, "odradek_consumer_group_topic_lag", group="lag-group", topic="lagging") == 35
+    assert value(samples, "odradek_leader_count") == value(samples, "odradek_partition_count") >= 2
+    names = {name for name, _ in samples}
+    assert {s.name for s in PARTITION_COLUMNS.values()} <= names
 
 
 def test_request_level_errors_are_counted_per_api_and_code(shared_broker):
@@ -139,3 +166,61 @@ def test_made_up_api_keys_share_one_label_so_a_client_cannot_grow_the_metrics(sh
     apis = {dict(labels).get("api") for name, labels in samples if name == "odradek_requests_total"}
     assert not any(a.isdigit() and int(a) >= 5000 for a in apis), apis
     assert value(samples, "odradek_requests_total", api="-1") >= 20
+
+
+def test_requests_are_counted_per_client_id_and_ids_past_the_cap_fold_into_other(shared_broker):
+    host, port = shared_broker.bootstrap.split(":")
+    n = 260  # over two processors' caps of 100 distinct ids each (connections alternate between them)
+    for i in range(n):
+        with BrokerConnection(host, int(port), client_id=f"obs-many-{i}") as conn:
+            with pytest.raises(OdradekError):
+                conn.request(ApiKey.METADATA, {}, version=99)
+    samples = scrape(shared_broker)
+    counted = {dict(labels)["client_id"]: v for (name, labels), v in samples.items()
+               if name == "odradek_client_requests_total"}
+    named = [c for c in counted if c.startswith("obs-many-")]
+    assert 0 < len(named) <= 200 and all(counted[c] == 1 for c in named)
+    assert counted["(other)"] >= n - len(named)
+    assert len(counted) <= 2 * 100 + 2, "the number of client_id labels is not bounded"
+
+
+def test_a_long_poll_fetch_shows_its_wait_as_remote_time(shared_broker):
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("remote-wait", partitions=1)
+    before = scrape(shared_broker)
+    host, port = shared_broker.bootstrap.split(":")
+    body = {"max_wait_ms": 400, "min_bytes": 1,
+            "topics": [{"name": "remote-wait", "partitions": [{"index": 0, "fetch_offset": 0,
+                                                                "partition_max_bytes": 1024}]}]}
+    with BrokerConnection(host, int(port)) as conn:
+        for _ in range(2):
+            conn.request(ApiKey.FETCH, body)  # nothing to read: each waits max_wait_ms in the fetch actor
+    after = scrape(shared_broker)
+
+    def moved(name: str) -> float:
+        return value(after, name, api="fetch") - value(before, name, api="fetch")
+    assert moved("odradek_request_remote_time_seconds_sum") >= 2 * 0.35
+    assert moved("odradek_request_remote_time_seconds_count") >= 2
+    # a request no purgatory held counts with 0 remote time
+    assert value(after, "odradek_request_remote_time_seconds_bucket", api="metadata", le="5e-05") == \
+        value(after, "odradek_request_remote_time_seconds_count", api="metadata") > 0
+
+
+def test_the_processors_log_line_about_a_bad_request_names_the_client_id(shared_broker):
+    import socket
+    import struct
+    from odradek.network import codec
+    host, port = shared_broker.bootstrap.split(":")
+    with socket.create_connection((host, int(port)), timeout=10) as sock:
+        sock.sendall(b"".join(codec.encode_request(ApiKey.METADATA, 0, 1, "obs-who-am-i", {})))
+        sock.recv(65536)  # its answer: the request was dispatched, the client id known
+        sock.sendall(struct.pack(">II", 1 << 30, 8) + b"\xc1" * 8)  # announces 1 GiB: refused, logged
+        sock.recv(65536)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(shared_broker.stderr_path, errors="replace") as f:
+            lines = [line for line in f if "sent a bad request" in line and "obs-who-am-i" in line]
+        if lines:
+            break
+        time.sleep(0.2)
+    assert lines and "client 'obs-who-am-i'" in lines[0] and "MESSAGE_TOO_LARGE" in lines[0]
