@@ -62,7 +62,9 @@ class BrokerAgent:
         super().on_members(role, members, retired)
         if role == REPLICA_FETCHER and members:
             self._tell_fetcher(list(self.hosted.values()))
-            self._tell_throttles(force=True)
+            self._tell_throttles(force=True, only=REPLICA_FETCHER)
+        elif role == FETCH_ACTOR and members:  # (re)started: it knows no throttle yet
+            self._tell_throttles(force=True, only=FETCH_ACTOR)
 
     # ---- broker epochs (KIP-903: who may fetch as a replica) --------------------------------
     def on_get_broker_epochs(self, msg: Message) -> None:
@@ -192,6 +194,7 @@ class BrokerAgent:
                 per_host.setdefault(log_host_name(placement(topic, partition, self.log_hosts)), []).append(entry)
         for host, parts in per_host.items():
             self.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
+        self._tell_throttles()  # a topic's throttled replica lists may have changed
         snapshot = self.snapshot()
         self.send(GROUP_COORDINATOR, "metadata", snapshot)
         handlers = self.members.get("handler", [])

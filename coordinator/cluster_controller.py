@@ -76,6 +76,7 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         self.assignment: dict[str, list[list[int]]] = {}
         self.states: dict[tuple[str, int], PartitionState] = {}
         self.moves: dict = {}  # reassignments in progress (coordinator.reassignment)
+        self.announcing: dict = {}  # finished moves whose UPDATE_METADATA is under way (likewise)
         self.racks: dict[int, str | None] = {}  # live broker -> its broker.rack
         self.metadata_counter = 0
         self.shutting_down: set[int] = set()  # brokers in a controlled shutdown: never elected

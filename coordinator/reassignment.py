@@ -20,6 +20,9 @@ following. Once every target replica is in the ISR (the leader's ISR change noti
 controller; a timer checks too), the leader moves into T if it is outside it, the ISR shrinks
 to T, the topic node holds just T, and the removed replicas get STOP_REPLICA with delete.
 Cancelling (replicas null) is a move back to O: the added replicas are stopped at once.
+A finished move is still listed by ListPartitionReassignments (replicas T, nothing adding or
+removing) until its UPDATE_METADATA has reached every live broker (``announcing``), so a
+tool that sees a move no longer listed reads the final replica set from any broker.
 """
 from __future__ import annotations
 
@@ -114,6 +117,7 @@ class ReassignmentMixin:
     ``_commit_or_raise``, ``_via_controller``, ``_choose_leader``) and sets ``moves``."""
 
     moves: dict
+    announcing: dict  # {(topic, partition): replicas}: moves done whose UPDATE_METADATA is under way
 
     # ---- placement -----------------------------------------------------------------------------
     def _assign_replicas(self, partitions: int, rf: int, first_partition: int = 0) -> list[list[int]]:
@@ -294,7 +298,8 @@ class ReassignmentMixin:
             topic.replication_factor = len(self.assignment[tp[0]][0])
         log.info("%s-%d: move done: replicas %s, leader %d (removed %s)", tp[0], tp[1], move.target, leader,
                  move.removing)
-        self._announce([tp], {b: [tp] for b in move.removing}, lambda: None)
+        self.announcing[tp] = list(move.target)
+        self._announce([tp], {b: [tp] for b in move.removing}, lambda: self.announcing.pop(tp, None))
 
     # ---- ListPartitionReassignments --------------------------------------------------------------
     def _list_reassignments(self, msg: Message, body: dict) -> None:
@@ -307,12 +312,13 @@ class ReassignmentMixin:
             return
         asked = None if wanted is None else {(w.get("name"), p) for w in wanted if isinstance(w, dict)
                                              for p in w.get("partition_indexes") or []}
+        listed = {tp: (self._replicas(tp), m.adding, m.removing) for tp, m in self.moves.items()}
+        listed.update({tp: (r, [], []) for tp, r in self.announcing.items() if tp not in self.moves})
         topics: dict[str, list] = {}
-        for (name, p), move in sorted(self.moves.items()):
+        for (name, p), (replicas, adding, removing) in sorted(listed.items()):
             if asked is None or (name, p) in asked:
-                topics.setdefault(name, []).append({"partition_index": p, "replicas": self._replicas((name, p)),
-                                                    "adding_replicas": move.adding,
-                                                    "removing_replicas": move.removing})
+                topics.setdefault(name, []).append({"partition_index": p, "replicas": replicas,
+                                                    "adding_replicas": adding, "removing_replicas": removing})
         self.reply(msg, {"body": {"error_code": 0, "error_message": None,
                                   "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}})
 

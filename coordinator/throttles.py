@@ -10,13 +10,23 @@ is kept where Kafka keeps it, ``/config/brokers/<id>``, so it outlives a restart
 Accepts:
   set_throttle_rates {rates: {name: bytes/s or null}}   from a handler (null: back to the
         broker config); answered ``{}`` once recorded in ZooKeeper
-Sends ``throttle`` to the replica fetcher (the partitions whose new replica this broker is:
-their fetches share the follower rate) and to the fetch actor (the new replicas of
-partitions led here: what they fetch shares the leader rate) whenever LEADER_AND_ISR,
-STOP_REPLICA or a rate changes. The throttled replicas are exactly the ``adding_replicas``
-of the moves in progress (what kafka-reassign-partitions puts in a topic's
-``*.replication.throttled.replicas`` lists), so a throttle touches only a move's traffic
-and ends with it.
+Sends ``throttle`` to the replica fetcher (the partitions this broker follows whose
+replicas here are throttled: their fetches share the follower rate) and to the fetch actor
+(the replicas of partitions led here whose fetches are throttled: what they fetch shares the
+leader rate) whenever LEADER_AND_ISR, UPDATE_METADATA (a topic's configs), STOP_REPLICA or a
+rate changes, and in full whenever either of them (re)starts (``on_members``), so a restart
+never loses them.
+
+Which replicas are throttled is Kafka's: each topic's ``leader.replication.throttled.replicas``
+and ``follower.replication.throttled.replicas`` configs, ``*`` or ``partition:broker,...``
+(``odradek reassign --execute --throttle`` sets them for the partitions it moves: the leader
+list names their current replicas, the follower list the ones being added; ``--verify``
+removes them when the moves are done). On the leader side, partition p is throttled here
+when ``p:<this broker>`` (or ``*``) is in the leader list, and then the fetches of its
+replicas outside the ISR are; on the follower side, when ``p:<this broker>`` (or ``*``) is in
+the follower list and this replica is outside the ISR. "The ISR" is the one of the
+partition's last LEADER_AND_ISR (which every move's steps send), as Kafka throttles only
+replicas out of sync.
 """
 from __future__ import annotations
 
@@ -69,20 +79,39 @@ class ThrottleMixin:
         self._tell_throttles()
         self.reply(msg, {})
 
-    def _tell_throttles(self, force: bool = False) -> None:
+    def _throttled_here(self, topic: str, partition: int, which: str) -> bool:
+        """Is ``topic``'s ``<which>.replication.throttled.replicas`` (from the last
+        UPDATE_METADATA) naming partition ``partition`` on this broker?"""
+        configs = (self.snapshot_data.get("topics", {}).get(topic) or {}).get("configs") or {}
+        listed = throttled_replicas(configs.get(f"{which}.replication.throttled.replicas", ""))
+        return listed is None or (partition, self.broker_id) in listed
+
+    def _tell_throttles(self, force: bool = False, only: str | None = None) -> None:
         """Tell the replica fetcher and the fetch actor what is throttled now (when it changed,
-        or ``force``: one of them restarted)."""
+        or ``force``: one of them (``only``, if given) restarted)."""
         follower, leader = [], []
         for (topic, partition), e in self.hosted.items():
-            adding = e.get("adding_replicas") or []
+            isr = e.get("isr") or []
             if e.get("leader") == self.broker_id:
-                leader += [[topic, partition, r] for r in adding]
-            elif self.broker_id in adding:
+                if self._throttled_here(topic, partition, "leader"):
+                    leader += [[topic, partition, r] for r in e.get("replicas") or [] if r not in isr]
+            elif self.broker_id not in isr and self._throttled_here(topic, partition, "follower"):
                 follower.append([topic, partition])
         now = (self.throttle_rate(RATES[0]), self.throttle_rate(RATES[1]), sorted(leader), sorted(follower))
         if now == getattr(self, "_told_throttles", None) and not force:
             return
         self._told_throttles = now
-        self.request("replica_fetcher", "throttle", {"rate": self.throttle_rate(RATES[1]), "parts": follower},
-                     timeout=30.0)
-        self.request("fetch", "throttle", {"rate": self.throttle_rate(RATES[0]), "parts": leader}, timeout=30.0)
+        if only in (None, "replica_fetcher"):
+            self.request("replica_fetcher", "throttle", {"rate": self.throttle_rate(RATES[1]), "parts": follower},
+                         timeout=30.0)
+        if only in (None, "fetch"):
+            self.request("fetch", "throttle", {"rate": self.throttle_rate(RATES[0]), "parts": leader}, timeout=30.0)
+
+
+def throttled_replicas(text: str) -> set[tuple[int, int]] | None:
+    """A ``*.replication.throttled.replicas`` value (already checked by ``LogConfig``) as
+    ``{(partition, broker)}``; None for ``*`` (every replica)."""
+    text = str(text or "").replace(" ", "")
+    if text == "*":
+        return None
+    return {(int(p), int(b)) for p, b in (pair.split(":") for pair in text.split(",") if pair)}

@@ -9,6 +9,7 @@ strings, as they come from TOML ``--set`` overrides) and raises ``InvalidConfigE
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass, field
 
 from odradek.log.errors import InvalidConfigError
@@ -18,8 +19,12 @@ INT_MAX = (1 << 31) - 1
 
 
 def _key(name: str, minimum: int | float | None = None, maximum: int | float | None = None,
-         choices: tuple | None = None):
-    return {"key": name, "min": minimum, "max": maximum, "choices": choices}
+         choices: tuple | None = None, pattern: str | None = None, form: str | None = None):
+    return {"key": name, "min": minimum, "max": maximum, "choices": choices, "pattern": pattern, "form": form}
+
+
+# Kafka's throttled replica lists: "*" (every replica), or partition:broker pairs, comma-separated
+THROTTLED_REPLICAS = r"\*|(\d+:\d+(,\d+:\d+)*)?"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,13 @@ class LogConfig:
     # Replication (cluster mode): read by the partition's leader and by the controller.
     min_insync_replicas: int = field(default=1, metadata=_key("min.insync.replicas", 1, 1000))
     unclean_leader_election_enable: bool = field(default=False, metadata=_key("unclean.leader.election.enable"))
+    # Replication throttles (read by each broker's agent, coordinator.throttles): the replicas
+    # of this topic whose replication traffic is throttled, on the leader side (what a leader
+    # serves them) and the follower side (what they fetch as followers).
+    leader_replication_throttled_replicas: str = field(default="", metadata=_key(
+        "leader.replication.throttled.replicas", pattern=THROTTLED_REPLICAS, form="'*' or partition:broker,..."))
+    follower_replication_throttled_replicas: str = field(default="", metadata=_key(
+        "follower.replication.throttled.replicas", pattern=THROTTLED_REPLICAS, form="'*' or partition:broker,..."))
 
     @property
     def compact(self) -> bool:
@@ -117,6 +129,8 @@ def _parse(key: str, f: dataclasses.Field, raw):
 
 def _check_range(meta: dict, value) -> None:
     key = meta["key"]
+    if meta["pattern"] is not None and not re.fullmatch(meta["pattern"], value):
+        raise InvalidConfigError(f"{key}: {value!r} is not {meta['form']}")
     if meta["choices"] is not None and value not in meta["choices"]:
         raise InvalidConfigError(f"{key}: {value!r} is not one of {', '.join(meta['choices'])}")
     if meta["min"] is not None and value < meta["min"]:

@@ -14,7 +14,8 @@ Accepts:
                         brokers and their broker epochs, whenever ``/brokers/ids`` changes
                         (asked for with ``get_broker_epochs`` at start)
   throttle {rate, parts: [[topic, partition, replica]]}   from the controller (broker agent):
-                        the replicas a reassignment is adding to partitions led here; what
+                        the throttled replicas of partitions led here (the topic's
+                        ``leader.replication.throttled.replicas``, out of the ISR); what
                         they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
                         over it they get no data until the rate has caught up
 A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms`` (capped at 60 s and

@@ -14,7 +14,8 @@ Accepts:
         ``get_broker_epochs`` at start): this broker's own epoch goes with every FETCH, which
         the leader refuses (STALE_BROKER_EPOCH, retried after the backoff) until it knows it.
   throttle {rate, parts: [[topic, partition]]}   from the controller (broker agent): the
-        partitions this broker is adding as a reassignment's new replica, whose fetches share
+        followed partitions whose replica here is throttled (the topic's
+        ``follower.replication.throttled.replicas``, out of the ISR), whose fetches share
         ``follower.replication.throttled.rate`` bytes/s (``log.throttle.Quota``). Answered ``{}``.
 Sends, to the log actor hosting a partition (``log-<placement>``):
   follower_state {parts: [[topic, partition]]}

@@ -39,7 +39,8 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec("controller", controller, count=1, args=args, drain=cluster),
         ChildSpec("log", "odradek.log.log_actor:LogActor", count=config["num.log.threads"], args=args,
                   watchers=("fetch",), pool=True),
-        ChildSpec("fetch", "odradek.log.fetch_actor:FetchActor", count=1, args=args),
+        ChildSpec("fetch", "odradek.log.fetch_actor:FetchActor", count=1, args=args,
+                  watchers=("controller",) if cluster else ()),  # the broker agent re-tells it its throttles
         *replication,
         ChildSpec("group_coordinator", "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
         ChildSpec("handler", "odradek.network.handler:RequestHandler", count=config["num.io.threads"], args=args,

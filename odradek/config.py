@@ -374,7 +374,9 @@ TOPIC_DEFAULTS = {
 
 def topic_defaults(config: dict) -> dict:
     """The topic-level settings every topic starts from, by topic-level name."""
-    return {topic_key: config[broker_key] for broker_key, topic_key in TOPIC_DEFAULTS.items()}
+    # Kafka's throttled replica lists have no broker-level default: every topic starts with none
+    none_throttled = {"leader.replication.throttled.replicas": "", "follower.replication.throttled.replicas": ""}
+    return {**{topic_key: config[broker_key] for broker_key, topic_key in TOPIC_DEFAULTS.items()}, **none_throttled}
 
 
 def markdown_table() -> str:

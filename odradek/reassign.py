@@ -16,8 +16,15 @@ The plan is Kafka's JSON, ``{"version": 1, "partitions": [{"topic", "partition",
 brokers, rack-alternating when they all have ``broker.rack``) and prints the current
 assignment (keep it: executing it rolls back) and the proposal. ``--throttle`` (bytes/s)
 sets ``leader.replication.throttled.rate`` and ``follower.replication.throttled.rate`` on
-every live broker; they apply to the replicas being added only, and ``--verify`` clears them
-once nothing is moving. The moves themselves run in the controller (docs/REPLICATION.md).
+every live broker, and, as Kafka's tool, the moved topics' ``leader.replication.throttled.replicas``
+(each moving partition's current replicas, which serve the copy) and
+``follower.replication.throttled.replicas`` (its replicas being added), so the rate holds
+only the move's traffic. ``--verify`` removes the topics' lists once the plan's moves are
+done and the brokers' rates once nothing is moving; ``--cancel`` does both at once (as
+Kafka's without ``--preserve-throttles``). ``--verify`` asks the controller what is moving
+(ListPartitionReassignments), which lists a move until every broker's metadata shows its
+end, so the replica sets it then reads from a broker's metadata are the final ones. The
+moves themselves run in the controller (docs/REPLICATION.md).
 """
 from __future__ import annotations
 
@@ -30,6 +37,7 @@ from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
 
 THROTTLES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")
+THROTTLED_REPLICAS = ("leader.replication.throttled.replicas", "follower.replication.throttled.replicas")
 TIMEOUT_MS = 10000
 
 
@@ -120,6 +128,21 @@ def decommission(current: dict, broker: int, live: list[int], racks: dict) -> di
     return out
 
 
+def throttled_replicas(plan: dict, current: dict) -> dict[str, dict[str, str]]:
+    """The topic configs that throttle ``plan``'s moves, as Kafka's tool sets them: per topic,
+    ``leader.replication.throttled.replicas`` names each moving partition's current replicas
+    (``partition:broker``) and ``follower.replication.throttled.replicas`` its new ones."""
+    out: dict[str, dict[str, list]] = {}
+    for tp, target in sorted(plan.items()):
+        now = current.get(tp, [])
+        if sorted(now) == sorted(target):
+            continue
+        lists = out.setdefault(tp.topic, {k: [] for k in THROTTLED_REPLICAS})
+        lists[THROTTLED_REPLICAS[0]] += [f"{tp.partition}:{b}" for b in now]
+        lists[THROTTLED_REPLICAS[1]] += [f"{tp.partition}:{b}" for b in target if b not in now]
+    return {t: {k: ",".join(v) for k, v in lists.items()} for t, lists in out.items()}
+
+
 # ---- the command -----------------------------------------------------------------------------------
 def run(args, bootstrap: str) -> int:
     from odradek.admin import Admin
@@ -194,14 +217,21 @@ def _execute(admin, plan: dict, throttle: int | None) -> int:
           "\n\nSave this to use as the --reassignment-json-file option during rollback")
     if throttle is not None:
         _set_throttles(admin, throttle)
+        for topic, lists in throttled_replicas(plan, current).items():
+            admin.alter_configs(topic, set=lists)
         print(f"Throttle limit set to {throttle} B/s on brokers {','.join(map(str, sorted(admin.broker_racks())))}"
-              f"; run --verify when the move is done to remove it")
+              f" for the replicas moved; run --verify when the move is done to remove it")
     errors = admin.alter_partition_reassignments(plan)
     return _report(errors, "started partition reassignments")
 
 
 def _cancel(admin, plan: dict) -> int:
-    return _report(admin.alter_partition_reassignments({tp: None for tp in plan}), "cancelled partition reassignments")
+    status = _report(admin.alter_partition_reassignments({tp: None for tp in plan}),
+                     "cancelled partition reassignments")
+    _clear_topic_throttles(admin, sorted({tp.topic for tp in plan}))
+    if not set(admin.list_partition_reassignments()) - set(plan):  # (the cancelled ones end at once)
+        _clear_throttles(admin)
+    return status
 
 
 def _report(errors: dict, done: str) -> int:
@@ -229,9 +259,12 @@ def _verify(admin, plan: dict) -> int:
             status = 1
             print(f"There is no active reassignment of partition {tp.topic}-{tp.partition}, but replica set is "
                   f"{current.get(tp)} rather than {target}.")
+    if plan and not set(plan) & set(moving):
+        _clear_topic_throttles(admin, sorted({tp.topic for tp in plan}))
     if not moving:
+        if not plan:  # every move is done: no topic needs its lists
+            _clear_topic_throttles(admin, admin.list_topics(include_internal=True), only_set=True)
         _clear_throttles(admin)
-        print(f"Clearing broker-level throttles on brokers {','.join(map(str, sorted(admin.broker_racks())))}")
     return status
 
 
@@ -254,5 +287,17 @@ def _set_throttles(admin, rate: int) -> None:
 
 
 def _clear_throttles(admin) -> None:
-    for b in sorted(admin.broker_racks()):
+    brokers = sorted(admin.broker_racks())
+    for b in brokers:
         admin.alter_configs(str(b), delete=THROTTLES, resource_type="broker")
+    print(f"Clearing broker-level throttles on brokers {','.join(map(str, brokers))}")
+
+
+def _clear_topic_throttles(admin, topics: list[str], only_set: bool = False) -> None:
+    """Remove the throttled replica lists of ``topics`` (``only_set``: of those that have one)."""
+    if only_set:
+        topics = [t for t in topics if any(c.source == "topic" for c in admin.describe_configs(t, THROTTLED_REPLICAS))]
+    for t in topics:
+        admin.alter_configs(t, delete=THROTTLED_REPLICAS)
+    if topics:
+        print(f"Clearing topic-level throttles on topics {','.join(topics)}")

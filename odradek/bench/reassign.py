@@ -83,7 +83,7 @@ def _moved(cluster, plan: dict) -> bool:
 
 def _move(cluster, bootstrap: str, throttle: int, window: float, producer: _Producer) -> dict:
     from odradek.admin import Admin
-    from odradek.reassign import THROTTLES
+    from odradek.reassign import THROTTLED_REPLICAS, THROTTLES, throttled_replicas
     from odradek.types import TopicPartition
     new = cluster.add()
     assignment = cluster.topic_assignment(TOPIC)
@@ -96,6 +96,10 @@ def _move(cluster, bootstrap: str, throttle: int, window: float, producer: _Prod
         if throttle:
             for b in cluster.ids:
                 admin.alter_configs(str(b), set={n: throttle for n in THROTTLES}, resource_type="broker")
+            moves = {TopicPartition(TOPIC, p): r for p, r in plan.items()}
+            now = {TopicPartition(TOPIC, p): r for p, r in assignment.items()}
+            for topic, lists in throttled_replicas(moves, now).items():  # which replicas the rates hold
+                admin.alter_configs(topic, set=lists)
         errors = admin.alter_partition_reassignments({TopicPartition(TOPIC, p): r for p, r in plan.items()})
         if any(errors.values()):
             raise SystemExit(f"perf: the move was refused: {errors}")
@@ -105,6 +109,7 @@ def _move(cluster, bootstrap: str, throttle: int, window: float, producer: _Prod
         if throttle:
             for b in cluster.ids:
                 admin.alter_configs(str(b), delete=THROTTLES, resource_type="broker")
+            admin.alter_configs(TOPIC, delete=THROTTLED_REPLICAS)
     seconds = end[0] - start[0]
     return {"throttle_bytes_per_s": throttle or None, "from_broker": oldest, "to_broker": new,
             "moved_bytes": moved, "move_seconds": round(seconds, 2),

@@ -28,7 +28,8 @@ PARTITIONS = 3
 
 def wait_moved(cluster, topic: str, expected: dict[int, list[int]], timeout: float = 60.0) -> None:
     """Every partition's replicas are ``expected`` (as sets), with no move left in ZooKeeper,
-    and every replica in the ISR."""
+    every replica in the ISR, and none listed by the controller (which lists a move until its
+    end has reached every broker's metadata)."""
     def moved() -> bool:
         node = cluster._json(f"/brokers/topics/{topic}")
         if node.get("adding_replicas") or node.get("removing_replicas"):
@@ -41,6 +42,9 @@ def wait_moved(cluster, topic: str, expected: dict[int, list[int]], timeout: flo
     except TimeoutError as exc:
         raise TimeoutError(f"{exc}; topic node {cluster._json(f'/brokers/topics/{topic}')}, states "
                            f"{ {p: cluster.partition_state(topic, p) for p in expected} }") from None
+    with Admin(cluster.bootstrap) as admin:
+        cluster.wait_for(lambda: not any(tp.topic == topic for tp in admin.list_partition_reassignments()), 30,
+                         f"the controller listing no move of {topic}")
 
 
 def reassign(cluster, moves: dict) -> None:
@@ -155,20 +159,25 @@ def reassign_cli(capsys, cluster, *args) -> str:
     return capsys.readouterr().out
 
 
-def verify_until_done(capsys, cluster, plan, timeout: float = 30.0) -> str:
-    """``--verify`` until it reports the plan done: it reads a broker's metadata, which may
-    trail ZooKeeper (where ``wait_moved`` looked) by an UPDATE_METADATA; a replica set that
-    stays different from the plan still fails here."""
-    from odradek.cli import main
-    deadline = time.monotonic() + timeout
-    while True:
-        code = main(["reassign", "--bootstrap-server", cluster.bootstrap, "--verify", "--reassignment-json-file",
-                     str(plan)])
-        out = capsys.readouterr().out
-        if code == 0 or time.monotonic() > deadline:
-            assert code == 0, out
-            return out
-        time.sleep(0.5)
+def throttle_measured(cluster, broker: int, seconds: float) -> float:
+    """Bytes/s that ``broker``'s replica fetcher copied of its throttled partitions over
+    ``seconds``, by its own clock."""
+    first = fetcher_stats(cluster, broker)["throttle"]
+    time.sleep(seconds)
+    last = fetcher_stats(cluster, broker)["throttle"]
+    return (last["bytes"] - first["bytes"]) / (last["at"] - first["at"])
+
+
+def kill_actor(cluster, broker: int, name: str) -> None:
+    """kill -9 one actor of ``broker`` and wait until its supervisor has it running again."""
+    b = cluster.broker(broker)
+    old = b.actor_process(name).pid
+    os.kill(old, 9)
+
+    def back() -> bool:
+        a = b.actor(name)
+        return a.get("pid") not in (None, 0, old) and a.get("state") == "running"
+    cluster.wait_for(back, 30, f"broker {broker}'s {name} restarted")
 
 
 def test_a_throttled_move_survives_the_controller_killed_and_keeps_to_its_rate(make_cluster, tmp_path, capsys):
@@ -200,10 +209,66 @@ def test_a_throttled_move_survives_the_controller_killed_and_keeps_to_its_rate(m
         cluster.wait_for(lambda: cluster.controller_id() not in (None, controller), 30, "another controller")
         cluster.restart(controller)  # it may be one of the move's targets
         wait_moved(cluster, TOPIC, {p: [2, 3, 4] for p in range(PARTITIONS)}, timeout=120)
-        out = verify_until_done(capsys, cluster, plan)
+        out = reassign_cli(capsys, cluster, "--verify", "--reassignment-json-file", str(plan))
         assert out.count("is completed") == PARTITIONS and "Clearing broker-level throttles" in out
+        assert "Clearing topic-level throttles on topics moving" in out
         assert fetcher_stats(cluster, 4)["throttle"]["rate"] == 2 ** 63 - 1
         finish(cluster, load, TOPIC, PARTITIONS)
+
+
+def test_a_move_cancelled_mid_flight_returns_to_its_replicas_and_its_leader_throttle_outlives_a_fetch_actor_kill(
+        make_cluster, tmp_path, capsys):
+    rate = 300_000  # per leader: the leaders' side alone holds the copy (the follower rate is lifted below)
+    cluster = make_cluster(3, replica_fetch_max_bytes=32768, log_stray_delete_delay_ms=3000)
+    create_replicated_topic(cluster, TOPIC, PARTITIONS)
+    with Producer(cluster.bootstrap, acks="all") as producer:
+        for i in range(2000):  # ~20 MB: over twenty seconds at the leaders' throttles
+            producer.send(TOPIC, os.urandom(10_000), partition=i % PARTITIONS)
+        producer.flush(60)
+    origin = cluster.topic_assignment(TOPIC)
+    assert cluster.add() == 4
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps({"version": 1, "partitions": [
+        {"topic": TOPIC, "partition": p, "replicas": [4] + origin[p][1:]} for p in range(PARTITIONS)]}))
+    with Workload(cluster.bootstrap, TOPIC, rate=50) as load:
+        reassign_cli(capsys, cluster, "--execute", "--reassignment-json-file", str(plan), "--throttle", str(rate))
+        with Admin(cluster.bootstrap) as admin:
+            # Kafka's lists, as its tool sets them: the current replicas serve, broker 4 is added
+            configs = {c.name: c.value for c in admin.describe_configs(TOPIC)}
+            assert sorted(configs["leader.replication.throttled.replicas"].split(",")) == sorted(
+                f"{p}:{b}" for p in range(PARTITIONS) for b in origin[p])
+            assert sorted(configs["follower.replication.throttled.replicas"].split(",")) == sorted(
+                f"{p}:4" for p in range(PARTITIONS))
+            admin.alter_configs("4", delete=["follower.replication.throttled.rate"], resource_type="broker")
+        leaders = {cluster.leader(TOPIC, p) for p in range(PARTITIONS)}
+        cluster.wait_for(lambda: fetcher_stats(cluster, 4)["throttle"]["bytes"] > 200_000, 30, "the move under way")
+        held = len(leaders) * rate
+        before = throttle_measured(cluster, 4, 3)
+        print(f"the leaders' throttles ({len(leaders)} x {rate} B/s): {before:.0f} B/s")
+        assert 0.8 * held <= before <= 1.2 * held, f"{before:.0f} B/s under {len(leaders)} x {rate} B/s"
+        for b in leaders:  # each leader's fetch actor restarts knowing nothing: it must learn its list again
+            kill_actor(cluster, b, "fetch")
+        t0, copied = time.monotonic(), fetcher_stats(cluster, 4)["throttle"]["bytes"]
+        cluster.wait_for(lambda: fetcher_stats(cluster, 4)["throttle"]["bytes"] > copied + 100_000, 60,
+                         "the copy going on")
+        print(f"the copy went on {time.monotonic() - t0:.1f} s after the kills")
+        after = throttle_measured(cluster, 4, 3)
+        print(f"after the leaders' fetch actors were killed: {after:.0f} B/s")
+        assert after <= 1.2 * held, f"{after:.0f} B/s after a fetch actor restart, under {len(leaders)} x {rate} B/s"
+        assert all(4 not in cluster.isr(TOPIC, p) for p in range(PARTITIONS)), "the copy is not under way any more"
+        out = reassign_cli(capsys, cluster, "--cancel", "--reassignment-json-file", str(plan))
+        assert "Successfully cancelled partition reassignments" in out and "Clearing broker-level throttles" in out
+        wait_moved(cluster, TOPIC, origin)  # the same replicas; their order is Kafka's (the target's kept first)
+        data_4 = cluster.broker(4).data_dir
+        cluster.wait_for(lambda: not any(os.path.exists(partition_dir(data_4, TOPIC, p)) for p in range(PARTITIONS)),
+                         30, "broker 4's replicas removed")
+        with Admin(cluster.bootstrap) as admin:
+            assert admin.list_partition_reassignments() == {}
+            configs = {c.name: c for c in admin.describe_configs(TOPIC)}
+            assert configs["leader.replication.throttled.replicas"].source == "default"
+            assert configs["follower.replication.throttled.replicas"].source == "default"
+        finish(cluster, load, TOPIC, PARTITIONS)
+    assert not load.acked.failed
 
 
 def test_racks_then_decommission_under_load_then_new_partitions_reach_the_group(make_cluster, capsys):
