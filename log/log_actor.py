@@ -234,9 +234,7 @@ class LogActor(Actor):
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         self._dirty.add((topic, partition))
-        if info.duplicate:  # an idempotent producer's retry: answered with the first append's offsets
-            self.metrics.inc("duplicate_batches", (topic,))
-        else:
+        if not info.duplicate:  # an idempotent producer's retry is answered with the first append's offsets
             self.appends += 1
             self.metrics.inc("bytes_in", (topic,), info.size)
             self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
