@@ -35,12 +35,14 @@ from odradek.log.epochs import LeaderEpochCache
 from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
 from odradek.log.files import FileLayer, descriptors, system_now_ms
+from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError,
+                                        OutOfOrderSequenceError, ProducerStateManager, last_sequence)
 from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
-from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CRC_START, HEADER_SIZE,
-                         KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, patch_base_offset,
-                         set_log_append_time, validate_batches)
+from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
+                         HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader,
+                         patch_base_offset, set_log_append_time, validate_batches)
 from odradek.log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
                          segment_paths)
 
@@ -55,9 +57,10 @@ MAX_RELATIVE_OFFSET = (1 << 31) - 1
 PATCHED_PREFIX = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append rewrites
 _PATCHED_HEAD = struct.Struct(">qii")  # those 16 bytes
 # What the one-batch append reads of a header in one unpack (records.HEADER without the
-# leader epoch, first timestamp and producer fields): baseOffset, batchLength, magic, crc,
-# attributes, lastOffsetDelta, maxTimestamp, recordCount.
-_APPEND_VIEW = struct.Struct(">qi4xbIhi8xq14xi")
+# leader epoch and first timestamp): baseOffset, batchLength, magic, crc, attributes,
+# lastOffsetDelta, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
+_APPEND_VIEW = struct.Struct(">qi4xbIhi8xqqhii")
+SCAN_CHUNK = 1 << 20  # bytes read at once when replaying batch headers into the producer state
 
 
 class AppendInfo(NamedTuple):
@@ -70,6 +73,7 @@ class AppendInfo(NamedTuple):
     position: int  # byte position of the first batch in its segment
     segment_base: int  # base offset of that segment
     size: int  # bytes written
+    duplicate: bool = False  # an idempotent producer's retry: nothing written, the original offsets
 
 
 class Checkpoint(NamedTuple):
@@ -331,12 +335,18 @@ class Log:
         self._generation = 0
         self._closed = False
         self.leader_epochs = LeaderEpochCache(directory, self._files)
+        self.producers = ProducerStateManager(directory, self._files)
         started = time.monotonic()
         self.recovery_report = self._load()
-        self.recovery_report.seconds = time.monotonic() - started
         # the file may be older or newer than the data that survived: trim it to the log
         self._update_epochs(self.leader_epochs.truncate_from_end, self._log_end_offset)
         self._update_epochs(self.leader_epochs.truncate_from_start, self._log_start_offset)
+        try:
+            self._rebuild_producer_state()
+        except OSError as e:
+            self.abandon()
+            raise _storage(f"loading the producer state of {directory}", e) from None
+        self.recovery_report.seconds = time.monotonic() - started
         log.info("%s: %s", directory, self.recovery_report.summary())
 
     # ------------------------------------------------------------------ properties
@@ -429,11 +439,19 @@ class Log:
                     mv.readonly or not isinstance(batch, (bytearray, memoryview)))))
                     and HEADER_SIZE <= n <= cfg.max_message_bytes and n <= cfg.segment_bytes
                     and cfg.message_timestamp_type == "CreateTime"):
-                base0, blen, magic, crc, attributes, delta, max_ts, count = _APPEND_VIEW.unpack_from(mv)
+                (base0, blen, magic, crc, attributes, delta, max_ts, pid, pepoch, seq,
+                 count) = _APPEND_VIEW.unpack_from(mv)
                 if (blen + LOG_OVERHEAD == n and magic == MAGIC and count >= 1 and delta >= count - 1
                         and base0 >= 0 and not attributes & ~KNOWN_ATTRIBUTE_BITS
                         and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
                         and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
+                    if pid >= 0:  # an idempotent producer's batch: its sequence decides
+                        if attributes & CONTROL_BIT:
+                            return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
+                        last_seq = last_sequence(seq, delta)
+                        dup = self.producers.check(pid, pepoch, seq, last_seq)
+                        if dup is not None:
+                            return self._duplicate(dup)
                     now = self._now()
                     seg = self._segments[-1]
                     base = self._log_end_offset
@@ -460,13 +478,15 @@ class Log:
                     seg.add_batch_entries(position, base - seg.base_offset, n, max_ts)
                     seg.size = position + n
                     self._log_end_offset = last + 1
+                    if pid >= 0:
+                        self.producers.update(pid, pepoch, seq, last_seq, base, last, max_ts)
                     if leader_epoch > self.leader_epochs._latest:  # the first append of an epoch
                         self._update_epochs(self.leader_epochs.assign, leader_epoch, base)
                     self._unflushed += count
                     if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
                         self.flush()
                     return _append_info((base, last, now, self._log_start_offset, position,
-                                         seg.base_offset, n))
+                                         seg.base_offset, n, False))
         return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
 
     def _append_general(self, batch, leader_epoch: int, assign_offsets: bool,
@@ -481,6 +501,10 @@ class Log:
             raise RecordListTooLargeError(f"{size} bytes do not fit in segment.bytes {cfg.segment_bytes}")
         now = self._now()
         bases, last, records = self._assign(headers, assign_offsets)
+        if assign_offsets:
+            dup = self._check_producers(headers)
+            if dup is not None:
+                return self._duplicate(dup)
         parts = self._patched(batch, headers, bases, leader_epoch, now) if assign_offsets else [batch]
         if self._dirty_tail is not None:
             self._repair_tail()
@@ -491,6 +515,7 @@ class Log:
         self._index(seg, headers, bases, position, now)
         seg.size = position + size
         self._log_end_offset = last + 1
+        self._update_producers(headers, bases)
         epochs = self.leader_epochs
         if assign_offsets:
             if leader_epoch > epochs._latest:
@@ -503,6 +528,47 @@ class Log:
         if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
             self.flush()
         return AppendInfo(bases[0], last, now, self._log_start_offset, position, seg.base_offset, size)
+
+    def _check_producers(self, headers) -> object:
+        """The producer-state checks of a leader's append (``ProducerStateManager.check``),
+        batch by batch as if each earlier one had been appended. Returns the original batch's
+        metadata when the append is one batch that was appended before (a retry), else None;
+        raises if any batch is out of sequence or fenced (nothing is appended then)."""
+        pending: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last seq) of earlier batches here
+        for h in headers:
+            pid = h.producer_id
+            if pid < 0 or h.attributes & CONTROL_BIT:
+                continue
+            last_seq = last_sequence(h.base_sequence, h.last_offset_delta)
+            seen = pending.get(pid)
+            if seen is None:
+                dup = self.producers.check(pid, h.producer_epoch, h.base_sequence, last_seq)
+                if dup is not None:
+                    if len(headers) > 1:
+                        raise DuplicateSequenceError(
+                            f"producer {pid}: batch with sequences {h.base_sequence}..{last_seq} was appended "
+                            f"before; send an idempotent producer's batches one per partition and request")
+                    return dup
+            elif h.producer_epoch != seen[0]:
+                raise InvalidProducerEpochError(f"producer {pid}: epochs {seen[0]} and {h.producer_epoch} in "
+                                                f"one append")
+            elif h.base_sequence != seen[1] + 1:
+                raise OutOfOrderSequenceError(f"producer {pid}: sequence {h.base_sequence} does not follow "
+                                              f"{seen[1]} within one append")
+            pending[pid] = (h.producer_epoch, last_seq)
+        return None
+
+    def _update_producers(self, headers, bases) -> None:
+        """Record the appended batches of idempotent producers (leader, follower alike)."""
+        for h, base in zip(headers, bases):
+            if h.producer_id >= 0 and not h.attributes & CONTROL_BIT:
+                self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence,
+                                      last_sequence(h.base_sequence, h.last_offset_delta), base,
+                                      base + h.last_offset_delta, h.max_timestamp)
+
+    def _duplicate(self, dup) -> AppendInfo:
+        """The answer to a retried batch: the offsets it got the first time, nothing written."""
+        return AppendInfo(dup.first_offset, dup.last_offset, self._now(), self._log_start_offset, -1, -1, 0, True)
 
     def append_as_follower(self, batch) -> AppendInfo:
         """Append a leader's batches as they are: its offsets, epochs and timestamps.
@@ -635,6 +701,8 @@ class Log:
 
     def _roll(self, base_offset: int, now: int) -> LogSegment:
         old = self._segments[-1]
+        if old.size:  # the producer state as of the new segment's start (Kafka's snapshot at roll)
+            self._snapshot_producers(self._log_end_offset)
         try:
             new = self._create_segment(base_offset, now)
         except OSError as e:
@@ -770,6 +838,10 @@ class Log:
         self._high_watermark = min(self._high_watermark, self._log_end_offset)
         self._generation += 1
         self.checkpoint()
+        try:
+            self._rebuild_producer_state()
+        except OSError as e:
+            raise _storage(f"rebuilding the producer state after truncating to {offset}", e) from None
 
     def _truncate_within(self, offset: int) -> None:
         i = bisect.bisect_right(self._bases, offset) - 1
@@ -817,6 +889,8 @@ class Log:
         self._unflushed_segments.clear()
         self._log_start_offset = self._log_end_offset = offset
         self._update_epochs(self.leader_epochs.clear)
+        self.producers.clear()
+        self.producers.delete_snapshots(above=-1)
 
     def _create_segment_replacing(self, offset: int, now: int) -> LogSegment:
         for i, seg in enumerate(self._segments):
@@ -910,6 +984,8 @@ class Log:
                 self._recovery_point = max(self._recovery_point, self._log_start_offset)
                 self.checkpoint()
                 self._update_epochs(self.leader_epochs.truncate_from_start, self._log_start_offset)
+                # snapshots of deleted segments go (the newest stays: it still holds every producer)
+                self.producers.delete_snapshots(below=self._bases[0])
 
     def delete_expired_files(self) -> int:
         """Unlink ``.deleted`` files whose ``file.delete.delay.ms`` has passed."""
@@ -928,6 +1004,63 @@ class Log:
                     keep.append((due, [p]))
         self._pending_deletes = keep
         return removed
+
+    # ------------------------------------------------------------------ producer state
+    def expire_producers(self, now_ms: int | None = None) -> int:
+        """Forget producers idle longer than ``producer.id.expiration.ms`` (the log actor's
+        timer); returns how many went."""
+        return self.producers.expire(self._now() if now_ms is None else now_ms)
+
+    def _snapshot_producers(self, offset: int) -> None:
+        """Write the producer snapshot at ``offset``; a failure is logged, not raised (memory
+        is right; the next roll or close writes one, and recovery replays the log anyway)."""
+        try:
+            self.producers.snapshot(offset)
+        except StorageError as e:
+            log.warning("%s: %s; the producer state is rebuilt from the log on recovery", self.dir, e.message)
+
+    def _rebuild_producer_state(self) -> None:
+        """The producer state of the log as it is: the latest snapshot at or below the log
+        end, then every batch header after it (or the whole log without a snapshot)."""
+        start = self.producers.load(self._log_end_offset)
+        start = max(start, self._bases[0]) if start >= 0 else self._bases[0]
+        replayed = self._replay_producers(start)
+        if replayed:
+            log.info("%s: producer state rebuilt from %d batch headers after offset %d (%d producers)",
+                     self.dir, replayed, start, len(self.producers))
+
+    def _replay_producers(self, start: int) -> int:
+        """Feed the headers of batches at or after ``start`` to the producer state (header
+        reads only, in ``SCAN_CHUNK`` reads). Returns the number of batches seen."""
+        seen = 0
+        update = self.producers.update
+        for i, seg in enumerate(self._segments):
+            if i + 1 < len(self._segments) and self._segments[i + 1].base_offset <= start:
+                continue
+            if not seg.size:
+                continue
+            pos = 0
+            if start > seg.base_offset:
+                hit = seg.locate(start)
+                if hit is None:
+                    continue
+                pos = hit.position
+            buf, buf_start = b"", pos
+            while pos + HEADER_SIZE <= seg.size:
+                if pos + HEADER_SIZE > buf_start + len(buf):
+                    buf, buf_start = seg.pread(min(SCAN_CHUNK, seg.size - pos), pos), pos
+                    if len(buf) < HEADER_SIZE:
+                        break
+                h = BatchHeader._make(HEADER.unpack_from(buf, pos - buf_start))
+                if h.batch_length < HEADER_SIZE - LOG_OVERHEAD:
+                    break
+                if h.producer_id >= 0 and not h.attributes & CONTROL_BIT and h.base_offset >= start:
+                    update(h.producer_id, h.producer_epoch, h.base_sequence,
+                           last_sequence(h.base_sequence, h.last_offset_delta), h.base_offset,
+                           h.base_offset + h.last_offset_delta, h.max_timestamp)
+                seen += 1
+                pos += h.size
+        return seen
 
     # ------------------------------------------------------------------ compaction support
     def replace_segment(self, old: LogSegment, new: LogSegment) -> None:
@@ -953,6 +1086,7 @@ class Log:
             self._repair_tail()
             self.flush()
             self.checkpoint()
+            self._snapshot_producers(self._log_end_offset)
             for seg in self._segments:
                 seg.close(trim=True)
             marker = os.path.join(self.dir, CLEAN_SHUTDOWN)

@@ -26,7 +26,12 @@ Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKe
 it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
 messages, the new ``LogBounds`` (plus leader epoch and role) of every partition that
 changed (``bounds``): that is how long-poll fetches learn that data arrived.
-Timers: retention (``log.retention.check.interval.ms``), flush (``flush.ms``), checkpoints,
+Producer ids: a batch whose producer id its partition does not know yet must carry the tag
+of an id a transaction coordinator handed out (``log.producer_ids``), else
+INVALID_PRODUCER_ID_MAPPING; the sequence checks are the ``Log``'s (``log.producer_state``);
+a retried batch is answered with its first append's offsets.
+Timers: retention (``log.retention.check.interval.ms``, also producer-id expiration,
+``producer.id.expiration.ms``), flush (``flush.ms``), checkpoints,
 compaction (``log.cleaner.backoff.ms``), ISR shrink (``replica.lag.time.max.ms``).
 The message shapes are in docs/REPLICATION.md.
 """
@@ -36,16 +41,17 @@ import concurrent.futures
 import logging
 import os
 import shutil
+import struct
 import time
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull
-from odradek.log import cleaner
+from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer
 from odradek.log.log import Log
-from odradek.log.records import HEADER_SIZE, BatchHeader
+from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.log")
@@ -56,6 +62,9 @@ CONTROLLER = "controller"
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
+_BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
+_PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
+OFFSET_PRODUCER_ID = 43
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:
@@ -128,6 +137,9 @@ class LogActor(Actor):
         config = self.args["config"]
         self.broker_id = int(self.args.get("broker_id", config.get("broker.id", 0)))
         self.lag_max_ms = config.get("replica.lag.time.max.ms", 30000)
+        self.config = config
+        self.producer_expiration_ms = config.get("producer.id.expiration.ms", 86400000)
+        self._pid_key: bytes | None = None  # the cluster's producer-id key, loaded on first need
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._closed: list[tuple[str, int]] = []
@@ -220,13 +232,15 @@ class LogActor(Actor):
                           f"{topic}-{partition}: {len(p.isr)} in-sync replica(s) {p.isr}, "
                           f"min.insync.replicas is {min_isr}")
         try:
+            self._check_producer_ids(p, batch)
             info = p.log.append(batch, leader_epoch=p.leader_epoch, crc_checked=True)  # the handler checked the CRC
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         self._dirty.add((topic, partition))
-        self.appends += 1
-        self.metrics.inc("bytes_in", (topic,), info.size)
-        self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
+        if not info.duplicate:  # an idempotent producer's retry is answered with the first append's offsets
+            self.appends += 1
+            self.metrics.inc("bytes_in", (topic,), info.size)
+            self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
         self._advance_high_watermark(p)
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
@@ -235,6 +249,30 @@ class LogActor(Actor):
             delayed.waiting_on.append(p)
             p.waiting.append((info.last_offset + 1, delayed, entry))
         return entry
+
+    def _check_producer_ids(self, p: PartitionLog, batch) -> None:
+        """Never trust a claimed producer id: one this partition does not know yet must carry
+        the tag of an id a transaction coordinator handed out (``log.producer_ids``), else
+        INVALID_PRODUCER_ID_MAPPING. Header reads only; the key is loaded once."""
+        mv = memoryview(batch)
+        n, pos = mv.nbytes, 0
+        known = p.log.producers.producers
+        while pos + HEADER_SIZE <= n:
+            pid = _PRODUCER_ID.unpack_from(mv, pos + OFFSET_PRODUCER_ID)[0]
+            if pid >= 0 and pid not in known:
+                if self._pid_key is None:
+                    try:
+                        self._pid_key = producer_ids.load_key(self.config, self.data_dir)
+                    except Exception as exc:  # noqa: BLE001 - disk or ZooKeeper: retriable
+                        raise OdradekError(f"cannot check producer id {pid} yet ({exc}); retry",
+                                           ErrorCode.COORDINATOR_NOT_AVAILABLE) from None
+                if not producer_ids.is_handed_out(pid, self._pid_key):
+                    raise OdradekError(f"producer id {pid} was not handed out by this cluster (InitProducerId "
+                                       f"gives one)", ErrorCode.INVALID_PRODUCER_ID_MAPPING)
+            step = _BATCH_LENGTH.unpack_from(mv, pos + 8)[0] + LOG_OVERHEAD
+            if step < HEADER_SIZE:
+                break  # not a batch: the log's own checks refuse it
+            pos += step
 
     def _expire_produce(self, delayed: DelayedProduce) -> None:
         """The produce's timeout passed: its unreplicated partitions fail REQUEST_TIMED_OUT."""
@@ -568,6 +606,7 @@ class LogActor(Actor):
         directory = partition_dir(self.data_dir, *key)
         self._claim_directory(key, entry.get("topic_id", ""))
         the_log = Log(directory, LogConfig.from_properties(entry["config"]))
+        the_log.producers.expiration_ms = self.producer_expiration_ms
         report = the_log.recovery_report
         if getattr(report, "dropped_bytes", 0):
             log.warning("%s-%d recovered: %s", key[0], key[1], report.summary())
@@ -648,6 +687,7 @@ class LogActor(Actor):
 
     def _retention(self) -> None:
         self._each("retention", lambda lg: (lg.apply_retention() or 0) + (lg.delete_expired_files() or 0))
+        self._each("producer expiration", Log.expire_producers, changes_bounds=False)
 
     def _flush(self) -> None:
         self._each("flush", Log.maybe_flush, changes_bounds=False)

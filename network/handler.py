@@ -16,6 +16,7 @@ data, which then answers the processor directly (one hop fewer than a reply thro
   topic INCREMENTAL_ALTER_CONFIGS  -> the controller
   the group APIs (CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT/FETCH, FIND_COORDINATOR,
   LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP) -> the group coordinator
+  INIT_PRODUCER_ID                 -> the transaction coordinator
   METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING: answered here
 
 It sends ``scale`` and ``status`` requests to the supervisor for the dynamic broker config
@@ -74,6 +75,7 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.CREATE_PARTITIONS: (0, 0),
     ApiKey.ALTER_PARTITION_REASSIGNMENTS: (0, 0),
     ApiKey.LIST_PARTITION_REASSIGNMENTS: (0, 0),
+    ApiKey.INIT_PRODUCER_ID: (0, 0),
 }
 # Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
@@ -87,6 +89,8 @@ SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 CONTROLLER = "controller"
 FETCH_ACTOR = "fetch"
 GROUP_COORDINATOR = "group_coordinator"
+TXN_COORDINATOR = "txn_coordinator"
+TXN_APIS = (ApiKey.INIT_PRODUCER_ID,)
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
               ApiKey.LEAVE_GROUP)
@@ -152,6 +156,7 @@ class RequestHandler(Actor):
             ApiKey.INCREMENTAL_ALTER_CONFIGS: self.incremental_alter_configs,
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             **{api: self.to_group_coordinator for api in GROUP_APIS},
+            **{api: self.to_txn_coordinator for api in TXN_APIS},
             **{api: self.to_controller_actor for api in CONTROLLER_APIS},
         }
 
@@ -322,6 +327,10 @@ class RequestHandler(Actor):
         self.forward(msg, GROUP_COORDINATOR, "group_request",
                      {"api": msg.get("api"), "body": body, "client": msg.get("client"), "peer": msg.get("peer"),
                       "metadata_version": self.metadata_version}, ())
+
+    def to_txn_coordinator(self, msg: Message, body: dict) -> None:
+        """InitProducerId: the transaction coordinator answers the processor."""
+        self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.get("api"), "body": body}, ())
 
     def to_controller(self, msg: Message, body: dict) -> None:
         kind = "create_topics" if msg.get("api") == ApiKey.CREATE_TOPICS else "delete_topics"

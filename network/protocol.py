@@ -35,6 +35,7 @@ class ApiKey(enum.IntEnum):
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     DELETE_RECORDS = 21
+    INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
@@ -104,6 +105,7 @@ class ErrorCode(enum.IntEnum):
     OUT_OF_ORDER_SEQUENCE_NUMBER = (45, False, "The broker received an out of order sequence number.")
     DUPLICATE_SEQUENCE_NUMBER = (46, False, "The broker received a duplicate sequence number.")
     INVALID_PRODUCER_EPOCH = (47, False, "Producer attempted to produce with an old epoch.")
+    INVALID_PRODUCER_ID_MAPPING = (49, False, "The producer attempted to use a producer id which is not currently assigned to its transactional id.")
     KAFKA_STORAGE_ERROR = (56, True, "Disk error when trying to access log file on the disk.")
     LOG_DIR_NOT_FOUND = (57, False, "The user-specified log directory is not found in the broker config.")
     UNKNOWN_PRODUCER_ID = (59, False, "The broker could not locate the producer metadata associated with the producer id.")

@@ -6,7 +6,7 @@ which order they start. ``actors.supervisor`` runs whatever spec it is given.
 Start order (stop order is the reverse): controller (topic metadata; in cluster mode the
 ZooKeeper session, ``coordinator.cluster_controller``), log actors (open and recover their
 partitions), the fetch actor, the replica fetcher (cluster mode), the group coordinator (replays ``__consumer_offsets``,
-which it creates on first use), request handlers, processors, the acceptor — so
+which it creates on first use), the transaction coordinator (hands out producer ids), request handlers, processors, the acceptor — so
 a client can connect only once everything behind the listener is ready, and on shutdown the
 listener closes first while the actors behind it still answer in-flight requests. The
 metrics actor (``observe.metrics_actor``: Prometheus metrics, health, the web console) comes
@@ -43,6 +43,7 @@ def actor_specs(config: dict) -> list[ChildSpec]:
                   watchers=("controller",) if cluster else ()),  # the broker agent re-tells it its throttles
         *replication,
         ChildSpec("group_coordinator", "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
+        ChildSpec("txn_coordinator", "odradek.coordinator.txn_coordinator:TxnCoordinator", count=1, args=args),
         ChildSpec("handler", "odradek.network.handler:RequestHandler", count=config["num.io.threads"], args=args,
                   watchers=("processor", "controller"), scalable=True, min_count=1, max_count=64),
         ChildSpec("processor", "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,

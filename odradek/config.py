@@ -139,6 +139,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Topic default for `retention.bytes`: delete oldest segments beyond this size per partition; -1 no limit.",
             _at_least(-1)),
     Setting("log.retention.check.interval.ms", int, 300000, "How often log actors apply retention.", _at_least(10)),
+    Setting("producer.id.expiration.ms", int, 86400000,
+            "A partition forgets an idempotent producer idle this long (its next batch must then restart at "
+            "sequence 0); checked on the retention timer.", _at_least(1)),
     Setting("log.index.interval.bytes", int, 4096, "Topic default for `index.interval.bytes`.", _at_least(0)),
     Setting("log.index.size.max.bytes", int, 10485760, "Topic default for `segment.index.bytes`.", _at_least(1024)),
     Setting("log.flush.interval.messages", int, (1 << 63) - 1,

@@ -40,8 +40,22 @@ batches as fit in ``max_request_size``), so a request refused with a retriable e
 later batch of its partition in flight to overtake it; a batch waiting for a retry holds
 back the later batches of its partition, and a partition with a request in flight to one
 broker sends nothing to another (its new leader) until it is answered. Unlike Kafka without
-idempotence, ``max_in_flight`` > 1 does not reorder. A retry after a lost answer may still
-duplicate (idempotence, a later issue, removes that).
+idempotence, ``max_in_flight`` > 1 does not reorder.
+
+Idempotence (``enable_idempotence``, on by default as in Kafka's producer since 3.0): the
+sender asks a broker for a producer id (InitProducerId) before its first request and stamps
+each batch, when it is first sent, with the producer id, epoch and the partition's next
+sequence number (header fields covered by the CRC: it is recomputed, no record is touched).
+A retried batch keeps its stamp, so the partition's leader recognises a retry of a batch it
+already appended (an answer lost, a connection cut, a leader that failed over) and answers
+with the original offsets instead of appending it twice. A retried batch goes alone in its
+request for its partition, first attempts may share one. OUT_OF_ORDER_SEQUENCE_NUMBER,
+UNKNOWN_PRODUCER_ID (the partition forgot the producer) and INVALID_PRODUCER_ID_MAPPING
+refuse a batch without writing it: the producer bumps its epoch (KIP-360; a new producer id
+when the epoch is exhausted or refused), restarts every partition's sequence at 0 and
+resends the batch. Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
+``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
+default (None) it is then simply off.
 
 Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
 (one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
@@ -80,6 +94,12 @@ RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack r
 _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
 _CRC_PACK = struct.Struct(">I").pack_into
+_STAMP_PACK = struct.Struct(">qhi").pack_into  # producerId, producerEpoch, baseSequence
+OFFSET_PRODUCER_ID = 43  # of the batch header (docs/FORMAT.md)
+MAX_EPOCH = 32767
+# Refusals that wrote nothing and that a new producer epoch (or id) and sequence cure (KIP-360).
+SEQUENCE_RESETS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID,
+                   ErrorCode.INVALID_PRODUCER_ID_MAPPING)
 _crc32 = zlib.crc32
 _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
@@ -209,7 +229,7 @@ class _Batch:
     """Records of one partition sent together; one Future for all of them."""
 
     __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "stamps",
-                 "future", "data", "count", "attempts", "retry_at", "deadline")
+                 "future", "data", "count", "attempts", "retry_at", "deadline", "stamp")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_timeout: float):
         self.topic = topic
@@ -225,6 +245,7 @@ class _Batch:
         self.attempts = 0
         self.retry_at = 0.0
         self.deadline = now + delivery_timeout
+        self.stamp: tuple | None = None  # idempotence: (producer id, epoch, base sequence) once sent
 
     def max_timestamp(self) -> int:
         """The largest record timestamp (the broker's time index uses it)."""
@@ -307,7 +328,8 @@ class Producer:
                  retry_backoff_ms: int = 100, max_in_flight: int = 5, request_timeout_ms: int = 30000,
                  delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 32 << 20,
                  max_request_size: int = 1 << 20, client_id: str = "odradek-producer",
-                 metadata_max_age_ms: int = 300000, compression_type: Optional[str] = None):
+                 metadata_max_age_ms: int = 300000, compression_type: Optional[str] = None,
+                 enable_idempotence: Optional[bool] = None):
         if compression_type is not None:  # kafka-python's spelling
             compression = compression_type
         if compression in ("none", ""):
@@ -321,6 +343,13 @@ class Producer:
             raise ValueError(f"acks must be 0, 1 or 'all' (-1), got {acks!r}")
         if batch_size < 1 or max_in_flight < 1 or retries < 0:
             raise ValueError("batch_size and max_in_flight must be >= 1 and retries >= 0")
+        conflicts = [why for bad, why in ((self.acks != -1, f"acks={acks!r} (it needs acks='all')"),
+                                          (retries == 0, "retries=0 (it needs retries > 0)"),
+                                          (max_in_flight > 5, f"max_in_flight={max_in_flight} (it needs <= 5)"))
+                     if bad]
+        if enable_idempotence and conflicts:
+            raise ValueError(f"enable_idempotence=True conflicts with {', '.join(conflicts)}")
+        self.idempotent = enable_idempotence is not False and not conflicts
         self.compression = compression
         self.linger = linger_ms / 1000
         self.batch_size = batch_size
@@ -328,9 +357,8 @@ class Producer:
         self.retry_backoff = retry_backoff_ms / 1000
         self.max_in_flight = max_in_flight
         # Requests of one partition in flight at once. One keeps the partition's order through
-        # every retry (nothing sent after a refused request can overtake it). Idempotence
-        # (producer id + sequence numbers, a later issue) will let this rise to max_in_flight,
-        # as in Kafka, the broker then refusing an out-of-sequence batch.
+        # every retry (nothing sent after a refused request can overtake it), with or without
+        # idempotence; the sequence numbers then also make a retry recognisable.
         self.max_in_flight_per_partition = 1
         self.request_timeout_ms = request_timeout_ms
         self.delivery_timeout = delivery_timeout_ms / 1000
@@ -619,7 +647,8 @@ class Producer:
     def metrics(self) -> dict:
         s = self._sender
         return {"requests": s.requests, "batches": s.batches, "retries": s.retried,
-                "buffered_bytes": self._queued - self._freed}
+                "buffered_bytes": self._queued - self._freed, "producer_id": s.producer_id,
+                "producer_epoch": s.epoch, "sequence_resets": s.resets}
 
 
 def _check_record(value, key, headers, timestamp_ms):
@@ -658,6 +687,10 @@ class _Sender:
         self.metadata_wanted = False
         self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches, requests in flight]
         self.requests = self.batches = self.retried = 0
+        # idempotence: the producer id and epoch in use, each partition's next sequence
+        self.producer_id, self.epoch = -1, 0
+        self.next_seq: dict[tuple, int] = {}
+        self.resets = 0
 
     def stop(self, deadline: float | None) -> None:
         """Finish what is queued, giving up at ``deadline`` (monotonic; None: no limit)."""
@@ -774,17 +807,26 @@ class _Sender:
                 b.retry_at = time.monotonic() + self.p.retry_backoff
             self.metadata_wanted = True
             return batches
+        idempotent = self.p.idempotent
+        if idempotent and self.producer_id < 0 and not self._init_producer_id():
+            for b in batches:
+                b.retry_at = time.monotonic() + self.p.retry_backoff
+            return batches
         limit, in_flight = self.p.max_in_flight_per_partition, self.in_flight
         while batches and conn.in_flight < self.p.max_in_flight:
             group, rest, size, held = [], [], 0, set()
+            retried: dict = {}  # idempotence: tp -> whether its batches here include a retry
             for b in batches:
                 tp = (b.topic, b.partition)
                 busy = in_flight.get(tp)
                 if tp in held or (busy is not None and busy[2] >= limit) or \
-                        (group and size + len(b.data) > self.p.max_request_size):
-                    held.add(tp)
+                        (group and size + len(b.data) > self.p.max_request_size) or \
+                        (idempotent and tp in retried and (retried[tp] or b.attempts)):
+                    held.add(tp)  # a retried batch goes alone: the broker knows a retry by its one batch
                     rest.append(b)
                     continue
+                if idempotent:
+                    retried[tp] = b.attempts > 0
                 group.append(b)
                 size += len(b.data)
             if not group:
@@ -816,6 +858,8 @@ class _Sender:
         by_tp: dict[tuple, list] = {}
         for b in group:
             by_tp.setdefault((b.topic, b.partition), []).append(b)
+            if self.p.idempotent and b.stamp is None:
+                self._stamp(b)
         for (topic, partition), bs in by_tp.items():
             topics.setdefault(topic, []).append({"index": partition, "frame": len(frames)})
             frames.append(bs[0].data if len(bs) == 1 else b"".join(b.data for b in bs))
@@ -839,6 +883,61 @@ class _Sender:
                       expect_response=False)
         else:
             conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_response(layout, frame, err, node))
+
+    # ---- idempotence ----------------------------------------------------------------------------------
+    def _init_producer_id(self) -> bool:
+        """Ask any broker for a producer id (blocking the sender briefly, once per id)."""
+        try:
+            frame = self.p._cluster.request(ApiKey.INIT_PRODUCER_ID, {
+                "transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1},
+                timeout=self.p.request_timeout_ms / 1000)
+        except OdradekError as exc:
+            log.info("InitProducerId failed (%s); retrying after backoff", exc)
+            return False
+        body = frame.header.get("body") or {}
+        code = body.get("error_code", 0)
+        if code:
+            log.info("InitProducerId refused: %s", ErrorCode.of(code).name)
+            return False
+        self.producer_id, self.epoch = body["producer_id"], body["producer_epoch"]
+        self.next_seq.clear()
+        log.debug("producer id %d epoch %d", self.producer_id, self.epoch)
+        return True
+
+    def _stamp(self, b: _Batch) -> None:
+        """Give a batch about to be sent for the first time (or after a reset) the producer id,
+        epoch and its partition's next sequence; the CRC covers them and is redone."""
+        tp = (b.topic, b.partition)
+        seq = self.next_seq.get(tp, 0)
+        self.next_seq[tp] = (seq + b.count) & 0x7FFFFFFF  # Kafka's wrap after 2**31 - 1
+        data = b.data if isinstance(b.data, bytearray) else bytearray(b.data)
+        _STAMP_PACK(data, OFFSET_PRODUCER_ID, self.producer_id, self.epoch, seq)
+        _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
+        b.data = data
+        b.stamp = (self.producer_id, self.epoch, seq)
+
+    def _reset_after(self, b: _Batch, code: int) -> bool:
+        """A batch was refused unwritten for its sequence (``SEQUENCE_RESETS``): bump the epoch
+        (a new id if the epoch is exhausted or the id refused) unless an earlier refusal did
+        already, restart every partition at sequence 0, and requeue the batch to be stamped
+        anew. False if it may not be retried any more."""
+        if b.attempts > self.p.retries or time.monotonic() + self.p.retry_backoff >= b.deadline:
+            return False
+        if b.stamp is not None and b.stamp[:2] == (self.producer_id, self.epoch):
+            self.resets += 1
+            if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING or self.epoch >= MAX_EPOCH:
+                self.producer_id, self.epoch = -1, 0
+            else:
+                self.epoch += 1
+            self.next_seq.clear()
+            log.info("%s on %s-%d: producer epoch bumped to %d, sequences restart at 0",
+                     ErrorCode.of(code).name, b.topic, b.partition, self.epoch)
+        b.stamp = None
+        b.retry_at = time.monotonic()
+        self.retried += 1
+        self.retry.append(b)
+        self.retry.sort(key=lambda x: x.created)
+        return True
 
     # ---- answers ----------------------------------------------------------------------------------
     def _landed(self, layout: list) -> None:
@@ -881,7 +980,8 @@ class _Sender:
                 message = (part or {}).get("error_message") or ErrorCode.of(code).meaning
                 e = error_for(code, f"produce to {tp[0]}-{tp[1]}: {message}")
                 for b in bs:
-                    self._retry_or_fail(b, e)
+                    if not (self.p.idempotent and code in SEQUENCE_RESETS and self._reset_after(b, code)):
+                        self._retry_or_fail(b, e)
                 continue
             base = part.get("base_offset", -1)
             append_time = part.get("log_append_time_ms", -1)

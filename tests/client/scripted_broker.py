@@ -199,6 +199,8 @@ class ScriptedBroker:
             reply = {"error_code": 0, "node_id": node, "host": "127.0.0.1", "port": b.port, "key": body.get("key")}
         elif api == ApiKey.CONSUMER_GROUP_HEARTBEAT:
             reply = self._heartbeat(body)
+        elif api == ApiKey.INIT_PRODUCER_ID:  # an idempotent producer's id (no sequence checks here)
+            reply = {"error_code": 0, "producer_id": 1000 + len(self.requests), "producer_epoch": 0}
         else:
             reply = {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": "not scripted"}
         c.sendall(b"".join(bytes(b) for b in codec.encode_response(h["corr"], reply, frames)))

@@ -110,7 +110,7 @@ def test_the_fast_checks_never_accept_what_check_header_refuses():
         raw = bytearray(HEADER.size + len(body))
         HEADER.pack_into(raw, 0, *f)
         raw[HEADER.size:] = body
-        base0, blen, magic, _crc, attributes, delta, _ts, count = view.unpack_from(raw)
+        base0, blen, magic, _crc, attributes, delta, _ts, _pid, _epoch, _seq, count = view.unpack_from(raw)
         fast_ok = (blen + 12 == len(raw) and magic == MAGIC and count >= 1 and delta >= count - 1
                    and base0 >= 0 and not attributes & ~log_module.KNOWN_ATTRIBUTE_BITS
                    and attributes & log_module.COMPRESSION_MASK <= log_module.COMPRESSION_LZ4)
@@ -134,7 +134,7 @@ def test_the_append_view_reads_the_same_fields_as_the_header():
     assert log_module._APPEND_VIEW.size == HEADER.size
     assert log_module._APPEND_VIEW.unpack_from(good) == (
         h.base_offset, h.batch_length, h.magic, h.crc, h.attributes, h.last_offset_delta,
-        h.max_timestamp, h.record_count)
+        h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence, h.record_count)
     assert struct.unpack(">qii", good[:16]) == (h.base_offset, h.batch_length, h.partition_leader_epoch)
 
 

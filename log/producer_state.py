@@ -1,0 +1,284 @@
+"""Producer state of one partition: per producer id, its epoch and its last five batches.
+
+Kafka's ``ProducerStateManager`` (KIP-98, KIP-360), owned by the partition's ``Log`` and so by
+its log actor (single writer, not thread-safe, no process of its own). It lets the leader
+refuse what an idempotent producer must not get twice or out of order, from the batch
+*header* fields only (producerId, producerEpoch, baseSequence, lastOffsetDelta): no record
+is decoded.
+
+``check(pid, epoch, first_seq, last_seq)`` before an append, on the leader:
+
+- the batch repeats one of the producer's last ``MAX_CACHED_BATCHES`` batches (same epoch,
+  same first and last sequence): returns that batch's ``BatchMetadata`` (its offsets); the
+  caller answers success with the original base offset and writes nothing (Kafka's
+  DUPLICATE_SEQUENCE_NUMBER semantics);
+- an older epoch: ``InvalidProducerEpochError`` (INVALID_PRODUCER_EPOCH);
+- a newer epoch must start at sequence 0, the same epoch must continue at last + 1
+  (``2**31 - 1`` wraps to 0): else ``OutOfOrderSequenceError`` (OUT_OF_ORDER_SEQUENCE_NUMBER);
+- an id this partition does not know, with a sequence other than 0:
+  ``UnknownProducerIdError`` (UNKNOWN_PRODUCER_ID; the producer bumps its epoch, KIP-360).
+
+``update(...)`` after the append (leader), for every batch a follower copies (no checks:
+the leader made them) and for every batch replayed on recovery.
+
+Durability: ``snapshot(offset)`` writes ``<20-digit offset>.snapshot`` (Kafka's name; the
+state of every batch below ``offset``; format in docs/FORMAT.md) with temp file, fsync,
+rename. The log writes one at each segment roll and at clean close; on open it loads the
+latest snapshot at or below its log end and replays the batch headers after it.
+
+Producer-id expiration (``producer.id.expiration.ms``): ``expire(now)`` forgets producers
+whose last batch timestamp is older; a later batch of theirs with a sequence other than 0
+gets UNKNOWN_PRODUCER_ID.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import struct
+import zlib
+from typing import NamedTuple
+
+import msgpack
+
+from odradek.log.errors import StorageError
+from odradek.log.files import FileLayer
+from odradek.network.protocol import ErrorCode, OdradekError
+
+SNAPSHOT_SUFFIX = ".snapshot"
+SNAPSHOT_VERSION = 1
+MAX_CACHED_BATCHES = 5  # Kafka's ProducerStateEntry.NumBatchesToRetain; the producer's max in flight
+INT32_MAX = (1 << 31) - 1
+NO_PRODUCER_ID = -1
+DEFAULT_EXPIRATION_MS = 86400000  # Kafka's producer.id.expiration.ms
+_SNAP_HEAD = struct.Struct(">HI")  # version u16 | crc32 of the rest u32
+
+log = logging.getLogger("odradek.log")
+
+
+class OutOfOrderSequenceError(OdradekError):
+    code = ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+
+
+class DuplicateSequenceError(OdradekError):
+    code = ErrorCode.DUPLICATE_SEQUENCE_NUMBER
+
+
+class InvalidProducerEpochError(OdradekError):
+    code = ErrorCode.INVALID_PRODUCER_EPOCH
+
+
+class UnknownProducerIdError(OdradekError):
+    code = ErrorCode.UNKNOWN_PRODUCER_ID
+
+
+class BatchMetadata(NamedTuple):
+    """One appended batch of a producer: its sequences and the offsets the log gave it."""
+
+    first_seq: int
+    last_seq: int
+    first_offset: int
+    last_offset: int
+
+
+class ProducerEntry:
+    """What the partition knows of one producer id."""
+
+    __slots__ = ("epoch", "batches", "last_timestamp")
+
+    def __init__(self, epoch: int, last_timestamp: int = -1):
+        self.epoch = epoch
+        self.batches: list[BatchMetadata] = []  # oldest first, at most MAX_CACHED_BATCHES
+        self.last_timestamp = last_timestamp
+
+    @property
+    def last_seq(self) -> int:
+        return self.batches[-1].last_seq if self.batches else -1
+
+    def __repr__(self) -> str:
+        return f"ProducerEntry(epoch={self.epoch}, batches={self.batches}, ts={self.last_timestamp})"
+
+
+def last_sequence(first_seq: int, last_offset_delta: int) -> int:
+    """The last record's sequence: Kafka's wrap-around at ``2**31 - 1``."""
+    if first_seq > INT32_MAX - last_offset_delta:
+        return first_seq - (INT32_MAX - last_offset_delta) - 1
+    return first_seq + last_offset_delta
+
+
+def in_sequence(last_seq: int, next_seq: int) -> bool:
+    return next_seq == last_seq + 1 or (last_seq == INT32_MAX and next_seq == 0)
+
+
+def snapshot_name(offset: int) -> str:
+    return f"{offset:020d}{SNAPSHOT_SUFFIX}"
+
+
+def snapshot_offset(name: str) -> int | None:
+    """The offset a file name ``<20 digits>.snapshot`` stands for, else None."""
+    if len(name) == 20 + len(SNAPSHOT_SUFFIX) and name.endswith(SNAPSHOT_SUFFIX) and name[:20].isdigit():
+        return int(name[:20])
+    return None
+
+
+def encode_snapshot(producers: dict[int, ProducerEntry]) -> bytes:
+    body = msgpack.packb([[pid, e.epoch, e.last_timestamp, [list(b) for b in e.batches]]
+                          for pid, e in producers.items()])
+    return _SNAP_HEAD.pack(SNAPSHOT_VERSION, zlib.crc32(body)) + body
+
+
+def decode_snapshot(data: bytes) -> dict[int, ProducerEntry]:
+    """Producers from a snapshot file's bytes; ``ValueError`` if they are not a sound one."""
+    if len(data) < _SNAP_HEAD.size:
+        raise ValueError("shorter than its header")
+    version, crc = _SNAP_HEAD.unpack_from(data)
+    body = data[_SNAP_HEAD.size:]
+    if version != SNAPSHOT_VERSION:
+        raise ValueError(f"version {version}, not {SNAPSHOT_VERSION}")
+    if zlib.crc32(body) != crc:
+        raise ValueError("CRC mismatch")
+    out: dict[int, ProducerEntry] = {}
+    try:
+        for pid, epoch, ts, batches in msgpack.unpackb(body, strict_map_key=True):
+            e = ProducerEntry(int(epoch), int(ts))
+            e.batches = [BatchMetadata(*map(int, b)) for b in batches][-MAX_CACHED_BATCHES:]
+            out[int(pid)] = e
+    except (TypeError, ValueError, msgpack.UnpackException) as exc:
+        raise ValueError(f"malformed entries: {exc}") from None
+    return out
+
+
+class ProducerStateManager:
+    """The producer ids of one partition. Single writer (its ``Log``)."""
+
+    def __init__(self, directory: str, files: FileLayer | None = None,
+                 expiration_ms: int = DEFAULT_EXPIRATION_MS):
+        self.dir = directory
+        self._files = files or FileLayer()
+        self.expiration_ms = expiration_ms
+        self.producers: dict[int, ProducerEntry] = {}
+
+    def __len__(self) -> int:
+        return len(self.producers)
+
+    def get(self, pid: int) -> ProducerEntry | None:
+        return self.producers.get(pid)
+
+    # ------------------------------------------------------------------ the leader's checks
+    def check(self, pid: int, epoch: int, first_seq: int, last_seq: int) -> BatchMetadata | None:
+        """Is a batch of ``pid`` at ``epoch`` with sequences ``first_seq..last_seq`` the next one?
+
+        Returns None (append it), or the metadata of the identical batch already appended
+        (a duplicate: answer with its offsets, append nothing). Raises the errors the module
+        docstring lists; nothing changes here."""
+        if first_seq < 0:
+            raise OutOfOrderSequenceError(
+                f"producer {pid}: an idempotent batch needs a base sequence >= 0, got {first_seq}")
+        e = self.producers.get(pid)
+        if e is None:
+            if first_seq != 0:
+                raise UnknownProducerIdError(
+                    f"producer {pid} is unknown to this partition (expired or never seen) and its batch starts "
+                    f"at sequence {first_seq}, not 0; the producer must reset its sequences (bump its epoch)")
+            return None
+        if epoch < e.epoch:
+            raise InvalidProducerEpochError(
+                f"producer {pid}: epoch {epoch} is older than the current epoch {e.epoch} (a newer "
+                f"instance took over this producer id)")
+        if epoch > e.epoch:
+            if first_seq != 0:
+                raise OutOfOrderSequenceError(
+                    f"producer {pid}: the first batch of the new epoch {epoch} starts at sequence {first_seq}, not 0")
+            return None
+        for b in e.batches:
+            if b.first_seq == first_seq and b.last_seq == last_seq:
+                return b
+        if not in_sequence(e.last_seq, first_seq):
+            raise OutOfOrderSequenceError(
+                f"producer {pid} epoch {epoch}: sequence {first_seq} does not follow {e.last_seq} (a batch "
+                f"before it is missing)")
+        return None
+
+    # ------------------------------------------------------------------ updates
+    def update(self, pid: int, epoch: int, first_seq: int, last_seq: int, first_offset: int,
+               last_offset: int, timestamp: int) -> None:
+        """Record an appended batch (no checks: the leader's ``check`` came first, or a
+        follower copies the leader, or recovery replays the log)."""
+        e = self.producers.get(pid)
+        if e is None:
+            e = self.producers[pid] = ProducerEntry(epoch, timestamp)
+        elif epoch != e.epoch:
+            if epoch < e.epoch:  # replayed data of an older epoch (after a truncation): keep the newer
+                return
+            e.epoch = epoch
+            e.batches = []
+        batches = e.batches
+        if len(batches) >= MAX_CACHED_BATCHES:
+            del batches[0]
+        batches.append(BatchMetadata(first_seq, last_seq, first_offset, last_offset))
+        if timestamp > e.last_timestamp:
+            e.last_timestamp = timestamp
+
+    def expire(self, now_ms: int) -> int:
+        """Forget producers whose last batch is older than ``expiration_ms``; returns how many."""
+        horizon = now_ms - self.expiration_ms
+        doomed = [pid for pid, e in self.producers.items() if e.last_timestamp < horizon]
+        for pid in doomed:
+            del self.producers[pid]
+        return len(doomed)
+
+    def clear(self) -> None:
+        self.producers.clear()
+
+    # ------------------------------------------------------------------ snapshots
+    def snapshot_offsets(self) -> list[int]:
+        """Offsets of the snapshot files present, ascending."""
+        try:
+            names = self._files.listdir(self.dir)
+        except OSError:
+            return []
+        return sorted(o for o in map(snapshot_offset, names) if o is not None)
+
+    def snapshot(self, offset: int) -> None:
+        """Write ``<offset>.snapshot``: the state after every batch below ``offset``."""
+        path = os.path.join(self.dir, snapshot_name(offset))
+        try:
+            self._files.write_file_atomically(path, encode_snapshot(self.producers))
+        except OSError as e:
+            raise StorageError(f"writing {path} failed: {e.strerror or e} (errno {e.errno})") from None
+
+    def load(self, log_end_offset: int) -> int:
+        """Load the latest sound snapshot at or below ``log_end_offset``; snapshots above it
+        (a truncated log's) and unreadable ones are deleted. Returns the offset replay starts
+        from (the snapshot's, or -1 if there is none: replay the whole log)."""
+        self.producers = {}
+        for offset in reversed(self.snapshot_offsets()):
+            path = os.path.join(self.dir, snapshot_name(offset))
+            if offset > log_end_offset:
+                self._unlink(path)
+                continue
+            try:
+                with open(path, "rb") as f:
+                    self.producers = decode_snapshot(f.read())
+                return offset
+            except (OSError, ValueError) as exc:
+                log.warning("%s: producer snapshot %s unusable (%s): deleted, the log is replayed instead",
+                            self.dir, path, exc)
+                self._unlink(path)
+        return -1
+
+    def delete_snapshots(self, below: int | None = None, above: int | None = None, keep_latest: bool = True) -> None:
+        """Delete snapshots below ``below`` (keeping the newest of them if ``keep_latest``)
+        and above ``above``."""
+        offsets = self.snapshot_offsets()
+        newest = offsets[-1] if offsets and keep_latest else None
+        for o in offsets:
+            if (below is not None and o < below and o != newest) or (above is not None and o > above):
+                self._unlink(os.path.join(self.dir, snapshot_name(o)))
+
+    def _unlink(self, path: str) -> None:
+        try:
+            self._files.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            log.warning("could not delete %s: %s", path, exc)

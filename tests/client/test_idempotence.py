@@ -1,0 +1,244 @@
+"""The idempotent producer against a real broker: producer ids, retries recognised, refusals,
+and a numbered stream through kill -9 of actors and of the whole broker (issue 12)."""
+from __future__ import annotations
+
+import collections
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+
+from odradek import Admin, Consumer, Producer, TopicPartition
+from odradek.cluster import Connection
+from odradek.log.records import encode_batch
+from odradek.network.protocol import ApiKey, ErrorCode
+
+PARTITIONS = 3
+SETTINGS = {"supervisor_max_restarts": 10000}
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory):
+    from tests.conftest import BrokerProcess
+    b = BrokerProcess(str(tmp_path_factory.mktemp("idem")), {})
+    b.start()
+    with Admin(b.bootstrap) as admin:
+        admin.create_topic("idem", partitions=1)
+    yield b
+    b.stop()
+
+
+def init_producer_id(conn: Connection) -> tuple[int, int]:
+    body = conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": None, "transaction_timeout_ms": 60000,
+                                                  "producer_id": -1, "producer_epoch": -1}).header["body"]
+    assert body["error_code"] == 0
+    return body["producer_id"], body["producer_epoch"]
+
+
+def produce(conn: Connection, batch: bytes, topic: str = "idem") -> dict:
+    body = {"acks": -1, "timeout_ms": 5000, "topics": [{"name": topic, "partitions": [{"index": 0, "frame": 0}]}]}
+    return conn.request(ApiKey.PRODUCE, body, [batch]).header["body"]["topics"][0]["partitions"][0]
+
+
+def stamped(pid: int, seq: int, n: int = 2, epoch: int = 0) -> bytes:
+    return encode_batch([(None, b"s%d" % (seq + i)) for i in range(n)], producer_id=pid, producer_epoch=epoch,
+                        base_sequence=seq)
+
+
+@pytest.fixture
+def conn(shared_broker):
+    c = Connection(shared_broker.host, shared_broker.port)
+    c.connect()
+    yield c
+    c.close()
+
+
+def test_init_producer_id_hands_out_a_different_id_each_time(conn):
+    ids = {init_producer_id(conn)[0] for _ in range(5)}
+    assert len(ids) == 5 and all(i > 0 for i in ids)
+
+
+def test_a_retried_batch_is_answered_with_its_original_offset_and_stored_once(conn):
+    pid, epoch = init_producer_id(conn)
+    first = produce(conn, stamped(pid, 0))
+    again = produce(conn, stamped(pid, 0))
+    assert first["error_code"] == again["error_code"] == 0 and again["base_offset"] == first["base_offset"]
+    nxt = produce(conn, stamped(pid, 2))
+    assert nxt["error_code"] == 0 and nxt["base_offset"] == first["base_offset"] + 2
+
+
+def test_a_gap_in_the_sequence_is_refused_out_of_order(conn):
+    pid, _ = init_producer_id(conn)
+    assert produce(conn, stamped(pid, 0))["error_code"] == 0
+    r = produce(conn, stamped(pid, 5))
+    assert r["error_code"] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER and "does not follow" in r["error_message"]
+
+
+def test_a_producer_id_the_broker_never_handed_out_is_refused(conn):
+    pid, _ = init_producer_id(conn)
+    for forged in (pid + 1, pid ^ (1 << 40), 12345):
+        r = produce(conn, stamped(forged, 0))
+        assert r["error_code"] == ErrorCode.INVALID_PRODUCER_ID_MAPPING, forged
+        assert "not handed out" in r["error_message"]
+
+
+def test_the_bundled_producer_is_idempotent_by_default_and_off_when_acks_is_1(shared_broker):
+    with Producer(shared_broker.bootstrap, linger_ms=1) as p:
+        assert p.idempotent
+        p.send("idem", b"one").result(10)
+        assert p.metrics()["producer_id"] > 0
+    with Producer(shared_broker.bootstrap, acks=1) as p:
+        assert not p.idempotent
+    with pytest.raises(ValueError, match="acks"):
+        Producer(shared_broker.bootstrap, acks=1, enable_idempotence=True)
+
+
+def test_a_retry_after_a_lost_answer_is_not_stored_twice(shared_broker):
+    """The producer's batch is appended, then its connection dies before the answer: the
+    retry carries the same sequence and the broker answers with the first offset."""
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("lost-answer", partitions=1)
+    with Producer(shared_broker.bootstrap, linger_ms=0, retry_backoff_ms=20, request_timeout_ms=2000) as p:
+        p.send("lost-answer", b"warm-up").result(10)
+        sender = p._sender
+        original = sender._on_response
+
+        def lose_first_answer(layout, frame, err, node, _done=[]):
+            if not _done and err is None:  # the broker appended: pretend the connection died
+                _done.append(1)
+                from odradek.errors import error_for
+                err = error_for(ErrorCode.NETWORK_EXCEPTION, "answer lost (test)")
+                frame = None
+            return original(layout, frame, err, node)
+
+        sender._on_response = lose_first_answer
+        m = p.send("lost-answer", b"only-once").result(10)
+        assert p.metrics()["retries"] >= 1
+    values = read_all(shared_broker.bootstrap, "lost-answer", 1)
+    assert [v for v in values[0]] == [b"warm-up", b"only-once"] and m.offset == 1
+
+
+def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list]:
+    tps = [TopicPartition(topic, p) for p in range(partitions)]
+    out: dict[int, list] = collections.defaultdict(list)
+    with Consumer(bootstrap, auto_offset_reset="earliest", fetch_max_wait_ms=100) as c:
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and any(c.position(tp) < ends[tp] for tp in tps):
+            for r in c.poll(timeout_ms=200):
+                out[r.partition].append(r.value)
+    return out
+
+
+def numbered_stream(bootstrap: str, topic: str, n: int, seconds: float) -> list:
+    """Send value i to partition i % PARTITIONS, paced over ``seconds``; the handles."""
+    handles = []
+    with Producer(bootstrap, linger_ms=2, batch_size=4096, retry_backoff_ms=50, request_timeout_ms=3000,
+                  delivery_timeout_ms=120000, max_block_ms=60000) as p:
+        assert p.idempotent
+        start = time.monotonic()
+        for i in range(n):
+            handles.append(p.send(topic, b"%08d" % i, partition=i % PARTITIONS))
+            if i % 250 == 0:
+                ahead = start + seconds * i / n - time.monotonic()
+                if ahead > 0:
+                    time.sleep(ahead)
+        p.flush(timeout=150)
+    return handles
+
+
+def check_exactly_once(bootstrap: str, topic: str, n: int, handles: list) -> None:
+    failed = [h for h in handles if h.exception() is not None]
+    assert not failed, f"{len(failed)} records failed: {failed[0].exception()!r}"
+    stored = read_all(bootstrap, topic, PARTITIONS)
+    for p in range(PARTITIONS):
+        expected = [b"%08d" % i for i in range(p, n, PARTITIONS)]
+        got = stored[p]
+        dups = sum(c - 1 for c in collections.Counter(got).values() if c > 1)
+        assert dups == 0, f"partition {p}: {dups} records stored twice"
+        assert got == expected, f"partition {p}: {len(got)} stored, {len(expected)} sent; order or gap differs"
+    for i, h in enumerate(handles):
+        m = h.result()
+        assert m.partition == i % PARTITIONS and m.offset == i // PARTITIONS, (i, m)
+
+
+@pytest.mark.slow
+def test_a_numbered_stream_is_stored_exactly_once_in_order_while_actors_are_killed(start_broker):
+    broker = start_broker(**SETTINGS)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("numbered", partitions=PARTITIONS)
+    n, seconds = 30000, 8.0
+    stop, killed = threading.Event(), []
+
+    def killer() -> None:
+        rnd = random.Random(12)
+        until = time.monotonic() + seconds
+        while not stop.wait(rnd.uniform(0.2, 0.5)) and time.monotonic() < until:
+            try:
+                actors = [a for a in broker.status()["actors"] if a.get("pid") and a["state"] == "running"
+                          and a["name"].rsplit("-", 1)[0] in ("processor", "handler", "log")]
+            except Exception:  # the supervisor is busy restarting: next tick
+                continue
+            if actors:
+                victim = rnd.choice(actors)
+                try:
+                    os.kill(victim["pid"], signal.SIGKILL)
+                    killed.append(victim["name"])
+                except ProcessLookupError:
+                    pass
+
+    t = threading.Thread(target=killer)
+    t.start()
+    try:
+        handles = numbered_stream(broker.bootstrap, "numbered", n, seconds)
+    finally:
+        stop.set()
+        t.join(30)
+    print(f"\nkilled {len(killed)}: {collections.Counter(k.rsplit('-', 1)[0] for k in killed)}")
+    assert any(k.startswith("log") for k in killed) and len(killed) >= 5
+    check_exactly_once(broker.bootstrap, "numbered", n, handles)
+
+
+@pytest.mark.slow
+def test_a_broker_killed_and_restarted_mid_stream_keeps_the_producer_state(start_broker, tmp_path):
+    data = str(tmp_path / "data")
+    first = start_broker(data_dir=data, **SETTINGS)
+    port = first.port
+    with Admin(first.bootstrap) as admin:
+        admin.create_topic("restart", partitions=PARTITIONS)
+    # a batch appended before the crash, retried after it, must still be known as a duplicate
+    c = Connection(first.host, port)
+    c.connect()
+    pid, _ = init_producer_id(c)
+    before = produce(c, stamped(pid, 0), "restart")
+    c.close()
+    restarted = []
+    n, seconds = 20000, 6.0
+
+    def crash_and_restart() -> None:
+        time.sleep(seconds / 3)
+        first.kill()
+        restarted.append(start_broker(data_dir=data, listeners=f"PLAINTEXT://127.0.0.1:{port}", **SETTINGS))
+
+    t = threading.Thread(target=crash_and_restart)
+    t.start()
+    try:
+        with Admin(first.bootstrap) as admin:
+            admin.create_topic("restart-stream", partitions=PARTITIONS)
+        handles = numbered_stream(first.bootstrap, "restart-stream", n, seconds)
+    finally:
+        t.join(90)
+    assert restarted, "the broker did not come back"
+    c = Connection(first.host, port)
+    c.connect()
+    try:
+        again = produce(c, stamped(pid, 0), "restart")
+        assert again["error_code"] == 0 and again["base_offset"] == before["base_offset"]
+        assert produce(c, stamped(pid, 3), "restart")["error_code"] == ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER
+    finally:
+        c.close()
+    check_exactly_once(restarted[0].bootstrap, "restart-stream", n, handles)
