@@ -118,6 +118,10 @@ class Controller(Actor):
             try:
                 if not isinstance(req, dict):
                     raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
+                if any(list(a) != [self.broker_id] for a in req.get("assignments") or ()):
+                    raise OdradekError(f"topic '{name}': an explicit assignment here can only name broker "
+                                       f"{self.broker_id} (the only broker), got {req['assignments']}",
+                                       ErrorCode.INVALID_REPLICA_ASSIGNMENT)
                 if validate_only:
                     parts, rf, _ = self.registry.validate_create(name, req.get("num_partitions"),
                                                                  req.get("replication_factor"), req.get("configs"))

@@ -92,7 +92,7 @@ def create_topics_to_internal(version: int, request: dict) -> tuple[dict, list]:
                 continue
             parts, rf = len(assignments), len(assignments[0]["broker_ids"])
         entry = {"name": name, "num_partitions": parts, "replication_factor": rf, "configs": configs}
-        if assignments:  # the controller places replicas itself; the shape was checked above
+        if assignments:  # the controller checks the brokers (registered); the shape was checked above
             entry["assignments"] = [a["broker_ids"] for a in sorted(assignments, key=lambda a: a["partition_index"])]
         out.append(entry)
     return {"topics": out, "validate_only": bool(request.get("validate_only"))}, []
@@ -244,7 +244,9 @@ def describe_configs_from_internal(version: int, request: dict, reply: dict, pay
             out.append({**head, **_error_entry(ErrorCode.UNKNOWN_SERVER_ERROR, "no answer for this resource"),
                         "configs": []})
             continue
-        configs = [_config_entry(kind, c, version, synonyms) for c in got.get("configs") or ()]
+        asked = r.get("configuration_keys")  # null: every key; an empty list: none (Kafka's rule)
+        configs = [_config_entry(kind, c, version, synonyms) for c in got.get("configs") or ()
+                   if asked is None or c["name"] in asked]
         out.append({**head, "error_code": got.get("error_code", 0), "error_message": got.get("error_message") or None,
                     "configs": configs})
     return {"results": out}
