@@ -558,8 +558,11 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
                     rf = max(1, min(rf, len(self.live)))  # capped at the live brokers
                 parts, rf, configs = self.registry.validate_create(name, req.get("num_partitions"), rf,
                                                                    req.get("configs"))
+                placed = req.get("assignments")  # an explicit assignment (Kafka's CreateTopics), else placed here
+                for p, replicas in enumerate(placed or ()):
+                    self._check_target((name, p), replicas)
                 if not validate_only:
-                    self._create_in_zookeeper(name, parts, rf, configs)
+                    self._create_in_zookeeper(name, parts, rf, configs, placed or None)
                     created.append(name)
                 results.append({"name": name, "error_code": 0, "num_partitions": parts, "replication_factor": rf})
             except OdradekError as exc:
@@ -571,8 +574,9 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         tps = [(n, p) for n in created for p in range(self.registry.topics[n].partitions)]
         self._announce(tps, {}, answer)
 
-    def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict) -> None:
-        assignment = self._assign_replicas(partitions, rf)
+    def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict,
+                             assignment: list | None = None) -> None:
+        assignment = assignment or self._assign_replicas(partitions, rf)
         topic = Topic(name, uuid.uuid4().hex, partitions, rf, configs, int(time.time() * 1000))
         t = self.zk.transaction()
         t.check("/controller_epoch", self.epoch_zk_version)

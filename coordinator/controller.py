@@ -11,6 +11,9 @@ Accepts:
   create_topics {body}         forwarded by a handler; answered to the client's processor
   delete_topics {body}         likewise
   alter_topic_configs {body}   likewise (the topic resources of IncrementalAlterConfigs)
+  broker_request {api, body}   the controller APIs a handler forwards (CREATE_PARTITIONS; on one
+                               broker ELECT_LEADERS has no election to make and there are no
+                               reassignments to list or make)
 Pushes, and waits for every acknowledgement before it answers a change, so a client that
 created a topic can produce to it at once (read-your-writes):
   metadata {snapshot}             to every running request handler (and, one-way, to the
@@ -30,7 +33,7 @@ from typing import Callable
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.coordinator.topics import TopicRegistry, placement
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 
@@ -115,6 +118,10 @@ class Controller(Actor):
             try:
                 if not isinstance(req, dict):
                     raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
+                if any(list(a) != [self.broker_id] for a in req.get("assignments") or ()):
+                    raise OdradekError(f"topic '{name}': an explicit assignment here can only name broker "
+                                       f"{self.broker_id} (the only broker), got {req['assignments']}",
+                                       ErrorCode.INVALID_REPLICA_ASSIGNMENT)
                 if validate_only:
                     parts, rf, _ = self.registry.validate_create(name, req.get("num_partitions"),
                                                                  req.get("replication_factor"), req.get("configs"))
@@ -198,6 +205,64 @@ class Controller(Actor):
                 text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
                 results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
         self._push(configure=changed, done=lambda _failed: self.reply(msg, {"body": {"resources": results}}))
+
+    def on_broker_request(self, msg: Message) -> None:
+        """The controller APIs, as one broker answers them (cluster mode: BrokerAgent's)."""
+        api, body = msg.get("api"), msg.get("body") or {}
+        if api == ApiKey.CREATE_PARTITIONS:
+            self._create_partitions(msg, body)
+        elif api == ApiKey.ELECT_LEADERS:
+            tps = body.get("topic_partitions")
+            named = [(t["name"], p) for t in self.registry.topics.values() for p in range(t.partitions)] \
+                if tps is None else [(t.get("topic"), p) for t in tps for p in t.get("partitions") or ()]
+            self.reply(msg, {"body": {"error_code": 0, "partitions": [
+                {"topic": t, "partition": p, "error_code": int(ErrorCode.ELECTION_NOT_NEEDED),
+                 "error_message": f"broker {self.broker_id} already leads {t}-{p}: it is the only broker"}
+                for t, p in named]}})
+        elif api == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+            self.reply(msg, {"body": {"error_code": 0, "topics": []}})
+        elif api == ApiKey.ALTER_PARTITION_REASSIGNMENTS:
+            self.reply(msg, {"body": {"error_code": 0, "responses": [
+                {"name": t.get("name"), "partitions": [self._reassign_one(t.get("name"), p)
+                                                       for p in t.get("partitions") or ()]}
+                for t in body.get("topics") or ()]}})
+        else:
+            self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request here "
+                                                             f"(one broker, no cluster)")
+
+    def _reassign_one(self, topic: str, p: dict) -> dict:
+        index, replicas = p.get("partition_index"), p.get("replicas")
+        entry = {"partition_index": index, "error_code": 0, "error_message": None}
+        t = self.registry.topics.get(topic)
+        if t is None or not isinstance(index, int) or not 0 <= index < t.partitions:
+            entry.update(error_code=int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                         error_message=f"{topic}-{index} does not exist")
+        elif replicas is None:
+            entry.update(error_code=int(ErrorCode.NO_REASSIGNMENT_IN_PROGRESS),
+                         error_message=f"{topic}-{index} is not being moved")
+        elif list(replicas) != [self.broker_id]:
+            entry.update(error_code=int(ErrorCode.INVALID_REPLICA_ASSIGNMENT),
+                         error_message=f"{replicas} names brokers that are not registered: this single broker "
+                                       f"is {self.broker_id}")
+        return entry  # onto the replicas it has: nothing to move, done at once (as Kafka)
+
+    def _create_partitions(self, msg: Message, body: dict) -> None:
+        validate_only = bool(body.get("validate_only"))
+        results, opened = [], []
+        for req in body.get("topics") or []:
+            name = req.get("name") if isinstance(req, dict) else None
+            try:
+                if not isinstance(req, dict):
+                    raise OdradekError("each topic must be a map {name, count, assignments}", ErrorCode.INVALID_REQUEST)
+                have, count = self.registry.add_partitions(name, req.get("count"), req.get("assignments"),
+                                                           self.broker_id, validate_only)
+                if not validate_only:
+                    opened += [(name, p) for p in range(have, count)]
+                    log.info("topic %s: %d -> %d partitions", name, have, count)
+                results.append({"name": name, "error_code": 0, "error_message": None})
+            except OdradekError as exc:
+                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        self._push(open_=opened, done=lambda _failed: self.reply(msg, {"body": {"results": results}}))
 
     # ---- pushing changes -------------------------------------------------------------
     def _push(self, done: Callable[[list], None], open_=(), close=(), configure=()) -> None:

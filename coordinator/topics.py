@@ -202,6 +202,29 @@ class TopicRegistry:
         self._commit(lambda: setattr(topic, "configs", old))
         return topic
 
+    def add_partitions(self, name: str, count, assignments, broker_id: int, validate_only: bool) -> tuple[int, int]:
+        """One broker's CreatePartitions: grow ``name`` to ``count`` partitions (each new one on
+        ``broker_id``; an explicit assignment must say so). Returns (before, after)."""
+        topic = self.get(name)
+        have = topic.partitions
+        if not isinstance(count, int) or isinstance(count, bool) or count <= have:
+            raise OdradekError(f"topic '{name}' has {have} partitions; the new count ({count!r}) must be larger "
+                               f"(partitions cannot be removed)", ErrorCode.INVALID_PARTITIONS)
+        if count > MAX_PARTITIONS:
+            raise OdradekError(f"{count} partitions is more than the limit of {MAX_PARTITIONS}",
+                               ErrorCode.INVALID_PARTITIONS)
+        if assignments is not None:
+            wanted = [a.get("broker_ids") if isinstance(a, dict) else a for a in assignments] \
+                if isinstance(assignments, list) else None
+            if wanted is None or len(wanted) != count - have or any(list(w or ()) != [broker_id] for w in wanted):
+                raise OdradekError(f"topic '{name}': each of the {count - have} new partitions must be assigned "
+                                   f"[{broker_id}] (the only broker), got {assignments!r}",
+                                   ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+        if not validate_only:
+            topic.partitions = count
+            self._commit(lambda: setattr(topic, "partitions", have))
+        return have, count
+
     def snapshot(self) -> dict:
         """What handlers cache: plain data, one message."""
         return {"version": self.version,

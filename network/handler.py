@@ -434,6 +434,8 @@ class RequestHandler(Actor):
 
     def incremental_alter_configs(self, msg: Message, body: dict) -> None:
         topics = _topic_resources(body)
+        for res in topics:  # APPEND / SUBTRACT (Kafka's list ops) become a SET of the resulting list
+            self._resolve_list_ops(res)
         if topics:  # the controller owns topic configs; broker ones are handled here
             def merged(reply: Message) -> None:
                 rest = {**body, "resources": [r for r in body["resources"] if r not in topics]}
@@ -483,6 +485,25 @@ class RequestHandler(Actor):
                      timeout=SCALE_TIMEOUT)
 
     # ---- helpers ---------------------------------------------------------------------------
+    def _resolve_list_ops(self, res: dict) -> None:
+        """Rewrite a topic resource's ``append``/``subtract`` changes as ``set`` of the list
+        they make from the topic's current value (its override, else the broker default)."""
+        meta = self.topics.get(res.get("name")) or {}
+        current: dict = {}
+        for c in res.get("configs") or []:
+            if not isinstance(c, dict) or c.get("op") not in ("append", "subtract"):
+                continue
+            name = c.get("name")
+            if name not in current:
+                value = (meta.get("configs") or {}).get(name, self.topic_defaults.get(name, ""))
+                current[name] = [v.strip() for v in _text(value).split(",") if v.strip()]
+            items = [v.strip() for v in str(c.get("value") or "").split(",") if v.strip()]
+            if c["op"] == "append":
+                current[name] += [v for v in items if v not in current[name]]
+            else:
+                current[name] = [v for v in current[name] if v not in items]
+            c["op"], c["value"] = "set", ",".join(current[name])
+
     def _describe_topic(self, res: dict) -> dict:
         name = res.get("name")
         meta = self.topics.get(name)

@@ -45,6 +45,7 @@ class ApiKey(enum.IntEnum):
     INCREMENTAL_ALTER_CONFIGS = 44
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
+    DESCRIBE_CLUSTER = 60
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
     # Odradek-only: a no-op round trip through the whole chain (processor, handler), used
@@ -125,6 +126,7 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     THROTTLING_QUOTA_EXCEEDED = (89, True, "There is a throttling quota violation.")
     INVALID_UPDATE_VERSION = (95, False, "The given update version was invalid.")
+    UNKNOWN_TOPIC_ID = (100, True, "This server does not host this topic ID.")
     FENCED_MEMBER_EPOCH = (110, False, "The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin.")
     UNRELEASED_INSTANCE_ID = (111, False, "The instance ID is still used by another member in the consumer group.")
     UNSUPPORTED_ASSIGNOR = (112, False, "The assignor or its version range is not supported by the consumer group.")
