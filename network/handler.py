@@ -15,7 +15,8 @@ data, which then answers the processor directly (one hop fewer than a reply thro
   CREATE_TOPICS, DELETE_TOPICS,
   topic INCREMENTAL_ALTER_CONFIGS  -> the controller
   the group APIs (CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT/FETCH, FIND_COORDINATOR,
-  LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP) -> the group coordinator
+  LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP, and the classic
+  JOIN_GROUP, SYNC_GROUP, HEARTBEAT) -> the group coordinator
   METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING: answered here
 
 It sends ``scale`` and ``status`` requests to the supervisor for the dynamic broker config
@@ -65,6 +66,9 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 0),
     ApiKey.DELETE_GROUPS: (0, 0),
     ApiKey.LEAVE_GROUP: (0, 0),
+    ApiKey.JOIN_GROUP: (0, 0),
+    ApiKey.SYNC_GROUP: (0, 0),
+    ApiKey.HEARTBEAT: (0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 0),
     ApiKey.LEADER_AND_ISR: (0, 0),
     ApiKey.UPDATE_METADATA: (0, 0),
@@ -89,7 +93,7 @@ FETCH_ACTOR = "fetch"
 GROUP_COORDINATOR = "group_coordinator"
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
-              ApiKey.LEAVE_GROUP)
+              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
 
