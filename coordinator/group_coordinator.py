@@ -39,7 +39,10 @@ Accepts:
         answered straight to the client's processor (``_reply {body}`` or ``_error``):
         CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LIST_GROUPS,
         DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
-        removal)
+        removal; a classic member's leave), and the classic protocol: JOIN_GROUP, SYNC_GROUP,
+        HEARTBEAT (``coordinator.classic_group``; a JoinGroup or SyncGroup that must wait is
+        held in ``held_classic`` and answered when the group moves on, SyncGroup answers
+        after the group's record is stored)
   metadata {snapshot}  pushed by the controller; replies ``{version}`` (the version it holds)
 Sends: ``produce`` to log actors (offsets and group records, acks=-1 with ``timeout_ms`` =
 ``COMMIT_TIMEOUT_MS``), ``get_bounds`` to log actors (loading), ``list_offsets`` to the
@@ -56,6 +59,15 @@ A failed write fails the request with a retriable code, as Kafka maps them: lead
 NOT_ENOUGH_REPLICAS -> COORDINATOR_NOT_AVAILABLE; REQUEST_TIMED_OUT -> REQUEST_TIMED_OUT for
 a commit, COORDINATOR_NOT_AVAILABLE for a heartbeat (``commit_error``, ``group_write_error``).
 
+Classic groups (``self.classic``) and KIP-848 groups (``self.groups``) share one name space:
+a group id is one group of one kind. A classic JoinGroup to a KIP-848 group with members is
+INCONSISTENT_GROUP_PROTOCOL, a ConsumerGroupHeartbeat to a classic group with members
+GROUP_ID_NOT_FOUND (Kafka's answers without online migration); an empty group of one kind
+becomes the other. A classic group's record (``{"classic": ClassicGroup.to_record()}`` under
+the same ``["g", group]`` key) is written when a generation completes (Stable, with the
+assignments) and when the group empties, as Kafka writes its GroupMetadata; a new
+coordinator resumes it Stable at that generation, members keep heartbeating.
+
 Heartbeats long-poll: a heartbeat with ``wait_ms`` that brings no news for its member is
 held up to ``wait_ms`` (a purgatory, as the fetch actor holds fetches) and answered as soon
 as the group changes for that member, so a rebalance takes round trips, not heartbeat
@@ -70,6 +82,7 @@ import time
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
+from odradek.coordinator.classic_group import ClassicConfig, ClassicGroup, JoinRequest
 from odradek.coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
 from odradek.coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, led_partitions,
                                  offset_record, offsets_leaders, partition_for)
@@ -78,6 +91,7 @@ from odradek.coordinator.topics import placement
 from odradek.log.log_actor import partition_dir
 from odradek.log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
+from odradek.network.kafka.groups import decode_assignment, decode_subscription
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
@@ -93,8 +107,11 @@ LOAD_SLICE_BYTES = 4 << 20  # bytes replayed per turn of the loop while loading 
 READ_BYTES = 1 << 20
 CREATED_WAIT = 10.0  # seconds requests queued for the topic's creation wait for its partitions to load
 MAX_WAIT_MS = 30_000  # a heartbeat is held at most this long
-WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT)  # need __consumer_offsets to exist
-BY_GROUP = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LEAVE_GROUP)
+# need __consumer_offsets to exist
+WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP)
+BY_GROUP = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LEAVE_GROUP,
+            ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
+CLASSIC_MARGIN_MS = 2000  # a held JoinGroup/SyncGroup is answered this long before the processor's request.timeout.ms
 GROUP_ID = re.compile(r"[\x21-\x7e]{1,255}")  # always fullmatch: "$" matches before a final newline
 
 # Write errors meaning "this broker no longer leads the partition".
@@ -200,6 +217,15 @@ class GroupCoordinator(Actor):
             heartbeat_interval_ms=config["group.consumer.heartbeat.interval.ms"],
             max_size=config["group.max.size"],
             assignors=tuple(a.strip() for a in config["group.consumer.assignors"].split(",") if a.strip()))
+        self.classic_config = ClassicConfig(
+            min_session_timeout_ms=config["group.min.session.timeout.ms"],
+            max_session_timeout_ms=config["group.max.session.timeout.ms"],
+            initial_rebalance_delay_ms=config["group.initial.rebalance.delay.ms"],
+            max_size=config["group.max.size"],
+            join_wait_cap_ms=max(1000, config["request.timeout.ms"] - CLASSIC_MARGIN_MS),
+            max_metadata_bytes=config["group.classic.max.metadata.bytes"])
+        self.classic: dict[str, ClassicGroup] = {}  # classic groups; self.groups: KIP-848 ones (one id, one kind)
+        self.held_classic: dict[tuple[str, str, str], Message] = {}  # (group, "join"|"sync", member) -> request
         self.retention_ms = config["offsets.retention.minutes"] * 60_000
         self.metadata_max = config["offset.metadata.max.bytes"]
         self.cluster_mode = bool(config.get("zookeeper.connect"))
@@ -408,7 +434,10 @@ class GroupCoordinator(Actor):
         now, wall, view = self._now(), _wall_ms(), ld.view
         self.offsets.update(view.offsets)
         for gid, rec in view.groups.items():
-            self.groups[gid] = ConsumerGroup.from_record(gid, rec["group"], now, self.group_config)
+            if isinstance(rec["group"], dict) and "classic" in rec["group"]:
+                self.classic[gid] = ClassicGroup.from_record(gid, rec["group"]["classic"], now, self.classic_config)
+            else:
+                self.groups[gid] = ConsumerGroup.from_record(gid, rec["group"], now, self.group_config)
             if rec.get("empty_since_ms") is not None:
                 self.empty_since[gid] = rec["empty_since_ms"]
         for gid in view.offsets:
@@ -439,9 +468,14 @@ class GroupCoordinator(Actor):
             held.timer.cancel()
             self.reply_error(held.msg, ErrorCode.NOT_COORDINATOR,
                              f"group '{key[0]}' moved: this broker no longer leads {OFFSETS_TOPIC}-{partition} ({why})")
-        gids = [gid for gid in set(self.groups) | set(self.offsets) | set(self.empty_since) if mine(gid)]
+        for key in [k for k in self.held_classic if mine(k[0])]:
+            self.reply_error(self.held_classic.pop(key), ErrorCode.NOT_COORDINATOR,
+                             f"group '{key[0]}' moved: this broker no longer leads {OFFSETS_TOPIC}-{partition} ({why})")
+        gids = [gid for gid in set(self.groups) | set(self.classic) | set(self.offsets) | set(self.empty_since)
+                if mine(gid)]
         for gid in gids:
             self.groups.pop(gid, None)
+            self.classic.pop(gid, None)
             self.offsets.pop(gid, None)
             self.empty_since.pop(gid, None)
         if was_owned or ld is not None:
@@ -453,11 +487,13 @@ class GroupCoordinator(Actor):
         for held in list(self.held.values()):
             held.timer.cancel()
         self.held.clear()
+        self.held_classic.clear()
         for ld in self.loading.values():
             self._close_reader(ld)
 
     def stats(self) -> dict:
-        return {"groups": len(self.groups), "members": sum(len(g.members) for g in self.groups.values()),
+        return {"groups": len(self.groups) + len(self.classic),
+                "members": sum(len(g.members) for g in (*self.groups.values(), *self.classic.values())),
                 "commits": self.commits, "heartbeats": self.heartbeats, "held": len(self.held),
                 "partitions_led": len(self.owned), "partitions_loading": len(self.loading),
                 "metadata_version": self.metadata_version}
@@ -465,7 +501,8 @@ class GroupCoordinator(Actor):
     def metric_gauges(self) -> list:
         """Each group's state and size, and every committed offset (the metrics actor
         subtracts them from the high watermarks for the lag); read at scrape time."""
-        out = [["group_members", [gid, g.state], len(g.members)] for gid, g in self.groups.items()]
+        out = [["group_members", [gid, g.state], len(g.members)]
+               for gid, g in (*self.groups.items(), *self.classic.items())]
         for gid, offsets in self.offsets.items():
             out += [["committed_offset", [gid, topic, partition], c.offset]
                     for (topic, partition), c in offsets.items()]
@@ -574,10 +611,13 @@ class GroupCoordinator(Actor):
             ApiKey.CONSUMER_GROUP_DESCRIBE: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups,
             ApiKey.LEAVE_GROUP: self.leave_group,
+            ApiKey.JOIN_GROUP: self.join_group,
+            ApiKey.SYNC_GROUP: self.sync_group,
+            ApiKey.HEARTBEAT: self.classic_heartbeat,
         }.get(api)
         if method is None:
             raise BadRequest(f"the group coordinator does not serve API {api!r}")
-        if api in BY_GROUP:
+        if api in BY_GROUP and not (api == ApiKey.OFFSET_FETCH and "groups" in body):
             error = self._coordinator_error(_group_id(body))
             if error is not None:
                 raise error
@@ -604,6 +644,13 @@ class GroupCoordinator(Actor):
             owned=None if owned_entries is None else _tp_pairs(owned_entries, "topic_partitions"),
             client_id=str(msg.get("client") or ""), client_host=str(msg.get("peer") or "").rpartition(":")[0])
         wait_ms = min(max(_get(body, "wait_ms", int, 0), 0), MAX_WAIT_MS)
+        classic = self.classic.get(gid)
+        if classic is not None:
+            if classic.members or classic.pending:
+                raise OdradekError(f"group '{gid}' is a classic group with {len(classic.members)} members: a "
+                                   f"consumer-protocol (KIP-848) member cannot join it; use another group id, or "
+                                   f"the classic protocol", ErrorCode.GROUP_ID_NOT_FOUND)
+            del self.classic[gid]  # an empty classic group becomes a consumer group, as Kafka converts it
         g = self.groups.get(gid)
         if g is None:
             if req.member_epoch != 0:
@@ -706,6 +753,13 @@ class GroupCoordinator(Actor):
                 self._answer_held((g.group_id, member_id))
             self._changed(g)
             self._after_write(g, lambda: None)
+        for cg in list(self.classic.values()):
+            deadline = cg.next_deadline()
+            if deadline is None or deadline > now:
+                continue
+            for member_id, why in cg.expire(now):
+                log.info("group %s: removed member %s: %s", cg.group_id, member_id, why)
+            self._classic_changed(cg)
 
     # ---- offsets ------------------------------------------------------------------------------
     def offset_commit(self, msg: Message, body: dict) -> None:
@@ -730,11 +784,14 @@ class GroupCoordinator(Actor):
                     wanted[tp] = Committed(p["committed_offset"], p.get("committed_leader_epoch", -1) or -1,
                                            p.get("committed_metadata") or "", now_ms)
         g = self.groups.get(gid)
+        cg = self.classic.get(gid)
         try:
-            if g is None and member_id:
+            if cg is not None:
+                cg.check_commit(member_id, epoch, _get(body, "group_instance_id", str, None))
+            elif g is None and member_id:
                 raise GroupError(f"member {member_id!r} is not in group '{gid}' (the group does not exist): "
                                  f"commit refused", ErrorCode.UNKNOWN_MEMBER_ID)
-            problems = g.check_commit(member_id, epoch, list(wanted)) if g is not None else {}
+            problems = g.check_commit(member_id, epoch, list(wanted)) if g is not None and cg is None else {}
         except GroupError as exc:  # the whole commit is refused: said per partition, as Kafka does
             problems = {tp: exc for tp in wanted}
         for tp, err in problems.items():
@@ -816,7 +873,7 @@ class GroupCoordinator(Actor):
                     results[tp] = (0, "")
             if not code:
                 self.commits += 1
-                if gid not in self.groups or not self.groups[gid].members:
+                if not self._has_members(gid):
                     self.empty_since.setdefault(gid, _wall_ms())
             self._commit_reply(msg, results)
 
@@ -832,8 +889,27 @@ class GroupCoordinator(Actor):
         self.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}})
 
     def offset_fetch(self, msg: Message, body: dict) -> None:
-        gid = _group_id(body)
-        topics = _get(body, "topics", list, None)
+        """One group (``group_id``, ``topics``), or several (``groups``: OffsetFetch v8+)."""
+        groups = _get(body, "groups", list, None)
+        if groups is None:
+            self.reply(msg, {"body": self._fetched(_group_id(body), _get(body, "topics", list, None))})
+            return
+        out = []
+        for entry in groups:
+            if not isinstance(entry, dict):
+                raise BadRequest("each entry of 'groups' must be a map with 'group_id' and 'topics'")
+            try:
+                gid = _group_id(entry)
+                error = self._coordinator_error(gid)
+                if error is not None:
+                    raise error
+                out.append(self._fetched(gid, _get(entry, "topics", list, None)))
+            except OdradekError as exc:
+                out.append({"group_id": entry.get("group_id"), "error_code": int(exc.code),
+                            "error_message": exc.message, "topics": []})
+        self.reply(msg, {"body": {"groups": out}})
+
+    def _fetched(self, gid: str, topics: list | None) -> dict:
         committed = self.offsets.get(gid, {})
         if topics is None:
             wanted = sorted(committed)
@@ -851,15 +927,13 @@ class GroupCoordinator(Actor):
                 "partition_index": tp[1], "committed_offset": c.offset if c else -1,
                 "committed_leader_epoch": c.leader_epoch if c else -1, "metadata": c.metadata if c else "",
                 "error_code": 0})
-        self.reply(msg, {"body": {"error_code": 0, "group_id": gid,
-                                  "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}})
+        return {"error_code": 0, "group_id": gid, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
 
     def _expire_offsets(self, now_ms: int | None = None) -> None:
         """``offsets.retention.minutes``: offsets of a group without members expire."""
         now_ms = _wall_ms() if now_ms is None else now_ms
         for gid, committed in list(self.offsets.items()):
-            g = self.groups.get(gid)
-            if g is not None and g.members:
+            if self._has_members(gid):
                 continue
             since = self.empty_since.get(gid, now_ms)
             expired = expired_offsets(committed, since, self.retention_ms, now_ms)
@@ -872,6 +946,7 @@ class GroupCoordinator(Actor):
             if not committed:
                 del self.offsets[gid]
                 self.groups.pop(gid, None)
+                self.classic.pop(gid, None)
                 self.empty_since.pop(gid, None)
                 recs.append(group_record(gid, None))
             self._append(gid, recs, lambda code, error: code and log.error("expiry not stored: %s", error))
@@ -880,32 +955,62 @@ class GroupCoordinator(Actor):
     def find_coordinator(self, msg: Message, body: dict) -> None:
         """The leader of the group's ``__consumer_offsets`` partition, with its address from
         the snapshot's ``brokers``. This broker's own address comes from the snapshot, or,
-        while the snapshot has no port for it (single-broker mode), from the listener."""
-        key = body.get("key")
+        while the snapshot has no port for it (single-broker mode), from the listener.
+        ``keys`` (FindCoordinator v4+) asks for several groups at once: answered
+        ``{"coordinators": [{key, node_id, host, port, error_code, error_message}]}``."""
+        if body.get("key_type", 0) != 0:
+            raise OdradekError(f"key_type {body.get('key_type')!r}: this coordinator finds group coordinators "
+                               f"only (key_type 0)", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        keys = body.get("keys")
+        if keys is None:
+            key = body.get("key")
+            node_id, _ = self._coordinator_of(key, None)  # raises before waiting for an address
 
-        def answer(node_id: int, address) -> None:
-            host, port = address
-            self.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port, "key": key}})
+            def answer(own) -> None:
+                try:
+                    node_id, (host, port) = self._coordinator_of(key, own)
+                except OdradekError as exc:
+                    self.reply_error(msg, exc.code, exc.message)
+                    return
+                self.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port,
+                                          "key": key}})
+            self._own_address(answer)
+            return
+        if not isinstance(keys, list):
+            raise BadRequest("'keys' must be a list of group ids")
 
+        def answer_all(own) -> None:
+            out = []
+            for key in keys:
+                try:
+                    node_id, (host, port) = self._coordinator_of(key, own)
+                    out.append({"key": key, "node_id": node_id, "host": host, "port": port, "error_code": 0})
+                except OdradekError as exc:
+                    out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
+                                "error_message": exc.message})
+            self.reply(msg, {"body": {"coordinators": out}})
+        self._own_address(answer_all)
+
+    def _coordinator_of(self, key, own) -> tuple[int, tuple | None]:
+        """``(node_id, (host, port))`` of group ``key``'s coordinator (``own``: this broker's
+        address, None while not known yet); raises why there is none."""
         if not self.partitions:
             if self.cluster_mode:  # clients reach a coordinator only through FindCoordinator: create it now
                 if not self._creating:
                     self._create_topic()
                 raise OdradekError(f"{OFFSETS_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-            self._own_address(lambda address: answer(self.broker_id, address))  # created on the first write
-            return
-        gid = _group_id(body, "key")
+            return self.broker_id, own  # created on the first write
+        gid = _group_id({"key": key}, "key")
         p = partition_for(gid, self.partitions)
         leader = self.leaders[p][0] if p < len(self.leaders) else -1
         if leader == self.broker_id:
-            self._own_address(lambda address: answer(self.broker_id, address))
-            return
+            return self.broker_id, own
         entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
         if not entry or not entry[1]:
             why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
             raise OdradekError(f"the coordinator of group '{gid}' is not available: {OFFSETS_TOPIC}-{p} {why}; retry",
                                ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        answer(leader, (entry[0], entry[1]))
+        return leader, (entry[0], entry[1])
 
     def _own_address(self, then) -> None:
         entry = (self.snapshot.get("brokers") or {}).get(str(self.broker_id))
@@ -937,18 +1042,33 @@ class GroupCoordinator(Actor):
         self.request(self.supervisor, "status", callback=learned, timeout=5.0)
 
     def _known_groups(self) -> list[str]:
-        return sorted(set(self.groups) | set(self.offsets))
+        return sorted(set(self.groups) | set(self.classic) | set(self.offsets))
+
+    def _has_members(self, gid: str) -> bool:
+        g = self.groups.get(gid)
+        cg = self.classic.get(gid)
+        return bool((g is not None and g.members) or (cg is not None and cg.members))
 
     def _state_of(self, gid: str) -> str:
         g = self.groups.get(gid)
         return g.state if g is not None else EMPTY
 
     def list_groups(self, msg: Message, body: dict) -> None:
-        states = _get(body, "states_filter", list, [])
-        out = [{"group_id": gid, "protocol_type": "consumer", "group_type": "consumer",
-                "group_state": self._state_of(gid)} for gid in self._known_groups()]
+        states = {str(s).lower() for s in _get(body, "states_filter", list, [])}
+        types = {str(t).lower() for t in _get(body, "types_filter", list, [])}
+        out = []
+        for gid in self._known_groups():
+            cg = self.classic.get(gid)
+            if cg is not None:
+                out.append({"group_id": gid, "protocol_type": cg.protocol_type or "", "group_type": "classic",
+                            "group_state": cg.state})
+            else:
+                out.append({"group_id": gid, "protocol_type": "consumer", "group_type": "consumer",
+                            "group_state": self._state_of(gid)})
         if states:
-            out = [g for g in out if g["group_state"] in states]
+            out = [g for g in out if g["group_state"].lower() in states]
+        if types:
+            out = [g for g in out if g["group_type"] in types]
         self.reply(msg, {"body": {"error_code": 0, "groups": out}})
 
     def describe_groups(self, msg: Message, body: dict) -> None:
@@ -961,9 +1081,17 @@ class GroupCoordinator(Actor):
             if error is not None:
                 out.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue
-            if not isinstance(gid, str) or (gid not in self.groups and gid not in self.offsets):
+            if not isinstance(gid, str) or (gid not in self.groups and gid not in self.offsets
+                                            and gid not in self.classic):
                 out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                             "error_message": f"group {gid!r} does not exist"})
+                continue
+            if gid in self.classic:
+                if msg.get("api") == ApiKey.CONSUMER_GROUP_DESCRIBE:
+                    out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
+                                "error_message": f"group '{gid}' is a classic group, not a consumer group"})
+                else:
+                    out.append({"error_code": 0, **self._describe_classic(self.classic[gid])})
                 continue
             g = self.groups.get(gid)
             d = g.describe() if g is not None else {"group_id": gid, "group_state": EMPTY, "group_epoch": 0,
@@ -987,7 +1115,7 @@ class GroupCoordinator(Actor):
             if error is not None:
                 results.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue
-            g = self.groups.get(gid) if isinstance(gid, str) else None
+            g = (self.groups.get(gid) or self.classic.get(gid)) if isinstance(gid, str) else None
             if not isinstance(gid, str) or (g is None and gid not in self.offsets):
                 results.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                                 "error_message": f"group {gid!r} does not exist"})
@@ -1001,6 +1129,7 @@ class GroupCoordinator(Actor):
             if g is not None:
                 g.deleted = True
             self.groups.pop(gid, None)
+            self.classic.pop(gid, None)
             self.empty_since.pop(gid, None)
             entry = {"group_id": gid, "error_code": 0}
             results.append(entry)
@@ -1015,8 +1144,12 @@ class GroupCoordinator(Actor):
         finish()
 
     def leave_group(self, msg: Message, body: dict) -> None:
-        """Remove members by id (a tool's forced removal; members leave by heartbeat)."""
+        """Remove members by id (a tool's forced removal; KIP-848 members leave by heartbeat,
+        classic members by this request, by member id or ``group_instance_id``)."""
         gid = _group_id(body)
+        if gid in self.classic:
+            self._classic_leave(msg, body, self.classic[gid])
+            return
         g = self.groups.get(gid)
         if g is None:
             raise OdradekError(f"group '{gid}' does not exist", ErrorCode.GROUP_ID_NOT_FOUND)
@@ -1031,6 +1164,196 @@ class GroupCoordinator(Actor):
                 out.append({"member_id": member_id, "error_code": int(exc.code), "error_message": exc.message})
         self._changed(g)
         self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, "members": out}}), msg)
+
+    # ---- the classic protocol (JoinGroup, SyncGroup, Heartbeat, LeaveGroup) ----------------------
+    # The state machine is coordinator.classic_group; here: parsing, the held requests (a
+    # JoinGroup or SyncGroup that waits is kept in ``held_classic`` and answered from the
+    # group's outbox), and the group's record, written before SyncGroup answers go out.
+
+    def _classic_for_join(self, gid: str) -> ClassicGroup:
+        g = self.classic.get(gid)
+        if g is not None:
+            return g
+        other = self.groups.get(gid)
+        if other is not None:
+            if other.members:
+                raise GroupError(f"group '{gid}' is a consumer group (KIP-848) with {len(other.members)} members: "
+                                 f"a classic JoinGroup cannot join it; use group.protocol=consumer, or another "
+                                 f"group id", ErrorCode.INCONSISTENT_GROUP_PROTOCOL)
+            del self.groups[gid]  # an empty consumer group becomes a classic one, as Kafka converts it
+        g = self.classic[gid] = ClassicGroup(gid, self.classic_config)
+        return g
+
+    def _classic_drop_if_unused(self, gid: str) -> None:
+        """A refused first join leaves no trace."""
+        g = self.classic.get(gid)
+        if g is not None and not g.members and not g.pending and g.generation_id == 0 and gid not in self.offsets:
+            del self.classic[gid]
+
+    @staticmethod
+    def _classic_error(exc: OdradekError, member_id: str = "") -> dict:
+        return {"error_code": int(exc.code), "error_message": exc.message, "generation_id": -1,
+                "member_id": member_id, "leader": "", "members": [], "assignment": b""}
+
+    def _hold_classic(self, key: tuple[str, str, str], msg: Message) -> None:
+        old = self.held_classic.pop(key, None)
+        if old is not None:  # the member asked again: its older request is superseded
+            self.reply(old, {"body": self._classic_error(GroupError(
+                "superseded by a newer request of the same member", ErrorCode.REBALANCE_IN_PROGRESS), key[2])})
+        self.held_classic[key] = msg
+
+    def join_group(self, msg: Message, body: dict) -> None:
+        gid = _group_id(body)
+        member_id = _get(body, "member_id", str, "")
+        entries = _get(body, "protocols", list)
+        protocols = []
+        for p in entries:
+            if not isinstance(p, dict) or not isinstance(p.get("name"), str) or \
+                    not isinstance(p.get("metadata"), (bytes, type(None))):
+                raise BadRequest("each protocol must be a map with a string 'name' and bytes 'metadata'")
+            protocols.append((p["name"], bytes(p.get("metadata") or b"")))
+        req = JoinRequest(member_id=member_id, instance_id=_get(body, "group_instance_id", str, None),
+                          session_timeout_ms=_get(body, "session_timeout_ms", int),
+                          rebalance_timeout_ms=_get(body, "rebalance_timeout_ms", int, -1),
+                          protocol_type=_get(body, "protocol_type", str), protocols=protocols,
+                          client_id=str(msg.get("client") or ""),
+                          client_host=str(msg.get("peer") or "").rpartition(":")[0],
+                          require_known_member_id=bool(body.get("require_known_member_id", True)))
+        try:
+            g = self._classic_for_join(gid)
+            new_id, answer = g.join(req, self._now())
+        except GroupError as exc:
+            self._classic_drop_if_unused(gid)
+            self.reply(msg, {"body": self._classic_error(exc, member_id)})
+            return
+        if answer is not None:
+            self.reply(msg, {"body": answer})
+        else:
+            self._hold_classic((gid, "join", new_id), msg)
+        self._classic_changed(g)
+
+    def sync_group(self, msg: Message, body: dict) -> None:
+        gid = _group_id(body)
+        member_id = _get(body, "member_id", str)
+        assignments = {}
+        for a in _get(body, "assignments", list, []):
+            if not isinstance(a, dict) or not isinstance(a.get("member_id"), str) or \
+                    not isinstance(a.get("assignment"), (bytes, type(None))):
+                raise BadRequest("each assignment must be a map with a string 'member_id' and bytes 'assignment'")
+            data = bytes(a.get("assignment") or b"")
+            if len(data) > self.classic_config.max_metadata_bytes:
+                raise BadRequest(f"the assignment of member {a['member_id']} is {len(data)} bytes; at most "
+                                 f"{self.classic_config.max_metadata_bytes} (group.classic.max.metadata.bytes)")
+            assignments[a["member_id"]] = data
+        g = self.classic.get(gid)
+        try:
+            if g is None:
+                raise GroupError(f"member {member_id!r} is not in group '{gid}' (no classic group of that id): "
+                                 f"join first", ErrorCode.UNKNOWN_MEMBER_ID)
+            answer = g.sync(member_id, _get(body, "generation_id", int), _get(body, "group_instance_id", str, None),
+                            assignments, self._now(), _get(body, "protocol_type", str, None),
+                            _get(body, "protocol_name", str, None))
+        except GroupError as exc:
+            self.reply(msg, {"body": self._classic_error(exc, member_id)})
+            return
+        if answer is not None:
+            self.reply(msg, {"body": answer})
+        else:
+            self._hold_classic((gid, "sync", member_id), msg)
+        self._classic_changed(g)
+
+    def classic_heartbeat(self, msg: Message, body: dict) -> None:
+        self.heartbeats += 1
+        gid = _group_id(body)
+        member_id = _get(body, "member_id", str)
+        g = self.classic.get(gid)
+        try:
+            if g is None:
+                raise GroupError(f"member {member_id!r} is not in group '{gid}' (no classic group of that id): "
+                                 f"join first", ErrorCode.UNKNOWN_MEMBER_ID)
+            g.heartbeat(member_id, _get(body, "generation_id", int), _get(body, "group_instance_id", str, None),
+                        self._now())
+            self.reply(msg, {"body": {"error_code": 0}})
+        except GroupError as exc:
+            self.reply(msg, {"body": {"error_code": int(exc.code), "error_message": exc.message}})
+        if g is not None:
+            self._classic_changed(g)
+
+    def _classic_leave(self, msg: Message, body: dict, g: ClassicGroup) -> None:
+        out = []
+        for m in _get(body, "members", list):
+            if not isinstance(m, dict):
+                raise BadRequest("each member must be a map with 'member_id' and/or 'group_instance_id'")
+            member_id, instance_id = m.get("member_id") or "", m.get("group_instance_id")
+            if not isinstance(member_id, str) or not isinstance(instance_id, (str, type(None))):
+                raise BadRequest("'member_id' and 'group_instance_id' must be strings")
+            try:
+                left = g.leave(member_id, instance_id, self._now())
+                log.info("group %s: member %s left", g.group_id, left)
+                out.append({"member_id": left, "group_instance_id": instance_id, "error_code": 0})
+            except GroupError as exc:
+                out.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": int(exc.code),
+                            "error_message": exc.message})
+        self.reply(msg, {"body": {"error_code": 0, "members": out}})
+        self._classic_changed(g)
+
+    def _classic_changed(self, g: ClassicGroup) -> None:
+        """After any operation on ``g``: answer what its outbox holds (JoinGroup answers at
+        once; SyncGroup answers once the group's record is stored, as Kafka's storeGroup),
+        note emptiness, write the record if the durable state moved."""
+        syncs = []
+        for kind, member_id, body in g.take_outbox():
+            key = (g.group_id, kind, member_id)
+            if kind == "sync" and not body.get("error_code"):
+                syncs.append((key, body))
+                continue
+            held = self.held_classic.pop(key, None)
+            if held is not None:
+                self.reply(held, {"body": body})
+        if g.members:
+            self.empty_since.pop(g.group_id, None)
+        elif g.generation_id:
+            self.empty_since.setdefault(g.group_id, _wall_ms())
+
+        def answer(code: int = 0, error: str = "") -> None:
+            for key, body in syncs:
+                held = self.held_classic.pop(key, None)
+                if held is None:
+                    continue
+                if code:
+                    body = self._classic_error(GroupError(f"group '{g.group_id}': its new generation was not stored "
+                                                          f"({error}); rejoin", group_write_error(code)), key[2])
+                self.reply(held, {"body": body})
+
+        if not g.changed:
+            answer()
+            return
+        g.changed = False
+        state = None if g.deleted else {"classic": g.to_record()}
+        key, value = group_record(g.group_id, state, self.empty_since.get(g.group_id))
+
+        def done(code: int, error: str) -> None:
+            if code:
+                log.warning("group %s: its record was not written: %s", g.group_id, error)
+                if self.classic.get(g.group_id) is g:
+                    g.changed = True
+            answer(code, error)
+        self._append(g.group_id, [(key, value)], done)
+
+    def _describe_classic(self, g: ClassicGroup) -> dict:
+        """A classic group in DESCRIBE_GROUPS' shape: Kafka's classic fields (``protocol_type``,
+        ``protocol_data``, member metadata and assignment bytes) and, for consumers, the same
+        fields a KIP-848 group has (assignment and subscription decoded), so tools show both."""
+        d = g.describe()
+        consumer = g.protocol_type == "consumer"
+        members = [{**m, "instance_id": m["group_instance_id"], "member_epoch": g.generation_id,
+                    "state": "stable" if g.state == "Stable" else "reconciling",
+                    "subscribed_topic_names": decode_subscription(m["member_metadata"]) if consumer else [],
+                    "subscribed_topic_regex": None,
+                    "assignment": decode_assignment(m["member_assignment"]) if consumer else [],
+                    "pending_revocation": [], "target_assignment": [], "left": False} for m in d["members"]]
+        return {**d, "group_type": "classic", "group_epoch": g.generation_id, "assignment_epoch": g.generation_id,
+                "assignor_name": g.protocol_name or "", "members": members}
 
     # ---- writing records ---------------------------------------------------------------------------
     def _append(self, gid: str, recs: list, done) -> None:

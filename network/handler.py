@@ -15,7 +15,8 @@ data, which then answers the processor directly (one hop fewer than a reply thro
   CREATE_TOPICS, DELETE_TOPICS,
   topic INCREMENTAL_ALTER_CONFIGS  -> the controller
   the group APIs (CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT/FETCH, FIND_COORDINATOR,
-  LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP) -> the group coordinator
+  LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP, and the classic
+  JOIN_GROUP, SYNC_GROUP, HEARTBEAT) -> the group coordinator
   INIT_PRODUCER_ID                 -> the transaction coordinator
   METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING: answered here
 
@@ -66,6 +67,9 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.CONSUMER_GROUP_DESCRIBE: (0, 0),
     ApiKey.DELETE_GROUPS: (0, 0),
     ApiKey.LEAVE_GROUP: (0, 0),
+    ApiKey.JOIN_GROUP: (0, 0),
+    ApiKey.SYNC_GROUP: (0, 0),
+    ApiKey.HEARTBEAT: (0, 0),
     ApiKey.OFFSET_FOR_LEADER_EPOCH: (0, 0),
     ApiKey.LEADER_AND_ISR: (0, 0),
     ApiKey.UPDATE_METADATA: (0, 0),
@@ -93,7 +97,7 @@ TXN_COORDINATOR = "txn_coordinator"
 TXN_APIS = (ApiKey.INIT_PRODUCER_ID,)
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
-              ApiKey.LEAVE_GROUP)
+              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
 

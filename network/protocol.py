@@ -28,7 +28,10 @@ class ApiKey(enum.IntEnum):
     OFFSET_COMMIT = 8
     OFFSET_FETCH = 9
     FIND_COORDINATOR = 10
+    JOIN_GROUP = 11
+    HEARTBEAT = 12
     LEAVE_GROUP = 13
+    SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
     API_VERSIONS = 18
@@ -88,6 +91,7 @@ class ErrorCode(enum.IntEnum):
     NOT_ENOUGH_REPLICAS_AFTER_APPEND = (20, True, "Messages are written to the log, but to fewer in-sync replicas than required.")
     INVALID_REQUIRED_ACKS = (21, False, "Produce request specified an invalid value for required acks (must be 0, 1 or -1/all).")
     ILLEGAL_GENERATION = (22, False, "Specified group generation id is not valid.")
+    INCONSISTENT_GROUP_PROTOCOL = (23, False, "The group member's supported protocols are incompatible with those of existing members or first group member tried to join with empty protocol type or empty protocol list.")
     INVALID_GROUP_ID = (24, False, "The configured groupId is invalid.")
     UNKNOWN_MEMBER_ID = (25, False, "The coordinator is not aware of this member.")
     INVALID_SESSION_TIMEOUT = (26, False, "The session timeout is not within the range allowed by the broker.")
@@ -117,6 +121,7 @@ class ErrorCode(enum.IntEnum):
     UNSUPPORTED_COMPRESSION_TYPE = (76, False, "The requesting client does not support the compression type of given partition.")
     STALE_BROKER_EPOCH = (77, False, "Broker epoch has changed.")
     OFFSET_NOT_AVAILABLE = (78, True, "The leader high watermark has not caught up from a recent leader election so the offsets cannot be guaranteed to be monotonically increasing.")
+    MEMBER_ID_REQUIRED = (79, False, "The group member needs to have a valid member id before actually entering a consumer group.")
     PREFERRED_LEADER_NOT_AVAILABLE = (80, True, "The preferred leader was not available.")
     GROUP_MAX_SIZE_REACHED = (81, False, "The consumer group has reached its max size.")
     FENCED_INSTANCE_ID = (82, False, "The broker rejected this static consumer since another consumer with the same group.instance.id has registered with a different member.id.")

@@ -193,6 +193,17 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             lambda v: None if v and all(a.strip() in ("uniform", "range") for a in v.split(","))
             else "must list uniform and/or range"),
     Setting("group.max.size", int, 1000, "Members one consumer group admits.", _at_least(1)),
+    Setting("group.initial.rebalance.delay.ms", int, 3000,
+            "Classic groups: how long the first rebalance of an empty group waits for more members to join "
+            "(each new member extends it, up to the rebalance timeout), as Kafka's.", _at_least(0)),
+    Setting("group.min.session.timeout.ms", int, 6000,
+            "Classic groups: shortest session timeout a member may ask for in its JoinGroup.", _at_least(1)),
+    Setting("group.max.session.timeout.ms", int, 1800000,
+            "Classic groups: longest session timeout a member may ask for in its JoinGroup.", _at_least(1)),
+    Setting("group.classic.max.metadata.bytes", int, 1048576,
+            "Classic groups: largest protocol metadata one member may send in a JoinGroup, and largest "
+            "assignment a leader may give one member (Kafka bounds them only by the request size; a bound "
+            "keeps a group's stored record and the coordinator's memory in check).", _at_least(1024)),
     # --- replication and cluster mode ---
     Setting("zookeeper.connect", str, "",
             "ZooKeeper ensemble (`host:port[,host:port...][/chroot]`) of a cluster. Empty: single-broker mode, "
