@@ -70,7 +70,7 @@ def parse(value: str, protocol_map: str | None = "") -> list[Listener]:
         except ValueError:
             raise ValueError(f"listener {item!r} has no valid port") from None
         if not parts.hostname or port is None:
-            raise ValueError(f"listener {item!r} is not of the form NAME://host:port")
+            raise ValueError(f"listener {item!r} is not of the form {name}://host:port")
         if any(l.name == name for l in out):
             raise ValueError(f"listener name {name} appears twice in {value!r}")
         if port and any(l.port == port for l in out):
