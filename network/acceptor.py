@@ -1,8 +1,9 @@
-"""Acceptor: the address clients dial. Admission, then hand-off of each connection.
+"""Acceptor: the addresses clients dial. Admission, then hand-off of each connection.
 
 Runs in its own process (actor ``acceptor``, one per broker). It owns the listening TCP
-socket (bound in ``on_start``; its address is reported in ``ready_fields`` and a restarted
-acceptor rebinds ``args["bound_port"]``) and the connection counts per processor and per IP.
+sockets, one per listener of ``listeners`` (network/listeners.py; bound in ``on_start``;
+their addresses are reported in ``ready_fields`` and a restarted acceptor rebinds
+``args["bound_ports"]``) and the connection counts per processor and per IP.
 
 For each accepted connection: admission (``max.connections.per.ip``: over it the socket is
 closed at once and counted; at ``max.connections`` the new socket is held while processors,
@@ -10,8 +11,9 @@ busiest first, are asked to ``shed_idle`` (close their least recently used idle 
 as Kafka does); the first that did makes room, and if none had one the new socket is closed),
 then the file descriptor is passed
 with ``socket.send_fds`` over the Unix socket ``<run_dir>/<processor>.sock`` to the running
-processor with the fewest connections (one that fails is skipped), and our copy is closed.
-No client byte is ever read here.
+processor with the fewest connections (one that fails is skipped), with the listener's name
+as the datagram (the processor applies its security protocol), and our copy is closed.
+No client byte is ever read here (TLS and SASL happen in the processor).
 
 Messages it accepts: ``_members`` for the processor role (from the supervisor);
 ``conn_closed {processor, ip}`` (one-way, from processors). It asks each processor for
@@ -29,8 +31,8 @@ import socket
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
+from odradek.network import listeners as listeners_mod
 from odradek.network.processor import socket_path
-from odradek.network.protocol import parse_listener
 
 log = logging.getLogger("odradek.acceptor")
 
@@ -45,12 +47,13 @@ class Acceptor(Actor):
     def __init__(self, name, run_dir, args=None, supervisor=None, **kw):
         super().__init__(name, run_dir, args, supervisor, **kw)
         config = self.args.get("config", {})
-        self.host, port = parse_listener(config.get("listeners", "PLAINTEXT://127.0.0.1:9092"))
-        bound = self.args.get("bound_port")
-        self.port = int(bound) if bound else port
+        bound = self.args.get("bound_ports") or {}
+        self.listeners = [l._replace(port=int(bound.get(l.name) or l.port))
+                          for l in listeners_mod.of_config(config)]
+        self.host, self.port = self.listeners[0].host, self.listeners[0].port
         self.max_connections = int(config.get("max.connections", 1000))
         self.max_per_ip = int(config.get("max.connections.per.ip", 1000))
-        self.listener: socket.socket | None = None
+        self.sockets: dict[int, tuple[socket.socket, str]] = {}  # fd -> (listening socket, listener name)
         self.by_processor: dict[str, collections.Counter[str]] = {}  # processor -> ip -> count
         self.per_ip: collections.Counter[str] = collections.Counter()
         self.total = 0
@@ -62,22 +65,26 @@ class Acceptor(Actor):
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_start(self) -> None:
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((self.host, self.port))
-        sock.listen(BACKLOG)
-        sock.setblocking(False)
-        self.listener = sock
-        self.host, self.port = sock.getsockname()[:2]
+        for i, l in enumerate(self.listeners):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((l.host, l.port))
+            sock.listen(BACKLOG)
+            sock.setblocking(False)
+            self.sockets[sock.fileno()] = (sock, l.name)
+            self.listeners[i] = l._replace(host=sock.getsockname()[0], port=sock.getsockname()[1])
+        self.host, self.port = self.listeners[0].host, self.listeners[0].port
         self.call_later(REBUILD_TIMEOUT, self._start_accepting)  # if a processor never answers
 
     def ready_fields(self) -> dict:
-        return {"host": self.host, "port": self.port}
+        return {"host": self.host, "port": self.port,
+                "listeners": {l.name: [l.host, l.port, l.protocol] for l in self.listeners}}
 
     def on_stop(self) -> None:
-        if self.listener is not None:
-            self.unwatch(self.listener.fileno())
-            self.listener.close()
+        for sock, _name in self.sockets.values():
+            if self._accepting:
+                self.unwatch(sock.fileno())
+            sock.close()
         for sock in self._feeds.values():
             sock.close()
         for sock in self._held.values():
@@ -134,14 +141,15 @@ class Acceptor(Actor):
 
     # ---- accepting -----------------------------------------------------------------------
     def _start_accepting(self) -> None:
-        if not self._accepting and self.listener is not None:
+        if not self._accepting and self.sockets:
             self._accepting = True
-            self.watch(self.listener.fileno(), self._on_accept)
+            for fd, (sock, name) in self.sockets.items():
+                self.watch(fd, lambda _events, s=sock, n=name: self._on_accept(s, n))
 
-    def _on_accept(self, _events: int) -> None:
+    def _on_accept(self, listener: socket.socket, name: str) -> None:
         for _ in range(ACCEPTS_PER_WAKEUP):
             try:
-                sock, addr = self.listener.accept()
+                sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as exc:  # EMFILE and friends: let the backlog hold them a moment
@@ -152,21 +160,21 @@ class Acceptor(Actor):
                 self.counters["refused_per_ip"] += 1
                 sock.close()
             elif self.total >= self.max_connections:
-                self._make_room(sock, addr[0])
+                self._make_room(sock, addr[0], name)
             else:
                 with sock:
-                    self._admit(sock, addr[0])
+                    self._admit(sock, addr[0], name)
 
     # ---- at max.connections: the least recently used idle connection makes room --------
-    def _make_room(self, sock: socket.socket, ip: str) -> None:
+    def _make_room(self, sock: socket.socket, ip: str, listener: str) -> None:
         if len(self._held) >= MAX_HELD:
             self.counters["refused_max_connections"] += 1
             sock.close()
             return
         self._held[sock.fileno()] = sock
-        self._shed_next(sock, ip, sorted(self._by_load(), key=lambda n: -sum(self.by_processor[n].values())))
+        self._shed_next(sock, ip, listener, sorted(self._by_load(), key=lambda n: -sum(self.by_processor[n].values())))
 
-    def _shed_next(self, sock: socket.socket, ip: str, processors: list[str]) -> None:
+    def _shed_next(self, sock: socket.socket, ip: str, listener: str, processors: list[str]) -> None:
         """Ask the next processor to close an idle connection; admit when one did."""
         if sock.fileno() < 0:  # closed: we are stopping
             return
@@ -174,17 +182,17 @@ class Acceptor(Actor):
             self._held.pop(sock.fileno(), None)
             with sock:
                 if self.total < self.max_connections and self.per_ip[ip] < self.max_per_ip:
-                    self._admit(sock, ip)
+                    self._admit(sock, ip, listener)
                 else:
                     self.counters["refused_max_connections"] += 1
             return
         name, rest = processors[0], processors[1:]
-        self.request(name, "shed_idle", callback=lambda _reply: self._shed_next(sock, ip, rest),
+        self.request(name, "shed_idle", callback=lambda _reply: self._shed_next(sock, ip, listener, rest),
                      timeout=SHED_TIMEOUT)
 
-    def _admit(self, sock: socket.socket, ip: str) -> None:
+    def _admit(self, sock: socket.socket, ip: str, listener: str) -> None:
         for name in self._by_load():
-            if self._hand_off(name, sock):
+            if self._hand_off(name, sock, listener):
                 self.by_processor[name][ip] += 1
                 self.per_ip[ip] += 1
                 self.total += 1
@@ -198,7 +206,7 @@ class Acceptor(Actor):
         return sorted((n for n in running if n in self.by_processor),
                       key=lambda n: sum(self.by_processor[n].values()))
 
-    def _hand_off(self, name: str, sock: socket.socket) -> bool:
+    def _hand_off(self, name: str, sock: socket.socket, listener: str) -> bool:
         try:
             feed = self._feeds.get(name)
             if feed is None:
@@ -211,7 +219,7 @@ class Acceptor(Actor):
                     raise
                 feed.setblocking(False)
                 self._feeds[name] = feed
-            socket.send_fds(feed, [b"c"], [sock.fileno()])
+            socket.send_fds(feed, [listener.encode()], [sock.fileno()])
             return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN,):

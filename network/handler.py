@@ -41,6 +41,7 @@ from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.coordinator.topics import placement
 from odradek.log.records import validate_produced
+from odradek.network import listeners as listeners_mod
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
 log = logging.getLogger("odradek.handler")
@@ -139,6 +140,7 @@ class RequestHandler(Actor):
         self.config: dict = dict(self.args.get("config", {}))
         self.broker_id = int(self.args.get("broker_id", self.config.get("broker.id", 0)))
         self.advertised = _advertised(self.config)
+        self.listener_addresses = listeners_mod.advertised(self.config)  # the request's listener's, in Metadata
         self.topics: dict[str, dict] = {}
         self.brokers: dict[str, list] = {}
         self.racks: dict[str, str] = {}
@@ -328,9 +330,25 @@ class RequestHandler(Actor):
     def to_group_coordinator(self, msg: Message, body: dict) -> None:
         """Group APIs: the coordinator answers the processor. The metadata version lets it
         notice topics it has not heard of yet."""
-        self.forward(msg, GROUP_COORDINATOR, "group_request",
-                     {"api": msg.get("api"), "body": body, "client": msg.get("client"), "peer": msg.get("peer"),
-                      "metadata_version": self.metadata_version}, ())
+        fields = {"api": msg.get("api"), "body": body, "client": msg.get("client"), "peer": msg.get("peer"),
+                  "metadata_version": self.metadata_version}
+        if msg.get("api") == ApiKey.FIND_COORDINATOR and len(self.listener_addresses) > 1:
+            # This broker's address as seen from the listener the client came in on (SASL_SSL, ...).
+            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT, callback=lambda reply: (
+                self._ask_status(lambda st: self._learn_address(st) or self._coordinator_on_listener(msg, reply))
+                if any(p == 0 for _h, p in self.listener_addresses.values())
+                else self._coordinator_on_listener(msg, reply)))
+            return
+        self.forward(msg, GROUP_COORDINATOR, "group_request", fields, ())
+
+    def _coordinator_on_listener(self, msg: Message, reply: Message) -> None:
+        if reply.is_error:
+            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
+            return
+        body = dict(reply.get("body") or {})
+        if body.get("node_id") == self.broker_id and msg.get("listener") in self.listener_addresses:
+            body["host"], body["port"] = self.listener_addresses[msg.get("listener")]
+        self.reply(msg, {**reply.fields, "body": body})
 
     def to_txn_coordinator(self, msg: Message, body: dict) -> None:
         """InitProducerId: the transaction coordinator answers the processor."""
@@ -370,7 +388,7 @@ class RequestHandler(Actor):
         if missing and self._auto_create(body):
             self.request(CONTROLLER, "create_topics", {"body": {"topics": [{"name": n} for n in missing]}},
                          timeout=GATHER_TIMEOUT)
-        if self.advertised[1] == 0:  # listening on an ephemeral port: learn it once
+        if self.advertised[1] == 0 or any(p == 0 for _h, p in self.listener_addresses.values()):  # learn it once
             self._ask_status(lambda status: self._learn_address(status) or self._metadata(msg, topics))
         else:
             self._metadata(msg, topics)
@@ -395,11 +413,12 @@ class RequestHandler(Actor):
         brokers = []
         for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
             if int(node) == self.broker_id:
-                host, port = self.advertised
+                host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
             rack = self.racks.get(str(node))  # Kafka's nullable field: only brokers with broker.rack carry it
             brokers.append({"node_id": int(node), "host": host, "port": port, **({"rack": rack} if rack else {})})
         if not brokers:
-            brokers = [{"node_id": self.broker_id, "host": self.advertised[0], "port": self.advertised[1]}]
+            host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
+            brokers = [{"node_id": self.broker_id, "host": host, "port": port}]
         self.reply(msg, {"body": {
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
@@ -581,6 +600,12 @@ class RequestHandler(Actor):
                 self.advertised = (host, int(port))
             else:
                 self.advertised = (self.advertised[0], int(port))
+        bound = (status.fields or {}).get("supervisor", {}).get("listeners") if not status.is_error else None
+        for name, address in (bound or {}).items():
+            host, _, port = str(address).rpartition(":")
+            mine = self.listener_addresses.get(name)
+            if mine is not None and mine[1] == 0:
+                self.listener_addresses[name] = (mine[0] if self.config.get("advertised.listeners") else host, int(port))
 
     @staticmethod
     def _handler_count(status: Message) -> int | None:

@@ -45,7 +45,21 @@ is always "stop reading", never growth.
 
 Writes never block: a full kernel buffer leaves the rest queued and watches POLLOUT.
 Responses may name file regions (``files: [[path, position, length]]``); they follow the
-frames on the wire and are written with ``os.sendfile`` (zero-copy).
+frames on the wire and are written with ``os.sendfile`` (zero-copy), except on a TLS
+connection, where they are read and copied through TLS (as in Kafka: docs/SECURITY.md).
+
+Security (docs/SECURITY.md): each connection arrives with its listener's name (the datagram
+the acceptor sends with the descriptor) and gets that listener's security protocol. On SSL
+and SASL_SSL the socket is wrapped with ``network.tls`` and the TLS handshake runs
+non-blocking in this loop (it must finish within ``request.timeout.ms``). On
+SASL_PLAINTEXT and SASL_SSL nothing but ApiVersions, SaslHandshake and SaslAuthenticate
+is served before authentication (a Kafka connection that sends anything else is closed, as
+Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
+those itself (``network.sasl``; credentials from ``network.secstore``). A failed
+authentication is answered after ``failed.authentication.delay.ms`` and the connection
+closed. Every request carries its connection's ``principal`` (``User:name``, the
+certificate's ``User:<subject>``, or ``User:ANONYMOUS``) and ``listener`` to the handler,
+which authorizes it.
 """
 from __future__ import annotations
 
@@ -54,6 +68,7 @@ import functools
 import logging
 import os
 import socket
+import ssl
 import time
 from typing import Any
 
@@ -61,7 +76,7 @@ import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull, make_private
-from odradek.network import codec
+from odradek.network import codec, listeners as listeners_mod, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -82,6 +97,10 @@ CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
 
 def _nbytes(buf: Any) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
+ANONYMOUS = "User:ANONYMOUS"
+SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+BEFORE_AUTH = (ApiKey.API_VERSIONS, *SASL_APIS)  # all a SASL connection may send before it authenticates
+TLS_CHUNK = 256 * 1024  # bytes per SSL write (a TLS record stream, no sendmsg)
 KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
 
 
@@ -128,7 +147,8 @@ class Connection:
 
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
-                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "client")
+                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "client", "listener", "tls",
+                 "handshaking", "principal", "sasl")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -158,6 +178,11 @@ class Connection:
         self.sniff: bytearray | None = bytearray()
         self.kafka = None  # network.kafka.connection.KafkaConnection
         self.client = ""  # the client.id of its last request, for log lines
+        self.listener = "PLAINTEXT"
+        self.tls = False  # the socket is an ssl.SSLSocket (no sendmsg, no sendfile)
+        self.handshaking = False  # TLS handshake under way
+        self.principal: str | None = ANONYMOUS  # None until a SASL connection authenticates
+        self.sasl: sasl.Session | None = None
 
     def who(self) -> str:
         """The peer and, once a request said it, the client id: what a log line names."""
@@ -206,6 +231,12 @@ class Processor(Actor):
         self._feeds: dict[int, socket.socket] = {}
         self.counters = collections.Counter()
         self._client_ids: set[str] = set()  # counted by name (at most CLIENT_IDS_MAX)
+        self.listeners = {l.name: l for l in listeners_mod.of_config(config)}
+        self.tls_context = tls.server_context(config) if any(l.tls for l in self.listeners.values()) else None
+        self.mechanisms = [m.strip() for m in config.get("sasl.enabled.mechanisms", "PLAIN").split(",")]
+        self.auth_delay = config.get("failed.authentication.delay.ms", 100) / 1000
+        self.users = secstore.Users(self.args.get("data_dir") or ".")
+        self._audit_at = collections.defaultdict(float)  # (what, ip) -> last logged, for rate-limiting
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_start(self) -> None:
@@ -249,7 +280,8 @@ class Processor(Actor):
         self._flush_dirty()
 
     def metric_gauges(self) -> list:
-        return [["connections", ["PLAINTEXT"], len(self.conns)]]
+        count = collections.Counter(c.listener for c in self.conns.values())
+        return [["connections", [name], count[name]] for name in self.listeners]
 
     def stats(self) -> dict:
         return {"connections": len(self.conns), "in_flight": len(self._inflight),
@@ -277,10 +309,11 @@ class Processor(Actor):
             self._feeds.pop(sock.fileno(), None)
             sock.close()
             return
+        name = data.decode(errors="replace") if data not in (b"", b"c") else next(iter(self.listeners))
         for fd in fds:
-            self._adopt(fd)
+            self._adopt(fd, name)
 
-    def _adopt(self, fd: int) -> None:
+    def _adopt(self, fd: int, listener: str) -> None:
         sock = socket.socket(fileno=fd)
         try:
             peer = sock.getpeername()
@@ -290,8 +323,17 @@ class Processor(Actor):
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        spec = self.listeners.get(listener) or next(iter(self.listeners.values()))
+        if spec.tls:
+            sock = self.tls_context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         self._conn_ids += 1
         conn = Connection(self._conn_ids, sock, peer, self.max_request, self.clock())
+        conn.listener, conn.tls, conn.handshaking = spec.name, spec.tls, spec.tls
+        if conn.tls:
+            conn.started = self.clock()  # the handshake must finish within request.timeout.ms
+        if spec.sasl:
+            conn.principal = None
+            conn.sasl = sasl.Session(self.mechanisms, self.users.lookup)
         conn.callback = functools.partial(self._on_socket, conn)
         self.conns[conn.fd] = conn
         self.counters["accepted"] += 1
@@ -314,6 +356,9 @@ class Processor(Actor):
 
     # ---- socket events -----------------------------------------------------------------
     def _on_socket(self, conn: Connection, events: int) -> None:
+        if conn.handshaking:
+            self._handshake(conn)
+            return
         if events & zmq.POLLOUT:
             self._write(conn)
         if events & zmq.POLLIN and not conn.closed:
@@ -321,10 +366,56 @@ class Processor(Actor):
         elif events & zmq.POLLERR and not conn.closed:
             self._close(conn, "socket error")
 
+    def _handshake(self, conn: Connection) -> None:
+        """One step of a non-blocking TLS handshake; on success the principal is the client
+        certificate's subject (mutual TLS) on an SSL listener."""
+        try:
+            conn.sock.do_handshake()
+        except ssl.SSLWantReadError:
+            self._set_events(conn, zmq.POLLIN)
+            return
+        except ssl.SSLWantWriteError:
+            self._set_events(conn, zmq.POLLOUT)
+            return
+        except (ssl.SSLError, OSError) as exc:
+            self.counters["tls_failed"] += 1
+            self._audit("tls", conn, f"TLS handshake failed on listener {conn.listener}: {exc}")
+            self._close(conn, f"TLS handshake failed: {exc}")
+            return
+        conn.handshaking = False
+        conn.started = None
+        self.counters["tls_handshakes"] += 1
+        subject = tls.principal(conn.sock.getpeercert())
+        if subject and conn.sasl is None:
+            conn.principal = subject
+            log.info("%s: %s authenticated as %s (TLS client certificate) on listener %s", self.name, conn.peer,
+                     subject, conn.listener)
+        self._set_events(conn, self._wanted(conn))
+        if conn.sock.pending():
+            self._read(conn)
+
+    def _audit(self, what: str, conn: Connection, message: str) -> None:
+        """Authentication failures: logged with principal and address, at most once a second
+        per (kind, address)."""
+        now = self.clock()
+        key = (what, conn.ip)
+        if now - self._audit_at[key] >= 1.0:
+            self._audit_at[key] = now
+            if len(self._audit_at) > 10000:
+                self._audit_at.clear()
+            log.warning("audit: %s: %s from %s (principal %s)", self.name, message, conn.peer,
+                        conn.principal or "unauthenticated")
+
     def _read(self, conn: Connection) -> None:
         try:
             data = conn.sock.recv(RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
+            if conn.tls:  # records already decrypted wait in OpenSSL, not in the kernel: poll won't say
+                while conn.sock.pending() and len(data) < RECV_SIZE * 4:
+                    data += conn.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError, ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            return
+        except ssl.SSLZeroReturnError:
+            self._close(conn, "closed by the client")
             return
         except OSError as exc:
             self._close(conn, f"read failed: {exc}")
@@ -354,9 +445,82 @@ class Processor(Actor):
             # Imported on the first Kafka connection: kio's schemas cost a native-only broker nothing.
             from odradek.network.kafka.connection import KafkaConnection
             conn.kafka = KafkaConnection(self.max_request, conn.peer)
+            conn.kafka.intercept = functools.partial(self._kafka_gate, conn)
             conn.decoder = conn.kafka
             self.counters["kafka_connections"] += 1
         return data
+
+    # ---- authentication (SASL), answered here ------------------------------------------
+    def _kafka_gate(self, conn: Connection, req) -> codec.Frame | None:
+        """A Kafka request before translation: SaslHandshake/SaslAuthenticate answered here;
+        anything but ApiVersions before authentication closes the connection (as Kafka)."""
+        if req.api in SASL_APIS:
+            from odradek.network.kafka import schema, security
+            from odradek.network.kafka.apis import REGISTRY
+            api = REGISTRY[req.api]
+            if not api.min_version <= req.version <= api.max_version:
+                return None  # answered UNSUPPORTED_VERSION by the translation
+            body, failure = security.sasl_answer(conn.sasl, req.api, req.version,
+                                                 schema.decode_request(req.api, req.version, req.rest))
+            bufs = kafka_framing.response(req.corr, schema.response_header_flexible(req.api, req.version),
+                                          [schema.encode_response(req.api, req.version, body)])
+            return self._auth_answer(conn, req.corr, bufs, failure)
+        if conn.principal is None and req.api != ApiKey.API_VERSIONS:
+            self.counters["unauthenticated_requests"] += 1
+            self._audit("authentication", conn, f"API key {req.api} before SASL authentication")
+            raise kafka_framing.FrameError(f"API key {req.api} sent before SASL authentication on listener "
+                                           f"{conn.listener}", ErrorCode.ILLEGAL_SASL_STATE)
+        return None
+
+    def _native_gate(self, conn: Connection, h: dict) -> dict | None:
+        """The native equivalent: the answer header for a SASL request, or for a request
+        sent before authentication (ILLEGAL_SASL_STATE, then the connection closes)."""
+        api, corr = h["api"], h["corr"]
+        body = h["body"] if isinstance(h["body"], dict) else {}
+        failure = None
+        if api == ApiKey.SASL_HANDSHAKE:
+            problem = ("ILLEGAL_SASL_STATE", f"listener {conn.listener} has no SASL") if conn.sasl is None \
+                else conn.sasl.handshake(str(body.get("mechanism") or ""))
+            if problem is None:
+                return self._auth_answer(conn, corr, codec.encode_response(corr, {"mechanisms": conn.sasl.enabled}),
+                                         None).header
+            code, failure = ErrorCode[problem[0]], problem[1]
+        elif api == ApiKey.SASL_AUTHENTICATE:
+            token = body.get("auth_bytes") or b""
+            try:
+                if conn.sasl is None:
+                    raise sasl.IllegalState(f"listener {conn.listener} has no SASL")
+                if not isinstance(token, bytes):
+                    raise sasl.AuthenticationFailed("'auth_bytes' must be bytes")
+                out = conn.sasl.authenticate(token)
+                return self._auth_answer(conn, corr, codec.encode_response(corr, {"auth_bytes": out}), None).header
+            except sasl.IllegalState as exc:
+                code, failure = ErrorCode.ILLEGAL_SASL_STATE, str(exc)
+            except sasl.AuthenticationFailed as exc:
+                code, failure = ErrorCode.SASL_AUTHENTICATION_FAILED, str(exc)
+        elif conn.principal is None and api != ApiKey.API_VERSIONS:
+            code, failure = ErrorCode.ILLEGAL_SASL_STATE, f"authenticate (SaslHandshake, SaslAuthenticate) " \
+                                                          f"before other requests on listener {conn.listener}"
+        else:
+            return None
+        return self._auth_answer(conn, corr, codec.encode_error(corr, code, failure), failure).header
+
+    def _auth_answer(self, conn: Connection, corr: int, bufs: list, failure: str | None) -> codec.Frame:
+        if failure is None:
+            if conn.sasl is not None and conn.sasl.principal and conn.principal is None:
+                conn.principal = conn.sasl.principal
+                self.counters["authenticated"] += 1
+                log.info("%s: %s authenticated as %s (%s) on listener %s", self.name, conn.peer, conn.principal,
+                         conn.sasl.server.mechanism, conn.listener)
+            return codec.Frame({"corr": corr, "answer": bufs}, [])
+        self.counters["authentication_failed"] += 1
+        self._audit("authentication", conn, f"authentication failed on listener {conn.listener}: {failure}")
+        return codec.Frame({"corr": corr, "answer": bufs, "close": failure}, [])
+
+    def _answer_late(self, conn: Connection, slot: list, bufs: list) -> None:
+        if not conn.closed:
+            slot[1] = bufs
+            self._mark_dirty(conn)
 
     def _pump(self, conn: Connection) -> None:
         """Send the connection's decoded requests to its handler while it may."""
@@ -453,6 +617,15 @@ class Processor(Actor):
     # ---- requests out, answers back ----------------------------------------------------
     def _send_request(self, conn: Connection, frame: codec.Frame) -> None:
         h = frame.header
+        if conn.kafka is None and (conn.principal is None or h["api"] in SASL_APIS):
+            h = self._native_gate(conn, h) or h
+        if "close" in h:  # authentication failed: answered after failed.authentication.delay.ms, then closed
+            slot = [h["corr"], None]
+            conn.slots.append(slot)
+            conn.closing = f"authentication failed: {h['close']}"
+            self._release(self._take_reservation(conn))
+            self.call_later(self.auth_delay, functools.partial(self._answer_late, conn, slot, h["answer"]))
+            return
         if "answer" in h:  # a Kafka request answered without a handler (ApiVersions, ...)
             conn.slots.append([h["corr"], h["answer"]])
             conn.requests += 1
@@ -460,7 +633,7 @@ class Processor(Actor):
             self._answered(conn)
             return
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
-                  "body": h["body"], "t": time.time()}
+                  "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
         self.metrics.inc("requests", (api,))
         conn.client = h["client"] if isinstance(h["client"], str) else ""
@@ -522,14 +695,16 @@ class Processor(Actor):
             rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),
                                              fields.get("message", ""))
         else:
-            rec.slot[1] = self._response(corr, reply)
+            rec.slot[1] = self._response(corr, reply, conn.tls)
         self._answered(conn)
 
-    def _response(self, corr: int, reply: Message) -> list:
+    def _response(self, corr: int, reply: Message, copy: bool = False) -> list:
         fields = reply.fields or {}
         files = fields.get("files")
         if not files:
             return codec.encode_response(corr, fields.get("body") or {}, reply.frames)
+        if copy:  # TLS: the file's bytes must pass through the cipher, so no sendfile
+            return codec.encode_response(corr, fields.get("body") or {}, list(reply.frames) + _read_regions(files))
         regions = [FileRegion(str(p), int(pos), int(n)) for p, pos, n in files]
         bufs = codec.encode_response(corr, fields.get("body") or {}, reply.frames, [r.left for r in regions])
         bufs.extend(regions)
@@ -593,17 +768,20 @@ class Processor(Actor):
                         break
                     wq.popleft().close()
                     continue
-                bufs = []
-                for item in wq:
-                    if isinstance(item, FileRegion) or len(bufs) == IOV_MAX:
-                        break
-                    bufs.append(item)
-                sent = conn.sock.sendmsg(bufs)
+                if conn.tls:
+                    sent = self._tls_send(conn)
+                else:
+                    bufs = []
+                    for item in wq:
+                        if isinstance(item, FileRegion) or len(bufs) == IOV_MAX:
+                            break
+                        bufs.append(item)
+                    sent = conn.sock.sendmsg(bufs)
                 self.counters["bytes_out"] += sent
                 conn.wq_bytes -= sent
                 if not self._consume(wq, sent):
                     break
-        except (BlockingIOError, InterruptedError):
+        except (BlockingIOError, InterruptedError, ssl.SSLWantWriteError, ssl.SSLWantReadError):
             pass
         except OSError as exc:
             self._close(conn, f"write failed: {exc}")
@@ -613,6 +791,24 @@ class Processor(Actor):
             self._close(conn, conn.closing if isinstance(conn.closing, str) else "closing")
             return
         self._pump(conn)  # requests held back while its answers piled up may go on now
+
+    @staticmethod
+    def _tls_send(conn: Connection) -> int:
+        """One TLS write of the queue's head buffers, up to TLS_CHUNK: all of it or nothing
+        (SSLWantWriteError; the same bytes are offered again, as OpenSSL requires)."""
+        wq = conn.wq
+        head = wq[0]
+        if _nbytes(head) >= TLS_CHUNK or len(wq) == 1 or isinstance(wq[1], FileRegion):
+            chunk = memoryview(head).cast("B")[:TLS_CHUNK]
+        else:
+            parts, size = [], 0
+            for item in wq:
+                if isinstance(item, FileRegion) or size + _nbytes(item) > TLS_CHUNK:
+                    break
+                parts.append(item)
+                size += _nbytes(item)
+            chunk = b"".join(parts)
+        return conn.sock.send(chunk)
 
     @staticmethod
     def _consume(wq: collections.deque, sent: int) -> bool:

@@ -34,14 +34,19 @@ class ApiKey(enum.IntEnum):
     SYNC_GROUP = 14
     DESCRIBE_GROUPS = 15
     LIST_GROUPS = 16
+    SASL_HANDSHAKE = 17
     API_VERSIONS = 18
     CREATE_TOPICS = 19
     DELETE_TOPICS = 20
     DELETE_RECORDS = 21
     INIT_PRODUCER_ID = 22
     OFFSET_FOR_LEADER_EPOCH = 23
+    DESCRIBE_ACLS = 29
+    CREATE_ACLS = 30
+    DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
     ELECT_LEADERS = 43
@@ -97,7 +102,12 @@ class ErrorCode(enum.IntEnum):
     INVALID_SESSION_TIMEOUT = (26, False, "The session timeout is not within the range allowed by the broker.")
     REBALANCE_IN_PROGRESS = (27, False, "The group is rebalancing, so a rejoin is needed.")
     INVALID_COMMIT_OFFSET_SIZE = (28, False, "The committing offset data size is not valid.")
+    TOPIC_AUTHORIZATION_FAILED = (29, False, "Topic authorization failed.")
+    GROUP_AUTHORIZATION_FAILED = (30, False, "Group authorization failed.")
+    CLUSTER_AUTHORIZATION_FAILED = (31, False, "Cluster authorization failed.")
     INVALID_TIMESTAMP = (32, False, "The timestamp of the message is out of acceptable range.")
+    UNSUPPORTED_SASL_MECHANISM = (33, False, "The broker does not support the requested SASL mechanism.")
+    ILLEGAL_SASL_STATE = (34, False, "Request is not valid given the current SASL state.")
     UNSUPPORTED_VERSION = (35, False, "The version of API is not supported.")
     TOPIC_ALREADY_EXISTS = (36, False, "Topic with this name already exists.")
     INVALID_PARTITIONS = (37, False, "Number of partitions is below 1.")
@@ -111,8 +121,11 @@ class ErrorCode(enum.IntEnum):
     DUPLICATE_SEQUENCE_NUMBER = (46, False, "The broker received a duplicate sequence number.")
     INVALID_PRODUCER_EPOCH = (47, False, "Producer attempted to produce with an old epoch.")
     INVALID_PRODUCER_ID_MAPPING = (49, False, "The producer attempted to use a producer id which is not currently assigned to its transactional id.")
+    TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False, "Transactional Id authorization failed.")
+    SECURITY_DISABLED = (54, False, "Security features are disabled.")
     KAFKA_STORAGE_ERROR = (56, True, "Disk error when trying to access log file on the disk.")
     LOG_DIR_NOT_FOUND = (57, False, "The user-specified log directory is not found in the broker config.")
+    SASL_AUTHENTICATION_FAILED = (58, False, "SASL Authentication failed.")
     UNKNOWN_PRODUCER_ID = (59, False, "The broker could not locate the producer metadata associated with the producer id.")
     NON_EMPTY_GROUP = (68, False, "The group is not empty.")
     GROUP_ID_NOT_FOUND = (69, False, "The group id does not exist.")
@@ -173,17 +186,16 @@ class OdradekError(Exception):
 
 
 def parse_listener(value: str) -> tuple[str, int]:
-    """``PLAINTEXT://127.0.0.1:9092`` (or ``host:port``) -> ``("127.0.0.1", 9092)``."""
+    """``PLAINTEXT://127.0.0.1:9092`` (or ``host:port``) -> ``("127.0.0.1", 9092)``: the first
+    listener's address (every listener, with its security protocol: network/listeners.py)."""
     first = value.split(",")[0].strip()
     if "://" not in first:
         first = "PLAINTEXT://" + first
-    parts = urlsplit(first)
-    if parts.scheme.upper() != "PLAINTEXT":
-        raise ValueError(f"security protocol {parts.scheme!r} is not supported (only PLAINTEXT)")
+    parts = urlsplit("tcp://" + first.partition("://")[2])  # a URL scheme may not hold '_' (SASL_SSL)
     try:
         port = parts.port
     except ValueError:
         raise ValueError(f"{value!r} has no valid port") from None
     if not parts.hostname or port is None:
-        raise ValueError(f"{value!r} is not of the form PLAINTEXT://host:port")
+        raise ValueError(f"{value!r} is not of the form NAME://host:port")
     return parts.hostname, port

@@ -73,14 +73,18 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
     def on_ready(sup: Supervisor) -> None:
         info = sup.children["acceptor"].ready_info
         host, port = info.get("host"), info.get("port")
-        # A restarted acceptor must come back on the port clients know, even if it was 0.
-        acceptor_spec.args["bound_port"] = port
+        # A restarted acceptor must come back on the ports clients know, even if they were 0.
+        listeners = info.get("listeners") or {}
+        acceptor_spec.args["bound_ports"] = {name: p for name, (_h, p, _proto) in listeners.items()}
         sup.info["address"] = f"{host}:{port}"
+        sup.info["listeners"] = {name: f"{h}:{p}" for name, (h, p, _proto) in listeners.items()}
         admin = sup.children["metrics"].ready_info
         if admin.get("admin_port"):
             sup.info["console"] = f"http://{admin['admin_host']}:{admin['admin_port']}/"
             print(f"odradek console on {sup.info['console']} (metrics at /metrics)", file=out, flush=True)
-        print(f"odradek ready on {host}:{port} (broker {config['broker.id']}); this listener speaks both the "
+        for name, (h, p, proto) in listeners.items():
+            print(f"odradek listener {name} on {h}:{p} ({proto})", file=out, flush=True)
+        print(f"odradek ready on {host}:{port} (broker {config['broker.id']}); every listener speaks both the "
               f"native protocol and Kafka's (bootstrap.servers={host}:{port})", file=out, flush=True)
 
     info = {"broker_id": config["broker.id"], "cluster_id": config["cluster.id"],

@@ -21,6 +21,7 @@ import os
 import tomllib
 from typing import Any, Callable
 
+from odradek.network import listeners as _listeners
 from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
 
 
@@ -48,7 +49,15 @@ def _between(lo: int, hi: int) -> Callable[[Any], str | None]:
 
 def _listener(v: str) -> str | None:
     try:
-        parse_listener(v)
+        _listeners.parse(v, None)  # names are checked against the map in ``load``
+    except ValueError as exc:
+        return str(exc)
+    return None
+
+
+def _protocol_map(v: str) -> str | None:
+    try:
+        _listeners.parse_map(v)
     except ValueError as exc:
         return str(exc)
     return None
@@ -73,12 +82,45 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("broker.id", int, 0, "This broker's id, unique in a cluster.", _at_least(0)),
     Setting("cluster.id", str, "odradek", "The cluster's name, reported in Metadata."),
     Setting("listeners", str, "PLAINTEXT://127.0.0.1:9092",
-            "Address the acceptor listens on, `PLAINTEXT://host:port`; port 0 picks a free port.", _listener),
+            "Addresses the acceptor listens on, comma-separated `NAME://host:port` (e.g. "
+            "`PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093`); NAME is a security protocol (PLAINTEXT, "
+            "SSL, SASL_PLAINTEXT, SASL_SSL) or a name mapped to one by `listener.security.protocol.map`; "
+            "port 0 picks a free port. Each listener serves both the native protocol and Kafka's.", _listener),
     Setting("advertised.listeners", str, "",
-            "Address given to clients in Metadata (and registered in ZooKeeper for the other brokers); empty "
-            "means the same as `listeners`; port 0 means the listener's bound port. `odradek chaos` points it "
-            "at a fault proxy.",
+            "Addresses given to clients in Metadata, `NAME://host:port` per listener (a client is given the "
+            "address of the listener it came in on; the first, or the inter-broker one, is registered in "
+            "ZooKeeper for the other brokers); a listener left out, or empty, means its own address; port 0 "
+            "means the listener's bound port. `odradek chaos` points it at a fault proxy.",
             lambda v: None if not v else _listener(v)),
+    Setting("listener.security.protocol.map", str, "",
+            "Listener names other than the protocols' own, `NAME:PROTOCOL,...` (e.g. `CLIENT:SASL_SSL,"
+            "REPLICATION:SSL`), as in Kafka.", _protocol_map),
+    Setting("inter.broker.listener.name", str, "",
+            "The listener other brokers use (replica fetcher, controller channel) and the principal they "
+            "authenticate as there; empty means the first listener."),
+    # --- security (docs/SECURITY.md) ---
+    Setting("ssl.certfile", str, "", "PEM certificate chain of this broker's TLS listeners (SSL, SASL_SSL)."),
+    Setting("ssl.keyfile", str, "", "PEM private key of `ssl.certfile` (unencrypted; keep it mode 0600)."),
+    Setting("ssl.cafile", str, "", "PEM CA certificates that client certificates must chain to (mutual TLS); "
+            "empty: the system's default CAs."),
+    Setting("ssl.client.auth", str, "none", "Mutual TLS on SSL/SASL_SSL listeners: `required` (a client "
+            "without a certificate the CA signed is refused), `requested` (checked when given) or `none`. On an "
+            "SSL listener the principal is `User:<certificate subject>`, e.g. `User:CN=alice,O=example`.",
+            _one_of("required", "requested", "none")),
+    Setting("sasl.enabled.mechanisms", str, "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+            "SASL mechanisms offered on SASL_PLAINTEXT/SASL_SSL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); "
+            "users and their credentials are managed with `odradek users`.",
+            lambda v: None if v and all(m.strip() in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+                                        for m in v.split(",")) else
+            "must list PLAIN, SCRAM-SHA-256 and/or SCRAM-SHA-512"),
+    Setting("failed.authentication.delay.ms", int, 100,
+            "A failed authentication is answered (and its connection closed) this long after it arrived, "
+            "which slows password guessing.", _between(0, 60000)),
+    Setting("authorizer", bool, False, "Check every request against the ACLs (`odradek acls`); the principal "
+            "is the SASL user (`User:name`), the TLS certificate subject, or `User:ANONYMOUS`."),
+    Setting("super.users", str, "", "Principals allowed everything, `;`-separated (`User:admin;User:broker`)."),
+    Setting("allow.everyone.if.no.acl.found", bool, False,
+            "With `authorizer` on: a resource no ACL matches is open to everyone (off: only super users)."),
     Setting("admin.listener", str, "127.0.0.1:+1000",
             "HTTP address of the metrics actor: `/metrics` (Prometheus), `/health/live`, `/health/ready` "
             "and the web console. `host:port`, or `host:+N` for the Kafka listener's port plus N (an "
@@ -337,6 +379,7 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> dict[st
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
         config[name.strip()] = coerce(name.strip(), value, from_text=True)
+    _check_listeners(config)
     return config
 
 
@@ -362,6 +405,20 @@ def run_dir(config: dict) -> str:
 
 def advertised(config: dict) -> tuple[str, int]:
     return parse_listener(config["advertised.listeners"] or config["listeners"])
+
+
+def _check_listeners(config: dict) -> None:
+    """Listener names against the map; TLS listeners need a certificate and key."""
+    try:
+        found = _listeners.of_config(config)
+    except ValueError as exc:
+        raise ConfigError(f"setting 'listeners': {exc}") from None
+    if any(l.tls for l in found) and not (config["ssl.certfile"] and config["ssl.keyfile"]):
+        raise ConfigError("an SSL or SASL_SSL listener needs 'ssl.certfile' and 'ssl.keyfile' (PEM files)")
+    name = config["inter.broker.listener.name"].upper()
+    if name and name not in {l.name for l in found}:
+        raise ConfigError(f"setting 'inter.broker.listener.name' = {name!r} names none of the listeners "
+                          f"({', '.join(l.name for l in found)})")
 
 
 # Broker-wide default -> topic-level name (Kafka's pairs).

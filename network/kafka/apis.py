@@ -314,7 +314,7 @@ register(Api(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, epoch_to_internal, epoch_from
 
 # ---- the other families register themselves ---------------------------------------------------------
 
-for _family in ("groups", "admin", "txn"):
+for _family in ("groups", "admin", "txn", "security"):
     try:
         importlib.import_module(f"odradek.network.kafka.{_family}")
     except ModuleNotFoundError as _exc:

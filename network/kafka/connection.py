@@ -25,6 +25,10 @@ class KafkaConnection:
         self.decoder = framing.Decoder(max_size)
         self.peer = peer
         self.client: str | None = None
+        # Set by the processor on a connection that must authenticate (network/processor.py):
+        # (Request) -> a Frame it answered itself (SaslHandshake, SaslAuthenticate), or None
+        # to go on; it raises FrameError for a request not allowed before authentication.
+        self.intercept = None
 
     def feed(self, data: bytes) -> None:
         self.decoder.feed(data)
@@ -43,6 +47,10 @@ class KafkaConnection:
         if self.client is None:
             self.client = req.client
             log.info("Kafka client '%s' connected from %s", req.client, self.peer)
+        if self.intercept is not None:
+            frame = self.intercept(req)
+            if frame is not None:
+                return frame
         return self._translate(req)
 
     def _translate(self, req: framing.Request) -> codec.Frame:

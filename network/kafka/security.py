@@ -1,0 +1,56 @@
+"""Kafka's security APIs. Pure, no I/O.
+
+* SaslHandshake (17) and SaslAuthenticate (36): answered by the processor that owns the
+  connection (authentication happens once, where the connection is), through ``sasl_answer``
+  and the connection's ``sasl.Session``; registered here so ApiVersions lists them.
+* DescribeAcls (29), CreateAcls (30), DeleteAcls (31): translated to the internal requests
+  the handlers serve (docs/PROTOCOL.md) and back.
+"""
+from __future__ import annotations
+
+from odradek.network import sasl
+from odradek.network.kafka import schema
+from odradek.network.kafka.apis import Api, register, top_level_error
+from odradek.network.protocol import ApiKey, ErrorCode
+
+SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+
+register(Api(ApiKey.SASL_HANDSHAKE, 0, 1))
+register(Api(ApiKey.SASL_AUTHENTICATE, 0, 2))
+
+
+def sasl_answer(session: sasl.Session | None, api: int, version: int, request: dict) -> tuple[dict, str | None]:
+    """The response body of a SaslHandshake or SaslAuthenticate, and, when authentication
+    failed, why (the processor answers after failed.authentication.delay.ms and closes)."""
+    if api == ApiKey.SASL_HANDSHAKE:
+        mechanisms = session.enabled if session is not None else []
+        if session is None:
+            return {"error_code": int(ErrorCode.ILLEGAL_SASL_STATE), "mechanisms": mechanisms}, \
+                "SaslHandshake on a listener without SASL"
+        if version == 0:
+            return {"error_code": int(ErrorCode.UNSUPPORTED_VERSION), "mechanisms": mechanisms}, \
+                "SaslHandshake v0 (raw tokens after it) is not served: use v1 and SaslAuthenticate"
+        problem = session.handshake(request.get("mechanism") or "")
+        if problem is not None:
+            return {"error_code": int(ErrorCode[problem[0]]), "mechanisms": mechanisms}, problem[1]
+        return {"error_code": 0, "mechanisms": mechanisms}, None
+    if session is None:
+        return _auth_error(ErrorCode.ILLEGAL_SASL_STATE, "SaslAuthenticate on a listener without SASL")
+    try:
+        token = session.authenticate(bytes(request.get("auth_bytes") or b""))
+    except sasl.IllegalState as exc:
+        return _auth_error(ErrorCode.ILLEGAL_SASL_STATE, str(exc))
+    except sasl.AuthenticationFailed as exc:
+        return _auth_error(ErrorCode.SASL_AUTHENTICATION_FAILED, str(exc))
+    return {"error_code": 0, "error_message": None, "auth_bytes": token, "session_lifetime": 0}, None
+
+
+def _auth_error(code: ErrorCode, message: str) -> tuple[dict, str]:
+    return {"error_code": int(code), "error_message": message, "auth_bytes": b"", "session_lifetime": 0}, message
+
+
+def encode(api: int, version: int, body: dict) -> bytes:
+    return schema.encode_response(api, version, body)
+
+
+__all__ = ["SASL_APIS", "sasl_answer", "encode", "top_level_error"]

@@ -1,0 +1,79 @@
+"""Fixtures for the security tests: certificates made here with ``openssl`` (a CA, the
+broker's certificate for 127.0.0.1, a client certificate, and a second, unrelated CA), users
+written to the data directory before start, and one real broker per module with every kind
+of listener. Everything is stopped and removed in teardown."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+
+import pytest
+
+from odradek.local import LocalBroker
+from odradek.network import secstore
+
+LISTENER = re.compile(r"odradek listener (\S+) on (\S+):(\d+) \((\S+)\)")
+
+
+def _openssl(*args: str, cwd: str) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True)
+
+
+def make_ca(d: str, name: str) -> None:
+    _openssl("req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2", "-subj", f"/CN={name}",
+             "-keyout", f"{name}.key", "-out", f"{name}.pem", cwd=d)
+
+
+def make_cert(d: str, ca: str, name: str, subject: str, ip: str | None = None) -> None:
+    _openssl("req", "-newkey", "rsa:2048", "-nodes", "-subj", subject, "-keyout", f"{name}.key",
+             "-out", f"{name}.csr", cwd=d)
+    ext = os.path.join(d, f"{name}.ext")
+    with open(ext, "w") as f:
+        f.write(f"subjectAltName=IP:{ip}\n" if ip else "basicConstraints=CA:FALSE\n")
+    _openssl("x509", "-req", "-in", f"{name}.csr", "-CA", f"{ca}.pem", "-CAkey", f"{ca}.key", "-CAcreateserial",
+             "-days", "2", "-out", f"{name}.pem", "-extfile", ext, cwd=d)
+
+
+@pytest.fixture(scope="module")
+def certs(tmp_path_factory) -> dict:
+    d = str(tmp_path_factory.mktemp("certs"))
+    make_ca(d, "ca")
+    make_ca(d, "otherca")
+    make_cert(d, "ca", "broker", "/CN=127.0.0.1/O=odradek", ip="127.0.0.1")
+    make_cert(d, "ca", "alice", "/O=example/CN=alice")
+    make_cert(d, "otherca", "mallory", "/CN=mallory")
+    return {n: os.path.join(d, n) for n in ("ca", "otherca", "broker", "alice", "mallory")}
+
+
+def listeners_of(broker: LocalBroker) -> dict[str, tuple[str, int, str]]:
+    out = {}
+    for line in broker.stdout_lines:
+        m = LISTENER.search(line)
+        if m:
+            out[m.group(1)] = (m.group(2), int(m.group(3)), m.group(4))
+    return out
+
+
+USERS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}
+DELAY_MS = 400
+
+
+@pytest.fixture(scope="module")
+def secure_broker(tmp_path_factory, certs):
+    data = str(tmp_path_factory.mktemp("secure-broker"))
+    users = secstore.Users(os.path.abspath(data))
+    for name, password in USERS.items():
+        users.add(name, password, iterations=4096)
+    settings = {
+        "listeners": "PLAINTEXT://127.0.0.1:0,SSL://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0,SASL_SSL://127.0.0.1:0",
+        "ssl.certfile": certs["broker"] + ".pem", "ssl.keyfile": certs["broker"] + ".key",
+        "ssl.cafile": certs["ca"] + ".pem", "ssl.client.auth": "requested",
+        "failed.authentication.delay.ms": DELAY_MS, "shutdown.timeout.ms": 10000,
+    }
+    broker = LocalBroker(data, settings, start_timeout=240).start()
+    try:
+        broker.listeners = listeners_of(broker)
+        yield broker
+    finally:
+        broker.stop()
