@@ -133,6 +133,10 @@ class FileLayer:
 
 
 OPEN_FILES_PER_PROCESS = 1024  # the descriptor cache's size in each log actor and the fetch actor
+# Active segments holding their own descriptors in one log actor: three each (the .log and the
+# two index maps: CPython's mmap keeps a dup of the descriptor it maps). 20,000 partitions on
+# two log actors held 30,000 descriptors each and ran them out of descriptors (EMFILE).
+ACTIVE_SEGMENTS_PER_PROCESS = 2000
 
 
 class DescriptorCache:
@@ -216,3 +220,63 @@ def descriptors() -> DescriptorCache:
     if _process_cache is None or _process_cache[0] != os.getpid():
         _process_cache = (os.getpid(), DescriptorCache())
     return _process_cache[1]
+
+
+class ActiveSegments:
+    """The active segments that hold their own descriptors and index maps in this process, at
+    most ``capacity`` of them; past that, one written least recently is ``suspend()``ed (its
+    writers flushed and closed, its descriptor closed) and woken again by its next write.
+
+    Recency is a second chance (CLOCK) rather than a strict LRU, so the append path pays one
+    attribute store (``segment.used = True``), not a lock and a reorder: an eviction skips, and
+    clears, segments used since the last sweep. Segments come in through ``add`` (on
+    activation) and leave through ``remove`` (sealed, closed or deleted) or eviction. Only the
+    log actor's thread adds (so evicts); ``remove`` may come from its closing threads, hence
+    the lock.
+    """
+
+    def __init__(self, capacity: int = ACTIVE_SEGMENTS_PER_PROCESS):
+        self.capacity = capacity
+        self._segments: collections.OrderedDict[int, object] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.suspended = 0  # evictions so far (stats, tests)
+
+    def __len__(self) -> int:
+        return len(self._segments)
+
+    def add(self, segment) -> None:
+        segment.used = True
+        with self._lock:
+            self._segments[id(segment)] = segment
+            self._segments.move_to_end(id(segment))
+            victims = self._victims(segment)
+        for victim in victims:
+            victim.suspend()
+
+    def remove(self, segment) -> None:
+        with self._lock:
+            self._segments.pop(id(segment), None)
+
+    def _victims(self, keep) -> list:
+        victims, sweeps = [], 2 * len(self._segments)
+        while len(self._segments) > self.capacity and sweeps:
+            key, seg = self._segments.popitem(last=False)
+            sweeps -= 1
+            if seg is keep or seg.used:
+                seg.used = False
+                self._segments[key] = seg  # a second chance, at the back
+            else:
+                victims.append(seg)
+        self.suspended += len(victims)
+        return victims
+
+
+_process_active: tuple[int, ActiveSegments] | None = None
+
+
+def active_segments() -> ActiveSegments:
+    """This process's active-segment budget (one per process, made on first use)."""
+    global _process_active
+    if _process_active is None or _process_active[0] != os.getpid():
+        _process_active = (os.getpid(), ActiveSegments())
+    return _process_active[1]

@@ -34,7 +34,7 @@ from odradek.log.config import LogConfig
 from odradek.log.epochs import LeaderEpochCache
 from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
-from odradek.log.files import FileLayer, descriptors, system_now_ms
+from odradek.log.files import FileLayer, active_segments, descriptors, system_now_ms
 from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError,
                                         OutOfOrderSequenceError, ProducerStateManager, last_sequence)
 from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
@@ -112,6 +112,7 @@ class LogSegment(SegmentView):
         self.oidx: ix.IndexWriter | None = None
         self.tidx: ix.IndexWriter | None = None
         self.policy: IndexPolicy | None = None
+        self.used = False  # written since the active-segment budget last looked (log.files.ActiveSegments)
         self._closed_sources: dict[str, tuple] = {}
 
     @contextlib.contextmanager
@@ -156,24 +157,52 @@ class LogSegment(SegmentView):
     def activate(self, capacity: int, interval: int) -> None:
         """Open index writers over the existing valid entries; recompute the index policy.
 
-        Writers already open (recovery activates the active segment a second time) are
-        closed first: each holds a mapping and its descriptor."""
+        Used when a segment becomes the active one, and to wake an active segment that the
+        process's budget suspended (``suspend``). Writers already open (recovery activates the
+        active segment a second time) are closed first: each holds a mapping and its
+        descriptor. Both writers open or neither does (OSError)."""
+        self._release_writers()
         if self.fd is None:
             self.fd = self.files.open(self.log_path, os.O_RDWR)
+        osrc, ocount = self._closed_source(self.index_path, ix.count_offset_entries, self.size)
+        tsrc, tcount = self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
+        ocount, tcount = min(ocount, capacity - 1), min(tcount, capacity - 1)
+        self._closed_sources.clear()
+        self._descriptors.forget(self.index_path, self.timeindex_path)  # the writers map their own
+        oidx = ix.IndexWriter(self.files, self.index_path, ix.OFFSET_ENTRY, capacity, ocount)
+        try:
+            tidx = ix.IndexWriter(self.files, self.timeindex_path, ix.TIME_ENTRY, capacity, tcount)
+        except BaseException:
+            oidx.close_untrimmed()
+            raise
+        self.oidx, self.tidx = oidx, tidx
+        self._reset_policy(interval)
+        active_segments().add(self)
+
+    def suspend(self) -> None:
+        """Give back the descriptors and maps of an active segment that has not been written
+        to for a while (the process's budget, ``log.files.ActiveSegments``, asks): writers
+        flushed and closed untrimmed, ``.log`` descriptor closed. It stays the active segment;
+        reads go through the descriptor cache, and the next write wakes it (``activate``)."""
+        if self.oidx is None:
+            return
+        try:
+            self.oidx.flush()
+            self.tidx.flush()
+        except OSError as e:  # the index is rebuilt from the log on recovery if it matters
+            log.warning("flushing the index of %s before suspending it: %s", self.log_path, e)
+        self._release_writers()
+        if self.fd is not None:
+            fd, self.fd = self.fd, None
+            self.files.close(fd)
+
+    def _release_writers(self) -> None:
         if self.oidx is not None:
             oidx, tidx, self.oidx, self.tidx = self.oidx, self.tidx, None, None
             try:
                 oidx.close_untrimmed()
             finally:
                 tidx.close_untrimmed()
-        osrc, ocount = self._closed_source(self.index_path, ix.count_offset_entries, self.size)
-        tsrc, tcount = self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
-        ocount, tcount = min(ocount, capacity - 1), min(tcount, capacity - 1)
-        self._closed_sources.clear()
-        self._descriptors.forget(self.index_path, self.timeindex_path)  # the writers map their own
-        self.oidx = ix.IndexWriter(self.files, self.index_path, ix.OFFSET_ENTRY, capacity, ocount)
-        self.tidx = ix.IndexWriter(self.files, self.timeindex_path, ix.TIME_ENTRY, capacity, tcount)
-        self._reset_policy(interval)
 
     def _reset_policy(self, interval: int) -> None:
         """Index policy state from the last entries plus a short scan of the tail."""
@@ -211,6 +240,7 @@ class LogSegment(SegmentView):
 
     def seal(self, next_offset: int) -> None:
         """The segment stops being active: final time entry, trim both index files."""
+        active_segments().remove(self)
         if self.oidx is None:
             return
         final = self.policy.final_time_entry(next_offset - self.base_offset)
@@ -273,6 +303,7 @@ class LogSegment(SegmentView):
                     self.oidx.close_untrimmed()
                     self.tidx.close_untrimmed()
         finally:
+            active_segments().remove(self)
             self.oidx = self.tidx = None
             self.closed = True
             self._descriptors.forget(*self.all_paths)
@@ -454,6 +485,9 @@ class Log:
                             return self._duplicate(dup)
                     now = self._now()
                     seg = self._segments[-1]
+                    if seg.oidx is None:  # suspended by the process's active-segment budget
+                        self._wake(seg)
+                    seg.used = True
                     base = self._log_end_offset
                     last = base + delta
                     position = seg.size
@@ -679,8 +713,11 @@ class Log:
 
     # ------------------------------------------------------------------ segments
     def _segment_for(self, size: int, batches: int, first: int, last: int, now: int) -> LogSegment:
-        """The active segment, rolled first if this append would not fit it."""
+        """The active segment (woken if suspended), rolled first if this append would not fit it."""
         seg = self._segments[-1]
+        if seg.oidx is None:
+            self._wake(seg)
+        seg.used = True
         if seg.size == 0:
             if last - seg.base_offset > MAX_RELATIVE_OFFSET or first < seg.base_offset:
                 return self._roll(first, now)
@@ -697,7 +734,16 @@ class Log:
         self._check_open()
         if self._segments[-1].size == 0:
             return self._segments[-1]
+        if self._segments[-1].oidx is None:  # sealed with its final time entry, trimmed
+            self._wake(self._segments[-1])
         return self._roll(self._log_end_offset, self._now())
+
+    def _wake(self, seg: LogSegment) -> None:
+        """Reopen the writers of the active segment the process's budget suspended."""
+        try:
+            seg.activate(self.config.max_index_entries, self.config.index_interval_bytes)
+        except OSError as e:
+            raise _storage(f"reopening the active segment {seg.log_path}", e) from None
 
     def _roll(self, base_offset: int, now: int) -> LogSegment:
         old = self._segments[-1]

@@ -7,7 +7,8 @@ import os
 import pytest
 
 from odradek.log.config import LogConfig
-from odradek.log.files import DescriptorCache, descriptors
+from odradek.log.files import DescriptorCache, active_segments, descriptors
+from odradek.log.log import Log
 from odradek.log.reader import LogReader
 from tests.log.support import batch
 
@@ -83,3 +84,46 @@ def test_a_descriptor_in_use_is_never_closed_under_its_user(tmp_path):
     assert len(cache) <= 1 and cache.opened == 3
     cache.close_all()
     assert len(cache) == 0
+
+
+ACTIVE = 8
+PARTITIONS = 40
+
+
+@pytest.fixture
+def small_active_budget(monkeypatch):
+    budget = active_segments()
+    monkeypatch.setattr(budget, "capacity", ACTIVE)
+    yield budget
+
+
+def test_many_partitions_in_one_process_hold_a_bounded_number_of_active_segments(
+        tmp_path, clock, small_budget, small_active_budget):
+    """An active segment holds three descriptors (its .log and two index maps); one log actor
+    with 10,000 partitions held 30,000 and ran out (EMFILE, then an AttributeError from a half
+    opened segment). The ones written least recently are suspended and woken by their next
+    write, with every record and index entry kept."""
+    config = LogConfig(index_interval_bytes=1)  # an index entry per batch: the indexes matter
+    logs = [Log(str(tmp_path / f"t-{p}"), config, now_ms=clock) for p in range(PARTITIONS)]
+    try:
+        for round_ in range(5):
+            for p, lg in enumerate(logs):
+                lg.append(batch(1, size=40, tag=round_ * PARTITIONS + p))
+                assert _open_fds_under(str(tmp_path)) <= BUDGET + 3 * ACTIVE
+        assert small_active_budget.suspended > 0 and len(small_active_budget) <= ACTIVE
+        for p, lg in enumerate(logs):
+            lg.high_watermark = lg.log_end_offset
+            assert [lg.read(off, 1).first_offset for off in range(5)] == list(range(5))
+            assert lg.offset_for_time(0).offset == 0
+        for lg in logs:
+            lg.close()
+        for p in range(PARTITIONS):  # a clean close of a suspended segment reopens whole
+            again = Log(str(tmp_path / f"t-{p}"), config, now_ms=clock)
+            logs[p] = again
+            assert again.recovery_report.clean and again.log_end_offset == 5
+            again.append(batch(1, size=40, tag=999))
+            again.high_watermark = again.log_end_offset
+            assert [again.read(off, 1).first_offset for off in range(6)] == list(range(6))
+    finally:
+        for lg in logs:
+            lg.abandon()
