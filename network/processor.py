@@ -93,6 +93,7 @@ PIPELINE_MAX = 100  # requests of one connection awaiting their answers before i
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
 CLIENT_IDS_MAX = 100  # distinct client ids counted by name; the others count as "(other)"
 CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
+CLIENT_ID_KEPT = 256  # characters of a client id a connection keeps for its log lines
 
 
 def _nbytes(buf: Any) -> int:
@@ -636,7 +637,7 @@ class Processor(Actor):
                   "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
         self.metrics.inc("requests", (api,))
-        conn.client = h["client"] if isinstance(h["client"], str) else ""
+        conn.client = h["client"][:CLIENT_ID_KEPT] if isinstance(h["client"], str) else ""
         self.metrics.inc("client_requests", (self._client_label(conn.client),))
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.

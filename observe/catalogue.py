@@ -8,7 +8,9 @@ same table and a test keeps the two in step.
 Prometheus conventions: ``odradek_`` prefix, base units (bytes, seconds), counters end in
 ``_total``; latencies, counted in milliseconds on the hot path, are exported in seconds.
 Values of the same metric and labels from several actors (two processors, two log actors)
-are added up: a broker is one target.
+are added up: a broker is one target. A log actor answers one ``partition`` row per
+partition (``PARTITION_COLUMNS``' order); per-partition series are exported only with
+``metrics.partition.level=true``, their ``per_topic`` sums always.
 """
 from __future__ import annotations
 

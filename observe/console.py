@@ -25,6 +25,7 @@ import time
 import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -238,12 +239,13 @@ def _described(clients: Clients) -> list:
 
 
 def _partition_gauges(snap, topic: str) -> dict:
-    """partition -> {log_size, log_segments, log_end_offset, high_watermark, ...} of ``topic``."""
+    """partition -> {log_size, log_segments, log_end_offset, high_watermark, ...} of
+    ``topic``, from the log actors' partition rows (whatever ``metrics.partition.level`` says)."""
     out: dict[int, dict] = {}
     for answer in snap.answers.values():
         for name, labels, value in (answer or {}).get("gauges") or ():
-            if len(labels) == 2 and labels[0] == topic and name.startswith(("log_", "high_")):
-                out.setdefault(labels[1], {})[name] = value
+            if name == "partition" and labels[0] == topic:
+                out[labels[1]] = dict(zip(PARTITION_COLUMNS, value))
     return out
 
 

@@ -1350,7 +1350,7 @@ def _scrape_time(args) -> dict:
                 pass
             time.sleep(2)
         print(f"every partition open after {time.monotonic() - began:.0f}s", flush=True)
-        times, size, failed, missing = [], 0, 0, 0
+        times, gathers, size, failed, missing = [], [], 0, 0, 0
         for _ in range(args.scrapes):
             t0 = time.monotonic()
             try:
@@ -1363,6 +1363,7 @@ def _scrape_time(args) -> dict:
             finally:
                 times.append(time.monotonic() - t0)
             size = len(body)
+            gathers.append(_sample(body, "odradek_scrape_duration_seconds"))
             missing += sum(1 for line in body.splitlines()
                            if line.startswith("odradek_scrape_actor_answered") and line.endswith(" 0.0"))
             time.sleep(0.5)
@@ -1373,9 +1374,11 @@ def _scrape_time(args) -> dict:
     level = "per partition" if args.partition_level else "per topic"
     print(f"scrape of {args.partitions} partitions ({level}): median {_median(times):.3f}s, min {min(times):.3f}s, "
           f"max {max(times):.3f}s, {size / 2**20:.2f} MiB of text, {failed} of {args.scrapes} failed, {missing} actor "
-          f"answers missing (goal < 1 s)", flush=True)
+          f"answers missing (goal < 1 s); gathering from the actors took a median {_median(gathers):.3f}s of it",
+          flush=True)
     return {"partitions": args.partitions, "partition_level": args.partition_level, "times_s": times,
-            "median_s": _median(times), "max_s": max(times), "bytes": size, "failed": failed,
+            "median_s": _median(times), "max_s": max(times), "median_gather_s": _median(gathers),
+            "bytes": size, "failed": failed,
             "actors_missing": missing, "scrape_cpu": cpu}
 
 

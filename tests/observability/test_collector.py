@@ -91,8 +91,15 @@ def test_by_default_partitions_are_summed_per_topic_and_no_partition_series_is_e
 def test_the_served_text_is_what_prometheus_clients_writer_makes_of_the_same_families(partition_level):
     odd = [["partition", ['we"ird\\top\nic', 0], row(5)]]  # not a legal topic name: escaping still holds
     groups = [*GROUP_GAUGES, ["committed_offset", ['g "x"\n', 'we"ird\\top\nic', 0], 2]]
-    snap = Snapshot({"actors": []}, {"log-0": {"gauges": LOG_ROWS + odd}, "group_coordinator": {"gauges": groups},
-                                     "p": {"counters": [["requests", [0], 2**60]], "gauges": []}})
+    m = Metrics()
+    m.inc("requests", (int(ApiKey.PRODUCE),), 2**60)
+    m.inc("client_requests", ('a "quoted"\\client\n',), 3)
+    for ms in (0.01, 4.0, 1e9):
+        m.observe("request_total_ms", (int(ApiKey.FETCH),), ms)
+        m.observe("request_remote_ms", (12345,), ms)  # an API key without a name
+    snap = Snapshot({"actors": [{"name": "log-0", "role": "log", "state": "running", "rss": 10**9}]},
+                    {"log-0": {"gauges": LOG_ROWS + odd}, "group_coordinator": {"gauges": groups},
+                     "p": {**m.snapshot(), "gauges": [["connections", ["PLAINTEXT"], 2]]}})
     collector = BrokerCollector(lambda: snap, partition_level)
     registry = CollectorRegistry(auto_describe=False)
     registry.register(collector)

@@ -3,8 +3,11 @@ exists in the broker, the message browser shows a record the test produced, a gr
 appears."""
 from __future__ import annotations
 
+import os
+
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.wait import WebDriverWait
 
 from odradek import Admin, Consumer, Producer
 from odradek.types import TopicPartition
@@ -50,7 +53,8 @@ def test_deleting_a_topic_needs_its_name_typed_again(shared_broker, browser):
     browser.get(shared_broker.console_url + "topics")
     row = browser.find_element(By.XPATH, "//tr[td/a[text()='to-delete']]")
     row.find_element(By.TAG_NAME, "button").click()  # nothing typed
-    assert "Not deleted" in browser.page_source
+    # the click returns as the form's page starts loading (page_source was '' once): wait for it
+    WebDriverWait(browser, 20).until(lambda d: "Not deleted" in d.page_source)
     with Admin(shared_broker.bootstrap) as admin:
         assert "to-delete" in admin.list_topics()
     row = browser.find_element(By.XPATH, "//tr[td/a[text()='to-delete']]")
@@ -71,6 +75,22 @@ def test_the_message_browser_shows_a_record_the_test_produced(shared_broker, bro
     assert "order-42" in records and '"item": "tea"' in records and "not this one" not in records
     browser.get(shared_broker.console_url + "topics/browsed/messages?partition=0&format=hex&offset=1")
     assert b"order-42".hex(" ") in text_of(browser, "records")
+
+
+def test_the_topic_page_shows_each_partitions_offsets_size_and_segments(shared_broker, browser):
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("sized", partitions=2)
+    with Producer(shared_broker.bootstrap) as producer:
+        for i in range(3):
+            producer.send("sized", value=os.urandom(100), partition=1).result(30)  # incompressible
+    browser.get(shared_broker.console_url + "topics/sized")
+    rows = [[c.text for c in r.find_elements(By.TAG_NAME, "td")]
+            for r in browser.find_elements(By.CSS_SELECTOR, "#partitions tr")[1:]]
+    by_partition = {r[0]: r for r in rows}
+    # partition, leader, replicas, ISR, start, high watermark, end, size, segments
+    assert by_partition["0"][4:] == ["0", "0", "0", "0", "1"]
+    start, hw, end, size, segments = by_partition["1"][4:]
+    assert (start, hw, end, segments) == ("0", "3", "3", "1") and int(size) > 300
 
 
 def test_a_groups_lag_appears_on_its_page(shared_broker, browser):
