@@ -469,7 +469,10 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
                 "removing_replicas": self.moves[tp].removing if tp in self.moves else [],
                 "zk_version": st.zk_version, "config": self.registry.log_config(tp[0]).to_properties()}
 
-    def _send_leader_and_isr(self, broker: int, tps: list, done: Callable | None = None) -> None:
+    def _send_leader_and_isr(self, broker: int, tps: list, done: Callable | None = None,
+                             failed: list | None = None) -> None:
+        """``failed``, if given, collects ``(topic, partition, broker, error_code)`` of the
+        replicas the broker could not open (a full disk), or of all when it did not answer."""
         if not tps:
             if done:
                 done()
@@ -481,6 +484,12 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         def answered(resp, why) -> None:
             if why:
                 log.warning("LEADER_AND_ISR to broker %d: %s", broker, why)
+            if failed is not None:
+                if why:
+                    failed.extend((t, p, broker, int(ErrorCode.REQUEST_TIMED_OUT)) for t, p in tps)
+                for e in (resp or {}).get("partitions") or ():
+                    if e.get("error_code"):
+                        failed.append((e["topic"], e["partition"], broker, int(e["error_code"])))
             if done:
                 done()
         self.channel.send(broker, ApiKey.LEADER_AND_ISR, body, answered, timeout=SEND_TIMEOUT)
@@ -572,7 +581,60 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             answer()
             return
         tps = [(n, p) for n in created for p in range(self.registry.topics[n].partitions)]
-        self._announce(tps, {}, answer)
+        failed: list = []
+        self._announce(tps, {}, lambda: self._settle_created(created, failed, results, answer), failed=failed)
+
+    def _settle_created(self, created: list[str], failed: list, results: list, answer: Callable[[], None]) -> None:
+        """New topics some of whose replicas could not be opened (a full disk; issue 16,
+        defect 4): a partition keeps the replicas that opened (its leader among them, its
+        ISR just them: the others stay offline until their broker is told again, at its
+        restart or the next change); a topic with a partition none of whose replicas
+        opened is deleted again and refused with the replicas' error. Never a topic
+        answered as created with a partition that has no leader."""
+        bad: dict[tuple, dict[int, int]] = {}
+        for t, p, b, code in failed:
+            if t in created and (t, p) in self.states:
+                bad.setdefault((t, p), {})[b] = code
+        if not bad:
+            answer()
+            return
+        undo: dict[str, tuple] = {}
+        changes = {}
+        for tp, codes in sorted(bad.items()):
+            st = self.states[tp]
+            ok = [r for r in st.isr if r not in codes and r in self.live]
+            if not ok:
+                code = next(iter(codes.values()))
+                undo.setdefault(tp[0], (code, f"no replica of partition {tp[1]} could be created (brokers "
+                                              f"{sorted(codes)}: {ErrorCode(code).name})"))
+            else:
+                changes[tp] = (st.leader if st.leader in ok else ok[0], ok)
+                log.warning("%s-%d: replicas on brokers %s could not be created (%s); leader %d, ISR %s",
+                            tp[0], tp[1], sorted(codes), [ErrorCode(c).name for c in codes.values()],
+                            changes[tp][0], ok)
+        written = self._write_states({tp: c for tp, c in changes.items() if tp[0] not in undo})
+        stops: dict[int, list] = {}
+        for name, (code, why) in undo.items():
+            try:
+                for b, parts in self._delete_in_zookeeper(name).items():
+                    stops.setdefault(b, []).extend(parts)
+            except OdradekError as exc:
+                why += f"; and undoing it failed: {exc.message}"
+            log.error("creating topic %s failed, undone: %s", name, why)
+            for result in results:
+                if result.get("name") == name:
+                    result.clear()
+                    result.update(name=name, error_code=code, error_message=f"topic '{name}' was not created: {why}")
+        self._announce(written, {}, lambda: self._stop_deleted(stops, answer))
+
+    def _stop_deleted(self, stops: dict[int, list], done: Callable[[], None]) -> None:
+        """STOP_REPLICA (delete) to the live brokers of deleted topics' replicas (``{broker:
+        [{topic, partition, topic_id}]}`` from ``_delete_in_zookeeper``), then ``done``."""
+        def stop(d, b, parts) -> None:
+            self.channel.send(b, ApiKey.STOP_REPLICA, {"controller_id": self.broker_id, "controller_epoch": self.epoch,
+                                                       "delete": True, "partitions": parts},
+                              lambda _r, _w: d(), SEND_TIMEOUT)
+        self._all_then([lambda d, b=b, t=t: stop(d, b, t) for b, t in stops.items() if b in self.live], done)
 
     def _create_in_zookeeper(self, name: str, partitions: int, rf: int, configs: dict,
                              assignment: list | None = None) -> None:
@@ -598,6 +660,33 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             self.states[(name, p)] = st
         log.info("created topic %s: %d partitions, replicas %s", name, partitions, assignment)
 
+    def _delete_in_zookeeper(self, name: str) -> dict[int, list[dict]]:
+        """Delete topic ``name``'s nodes (one fenced transaction) and forget it; returns the
+        STOP_REPLICA entries its replicas need, ``{broker: [{topic, partition, topic_id}]}``."""
+        topic = self.registry.get(name)
+        t = self.zk.transaction()
+        t.check("/controller_epoch", self.epoch_zk_version)
+        for p in range(topic.partitions):
+            t.delete(state_path(name, p))
+            t.delete(f"{TOPICS}/{name}/partitions/{p}")
+        t.delete(f"{TOPICS}/{name}/partitions")
+        t.delete(f"{TOPICS}/{name}")
+        t.delete(f"{CONFIGS}/{name}")
+        result = self._fenced_commit(t)
+        if result is None:
+            raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
+        if any(isinstance(r, Exception) for r in result):
+            raise OdradekError(f"cannot delete '{name}' in ZooKeeper: {result}", ErrorCode.UNKNOWN_SERVER_ERROR)
+        stops: dict[int, list[dict]] = {}
+        for p in range(topic.partitions):
+            for b in self._replicas((name, p)):
+                stops.setdefault(b, []).append({"topic": name, "partition": p, "topic_id": topic.topic_id})
+            self.states.pop((name, p), None)
+            self.moves.pop((name, p), None)
+        del self.registry.topics[name]
+        self.assignment.pop(name, None)
+        return stops
+
     def on_delete_topics(self, msg: Message) -> None:
         if self._via_controller(msg, ApiKey.DELETE_TOPICS):
             return
@@ -607,40 +696,14 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             try:
                 if not isinstance(name, str):
                     raise OdradekError("topic names must be strings", ErrorCode.INVALID_REQUEST)
-                topic = self.registry.get(name)
-                t = self.zk.transaction()
-                t.check("/controller_epoch", self.epoch_zk_version)
-                for p in range(topic.partitions):
-                    t.delete(state_path(name, p))
-                    t.delete(f"{TOPICS}/{name}/partitions/{p}")
-                t.delete(f"{TOPICS}/{name}/partitions")
-                t.delete(f"{TOPICS}/{name}")
-                t.delete(f"{CONFIGS}/{name}")
-                result = self._fenced_commit(t)
-                if result is None:
-                    raise OdradekError("this broker stopped being the controller; retry", ErrorCode.NOT_CONTROLLER)
-                if any(isinstance(r, Exception) for r in result):
-                    raise OdradekError(f"cannot delete '{name}' in ZooKeeper: {result}", ErrorCode.UNKNOWN_SERVER_ERROR)
-                for p in range(topic.partitions):
-                    for b in self._replicas((name, p)):
-                        stops.setdefault(b, []).append({"topic": name, "partition": p, "topic_id": topic.topic_id})
-                    self.states.pop((name, p), None)
-                del self.registry.topics[name]
-                self.assignment.pop(name, None)
-                for p in range(topic.partitions):
-                    self.moves.pop((name, p), None)
+                for b, parts in self._delete_in_zookeeper(name).items():
+                    stops.setdefault(b, []).extend(parts)
                 log.info("deleted topic %s", name)
                 results.append({"name": name, "error_code": 0})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
         answer = lambda: self.reply(msg, {"body": {"topics": results}})  # noqa: E731
-
-        def stop_replicas(done, b, parts) -> None:
-            self.channel.send(b, ApiKey.STOP_REPLICA, {"controller_id": self.broker_id,
-                                                       "controller_epoch": self.epoch, "delete": True,
-                                                       "partitions": parts}, lambda r, w: done(), SEND_TIMEOUT)
-        steps = [lambda d, b=b, ps=ps: stop_replicas(d, b, ps) for b, ps in stops.items() if b in self.live]
-        self._send_update_metadata(lambda: self._all_then(steps, answer))
+        self._send_update_metadata(lambda: self._stop_deleted(stops, answer))
 
     def on_alter_topic_configs(self, msg: Message) -> None:
         if self._via_controller(msg, ApiKey.INCREMENTAL_ALTER_CONFIGS):

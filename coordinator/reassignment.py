@@ -178,15 +178,16 @@ class ReassignmentMixin:
             log.info("%s-%d: resuming the move to %s", name, p, target)
 
     # ---- announcing -----------------------------------------------------------------------------
-    def _announce(self, tps: list, stops: dict[int, list], done: Callable[[], None]) -> None:
-        """LEADER_AND_ISR to the live replicas of ``tps``, STOP_REPLICA (delete) to the
-        replicas in ``stops`` ({broker: [tp]}), then UPDATE_METADATA to everyone, then ``done``."""
+    def _announce(self, tps: list, stops: dict[int, list], done: Callable[[], None], failed: list | None = None) -> None:
+        """LEADER_AND_ISR to the live replicas of ``tps`` (the replicas they could not open go
+        to ``failed``, if given), STOP_REPLICA (delete) to the replicas in ``stops``
+        ({broker: [tp]}), then UPDATE_METADATA to everyone, then ``done``."""
         per_broker: dict[int, list] = {}
         for tp in tps:
             for b in self._replicas(tp):
                 if b in self.live:
                     per_broker.setdefault(b, []).append(tp)
-        steps = [lambda d, b=b, t=t: self._send_leader_and_isr(b, t, d) for b, t in per_broker.items()]
+        steps = [lambda d, b=b, t=t: self._send_leader_and_isr(b, t, d, failed) for b, t in per_broker.items()]
         steps += [lambda d, b=b, t=t: self._send_stop_replica(b, t, d) for b, t in stops.items() if b in self.live]
         self._all_then(steps, lambda: self._send_update_metadata(done))
 

@@ -566,6 +566,9 @@ class LogActor(Actor):
             except OdradekError as exc:
                 log.warning("%s", exc.message)
                 out.append([key[0], key[1], int(exc.code)])
+            except OSError as exc:  # a full or failing disk: this partition only, as Kafka's storage error
+                log.error("%s-%d: cannot open the replica: %s", key[0], key[1], exc)
+                out.append([key[0], key[1], int(ErrorCode.KAFKA_STORAGE_ERROR)])
         self._tell_fetch_actor_then(lambda: self.reply(msg, {"parts": out}))
 
     def _become(self, p: PartitionLog, entry: dict) -> None:

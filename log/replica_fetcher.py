@@ -63,7 +63,7 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.replica_fetcher")
 
-REQUEST_TIMEOUT = 30.0  # seconds a leader may take beyond the fetch's own max wait
+REQUEST_TIMEOUT = 30.0  # at most this many seconds a leader may take beyond the fetch's own max wait (less: replica.lag.time.max.ms)
 CONNECT_TIMEOUT_MS = 1000  # per connection attempt; bounds how long a stop waits for a worker
 LOCAL_TIMEOUT = 30.0  # seconds for a local log actor's answer
 STOP_JOIN_TIMEOUT = 5.0  # seconds on_stop waits for the worker threads, all together
@@ -381,7 +381,11 @@ class ReplicaFetcher(Actor):
         self.broker_id = int(self.args["broker_id"])
         self.log_hosts = int(self.args.get("log_hosts", config.get("num.log.threads", 1)))
         self.backoff = setting(config, "replica.fetch.backoff.ms", 1000) / 1000
-        self.fetch_timeout = setting(config, "replica.fetch.wait.max.ms", 500) / 1000 + REQUEST_TIMEOUT
+        # A follower with no answer for replica.lag.time.max.ms is out of the ISR already: waiting
+        # longer on that connection (a request lost in a network partition that has healed since)
+        # only keeps it out, and with one more broker down stalls acks=all (docs/RELIABILITY.md).
+        self.answer_timeout = min(REQUEST_TIMEOUT, max(setting(config, "replica.lag.time.max.ms", 30000) / 1000, 1.0))
+        self.fetch_timeout = setting(config, "replica.fetch.wait.max.ms", 500) / 1000 + self.answer_timeout
         self.brokers: dict[int, tuple[str, int]] = {}
         self.parts: dict[tuple[str, int], Followed] = {}
         self.sessions: dict[int, LeaderSession] = {}
@@ -616,7 +620,7 @@ class ReplicaFetcher(Actor):
         if ask and self._current(s):
             sent = [(p.topic, p.partition, p.gen, latest) for p, latest in ask]
             body = epoch_body(self.broker_id, [(p.topic, p.partition, p.leader_epoch, latest) for p, latest in ask])
-            s.submit(ApiKey.OFFSET_FOR_LEADER_EPOCH, body, REQUEST_TIMEOUT,
+            s.submit(ApiKey.OFFSET_FOR_LEADER_EPOCH, body, self.answer_timeout,
                      lambda body, frames, err, s=s, sent=sent: self._on_epochs(s, sent, body, err))
         self._kick(s)
 

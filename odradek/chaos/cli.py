@@ -1,6 +1,7 @@
 """``odradek chaos``: a local cluster under faults, then the anomaly report (docs/RELIABILITY.md).
 
     odradek chaos [--time 600] [--seed N] [--faults kill-leader,partition-zk,...] [--out DIR]
+    odradek chaos --power-cut [--time 20] [--flush-messages 1]   every broker loses power at once
 
 Exit status 0 when no lost write, inconsistent offset or replica divergence was found, 2
 otherwise (duplicates, failed sends and the rest are reported, not judged).
@@ -30,6 +31,10 @@ def add_parser(sub) -> None:
     p.add_argument("--flush-messages", type=int, default=None, help="the topic's flush.messages (1: fsync per append)")
     p.add_argument("--out", default="chaos-report", help="directory for report.json, report.txt, chaos.png, history")
     p.add_argument("--keep", action="store_true", help="keep the brokers' data directory")
+    p.add_argument("--power-cut", action="store_true",
+                   help="instead of the battery: produce for --time seconds as fast as the producers go, then "
+                        "every broker loses its unfsynced writes at once; prints the throughput and what "
+                        "acknowledged writes were lost (chaos.powercut)")
     p.set_defaults(func=cmd_chaos)
 
 
@@ -41,6 +46,13 @@ def cmd_chaos(args) -> int:
     missing = zookeeper_missing()
     if missing:
         raise OdradekError(missing)
+    if args.power_cut:
+        import json
+        from odradek.chaos.powercut import power_cut
+        result = power_cut(args.time, args.flush_messages, args.brokers, args.partitions,
+                           seed=args.seed or 0, log=lambda text: None)
+        print(json.dumps(result, indent=1))
+        return 0
     faults = [f.strip() for f in args.faults.split(",")] if args.faults else ChaosOptions().faults
     unknown = [f for f in faults if f not in FAULTS]
     if unknown:

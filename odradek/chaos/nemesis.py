@@ -18,9 +18,10 @@ Faults (``FAULTS``; each picks its broker from the live cluster state when it st
   cannot reach the broker (its links to brokers and ZooKeeper work);
 - ``delay``: 200 ms added to every chunk to and from the broker; ``drop``: its connections
   reset and every new one refused;
-- ``power-loss``: kill -9, then every partition file of the broker cut back to what the
-  broker knew was fsynced (the recovery point in ``partition.checkpoint``), random garbage
-  appended, segments created after it removed (docs/RELIABILITY.md: the model);
+- ``power-loss``: kill -9, then every segment of the broker cut back to its size at its
+  last fsync (``chaos.fsync_trace``, when the runner started the brokers with it; else to
+  the recovery point in ``partition.checkpoint``, a harsher model), random garbage appended,
+  later segments removed (docs/RELIABILITY.md: the model);
 - ``slow-disk``: the broker's log actors (the only writers of its files) are stopped
   80 ms of every 100 ms: every write, flush and read of its partitions stalls;
 - ``full-disk``: the broker's data directory is a tmpfs the runner mounted; filled to the
@@ -65,7 +66,7 @@ class Fault:
 class Nemesis:
     def __init__(self, cluster, proxy, history, topic: str, partitions: int, seed: int = 0,
                  faults: list[str] | None = None, duration: float = 10.0, gap: float = 8.0, combine: float = 0.3,
-                 full_disk: dict | None = None, clock_files: dict | None = None):
+                 full_disk: dict | None = None, clock_files: dict | None = None, fsync_traces: dict | None = None):
         self.cluster, self.proxy, self.history = cluster, proxy, history
         self.topic, self.partitions = topic, partitions
         self.rng = random.Random(seed)
@@ -74,6 +75,7 @@ class Nemesis:
         self.full_disk = full_disk or {}  # broker id -> mount point (a tmpfs of the runner's)
         self.clock_files = clock_files or {}  # broker id -> libfaketime's FAKETIME_TIMESTAMP_FILE
         self.clock_offsets = {b: 0 for b in self.clock_files}
+        self.fsync_traces = fsync_traces or {}  # broker id -> its fsync trace directory
         self.active: list[Fault] = []
         self._stop = threading.Event()
         self.thread = threading.Thread(target=self._run, name="nemesis", daemon=True)
@@ -223,7 +225,11 @@ class Nemesis:
     def _power_loss(self, b: int) -> None:
         broker = self.cluster.broker(b)
         broker.kill()
-        cut = power_loss(broker.data_dir, self.rng)
+        if b in self.fsync_traces:
+            from odradek.chaos.fsync_trace import cut_to_fsynced
+            cut = cut_to_fsynced(broker.data_dir, self.fsync_traces[b], self.rng)
+        else:
+            cut = power_loss(broker.data_dir, self.rng)
         self.history.add("power_loss", broker=b, files=len(cut), bytes_lost=sum(n for _, n in cut))
 
     def _slow_disk(self, b: int) -> Fault:

@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 import time
 
-from odradek.chaos import checker, report
+from odradek.chaos import checker, fsync_trace, report
 from odradek.chaos.nemesis import FAULTS, Nemesis
 from odradek.chaos.proxy import FaultProxy
 from odradek.chaos.replicas import high_watermarks, replica_batches, replica_problems
@@ -77,17 +77,19 @@ def run(opts: ChaosOptions) -> dict:
         ids = list(range(1, opts.brokers + 1))
         cluster_ref: list = []
         broker_settings, env, clock_files = {}, {}, {}
+        fsync_traces = {i: os.path.join(work, f"fsyncs-{i}") for i in ids}  # for power-loss's cut
         for i in ids:
             port = proxy.add(f"broker-{i}", lambda i=i: ("127.0.0.1", cluster_ref[0].broker(i).port))
             zk_port = proxy.add(f"zk-{i}", lambda: ("127.0.0.1", zk.port), owner=i)
             broker_settings[i] = {"advertised.listeners": f"PLAINTEXT://127.0.0.1:{port}",
                                   "zookeeper.connect": f"127.0.0.1:{zk_port}/odradek"}
+            env[i] = fsync_trace.env(fsync_traces[i])
             if "clock-jump" in opts.faults:
                 clock_files[i] = os.path.join(work, f"clock-{i}")
                 with open(clock_files[i], "w") as f:
                     f.write("+0s\n")
-                env[i] = {"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": clock_files[i],
-                          "FAKETIME_CACHE_DURATION": "1"}  # re-read each second; cheap
+                env[i].update({"LD_PRELOAD": FAKETIME_LIB, "FAKETIME_TIMESTAMP_FILE": clock_files[i],
+                               "FAKETIME_CACHE_DURATION": "1"})  # re-read each second; cheap
         full_disk = {}
         if "full-disk" in opts.faults:
             victim = ids[-1]
@@ -113,7 +115,7 @@ def run(opts: ChaosOptions) -> dict:
         wait_healed(cluster, topic, opts.partitions, 60)
         load = Workload(bootstrap, topic, opts.partitions, history, opts.producers, opts.consumers, opts.rate).start()
         nemesis = Nemesis(cluster, proxy, history, topic, opts.partitions, opts.seed, opts.faults,
-                          opts.fault_duration, opts.gap, opts.combine, full_disk, clock_files).start()
+                          opts.fault_duration, opts.gap, opts.combine, full_disk, clock_files, fsync_traces).start()
         say(f"chaos: faults for {opts.duration:.0f}s (seed {opts.seed}): {', '.join(opts.faults)}")
         time.sleep(opts.duration)
         nemesis.stop()
