@@ -242,3 +242,20 @@ def test_a_broker_killed_and_restarted_mid_stream_keeps_the_producer_state(start
     finally:
         c.close()
     check_exactly_once(restarted[0].bootstrap, "restart-stream", n, handles)
+
+
+def test_a_producer_the_partition_forgot_bumps_its_epoch_and_goes_on_without_loss(start_broker):
+    """producer.id.expiration.ms passes between two sends: the partition answers the second
+    batch UNKNOWN_PRODUCER_ID; the producer bumps its epoch, restarts at sequence 0 and the
+    record is stored once (KIP-360)."""
+    broker = start_broker(producer_id_expiration_ms=500, log_retention_check_interval_ms=100)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("forgotten", partitions=1)
+    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=20) as p:
+        p.send("forgotten", b"before").result(10)
+        epoch = p.metrics()["producer_epoch"]
+        time.sleep(1.5)  # the broker forgets the idle producer
+        m = p.send("forgotten", b"after").result(10)
+        assert p.metrics()["sequence_resets"] == 1 and p.metrics()["producer_epoch"] == epoch + 1
+        assert p.send("forgotten", b"again").result(10).offset == m.offset + 1
+    assert read_all(broker.bootstrap, "forgotten", 1)[0] == [b"before", b"after", b"again"]
