@@ -259,3 +259,11 @@ def test_a_producer_the_partition_forgot_bumps_its_epoch_and_goes_on_without_los
         assert p.metrics()["sequence_resets"] == 1 and p.metrics()["producer_epoch"] == epoch + 1
         assert p.send("forgotten", b"again").result(10).offset == m.offset + 1
     assert read_all(broker.bootstrap, "forgotten", 1)[0] == [b"before", b"after", b"again"]
+
+
+def test_init_producer_id_with_a_transactional_id_is_refused_saying_why(conn):
+    from odradek.network.protocol import OdradekError
+    with pytest.raises(OdradekError) as e:
+        conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "app-1", "transaction_timeout_ms": 60000,
+                                               "producer_id": -1, "producer_epoch": -1})
+    assert e.value.code == ErrorCode.INVALID_REQUEST and "transactions are not supported" in e.value.message
