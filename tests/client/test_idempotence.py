@@ -267,3 +267,21 @@ def test_init_producer_id_with_a_transactional_id_is_refused_saying_why(conn):
         conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "app-1", "transaction_timeout_ms": 60000,
                                                "producer_id": -1, "producer_epoch": -1})
     assert e.value.code == ErrorCode.INVALID_REQUEST and "transactions are not supported" in e.value.message
+
+
+def test_a_broker_that_refuses_init_producer_id_fails_the_records_at_once_saying_why(scripted):
+    broker = scripted({"t": 1})
+    broker.faults.append(("error", ErrorCode.UNSUPPORTED_VERSION, ApiKey.INIT_PRODUCER_ID))
+    with Producer(broker.bootstrap, linger_ms=0, delivery_timeout_ms=60000) as p:
+        started = time.monotonic()
+        exc = p.send("t", b"x").exception(timeout=20)
+        assert exc is not None and "enable_idempotence=False" in str(exc) and time.monotonic() - started < 10
+    assert not [api for api, _ in broker.requests if api == ApiKey.PRODUCE]
+
+
+def test_a_coordinator_not_available_answer_is_retried_until_an_id_comes(scripted):
+    broker = scripted({"t": 1})
+    broker.faults.extend([("error", ErrorCode.COORDINATOR_NOT_AVAILABLE, ApiKey.INIT_PRODUCER_ID)] * 2)
+    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=20) as p:
+        assert p.send("t", b"x").result(20).offset == 0
+        assert p.metrics()["producer_id"] >= 1000
