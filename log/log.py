@@ -35,7 +35,8 @@ from odradek.log.epochs import LeaderEpochCache
 from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                         RecordListTooLargeError, StorageError)
 from odradek.log.files import FileLayer, active_segments, descriptors, system_now_ms
-from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError,
+from odradek.log import kafka_batch
+from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError, InvalidTxnStateError,
                                         OutOfOrderSequenceError, ProducerStateManager, last_sequence)
 from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
@@ -570,6 +571,10 @@ class Log:
         raises if any batch is out of sequence or fenced (nothing is appended then)."""
         pending: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last seq) of earlier batches here
         for h in headers:
+            if h.magic == kafka_batch.MAGIC and h.attributes & kafka_batch.TRANSACTIONAL_BIT:
+                raise InvalidTxnStateError(
+                    "a transactional batch, but this broker does not support transactions yet (no transaction "
+                    "coordinator state, markers or read_committed): nothing was written")
             pid = h.producer_id
             if pid < 0 or h.attributes & CONTROL_BIT:
                 continue

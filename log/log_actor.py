@@ -139,7 +139,11 @@ class LogActor(Actor):
         self.lag_max_ms = config.get("replica.lag.time.max.ms", 30000)
         self.config = config
         self.producer_expiration_ms = config.get("producer.id.expiration.ms", 86400000)
-        self._pid_key: bytes | None = None  # the cluster's producer-id key, loaded on first need
+        self._pid_key: bytes | None = None  # the cluster's producer-id key (log.producer_ids)
+        try:  # now, so no produce waits for it (in cluster mode it is read from ZooKeeper)
+            self._pid_key = producer_ids.load_key(config, self.data_dir)
+        except Exception as exc:  # noqa: BLE001 - disk or ZooKeeper: tried again on first need
+            log.warning("producer-id key not loaded yet (%s): loaded when a producer id needs checking", exc)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._dirty: set[tuple[str, int]] = set()
         self._closed: list[tuple[str, int]] = []

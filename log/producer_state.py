@@ -71,6 +71,10 @@ class UnknownProducerIdError(OdradekError):
     code = ErrorCode.UNKNOWN_PRODUCER_ID
 
 
+class InvalidTxnStateError(OdradekError):
+    code = ErrorCode.INVALID_TXN_STATE
+
+
 class BatchMetadata(NamedTuple):
     """One appended batch of a producer: its sequences and the offsets the log gave it."""
 

@@ -200,7 +200,8 @@ def producer_kwargs(props: dict) -> dict:
              "retry.backoff.ms": ("retry_backoff_ms", int), "request.timeout.ms": ("request_timeout_ms", int),
              "max.in.flight.requests.per.connection": ("max_in_flight", int),
              "buffer.memory": ("buffer_memory", int), "max.request.size": ("max_request_size", int),
-             "client.id": ("client_id", str), "delivery.timeout.ms": ("delivery_timeout_ms", int)}
+             "client.id": ("client_id", str), "delivery.timeout.ms": ("delivery_timeout_ms", int),
+             "enable.idempotence": ("enable_idempotence", lambda v: v.lower() == "true")}
     out = {}
     for k, v in props.items():
         if k not in names:

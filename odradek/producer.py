@@ -691,6 +691,7 @@ class _Sender:
         self.producer_id, self.epoch = -1, 0
         self.next_seq: dict[tuple, int] = {}
         self.resets = 0
+        self.init_error: OdradekError | None = None  # InitProducerId refused for good
 
     def stop(self, deadline: float | None) -> None:
         """Finish what is queued, giving up at ``deadline`` (monotonic; None: no limit)."""
@@ -809,6 +810,10 @@ class _Sender:
             return batches
         idempotent = self.p.idempotent
         if idempotent and self.producer_id < 0 and not self._init_producer_id():
+            if self.init_error is not None:  # the broker will never give an id: say so now
+                for b in batches:
+                    self._fail(b, self.init_error)
+                return []
             for b in batches:
                 b.retry_at = time.monotonic() + self.p.retry_backoff
             return batches
@@ -892,17 +897,23 @@ class _Sender:
                 "transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1},
                 timeout=self.p.request_timeout_ms / 1000)
         except OdradekError as exc:
-            log.info("InitProducerId failed (%s); retrying after backoff", exc)
+            code, message = exc.code, exc.message
+        else:
+            body = frame.header.get("body") or {}
+            code, message = body.get("error_code", 0), body.get("error_message") or ""
+            if not code:
+                self.producer_id, self.epoch = body["producer_id"], body["producer_epoch"]
+                self.next_seq.clear()
+                self.init_error = None
+                log.debug("producer id %d epoch %d", self.producer_id, self.epoch)
+                return True
+        if ErrorCode.of(code).retriable or code in NETWORK_ERRORS:
+            log.info("InitProducerId failed (%s: %s); retrying after backoff", ErrorCode.of(code).name, message)
             return False
-        body = frame.header.get("body") or {}
-        code = body.get("error_code", 0)
-        if code:
-            log.info("InitProducerId refused: %s", ErrorCode.of(code).name)
-            return False
-        self.producer_id, self.epoch = body["producer_id"], body["producer_epoch"]
-        self.next_seq.clear()
-        log.debug("producer id %d epoch %d", self.producer_id, self.epoch)
-        return True
+        self.init_error = error_for(code, f"the broker refused InitProducerId, which the idempotent producer needs "
+                                          f"({message or ErrorCode.of(code).meaning}); an older broker? "
+                                          f"Pass enable_idempotence=False to send without it")
+        return False
 
     def _stamp(self, b: _Batch) -> None:
         """Give a batch about to be sent for the first time (or after a reset) the producer id,

@@ -242,3 +242,46 @@ def test_a_broker_killed_and_restarted_mid_stream_keeps_the_producer_state(start
     finally:
         c.close()
     check_exactly_once(restarted[0].bootstrap, "restart-stream", n, handles)
+
+
+def test_a_producer_the_partition_forgot_bumps_its_epoch_and_goes_on_without_loss(start_broker):
+    """producer.id.expiration.ms passes between two sends: the partition answers the second
+    batch UNKNOWN_PRODUCER_ID; the producer bumps its epoch, restarts at sequence 0 and the
+    record is stored once (KIP-360)."""
+    broker = start_broker(producer_id_expiration_ms=500, log_retention_check_interval_ms=100)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("forgotten", partitions=1)
+    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=20) as p:
+        p.send("forgotten", b"before").result(10)
+        epoch = p.metrics()["producer_epoch"]
+        time.sleep(1.5)  # the broker forgets the idle producer
+        m = p.send("forgotten", b"after").result(10)
+        assert p.metrics()["sequence_resets"] == 1 and p.metrics()["producer_epoch"] == epoch + 1
+        assert p.send("forgotten", b"again").result(10).offset == m.offset + 1
+    assert read_all(broker.bootstrap, "forgotten", 1)[0] == [b"before", b"after", b"again"]
+
+
+def test_init_producer_id_with_a_transactional_id_is_refused_saying_why(conn):
+    from odradek.network.protocol import OdradekError
+    with pytest.raises(OdradekError) as e:
+        conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "app-1", "transaction_timeout_ms": 60000,
+                                               "producer_id": -1, "producer_epoch": -1})
+    assert e.value.code == ErrorCode.INVALID_REQUEST and "transactions are not supported" in e.value.message
+
+
+def test_a_broker_that_refuses_init_producer_id_fails_the_records_at_once_saying_why(scripted):
+    broker = scripted({"t": 1})
+    broker.faults.append(("error", ErrorCode.UNSUPPORTED_VERSION, ApiKey.INIT_PRODUCER_ID))
+    with Producer(broker.bootstrap, linger_ms=0, delivery_timeout_ms=60000) as p:
+        started = time.monotonic()
+        exc = p.send("t", b"x").exception(timeout=20)
+        assert exc is not None and "enable_idempotence=False" in str(exc) and time.monotonic() - started < 10
+    assert not [api for api, _ in broker.requests if api == ApiKey.PRODUCE]
+
+
+def test_a_coordinator_not_available_answer_is_retried_until_an_id_comes(scripted):
+    broker = scripted({"t": 1})
+    broker.faults.extend([("error", ErrorCode.COORDINATOR_NOT_AVAILABLE, ApiKey.INIT_PRODUCER_ID)] * 2)
+    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=20) as p:
+        assert p.send("t", b"x").result(20).offset == 0
+        assert p.metrics()["producer_id"] >= 1000
