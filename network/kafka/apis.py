@@ -27,7 +27,7 @@ from typing import Callable
 
 from odradek.log import kafka_batch, records
 from odradek.log.errors import CorruptRecordError
-from odradek.network.kafka.framing import uvarint
+from odradek.network.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
 from odradek.network.protocol import ApiKey
 
 
@@ -42,6 +42,7 @@ class Api:
     internal: int | None = None
     local: Callable | None = None  # (version, request) -> response dict, no handler involved
     answers: Callable | None = None  # (version, request) -> False if no response is due (acks=0)
+    decode: Callable | None = None  # (version, body view) -> request dict; else kio's reader (schema)
 
 
 REGISTRY: dict[int, Api] = {}
@@ -129,6 +130,59 @@ def produce_to_internal(version: int, request: dict) -> tuple[dict, list]:
     return {"acks": request["acks"], "timeout_ms": request["timeout"], "topics": topics}, frames
 
 
+def decode_produce(version: int, view: memoryview) -> dict:
+    """A Produce request body v3..v9, read by hand: the records stay slices of the request
+    (no copy), and no entity-to-dict walk (kio's reader plus ``schema.to_dict`` were most of
+    the processor's decoding time for a 64 KiB produce). Same dict as ``schema.decode_request``."""
+    flex = version >= 9
+    try:
+        at = skip_tagged(view, 0) if flex else 0  # the request header's tagged fields
+        transactional_id, at = _read_string(view, at, flex)
+        acks, timeout = _I16.unpack_from(view, at)[0], _I32.unpack_from(view, at + 2)[0]
+        n, at = _read_len(view, at + 6, flex)
+        topics = []
+        for _ in range(n):
+            name, at = _read_string(view, at, flex)
+            m, at = _read_len(view, at, flex)
+            parts = []
+            for _ in range(m):
+                index = _I32.unpack_from(view, at)[0]
+                size, at = _read_len(view, at + 4, flex)
+                if size >= 0 and at + size > len(view):
+                    raise FrameError(f"records of partition {index} run past the request")
+                parts.append({"index": index, "records": view[at:at + size] if size >= 0 else None})
+                at = at + max(size, 0)
+                at = skip_tagged(view, at) if flex else at
+            topics.append({"name": name, "partition_data": parts})
+            at = skip_tagged(view, at) if flex else at
+    except struct.error as exc:
+        raise FrameError(f"ProduceRequest v{version} does not decode: {exc}") from None
+    if name_missing := [t for t in topics if t["name"] is None]:
+        raise FrameError(f"ProduceRequest v{version} has {len(name_missing)} topic(s) without a name")
+    return {"transactional_id": transactional_id, "acks": acks, "timeout": timeout, "topic_data": topics}
+
+
+def _read_len(view, at: int, flex: bool) -> tuple[int, int]:
+    """An array or bytes length (-1: null)."""
+    if flex:
+        n, at = read_uvarint(view, at)
+        return n - 1, at
+    return _I32.unpack_from(view, at)[0], at + 4
+
+
+def _read_string(view, at: int, flex: bool) -> tuple[str | None, int]:
+    if flex:
+        n, at = read_uvarint(view, at)
+        n -= 1
+    else:
+        n, at = _I16.unpack_from(view, at)[0], at + 2
+    if n < 0:
+        return None, at
+    if at + n > len(view):
+        raise FrameError("a string runs past the request")
+    return bytes(view[at:at + n]).decode("utf-8", "replace"), at + n
+
+
 def produce_from_internal(version: int, request: dict, reply: dict, payload: list) -> list:
     body = reply.get("body") or {}
     return encode_produce(version, [(t["name"], t["partitions"]) for t in body.get("topics") or ()])
@@ -165,7 +219,7 @@ def encode_produce(version: int, topics: list) -> list:
 
 
 register(Api(ApiKey.PRODUCE, 3, 9, produce_to_internal, produce_from_internal, produce_error,
-             answers=lambda version, request: request.get("acks") != 0))
+             answers=lambda version, request: request.get("acks") != 0, decode=decode_produce))
 
 
 # ---- Fetch (1) ------------------------------------------------------------------------------------

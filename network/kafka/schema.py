@@ -101,9 +101,18 @@ def decode_response(api: int, version: int, data: bytes) -> dict:
 
 # ---- entity <-> dict ---------------------------------------------------------------------
 
+@functools.cache
+def _field_names(cls) -> tuple | None:
+    """A kio entity class's field names (None: not an entity); cached, as ``to_dict`` runs on
+    every request (``dataclasses.fields`` per object was a tenth of the processor's time on
+    a produce run)."""
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+
+
 def to_dict(value):
-    if dataclasses.is_dataclass(value):
-        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: to_dict(getattr(value, name)) for name in names}
     if isinstance(value, tuple):
         return [to_dict(v) for v in value]
     if isinstance(value, datetime.timedelta):
