@@ -287,7 +287,7 @@ def produce_main(argv: list[str]) -> int:
 
 
 def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwargs: dict,
-                sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None) -> dict:
+                sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
     from odradek.producer import Producer
     value = _payload(size)
     stats = Stats(report_ms)
@@ -322,6 +322,8 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
             stats.progress(i, i * size)
         producer.flush()
         elapsed = monotonic() - start
+        if stopped:
+            stopped()
         batches = producer.metrics()["batches"]
     result = stats.summary(n, n * size, elapsed)
     result["errors"] = len(errors)
@@ -384,7 +386,7 @@ def _prefill(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> 
 
 
 def run_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size: int, max_poll: int,
-                timeout_ms: int, report_ms: int = REPORT_INTERVAL_MS, started=None) -> dict:
+                timeout_ms: int, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
     from odradek.consumer import Consumer
     from odradek.types import TopicPartition
     stats = Stats(report_ms)
@@ -411,6 +413,8 @@ def run_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size:
             nbytes += len(records) * len(records[0].value or b"")  # one size per run: values are equal
             stats.progress(count, nbytes, "records consumed", latency=False)
         elapsed = time.monotonic() - start
+        if stopped:
+            stopped()
     mb = nbytes / 2**20
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(time.time() - elapsed))}, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {mb:.4f}, {mb / elapsed:.4f}, {count}, {count / elapsed:.4f}",
@@ -475,7 +479,8 @@ def _confluent_props(props: dict) -> dict:
 
 
 def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, props: dict,
-                          sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None) -> dict:
+                          sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None,
+                          stopped=None) -> dict:
     """``run_produce`` through confluent-kafka: the same records, acks and codec."""
     from confluent_kafka import Producer as KafkaProducer
     value = _payload(size)
@@ -526,6 +531,8 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
         stats.progress(i, i * size)
     producer.flush(120)
     elapsed = monotonic() - start
+    if stopped:
+        stopped()
     time.sleep(1.2)  # one more statistics callback: the request count after the flush
     poll(0)
     result = stats.summary(n, n * size, elapsed)
@@ -564,7 +571,7 @@ def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size
 
 
 def run_confluent_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size: int, timeout_ms: int,
-                          report_ms: int = REPORT_INTERVAL_MS, started=None) -> dict:
+                          report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
     """``run_consume`` through confluent-kafka: assigned partitions from the beginning."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer as KafkaConsumer, TopicPartition as KTP
     stats = Stats(report_ms)
@@ -593,6 +600,8 @@ def run_confluent_consume(bootstrap: str, topic: str, partitions: int, n: int, f
             nbytes += len(msgs) * len(msgs[0].value() or b"")  # one size per run: values are equal
             stats.progress(count, nbytes, "records consumed", latency=False)
         elapsed = time.monotonic() - start
+        if stopped:
+            stopped()
     finally:
         c.close()
     return stats.summary(count, nbytes, elapsed, "records consumed", latency=False)
@@ -622,24 +631,28 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
             for c in clients:
                 topic = args.topic if c == "odradek" else f"{args.topic}-{c}"
                 print(f"--- {what} run {run + 1}/{args.runs}, client {c}, topic {topic}", flush=True)
-                cpu = _BrokerCpu(pid) if pid else None  # from the timed start: connections made, metadata known
-                started = cpu.start if cpu else None
+                # the broker's CPU over the timed part only: connections made and metadata known
+                # before, the clients' closing after
+                cpu = _BrokerCpu(pid) if pid else None
+                spent: list = []
+                started, stopped = (cpu.start, lambda: spent.append(cpu.stop())) if cpu else (None, None)
                 if what == "produce":
                     if c == "odradek":
                         r = run_produce(bootstrap, topic, args.num_records, args.record_size, args.throughput,
-                                        producer_kwargs(props), args.latency_sample, args.reporting_interval, started)
+                                        producer_kwargs(props), args.latency_sample, args.reporting_interval, started,
+                                        stopped)
                     else:
                         r = run_confluent_produce(bootstrap, topic, args.num_records, args.record_size,
                                                   args.throughput, props, args.latency_sample,
-                                                  args.reporting_interval, started)
+                                                  args.reporting_interval, started, stopped)
                 elif c == "odradek":
                     r = run_consume(bootstrap, topic, args.partitions, args.messages, args.fetch_size,
-                                    args.max_poll_records, args.timeout, args.reporting_interval, started)
+                                    args.max_poll_records, args.timeout, args.reporting_interval, started, stopped)
                 else:
                     r = run_confluent_consume(bootstrap, topic, args.partitions, args.messages, args.fetch_size,
-                                              args.timeout, args.reporting_interval, started)
-                if cpu:
-                    r["broker_cpu_s"] = cpu.stop()
+                                              args.timeout, args.reporting_interval, started, stopped)
+                if spent:
+                    r["broker_cpu_s"] = spent[0]
                 results[c].append(r)
     finally:
         if broker is not None:
@@ -657,11 +670,13 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
         per_record = (med["broker_cpu_s"] * 1e6 / records) if med["broker_cpu_s"] else None
         summary[c] = {**med, "cpu_ms_per_batch": per_batch, "cpu_us_per_record": per_record,
                       "runs": [r.get("records_per_sec") for r in runs]}
-        f = lambda v, spec: "-" if v is None else format(v, spec)  # noqa: E731
-        print(f"{c:<10} {f(med['records_per_sec'], '>10,.0f')} {f(med['mb_per_sec'], '>7.1f')} "
-              f"{f(med['p50_ms'], '>8.1f')} {f(med['p99_ms'], '>7.1f')} {f(med['batches'], '>8,.0f')} "
-              f"{f(records / med['batches'] if med['batches'] else None, '>14,.0f')} "
-              f"{f(med['broker_cpu_s'], '>13.2f')} {f(per_batch, '>13.3f')} {f(per_record, '>14.2f')}")
+        def f(v, spec: str, width: int = 0) -> str:
+            return ("-" if v is None or (what == "consume" and spec == "p") else format(v, spec)).rjust(width)
+        print(f"{c:<10} {f(med['records_per_sec'], ',.0f', 10)} {f(med['mb_per_sec'], '.1f', 7)} "
+              f"{f(med['p50_ms'], 'p' if what == 'consume' else '.1f', 8)} "
+              f"{f(med['p99_ms'], 'p' if what == 'consume' else '.1f', 7)} {f(med['batches'], ',.0f', 8)} "
+              f"{f(records / med['batches'] if med['batches'] else None, ',.0f', 14)} "
+              f"{f(med['broker_cpu_s'], '.2f', 13)} {f(per_batch, '.3f', 13)} {f(per_record, '.2f', 14)}")
         print(f"           records/s of each run: {', '.join(f(v, ',.0f') for v in summary[c]['runs'])}")
     if args.json:
         print(json.dumps(summary))
