@@ -324,10 +324,10 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
         elapsed = monotonic() - start
         if stopped:
             stopped()
-        batches = producer.metrics()["batches"]
+        counted = producer.metrics()
     result = stats.summary(n, n * size, elapsed)
     result["errors"] = len(errors)
-    result["batches"] = batches
+    result["batches"], result["requests"] = counted["batches"], counted["requests"]
     if errors:
         print(f"{len(errors)} sampled records failed; first: {errors[0]}", flush=True)
     return result
@@ -537,7 +537,7 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
     poll(0)
     result = stats.summary(n, n * size, elapsed)
     result["errors"] = len(errors)
-    result["batches"] = max(0, counts["Produce"] - warm)
+    result["batches"] = result["requests"] = max(0, counts["Produce"] - warm)  # one batch a request
     if errors:
         print(f"{len(errors)} sampled records failed; first: {errors[0]}", flush=True)
     return result
@@ -664,12 +664,15 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
     summary = {}
     for c, runs in results.items():
         med = {k: _median([r[k] for r in runs if r.get(k) is not None]) if any(r.get(k) is not None for r in runs)
-               else None for k in ("records_per_sec", "mb_per_sec", "p50_ms", "p99_ms", "batches", "broker_cpu_s")}
+               else None for k in ("records_per_sec", "mb_per_sec", "p50_ms", "p99_ms", "batches", "requests",
+                                   "broker_cpu_s")}
         records = runs[0].get("records") or args.num_records if what == "produce" else args.messages
         per_batch = (med["broker_cpu_s"] * 1000 / med["batches"]) if med["broker_cpu_s"] and med["batches"] else None
         per_record = (med["broker_cpu_s"] * 1e6 / records) if med["broker_cpu_s"] else None
-        summary[c] = {**med, "cpu_ms_per_batch": per_batch, "cpu_us_per_record": per_record,
-                      "runs": [r.get("records_per_sec") for r in runs]}
+        per_request = (med["broker_cpu_s"] * 1000 / med["requests"]) if med["broker_cpu_s"] and med["requests"] \
+            else None
+        summary[c] = {**med, "cpu_ms_per_batch": per_batch, "cpu_ms_per_request": per_request,
+                      "cpu_us_per_record": per_record, "runs": [r.get("records_per_sec") for r in runs]}
         def f(v, spec: str, width: int = 0) -> str:
             return ("-" if v is None or (what == "consume" and spec == "p") else format(v, spec)).rjust(width)
         print(f"{c:<10} {f(med['records_per_sec'], ',.0f', 10)} {f(med['mb_per_sec'], '.1f', 7)} "
@@ -678,6 +681,9 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
               f"{f(records / med['batches'] if med['batches'] else None, ',.0f', 14)} "
               f"{f(med['broker_cpu_s'], '.2f', 13)} {f(per_batch, '.3f', 13)} {f(per_record, '.2f', 14)}")
         print(f"           records/s of each run: {', '.join(f(v, ',.0f') for v in summary[c]['runs'])}")
+        if med["requests"]:
+            print(f"           produce requests: {f(med['requests'], ',.0f')} ({f(med['batches'] / med['requests'], '.1f')}"
+                  f" batches each), broker cpu {f(per_request, '.3f')} ms per request")
     if args.json:
         print(json.dumps(summary))
     return 0
