@@ -682,8 +682,9 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
               f"{f(med['broker_cpu_s'], '.2f', 13)} {f(per_batch, '.3f', 13)} {f(per_record, '.2f', 14)}")
         print(f"           records/s of each run: {', '.join(f(v, ',.0f') for v in summary[c]['runs'])}")
         if med["requests"]:
-            print(f"           produce requests: {f(med['requests'], ',.0f')} ({f(med['batches'] / med['requests'], '.1f')}"
-                  f" batches each), broker cpu {f(per_request, '.3f')} ms per request")
+            print(f"           produce requests: {f(med['requests'], ',.0f')} "
+                  f"({f(med['batches'] / med['requests'], '.1f')} batches each), "
+                  f"broker cpu {f(per_request, '.3f')} ms per request")
     if args.json:
         print(json.dumps(summary))
     return 0

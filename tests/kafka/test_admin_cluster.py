@@ -26,7 +26,8 @@ def outcome(future):
         return exc.args[0].code()
 
 
-def test_clients_bootstrapped_on_a_non_controller_create_replicated_topics_and_move_a_partition(make_cluster):  # noqa: F811
+def test_clients_bootstrapped_on_a_non_controller_create_replicated_topics_and_move_a_partition(
+        make_cluster):  # noqa: F811
     cluster = make_cluster(3)
     controller = cluster.controller_id()
     other = next(b for b in (1, 2, 3) if b != controller)
