@@ -13,6 +13,18 @@ without flush), and prints the ratio. ``--no-redis`` skips that part.
     odradek perf replicated --runs 3 --cpu       # acks=all / acks=1 / RF 1 on a 3-broker local cluster
     odradek perf failover --session-timeout-ms 6000 3000 --runs 5
 
+``produce`` and ``consume`` take ``--client odradek|confluent`` (the bundled client, the
+default, or confluent-kafka through the Kafka protocol on the same listener: the same
+workload, Kafka's property names passed to librdkafka), a comma list to run several side
+by side (interleaved, ``--runs`` each, medians), ``--local`` to start a broker of their own
+for the run (127.0.0.1, temp dir, stopped after), and then report the broker's CPU (psutil
+over its process tree: ``--broker-pid`` for a running one) per produced batch and per
+record. With one partition a produce request carries one batch, so batches are counted by
+the client (the bundled producer's ``metrics()``; librdkafka's Produce request count).
+
+    odradek perf produce --local --client odradek,confluent --runs 3 --num-records 2000000 --no-redis
+    odradek perf consume --local --client odradek,confluent --runs 3 --messages 2000000 --no-redis
+
 ``replicated`` and ``failover`` start their own ZooKeeper and brokers on 127.0.0.1
 (``odradek.local.LocalCluster``, data in a temp dir) and stop them in a ``finally``;
 ``replicated --bootstrap-server`` uses a running cluster instead. No Redis comparison.
@@ -252,8 +264,12 @@ def produce_main(argv: list[str]) -> int:
     ap.add_argument("--no-redis", action="store_true", help="skip the Redis Streams comparison")
     ap.add_argument("--json", action="store_true", help="print the summaries as one JSON line at the end")
     ap.add_argument("--plot", metavar="FILE", type=_plot_file, help="write throughput and latency over time to FILE (.png or .svg)")
+    _client_args(ap)
     args = ap.parse_args(argv)
     props = {"acks": "1", "linger.ms": "5", "compression.type": "lz4", **_props(args.producer_props)}
+    clients = _clients(args.client)
+    if clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
+        return _side_by_side(args, clients, "produce", props)
     _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
     print(f"odradek: {args.num_records} records of {args.record_size} bytes to '{args.topic}', "
           f"{' '.join(f'{k}={v}' for k, v in props.items())}", flush=True)
@@ -272,7 +288,7 @@ def produce_main(argv: list[str]) -> int:
 
 
 def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwargs: dict,
-                sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS) -> dict:
+                sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
     from odradek.producer import Producer
     value = _payload(size)
     stats = Stats(report_ms)
@@ -291,6 +307,8 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
     with Producer(bootstrap, **kwargs) as producer:
         send = producer.send
         send(topic, value).result(30)  # metadata and connection outside the timing
+        if started:
+            started()
         start = monotonic()
         i = 0
         while i < n:
@@ -305,8 +323,12 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
             stats.progress(i, i * size)
         producer.flush()
         elapsed = monotonic() - start
+        if stopped:
+            stopped()
+        counted = producer.metrics()
     result = stats.summary(n, n * size, elapsed)
     result["errors"] = len(errors)
+    result["batches"], result["requests"] = counted["batches"], counted["requests"]
     if errors:
         print(f"{len(errors)} sampled records failed; first: {errors[0]}", flush=True)
     return result
@@ -328,7 +350,11 @@ def consume_main(argv: list[str]) -> int:
     ap.add_argument("--no-redis", action="store_true")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--plot", metavar="FILE", type=_plot_file, help="write throughput over time to FILE (.png or .svg)")
+    _client_args(ap)
     args = ap.parse_args(argv)
+    clients = _clients(args.client)
+    if clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
+        return _side_by_side(args, clients, "consume", {})
     count = _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
     _prefill(args.bootstrap_server, args.topic, count, args.messages, args.record_size)
     ours = run_consume(args.bootstrap_server, args.topic, count, args.messages, args.fetch_size,
@@ -361,7 +387,7 @@ def _prefill(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> 
 
 
 def run_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size: int, max_poll: int,
-                timeout_ms: int, report_ms: int = REPORT_INTERVAL_MS) -> dict:
+                timeout_ms: int, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
     from odradek.consumer import Consumer
     from odradek.types import TopicPartition
     stats = Stats(report_ms)
@@ -371,6 +397,8 @@ def run_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size:
         c.assign([TopicPartition(topic, p) for p in range(partitions)])
         for tp in c.assignment():
             c.position(tp)
+        if started:
+            started()
         start = last = time.monotonic()
         print("start.time, end.time, data.consumed.in.MB, MB.sec, data.consumed.in.nMsg, nMsg.sec", flush=True)
         while count < n:
@@ -386,11 +414,281 @@ def run_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size:
             nbytes += len(records) * len(records[0].value or b"")  # one size per run: values are equal
             stats.progress(count, nbytes, "records consumed", latency=False)
         elapsed = time.monotonic() - start
+        if stopped:
+            stopped()
     mb = nbytes / 2**20
     print(f"{time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(time.time() - elapsed))}, "
           f"{time.strftime('%Y-%m-%d %H:%M:%S')}, {mb:.4f}, {mb / elapsed:.4f}, {count}, {count / elapsed:.4f}",
           flush=True)
     return stats.summary(count, nbytes, elapsed, "records consumed", latency=False)
+
+
+# ---- Kafka clients: the same workloads through confluent-kafka -----------------------------------
+CLIENTS = ("odradek", "confluent")
+
+
+def _client_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--client", default="odradek", help="odradek (the bundled client) or confluent "
+                    "(confluent-kafka, Kafka protocol); a comma list runs them side by side")
+    ap.add_argument("--runs", type=int, default=1, help="runs of each client (interleaved); medians reported")
+    ap.add_argument("--local", action="store_true", help="start a broker of our own for the run (temp dir)")
+    ap.add_argument("--broker-pid", type=int, help="sample this broker's CPU (its process tree) per run")
+
+
+def _clients(value: str) -> list[str]:
+    out = [c.strip() for c in value.split(",") if c.strip()]
+    for c in out:
+        if c not in CLIENTS:
+            raise SystemExit(f"perf: unknown client {c!r} (one of {', '.join(CLIENTS)})")
+    return out
+
+
+class _BrokerCpu:
+    """CPU seconds (user + system) of a broker's process tree between ``start`` and ``stop``."""
+
+    def __init__(self, pid: int):
+        import psutil
+        self.root = psutil.Process(pid)
+
+    def _total(self) -> float:
+        import psutil
+        total = 0.0
+        for p in [self.root] + self.root.children(recursive=True):
+            try:
+                t = p.cpu_times()
+                total += t.user + t.system + t.children_user + t.children_system
+            except psutil.NoSuchProcess:
+                pass
+        return total
+
+    def start(self) -> None:
+        self.before = self._total()
+
+    def stop(self) -> float:
+        return self._total() - self.before
+
+
+def _confluent_props(props: dict) -> dict:
+    """Kafka producer properties for librdkafka (same names), with perf's defaults: batch.size
+    the bundled producer's default (64 KiB), so both send batches of about the same size and
+    the broker's CPU per batch compares like with like."""
+    out = {"queue.buffering.max.messages": 1000000, "queue.buffering.max.kbytes": 1048576,
+           "batch.size": 65536, **props}
+    if out.get("compression.type") == "none":
+        out["compression.type"] = "none"
+    return out
+
+
+def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, props: dict,
+                          sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None,
+                          stopped=None) -> dict:
+    """``run_produce`` through confluent-kafka: the same records, acks and codec."""
+    from confluent_kafka import Producer as KafkaProducer
+    value = _payload(size)
+    stats = Stats(report_ms)
+    errors: list = []
+    throttle = Throttle(rate)
+    sample_every = max(1, sample_every)
+    monotonic = time.monotonic
+    counts = {"Produce": 0}
+
+    def on_stats(text: str) -> None:
+        brokers = json.loads(text).get("brokers") or {}
+        counts["Produce"] = sum((b.get("req") or {}).get("Produce", 0) for b in brokers.values())
+
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, **_confluent_props(props),
+                              "statistics.interval.ms": 1000, "stats_cb": on_stats})
+
+    def on_done(err, _msg, t0):
+        if err is not None:
+            errors.append(err)
+        else:
+            stats.sample((monotonic() - t0) * 1000)
+
+    produce, poll = producer.produce, producer.poll
+    produce(topic, value)
+    producer.flush(30)  # metadata and connection outside the timing
+    warm = counts["Produce"]
+    if started:
+        started()
+    start = monotonic()
+    i = 0
+    while i < n:
+        chunk = min(n, i + sample_every)
+        t0 = monotonic()
+        for j in range(i, chunk):
+            while True:
+                try:
+                    if j == i:
+                        produce(topic, value, on_delivery=lambda e, m, t0=t0: on_done(e, m, t0))
+                    else:
+                        produce(topic, value)
+                    break
+                except BufferError:  # the local queue is full: let librdkafka send
+                    poll(0.005)
+        i = chunk
+        poll(0)
+        throttle.wait(i)
+        stats.progress(i, i * size)
+    producer.flush(120)
+    elapsed = monotonic() - start
+    if stopped:
+        stopped()
+    time.sleep(1.2)  # one more statistics callback: the request count after the flush
+    poll(0)
+    result = stats.summary(n, n * size, elapsed)
+    result["errors"] = len(errors)
+    result["batches"] = result["requests"] = max(0, counts["Produce"] - warm)  # one batch a request
+    if errors:
+        print(f"{len(errors)} sampled records failed; first: {errors[0]}", flush=True)
+    return result
+
+
+def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> None:
+    from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer, TopicPartition as KTP
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "perf-prefill", "enable.auto.commit": False})
+    try:
+        have = 0
+        for p in range(partitions):
+            low, high = c.get_watermark_offsets(KTP(topic, p), timeout=30)
+            have += high - low
+    finally:
+        c.close()
+    if have >= n:
+        return
+    print(f"Prefilling '{topic}' with {n - have} records of {size} bytes through confluent-kafka (not timed).",
+          flush=True)
+    value = _payload(size)
+    p = KafkaProducer({"bootstrap.servers": bootstrap, **_confluent_props({"acks": "1", "linger.ms": 5,
+                                                                          "compression.type": "lz4"})})
+    for _ in range(n - have):
+        while True:
+            try:
+                p.produce(topic, value)
+                break
+            except BufferError:
+                p.poll(0.005)
+    p.flush(120)
+
+
+def run_confluent_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size: int, timeout_ms: int,
+                          report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
+    """``run_consume`` through confluent-kafka: assigned partitions from the beginning."""
+    from confluent_kafka import OFFSET_BEGINNING, Consumer as KafkaConsumer, TopicPartition as KTP
+    stats = Stats(report_ms)
+    count = nbytes = 0
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "perf-unused", "enable.auto.commit": False,
+                       "max.partition.fetch.bytes": fetch_size, "fetch.max.bytes": max(fetch_size, 52428800),
+                       "queued.min.messages": 1000000})
+    try:
+        c.assign([KTP(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
+        if started:
+            started()
+        start = last = time.monotonic()
+        while count < n:
+            msgs = c.consume(num_messages=min(10000, n - count), timeout=0.1)
+            now = time.monotonic()
+            if not msgs:
+                if now - last > timeout_ms / 1000:
+                    print(f"no record for {timeout_ms} ms after {count}: giving up", flush=True)
+                    break
+                continue
+            last = now
+            for m in msgs:
+                if m.error() is not None:
+                    raise SystemExit(f"perf: the consumer failed: {m.error()}")
+            count += len(msgs)
+            nbytes += len(msgs) * len(msgs[0].value() or b"")  # one size per run: values are equal
+            stats.progress(count, nbytes, "records consumed", latency=False)
+        elapsed = time.monotonic() - start
+        if stopped:
+            stopped()
+    finally:
+        c.close()
+    return stats.summary(count, nbytes, elapsed, "records consumed", latency=False)
+
+
+def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
+    """Each client ``--runs`` times, interleaved, on one broker (``--local``: started here);
+    the broker's CPU per run when its pid is known; a table of medians."""
+    broker, base = None, None
+    bootstrap, pid = args.bootstrap_server, args.broker_pid
+    if args.local:
+        from odradek.local import LocalBroker
+        base = tempfile.mkdtemp(prefix="odradek-perf-")
+        broker = LocalBroker(base, {}, start_timeout=240).start()
+        bootstrap, pid = broker.bootstrap, broker.pid
+        print(f"perf: a broker of our own on {bootstrap} (pid {pid}, data in {base})", flush=True)
+    results: dict[str, list] = {c: [] for c in clients}
+    try:
+        for c in clients:  # one topic per client, written by that client's producer (its own batch format)
+            topic = args.topic if c == "odradek" else f"{args.topic}-{c}"
+            _ensure_topic(bootstrap, topic, args.partitions)
+            if what == "consume":
+                n = args.messages
+                (_prefill if c == "odradek" else _prefill_confluent)(bootstrap, topic, args.partitions, n,
+                                                                     args.record_size)
+        for run in range(args.runs):
+            for c in clients:
+                topic = args.topic if c == "odradek" else f"{args.topic}-{c}"
+                print(f"--- {what} run {run + 1}/{args.runs}, client {c}, topic {topic}", flush=True)
+                # the broker's CPU over the timed part only: connections made and metadata known
+                # before, the clients' closing after
+                cpu = _BrokerCpu(pid) if pid else None
+                spent: list = []
+                started, stopped = (cpu.start, lambda: spent.append(cpu.stop())) if cpu else (None, None)
+                if what == "produce":
+                    if c == "odradek":
+                        r = run_produce(bootstrap, topic, args.num_records, args.record_size, args.throughput,
+                                        producer_kwargs(props), args.latency_sample, args.reporting_interval, started,
+                                        stopped)
+                    else:
+                        r = run_confluent_produce(bootstrap, topic, args.num_records, args.record_size,
+                                                  args.throughput, props, args.latency_sample,
+                                                  args.reporting_interval, started, stopped)
+                elif c == "odradek":
+                    r = run_consume(bootstrap, topic, args.partitions, args.messages, args.fetch_size,
+                                    args.max_poll_records, args.timeout, args.reporting_interval, started, stopped)
+                else:
+                    r = run_confluent_consume(bootstrap, topic, args.partitions, args.messages, args.fetch_size,
+                                              args.timeout, args.reporting_interval, started, stopped)
+                if spent:
+                    r["broker_cpu_s"] = spent[0]
+                results[c].append(r)
+    finally:
+        if broker is not None:
+            broker.stop()
+            shutil.rmtree(base, ignore_errors=True)
+    print(f"\n{what}: medians of {args.runs} run(s) per client, one broker, load average {_loadavg()}")
+    print("client     records/s    MB/s   p50 ms  p99 ms  batches  records/batch  broker cpu s  "
+          "cpu ms/batch  cpu us/record")
+    summary = {}
+    for c, runs in results.items():
+        med = {k: _median([r[k] for r in runs if r.get(k) is not None]) if any(r.get(k) is not None for r in runs)
+               else None for k in ("records_per_sec", "mb_per_sec", "p50_ms", "p99_ms", "batches", "requests",
+                                   "broker_cpu_s")}
+        records = runs[0].get("records") or args.num_records if what == "produce" else args.messages
+        per_batch = (med["broker_cpu_s"] * 1000 / med["batches"]) if med["broker_cpu_s"] and med["batches"] else None
+        per_record = (med["broker_cpu_s"] * 1e6 / records) if med["broker_cpu_s"] else None
+        per_request = (med["broker_cpu_s"] * 1000 / med["requests"]) if med["broker_cpu_s"] and med["requests"] \
+            else None
+        summary[c] = {**med, "cpu_ms_per_batch": per_batch, "cpu_ms_per_request": per_request,
+                      "cpu_us_per_record": per_record, "runs": [r.get("records_per_sec") for r in runs]}
+        def f(v, spec: str, width: int = 0) -> str:
+            return ("-" if v is None or (what == "consume" and spec == "p") else format(v, spec)).rjust(width)
+        print(f"{c:<10} {f(med['records_per_sec'], ',.0f', 10)} {f(med['mb_per_sec'], '.1f', 7)} "
+              f"{f(med['p50_ms'], 'p' if what == 'consume' else '.1f', 8)} "
+              f"{f(med['p99_ms'], 'p' if what == 'consume' else '.1f', 7)} {f(med['batches'], ',.0f', 8)} "
+              f"{f(records / med['batches'] if med['batches'] else None, ',.0f', 14)} "
+              f"{f(med['broker_cpu_s'], '.2f', 13)} {f(per_batch, '.3f', 13)} {f(per_record, '.2f', 14)}")
+        print(f"           records/s of each run: {', '.join(f(v, ',.0f') for v in summary[c]['runs'])}")
+        if med["requests"]:
+            print(f"           produce requests: {f(med['requests'], ',.0f')} "
+                  f"({f(med['batches'] / med['requests'], '.1f')} batches each), "
+                  f"broker cpu {f(per_request, '.3f')} ms per request")
+    if args.json:
+        print(json.dumps(summary))
+    return 0
 
 
 # ---- end to end -------------------------------------------------------------------------------

@@ -80,7 +80,8 @@ def create_topics_to_internal(version: int, request: dict) -> tuple[dict, list]:
         configs = {}
         for c in t.get("configs") or []:
             if c["value"] is None:
-                _refuse(request, name, ErrorCode.INVALID_CONFIG, f"config '{c['name']}' of topic '{name}' has a null value")
+                _refuse(request, name, ErrorCode.INVALID_CONFIG,
+                        f"config '{c['name']}' of topic '{name}' has a null value")
                 break
             configs[c["name"]] = c["value"]
         if name in _refused(request):
@@ -453,8 +454,8 @@ def alter_reassignments_error(version: int, request: dict, code: int, message: s
 
 def list_reassignments_to_internal(version: int, request: dict) -> tuple[dict, list]:
     topics = request.get("topics")
-    return {"topics": None if topics is None else [{"name": t["name"], "partition_indexes": list(t["partition_indexes"])}
-                                                    for t in topics]}, []
+    return {"topics": None if topics is None else [
+        {"name": t["name"], "partition_indexes": list(t["partition_indexes"])} for t in topics]}, []
 
 
 def list_reassignments_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
@@ -462,7 +463,8 @@ def list_reassignments_from_internal(version: int, request: dict, reply: dict, p
     return {"error_code": body.get("error_code", 0), "error_message": body.get("error_message") or None,
             "topics": [{"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"], "replicas": p.get("replicas") or [],
-                 "adding_replicas": p.get("adding_replicas") or [], "removing_replicas": p.get("removing_replicas") or []}
+                 "adding_replicas": p.get("adding_replicas") or [],
+                 "removing_replicas": p.get("removing_replicas") or []}
                 for p in t.get("partitions") or ()]} for t in body.get("topics") or ()]}
 
 

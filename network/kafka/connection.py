@@ -57,7 +57,8 @@ class KafkaConnection:
         api = REGISTRY.get(req.api)
         if api is None or not api.min_version <= req.version <= api.max_version:
             return self._unsupported(req, api)
-        request = schema.decode_request(req.api, req.version, req.rest)
+        request = api.decode(req.version, req.rest) if api.decode else schema.decode_request(req.api, req.version,
+                                                                                             req.rest)
         if api.local is not None:
             return _answered(req.corr, framing.response(req.corr, False, [
                 schema.encode_response(req.api, req.version, api.local(req.version, request))]))

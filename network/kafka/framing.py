@@ -96,7 +96,8 @@ class Decoder:
         end = pos + 4 + size
         if end > len(buf):
             return None
-        frame = memoryview(bytes(buf[pos + 4:end]))
+        with memoryview(buf) as view:  # one copy (a bytearray slice, then bytes(), made two)
+            frame = memoryview(view[pos + 4:end].tobytes())
         self._pos = end
         return parse_header(frame)
 

@@ -18,9 +18,23 @@ import io
 import typing
 import uuid
 
-from kio.index import load_request_schema, load_response_schema
-from kio.schema.errors import ErrorCode as KioErrorCode
-from kio.serial import entity_reader, entity_writer
+import sys
+
+# kio registers a Hypothesis strategy for each of its types whenever it can import
+# hypothesis (the test extra installs it): 0.4 s of CPU per process on a quiet machine, and
+# several seconds under load, during which the processor taking its first Kafka connection
+# serves nobody. The broker never generates test data, so kio is shown no hypothesis while
+# it loads (unless a process, such as a test run, imported hypothesis already).
+_HIDE_HYPOTHESIS = "hypothesis" not in sys.modules
+if _HIDE_HYPOTHESIS:
+    sys.modules["hypothesis"] = None  # type: ignore[assignment]  # makes `import hypothesis` fail
+try:
+    from kio.index import load_request_schema, load_response_schema
+    from kio.schema.errors import ErrorCode as KioErrorCode
+    from kio.serial import entity_reader, entity_writer
+finally:
+    if _HIDE_HYPOTHESIS:
+        del sys.modules["hypothesis"]
 
 from odradek.network.kafka.framing import FrameError, skip_tagged
 
@@ -101,9 +115,18 @@ def decode_response(api: int, version: int, data: bytes) -> dict:
 
 # ---- entity <-> dict ---------------------------------------------------------------------
 
+@functools.cache
+def _field_names(cls) -> tuple | None:
+    """A kio entity class's field names (None: not an entity); cached, as ``to_dict`` runs on
+    every request (``dataclasses.fields`` per object was a tenth of the processor's time on
+    a produce run)."""
+    return tuple(f.name for f in dataclasses.fields(cls)) if dataclasses.is_dataclass(cls) else None
+
+
 def to_dict(value):
-    if dataclasses.is_dataclass(value):
-        return {f.name: to_dict(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    names = _field_names(type(value))
+    if names is not None:
+        return {name: to_dict(getattr(value, name)) for name in names}
     if isinstance(value, tuple):
         return [to_dict(v) for v in value]
     if isinstance(value, datetime.timedelta):

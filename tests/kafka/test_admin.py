@@ -297,3 +297,13 @@ def test_kcat_lists_what_the_admin_clients_made(admin, kadmin, bootstrap, kcat):
     topics = {t["topic"]: t for t in listing["topics"]}
     assert len(topics[a]["partitions"]) == 4 and len(topics[b]["partitions"]) == 1
     assert [br["id"] for br in listing["brokers"]] == [0]
+
+
+def test_confluent_elect_leaders_on_one_broker_needs_no_election(admin):
+    from confluent_kafka import ElectionType
+    t = name()
+    assert create(admin, NewTopic(t, 2, 1)) == {t: None}
+    result = admin.elect_leaders(ElectionType.PREFERRED, [TopicPartition(t, 0), TopicPartition(t, 1)]) \
+        .result(timeout=WAIT)
+    assert {tp.partition: err.code() for tp, err in result.items()} == {
+        0: KafkaError.ELECTION_NOT_NEEDED, 1: KafkaError.ELECTION_NOT_NEEDED}
