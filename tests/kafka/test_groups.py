@@ -193,7 +193,6 @@ class Member:
                                      stderr=subprocess.DEVNULL)
 
     def lines(self) -> list[str]:
-        self.out.flush()
         with open(self.out.name) as f:
             return f.read().splitlines()
 
