@@ -67,8 +67,10 @@ def produce(bootstrap: str, topic: str, values: list, partition: int | None = No
 
 
 def consumer(bootstrap: str, group: str, **extra) -> KafkaConsumer:
-    return KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
-                          "enable.auto.commit": False, "session.timeout.ms": 6000, **extra})
+    """A confluent-kafka consumer (an ``extra`` value None removes that setting)."""
+    conf = {"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+            "enable.auto.commit": False, "session.timeout.ms": 6000, **extra}
+    return KafkaConsumer({k: v for k, v in conf.items() if v is not None})
 
 
 def poll_values(c: KafkaConsumer, count: int, wait: float = 60) -> list:
@@ -284,6 +286,58 @@ def test_a_static_member_that_restarts_rejoins_without_a_rebalance(bootstrap, gr
     finally:
         a.close()
         b.close()
+
+
+# ---- KIP-848: group.protocol=consumer -----------------------------------------------------------------
+
+def test_confluent_consumer_protocol_kip848_consumes_commits_and_resumes(bootstrap, group):
+    topic = make_topic(bootstrap, 2)
+    produce(bootstrap, topic, [b"n%d" % i for i in range(40)])
+    c = consumer(bootstrap, group, **{"group.protocol": "consumer", "session.timeout.ms": None})
+    c.subscribe([topic])
+    assert sorted(poll_values(c, 40)) == sorted(b"n%d" % i for i in range(40))
+    c.commit(asynchronous=False)
+    c.close()
+    produce(bootstrap, topic, [b"o%d" % i for i in range(8)])
+    c = consumer(bootstrap, group, **{"group.protocol": "consumer", "session.timeout.ms": None})
+    c.subscribe([topic])
+    try:
+        assert sorted(poll_values(c, 8)) == sorted(b"o%d" % i for i in range(8))
+        admin = AdminClient({"bootstrap.servers": bootstrap})
+        d = admin.describe_consumer_groups([group], request_timeout=30)[group].result()
+        assert len(d.members) == 1
+        assert sorted(tp.partition for tp in d.members[0].assignment.topic_partitions) == [0, 1]
+    finally:
+        c.close()
+
+
+def test_a_bundled_consumer_and_a_kip848_confluent_consumer_share_one_group(bootstrap, group):
+    from odradek import Consumer
+    topic = make_topic(bootstrap, 4)
+    ours = Consumer(bootstrap, group_id=group, auto_offset_reset="earliest")
+    ours.subscribe([topic])
+    theirs = consumer(bootstrap, group, **{"group.protocol": "consumer", "session.timeout.ms": None})
+    theirs.subscribe([topic])
+    try:
+        def split():
+            ours.poll(timeout_ms=100)
+            theirs.poll(0.1)
+            mine = {tp.partition for tp in ours.assignment()}
+            other = {tp.partition for tp in theirs.assignment()}
+            return len(mine) == 2 and len(other) == 2 and mine | other == {0, 1, 2, 3}
+        wait_for(split, 60, "4 partitions shared 2 and 2 between the two kinds of client")
+        produce(bootstrap, topic, [b"m%d" % i for i in range(80)])
+        got: list = []
+        deadline = time.monotonic() + 60
+        while len(got) < 80 and time.monotonic() < deadline:
+            got += [r.value for r in ours.poll(timeout_ms=100)]
+            m = theirs.poll(0.1)
+            if m is not None and not m.error():
+                got.append(m.value())
+        assert sorted(got) == sorted(b"m%d" % i for i in range(80))  # each record once, by one of them
+    finally:
+        ours.close()
+        theirs.close()
 
 
 # ---- administration ------------------------------------------------------------------------------
