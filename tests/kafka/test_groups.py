@@ -340,6 +340,43 @@ def test_a_bundled_consumer_and_a_kip848_confluent_consumer_share_one_group(boot
         theirs.close()
 
 
+# ---- a coordinator restart -------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_classic_group_survives_its_coordinators_restart_without_a_rebalance(tmp_path):
+    """The group's record (generation, leader, members, assignments) is reloaded: the members
+    go on heartbeating in their generation; the committed offsets are there."""
+    b = LocalBroker(str(tmp_path / "broker"), GROUP_SETTINGS, start_timeout=240).start()
+    group = f"g-{uuid.uuid4().hex[:10]}"
+    c = None
+    try:
+        bootstrap = b.bootstrap
+        topic = make_topic(bootstrap, 2)
+        revoked = []
+        c = consumer(bootstrap, group)
+        c.subscribe([topic], on_revoke=lambda cons, ps: revoked.append(ps))
+        produce(bootstrap, topic, [b"p%d" % i for i in range(20)])
+        assert len(poll_values(c, 20)) == 20
+        c.commit(asynchronous=False)
+        old_pid = b.actor("group_coordinator")["pid"]
+        b.actor_process("group_coordinator").kill()
+        wait_for(lambda: b.actor("group_coordinator")["pid"] not in (None, 0, old_pid), 60,
+                 "the supervisor to restart the group coordinator")
+        produce(bootstrap, topic, [b"q%d" % i for i in range(10)])
+        got = poll_values(c, 10)
+        deadline = time.monotonic() + 8  # heartbeats go on (every 3 s) without a rebalance
+        while time.monotonic() < deadline:
+            c.poll(0.2)
+        assert revoked == [] and len(c.assignment()) == 2
+        assert sorted(got) == sorted(b"q%d" % i for i in range(10))
+        c.commit(asynchronous=False)  # accepted: the same member and generation
+        assert sum(tp.offset for tp in c.committed([TopicPartition(topic, p) for p in range(2)], timeout=10)) == 30
+    finally:
+        if c is not None:
+            c.close()
+        b.stop()
+
+
 # ---- administration ------------------------------------------------------------------------------
 
 def stable_group(bootstrap: str, group: str, topic: str) -> KafkaConsumer:
