@@ -84,6 +84,28 @@ def poll_values(c: KafkaConsumer, count: int, wait: float = 60) -> list:
     return out
 
 
+# ---- the consumer protocol's bytes (no broker) --------------------------------------------------
+
+def test_consumer_protocol_assignment_and_subscription_round_trip_and_garbage_decodes_to_nothing():
+    from odradek.network.kafka.groups import (decode_assignment, decode_subscription, encode_assignment,
+                                              encode_subscription)
+    entries = [{"topic": "orders", "partitions": [0, 2]}, {"topic": "é", "partitions": []}]
+    assert decode_assignment(encode_assignment(entries)) == entries
+    assert decode_subscription(encode_subscription(["a", "b"])) == ["a", "b"]
+    for garbage in (b"", b"\x00", b"\x00\x00\x7f\xff\xff\xff", b"\x00\x00\x00\x00\x00\x01\x00\x09ab"):
+        assert decode_assignment(garbage) == [] and decode_subscription(garbage) == []
+
+
+def test_every_group_api_a_kafka_client_sends_is_advertised_by_api_versions():
+    from odradek.network.kafka.apis import REGISTRY, api_versions
+    advertised = {k["api_key"]: (k["min_version"], k["max_version"]) for k in api_versions(3, {})["api_keys"]}
+    # the versions librdkafka 2.x, kafka-python 3.x and aiokafka negotiate fall inside these ranges
+    wanted = {8: (2, 9), 9: (1, 9), 10: (0, 5), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 15: (0, 5),
+              16: (0, 5), 42: (0, 2), 68: (0, 1), 69: (0, 1)}
+    assert {k: advertised[k] for k in wanted} == wanted
+    assert set(advertised) == set(REGISTRY)
+
+
 # ---- consuming by group, committing, resuming ---------------------------------------------------
 
 def test_confluent_consumer_group_commits_and_a_new_consumer_resumes_from_the_commit(bootstrap, group):
