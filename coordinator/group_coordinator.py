@@ -788,6 +788,7 @@ class GroupCoordinator(Actor):
             for member_id, why in cg.expire(now):
                 log.info("group %s: removed member %s: %s", cg.group_id, member_id, why)
             self._classic_changed(cg)
+            self._classic_drop_if_unused(cg.group_id)  # only member ids handed out, never used: forgotten
 
     # ---- offsets ------------------------------------------------------------------------------
     def offset_commit(self, msg: Message, body: dict) -> None:
