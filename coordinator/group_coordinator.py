@@ -91,7 +91,7 @@ from odradek.coordinator.topics import placement
 from odradek.log.log_actor import partition_dir
 from odradek.log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
-from odradek.network.kafka.groups import decode_assignment, decode_subscription
+from odradek.network.kafka.groups import decode_assignment, decode_subscription, kafka_topic_id
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
@@ -234,6 +234,8 @@ class GroupCoordinator(Actor):
         self.empty_since: dict[str, int] = {}
         self.held: dict[tuple[str, str], Held] = {}
         self.topics: dict[str, int] = {}
+        self.topic_ids: dict[str, str] = {}  # name -> the hex of its Kafka topic id (KIP-848 requests name topics by id)
+        self.topic_names: dict[str, str] = {}
         self.metadata_version = -1
         self.snapshot: dict = {}
         self.broker_id = int(self.args.get("broker_id", config["broker.id"]))
@@ -525,6 +527,8 @@ class GroupCoordinator(Actor):
             self.broker_id = snapshot["broker_id"]
         before = self.topics
         self.topics = {n: t["partitions"] for n, t in (snapshot.get("topics") or {}).items()}
+        self.topic_ids = {n: kafka_topic_id(t.get("id")) for n, t in (snapshot.get("topics") or {}).items()}
+        self.topic_names = {i: n for n, i in self.topic_ids.items()}
         self._follow_leadership(snapshot, starting)
         return self.topics != before
 
@@ -631,6 +635,8 @@ class GroupCoordinator(Actor):
         self.heartbeats += 1
         gid = _group_id(body)
         owned_entries = _get(body, "topic_partitions", list, None)
+        if owned_entries is not None and body.get("topic_ids"):  # Kafka's KIP-848: topics by id
+            owned_entries = self._named(owned_entries)
         names = _get(body, "subscribed_topic_names", list, None)
         if names is not None and not all(isinstance(n, str) for n in names):
             raise BadRequest("'subscribed_topic_names' must be a list of strings")
@@ -676,7 +682,28 @@ class GroupCoordinator(Actor):
             timer = self.call_later(wait_ms / 1000, lambda: self._answer_held(key))
             self.held[key] = Held(msg, timer, req.member_epoch, owned)
             return
-        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, **resp}}), msg)
+        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, **self._with_ids(resp)}}), msg)
+
+    def _named(self, entries: list) -> list:
+        """``[{"topic_id", "partitions"}]`` -> ``[{"topic", "partitions"}]``; ids of topics
+        that no longer exist are dropped (the member owns nothing there)."""
+        out = []
+        for e in entries:
+            if not isinstance(e, dict) or not isinstance(e.get("topic_id"), str):
+                raise BadRequest("each entry of 'topic_partitions' must be a map with 'topic_id' and 'partitions'")
+            name = self.topic_names.get(e["topic_id"])
+            if name is not None:
+                out.append({"topic": name, "partitions": e.get("partitions")})
+        return out
+
+    def _with_ids(self, resp: dict) -> dict:
+        """The answer's assignment with each topic's id beside its name."""
+        if resp.get("assignment") is None:
+            return resp
+        return {**resp, "assignment": self._ids(resp["assignment"])}
+
+    def _ids(self, entries) -> list:
+        return [{**e, "topic_id": self.topic_ids.get(e["topic"])} for e in entries or ()]
 
     def _release_held(self, gid: str, member_id: str) -> None:
         """A member's newer heartbeat supersedes its held one: answer that one now."""
@@ -694,7 +721,8 @@ class GroupCoordinator(Actor):
             self.reply(held.msg, {"body": {"error_code": int(ErrorCode.UNKNOWN_MEMBER_ID),
                                            "error_message": f"member {key[1]} was removed from group '{key[0]}'"}})
             return
-        self._after_write(g, lambda: self.reply(held.msg, {"body": {"error_code": 0, **resp}}), held.msg)
+        self._after_write(g, lambda: self.reply(held.msg, {"body": {"error_code": 0, **self._with_ids(resp)}}),
+                          held.msg)
 
     def _wake_held(self, g: ConsumerGroup) -> None:
         """The group changed: answer each held heartbeat whose member has news."""
@@ -760,6 +788,7 @@ class GroupCoordinator(Actor):
             for member_id, why in cg.expire(now):
                 log.info("group %s: removed member %s: %s", cg.group_id, member_id, why)
             self._classic_changed(cg)
+            self._classic_drop_if_unused(cg.group_id)  # only member ids handed out, never used: forgotten
 
     # ---- offsets ------------------------------------------------------------------------------
     def offset_commit(self, msg: Message, body: dict) -> None:
@@ -1096,6 +1125,8 @@ class GroupCoordinator(Actor):
             g = self.groups.get(gid)
             d = g.describe() if g is not None else {"group_id": gid, "group_state": EMPTY, "group_epoch": 0,
                                                      "assignment_epoch": 0, "assignor_name": "", "members": []}
+            d["members"] = [{**m, "assignment": self._ids(m["assignment"]),
+                             "target_assignment": self._ids(m["target_assignment"])} for m in d["members"]]
             out.append({"error_code": 0, **d})
         self.reply(msg, {"body": {"groups": out}})
 

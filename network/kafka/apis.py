@@ -82,15 +82,27 @@ register(Api(ApiKey.API_VERSIONS, 0, 3, local=api_versions))
 
 def metadata_to_internal(version: int, request: dict) -> tuple[dict, list]:
     body = {"allow_auto_topic_creation": bool(request.get("allow_auto_topic_creation", True))}
-    if request.get("topics") is not None:  # null: every topic (internally: no "topics")
+    # null: every topic (internally: no "topics"); a topic asked for by id alone (v10+, as a
+    # KIP-848 consumer does for its assignment): every topic, filtered by id on the way back
+    if request.get("topics") is not None and not _by_id(request):
         body["topics"] = [t["name"] for t in request["topics"] if t.get("name") is not None]
     return body, []
 
 
+def _by_id(request: dict) -> set:
+    """The topic ids a Metadata request asks for without a name."""
+    return {t["topic_id"] for t in request.get("topics") or () if t.get("name") is None
+            and t.get("topic_id") is not None and t["topic_id"].int != 0}
+
+
 def metadata_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
     body = reply.get("body") or {}
+    ids = _by_id(request)
+    names = {t.get("name") for t in request.get("topics") or ()} if ids else None
     topics = []
     for t in body.get("topics") or ():
+        if ids and t["name"] not in names and _uuid(t.get("topic_id")) not in ids:
+            continue
         parts = [{"error_code": p.get("error_code", 0), "partition_index": p["index"], "leader_id": p["leader"],
                   "leader_epoch": p.get("leader_epoch", -1), "replica_nodes": p.get("replicas") or [],
                   "isr_nodes": p.get("isr") or []} for p in t.get("partitions") or ()]

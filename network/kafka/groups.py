@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 import uuid
 
-from odradek.network.kafka.apis import Api, register, top_level_error
+from odradek.network.kafka.apis import Api, _uuid, register, top_level_error
 from odradek.network.protocol import ApiKey, ErrorCode
 
 _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
@@ -393,3 +393,95 @@ def delete_groups_error(version: int, request: dict, code: int, message: str) ->
 
 register(Api(ApiKey.DELETE_GROUPS, 0, 2, delete_groups_to_internal, delete_groups_from_internal,
              delete_groups_error))
+
+
+# ---- ConsumerGroupHeartbeat (68), ConsumerGroupDescribe (69): KIP-848 --------------------------------
+# Kafka names topics by id here; the coordinator works with names. Internally ids travel as
+# the hex of the UUID the broker's Metadata gives (``kafka_topic_id``); the coordinator maps
+# them to names and back (``"topic_ids": True`` asks it to).
+
+def kafka_topic_id(stored) -> str:
+    """The hex of a topic's Kafka UUID, as Metadata gives it, from the id the broker stores."""
+    return _uuid(stored).hex
+
+
+def _topic_uuid(hex_id) -> uuid.UUID:
+    try:
+        return uuid.UUID(hex=hex_id) if hex_id else uuid.UUID(int=0)
+    except (ValueError, TypeError, AttributeError):
+        return uuid.UUID(int=0)
+
+
+def consumer_heartbeat_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    owned = request.get("topic_partitions")
+    rebalance = request.get("rebalance_timeout", -1)
+    return {"group_id": request["group_id"], "member_id": request.get("member_id") or "",
+            "member_epoch": request["member_epoch"], "instance_id": request.get("instance_id"),
+            "rebalance_timeout_ms": rebalance if rebalance is not None and rebalance > 0 else None,
+            "subscribed_topic_names": None if request.get("subscribed_topic_names") is None
+            else list(request["subscribed_topic_names"]),
+            "subscribed_topic_regex": request.get("subscribed_topic_regex"),
+            "server_assignor": request.get("server_assignor"),
+            "topic_partitions": None if owned is None else
+            [{"topic_id": t["topic_id"].hex, "partitions": list(t["partitions"])} for t in owned],
+            "topic_ids": True}, []
+
+
+def consumer_heartbeat_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = _body(reply)
+    if body.get("error_code"):
+        return {"error_code": body["error_code"], "error_message": body.get("error_message"), "member_epoch": -1}
+    return {"error_code": 0, "member_id": body.get("member_id"), "member_epoch": body.get("member_epoch", -1),
+            "heartbeat_interval": body.get("heartbeat_interval_ms", 3000),
+            "assignment": {"topic_partitions": [{"topic_id": _topic_uuid(a.get("topic_id")),
+                                                 "partitions": a["partitions"]}
+                                                for a in body.get("assignment") or () if a.get("topic_id")]}}
+
+
+def consumer_heartbeat_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"error_code": code, "error_message": message, "member_epoch": -1}
+
+
+register(Api(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, 1, consumer_heartbeat_to_internal,
+             consumer_heartbeat_from_internal, consumer_heartbeat_error))
+
+
+def consumer_describe_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"group_ids": list(request["group_ids"]), "topic_ids": True}, []
+
+
+def _topic_partitions(entries) -> dict:
+    return {"topic_partitions": [{"topic_id": _topic_uuid(e.get("topic_id")), "topic_name": e["topic"],
+                                  "partitions": e["partitions"]} for e in entries or ()]}
+
+
+def consumer_describe_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    out = []
+    for g in _body(reply).get("groups") or ():
+        if g.get("error_code"):
+            out.append({"error_code": g["error_code"], "error_message": g.get("error_message"),
+                        "group_id": g.get("group_id"), "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+            continue
+        out.append({"error_code": 0, "group_id": g["group_id"], "group_state": _state(g),
+                    "group_epoch": g.get("group_epoch", 0), "assignment_epoch": g.get("assignment_epoch", 0),
+                    "assignor_name": g.get("assignor_name") or "",
+                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    "members": [{"member_id": m["member_id"], "instance_id": m.get("instance_id"),
+                                 "member_epoch": m.get("member_epoch", 0), "client_id": m.get("client_id") or "",
+                                 "client_host": m.get("client_host") or "",
+                                 "subscribed_topic_names": list(m.get("subscribed_topic_names") or ()),
+                                 "subscribed_topic_regex": m.get("subscribed_topic_regex"),
+                                 "assignment": _topic_partitions(m.get("assignment")),
+                                 "target_assignment": _topic_partitions(m.get("target_assignment")),
+                                 "member_type": 1} for m in g.get("members") or ()]})
+    return {"groups": out}
+
+
+def consumer_describe_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"groups": [{"error_code": code, "error_message": message, "group_id": gid,
+                        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+                       for gid in request.get("group_ids") or ()]}
+
+
+register(Api(ApiKey.CONSUMER_GROUP_DESCRIBE, 0, 1, consumer_describe_to_internal, consumer_describe_from_internal,
+             consumer_describe_error))
