@@ -130,3 +130,27 @@ class Users(JsonStore):
 def check_user(user: str) -> None:
     if not isinstance(user, str) or not user or len(user) > 256 or any(ord(c) < 32 for c in user):
         raise ValueError(f"user name {user!r} must be 1 to 256 printable characters")
+
+
+# ---- ACLs -------------------------------------------------------------------------------------
+
+class Acls(JsonStore):
+    """``[[principal, host, resource, pattern, name, operation, permission], ...]`` (sorted, unique)."""
+
+    def __init__(self, data_dir: str):
+        super().__init__(os.path.join(security_dir(data_dir), "acls.json"), list)
+
+    def add(self, acls: list) -> None:
+        def change(data: list) -> None:
+            have = {tuple(a) for a in data}
+            data.extend(list(a) for a in acls if tuple(a) not in have)
+            data.sort()
+        self.update(change)
+
+    def remove(self, matches: Callable[[list], bool]) -> list:
+        """Delete the ACLs ``matches`` selects; returns them."""
+        def change(data: list) -> list:
+            gone = [a for a in data if matches(a)]
+            data[:] = [a for a in data if not matches(a)]
+            return gone
+        return self.update(change)

@@ -5,6 +5,8 @@
     odradek configs --describe | --alter key=value ...   broker configs (Kafka's kafka-configs)
     odradek perf ping | hop | produce | consume | e2e | replicated | failover ...   benchmarks
     odradek chaos [--time S] [--seed N] [--faults ...]   a local cluster under faults (RELIABILITY.md)
+    odradek users --add U --password-stdin | --delete U | --list   SCRAM users (docs/SECURITY.md)
+    odradek acls --add | --list | --remove [--bootstrap-server H:P] ...   ACLs, like kafka-acls
 
 Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
 ``listeners`` address of the config, so a plain ``odradek status`` next to a plain
@@ -203,6 +205,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos_cli.add_parser(sub)
     from odradek import reassign  # `odradek reassign`: move partitions (like kafka-reassign-partitions)
     reassign.add_parser(sub, _config_args, _bootstrap)
+    from odradek import security_tools  # `odradek users`, `odradek acls` (docs/SECURITY.md)
+    security_tools.add_parsers(sub, _config_args, _bootstrap)
     return parser
 
 
