@@ -12,6 +12,7 @@ socket to use. The password is kept only in this object and never logged or put 
 from __future__ import annotations
 
 import socket
+import ssl
 from typing import Any
 
 from odradek.network import codec, sasl, tls
@@ -63,7 +64,7 @@ class ClientSecurity:
         sock.settimeout(timeout)
         try:
             if self.context is not None:
-                sock = self.context.wrap_socket(sock, server_hostname=host)
+                sock = TlsSocket(self.context.wrap_socket(sock, server_hostname=host))
             if "SASL" in self.protocol:
                 self._sasl(sock)
         except OdradekError:
@@ -108,3 +109,48 @@ class ClientSecurity:
         if body.get("error_code"):
             raise OdradekError(body.get("error_message") or "refused", ErrorCode.of(body["error_code"]))
         return body
+
+
+TLS_CHUNK = 256 * 1024
+
+
+class TlsSocket:
+    """An ``ssl.SSLSocket`` that the clients' socket code can use unchanged: ``sendmsg``
+    (which SSLSocket refuses) writes the buffers' first TLS_CHUNK bytes, and a write that
+    would block is offered the same bytes again, as OpenSSL requires; a read that would
+    block raises BlockingIOError like a plain socket's, and a read returns the decrypted
+    bytes OpenSSL holds (poll() cannot see them) with those the kernel had."""
+
+    def __init__(self, sock: ssl.SSLSocket):
+        self._sock = sock
+        self._retry: bytes | None = None
+
+    def sendmsg(self, bufs) -> int:
+        data = self._retry
+        if data is None:
+            parts, size = [], 0
+            for b in bufs:
+                parts.append(b)
+                size += len(b) if not isinstance(b, memoryview) else b.nbytes
+                if size >= TLS_CHUNK:
+                    break
+            data = b"".join(bytes(p) for p in parts)[:TLS_CHUNK]
+        try:
+            sent = self._sock.send(data)
+        except (ssl.SSLWantWriteError, ssl.SSLWantReadError):
+            self._retry = data
+            raise BlockingIOError("TLS write would block") from None
+        self._retry = None
+        return sent
+
+    def recv(self, n: int) -> bytes:
+        try:
+            data = self._sock.recv(n)
+            while data and len(data) < n and self._sock.pending():
+                data += self._sock.recv(min(n - len(data), self._sock.pending()))
+            return data
+        except (ssl.SSLWantReadError, ssl.SSLWantWriteError):
+            raise BlockingIOError("TLS read would block") from None
+
+    def __getattr__(self, name: str):
+        return getattr(self._sock, name)
