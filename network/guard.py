@@ -31,7 +31,7 @@ class Guard:
         self.enabled = bool(config.get("authorizer"))
         self.super_users = [u.strip() for u in (config.get("super.users") or "").split(";") if u.strip()]
         self.allow_if_no_acl = bool(config.get("allow.everyone.if.no.acl.found"))
-        self.store = secstore.Acls(data_dir)
+        self.store = secstore.Acls(data_dir, config)
         self._version = -1
         self._authorizer = az.Authorizer()
         self._audited: dict[tuple, float] = {}

@@ -227,7 +227,7 @@ class Processor(Actor):
         self.tls_context = tls.server_context(config) if any(l.tls for l in self.listeners.values()) else None
         self.mechanisms = [m.strip() for m in config.get("sasl.enabled.mechanisms", "PLAIN").split(",")]
         self.auth_delay = config.get("failed.authentication.delay.ms", 100) / 1000
-        self.users = secstore.Users(self.args.get("data_dir") or ".")
+        self.users = secstore.Users(self.args.get("data_dir") or ".", config)  # ZooKeeper's in cluster mode
         self._audit_at = collections.defaultdict(float)  # (what, ip) -> last logged, for rate-limiting
 
     # ---- lifecycle ---------------------------------------------------------------------

@@ -72,7 +72,8 @@ def _password(args) -> str:
 
 
 def cmd_users(args) -> int:
-    store = secstore.Users(cfg.data_dir(cfg.load(args.config, args.set)))
+    config = cfg.load(args.config, args.set)
+    store = secstore.Users(cfg.data_dir(config), config)  # ZooKeeper's /config/users with zookeeper.connect
     if args.add:
         try:
             store.add(args.add, _password(args), tuple(args.mechanism or sasl.SCRAM), args.iterations)
@@ -170,11 +171,18 @@ def _call(args, api: int, body: dict) -> dict:
         with BrokerConnection(host, port, client_id="odradek-acls", **_security(args)) as conn:
             return conn.request(api, body).body
     from odradek.network.guard import Guard
-    data_dir = cfg.data_dir(cfg.load(args.config, args.set))
-    if not os.path.isdir(data_dir):
+    config = cfg.load(args.config, args.set)
+    data_dir = cfg.data_dir(config)
+    if not config["zookeeper.connect"] and not os.path.isdir(data_dir):
         raise OdradekError(f"data directory {data_dir} does not exist (pass --bootstrap-server, or the "
                            f"--config/--set log.dirs the broker uses)", ErrorCode.INVALID_CONFIG)
-    return Guard({}, data_dir).serve(api, body)
+    guard = Guard({"zookeeper.connect": config["zookeeper.connect"]}, data_dir)
+    try:
+        return guard.serve(api, body)
+    finally:
+        close = getattr(guard.store.store, "close", None)
+        if close is not None:
+            close()
 
 
 __all__ = ["add_parsers", "argparse"]
