@@ -8,7 +8,9 @@ on 127.0.0.1, temporary directories, certificates made with ``openssl``):
    throughput medians side by side (TLS rules out sendfile, so the consumer's bytes are
    copied through the cipher);
 2. the same produce against a broker with ``authorizer`` off, then one with it on and
-   ``--acls`` ACLs defined (the producer's own ACL among them).
+   ``--acls`` ACLs defined (the producer's own ACL among them);
+3. the handler's check alone (``network.guard.Guard.check`` of one produce request), off and
+   on with ``--acls`` ACLs: a figure the shared machine's noise does not swamp.
 """
 from __future__ import annotations
 
@@ -76,16 +78,47 @@ def _consume(bootstrap: str, topic: str, n: int, size: int, security: dict) -> f
         return got * size / (time.perf_counter() - began) / 1e6
 
 
+def _acl_lists(count: int) -> list:
+    acls = [az.Acl.make(f"User:u{i}", "Topic", f"t{i}-", "Write", pattern="Prefixed").as_list()
+            for i in range(count - 2)]
+    return acls + [az.Acl.make("User:ANONYMOUS", "Topic", "bench-", op, pattern="Prefixed").as_list()
+                   for op in ("Write", "Create")]
+
+
+def _check_cost(base: str, count: int, runs: int) -> None:
+    from odradek.network.guard import Guard
+    from odradek.network.protocol import ApiKey
+    data = os.path.join(base, "check")
+    os.makedirs(data)
+    secstore.Acls(data).add(_acl_lists(count))
+    fields = {"principal": "User:ANONYMOUS", "peer": "127.0.0.1:5555"}
+    body = {"acks": 1, "topics": [{"name": "bench-abc", "partitions": [{"index": 0, "frame": 0}]}]}
+    for label, guard in (("check, authorizer off", Guard({}, data)),
+                         (f"check, on, {count} ACLs", Guard({"authorizer": True}, data))):
+        per = []
+        for _ in range(runs):
+            began = time.perf_counter()
+            for _ in range(100000):
+                guard.check(fields, ApiKey.PRODUCE, body)
+            per.append((time.perf_counter() - began) / 100000 * 1e6)
+        print(f"{label:28s} {statistics.median(per):6.2f} us per produce request "
+              f"(runs {', '.join(f'{x:.2f}' for x in per)})")
+
+
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(prog="odradek perf security", description=__doc__)
     ap.add_argument("--num-records", type=int, default=100000)
     ap.add_argument("--record-size", type=int, default=100)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--acls", type=int, default=1000)
+    ap.add_argument("--check-only", action="store_true", help="only the handler's check (no broker)")
     args = ap.parse_args(argv)
     n, size = args.num_records, args.record_size
     base = tempfile.mkdtemp(prefix="odradek-secbench-")
     try:
+        _check_cost(base, args.acls, args.runs)
+        if args.check_only:
+            return 0
         ca, cert, key = _certs(base)
         data = os.path.join(base, "tls")
         os.makedirs(data)
@@ -111,11 +144,7 @@ def main(argv: list[str]) -> int:
             data = os.path.join(base, f"acl-{authorizer}")
             os.makedirs(data)
             if authorizer:
-                acls = [az.Acl.make(f"User:u{i}", "Topic", f"t{i}-", "Write", pattern="Prefixed").as_list()
-                        for i in range(args.acls - 2)]
-                acls += [az.Acl.make("User:ANONYMOUS", "Topic", "bench-", op, pattern="Prefixed").as_list()
-                         for op in ("Write", "Create")]
-                secstore.Acls(data).add(acls)
+                secstore.Acls(data).add(_acl_lists(args.acls))
             broker = LocalBroker(data, {"authorizer": authorizer}, start_timeout=240).start()
             try:
                 runs = [_produce(broker.bootstrap, f"bench-{uuid.uuid4().hex[:8]}", n, size, {})
