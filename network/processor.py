@@ -76,7 +76,7 @@ import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull, make_private
-from odradek.network import codec, listeners as listeners_mod, sasl, secstore, tls
+from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -146,7 +146,7 @@ class Connection:
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
                  "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "listener", "tls",
-                 "handshaking", "principal", "sasl")
+                 "handshaking", "principal", "sasl", "client", "muted")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -180,6 +180,8 @@ class Connection:
         self.handshaking = False  # TLS handshake under way
         self.principal: str | None = ANONYMOUS  # None until a SASL connection authenticates
         self.sasl: sasl.Session | None = None
+        self.client = ""  # the client id of its last request (quotas)
+        self.muted = False  # throttled by a quota: not read until its held answer is released
 
     def idle(self) -> bool:
         """Nothing in flight, nothing to write, nothing half received."""
@@ -229,6 +231,7 @@ class Processor(Actor):
         self.auth_delay = config.get("failed.authentication.delay.ms", 100) / 1000
         self.users = secstore.Users(self.args.get("data_dir") or ".", config)  # ZooKeeper's in cluster mode
         self._audit_at = collections.defaultdict(float)  # (what, ip) -> last logged, for rate-limiting
+        self.quotas = quotas.Quotas(config, self.args.get("data_dir") or ".")
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_start(self) -> None:
@@ -536,13 +539,14 @@ class Processor(Actor):
 
     def _can_dispatch(self, conn: Connection) -> bool:
         return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+                and not conn.muted
                 and not self._draining and not conn.starved and len(conn.slots) < PIPELINE_MAX
                 and conn.wq_bytes < ANSWER_BYTES_MAX)
 
     def _held_back(self, conn: Connection) -> bool:
         """Not read for the processor's reasons (not the client's): its request's deadline
         does not run meanwhile, and restarts when reading does (``_restart_deadline``)."""
-        return self._paused or conn.starved or conn.repin or conn.handler is None
+        return self._paused or conn.starved or conn.repin or conn.handler is None or conn.muted
 
     def _restart_deadline(self, conn: Connection) -> None:
         if conn.started is not None:
@@ -624,6 +628,7 @@ class Processor(Actor):
             self._release(self._take_reservation(conn))
             self._answered(conn)
             return
+        conn.client = h["client"]
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
                   "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
@@ -673,7 +678,31 @@ class Processor(Actor):
                                              fields.get("message", ""))
         else:
             rec.slot[1] = self._response(corr, reply, conn.tls)
+        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+            self._apply_quota(conn, rec)
         self._answered(conn)
+
+    def _apply_quota(self, conn: Connection, rec: InFlight) -> None:
+        """Over its byte rate: hold the answer back and stop reading the connection for the
+        delay (network/quotas.py); nothing is dropped."""
+        produce = rec.slot[2] == ApiKey.PRODUCE
+        nbytes = rec.reserved if produce else sum(b.left if isinstance(b, FileRegion) else _nbytes(b)
+                                                  for b in rec.slot[1])
+        delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch", nbytes,
+                                  self.clock())
+        if delay <= 0:
+            return
+        self.counters["throttled"] += 1
+        self.counters["throttle_ms"] += int(delay * 1000)
+        slot, bufs = rec.slot, rec.slot[1]
+        slot[1], conn.muted = None, True
+        self.call_later(delay, functools.partial(self._release_throttled, conn, slot, bufs))
+
+    def _release_throttled(self, conn: Connection, slot: list, bufs: list) -> None:
+        conn.muted = False
+        if not conn.closed:
+            slot[1] = bufs
+            self._answered(conn)
 
     def _response(self, corr: int, reply: Message, copy: bool = False) -> list:
         fields = reply.fields or {}

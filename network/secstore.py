@@ -232,3 +232,27 @@ class Acls:
             data[:] = [a for a in data if not matches(a)]
             return gone
         return self.update(change)
+
+
+# ---- quotas ------------------------------------------------------------------------------------
+
+class Quotas:
+    """``{"users": {name: {"producer_byte_rate": n, "consumer_byte_rate": n}}, "clients": {...}}``;
+    the name ``<default>`` applies to every user (client) without its own. A file under
+    ``data_dir`` or ZooKeeper's ``/config/quotas`` (cluster mode)."""
+
+    def __init__(self, data_dir: str, config: dict | None = None):
+        self.store = _store(config or {}, data_dir, "quotas.json", "/config/quotas", dict)
+        self.path = self.store.path
+        self.data, self.update = self.store.data, self.store.update
+
+    def set(self, kind: str, name: str, key: str, value: int | None) -> None:
+        def change(data: dict) -> None:
+            entry = data.setdefault(kind, {}).setdefault(name, {})
+            if value is None:
+                entry.pop(key, None)
+            else:
+                entry[key] = int(value)
+            if not entry:
+                del data[kind][name]
+        self.update(change)

@@ -96,6 +96,9 @@ def cmd_status(args) -> int:
 
 # ---- configs -----------------------------------------------------------------------------
 def cmd_configs(args) -> int:
+    if args.entity_type in ("users", "clients"):  # quotas: docs/SECURITY.md
+        from odradek.security_tools import cmd_quotas
+        return cmd_quotas(args)
     from odradek.network.client import BrokerConnection, parse_bootstrap
     from odradek.network.protocol import ApiKey
     host, port = parse_bootstrap(_bootstrap(args))[0]
@@ -181,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--describe", action="store_true")
     g.add_argument("--alter", action="store_true")
-    p.add_argument("--entity-type", default="brokers", choices=["brokers"])
-    p.add_argument("--entity-name", help="broker id (default 0)")
+    p.add_argument("--entity-type", default="brokers", choices=["brokers", "users", "clients"],
+                   help="users/clients: quotas (producer_byte_rate, consumer_byte_rate)")
+    p.add_argument("--entity-name", help="broker id (default 0); user or client id ('<default>' for all)")
     p.add_argument("--add-config", action="append", metavar="K=V[,K=V]")
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
     p.set_defaults(func=cmd_configs)

@@ -91,6 +91,32 @@ def cmd_users(args) -> int:
     return 0
 
 
+# ---- quotas (odradek configs --entity-type users|clients) -----------------------------------
+def cmd_quotas(args) -> int:
+    """Quotas are stored like users: the data directory's file, or ZooKeeper in cluster mode;
+    every processor re-reads them when they change."""
+    from odradek.network.quotas import KINDS
+    config = cfg.load(args.config, args.set)
+    store = secstore.Quotas(cfg.data_dir(config), config)
+    if args.alter:
+        if not args.entity_name:
+            raise OdradekError("--alter needs --entity-name (a user, a client id, or '<default>')",
+                               ErrorCode.INVALID_CONFIG)
+        for item in ",".join(list(args.add_config or []) + list(args.pairs or [])).split(","):
+            key, sep, value = item.partition("=")
+            key = key.strip()
+            if not sep or key not in KINDS.values() or not value.strip().isdigit():
+                raise OdradekError(f"expected producer_byte_rate=N or consumer_byte_rate=N (0 removes it), got {item!r}",
+                                   ErrorCode.INVALID_CONFIG)
+            store.set(args.entity_type, args.entity_name, key, int(value) or None)
+        print(f"Completed updating quotas for {args.entity_type} '{args.entity_name}'.")
+        return 0
+    for name, entry in sorted((store.data().get(args.entity_type) or {}).items()):
+        if args.entity_name in (None, name):
+            print(f"Quotas for {args.entity_type} '{name}': " + ", ".join(f"{k}={v}" for k, v in sorted(entry.items())))
+    return 0
+
+
 # ---- acls ---------------------------------------------------------------------------------
 def _resource(args) -> tuple[str, str] | None:
     chosen = [(kind, name) for kind, name in (("Topic", args.topic), ("Group", args.group),
