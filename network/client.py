@@ -23,6 +23,7 @@ import time
 from typing import Any, NamedTuple, Sequence
 
 from odradek.network import codec
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 RECV_SIZE = 256 * 1024
@@ -58,8 +59,11 @@ bootstrap = parse_bootstrap
 class BrokerConnection:
     def __init__(self, host: str, port: int, client_id: str = "odradek-client", request_timeout_ms: int = 30000,
                  connect_timeout_ms: int = 10000, reconnect_backoff_ms: int = 50,
-                 reconnect_backoff_max_ms: int = 1000, max_response_bytes: int = 1 << 31):
+                 reconnect_backoff_max_ms: int = 1000, max_response_bytes: int = 1 << 31,
+                 security: ClientSecurity | None = None, **security_options):
         self.host, self.port = host, int(port)
+        # TLS/SASL (network/clientauth.py): a ClientSecurity, or kafka-python's option names
+        self.security = security or ClientSecurity.from_options(security_options)
         self.client_id = client_id
         self.request_timeout = request_timeout_ms / 1000
         self.connect_timeout = connect_timeout_ms / 1000
@@ -92,6 +96,8 @@ class BrokerConnection:
                 time.sleep(min(backoff, left))
                 backoff = min(backoff * 2, self.backoff_max)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.security is not None:
+            sock = self.security.secure(sock, self.host, max(0.5, deadline - time.monotonic()))
         sock.setblocking(True)
         sock.settimeout(None)
         if self._decoder is not None:

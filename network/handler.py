@@ -42,6 +42,7 @@ from odradek.actors.runtime import Actor
 from odradek.coordinator.topics import placement
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
+from odradek.network.guard import ACL_APIS, Guard
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
 log = logging.getLogger("odradek.handler")
@@ -59,6 +60,7 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.DESCRIBE_CONFIGS: (0, 0),
     ApiKey.INCREMENTAL_ALTER_CONFIGS: (0, 0),
     ApiKey.PING: (0, 0),
+    **{api: (0, 0) for api in ACL_APIS},
     ApiKey.CONSUMER_GROUP_HEARTBEAT: (0, 0),
     ApiKey.OFFSET_COMMIT: (0, 0),
     ApiKey.OFFSET_FETCH: (0, 0),
@@ -164,7 +166,10 @@ class RequestHandler(Actor):
             **{api: self.to_group_coordinator for api in GROUP_APIS},
             **{api: self.to_txn_coordinator for api in TXN_APIS},
             **{api: self.to_controller_actor for api in CONTROLLER_APIS},
+            **{api: lambda msg, body: self.reply(msg, {"body": self.guard.serve(msg.get("api"), body)})
+               for api in ACL_APIS},
         }
+        self.guard = Guard(self.config, self.args.get("data_dir") or ".")  # ACLs (authorizer = true)
 
     def on_start(self) -> None:
         self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields)
@@ -204,6 +209,7 @@ class RequestHandler(Actor):
         picked_up = time.time()
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
+            self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
             method(msg, body)
         except OdradekError:
             raise
@@ -423,7 +429,7 @@ class RequestHandler(Actor):
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
-            "topics": topics,
+            "topics": self.guard.visible(msg.fields or {}, topics),  # only those the principal may Describe
         }})
 
     def describe_configs(self, msg: Message, body: dict) -> None:

@@ -76,7 +76,7 @@ import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull, make_private
-from odradek.network import codec, listeners as listeners_mod, sasl, secstore, tls
+from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -148,8 +148,8 @@ class Connection:
 
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
-                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "client", "listener", "tls",
-                 "handshaking", "principal", "sasl")
+                 "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "listener", "tls",
+                 "handshaking", "principal", "sasl", "client", "muted")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -178,12 +178,13 @@ class Connection:
         # connection's state, None for a native one (``decoder`` is then codec.Decoder).
         self.sniff: bytearray | None = bytearray()
         self.kafka = None  # network.kafka.connection.KafkaConnection
-        self.client = ""  # the client.id of its last request, for log lines
         self.listener = "PLAINTEXT"
         self.tls = False  # the socket is an ssl.SSLSocket (no sendmsg, no sendfile)
         self.handshaking = False  # TLS handshake under way
         self.principal: str | None = ANONYMOUS  # None until a SASL connection authenticates
         self.sasl: sasl.Session | None = None
+        self.client = ""  # the client id of its last request (log lines, metrics, quotas)
+        self.muted = False  # throttled by a quota: not read until its held answer is released
 
     def who(self) -> str:
         """The peer and, once a request said it, the client id: what a log line names."""
@@ -236,8 +237,9 @@ class Processor(Actor):
         self.tls_context = tls.server_context(config) if any(l.tls for l in self.listeners.values()) else None
         self.mechanisms = [m.strip() for m in config.get("sasl.enabled.mechanisms", "PLAIN").split(",")]
         self.auth_delay = config.get("failed.authentication.delay.ms", 100) / 1000
-        self.users = secstore.Users(self.args.get("data_dir") or ".")
+        self.users = secstore.Users(self.args.get("data_dir") or ".", config)  # ZooKeeper's in cluster mode
         self._audit_at = collections.defaultdict(float)  # (what, ip) -> last logged, for rate-limiting
+        self.quotas = quotas.Quotas(config, self.args.get("data_dir") or ".")
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_start(self) -> None:
@@ -545,13 +547,14 @@ class Processor(Actor):
 
     def _can_dispatch(self, conn: Connection) -> bool:
         return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+                and not conn.muted
                 and not self._draining and not conn.starved and len(conn.slots) < PIPELINE_MAX
                 and conn.wq_bytes < ANSWER_BYTES_MAX)
 
     def _held_back(self, conn: Connection) -> bool:
         """Not read for the processor's reasons (not the client's): its request's deadline
         does not run meanwhile, and restarts when reading does (``_restart_deadline``)."""
-        return self._paused or conn.starved or conn.repin or conn.handler is None
+        return self._paused or conn.starved or conn.repin or conn.handler is None or conn.muted
 
     def _restart_deadline(self, conn: Connection) -> None:
         if conn.started is not None:
@@ -697,7 +700,31 @@ class Processor(Actor):
                                              fields.get("message", ""))
         else:
             rec.slot[1] = self._response(corr, reply, conn.tls)
+        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+            self._apply_quota(conn, rec)
         self._answered(conn)
+
+    def _apply_quota(self, conn: Connection, rec: InFlight) -> None:
+        """Over its byte rate: hold the answer back and stop reading the connection for the
+        delay (network/quotas.py); nothing is dropped."""
+        produce = rec.slot[2] == ApiKey.PRODUCE
+        nbytes = rec.reserved if produce else sum(b.left if isinstance(b, FileRegion) else _nbytes(b)
+                                                  for b in rec.slot[1])
+        delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch", nbytes,
+                                  self.clock())
+        if delay <= 0:
+            return
+        self.counters["throttled"] += 1
+        self.counters["throttle_ms"] += int(delay * 1000)
+        slot, bufs = rec.slot, rec.slot[1]
+        slot[1], conn.muted = None, True
+        self.call_later(delay, functools.partial(self._release_throttled, conn, slot, bufs))
+
+    def _release_throttled(self, conn: Connection, slot: list, bufs: list) -> None:
+        conn.muted = False
+        if not conn.closed:
+            slot[1] = bufs
+            self._answered(conn)
 
     def _response(self, corr: int, reply: Message, copy: bool = False) -> list:
         fields = reply.fields or {}

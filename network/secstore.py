@@ -1,5 +1,9 @@
-"""Durable security state of one broker: SCRAM credentials and ACLs, each a private JSON file
-under ``<log.dirs>/security/`` (directory 0700, files 0600).
+"""Durable security state: SCRAM credentials and ACLs. Single-broker mode: each a private
+JSON file under ``<log.dirs>/security/`` (directory 0700, files 0600). Cluster mode
+(``zookeeper.connect`` set): each one ZooKeeper node shared by every broker, ``/config/users``
+and ``/kafka-acl`` under the cluster's chroot (JSON; written with a version check, read
+through a watch, so a change made through any broker reaches every process of every broker
+that watches it: pushed, as Kafka's change notifications do).
 
 Used in the processes that need them: the processors read credentials (authentication),
 the handlers read ACLs (authorization) and write both (CreateAcls, DeleteAcls,
@@ -88,13 +92,80 @@ class JsonStore:
         return result
 
 
+class ZkStore:
+    """The same interface on one ZooKeeper node; the client connects on first use (in the
+    process that uses it: actors are separate processes)."""
+
+    def __init__(self, connect: str, path: str, default: Callable[[], Any] = dict, timeout: float = 10.0):
+        self.connect, self.zpath, self.default, self.timeout = connect, path, default, timeout
+        self.path = f"zookeeper:{connect}{path}"
+        self._zk = None
+        self._data: Any = default()
+        self.version = 0
+
+    def _client(self):
+        if self._zk is None:
+            from kazoo.client import KazooClient
+            hosts, _, chroot = self.connect.partition("/")
+            zk = KazooClient(hosts=hosts, timeout=self.timeout)
+            zk.start(timeout=self.timeout)
+            if chroot:
+                zk.ensure_path("/" + chroot)
+                zk.chroot = "/" + chroot
+            zk.ensure_path(self.zpath)
+            self._zk = zk
+            zk.DataWatch(self.zpath, self._changed)
+        return self._zk
+
+    def _changed(self, data, _stat) -> None:  # kazoo's thread: one reference swap
+        try:
+            self._data = json.loads(data) if data else self.default()
+        except ValueError:
+            self._data = self.default()
+        self.version += 1
+
+    def data(self, now: float | None = None) -> Any:
+        self._client()
+        return self._data
+
+    def update(self, change: Callable[[Any], Any]) -> Any:
+        from kazoo.exceptions import BadVersionError
+        zk = self._client()
+        while True:
+            raw, stat = zk.get(self.zpath)
+            data = json.loads(raw) if raw else self.default()
+            result = change(data)
+            try:
+                zk.set(self.zpath, json.dumps(data, sort_keys=True).encode(), version=stat.version)
+            except BadVersionError:
+                continue  # another writer came first: redo the change on its version
+            self._changed(json.dumps(data).encode(), None)
+            return result
+
+    def close(self) -> None:
+        if self._zk is not None:
+            self._zk.stop()
+            self._zk.close()
+            self._zk = None
+
+
+def _store(config: dict, data_dir: str, name: str, zpath: str, default):
+    if config.get("zookeeper.connect"):
+        return ZkStore(config["zookeeper.connect"], zpath, default,
+                       config.get("zookeeper.connection.timeout.ms", 10000) / 1000)
+    return JsonStore(os.path.join(security_dir(data_dir), name), default)
+
+
 # ---- users (SCRAM credentials) ----------------------------------------------------------------
 
-class Users(JsonStore):
-    """``{user: {"SCRAM-SHA-256": credential, "SCRAM-SHA-512": credential}}``."""
+class Users:
+    """``{user: {"SCRAM-SHA-256": credential, "SCRAM-SHA-512": credential}}``, in a file under
+    ``data_dir`` or, with ``config["zookeeper.connect"]``, in ZooKeeper's ``/config/users``."""
 
-    def __init__(self, data_dir: str):
-        super().__init__(os.path.join(security_dir(data_dir), "users.json"))
+    def __init__(self, data_dir: str, config: dict | None = None):
+        self.store = _store(config or {}, data_dir, "users.json", "/config/users", dict)
+        self.path = self.store.path
+        self.data, self.update = self.store.data, self.store.update
 
     def lookup(self, user: str, mechanism: str) -> dict | None:
         return (self.data().get(user) or {}).get(mechanism)
@@ -130,3 +201,58 @@ class Users(JsonStore):
 def check_user(user: str) -> None:
     if not isinstance(user, str) or not user or len(user) > 256 or any(ord(c) < 32 for c in user):
         raise ValueError(f"user name {user!r} must be 1 to 256 printable characters")
+
+
+# ---- ACLs -------------------------------------------------------------------------------------
+
+class Acls:
+    """``[[principal, host, resource, pattern, name, operation, permission], ...]`` (sorted,
+    unique), in a file under ``data_dir`` or in ZooKeeper's ``/kafka-acl`` (cluster mode)."""
+
+    def __init__(self, data_dir: str, config: dict | None = None):
+        self.store = _store(config or {}, data_dir, "acls.json", "/kafka-acl", list)
+        self.path = self.store.path
+        self.data, self.update = self.store.data, self.store.update
+
+    @property
+    def version(self) -> int:
+        return self.store.version
+
+    def add(self, acls: list) -> None:
+        def change(data: list) -> None:
+            have = {tuple(a) for a in data}
+            data.extend(list(a) for a in acls if tuple(a) not in have)
+            data.sort()
+        self.update(change)
+
+    def remove(self, matches: Callable[[list], bool]) -> list:
+        """Delete the ACLs ``matches`` selects; returns them."""
+        def change(data: list) -> list:
+            gone = [a for a in data if matches(a)]
+            data[:] = [a for a in data if not matches(a)]
+            return gone
+        return self.update(change)
+
+
+# ---- quotas ------------------------------------------------------------------------------------
+
+class Quotas:
+    """``{"users": {name: {"producer_byte_rate": n, "consumer_byte_rate": n}}, "clients": {...}}``;
+    the name ``<default>`` applies to every user (client) without its own. A file under
+    ``data_dir`` or ZooKeeper's ``/config/quotas`` (cluster mode)."""
+
+    def __init__(self, data_dir: str, config: dict | None = None):
+        self.store = _store(config or {}, data_dir, "quotas.json", "/config/quotas", dict)
+        self.path = self.store.path
+        self.data, self.update = self.store.data, self.store.update
+
+    def set(self, kind: str, name: str, key: str, value: int | None) -> None:
+        def change(data: dict) -> None:
+            entry = data.setdefault(kind, {}).setdefault(name, {})
+            if value is None:
+                entry.pop(key, None)
+            else:
+                entry[key] = int(value)
+            if not entry:
+                del data[kind][name]
+        self.update(change)

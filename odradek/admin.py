@@ -23,6 +23,7 @@ import logging
 import time
 from typing import Callable, Iterable
 
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster
 from odradek.errors import check, error_for
@@ -35,9 +36,10 @@ DEFAULT_TIMEOUT_MS = 30000
 
 class Admin:
     def __init__(self, bootstrap_servers="127.0.0.1:9092", client_id: str = "odradek-admin",
-                 request_timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_backoff_ms: int = 100):
+                 request_timeout_ms: int = DEFAULT_TIMEOUT_MS, retry_backoff_ms: int = 100, **security):
         self.request_timeout_ms = request_timeout_ms
-        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms)
+        self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms,
+                                security=ClientSecurity.from_options(security))  # TLS/SASL options
 
     def __enter__(self) -> "Admin":
         return self

@@ -5,6 +5,8 @@
     odradek configs --describe | --alter key=value ...   broker configs (Kafka's kafka-configs)
     odradek perf ping | hop | produce | consume | e2e | replicated | failover ...   benchmarks
     odradek chaos [--time S] [--seed N] [--faults ...]   a local cluster under faults (RELIABILITY.md)
+    odradek users --add U --password-stdin | --delete U | --list   SCRAM users (docs/SECURITY.md)
+    odradek acls --add | --list | --remove [--bootstrap-server H:P] ...   ACLs, like kafka-acls
 
 Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
 ``listeners`` address of the config, so a plain ``odradek status`` next to a plain
@@ -94,6 +96,9 @@ def cmd_status(args) -> int:
 
 # ---- configs -----------------------------------------------------------------------------
 def cmd_configs(args) -> int:
+    if args.entity_type in ("users", "clients"):  # quotas: docs/SECURITY.md
+        from odradek.security_tools import cmd_quotas
+        return cmd_quotas(args)
     from odradek.network.client import BrokerConnection, parse_bootstrap
     from odradek.network.protocol import ApiKey
     host, port = parse_bootstrap(_bootstrap(args))[0]
@@ -145,6 +150,7 @@ PERF_TESTS = {
     # starts its own brokers: produce with and without a scrape a second; a 10,000-partition scrape
     "scrape": ("odradek.perf:scrape_main", False),
     "reassign": ("odradek.bench.reassign:main", False),  # moves 1 GiB to a new broker (issue 17)
+    "security": ("odradek.security_bench:main", False),  # PLAINTEXT vs SASL_SSL, 1,000 ACLs vs none (issue 13)
 }
 
 
@@ -178,8 +184,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--describe", action="store_true")
     g.add_argument("--alter", action="store_true")
-    p.add_argument("--entity-type", default="brokers", choices=["brokers"])
-    p.add_argument("--entity-name", help="broker id (default 0)")
+    p.add_argument("--entity-type", default="brokers", choices=["brokers", "users", "clients"],
+                   help="users/clients: quotas (producer_byte_rate, consumer_byte_rate)")
+    p.add_argument("--entity-name", help="broker id (default 0); user or client id ('<default>' for all)")
     p.add_argument("--add-config", action="append", metavar="K=V[,K=V]")
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
     p.set_defaults(func=cmd_configs)
@@ -203,6 +210,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos_cli.add_parser(sub)
     from odradek import reassign  # `odradek reassign`: move partitions (like kafka-reassign-partitions)
     reassign.add_parser(sub, _config_args, _bootstrap)
+    from odradek import security_tools  # `odradek users`, `odradek acls` (docs/SECURITY.md)
+    security_tools.add_parsers(sub, _config_args, _bootstrap)
     return parser
 
 

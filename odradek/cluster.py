@@ -30,6 +30,7 @@ import time
 from typing import Any, Callable, NamedTuple, Optional, Sequence
 
 from odradek.network import codec
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.errors import error_for
 from odradek.types import BrokerMetadata, PartitionMetadata
@@ -62,8 +63,9 @@ class Connection:
 
     def __init__(self, host: str, port: int, client_id: str = "odradek-client",
                  request_timeout_ms: int = 30000, connect_timeout_ms: int = 10000,
-                 max_response_bytes: int = 1 << 31):
+                 max_response_bytes: int = 1 << 31, security: ClientSecurity | None = None):
         self.host, self.port = host, int(port)
+        self.security = security  # TLS/SASL: network/clientauth.py
         self.client_id = client_id
         self.request_timeout = request_timeout_ms / 1000
         self.connect_timeout = connect_timeout_ms / 1000
@@ -106,6 +108,8 @@ class Connection:
         except OSError as exc:
             raise error_for(ErrorCode.NETWORK_EXCEPTION, f"cannot connect to {self.host}:{self.port}: {exc}") from None
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if self.security is not None:
+            sock = self.security.secure(sock, self.host, self.connect_timeout if timeout is None else timeout)
         sock.setblocking(False)
         self.sock = sock
         self._decoder = codec.Decoder(self.max_response_bytes, codec.RESPONSE_FIELDS)
@@ -316,8 +320,10 @@ class Cluster:
     apart, and ``stale`` says when ``metadata_max_age_ms`` has passed."""
 
     def __init__(self, bootstrap_servers, client_id: str = "odradek-client", request_timeout_ms: int = 30000,
-                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000):
+                 retry_backoff_ms: int = 100, metadata_max_age_ms: int = 300000,
+                 security: ClientSecurity | None = None):
         self.bootstrap = parse_bootstrap(bootstrap_servers)
+        self.security = security  # passed to every Connection this client opens
         self.client_id = client_id
         self.request_timeout_ms = request_timeout_ms
         self.retry_backoff = retry_backoff_ms / 1000
@@ -463,7 +469,8 @@ class Cluster:
             if conn is None or (conn.host, conn.port) != (host, port):
                 if conn is not None:
                     conn.close()
-                conn = self._conn = Connection(host, port, self.client_id, self.request_timeout_ms)
+                conn = self._conn = Connection(host, port, self.client_id, self.request_timeout_ms,
+                                               security=self.security)
             try:
                 frame = conn.request(api, body, frames, max(0.05, deadline - time.monotonic()))
                 self._failed.pop((host, port), None)
@@ -505,7 +512,8 @@ class Cluster:
         with self._lock:
             conn = self._conns.get(address)
             if conn is None:
-                conn = self._conns[address] = Connection(*address, self.client_id, self.request_timeout_ms)
+                conn = self._conns[address] = Connection(*address, self.client_id, self.request_timeout_ms,
+                                                         security=self.security)
             try:
                 frame = conn.request(api, body, frames, timeout)
             except OdradekError as exc:

@@ -50,6 +50,7 @@ import msgpack
 
 from odradek.log import kafka_batch
 from odradek.log import records as fmt
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
@@ -183,7 +184,7 @@ class Consumer:
                  group_instance_id: Optional[str] = None, enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, session_timeout_ms: Optional[int] = None,
                  heartbeat_interval_ms: int = 3000, max_poll_interval_ms: int = 300000,
-                 group_assignor: Optional[str] = None, metadata_max_age_ms: int = 300000):
+                 group_assignor: Optional[str] = None, metadata_max_age_ms: int = 300000, **security):
         if auto_offset_reset not in _RESETS:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
         if max_poll_records < 1 or max_partition_fetch_bytes < 1:
@@ -200,7 +201,7 @@ class Consumer:
         self.consumer_timeout = None if consumer_timeout_ms is None else consumer_timeout_ms / 1000
         self.client_id = client_id
         self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms,
-                                metadata_max_age_ms)
+                                metadata_max_age_ms, ClientSecurity.from_options(security))  # TLS/SASL options
         self._parts: dict[TopicPartition, _Partition] = {}
         self._order: list[_Partition] = []
         self._rr = 0
@@ -549,7 +550,8 @@ class Consumer:
             self._metadata_wanted = True
             return None
         if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
-            conn = self._conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms)
+            conn = self._conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms,
+                                                     security=self._cluster.security)
         try:
             conn.connect()
         except OdradekError as exc:

@@ -467,7 +467,8 @@ class GroupMembership:
         """A connection of the heartbeat thread's own to the coordinator (found again after it
         moved: NOT_COORDINATOR and lost connections forget the address)."""
         address = self.coordinator.address or self.coordinator.find()
-        conn = Connection(address[0], address[1], self.consumer.client_id, int(self.request_timeout * 1000))
+        conn = Connection(address[0], address[1], self.consumer.client_id, int(self.request_timeout * 1000),
+                          security=self.consumer._cluster.security)
         try:
             conn.connect()
         except OdradekError:

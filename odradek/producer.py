@@ -81,6 +81,7 @@ import lz4.block
 import msgpack
 
 from odradek.log import records as fmt
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
@@ -329,7 +330,7 @@ class Producer:
                  delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 32 << 20,
                  max_request_size: int = 1 << 20, client_id: str = "odradek-producer",
                  metadata_max_age_ms: int = 300000, compression_type: Optional[str] = None,
-                 enable_idempotence: Optional[bool] = None):
+                 enable_idempotence: Optional[bool] = None, **security):
         if compression_type is not None:  # kafka-python's spelling
             compression = compression_type
         if compression in ("none", ""):
@@ -368,7 +369,7 @@ class Producer:
         self.client_id = client_id
         self.metadata_max_age = metadata_max_age_ms / 1000
         self._cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms, retry_backoff_ms,
-                                metadata_max_age_ms)
+                                metadata_max_age_ms, ClientSecurity.from_options(security))  # TLS/SASL options
         # How long the leader may hold an acks=all produce: answered (REQUEST_TIMED_OUT, retried on
         # the same connection) a little before we would give up on the connection.
         self.ack_timeout_ms = max(request_timeout_ms // 2, request_timeout_ms - ACK_TIMEOUT_MARGIN_MS)
@@ -848,7 +849,8 @@ class _Sender:
         if broker is None:
             return None
         if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
-            conn = self.conns[node] = Connection(broker.host, broker.port, self.p.client_id, self.p.request_timeout_ms)
+            conn = self.conns[node] = Connection(broker.host, broker.port, self.p.client_id, self.p.request_timeout_ms,
+                                                       security=self.p._cluster.security)
         try:
             conn.connect()
         except OdradekError as exc:

@@ -49,6 +49,30 @@ def _auth_error(code: ErrorCode, message: str) -> tuple[dict, str]:
     return {"error_code": int(code), "error_message": message, "auth_bytes": b"", "session_lifetime": 0}, message
 
 
+# ---- DescribeAcls (29), CreateAcls (30), DeleteAcls (31): the internal bodies keep Kafka's names ----------
+
+def _same(version: int, request: dict) -> tuple[dict, list]:
+    return dict(request), []
+
+
+def _body(version: int, request: dict, reply: dict, payload: list) -> dict:
+    return reply.get("body") or {}
+
+
+def _create_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"results": [{"error_code": code, "error_message": message} for _ in request.get("creations") or ()]}
+
+
+def _delete_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"filter_results": [{"error_code": code, "error_message": message, "matching_acls": []}
+                               for _ in request.get("filters") or ()]}
+
+
+register(Api(ApiKey.DESCRIBE_ACLS, 1, 3, _same, _body, top_level_error))
+register(Api(ApiKey.CREATE_ACLS, 1, 3, _same, _body, _create_error))
+register(Api(ApiKey.DELETE_ACLS, 1, 3, _same, _body, _delete_error))
+
+
 def encode(api: int, version: int, body: dict) -> bytes:
     return schema.encode_response(api, version, body)
 

@@ -1,0 +1,232 @@
+"""ACLs and the authorization decision, as Kafka's AclAuthorizer makes it. Pure, no I/O
+(the ACLs come from network/secstore.py; the handlers call ``Authorizer.authorize``).
+
+An ACL: principal (``User:alice``, ``User:*``), host (``*`` or an IP), resource type (Topic,
+Group, Cluster, TransactionalId), pattern type (LITERAL: the name, or ``*`` for every name;
+PREFIXED: every name starting with it), resource name, operation (Read, Write, Create,
+Delete, Alter, Describe, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite, All)
+and permission (Allow, Deny). Kafka's rules: super users may do everything; a matching Deny
+wins over any Allow; ``All`` matches every operation; Read, Write, Delete and Alter imply
+Describe, and AlterConfigs implies DescribeConfigs; a resource no ACL matches is allowed only
+with ``allow.everyone.if.no.acl.found``.
+
+Fast: ACLs are indexed by resource type, then literal name or prefix; a decision looks up
+the name, ``*`` and each prefix of the name (a dict lookup per length), and decisions are
+cached until the ACLs change.
+
+``requirements(api, body)`` is Kafka's per-API operation table over the internal request
+shapes (docs/PROTOCOL.md): the (operation, resource type, name) each request needs.
+"""
+from __future__ import annotations
+
+import collections
+from typing import Iterable, NamedTuple
+
+from odradek.network.protocol import ApiKey, ErrorCode
+
+# Kafka's wire codes (AclOperation, ResourceType, PatternType, AclPermissionType).
+OPERATIONS = {"Any": 1, "All": 2, "Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Alter": 7, "Describe": 8,
+              "ClusterAction": 9, "DescribeConfigs": 10, "AlterConfigs": 11, "IdempotentWrite": 12}
+RESOURCES = {"Any": 1, "Topic": 2, "Group": 3, "Cluster": 4, "TransactionalId": 5}
+PATTERNS = {"Any": 1, "Match": 2, "Literal": 3, "Prefixed": 4}
+PERMISSIONS = {"Any": 1, "Deny": 2, "Allow": 3}
+CLUSTER = "kafka-cluster"
+WILDCARD = "*"
+IMPLIES = {"Describe": ("Read", "Write", "Delete", "Alter"), "DescribeConfigs": ("AlterConfigs",)}
+DENIED = {"Topic": ErrorCode.TOPIC_AUTHORIZATION_FAILED, "Group": ErrorCode.GROUP_AUTHORIZATION_FAILED,
+          "Cluster": ErrorCode.CLUSTER_AUTHORIZATION_FAILED,
+          "TransactionalId": ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED}
+
+
+def _canon(table: dict, value, what: str) -> str:
+    """A name of ``table`` from its name in any case (``read``, ``READ``, ``Read``), or its code."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        for name, code in table.items():
+            if code == value:
+                return name
+    elif isinstance(value, str):
+        key = value.replace("_", "").lower()
+        for name in table:
+            if name.lower() == key:
+                return name
+    raise ValueError(f"{what} {value!r} is not one of {', '.join(table)}")
+
+
+class Acl(NamedTuple):
+    principal: str
+    host: str
+    resource: str  # Topic, Group, Cluster, TransactionalId
+    pattern: str  # Literal, Prefixed
+    name: str
+    operation: str
+    permission: str  # Allow, Deny
+
+    @classmethod
+    def make(cls, principal: str, resource, name: str, operation, permission="Allow", pattern="Literal",
+             host: str = "*") -> "Acl":
+        if not isinstance(principal, str) or ":" not in principal:
+            raise ValueError(f"principal {principal!r} must be of the form User:<name> (or User:*)")
+        acl = cls(principal, host or "*", _canon(RESOURCES, resource, "resource type"),
+                  _canon(PATTERNS, pattern, "pattern type"), str(name), _canon(OPERATIONS, operation, "operation"),
+                  _canon(PERMISSIONS, permission, "permission"))
+        if acl.resource == "Any" or acl.operation == "Any" or acl.permission == "Any" or \
+                acl.pattern not in ("Literal", "Prefixed"):
+            raise ValueError("an ACL names one resource type, operation, permission and a LITERAL or PREFIXED pattern")
+        if not acl.name:
+            raise ValueError("an ACL needs a resource name ('*' for every one)")
+        if acl.resource == "Cluster" and acl.name != CLUSTER:
+            raise ValueError(f"the cluster resource is named {CLUSTER!r}")
+        return acl
+
+    def as_list(self) -> list:
+        return list(self)
+
+
+class Filter(NamedTuple):
+    """DescribeAcls / DeleteAcls: None (or "Any") matches anything; pattern "Match" matches the
+    ACLs that would apply to the named resource (literal, wildcard and prefixes)."""
+    principal: str | None = None
+    host: str | None = None
+    resource: str | None = None
+    pattern: str | None = None
+    name: str | None = None
+    operation: str | None = None
+    permission: str | None = None
+
+    def matches(self, acl: Acl) -> bool:
+        if self.principal not in (None, acl.principal) or self.host not in (None, acl.host):
+            return False
+        if self.resource not in (None, "Any", acl.resource) or self.operation not in (None, "Any", acl.operation):
+            return False
+        if self.permission not in (None, "Any", acl.permission):
+            return False
+        if self.pattern in (None, "Any"):
+            return self.name is None or self.name == acl.name
+        if self.pattern == "Match":
+            return self.name is None or _applies(acl, self.name)
+        return self.pattern == acl.pattern and (self.name is None or self.name == acl.name)
+
+
+def _applies(acl: Acl, name: str) -> bool:
+    if acl.pattern == "Prefixed":
+        return name.startswith(acl.name)
+    return acl.name in (name, WILDCARD)
+
+
+class Authorizer:
+    def __init__(self, acls: Iterable[Acl] = (), super_users: Iterable[str] = (), allow_if_no_acl: bool = False):
+        self.super_users = frozenset(super_users)
+        self.allow_if_no_acl = allow_if_no_acl
+        self._literal: dict[str, dict[str, list[Acl]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+        self._prefixed: dict[str, dict[str, list[Acl]]] = collections.defaultdict(lambda: collections.defaultdict(list))
+        self._lengths: dict[str, set[int]] = collections.defaultdict(set)
+        self._cache: dict[tuple, bool] = {}
+        self.count = 0
+        for acl in acls:
+            if acl.pattern == "Prefixed":
+                self._prefixed[acl.resource][acl.name].append(acl)
+                self._lengths[acl.resource].add(len(acl.name))
+            else:
+                self._literal[acl.resource][acl.name].append(acl)
+            self.count += 1
+
+    def matching(self, resource: str, name: str) -> list[Acl]:
+        """Every ACL that applies to the resource (any principal, operation)."""
+        out = list(self._literal[resource].get(name, ()))
+        if name != WILDCARD:
+            out.extend(self._literal[resource].get(WILDCARD, ()))
+        prefixed = self._prefixed.get(resource)
+        if prefixed:
+            for n in self._lengths[resource]:
+                if n <= len(name):
+                    out.extend(prefixed.get(name[:n], ()))
+        return out
+
+    def authorize(self, principal: str, host: str, operation: str, resource: str, name: str) -> bool:
+        if principal in self.super_users:
+            return True
+        key = (principal, host, operation, resource, name)
+        decision = self._cache.get(key)
+        if decision is None:
+            decision = self._decide(principal, host, operation, resource, name)
+            if len(self._cache) > 100000:
+                self._cache.clear()
+            self._cache[key] = decision
+        return decision
+
+    def _decide(self, principal: str, host: str, operation: str, resource: str, name: str) -> bool:
+        acls = self.matching(resource, name)
+        if not acls:
+            return self.allow_if_no_acl
+        mine = [a for a in acls if a.principal in (principal, "User:*") and a.host in ("*", host)]
+        if any(a.permission == "Deny" and a.operation in (operation, "All") for a in mine):
+            return False
+        allowed_ops = (operation, "All", *IMPLIES.get(operation, ()))
+        return any(a.permission == "Allow" and a.operation in allowed_ops for a in mine)
+
+
+# ---- Kafka's per-API operation table, over the internal request bodies ---------------------------------
+
+def _names(body: dict, key: str = "topics", field: str = "name") -> list[str]:
+    items = body.get(key) or []
+    return [t.get(field) if isinstance(t, dict) else t for t in items if isinstance(t, (dict, str))]
+
+
+def _configs(body: dict, op: str) -> list[tuple]:
+    out = []
+    for r in body.get("resources") or []:
+        if isinstance(r, dict):
+            out.append((op, "Topic", str(r.get("name"))) if r.get("type") == "topic" else (op, "Cluster", CLUSTER))
+    return out
+
+
+def _replica(body: dict) -> bool:
+    return isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
+
+
+INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN)
+FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
+        ApiKey.METADATA)  # Metadata filters its answer instead
+
+
+def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
+    """(operation, resource type, name) triples the request needs; an API this table does not
+    know needs Alter on the cluster (closed by default)."""
+    if api in FREE:
+        return []
+    if api == ApiKey.PRODUCE:
+        return [("Write", "Topic", n) for n in _names(body)]
+    if api == ApiKey.FETCH:
+        return [("ClusterAction", "Cluster", CLUSTER)] if _replica(body) else [("Read", "Topic", n) for n in _names(body)]
+    if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
+        return [("ClusterAction", "Cluster", CLUSTER)] if _replica(body) else \
+            [("Describe", "Topic", n) for n in _names(body)]
+    if api == ApiKey.LIST_OFFSETS:
+        return [("Describe", "Topic", n) for n in _names(body)]
+    if api == ApiKey.CREATE_TOPICS:
+        return [("Create", "Topic", n) for n in _names(body)]
+    if api in (ApiKey.DELETE_TOPICS, ApiKey.DELETE_RECORDS):
+        return [("Delete", "Topic", n) for n in _names(body)]
+    if api == ApiKey.CREATE_PARTITIONS:
+        return [("Alter", "Topic", n) for n in _names(body)]
+    if api == ApiKey.DESCRIBE_CONFIGS:
+        return _configs(body, "DescribeConfigs")
+    if api in (ApiKey.INCREMENTAL_ALTER_CONFIGS, ApiKey.ALTER_CONFIGS):
+        return _configs(body, "AlterConfigs")
+    if api == ApiKey.OFFSET_COMMIT:
+        return [("Read", "Group", str(body.get("group_id")))] + [("Read", "Topic", n) for n in _names(body)]
+    if api == ApiKey.OFFSET_FETCH:
+        return [("Describe", "Group", str(body.get("group_id")))] + [("Describe", "Topic", n) for n in _names(body)]
+    if api in (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.LEAVE_GROUP) or api in (11, 12, 14):  # Join, Heartbeat, Sync
+        return [("Read", "Group", str(body.get("group_id")))]
+    if api == ApiKey.FIND_COORDINATOR:
+        return [("Describe", "Group", str(body.get("key")))]
+    if api in (ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE):
+        return [("Describe", "Group", str(g)) for g in body.get("group_ids") or []]
+    if api == ApiKey.DELETE_GROUPS:
+        return [("Delete", "Group", str(g)) for g in body.get("groups_names") or []]
+    if api == ApiKey.LIST_GROUPS or api == ApiKey.DESCRIBE_ACLS or api == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+        return [("Describe", "Cluster", CLUSTER)]
+    if api in INTER_BROKER:
+        return [("ClusterAction", "Cluster", CLUSTER)]
+    return [("Alter", "Cluster", CLUSTER)]  # CreateAcls, DeleteAcls, ElectLeaders, reassignments, unknown APIs

@@ -1,0 +1,139 @@
+"""Authorization in the request handlers (parallel, never on a log actor): the handler-side
+glue between the ACL file (network/secstore.py), the matcher (network/authorizer.py) and the
+requests, plus the ACL APIs (CreateAcls 30, DescribeAcls 29, DeleteAcls 31) and the audit
+log of denied operations.
+
+Runs in each handler process (``RequestHandler.guard``). ``check`` is called once per request
+before dispatch: with ``authorizer`` off it allows everything; on, every (operation,
+resource) of ``authorizer.requirements`` must be allowed for the request's ``principal``
+(set by the processor that authenticated the connection) or the request is answered with
+TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED. ``visible`` filters Metadata's topics to those
+the principal may Describe. The ACLs are re-read when the file changes (any handler, any
+``odradek acls`` writes it), so a change reaches every handler within
+``secstore.CHECK_INTERVAL``.
+"""
+from __future__ import annotations
+
+import logging
+import time
+
+from odradek.network import authorizer as az
+from odradek.network import secstore
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+
+log = logging.getLogger("odradek.audit")
+ANONYMOUS = "User:ANONYMOUS"
+ACL_APIS = (ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS)
+
+
+class Guard:
+    def __init__(self, config: dict, data_dir: str):
+        self.enabled = bool(config.get("authorizer"))
+        self.super_users = [u.strip() for u in (config.get("super.users") or "").split(";") if u.strip()]
+        self.allow_if_no_acl = bool(config.get("allow.everyone.if.no.acl.found"))
+        self.store = secstore.Acls(data_dir, config)
+        self._version = -1
+        self._authorizer = az.Authorizer()
+        self._audited: dict[tuple, float] = {}
+
+    def authorizer(self) -> az.Authorizer:
+        self.store.data()
+        if self.store.version != self._version:
+            self._version = self.store.version
+            self._authorizer = az.Authorizer((az.Acl(*a) for a in self.store.data()), self.super_users,
+                                             self.allow_if_no_acl)
+        return self._authorizer
+
+    @staticmethod
+    def who(fields: dict) -> tuple[str, str]:
+        return fields.get("principal") or ANONYMOUS, str(fields.get("peer") or "").rpartition(":")[0]
+
+    def check(self, fields: dict, api: int, body: dict) -> None:
+        """Raises OdradekError (an *_AUTHORIZATION_FAILED code) for a request not allowed."""
+        if not self.enabled:
+            return
+        principal, host = self.who(fields)
+        auth = self.authorizer()
+        for operation, resource, name in az.requirements(api, body):
+            if not auth.authorize(principal, host, operation, resource, name):
+                self._audit(principal, fields.get("peer"), operation, resource, name)
+                raise OdradekError(f"{principal} is not allowed to {operation} {resource} '{name}'",
+                                   az.DENIED[resource])
+
+    def visible(self, fields: dict, topics: list) -> list:
+        if not self.enabled:
+            return topics
+        principal, host = self.who(fields)
+        auth = self.authorizer()
+        return [t for t in topics if auth.authorize(principal, host, "Describe", "Topic", t["name"])]
+
+    def _audit(self, principal: str, peer, operation: str, resource: str, name: str) -> None:
+        """Denied operations, at most once a second per (principal, operation, resource)."""
+        key, now = (principal, operation, resource, name), time.monotonic()
+        if now - self._audited.get(key, -1e9) >= 1.0:
+            if len(self._audited) > 10000:
+                self._audited.clear()
+            self._audited[key] = now
+            log.warning("audit: denied %s %s on %s '%s' from %s", principal, operation, resource, name, peer)
+
+    # ---- the ACL APIs (answered by the handler; bodies use Kafka's field names and codes) ----------
+    def serve(self, api: int, body: dict) -> dict:
+        if api == ApiKey.CREATE_ACLS:
+            return self.create(body)
+        if api == ApiKey.DESCRIBE_ACLS:
+            return self.describe(body)
+        return self.delete(body)
+
+    def create(self, body: dict) -> dict:
+        results, acls = [], []
+        for c in body.get("creations") or []:
+            try:
+                acls.append(az.Acl.make(c.get("principal"), c.get("resource_type"), c.get("resource_name"),
+                                        c.get("operation"), c.get("permission_type"),
+                                        c.get("resource_pattern_type", c.get("pattern_type", "Literal")),
+                                        c.get("host") or "*"))
+                results.append({"error_code": 0, "error_message": None})
+            except (ValueError, AttributeError) as exc:
+                results.append({"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": str(exc)})
+        if acls:
+            self.store.add([a.as_list() for a in acls])
+        return {"results": results}
+
+    def describe(self, body: dict) -> dict:
+        filt = _filter(body)
+        groups: dict[tuple, list] = {}
+        for a in (az.Acl(*x) for x in self.store.data()):
+            if filt.matches(a):
+                groups.setdefault((a.resource, a.name, a.pattern), []).append(a)
+        return {"error_code": 0, "error_message": None, "resources": [
+            {"resource_type": az.RESOURCES[r], "resource_name": n, "pattern_type": az.PATTERNS[p],
+             "acls": [{"principal": a.principal, "host": a.host, "operation": az.OPERATIONS[a.operation],
+                       "permission_type": az.PERMISSIONS[a.permission]} for a in acls]}
+            for (r, n, p), acls in sorted(groups.items())]}
+
+    def delete(self, body: dict) -> dict:
+        out = []
+        for f in body.get("filters") or []:
+            try:
+                filt = _filter(f)
+            except ValueError as exc:
+                out.append({"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": str(exc),
+                            "matching_acls": []})
+                continue
+            gone = self.store.remove(lambda a, filt=filt: filt.matches(az.Acl(*a)))
+            out.append({"error_code": 0, "error_message": None, "matching_acls": [
+                {"error_code": 0, "error_message": None, "resource_type": az.RESOURCES[a[2]],
+                 "resource_name": a[4], "pattern_type": az.PATTERNS[a[3]], "principal": a[0], "host": a[1],
+                 "operation": az.OPERATIONS[a[5]], "permission_type": az.PERMISSIONS[a[6]]} for a in gone]})
+        return {"filter_results": out}
+
+
+def _filter(f: dict) -> az.Filter:
+    def canon(table, value, what):
+        return None if value is None else az._canon(table, value, what)
+    return az.Filter(principal=f.get("principal_filter", f.get("principal")), host=f.get("host_filter", f.get("host")),
+                     resource=canon(az.RESOURCES, f.get("resource_type_filter", f.get("resource_type")), "resource type"),
+                     pattern=canon(az.PATTERNS, f.get("pattern_type_filter", f.get("pattern_type")), "pattern type"),
+                     name=f.get("resource_name_filter", f.get("resource_name")),
+                     operation=canon(az.OPERATIONS, f.get("operation"), "operation"),
+                     permission=canon(az.PERMISSIONS, f.get("permission_type"), "permission"))

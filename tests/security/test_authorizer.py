@@ -1,0 +1,75 @@
+"""network/authorizer.py without a broker: Kafka's rules (deny wins, All, implied Describe,
+prefixed and wildcard patterns, super users, allow.everyone.if.no.acl.found) and its speed
+with 1,000 ACLs."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from odradek.network.authorizer import Acl, Authorizer, Filter, requirements
+from odradek.network.protocol import ApiKey
+
+A = "User:alice"
+
+
+def test_no_acl_means_denied_unless_allow_everyone_if_no_acl_found():
+    assert not Authorizer().authorize(A, "1.2.3.4", "Read", "Topic", "t")
+    assert Authorizer(allow_if_no_acl=True).authorize(A, "1.2.3.4", "Read", "Topic", "t")
+
+
+def test_an_allow_grants_its_operation_and_the_describe_it_implies_but_not_others():
+    auth = Authorizer([Acl.make(A, "Topic", "t", "Read")])
+    assert auth.authorize(A, "h", "Read", "Topic", "t") and auth.authorize(A, "h", "Describe", "Topic", "t")
+    assert not auth.authorize(A, "h", "Write", "Topic", "t")
+    assert not auth.authorize("User:bob", "h", "Read", "Topic", "t")
+
+
+def test_deny_beats_allow():
+    auth = Authorizer([Acl.make("User:*", "Topic", "*", "All"), Acl.make(A, "Topic", "secret", "Read", "Deny")])
+    assert not auth.authorize(A, "h", "Read", "Topic", "secret")
+    assert auth.authorize(A, "h", "Read", "Topic", "open") and auth.authorize("User:bob", "h", "Read", "Topic", "secret")
+
+
+def test_prefixed_patterns_match_names_that_start_with_them():
+    auth = Authorizer([Acl.make(A, "Topic", "orders-", "Write", pattern="PREFIXED")])
+    assert auth.authorize(A, "h", "Write", "Topic", "orders-eu")
+    assert not auth.authorize(A, "h", "Write", "Topic", "order")
+
+
+def test_super_users_may_do_everything_and_hosts_narrow_an_acl():
+    auth = Authorizer([Acl.make(A, "Group", "g", "Read", host="10.0.0.1")], super_users=["User:admin"])
+    assert auth.authorize("User:admin", "h", "Alter", "Cluster", "kafka-cluster")
+    assert auth.authorize(A, "10.0.0.1", "Read", "Group", "g") and not auth.authorize(A, "10.0.0.2", "Read", "Group", "g")
+
+
+def test_bad_acls_are_refused_with_a_message():
+    with pytest.raises(ValueError, match="operation"):
+        Acl.make(A, "Topic", "t", "Munch")
+    with pytest.raises(ValueError, match="principal"):
+        Acl.make("alice", "Topic", "t", "Read")
+
+
+def test_filters_match_literal_any_and_the_acls_that_apply():
+    acls = [Acl.make(A, "Topic", "t", "Read"), Acl.make(A, "Topic", "t-", "Read", pattern="Prefixed")]
+    assert [a for a in acls if Filter(resource="Topic", pattern="Match", name="t-1").matches(a)] == [acls[1]]
+    assert len([a for a in acls if Filter(principal=A).matches(a)]) == 2
+
+
+def test_the_api_table_asks_what_kafka_asks():
+    assert requirements(ApiKey.PRODUCE, {"topics": [{"name": "t"}]}) == [("Write", "Topic", "t")]
+    assert requirements(ApiKey.FETCH, {"replica_id": 2, "topics": [{"name": "t"}]})[0][0] == "ClusterAction"
+    assert ("Read", "Group", "g") in requirements(ApiKey.OFFSET_COMMIT, {"group_id": "g", "topics": []})
+    assert requirements(ApiKey.CREATE_ACLS, {}) == [("Alter", "Cluster", "kafka-cluster")]
+
+
+def test_a_decision_with_a_thousand_acls_takes_microseconds():
+    acls = [Acl.make(f"User:u{i}", "Topic", f"topic-{i}", "Write") for i in range(900)]
+    acls += [Acl.make(f"User:u{i}", "Topic", f"p{i}-", "Read", pattern="Prefixed") for i in range(100)]
+    auth = Authorizer(acls)
+    began = time.perf_counter()
+    for i in range(10000):
+        auth.authorize("User:u7", "h", "Write", "Topic", f"topic-{i % 900}")
+    per_call = (time.perf_counter() - began) / 10000
+    assert auth.authorize("User:u7", "h", "Write", "Topic", "topic-7")
+    assert per_call < 50e-6, per_call
