@@ -224,3 +224,15 @@ def test_the_processors_log_line_about_a_bad_request_names_the_client_id(shared_
             break
         time.sleep(0.2)
     assert lines and "client 'obs-who-am-i'" in lines[0] and "MESSAGE_TOO_LARGE" in lines[0]
+
+
+def test_a_kafka_clients_client_id_is_counted_under_its_name(shared_broker):
+    from confluent_kafka import Producer as KafkaProducer
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("from-kafka-client", partitions=1)
+    producer = KafkaProducer({"bootstrap.servers": shared_broker.bootstrap, "client.id": "obs-confluent"})
+    producer.produce("from-kafka-client", value=b"hello")
+    assert producer.flush(30) == 0
+    samples = scrape(shared_broker)
+    # ApiVersions is answered by the processor itself; Metadata and Produce reach a handler
+    assert value(samples, "odradek_client_requests_total", client_id="obs-confluent") >= 2
