@@ -63,7 +63,7 @@ def produce(bootstrap: str, topic: str, values: list, partition: int | None = No
             p.produce(topic, value=v)
         else:
             p.produce(topic, value=v, partition=partition)
-    assert p.flush(60) == 0
+    assert p.flush(120) == 0
 
 
 def consumer(bootstrap: str, group: str, **extra) -> KafkaConsumer:
@@ -373,6 +373,9 @@ def test_a_classic_group_survives_its_coordinators_restart_without_a_rebalance(t
     c = None
     try:
         bootstrap = b.bootstrap
+        # A new broker's first Kafka connections can wait seconds on a loaded machine: let them
+        # be made before anything here is timed.
+        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=120)
         topic = make_topic(bootstrap, 2)
         revoked = []
         c = consumer(bootstrap, group)

@@ -68,3 +68,52 @@ def test_acks_all_producer_and_group_consumer_lose_nothing_across_a_leaders_kill
         stop.set()
         c.close()
     assert acked <= consumed
+
+
+def test_a_classic_group_follows_its_coordinator_to_another_broker_without_a_rebalance(make_cluster):  # noqa: F811
+    """kill -9 of the broker that coordinates a classic group: the new leader of the group's
+    ``__consumer_offsets`` partition loads the group's record, the member finds it and goes on
+    in its generation (no partition revoked) and its commits are accepted there."""
+    from confluent_kafka import TopicPartition
+    from confluent_kafka.admin import AdminClient
+    cluster = make_cluster(3, min_insync_replicas=2)
+    topic, group = f"t-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic, 2, 3)
+    p = KafkaProducer({"bootstrap.servers": cluster.bootstrap, "acks": "all"})
+    for i in range(20):
+        p.produce(topic, value=b"a%d" % i)
+    assert p.flush(120) == 0
+    revoked, got = [], []
+    c = KafkaConsumer({"bootstrap.servers": cluster.bootstrap, "group.id": group, "auto.offset.reset": "earliest",
+                       "enable.auto.commit": False, "session.timeout.ms": 30000})
+    c.subscribe([topic], on_revoke=lambda cons, ps: revoked.append(ps))
+    try:
+        deadline = time.monotonic() + 120
+        while len(got) < 20 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                got.append(m.value())
+        assert len(got) == 20
+        c.commit(asynchronous=False)
+        admin = AdminClient({"bootstrap.servers": cluster.bootstrap})
+        coordinator = admin.describe_consumer_groups([group], request_timeout=30)[group].result().coordinator.id
+        cluster.kill(coordinator)
+        for i in range(10):
+            p.produce(topic, value=b"b%d" % i)
+        assert p.flush(120) == 0
+        deadline = time.monotonic() + 120
+        while len(got) < 30 and time.monotonic() < deadline:
+            m = c.poll(0.2)
+            if m is not None and not m.error():
+                got.append(m.value())
+        assert sorted(got[20:]) == sorted(b"b%d" % i for i in range(10))
+        end = time.monotonic() + 10  # heartbeats reach the new coordinator
+        while time.monotonic() < end:
+            c.poll(0.2)
+        assert revoked == []  # the same generation: the group record was loaded by the new coordinator
+        c.commit(asynchronous=False)
+        committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=30)
+        assert sum(tp.offset for tp in committed) == 30
+    finally:
+        c.close()
