@@ -37,7 +37,11 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 
-PUSH_TIMEOUT = 30.0  # seconds a handler or log actor has to acknowledge a change
+PUSH_TIMEOUT = 30.0  # seconds a handler or log actor has to acknowledge a change, plus:
+# seconds more per partition a log actor opens or closes in it (each is a few fsyncs: 20-200 ms on
+# a loaded machine; 1,000-partition topics timed out at 30 s, were undone while still opening, and
+# the client's retry was told TOPIC_ALREADY_EXISTS for a topic that then disappeared)
+PUSH_TIMEOUT_PER_PARTITION = 0.25
 GROUP_COORDINATOR = "group_coordinator"
 
 
@@ -314,7 +318,9 @@ class Controller(Actor):
                 self._in_phases(rest, failed, done)
 
         for to, type_, fields in targets:
-            self.request(to, type_, fields, callback=lambda r, to=to, f=fields: acked(r, to, f), timeout=PUSH_TIMEOUT)
+            changes = len(fields.get("open") or ()) + len(fields.get("close") or ()) if type_ == "assign" else 0
+            self.request(to, type_, fields, callback=lambda r, to=to, f=fields: acked(r, to, f),
+                         timeout=PUSH_TIMEOUT + PUSH_TIMEOUT_PER_PARTITION * changes)
 
 
 def _first_failure(failed: list) -> dict[str, tuple[int, str]]:
