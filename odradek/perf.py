@@ -260,6 +260,8 @@ def produce_main(argv: list[str]) -> int:
     ap.add_argument("--producer-props", nargs="*", default=[], metavar="KEY=VALUE")
     ap.add_argument("--partitions", type=int, default=1, help="partitions if the topic must be created")
     ap.add_argument("--latency-sample", type=int, default=100, help="time every Nth record's acknowledgement")
+    ap.add_argument("--keys", type=int, default=0, help="keyed records, cycling through this many distinct keys "
+                    "(0: keyless, the default)")
     ap.add_argument("--reporting-interval", type=int, default=REPORT_INTERVAL_MS, help="ms between progress lines")
     ap.add_argument("--no-redis", action="store_true", help="skip the Redis Streams comparison")
     ap.add_argument("--json", action="store_true", help="print the summaries as one JSON line at the end")
@@ -271,10 +273,11 @@ def produce_main(argv: list[str]) -> int:
     if clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
         return _side_by_side(args, clients, "produce", props)
     _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
-    print(f"odradek: {args.num_records} records of {args.record_size} bytes to '{args.topic}', "
+    print(f"odradek: {args.num_records} records of {args.record_size} bytes to '{args.topic}'"
+          f"{f', {args.keys} keys' if args.keys else ''}, "
           f"{' '.join(f'{k}={v}' for k, v in props.items())}", flush=True)
     ours = run_produce(args.bootstrap_server, args.topic, args.num_records, args.record_size, args.throughput,
-                       producer_kwargs(props), args.latency_sample, args.reporting_interval)
+                       producer_kwargs(props), args.latency_sample, args.reporting_interval, keys=args.keys)
     if args.plot:
         write_plot(args.plot, f"perf produce: {args.num_records} x {args.record_size} B to {args.topic}", ours)
     theirs = None
@@ -287,10 +290,17 @@ def produce_main(argv: list[str]) -> int:
     return 0 if ours["errors"] == 0 else 1
 
 
+def _keys(count: int) -> list[bytes] | None:
+    """The distinct keys a keyed run cycles through (``--keys``), or None for keyless."""
+    return [b"key-%06d" % k for k in range(count)] if count > 0 else None
+
+
 def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwargs: dict,
-                sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
+                sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None,
+                keys: int = 0) -> dict:
     from odradek.producer import Producer
     value = _payload(size)
+    key_list = _keys(keys)
     stats = Stats(report_ms)
     errors = []
     throttle = Throttle(rate)
@@ -314,10 +324,15 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
         while i < n:
             chunk = min(n, i + sample_every)
             t0 = monotonic()
-            h = send(topic, value)
+            if key_list is None:
+                h = send(topic, value)
+                for _ in range(i + 1, chunk):
+                    send(topic, value)
+            else:
+                h = send(topic, value, key=key_list[i % keys])
+                for j in range(i + 1, chunk):
+                    send(topic, value, key=key_list[j % keys])
             h.add_done_callback(lambda h, t0=t0: on_done(h, t0))
-            for _ in range(i + 1, chunk):
-                send(topic, value)
             i = chunk
             throttle.wait(i)
             stats.progress(i, i * size)
@@ -481,10 +496,11 @@ def _confluent_props(props: dict) -> dict:
 
 def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, props: dict,
                           sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None,
-                          stopped=None) -> dict:
-    """``run_produce`` through confluent-kafka: the same records, acks and codec."""
+                          stopped=None, keys: int = 0) -> dict:
+    """``run_produce`` through confluent-kafka: the same records, acks, codec and keys."""
     from confluent_kafka import Producer as KafkaProducer
     value = _payload(size)
+    key_list = _keys(keys)
     stats = Stats(report_ms)
     errors: list = []
     throttle = Throttle(rate)
@@ -519,10 +535,11 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
         for j in range(i, chunk):
             while True:
                 try:
+                    key = None if key_list is None else key_list[j % keys]
                     if j == i:
-                        produce(topic, value, on_delivery=lambda e, m, t0=t0: on_done(e, m, t0))
+                        produce(topic, value, key, on_delivery=lambda e, m, t0=t0: on_done(e, m, t0))
                     else:
-                        produce(topic, value)
+                        produce(topic, value, key)
                     break
                 except BufferError:  # the local queue is full: let librdkafka send
                     poll(0.005)
@@ -641,11 +658,11 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
                     if c == "odradek":
                         r = run_produce(bootstrap, topic, args.num_records, args.record_size, args.throughput,
                                         producer_kwargs(props), args.latency_sample, args.reporting_interval, started,
-                                        stopped)
+                                        stopped, keys=args.keys)
                     else:
                         r = run_confluent_produce(bootstrap, topic, args.num_records, args.record_size,
                                                   args.throughput, props, args.latency_sample,
-                                                  args.reporting_interval, started, stopped)
+                                                  args.reporting_interval, started, stopped, keys=args.keys)
                 elif c == "odradek":
                     r = run_consume(bootstrap, topic, args.partitions, args.messages, args.fetch_size,
                                     args.max_poll_records, args.timeout, args.reporting_interval, started, stopped)
