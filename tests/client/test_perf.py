@@ -25,7 +25,7 @@ def test_produce_prints_kafka_style_progress_and_a_summary_with_percentiles(scri
 def test_e2e_measures_send_to_receipt_in_a_child_consumer(scripted, capsys):
     broker = scripted({"lat": 1})
     code = perf.e2e_main(["--bootstrap-server", broker.bootstrap, "--topic", "lat", "--num-records", "200",
-                          "--throughput", "2000", "--no-redis"])
+                          "--throughput", "2000", "--no-redis", "--no-nats"])
     out = capsys.readouterr().out.splitlines()
     assert code == 0 and out[-1].startswith("200 records received") and "99.9th" in out[-1]
 
