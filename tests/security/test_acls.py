@@ -18,7 +18,7 @@ from odradek.local import LocalBroker
 from odradek.network import secstore
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
-from tests.security.conftest import listeners_of
+from tests.security.conftest import listeners_of, warm_kafka
 
 USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
 DELAY_MS = 300
@@ -36,6 +36,7 @@ def acl_broker(tmp_path_factory):
                          start_timeout=240).start()
     try:
         broker.listeners = listeners_of(broker)
+        warm_kafka(*broker.listeners["PLAINTEXT"][:2])
         yield broker
     finally:
         broker.stop()
