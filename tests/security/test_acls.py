@@ -185,3 +185,21 @@ def test_a_restart_keeps_users_and_acls(acl_broker, topics):
     with pytest.raises(OdradekError) as info:
         produce(acl_broker, "bob", topics["a"])
     assert info.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_confluent_kafkas_admin_client_creates_describes_and_deletes_acls(acl_broker, topics):
+    from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+    admin = AdminClient({"bootstrap.servers": sasl_addr(acl_broker), "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "admin", "sasl.password": USERS["admin"]})
+    name = f"kafka-admin-{uuid.uuid4().hex[:6]}"
+    binding = AclBinding(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, "User:carol", "*",
+                         AclOperation.READ, AclPermissionType.ALLOW)
+    for future in admin.create_acls([binding]).values():
+        future.result(timeout=30)
+    flt = AclBindingFilter(ResourceType.TOPIC, name, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                           AclPermissionType.ANY)
+    assert admin.describe_acls(flt).result(timeout=30) == [binding]
+    deleted = [b for f in admin.delete_acls([flt]).values() for b in f.result(timeout=30)]
+    assert deleted == [binding]
+    assert admin.describe_acls(flt).result(timeout=30) == []
