@@ -117,6 +117,11 @@ def _read_regions(files) -> list:
     return out
 
 
+def _replica_id(body) -> int:
+    value = body.get("replica_id") if isinstance(body, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 def socket_path(run_dir: str, name: str) -> str:
     """The Unix socket a processor receives connections on."""
     return os.path.join(run_dir, name) + ".sock"
@@ -642,7 +647,8 @@ class Processor(Actor):
             conn.requests += 1
             self._release(self._take_reservation(conn))
             return
-        slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka")]  # + Kafka context or None
+        slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
+                _replica_id(h["body"]) >= 0]  # a follower's fetch: no quota
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
@@ -678,7 +684,7 @@ class Processor(Actor):
                                              fields.get("message", ""))
         else:
             rec.slot[1] = self._response(corr, reply, conn.tls)
-        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error" and not rec.slot[6]:
             self._apply_quota(conn, rec)
         self._answered(conn)
 
