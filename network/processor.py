@@ -379,6 +379,7 @@ class Processor(Actor):
             return
         except (ssl.SSLError, OSError) as exc:
             self.counters["tls_failed"] += 1
+            self.metrics.inc("authentication_failures", (conn.listener,))
             self._audit("tls", conn, f"TLS handshake failed on listener {conn.listener}: {exc}")
             self._close(conn, f"TLS handshake failed: {exc}")
             return
@@ -514,6 +515,7 @@ class Processor(Actor):
                          conn.sasl.server.mechanism, conn.listener)
             return codec.Frame({"corr": corr, "answer": bufs}, [])
         self.counters["authentication_failed"] += 1
+        self.metrics.inc("authentication_failures", (conn.listener,))
         self._audit("authentication", conn, f"authentication failed on listener {conn.listener}: {failure}")
         return codec.Frame({"corr": corr, "answer": bufs, "close": failure}, [])
 
@@ -699,7 +701,7 @@ class Processor(Actor):
         if delay <= 0:
             return
         self.counters["throttled"] += 1
-        self.counters["throttle_ms"] += int(delay * 1000)
+        self.metrics.observe("throttle_ms", ("produce" if produce else "fetch",), delay * 1000)
         slot, bufs = rec.slot, rec.slot[1]
         slot[1], conn.muted = None, True
         self.call_later(delay, functools.partial(self._release_throttled, conn, slot, bufs))

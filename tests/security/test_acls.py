@@ -171,6 +171,19 @@ def test_the_bundled_client_with_a_wrong_password_is_refused_after_the_delay(acl
     assert time.monotonic() - began >= DELAY_MS / 1000
 
 
+def test_denials_and_authentication_failures_are_counted_in_metrics(acl_broker, topics):
+    import urllib.request
+    with pytest.raises(OdradekError):
+        produce(acl_broker, "bob", topics["a"])
+    with pytest.raises(OdradekError):
+        with Admin(sasl_addr(acl_broker), request_timeout_ms=3000, security_protocol="SASL_PLAINTEXT",
+                   sasl_mechanism="PLAIN", sasl_plain_username="bob", sasl_plain_password="nope") as admin:
+            admin.list_topics()
+    text = urllib.request.urlopen(acl_broker.console_url + "metrics", timeout=10).read().decode()
+    assert 'odradek_authorization_denied_total{operation="Write",resource="Topic"}' in text
+    assert 'odradek_authentication_failures_total{listener="SASL_PLAINTEXT"}' in text
+
+
 def test_acls_list_shows_what_was_added(acl_broker, topics):
     out = acls(acl_broker, "--list", "--topic", "a-", "--resource-pattern-type", "prefixed")
     assert "principal=User:alice" in out and "operation=Write" in out
