@@ -53,6 +53,10 @@ class Acceptor(Actor):
         self.host, self.port = self.listeners[0].host, self.listeners[0].port
         self.max_connections = int(config.get("max.connections", 1000))
         self.max_per_ip = int(config.get("max.connections.per.ip", 1000))
+        # max.connection.creation.rate: a token bucket (one second's worth); when empty, the
+        # listening sockets are not watched (new connections wait in the kernel's backlog)
+        self.creation_rate = float(config.get("max.connection.creation.rate", 2147483647))
+        self._tokens, self._tokens_at = self.creation_rate, 0.0
         self.sockets: dict[int, tuple[socket.socket, str]] = {}  # fd -> (listening socket, listener name)
         self.by_processor: dict[str, collections.Counter[str]] = {}  # processor -> ip -> count
         self.per_ip: collections.Counter[str] = collections.Counter()
@@ -146,11 +150,29 @@ class Acceptor(Actor):
             for fd, (sock, name) in self.sockets.items():
                 self.watch(fd, lambda _events, s=sock, n=name: self._on_accept(s, n))
 
+    def _take_token(self) -> bool:
+        now = self.clock()
+        self._tokens = min(self.creation_rate, self._tokens + (now - self._tokens_at) * self.creation_rate)
+        self._tokens_at = now
+        if self._tokens >= 1:
+            self._tokens -= 1
+            return True
+        if self._accepting:  # stop watching the listeners until the next token
+            self._accepting = False
+            for fd in self.sockets:
+                self.unwatch(fd)
+            self.counters["creation_rate_throttled"] += 1
+            self.call_later((1 - self._tokens) / self.creation_rate, self._start_accepting)
+        return False
+
     def _on_accept(self, listener: socket.socket, name: str) -> None:
         for _ in range(ACCEPTS_PER_WAKEUP):
+            if not self._take_token():
+                return
             try:
                 sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
+                self._tokens += 1  # nothing was waiting: the token is not spent
                 return
             except OSError as exc:  # EMFILE and friends: let the backlog hold them a moment
                 log.error("%s: accept failed: %s", self.name, exc)

@@ -27,7 +27,8 @@ ACL_APIS = (ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS)
 
 
 class Guard:
-    def __init__(self, config: dict, data_dir: str):
+    def __init__(self, config: dict, data_dir: str, metrics=None):
+        self.metrics = metrics  # the handler's (actors.metrics.Metrics): authorization_denied
         self.enabled = bool(config.get("authorizer"))
         self.super_users = [u.strip() for u in (config.get("super.users") or "").split(";") if u.strip()]
         self.allow_if_no_acl = bool(config.get("allow.everyone.if.no.acl.found"))
@@ -57,6 +58,8 @@ class Guard:
         for operation, resource, name in az.requirements(api, body):
             if not auth.authorize(principal, host, operation, resource, name):
                 self._audit(principal, fields.get("peer"), operation, resource, name)
+                if self.metrics is not None:
+                    self.metrics.inc("authorization_denied", (operation, resource))
                 raise OdradekError(f"{principal} is not allowed to {operation} {resource} '{name}'",
                                    az.DENIED[resource])
 

@@ -169,7 +169,7 @@ class RequestHandler(Actor):
             **{api: lambda msg, body: self.reply(msg, {"body": self.guard.serve(msg.get("api"), body)})
                for api in ACL_APIS},
         }
-        self.guard = Guard(self.config, self.args.get("data_dir") or ".")  # ACLs (authorizer = true)
+        self.guard = Guard(self.config, self.args.get("data_dir") or ".", self.metrics)  # ACLs (authorizer = true)
 
     def on_start(self) -> None:
         self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields)

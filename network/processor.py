@@ -120,6 +120,11 @@ def _read_regions(files) -> list:
     return out
 
 
+def _replica_id(body) -> int:
+    value = body.get("replica_id") if isinstance(body, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 def socket_path(run_dir: str, name: str) -> str:
     """The Unix socket a processor receives connections on."""
     return os.path.join(run_dir, name) + ".sock"
@@ -382,6 +387,7 @@ class Processor(Actor):
             return
         except (ssl.SSLError, OSError) as exc:
             self.counters["tls_failed"] += 1
+            self.metrics.inc("authentication_failures", (conn.listener,))
             self._audit("tls", conn, f"TLS handshake failed on listener {conn.listener}: {exc}")
             self._close(conn, f"TLS handshake failed: {exc}")
             return
@@ -517,6 +523,7 @@ class Processor(Actor):
                          conn.sasl.server.mechanism, conn.listener)
             return codec.Frame({"corr": corr, "answer": bufs}, [])
         self.counters["authentication_failed"] += 1
+        self.metrics.inc("authentication_failures", (conn.listener,))
         self._audit("authentication", conn, f"authentication failed on listener {conn.listener}: {failure}")
         return codec.Frame({"corr": corr, "answer": bufs, "close": failure}, [])
 
@@ -651,7 +658,8 @@ class Processor(Actor):
             conn.requests += 1
             self._release(self._take_reservation(conn))
             return
-        slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka")]  # + Kafka context or None
+        slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
+                _replica_id(h["body"]) >= 0]  # a follower's fetch: no quota
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
@@ -700,7 +708,7 @@ class Processor(Actor):
                                              fields.get("message", ""))
         else:
             rec.slot[1] = self._response(corr, reply, conn.tls)
-        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error" and not rec.slot[6]:
             self._apply_quota(conn, rec)
         self._answered(conn)
 
@@ -715,7 +723,7 @@ class Processor(Actor):
         if delay <= 0:
             return
         self.counters["throttled"] += 1
-        self.counters["throttle_ms"] += int(delay * 1000)
+        self.metrics.observe("throttle_ms", ("produce" if produce else "fetch",), delay * 1000)
         slot, bufs = rec.slot, rec.slot[1]
         slot[1], conn.muted = None, True
         self.call_later(delay, functools.partial(self._release_throttled, conn, slot, bufs))

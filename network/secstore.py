@@ -105,13 +105,16 @@ class ZkStore:
 
     def _client(self):
         if self._zk is None:
-            from kazoo.client import KazooClient
-            hosts, _, chroot = self.connect.partition("/")
-            zk = KazooClient(hosts=hosts, timeout=self.timeout)
-            zk.start(timeout=self.timeout)
-            if chroot:
-                zk.ensure_path("/" + chroot)
-                zk.chroot = "/" + chroot
+            zk = _SESSIONS.get(self.connect)
+            if zk is None:  # one ZooKeeper session per process, shared by its stores
+                from kazoo.client import KazooClient
+                hosts, _, chroot = self.connect.partition("/")
+                zk = KazooClient(hosts=hosts, timeout=self.timeout)
+                zk.start(timeout=self.timeout)
+                if chroot:
+                    zk.ensure_path("/" + chroot)
+                    zk.chroot = "/" + chroot
+                _SESSIONS[self.connect] = zk
             zk.ensure_path(self.zpath)
             self._zk = zk
             zk.DataWatch(self.zpath, self._changed)
@@ -143,10 +146,15 @@ class ZkStore:
             return result
 
     def close(self) -> None:
+        """End this process's session (a command's, at its end)."""
         if self._zk is not None:
+            _SESSIONS.pop(self.connect, None)
             self._zk.stop()
             self._zk.close()
             self._zk = None
+
+
+_SESSIONS: dict = {}  # zookeeper.connect -> the process's KazooClient
 
 
 def _store(config: dict, data_dir: str, name: str, zpath: str, default):

@@ -71,6 +71,16 @@ COUNTED: dict[str, Spec] = {
                              "From the answer reaching the processor to its bytes going to the socket "
                              "(Kafka's response queue + send).", ("api",),
                              "RequestMetrics ResponseQueueTimeMs + ResponseSendTimeMs"),
+    # security (docs/SECURITY.md)
+    "throttle_ms": Spec("odradek_throttle_time_seconds", "histogram",
+                        "Time a quota held an answer (and its connection) back, per kind (produce, fetch).",
+                        ("kind",), "Produce/Fetch throttle-time"),
+    "authentication_failures": Spec("odradek_authentication_failures", "counter",
+                                    "Failed TLS handshakes and SASL authentications, per listener.", ("listener",),
+                                    "socket-server-metrics failed-authentication-total"),
+    "authorization_denied": Spec("odradek_authorization_denied", "counter",
+                                 "Requests refused by the ACLs, per operation and resource type.",
+                                 ("operation", "resource"), "(audit log of the authorizer)"),
 }
 
 # Gauges read at scrape time (``Actor.metric_gauges``).

@@ -148,6 +148,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "takes the place of the least recently used idle one, if there is one.", _at_least(1)),
     Setting("max.connections.per.ip", int, 500, "Connections the acceptor admits from one IP address (below "
             "`max.connections`, so one address cannot lock the others out).", _at_least(1)),
+    Setting("max.connection.creation.rate", int, 2147483647,
+            "New connections the acceptor takes per second, all listeners together (a burst of one second's "
+            "worth); faster ones wait in the kernel's listen backlog.", _at_least(1)),
     Setting("connections.max.idle.ms", int, 600000, "A connection silent this long is closed.", _at_least(100)),
     Setting("queued.max.requests", int, 500,
             "Requests one processor keeps in flight before it stops reading its sockets.", _at_least(1)),

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 
 import pytest
@@ -55,6 +56,22 @@ def listeners_of(broker: LocalBroker) -> dict[str, tuple[str, int, str]]:
     return out
 
 
+def warm_kafka(host: str, port: int, connections: int = 4, timeout: float = 120.0) -> None:
+    """Open several Kafka connections at once and wait for ApiVersions on each: a processor
+    imports the Kafka codec (kio's schemas) on its first Kafka connection, which takes
+    seconds on this loaded machine, longer than librdkafka waits for its first answer."""
+    request = b"\x00\x12\x00\x00\x00\x00\x00\x01\x00\x04warm"  # ApiVersions v0, corr 1, client "warm"
+    socks = [socket.create_connection((host, port), timeout=timeout) for _ in range(connections)]
+    try:
+        for s in socks:
+            s.sendall(len(request).to_bytes(4, "big") + request)
+        for s in socks:
+            assert s.recv(4), "no ApiVersions answer while warming up"
+    finally:
+        for s in socks:
+            s.close()
+
+
 USERS = {"alice": "alice-secret", "bob": "bob-secret", "admin": "admin-secret"}
 DELAY_MS = 400
 
@@ -74,6 +91,7 @@ def secure_broker(tmp_path_factory, certs):
     broker = LocalBroker(data, settings, start_timeout=240).start()
     try:
         broker.listeners = listeners_of(broker)
+        warm_kafka(*broker.listeners["PLAINTEXT"][:2])
         yield broker
     finally:
         broker.stop()

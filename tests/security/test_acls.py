@@ -18,7 +18,7 @@ from odradek.local import LocalBroker
 from odradek.network import secstore
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
-from tests.security.conftest import listeners_of
+from tests.security.conftest import listeners_of, warm_kafka
 
 USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
 DELAY_MS = 300
@@ -36,6 +36,7 @@ def acl_broker(tmp_path_factory):
                          start_timeout=240).start()
     try:
         broker.listeners = listeners_of(broker)
+        warm_kafka(*broker.listeners["PLAINTEXT"][:2])
         yield broker
     finally:
         broker.stop()
@@ -170,6 +171,19 @@ def test_the_bundled_client_with_a_wrong_password_is_refused_after_the_delay(acl
     assert time.monotonic() - began >= DELAY_MS / 1000
 
 
+def test_denials_and_authentication_failures_are_counted_in_metrics(acl_broker, topics):
+    import urllib.request
+    with pytest.raises(OdradekError):
+        produce(acl_broker, "bob", topics["a"])
+    with pytest.raises(OdradekError):
+        with Admin(sasl_addr(acl_broker), request_timeout_ms=3000, security_protocol="SASL_PLAINTEXT",
+                   sasl_mechanism="PLAIN", sasl_plain_username="bob", sasl_plain_password="nope") as admin:
+            admin.list_topics()
+    text = urllib.request.urlopen(acl_broker.console_url + "metrics", timeout=10).read().decode()
+    assert 'odradek_authorization_denied_total{operation="Write",resource="Topic"}' in text
+    assert 'odradek_authentication_failures_total{listener="SASL_PLAINTEXT"}' in text
+
+
 def test_acls_list_shows_what_was_added(acl_broker, topics):
     out = acls(acl_broker, "--list", "--topic", "a-", "--resource-pattern-type", "prefixed")
     assert "principal=User:alice" in out and "operation=Write" in out
@@ -184,3 +198,21 @@ def test_a_restart_keeps_users_and_acls(acl_broker, topics):
     with pytest.raises(OdradekError) as info:
         produce(acl_broker, "bob", topics["a"])
     assert info.value.code == ErrorCode.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_confluent_kafkas_admin_client_creates_describes_and_deletes_acls(acl_broker, topics):
+    from confluent_kafka.admin import (AclBinding, AclBindingFilter, AclOperation, AclPermissionType, AdminClient,
+                                       ResourcePatternType, ResourceType)
+    admin = AdminClient({"bootstrap.servers": sasl_addr(acl_broker), "security.protocol": "SASL_PLAINTEXT",
+                         "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": "admin", "sasl.password": USERS["admin"]})
+    name = f"kafka-admin-{uuid.uuid4().hex[:6]}"
+    binding = AclBinding(ResourceType.TOPIC, name, ResourcePatternType.LITERAL, "User:carol", "*",
+                         AclOperation.READ, AclPermissionType.ALLOW)
+    for future in admin.create_acls([binding]).values():
+        future.result(timeout=30)
+    flt = AclBindingFilter(ResourceType.TOPIC, name, ResourcePatternType.ANY, None, None, AclOperation.ANY,
+                           AclPermissionType.ANY)
+    assert admin.describe_acls(flt).result(timeout=30) == [binding]
+    deleted = [b for f in admin.delete_acls([flt]).values() for b in f.result(timeout=30)]
+    assert deleted == [binding]
+    assert admin.describe_acls(flt).result(timeout=30) == []

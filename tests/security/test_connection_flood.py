@@ -59,3 +59,35 @@ def test_a_flood_from_one_address_past_its_limit_leaves_other_addresses_served(l
     finally:
         for s in flood:
             s.close()
+
+
+@pytest.fixture(scope="module")
+def rate_limited_broker(tmp_path_factory):
+    broker = LocalBroker(str(tmp_path_factory.mktemp("rate-broker")), {"max.connection.creation.rate": 10},
+                         start_timeout=240).start()
+    try:
+        yield broker
+    finally:
+        broker.stop()
+
+
+def test_connections_past_the_creation_rate_wait_in_the_backlog_and_are_all_served(rate_limited_broker):
+    port = rate_limited_broker.port
+    time.sleep(1.2)  # a full bucket: 10 connections at once, then 10 a second
+    socks = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(30)]
+    began = time.monotonic()
+    try:
+        for s in socks:
+            s.sendall(b"".join(codec.encode_request(ApiKey.API_VERSIONS, 0, 1, "rate", {})))
+        for s in socks:
+            decoder = codec.Decoder(1 << 20, codec.RESPONSE_FIELDS)
+            while (frame := decoder.next()) is None:
+                data = s.recv(65536)
+                assert data, "a connection past the rate was closed instead of waiting"
+                decoder.feed(data)
+            assert frame.header["body"]["error_code"] == 0
+        elapsed = time.monotonic() - began
+    finally:
+        for s in socks:
+            s.close()
+    assert 1.5 <= elapsed <= 10, elapsed  # 20 past the burst at 10/s: about 2 s
