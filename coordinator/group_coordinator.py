@@ -37,7 +37,8 @@ request tries again.
 Accepts:
   group_request {api, body, client, peer, metadata_version}  forwarded by a request handler;
         answered straight to the client's processor (``_reply {body}`` or ``_error``):
-        CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LIST_GROUPS,
+        CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR (key_type 0,
+        and 1 for transactional ids: this broker's transaction coordinator), LIST_GROUPS,
         DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
         removal; a classic member's leave), and the classic protocol: JOIN_GROUP, SYNC_GROUP,
         HEARTBEAT (``coordinator.classic_group``; a JoinGroup or SyncGroup that must wait is
@@ -987,9 +988,12 @@ class GroupCoordinator(Actor):
         while the snapshot has no port for it (single-broker mode), from the listener.
         ``keys`` (FindCoordinator v4+) asks for several groups at once: answered
         ``{"coordinators": [{key, node_id, host, port, error_code, error_message}]}``."""
-        if body.get("key_type", 0) != 0:
-            raise OdradekError(f"key_type {body.get('key_type')!r}: this coordinator finds group coordinators "
-                               f"only (key_type 0)", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        key_type = body.get("key_type", 0)
+        if key_type == 1:
+            self._find_txn_coordinator(msg, body)
+            return
+        if key_type != 0:
+            raise OdradekError(f"key_type {key_type!r}: 0 (group) or 1 (transaction)", ErrorCode.INVALID_REQUEST)
         keys = body.get("keys")
         if keys is None:
             key = body.get("key")
@@ -1019,6 +1023,28 @@ class GroupCoordinator(Actor):
                                 "error_message": exc.message})
             self.reply(msg, {"body": {"coordinators": out}})
         self._own_address(answer_all)
+
+    def _find_txn_coordinator(self, msg: Message, body: dict) -> None:
+        """FindCoordinator key_type 1 (transactional ids): the transaction coordinator is
+        this broker's in single-broker mode; in cluster mode transactions are not served yet
+        (COORDINATOR_NOT_AVAILABLE; docs/TRANSACTIONS.md)."""
+        keys = body.get("keys")
+        if keys is not None and not isinstance(keys, list):
+            raise BadRequest("'keys' must be a list of transactional ids")
+        if self.cluster_mode:
+            raise OdradekError("transactions are not supported in cluster mode yet (docs/TRANSACTIONS.md)",
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+        def answer(own) -> None:
+            host, port = own
+            if keys is None:
+                self.reply(msg, {"body": {"error_code": 0, "node_id": self.broker_id, "host": host, "port": port,
+                                          "key": body.get("key")}})
+            else:
+                self.reply(msg, {"body": {"coordinators": [
+                    {"key": k, "node_id": self.broker_id, "host": host, "port": port, "error_code": 0}
+                    for k in keys]}})
+        self._own_address(answer)
 
     def _coordinator_of(self, key, own) -> tuple[int, tuple | None]:
         """``(node_id, (host, port))`` of group ``key``'s coordinator (``own``: this broker's
