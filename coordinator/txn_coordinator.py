@@ -41,13 +41,20 @@ import time
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.coordinator.topics import placement
-from odradek.coordinator.transaction import COMPLETE, TransactionManager, TxnState
+from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
+from odradek.log.log_actor import partition_dir
+from odradek.log.reader import LogBounds, LogReader
+from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.log import producer_ids
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 
 OFFSETS_TOPIC = "__consumer_offsets"
+STATE_TOPIC = "__transaction_state"  # one partition in single-broker mode (the coordinator's log)
+CONTROLLER = "controller"
+WRITE_TIMEOUT = 30.0
+READ_BYTES = 1 << 20
 MARKER_TIMEOUT = 30.0  # seconds a log actor has to write markers before the coordinator retries
 MARKER_RETRY = 0.5
 
@@ -86,8 +93,104 @@ class TxnCoordinator(Actor):
         self.waiting_end: dict[str, list[Message]] = {}  # EndTxn requests answered when markers land
         self.markers_in_flight: set[str] = set()
         self.aborted_by_timeout = 0
+        self.state_topic = False  # __transaction_state exists (created on the first transactional id)
+        if not self.cluster_mode:
+            self._load_state()
         interval = int(config.get("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10000)) / 1000
         self.call_every(interval, self._expire)
+
+    # ---- durable state: __transaction_state ------------------------------------------------
+    def _state_host(self) -> str:
+        return f"log-{placement(STATE_TOPIC, 0, self.log_hosts)}"
+
+    def _load_state(self) -> None:
+        """At start (blocking, before ready): replay ``__transaction_state`` if it exists;
+        transactions found preparing get their markers written again."""
+        snapshot = self.call(CONTROLLER, "get_metadata", timeout=30.0).fields
+        if STATE_TOPIC not in (snapshot.get("topics") or {}):
+            return
+        self.state_topic = True
+        bounds = None
+        deadline = time.monotonic() + 60
+        while bounds is None and time.monotonic() < deadline:
+            for topic, partition, *b in self.call(self._state_host(), "get_bounds", timeout=60.0).get("parts") or ():
+                if (topic, partition) == (STATE_TOPIC, 0) and (len(b) < 8 or b[7]):
+                    bounds = LogBounds(*b[:6])
+            if bounds is None:
+                time.sleep(0.1)
+        if bounds is None:
+            raise OdradekError(f"{STATE_TOPIC}-0 is not open on {self._state_host()}", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        loaded = 0
+        if bounds.log_start_offset < bounds.log_end_offset:
+            reader = LogReader(partition_dir(self.data_dir, STATE_TOPIC, 0), bounds)
+            try:
+                offset = bounds.log_start_offset
+                while offset < bounds.log_end_offset:
+                    result = reader.read(offset, READ_BYTES, upper_bound=bounds.log_end_offset)
+                    if not result.slices:
+                        break
+                    data = result.read_bytes()
+                    for pos, h in iter_batches(data):
+                        for r in decode_batch(memoryview(data)[pos:pos + h.size]):
+                            if r.offset >= offset and r.key is not None and r.value is not None:
+                                try:
+                                    self.txns.load(Transaction.from_record(r.key, r.value))
+                                    loaded += 1
+                                except ValueError as exc:
+                                    log.warning("%s: record at %d skipped: %s", STATE_TOPIC, r.offset, exc)
+                        offset = max(offset, h.next_offset)
+            finally:
+                reader.close()
+        log.info("loaded %d transactional ids from %d records of %s", len(self.txns.txns), loaded, STATE_TOPIC)
+        for t in self.txns.txns.values():
+            if t.state in PREPARING:
+                self.call_later(0, lambda t=t: self._write_markers(t))
+
+    def _persist(self, t: Transaction, then, fail, attempt: int = 0) -> None:
+        """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
+        could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE)."""
+        if not self.state_topic:
+            self._create_state_topic(lambda: self._persist(t, then, fail, attempt), fail)
+            return
+        key, value = t.to_record()
+
+        def answered(reply: Message) -> None:
+            code, why = (reply.error_code, reply.error_message) if reply.is_error else (0, "")
+            if not reply.is_error:
+                try:
+                    part = reply.fields["body"]["topics"][0]["partitions"][0]
+                    code, why = part.get("error_code") or 0, part.get("error_message") or ""
+                except (KeyError, IndexError, TypeError):
+                    code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
+            if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER) and attempt < 50:
+                self.call_later(0.1, lambda: self._persist(t, then, fail, attempt + 1))  # a partition being opened
+                return
+            if code:
+                log.warning("%s: writing %r failed: %s", STATE_TOPIC, t.txn_id, why)
+                fail(OdradekError(f"the transaction state could not be stored ({why}); retry",
+                                  ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            else:
+                then()
+
+        self.request(self._state_host(), "produce",
+                     {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, 0, 0]]},
+                     [encode_batch([(key, value)])], callback=answered, timeout=WRITE_TIMEOUT)
+
+    def _create_state_topic(self, then, fail) -> None:
+        def created(reply: Message) -> None:
+            result = {} if reply.is_error else reply.fields["body"]["topics"][0]
+            code = reply.error_code if reply.is_error else result.get("error_code")
+            if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
+                why = reply.error_message if reply.is_error else result.get("error_message")
+                fail(OdradekError(f"cannot create {STATE_TOPIC} ({why}); retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                return
+            log.info("created %s", STATE_TOPIC)
+            self.state_topic = True
+            self.call_later(0.2, then)  # the log actor opens the partition meanwhile (a write before gets retried)
+
+        self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+            "name": STATE_TOPIC, "num_partitions": 1, "replication_factor": 1,
+            "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
 
     def on_stop(self) -> None:
         if self.zk is not None:
@@ -110,11 +213,11 @@ class TxnCoordinator(Actor):
             if not isinstance(body, dict):
                 raise OdradekError("the request body must be a map", ErrorCode.INVALID_REQUEST)
             if api == ApiKey.INIT_PRODUCER_ID:
-                self.reply(msg, {"body": self.init_producer_id(body)})
+                self.init_producer_id(msg, body)
             elif api == ApiKey.ADD_PARTITIONS_TO_TXN:
-                self.reply(msg, {"body": self.add_partitions(body)})
+                self.add_partitions(msg, body)
             elif api == ApiKey.ADD_OFFSETS_TO_TXN:
-                self.reply(msg, {"body": self.add_offsets(body)})
+                self.add_offsets(msg, body)
             elif api == ApiKey.END_TXN:
                 self.end_txn(msg, body)
             else:
@@ -123,12 +226,18 @@ class TxnCoordinator(Actor):
         except OdradekError as exc:
             self.reply_error(msg, exc.code, exc.message)
 
-    def init_producer_id(self, body: dict) -> dict:
+    def _answer_stored(self, msg: Message, t: Transaction, body: dict) -> None:
+        """Answer ``msg`` with ``body`` once ``t``'s record is stored."""
+        self._persist(t, lambda: self.reply(msg, {"body": body}),
+                      lambda exc: self.reply_error(msg, exc.code, exc.message))
+
+    def init_producer_id(self, msg: Message, body: dict) -> None:
         txn_id = body.get("transactional_id")
         if txn_id is not None and not isinstance(txn_id, str):
             raise OdradekError("transactional_id must be a string or null", ErrorCode.INVALID_REQUEST)
         if not txn_id:
-            return {"error_code": 0, "producer_id": self.next_producer_id(), "producer_epoch": 0}
+            self.reply(msg, {"body": {"error_code": 0, "producer_id": self.next_producer_id(), "producer_epoch": 0}})
+            return
         self._check_single_broker()
         timeout = body.get("transaction_timeout_ms", 60000)
         t = self.txns.txns.get(txn_id)
@@ -138,18 +247,18 @@ class TxnCoordinator(Actor):
                                            expected_pid if isinstance(expected_pid, int) else -1,
                                            expected_epoch if isinstance(expected_epoch, int) else -1)
         except OdradekError as exc:
-            if exc.code == ErrorCode.CONCURRENT_TRANSACTIONS and t is not None:
-                self._write_markers(t)  # the aborted transaction's markers (no-op if already on the way)
+            if exc.code == ErrorCode.CONCURRENT_TRANSACTIONS and t is not None and t.state in PREPARING:
+                self._persist(t, lambda: self._write_markers(t), lambda _exc: None)  # abort the open one
             raise
         log.info("transactional id %r: producer %d epoch %d", txn_id, t.producer_id, t.epoch)
-        return {"error_code": 0, "producer_id": t.producer_id, "producer_epoch": t.epoch}
+        self._answer_stored(msg, t, {"error_code": 0, "producer_id": t.producer_id, "producer_epoch": t.epoch})
 
     def _check_single_broker(self) -> None:
         if self.cluster_mode:
             raise OdradekError("transactions are not supported in cluster mode yet (docs/TRANSACTIONS.md); use an "
                                "idempotent producer without a transactional id", ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
-    def add_partitions(self, body: dict) -> dict:
+    def add_partitions(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         self._check_single_broker()
         topics = body.get("topics")
@@ -160,21 +269,29 @@ class TxnCoordinator(Actor):
             if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("partitions"), list):
                 raise OdradekError("each topic must be {name, partitions: [int]}", ErrorCode.INVALID_REQUEST)
             wanted += [(t["name"], p) for p in t["partitions"] if isinstance(p, int) and not isinstance(p, bool)]
-        code = 0
+        def answer(code: int) -> dict:
+            return {"results": [{"name": t["name"], "results": [{"partition_index": p, "partition_error_code": code}
+                                                                 for p in t["partitions"]]} for t in topics]}
+        t = self.txns.txns.get(txn_id)
+        before = (t.state, set(t.partitions)) if t is not None else None
         try:
-            self.txns.add_partitions(txn_id, pid, epoch, wanted, _now_ms())
+            t = self.txns.add_partitions(txn_id, pid, epoch, wanted, _now_ms())
         except OdradekError as exc:
-            code = int(exc.code)
             log.info("AddPartitionsToTxn %r: %s", txn_id, exc.message)
-        return {"results": [{"name": t["name"], "results": [{"partition_index": p, "partition_error_code": code}
-                                                             for p in t["partitions"]]} for t in topics]}
+            self.reply(msg, {"body": answer(int(exc.code))})
+            return
+        if before == (t.state, t.partitions):
+            self.reply(msg, {"body": answer(0)})  # nothing new to store
+            return
+        self._persist(t, lambda: self.reply(msg, {"body": answer(0)}),
+                      lambda exc: self.reply(msg, {"body": answer(int(exc.code))}))
 
-    def add_offsets(self, body: dict) -> dict:
+    def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         group = _str(body, "group_id")
         self._check_single_broker()
-        self.txns.add_group(txn_id, pid, epoch, group, (OFFSETS_TOPIC, 0), _now_ms())
-        return {"error_code": 0}
+        t = self.txns.add_group(txn_id, pid, epoch, group, (OFFSETS_TOPIC, 0), _now_ms())
+        self._answer_stored(msg, t, {"error_code": 0})
 
     def end_txn(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
@@ -187,7 +304,11 @@ class TxnCoordinator(Actor):
             self.reply(msg, {"body": {"error_code": 0}})
             return
         self.waiting_end.setdefault(txn_id, []).append(msg)
-        self._write_markers(t)
+
+        def failed(exc: OdradekError) -> None:  # the PREPARE record is not stored: markers wait for a retry
+            for waiting in self.waiting_end.pop(txn_id, ()):
+                self.reply_error(waiting, exc.code, exc.message)
+        self._persist(t, lambda: self._write_markers(t), failed)
 
     # ---- markers -------------------------------------------------------------------------
     def _write_markers(self, t) -> None:
@@ -234,15 +355,19 @@ class TxnCoordinator(Actor):
         t = self.txns.markers_written(txn_id, written, _now_ms())
         if t.state in COMPLETE:
             log.info("transaction %r %s", txn_id, t.state.value)
-            for msg in self.waiting_end.pop(txn_id, ()):
-                self.reply(msg, {"body": {"error_code": 0}})
+
+            def answer() -> None:
+                for msg in self.waiting_end.pop(txn_id, ()):
+                    self.reply(msg, {"body": {"error_code": 0}})
+            # the COMPLETE record; if it is lost, a restart finds PREPARE and writes the markers again
+            self._persist(t, answer, lambda _exc: answer())
 
     def _expire(self) -> None:
         for t in self.txns.expire(_now_ms()):
             self.aborted_by_timeout += 1
             log.info("transaction %r open past its timeout (%d ms): aborted, producer %d fenced", t.txn_id,
                      t.timeout_ms, t.producer_id)
-            self._write_markers(t)
+            self._persist(t, lambda t=t: self._write_markers(t), lambda _exc: None)
 
     def next_producer_id(self) -> int:
         if self.block is None or self.block[0] > self.block[1]:

@@ -128,3 +128,31 @@ def test_a_transaction_left_open_past_its_timeout_is_aborted_by_the_coordinator(
     assert read(bootstrap, txn_topic, "read_uncommitted", expect=1) == [b"forgotten"]
     with pytest.raises(KafkaException):
         p.commit_transaction(10)
+
+
+def test_a_broker_killed_and_restarted_keeps_the_transaction_state_and_the_last_stable_offset(tmp_path):
+    broker = LocalBroker(str(tmp_path / "broker"), {"shutdown.timeout.ms": 10000}, start_timeout=240).start()
+    try:
+        with Admin(broker.bootstrap) as admin:
+            admin.create_topic("kept", partitions=1)
+        p = txn_producer(broker.bootstrap, "app-kept")
+        p.begin_transaction()
+        for i in range(3):
+            p.produce("kept", value=b"c%d" % i, partition=0)
+        p.commit_transaction(30)
+        p.begin_transaction()
+        for i in range(2):
+            p.produce("kept", value=b"open%d" % i, partition=0)
+        p.flush(30)
+        broker.kill()  # -9: no clean close, the log tail is recovered
+        broker.start()
+        committed = [b"c0", b"c1", b"c2"]
+        assert read(broker.bootstrap, "kept", "read_committed", wait=5) == committed  # the LSO still holds
+        assert read(broker.bootstrap, "kept", "read_uncommitted", expect=5) == committed + [b"open0", b"open1"]
+        again = txn_producer(broker.bootstrap, "app-kept")  # the coordinator remembers: aborts the open one
+        again.begin_transaction()
+        again.produce("kept", value=b"after", partition=0)
+        again.commit_transaction(30)
+        assert read(broker.bootstrap, "kept", "read_committed", expect=4) == committed + [b"after"]
+    finally:
+        broker.stop()
