@@ -26,7 +26,8 @@ Accepts:
             answered once every partition's marker is written (so a committed transaction
             is readable by read_committed consumers when commit returns).
 Sends: ``write_markers`` to the log actors hosting the transaction's partitions (single
-broker: this broker leads every partition). Timer: every
+broker: this broker leads every partition); ``txn_offsets_end`` to the group coordinator
+for a transaction that committed offsets (AddOffsetsToTxn): they are stored or dropped. Timer: every
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, transactions open longer
 than their ``transaction.timeout.ms`` are aborted and their producer fenced (epoch bumped).
 In cluster mode transactional ids are refused with COORDINATOR_NOT_AVAILABLE (the state is
@@ -51,6 +52,7 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.txn")
 
 OFFSETS_TOPIC = "__consumer_offsets"
+GROUP_COORDINATOR = "group_coordinator"
 STATE_TOPIC = "__transaction_state"  # one partition in single-broker mode (the coordinator's log)
 CONTROLLER = "controller"
 WRITE_TIMEOUT = 30.0
@@ -318,8 +320,10 @@ class TxnCoordinator(Actor):
             return
         commit = t.state == TxnState.PREPARE_COMMIT
         per_host: dict[str, list] = {}
+        groups = sorted(t.groups)
         for topic, partition in sorted(t.pending_markers):
-            if topic == OFFSETS_TOPIC:  # offsets are not stored through markers yet
+            if topic == OFFSETS_TOPIC:  # the group coordinator stores or drops the transaction's offsets
+                per_host[GROUP_COORDINATOR] = groups
                 continue
             per_host.setdefault(f"log-{placement(topic, partition, self.log_hosts)}", []).append(
                 [topic, partition, t.producer_id, t.epoch, commit, 0])
@@ -327,15 +331,17 @@ class TxnCoordinator(Actor):
             self._markers_done(t.txn_id, list(t.pending_markers))
             return
         self.markers_in_flight.add(t.txn_id)
-        left = {"hosts": len(per_host), "written": [(tp, p) for tp, p in t.pending_markers if tp == OFFSETS_TOPIC],
-                "failed": False}
+        left = {"hosts": len(per_host), "written": [], "failed": False}
 
         def answered(reply: Message) -> None:
             if reply.is_error:
                 left["failed"] = True
                 log.warning("transaction %r: markers not written: %s", t.txn_id, reply.get("message"))
             else:
-                for topic, partition, code, message in reply.get("parts") or ():
+                parts = reply.get("parts")
+                if parts is None:  # the group coordinator's answer
+                    parts = [[OFFSETS_TOPIC, 0, reply.get("error_code") or 0, reply.get("message") or ""]]
+                for topic, partition, code, message in parts:
                     if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                         left["written"].append((topic, partition))
                     else:
@@ -349,7 +355,11 @@ class TxnCoordinator(Actor):
                     self.call_later(MARKER_RETRY, lambda: self._write_markers(self.txns.txns[t.txn_id]))
 
         for host, markers in per_host.items():
-            self.request(host, "write_markers", {"markers": markers}, callback=answered, timeout=MARKER_TIMEOUT)
+            if host == GROUP_COORDINATOR:
+                self.request(host, "txn_offsets_end", {"producer_id": t.producer_id, "groups": markers,
+                                                       "commit": commit}, callback=answered, timeout=MARKER_TIMEOUT)
+            else:
+                self.request(host, "write_markers", {"markers": markers}, callback=answered, timeout=MARKER_TIMEOUT)
 
     def _markers_done(self, txn_id: str, written) -> None:
         t = self.txns.markers_written(txn_id, written, _now_ms())

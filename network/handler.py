@@ -86,6 +86,7 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.ADD_PARTITIONS_TO_TXN: (0, 0),
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 0),
     ApiKey.END_TXN: (0, 0),
+    ApiKey.TXN_OFFSET_COMMIT: (0, 0),
 }
 # Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
@@ -103,7 +104,7 @@ TXN_COORDINATOR = "txn_coordinator"
 TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN)
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
-              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
+              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.TXN_OFFSET_COMMIT)
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
 

@@ -1,5 +1,5 @@
 """The Kafka listener's transaction family: InitProducerId (22), AddPartitionsToTxn (24),
-AddOffsetsToTxn (25), EndTxn (26).
+AddOffsetsToTxn (25), EndTxn (26), TxnOffsetCommit (28, served by the group coordinator).
 
 Pure, no I/O; registers itself in ``network.kafka.apis`` (the families tuple at the end of
 that module imports it). The internal request is the native API of the same key
@@ -82,3 +82,31 @@ register(Api(ApiKey.ADD_OFFSETS_TO_TXN, 0, 3,
              error_code_from_internal, error_code_only))
 register(Api(ApiKey.END_TXN, 0, 3, _same_fields("transactional_id", "producer_id", "producer_epoch", "committed"),
              error_code_from_internal, error_code_only))
+
+
+# ---- TxnOffsetCommit (28), served by the group coordinator ---------------------------------------
+
+def txn_offset_commit_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"transactional_id": request.get("transactional_id"), "group_id": request.get("group_id"),
+            "producer_id": request.get("producer_id"), "producer_epoch": request.get("producer_epoch"),
+            "topics": [{"name": t["name"], "partitions": [
+                {"partition_index": p["partition_index"], "committed_offset": p["committed_offset"],
+                 "committed_leader_epoch": p.get("committed_leader_epoch", -1),
+                 "committed_metadata": p.get("committed_metadata")} for p in t["partitions"]]}
+                for t in request.get("topics") or ()]}, []
+
+
+def txn_offset_commit_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    return {"topics": [{"name": t["name"], "partitions": [
+        {"partition_index": p["partition_index"], "error_code": p.get("error_code", 0)} for p in t["partitions"]]}
+        for t in (reply.get("body") or {}).get("topics") or ()]}
+
+
+def txn_offset_commit_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"topics": [{"name": t["name"], "partitions": [{"partition_index": p["partition_index"], "error_code": code}
+                                                          for p in t["partitions"]]}
+                       for t in request.get("topics") or ()]}
+
+
+register(Api(ApiKey.TXN_OFFSET_COMMIT, 0, 3, txn_offset_commit_to_internal, txn_offset_commit_from_internal,
+             txn_offset_commit_error))
