@@ -156,3 +156,32 @@ def test_a_broker_killed_and_restarted_keeps_the_transaction_state_and_the_last_
         assert read(broker.bootstrap, "kept", "read_committed", expect=4) == committed + [b"after"]
     finally:
         broker.stop()
+
+
+def test_offsets_sent_to_an_aborted_transaction_are_not_committed_and_to_a_committed_one_are(bootstrap, txn_topic):
+    group = f"g-{txn_topic}"
+    out = f"{txn_topic}-out"
+    with Admin(bootstrap) as admin:
+        admin.create_topic(out, partitions=1)
+    src = KafkaProducer({"bootstrap.servers": bootstrap})
+    for i in range(4):
+        src.produce(txn_topic, value=b"in%d" % i, partition=0)
+    src.flush(30)
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False,
+                       "auto.offset.reset": "earliest", "isolation.level": "read_committed"})
+    c.assign([TopicPartition(txn_topic, 0)])
+    p = txn_producer(bootstrap, f"app-{txn_topic}")
+    try:
+        for commit, offset in ((False, 2), (True, 4)):
+            p.begin_transaction()
+            p.produce(out, value=b"out-%d" % offset, partition=0)
+            p.send_offsets_to_transaction([TopicPartition(txn_topic, 0, offset)], c.consumer_group_metadata(), 30)
+            if commit:
+                p.commit_transaction(30)
+            else:
+                p.abort_transaction(30)
+            committed = c.committed([TopicPartition(txn_topic, 0)], timeout=30)[0].offset
+            assert committed == (4 if commit else -1001), (commit, committed)  # -1001: none committed
+    finally:
+        c.close()
+    assert read(bootstrap, out, "read_committed", expect=1) == [b"out-4"]
