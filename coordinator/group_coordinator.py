@@ -45,9 +45,9 @@ Accepts:
         held in ``held_classic`` and answered when the group moves on, SyncGroup answers
         after the group's record is stored)
   metadata {snapshot}  pushed by the controller; replies ``{version}`` (the version it holds)
-  txn_offsets_end {producer_id, groups, commit}  from the transaction coordinator: the
-        offsets a transaction committed with TXN_OFFSET_COMMIT (held until then) are stored
-        or dropped; replies ``{error_code, message}`` once stored
+  txn_offsets_end {producer_id, commit, offsets}  from the transaction coordinator: the
+        offsets a committed transaction carried (TXN_OFFSET_COMMIT) are stored; replies
+        ``{error_code, message}`` once they are
 Sends: ``produce`` to log actors (offsets and group records, acks=-1 with ``timeout_ms`` =
 ``COMMIT_TIMEOUT_MS``), ``get_bounds`` to log actors (loading), ``list_offsets`` to the
 fetch actor (a commit beyond the high watermark is refused), ``get_metadata`` and
@@ -112,10 +112,9 @@ READ_BYTES = 1 << 20
 CREATED_WAIT = 10.0  # seconds requests queued for the topic's creation wait for its partitions to load
 MAX_WAIT_MS = 30_000  # a heartbeat is held at most this long
 # need __consumer_offsets to exist
-WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP,
-           ApiKey.TXN_OFFSET_COMMIT)
+WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP)
 BY_GROUP = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LEAVE_GROUP,
-            ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.TXN_OFFSET_COMMIT)
+            ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
 CLASSIC_MARGIN_MS = 2000  # a held JoinGroup/SyncGroup is answered this long before the processor's request.timeout.ms
 GROUP_ID = re.compile(r"[\x21-\x7e]{1,255}")  # always fullmatch: "$" matches before a final newline
 
@@ -236,8 +235,6 @@ class GroupCoordinator(Actor):
         self.cluster_mode = bool(config.get("zookeeper.connect"))
         self.groups: dict[str, ConsumerGroup] = {}
         self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
-        # TxnOffsetCommit: (group, producer id) -> offsets that become committed with the transaction
-        self.pending_txn_offsets: dict[tuple[str, int], dict[tuple[str, int], Committed]] = {}
         self.empty_since: dict[str, int] = {}
         self.held: dict[tuple[str, str], Held] = {}
         self.topics: dict[str, int] = {}
@@ -625,7 +622,6 @@ class GroupCoordinator(Actor):
             ApiKey.JOIN_GROUP: self.join_group,
             ApiKey.SYNC_GROUP: self.sync_group,
             ApiKey.HEARTBEAT: self.classic_heartbeat,
-            ApiKey.TXN_OFFSET_COMMIT: self.txn_offset_commit,
         }.get(api)
         if method is None:
             raise BadRequest(f"the group coordinator does not serve API {api!r}")
@@ -916,38 +912,24 @@ class GroupCoordinator(Actor):
 
         self._append(gid, recs, done)
 
-    # ---- transactional offsets: TxnOffsetCommit, then the transaction's end ------------------------
-    def txn_offset_commit(self, msg: Message, body: dict) -> None:
-        """Offsets a transactional producer commits for ``group_id``: held (not visible to
-        OffsetFetch) until the transaction coordinator ends the transaction
-        (``txn_offsets_end``): stored as a plain commit if it commits, dropped if it aborts.
-        Held in memory only: a coordinator restart before the end loses them, and the
-        transaction then commits without them (docs/TRANSACTIONS.md)."""
-        gid, pid = _group_id(body), _get(body, "producer_id", int)
-        results, wanted, now_ms = {}, {}, _wall_ms()
-        for t in _get(body, "topics", list):
-            if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("partitions"), list):
-                raise BadRequest("each topic must be a map with 'name' and a list of 'partitions'")
-            for p in t["partitions"]:
-                if not isinstance(p, dict) or not isinstance(p.get("partition_index"), int):
-                    raise BadRequest("each partition must be a map with an integer 'partition_index'")
-                tp = (t["name"], p["partition_index"])
-                problem = self._offset_problem(tp, p)
-                if problem:
-                    results[tp] = problem
-                else:
-                    wanted[tp] = Committed(p["committed_offset"], p.get("committed_leader_epoch", -1) or -1,
-                                           p.get("committed_metadata") or "", now_ms)
-                    results[tp] = (0, "")
-        self.pending_txn_offsets.setdefault((gid, pid), {}).update(wanted)
-        self._commit_reply(msg, results)
-
+    # ---- a committed transaction's offsets ------------------------------------------------------
     def on_txn_offsets_end(self, msg: Message) -> None:
-        """From the transaction coordinator: {producer_id, groups, commit}. Committed offsets
-        are stored (acks=all) before the answer {error_code, message}."""
-        pid, commit = msg.get("producer_id"), bool(msg.get("commit"))
-        groups = [g for g in msg.get("groups") or () if isinstance(g, str)]
-        left = {"n": len(groups), "code": 0, "why": ""}
+        """From the transaction coordinator: {producer_id, commit, offsets: {group: [[topic,
+        partition, offset, leader_epoch, metadata]]}}, the offsets a committed transaction
+        carried (TxnOffsetCommit). Stored (acks=all) like an OffsetCommit, then answered
+        {error_code, message}; a failure is retried by the transaction coordinator."""
+        offsets = msg.get("offsets") or {}
+        if not msg.get("commit") or not offsets:
+            self.reply(msg, {"error_code": 0, "message": ""})
+            return
+        if not self.partitions:
+            if not self._creating:
+                self._create_topic()
+            self.reply(msg, {"error_code": int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+                             "message": f"{OFFSETS_TOPIC} is being created"})
+            return
+        left = {"n": len(offsets), "code": 0, "why": ""}
+        now_ms = _wall_ms()
 
         def one_done(code: int = 0, why: str = "") -> None:
             if code:
@@ -956,20 +938,12 @@ class GroupCoordinator(Actor):
             if left["n"] <= 0:
                 self.reply(msg, {"error_code": left["code"], "message": left["why"]})
 
-        if not groups:
-            one_done()
-            return
-        for gid in groups:
-            wanted = self.pending_txn_offsets.get((gid, pid))
-            if not commit or not wanted:
-                self.pending_txn_offsets.pop((gid, pid), None)
-                one_done()
-                continue
+        for gid, entries in offsets.items():
+            wanted = {(str(t), int(p)): Committed(int(o), int(e), str(m or ""), now_ms) for t, p, o, e, m in entries}
 
             def done(code: int, error: str, gid=gid, wanted=wanted) -> None:
                 if not code:
                     self.offsets.setdefault(gid, {}).update(wanted)
-                    self.pending_txn_offsets.pop((gid, pid), None)
                     self.commits += 1
                 one_done(code, error)
             self._append(gid, [offset_record(gid, t, p, c) for (t, p), c in wanted.items()], done)

@@ -22,12 +22,15 @@ Accepts:
             topics: [{name, partitions}]}) -> {results: [{name, results: [{partition_index,
             partition_error_code}]}]}
         ADD_OFFSETS_TO_TXN {transactional_id, producer_id, producer_epoch, group_id}
+        TXN_OFFSET_COMMIT {transactional_id, group_id, producer_id, producer_epoch, topics}: the
+            offsets are kept in the transaction (and its durable record) until it ends
         END_TXN {transactional_id, producer_id, producer_epoch, committed} -> {error_code},
             answered once every partition's marker is written (so a committed transaction
             is readable by read_committed consumers when commit returns).
 Sends: ``write_markers`` to the log actors hosting the transaction's partitions (single
 broker: this broker leads every partition); ``txn_offsets_end`` to the group coordinator
-for a transaction that committed offsets (AddOffsetsToTxn): they are stored or dropped. Timer: every
+for a transaction with offsets (AddOffsetsToTxn, TxnOffsetCommit): on commit they are
+stored as the groups' committed offsets. Timer: every
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, transactions open longer
 than their ``transaction.timeout.ms`` are aborted and their producer fenced (epoch bumped).
 In cluster mode transactional ids are refused with COORDINATOR_NOT_AVAILABLE (the state is
@@ -222,6 +225,8 @@ class TxnCoordinator(Actor):
                 self.add_offsets(msg, body)
             elif api == ApiKey.END_TXN:
                 self.end_txn(msg, body)
+            elif api == ApiKey.TXN_OFFSET_COMMIT:
+                self.txn_offset_commit(msg, body)
             else:
                 raise OdradekError(f"API {api!r} is not served by the transaction coordinator",
                                    ErrorCode.INVALID_REQUEST)
@@ -295,6 +300,34 @@ class TxnCoordinator(Actor):
         t = self.txns.add_group(txn_id, pid, epoch, group, (OFFSETS_TOPIC, 0), _now_ms())
         self._answer_stored(msg, t, {"error_code": 0})
 
+    def txn_offset_commit(self, msg: Message, body: dict) -> None:
+        """The offsets are kept in the transaction's record (durable with it) and handed to
+        the group coordinator when the transaction commits."""
+        txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
+        group = _str(body, "group_id")
+        self._check_single_broker()
+        topics = body.get("topics")
+        if not isinstance(topics, list):
+            raise OdradekError("topics must be a list", ErrorCode.INVALID_REQUEST)
+        offsets, results = [], []
+        for t in topics:
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("partitions"), list):
+                raise OdradekError("each topic must be {name, partitions: [...]}", ErrorCode.INVALID_REQUEST)
+            out = []
+            for p in t["partitions"]:
+                index, offset = (p.get("partition_index"), p.get("committed_offset")) if isinstance(p, dict) else (None, None)
+                if not isinstance(index, int) or not isinstance(offset, int) or isinstance(offset, bool) or offset < 0:
+                    raise OdradekError(f"{t['name']}: each partition needs an integer partition_index and a "
+                                       f"committed_offset >= 0", ErrorCode.INVALID_REQUEST)
+                epoch_ = p.get("committed_leader_epoch", -1)
+                meta = p.get("committed_metadata")
+                offsets.append([t["name"], index, offset, epoch_ if isinstance(epoch_, int) else -1,
+                                meta if isinstance(meta, str) else ""])
+                out.append({"partition_index": index, "error_code": 0})
+            results.append({"name": t["name"], "partitions": out})
+        tx = self.txns.commit_offsets(txn_id, pid, epoch, group, offsets, _now_ms())
+        self._answer_stored(msg, tx, {"topics": results})
+
     def end_txn(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         committed = body.get("committed")
@@ -322,8 +355,8 @@ class TxnCoordinator(Actor):
         per_host: dict[str, list] = {}
         groups = sorted(t.groups)
         for topic, partition in sorted(t.pending_markers):
-            if topic == OFFSETS_TOPIC:  # the group coordinator stores or drops the transaction's offsets
-                per_host[GROUP_COORDINATOR] = groups
+            if topic == OFFSETS_TOPIC:  # the group coordinator stores (or, on abort, never sees) the offsets
+                per_host[GROUP_COORDINATOR] = {g: t.offsets.get(g, []) for g in groups} if commit else {}
                 continue
             per_host.setdefault(f"log-{placement(topic, partition, self.log_hosts)}", []).append(
                 [topic, partition, t.producer_id, t.epoch, commit, 0])
@@ -356,7 +389,7 @@ class TxnCoordinator(Actor):
 
         for host, markers in per_host.items():
             if host == GROUP_COORDINATOR:
-                self.request(host, "txn_offsets_end", {"producer_id": t.producer_id, "groups": markers,
+                self.request(host, "txn_offsets_end", {"producer_id": t.producer_id, "offsets": markers,
                                                        "commit": commit}, callback=answered, timeout=MARKER_TIMEOUT)
             else:
                 self.request(host, "write_markers", {"markers": markers}, callback=answered, timeout=MARKER_TIMEOUT)

@@ -5,6 +5,7 @@ coordinator's timeout, and a consume-transform-produce loop killed -9 before its
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -133,3 +134,33 @@ def test_a_consume_transform_produce_loop_killed_before_its_commit_emits_every_i
     assert out == [b"IN-%03d" % i for i in range(total)]
     dirty = [r.value for r in read_all(broker.bootstrap, dst, "read_uncommitted")]
     assert len(dirty) > total  # the killed transaction's output is in the log, aborted
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_transaction_with_offsets_survives_a_broker_kill_before_its_commit(tmp_path):
+    port = free_port()  # the restarted broker listens where the producer's connections went
+    b = LocalBroker(str(tmp_path / "b"), {"shutdown.timeout.ms": 10000, "listeners": f"PLAINTEXT://127.0.0.1:{port}"},
+                    start_timeout=240).start()
+    try:
+        with Admin(b.bootstrap) as admin:
+            admin.create_topic("src", partitions=1)
+            admin.create_topic("dst", partitions=1)
+        with Consumer(b.bootstrap, group_id="g-kill", enable_auto_commit=False) as c, \
+                Producer(b.bootstrap, transactional_id="app-kill") as p:
+            p.init_transactions(30)
+            p.begin_transaction()
+            p.send("dst", b"out", partition=0)
+            p.send_offsets_to_transaction({TopicPartition("src", 0): 5}, c.group_metadata(), 30)
+            p.flush(30)
+            b.kill()  # -9 between send_offsets_to_transaction and the commit
+            b.start()
+            p.commit_transaction(60)  # the coordinator reloaded the open transaction, offsets included
+            assert c.committed(TopicPartition("src", 0)) == 5
+        assert [r.value for r in read_all(b.bootstrap, "dst", "read_committed")] == [b"out"]
+    finally:
+        b.stop()
