@@ -399,11 +399,11 @@ class TxnCoordinator(Actor):
         if t.state in COMPLETE:
             log.info("transaction %r %s", txn_id, t.state.value)
 
-            def answer() -> None:
-                for msg in self.waiting_end.pop(txn_id, ()):
-                    self.reply(msg, {"body": {"error_code": 0}})
-            # the COMPLETE record; if it is lost, a restart finds PREPARE and writes the markers again
-            self._persist(t, answer, lambda _exc: answer())
+            for msg in self.waiting_end.pop(txn_id, ()):
+                self.reply(msg, {"body": {"error_code": 0}})
+            # the COMPLETE record, not waited for: the markers are what makes the outcome
+            # durable; if this record is lost, a restart finds PREPARE and writes them again
+            self._persist(t, lambda: None, lambda _exc: None)
 
     def _expire(self) -> None:
         for t in self.txns.expire(_now_ms()):
