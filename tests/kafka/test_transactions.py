@@ -185,3 +185,28 @@ def test_offsets_sent_to_an_aborted_transaction_are_not_committed_and_to_a_commi
     finally:
         c.close()
     assert read(bootstrap, out, "read_committed", expect=1) == [b"out-4"]
+
+
+def test_kafka_python_transactional_producer_and_its_read_committed_consumer(bootstrap, txn_topic):
+    from kafka import KafkaConsumer as KpConsumer, KafkaProducer as KpProducer, TopicPartition as KpTopicPartition
+    p = KpProducer(bootstrap_servers=bootstrap, transactional_id=f"kp-{txn_topic}")
+    p.init_transactions()
+    p.begin_transaction()
+    p.send(txn_topic, b"c1", partition=0)
+    p.commit_transaction()
+    p.begin_transaction()
+    p.send(txn_topic, b"a1", partition=0)
+    p.flush()
+    p.abort_transaction()
+    p.begin_transaction()
+    p.send(txn_topic, b"c2", partition=0)
+    p.commit_transaction()
+    p.close()
+    seen = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        c = KpConsumer(bootstrap_servers=bootstrap, isolation_level=isolation, auto_offset_reset="earliest",
+                       consumer_timeout_ms=3000)
+        c.assign([KpTopicPartition(txn_topic, 0)])
+        seen[isolation] = [m.value for m in c]
+        c.close()
+    assert seen == {"read_committed": [b"c1", b"c2"], "read_uncommitted": [b"c1", b"a1", b"c2"]}
