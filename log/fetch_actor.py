@@ -344,15 +344,17 @@ class FetchActor(Actor):
     # ---- list offsets --------------------------------------------------------------------
     def on_list_offsets(self, msg: Message) -> None:
         topics = []
-        for t in (msg.get("body") or {}).get("topics") or []:
+        body = msg.get("body") or {}
+        committed = body.get("isolation_level") == 1  # read_committed: "latest" is the last stable offset
+        for t in body.get("topics") or []:
             parts = []
             for p in t.get("partitions") or []:
                 parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP),
-                                              p.get("current_leader_epoch", -1)))
+                                              p.get("current_leader_epoch", -1), committed))
             topics.append({"name": t.get("name"), "partitions": parts})
         self.reply(msg, {"body": {"topics": topics}})
 
-    def _offset_for(self, topic, partition, ts, epoch=-1) -> dict:
+    def _offset_for(self, topic, partition, ts, epoch=-1, committed: bool = False) -> dict:
         entry = {"index": partition, "error_code": 0, "timestamp": -1, "offset": -1}
         reader = self.readers.get((topic, partition))
         if reader is None:
@@ -364,7 +366,8 @@ class FetchActor(Actor):
             return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1, -2 or a time in ms, got {ts!r}")
         b = reader.bounds
         if ts == LATEST_TIMESTAMP:
-            entry["offset"] = b.high_watermark
+            entry["offset"] = min(self.stable.get((topic, partition), b.high_watermark), b.high_watermark) \
+                if committed else b.high_watermark
         elif ts == EARLIEST_TIMESTAMP:
             entry["offset"] = b.log_start_offset
         else:

@@ -729,7 +729,8 @@ class Consumer:
             by_topic.setdefault(tp.topic, []).append({
                 "index": tp.partition, "timestamp": timestamp,
                 "current_leader_epoch": self._cluster.leader_epoch(tp.topic, tp.partition)})
-        body = {"replica_id": -1, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+        body = {"replica_id": -1, "isolation_level": 1 if self.read_committed else 0,
+                "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
         conn = self._conn(leader)
         if conn is None:
             raise error_for(ErrorCode.NETWORK_EXCEPTION, f"cannot connect to broker {leader}")

@@ -357,7 +357,7 @@ register(Api(ApiKey.FETCH, 4, 12, fetch_to_internal, fetch_from_internal, fetch_
 # ---- ListOffsets (2) ---------------------------------------------------------------------------------
 
 def list_offsets_to_internal(version: int, request: dict) -> tuple[dict, list]:
-    return {"topics": [{"name": t["name"], "partitions": [
+    return {"isolation_level": request.get("isolation_level", 0), "topics": [{"name": t["name"], "partitions": [
         {"index": p["partition_index"], "timestamp": p["timestamp"],
          "current_leader_epoch": p.get("current_leader_epoch", -1)} for p in t["partitions"]]}
         for t in request["topics"]]}, []

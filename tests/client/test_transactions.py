@@ -164,3 +164,22 @@ def test_a_transaction_with_offsets_survives_a_broker_kill_before_its_commit(tmp
         assert [r.value for r in read_all(b.bootstrap, "dst", "read_committed")] == [b"out"]
     finally:
         b.stop()
+
+
+def test_the_end_offset_of_a_read_committed_consumer_is_the_last_stable_offset(broker, topic):
+    with Producer(broker.bootstrap) as plain:
+        plain.send(topic, b"before").result(10)
+    p = Producer(broker.bootstrap, transactional_id=f"app-{topic}")
+    p.init_transactions(30)
+    p.begin_transaction()
+    p.send(topic, b"open")
+    p.flush(30)
+    tp = TopicPartition(topic, 0)
+    with Consumer(broker.bootstrap, isolation_level="read_committed") as c:
+        assert c.end_offsets([tp]) == {tp: 1}
+    with Consumer(broker.bootstrap) as c:
+        assert c.end_offsets([tp]) == {tp: 2}
+    p.commit_transaction(30)
+    p.close(5)
+    with Consumer(broker.bootstrap, isolation_level="read_committed") as c:
+        assert c.end_offsets([tp]) == {tp: 3}
