@@ -210,3 +210,18 @@ def test_kafka_python_transactional_producer_and_its_read_committed_consumer(boo
         seen[isolation] = [m.value for m in c]
         c.close()
     assert seen == {"read_committed": [b"c1", b"c2"], "read_uncommitted": [b"c1", b"a1", b"c2"]}
+
+
+def test_an_aborted_transaction_of_the_bundled_producer_is_skipped_by_confluent_kafka_read_committed(
+        bootstrap, txn_topic):
+    from odradek import Producer
+    with Producer(bootstrap, transactional_id=f"bundled-{txn_topic}") as p:  # native batches
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.send(txn_topic, b"aborted")
+        p.abort_transaction(30)
+        p.begin_transaction()
+        p.send(txn_topic, b"kept")
+        p.commit_transaction(30)
+    assert read(bootstrap, txn_topic, "read_committed", expect=1) == [b"kept"]
+    assert read(bootstrap, txn_topic, "read_uncommitted", expect=2) == [b"aborted", b"kept"]
