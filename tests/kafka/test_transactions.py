@@ -225,3 +225,25 @@ def test_an_aborted_transaction_of_the_bundled_producer_is_skipped_by_confluent_
         p.commit_transaction(30)
     assert read(bootstrap, txn_topic, "read_committed", expect=1) == [b"kept"]
     assert read(bootstrap, txn_topic, "read_uncommitted", expect=2) == [b"aborted", b"kept"]
+
+
+def test_the_bundled_read_committed_consumer_skips_confluent_kafkas_aborted_transaction(bootstrap, txn_topic):
+    from odradek import Consumer, TopicPartition as Tp
+    p = txn_producer(bootstrap, f"app-{txn_topic}")
+    p.begin_transaction()
+    p.produce(txn_topic, value=b"aborted", partition=0)
+    p.flush(30)
+    p.abort_transaction(30)
+    p.begin_transaction()
+    p.produce(txn_topic, value=b"kept", partition=0)
+    p.commit_transaction(30)
+    seen = {}
+    for isolation in ("read_committed", "read_uncommitted"):
+        with Consumer(bootstrap, auto_offset_reset="earliest", isolation_level=isolation) as c:
+            c.assign([Tp(txn_topic, 0)])
+            got, deadline = [], time.monotonic() + 10
+            while time.monotonic() < deadline and len(got) < (1 if isolation == "read_committed" else 2):
+                got += [r.value for r in c.poll(200)]
+            got += [r.value for r in c.poll(500)]
+            seen[isolation] = got
+    assert seen == {"read_committed": [b"kept"], "read_uncommitted": [b"aborted", b"kept"]}
