@@ -57,6 +57,16 @@ resends the batch. Kafka's constraints hold: idempotence needs acks=all, retries
 ``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
 default (None) it is then simply off.
 
+Transactions (``transactional_id``; docs/TRANSACTIONS.md): ``init_transactions`` gets the
+transactional id's producer id and epoch from the coordinator (fencing older instances);
+``send`` works only between ``begin_transaction`` and ``commit_transaction`` /
+``abort_transaction``; the sender adds each partition to the transaction
+(AddPartitionsToTxn) before its first batch and sets the batch's transactional bit; the
+caller's thread sends AddOffsetsToTxn/TxnOffsetCommit and EndTxn (after a flush). A fenced
+producer (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) is fatal: every later call raises
+``ProducerFencedError``; a failed record makes ``commit_transaction`` raise
+``TransactionAbortableError``. A transactional producer never bumps its epoch itself.
+
 Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
 (one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
 ``send`` call while the sender keeps up). ``timestamp_ms`` sets it exactly.
