@@ -37,13 +37,17 @@ request tries again.
 Accepts:
   group_request {api, body, client, peer, metadata_version}  forwarded by a request handler;
         answered straight to the client's processor (``_reply {body}`` or ``_error``):
-        CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR, LIST_GROUPS,
+        CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR (key_type 0,
+        and 1 for transactional ids: this broker's transaction coordinator), LIST_GROUPS,
         DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
         removal; a classic member's leave), and the classic protocol: JOIN_GROUP, SYNC_GROUP,
         HEARTBEAT (``coordinator.classic_group``; a JoinGroup or SyncGroup that must wait is
         held in ``held_classic`` and answered when the group moves on, SyncGroup answers
         after the group's record is stored)
   metadata {snapshot}  pushed by the controller; replies ``{version}`` (the version it holds)
+  txn_offsets_end {producer_id, commit, offsets}  from the transaction coordinator: the
+        offsets a committed transaction carried (TXN_OFFSET_COMMIT) are stored; replies
+        ``{error_code, message}`` once they are
 Sends: ``produce`` to log actors (offsets and group records, acks=-1 with ``timeout_ms`` =
 ``COMMIT_TIMEOUT_MS``), ``get_bounds`` to log actors (loading), ``list_offsets`` to the
 fetch actor (a commit beyond the high watermark is refused), ``get_metadata`` and
@@ -908,6 +912,42 @@ class GroupCoordinator(Actor):
 
         self._append(gid, recs, done)
 
+    # ---- a committed transaction's offsets ------------------------------------------------------
+    def on_txn_offsets_end(self, msg: Message) -> None:
+        """From the transaction coordinator: {producer_id, commit, offsets: {group: [[topic,
+        partition, offset, leader_epoch, metadata]]}}, the offsets a committed transaction
+        carried (TxnOffsetCommit). Stored (acks=all) like an OffsetCommit, then answered
+        {error_code, message}; a failure is retried by the transaction coordinator."""
+        offsets = msg.get("offsets") or {}
+        if not msg.get("commit") or not offsets:
+            self.reply(msg, {"error_code": 0, "message": ""})
+            return
+        if not self.partitions:
+            if not self._creating:
+                self._create_topic()
+            self.reply(msg, {"error_code": int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+                             "message": f"{OFFSETS_TOPIC} is being created"})
+            return
+        left = {"n": len(offsets), "code": 0, "why": ""}
+        now_ms = _wall_ms()
+
+        def one_done(code: int = 0, why: str = "") -> None:
+            if code:
+                left["code"], left["why"] = code, why
+            left["n"] -= 1
+            if left["n"] <= 0:
+                self.reply(msg, {"error_code": left["code"], "message": left["why"]})
+
+        for gid, entries in offsets.items():
+            wanted = {(str(t), int(p)): Committed(int(o), int(e), str(m or ""), now_ms) for t, p, o, e, m in entries}
+
+            def done(code: int, error: str, gid=gid, wanted=wanted) -> None:
+                if not code:
+                    self.offsets.setdefault(gid, {}).update(wanted)
+                    self.commits += 1
+                one_done(code, error)
+            self._append(gid, [offset_record(gid, t, p, c) for (t, p), c in wanted.items()], done)
+
     def _commit_reply(self, msg: Message, results: dict) -> None:
         by_topic: dict[str, list] = {}
         for (t, p), (code, message) in sorted(results.items()):
@@ -987,9 +1027,12 @@ class GroupCoordinator(Actor):
         while the snapshot has no port for it (single-broker mode), from the listener.
         ``keys`` (FindCoordinator v4+) asks for several groups at once: answered
         ``{"coordinators": [{key, node_id, host, port, error_code, error_message}]}``."""
-        if body.get("key_type", 0) != 0:
-            raise OdradekError(f"key_type {body.get('key_type')!r}: this coordinator finds group coordinators "
-                               f"only (key_type 0)", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        key_type = body.get("key_type", 0)
+        if key_type == 1:
+            self._find_txn_coordinator(msg, body)
+            return
+        if key_type != 0:
+            raise OdradekError(f"key_type {key_type!r}: 0 (group) or 1 (transaction)", ErrorCode.INVALID_REQUEST)
         keys = body.get("keys")
         if keys is None:
             key = body.get("key")
@@ -1019,6 +1062,28 @@ class GroupCoordinator(Actor):
                                 "error_message": exc.message})
             self.reply(msg, {"body": {"coordinators": out}})
         self._own_address(answer_all)
+
+    def _find_txn_coordinator(self, msg: Message, body: dict) -> None:
+        """FindCoordinator key_type 1 (transactional ids): the transaction coordinator is
+        this broker's in single-broker mode; in cluster mode transactions are not served yet
+        (COORDINATOR_NOT_AVAILABLE; docs/TRANSACTIONS.md)."""
+        keys = body.get("keys")
+        if keys is not None and not isinstance(keys, list):
+            raise BadRequest("'keys' must be a list of transactional ids")
+        if self.cluster_mode:
+            raise OdradekError("transactions are not supported in cluster mode yet (docs/TRANSACTIONS.md)",
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+        def answer(own) -> None:
+            host, port = own
+            if keys is None:
+                self.reply(msg, {"body": {"error_code": 0, "node_id": self.broker_id, "host": host, "port": port,
+                                          "key": body.get("key")}})
+            else:
+                self.reply(msg, {"body": {"coordinators": [
+                    {"key": k, "node_id": self.broker_id, "host": host, "port": port, "error_code": 0}
+                    for k in keys]}})
+        self._own_address(answer)
 
     def _coordinator_of(self, key, own) -> tuple[int, tuple | None]:
         """``(node_id, (host, port))`` of group ``key``'s coordinator (``own``: this broker's

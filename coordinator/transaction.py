@@ -51,7 +51,7 @@ class Transaction:
     """One transactional id: its producer id and epoch, and its current transaction."""
 
     __slots__ = ("txn_id", "producer_id", "epoch", "timeout_ms", "state", "partitions", "groups",
-                 "started_ms", "updated_ms", "pending_markers")
+                 "started_ms", "updated_ms", "pending_markers", "offsets")
 
     def __init__(self, txn_id: str, producer_id: int, epoch: int, timeout_ms: int, now: int):
         self.txn_id = txn_id
@@ -59,6 +59,8 @@ class Transaction:
         self.state = TxnState.EMPTY
         self.partitions: set[tuple[str, int]] = set()
         self.groups: set[str] = set()  # consumer groups whose offsets the transaction commits
+        # TxnOffsetCommit: group -> [[topic, partition, offset, leader_epoch, metadata]], stored on commit
+        self.offsets: dict[str, list] = {}
         self.started_ms = -1
         self.updated_ms = now
         self.pending_markers: set[tuple[str, int]] = set()
@@ -70,7 +72,7 @@ class Transaction:
     def to_record(self) -> tuple[bytes, bytes]:
         value = {"pid": self.producer_id, "epoch": self.epoch, "timeout_ms": self.timeout_ms,
                  "state": self.state.value, "partitions": sorted(self.partitions), "groups": sorted(self.groups),
-                 "started_ms": self.started_ms, "updated_ms": self.updated_ms}
+                 "started_ms": self.started_ms, "updated_ms": self.updated_ms, "offsets": self.offsets}
         return self.txn_id.encode(), msgpack.packb(value)
 
     @classmethod
@@ -83,6 +85,7 @@ class Transaction:
             t.partitions = {(str(a), int(b)) for a, b in v["partitions"]}
             t.groups = set(map(str, v["groups"]))
             t.started_ms = int(v["started_ms"])
+            t.offsets = {str(g): [list(o) for o in offs] for g, offs in (v.get("offsets") or {}).items()}
         except (KeyError, TypeError, ValueError, UnicodeDecodeError, msgpack.UnpackException) as exc:
             raise ValueError(f"not a transaction record: {exc}") from None
         if t.state in PREPARING:  # the markers may not all be written: write them again
@@ -137,7 +140,7 @@ class TransactionManager:
         self._bump(t)
         t.timeout_ms, t.updated_ms = timeout_ms, now
         t.state = TxnState.EMPTY
-        t.partitions, t.groups = set(), set()
+        t.partitions, t.groups, t.offsets = set(), set(), {}
         return t
 
     def _bump(self, t: Transaction) -> None:
@@ -166,7 +169,7 @@ class TransactionManager:
                         f"transactional id {txn_id!r}: the previous transaction is still completing; retry")
         if t.state != TxnState.ONGOING:
             t.state, t.started_ms = TxnState.ONGOING, now
-            t.partitions, t.groups = set(), set()
+            t.partitions, t.groups, t.offsets = set(), set(), {}
         t.partitions.update((str(tp), int(p)) for tp, p in partitions)
         t.updated_ms = now
         return t
@@ -174,6 +177,21 @@ class TransactionManager:
     def add_group(self, txn_id: str, pid: int, epoch: int, group: str, offsets_partition: tuple, now: int):
         t = self.add_partitions(txn_id, pid, epoch, [offsets_partition], now)
         t.groups.add(group)
+        return t
+
+    def commit_offsets(self, txn_id: str, pid: int, epoch: int, group: str, offsets: list, now: int) -> Transaction:
+        """TxnOffsetCommit: ``offsets`` ([[topic, partition, offset, leader_epoch, metadata]])
+        of ``group``, added to the transaction by AddOffsetsToTxn first; they become the
+        group's committed offsets if the transaction commits."""
+        t = self._current(txn_id, pid, epoch)
+        if t.state != TxnState.ONGOING or group not in t.groups:
+            raise _fail(ErrorCode.INVALID_TXN_STATE,
+                        f"transactional id {txn_id!r}: group {group!r} is not in the open transaction "
+                        f"(AddOffsetsToTxn first)")
+        held = {(o[0], o[1]): o for o in t.offsets.get(group, [])}
+        held.update({(o[0], o[1]): list(o) for o in offsets})
+        t.offsets[group] = sorted(held.values())
+        t.updated_ms = now
         return t
 
     def end_txn(self, txn_id: str, pid: int, epoch: int, commit: bool, now: int) -> Transaction:

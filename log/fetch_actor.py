@@ -18,6 +18,11 @@ Accepts:
                         ``leader.replication.throttled.replicas``, out of the ISR); what
                         they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
                         over it they get no data until the rate has caught up
+Transactions: a ``read_committed`` fetch (``isolation_level`` 1) of a consumer reads up to the
+last stable offset (pushed with the bounds) and carries, per partition, the aborted
+transactions overlapping what it read (``aborted_transactions: [{producer_id,
+first_offset}]``), from the partition's ``aborted.txnindex`` (``log.txn_index``), re-read
+when the file grows: no fetch scans the log for markers.
 A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms`` (capped at 60 s and
 1 s short of ``request.timeout.ms``, so that it is answered, empty if need be, before its
 processor gives up on it); every ``bounds``
@@ -41,6 +46,7 @@ future or out-of-range offset never moves a follower, so never the ISR or the hi
 from __future__ import annotations
 
 import logging
+import os
 import time
 
 from odradek.actors.message import Message
@@ -48,6 +54,8 @@ from odradek.actors.runtime import Actor
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.errors import OffsetOutOfRangeError
 from odradek.log.log_actor import partition_dir
+from odradek.log import txn_index
+from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
 from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.protocol import ErrorCode, OdradekError
@@ -61,11 +69,13 @@ ANSWER_MARGIN_MS = 1_000  # and the wait ends this long before the processor's r
 class FetchRequest:
     """One parsed fetch: ``parts`` is a list of (topic, partition, offset, partition_max_bytes)."""
 
-    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer", "replica", "since")
+    __slots__ = ("msg", "parts", "min_bytes", "max_bytes", "timer", "replica", "since", "committed")
 
-    def __init__(self, msg: Message, parts, min_bytes: int, max_bytes: int, replica: int = -1):
+    def __init__(self, msg: Message, parts, min_bytes: int, max_bytes: int, replica: int = -1,
+                 committed: bool = False):
         self.msg, self.parts, self.min_bytes, self.max_bytes, self.timer = msg, parts, min_bytes, max_bytes, None
         self.replica = replica
+        self.committed = committed  # isolation_level 1 (read_committed)
         self.since: float | None = None  # when it began to wait (Kafka's remote time)
 
 
@@ -83,6 +93,8 @@ class FetchActor(Actor):
         self.max_wait_ms = max(min(MAX_WAIT_MS, request_timeout - ANSWER_MARGIN_MS), 0)
         self.readers: dict[tuple[str, int], LogReader] = {}
         self.roles: dict[tuple[str, int], tuple] = {}  # leader epoch, leading here, log actor, replicas
+        self.stable: dict[tuple[str, int], int] = {}  # last stable offsets (read_committed reads up to them)
+        self.txn_indexes: dict[tuple[str, int], tuple[int, TxnIndex]] = {}  # (file size, index) per partition
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
         self.broker_epochs: dict[int, int] = {}  # live broker id -> the czxid of its registration
         self.served_bytes = 0
@@ -121,12 +133,15 @@ class FetchActor(Actor):
         for topic, partition in closed:
             reader = self.readers.pop((topic, partition), None)
             self.roles.pop((topic, partition), None)
+            self.stable.pop((topic, partition), None)
+            self.txn_indexes.pop((topic, partition), None)
             if reader is not None:
                 reader.close()
         touched, new_roles = [], False
         for topic, partition, *b in parts:
             key = (topic, partition)
             bounds = LogBounds(*b[:6])
+            self.stable[key] = b[9] if len(b) > 9 else bounds.high_watermark
             role = (b[6], b[7], host, tuple(b[8]) if len(b) > 8 else ())
             new_roles |= self.roles.get(key) != role
             self.roles[key] = role
@@ -176,7 +191,12 @@ class FetchActor(Actor):
         replica = _int(body, "replica_id", -1, lo=-1)
         if replica >= 0:
             self._check_broker_epoch(replica, body.get("broker_epoch"))
-        req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica)
+        isolation = body.get("isolation_level", 0)
+        if isolation not in (0, 1):
+            raise OdradekError(f"isolation_level {isolation!r}: 0 (read_uncommitted) or 1 (read_committed)",
+                               ErrorCode.INVALID_REQUEST)
+        req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica,
+                           committed=isolation == 1 and replica < 0)
         if replica >= 0:
             self._tell_progress(replica, parts)
         if self._try(req, final=max_wait == 0):
@@ -193,7 +213,7 @@ class FetchActor(Actor):
         total, errors = 0, False
         for topic, partition, offset, part_max, epoch in req.parts:
             entry, slices = self._read(topic, partition, offset, part_max, req.max_bytes - total, total == 0,
-                                       epoch, req.replica)
+                                       epoch, req.replica, req.committed)
             errors |= entry["error_code"] != 0
             total += entry["records_size"]
             files += slices
@@ -248,7 +268,7 @@ class FetchActor(Actor):
             self.send(host, "replica_progress", {"parts": progress})
 
     def _read(self, topic, partition, offset, part_max, budget: int, first: bool, epoch=-1,
-              replica: int = -1) -> tuple[dict, list]:
+              replica: int = -1, committed: bool = False) -> tuple[dict, list]:
         entry = {"index": partition, "error_code": 0, "high_watermark": -1, "last_stable_offset": -1,
                  "log_start_offset": -1, "records_size": 0}
         key = (topic, partition)
@@ -259,7 +279,8 @@ class FetchActor(Actor):
         if problem is not None:
             return _fail(entry, *problem), []
         b = reader.bounds
-        entry.update(high_watermark=b.high_watermark, last_stable_offset=b.high_watermark,
+        stable = min(self.stable.get(key, b.high_watermark), b.high_watermark)
+        entry.update(high_watermark=b.high_watermark, last_stable_offset=stable,
                      log_start_offset=b.log_start_offset)
         if not isinstance(offset, int) or isinstance(offset, bool) or not isinstance(part_max, int) or part_max < 1:
             return _fail(entry, ErrorCode.INVALID_REQUEST,
@@ -269,8 +290,12 @@ class FetchActor(Actor):
         if (limit <= 0 and not first) or (throttled and not self.quota.allows(time.monotonic())):
             return entry, []
         try:
-            result = reader.read(offset, max(limit, 1),
-                                 upper_bound=b.log_end_offset if replica >= 0 else b.high_watermark)
+            upper = b.log_end_offset if replica >= 0 else stable if committed else b.high_watermark
+            result = reader.read(offset, max(limit, 1), upper_bound=upper)
+            if committed and result.size:
+                entry["aborted_transactions"] = [
+                    {"producer_id": a.producer_id, "first_offset": a.first_offset}
+                    for a in self._aborted(topic, partition).aborted(offset, upper)]
         except OffsetOutOfRangeError:
             return _fail(entry, ErrorCode.OFFSET_OUT_OF_RANGE,
                          f"{topic}-{partition}: offset {offset} is outside [{b.log_start_offset}, "
@@ -281,6 +306,18 @@ class FetchActor(Actor):
         if throttled:
             self.quota.record(result.size, time.monotonic())
         return entry, [[s.path, s.position, s.length] for s in result.slices]
+
+    def _aborted(self, topic: str, partition: int) -> TxnIndex:
+        """The partition's aborted-transactions index, re-read when its file grew."""
+        directory = partition_dir(self.data_dir, topic, partition)
+        try:
+            size = os.stat(os.path.join(directory, txn_index.NAME)).st_size
+        except OSError:
+            size = -1
+        cached = self.txn_indexes.get((topic, partition))
+        if cached is None or cached[0] != size:
+            cached = self.txn_indexes[(topic, partition)] = (size, TxnIndex(directory))
+        return cached[1]
 
     def _role_problem(self, key: tuple[str, int], epoch, replica: int = -1) -> tuple[int, str] | None:
         leader_epoch, leading, _, replicas = self.roles.get(key, (-1, False, "", ()))
@@ -307,15 +344,17 @@ class FetchActor(Actor):
     # ---- list offsets --------------------------------------------------------------------
     def on_list_offsets(self, msg: Message) -> None:
         topics = []
-        for t in (msg.get("body") or {}).get("topics") or []:
+        body = msg.get("body") or {}
+        committed = body.get("isolation_level") == 1  # read_committed: "latest" is the last stable offset
+        for t in body.get("topics") or []:
             parts = []
             for p in t.get("partitions") or []:
                 parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP),
-                                              p.get("current_leader_epoch", -1)))
+                                              p.get("current_leader_epoch", -1), committed))
             topics.append({"name": t.get("name"), "partitions": parts})
         self.reply(msg, {"body": {"topics": topics}})
 
-    def _offset_for(self, topic, partition, ts, epoch=-1) -> dict:
+    def _offset_for(self, topic, partition, ts, epoch=-1, committed: bool = False) -> dict:
         entry = {"index": partition, "error_code": 0, "timestamp": -1, "offset": -1}
         reader = self.readers.get((topic, partition))
         if reader is None:
@@ -327,7 +366,8 @@ class FetchActor(Actor):
             return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1, -2 or a time in ms, got {ts!r}")
         b = reader.bounds
         if ts == LATEST_TIMESTAMP:
-            entry["offset"] = b.high_watermark
+            entry["offset"] = min(self.stable.get((topic, partition), b.high_watermark), b.high_watermark) \
+                if committed else b.high_watermark
         elif ts == EARLIEST_TIMESTAMP:
             entry["offset"] = b.log_start_offset
         else:

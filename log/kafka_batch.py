@@ -219,8 +219,8 @@ def encode(records: Sequence, *, base_offset: int, first_timestamp: int, max_tim
 
 def from_native(buf, h, records: list) -> bytes:
     """The magic-2 form of a native batch (header ``h``, decoded ``records``): same offsets,
-    timestamps, producer fields and control/timestamp-type bits; records uncompressed."""
-    attributes = h.attributes & (TIMESTAMP_TYPE_BIT | CONTROL_BIT)
+    timestamps, producer fields and transactional/control/timestamp-type bits; records uncompressed."""
+    attributes = h.attributes & (TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT)
     return encode(records, base_offset=h.base_offset, first_timestamp=h.first_timestamp,
                   max_timestamp=h.max_timestamp, partition_leader_epoch=h.partition_leader_epoch,
                   attributes=attributes, producer_id=h.producer_id, producer_epoch=h.producer_epoch,

@@ -38,11 +38,13 @@ from odradek.log.files import FileLayer, active_segments, descriptors, system_no
 from odradek.log import kafka_batch
 from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError, InvalidTxnStateError,
                                         OutOfOrderSequenceError, ProducerStateManager, last_sequence)
+from odradek.log.kafka_batch import TRANSACTIONAL_BIT
+from odradek.log.txn_index import AbortedTxn, TxnIndex
 from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
 from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
-                         HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader,
+                         HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader, Record,
                          patch_base_offset, set_log_append_time, validate_batches)
 from odradek.log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
                          segment_paths)
@@ -368,6 +370,7 @@ class Log:
         self._closed = False
         self.leader_epochs = LeaderEpochCache(directory, self._files)
         self.producers = ProducerStateManager(directory, self._files)
+        self.txn_index = TxnIndex(directory, self._files)
         started = time.monotonic()
         self.recovery_report = self._load()
         # the file may be older or newer than the data that survived: trim it to the log
@@ -478,7 +481,7 @@ class Log:
                         and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
                         and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
                     if pid >= 0:  # an idempotent producer's batch: its sequence decides
-                        if attributes & CONTROL_BIT:
+                        if attributes & (CONTROL_BIT | TRANSACTIONAL_BIT):  # the general path tracks transactions
                             return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
                         last_seq = last_sequence(seq, delta)
                         dup = self.producers.check(pid, pepoch, seq, last_seq)
@@ -571,11 +574,9 @@ class Log:
         raises if any batch is out of sequence or fenced (nothing is appended then)."""
         pending: dict[int, tuple[int, int]] = {}  # pid -> (epoch, last seq) of earlier batches here
         for h in headers:
-            if h.magic == kafka_batch.MAGIC and h.attributes & kafka_batch.TRANSACTIONAL_BIT:
-                raise InvalidTxnStateError(
-                    "a transactional batch, but this broker does not support transactions yet (no transaction "
-                    "coordinator state, markers or read_committed): nothing was written")
             pid = h.producer_id
+            if h.attributes & TRANSACTIONAL_BIT and pid < 0:
+                raise InvalidTxnStateError("a transactional batch without a producer id: nothing was written")
             if pid < 0 or h.attributes & CONTROL_BIT:
                 continue
             last_seq = last_sequence(h.base_sequence, h.last_offset_delta)
@@ -598,12 +599,70 @@ class Log:
         return None
 
     def _update_producers(self, headers, bases) -> None:
-        """Record the appended batches of idempotent producers (leader, follower alike)."""
+        """Record the appended batches of idempotent producers (leader, follower alike), and
+        the transactions they open and their markers close."""
         for h, base in zip(headers, bases):
-            if h.producer_id >= 0 and not h.attributes & CONTROL_BIT:
-                self.producers.update(h.producer_id, h.producer_epoch, h.base_sequence,
-                                      last_sequence(h.base_sequence, h.last_offset_delta), base,
-                                      base + h.last_offset_delta, h.max_timestamp)
+            self._track_batch(h, base)
+
+    def _track_batch(self, h, base: int) -> None:
+        pid = h.producer_id
+        if pid < 0:
+            return
+        if h.attributes & CONTROL_BIT:
+            if h.attributes & TRANSACTIONAL_BIT:
+                self._track_marker(h, base)
+            return
+        self.producers.update(pid, h.producer_epoch, h.base_sequence,
+                              last_sequence(h.base_sequence, h.last_offset_delta), base,
+                              base + h.last_offset_delta, h.max_timestamp)
+        if h.attributes & TRANSACTIONAL_BIT:
+            self.producers.begin_txn(pid, h.producer_epoch, base, h.max_timestamp)
+
+    def _track_marker(self, h, base: int) -> None:
+        """A commit or abort marker at ``base``: the producer's transaction ends here; an
+        abort goes to the aborted-transactions index (with the LSO it left)."""
+        commit = self._marker_is_commit(h, base)
+        first = self.producers.end_txn(h.producer_id, h.producer_epoch, h.max_timestamp)
+        if not commit and first >= 0:
+            lso = self.producers.first_unstable_offset()
+            self.txn_index.add(AbortedTxn(h.producer_id, first, base, base if lso is None else lso))
+
+    def _marker_is_commit(self, h, base: int) -> bool:
+        """The control record's type (key: version int16, type int16; 1 = commit). Markers
+        are written by ``append_marker`` only, always as one uncompressed magic-2 record."""
+        seg = self._segment_of(base)
+        hit = seg.locate(base) if seg is not None else None
+        if hit is None:
+            return False
+        batch = seg.pread(hit.header.size, hit.position)
+        try:
+            (rec,) = kafka_batch.decode(batch, BatchHeader._make(HEADER.unpack_from(batch, 0)), Record)
+            return struct.unpack_from(">hh", rec.key)[1] == 1
+        except Exception:  # noqa: BLE001 - an unreadable marker is taken as an abort (never exposes data)
+            return False
+
+    def _segment_of(self, offset: int):
+        i = bisect.bisect_right(self._bases, offset) - 1
+        return self._segments[i] if i >= 0 else None
+
+    def append_marker(self, producer_id: int, producer_epoch: int, commit: bool, coordinator_epoch: int = 0,
+                      leader_epoch: int = -1) -> AppendInfo:
+        """Append a transaction marker (a control batch, Kafka's layout: docs/FORMAT.md) for
+        ``producer_id``: its transaction on this partition is committed or aborted."""
+        self.producers.check_marker_epoch(producer_id, producer_epoch)
+        now = self._now()
+        key = struct.pack(">hh", 0, 1 if commit else 0)
+        value = struct.pack(">hi", 0, coordinator_epoch)
+        batch = kafka_batch.encode([Record(0, now, key, value, [])], base_offset=0, first_timestamp=now,
+                                   max_timestamp=now, attributes=CONTROL_BIT | TRANSACTIONAL_BIT,
+                                   producer_id=producer_id, producer_epoch=producer_epoch)
+        return self.append(batch, leader_epoch=leader_epoch, crc_checked=True)
+
+    @property
+    def last_stable_offset(self) -> int:
+        """The first offset of the earliest open transaction, else the high watermark."""
+        first = self.producers.first_unstable_offset()
+        return self._high_watermark if first is None else min(first, self._high_watermark)
 
     def _duplicate(self, dup) -> AppendInfo:
         """The answer to a retried batch: the offsets it got the first time, nothing written."""
@@ -890,6 +949,7 @@ class Log:
         self._generation += 1
         self.checkpoint()
         try:
+            self.txn_index.keep(self._log_start_offset, self._log_end_offset)
             self._rebuild_producer_state()
         except OSError as e:
             raise _storage(f"rebuilding the producer state after truncating to {offset}", e) from None
@@ -942,6 +1002,7 @@ class Log:
         self._update_epochs(self.leader_epochs.clear)
         self.producers.clear()
         self.producers.delete_snapshots(above=-1)
+        self.txn_index.keep(offset, offset)
 
     def _create_segment_replacing(self, offset: int, now: int) -> LogSegment:
         for i, seg in enumerate(self._segments):
@@ -1037,6 +1098,8 @@ class Log:
                 self._update_epochs(self.leader_epochs.truncate_from_start, self._log_start_offset)
                 # snapshots of deleted segments go (the newest stays: it still holds every producer)
                 self.producers.delete_snapshots(below=self._bases[0])
+                with contextlib.suppress(OSError):
+                    self.txn_index.keep(self._log_start_offset, 1 << 62)
 
     def delete_expired_files(self) -> int:
         """Unlink ``.deleted`` files whose ``file.delete.delay.ms`` has passed."""
@@ -1084,7 +1147,6 @@ class Log:
         """Feed the headers of batches at or after ``start`` to the producer state (header
         reads only, in ``SCAN_CHUNK`` reads). Returns the number of batches seen."""
         seen = 0
-        update = self.producers.update
         for i, seg in enumerate(self._segments):
             if i + 1 < len(self._segments) and self._segments[i + 1].base_offset <= start:
                 continue
@@ -1105,10 +1167,8 @@ class Log:
                 h = BatchHeader._make(HEADER.unpack_from(buf, pos - buf_start))
                 if h.batch_length < HEADER_SIZE - LOG_OVERHEAD:
                     break
-                if h.producer_id >= 0 and not h.attributes & CONTROL_BIT and h.base_offset >= start:
-                    update(h.producer_id, h.producer_epoch, h.base_sequence,
-                           last_sequence(h.base_sequence, h.last_offset_delta), h.base_offset,
-                           h.base_offset + h.last_offset_delta, h.max_timestamp)
+                if h.producer_id >= 0 and h.base_offset >= start:
+                    self._track_batch(h, h.base_offset)
                 seen += 1
                 pos += h.size
         return seen

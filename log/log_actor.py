@@ -22,9 +22,12 @@ Accepts:
   replica_progress {parts}          one-way from the fetch actor: a follower fetched
   follower_state / truncate / truncate_fully / replicate   from the replica fetcher
   get_bounds                        from the fetch actor (after it restarts)
+  write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]]}
+                                    from the transaction coordinator: a commit or abort
+                                    marker (control batch) per partition led here
 Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKeeper took
 it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
-messages, the new ``LogBounds`` (plus leader epoch and role) of every partition that
+messages, the new ``LogBounds`` (plus leader epoch, role and last stable offset) of every partition that
 changed (``bounds``): that is how long-poll fetches learn that data arrived.
 Producer ids: a batch whose producer id its partition does not know yet must carry the tag
 of an id a transaction coordinator handed out (``log.producer_ids``), else
@@ -445,6 +448,27 @@ class LogActor(Actor):
                 log.warning("%s-%d: %s", topic, partition, exc.message)
         self.reply(msg, {"parts": out})
 
+    def on_write_markers(self, msg: Message) -> None:
+        """Transaction markers from the transaction coordinator (WriteTxnMarkers): a control
+        batch per partition led here. Answers ``{parts: [[topic, partition, code, message]]}``."""
+        out = []
+        for entry in msg.get("markers") or ():
+            try:
+                topic, partition, pid, epoch, commit, coordinator_epoch = entry
+                p = self.logs.get((topic, partition))
+                if p is None or p.leader != self.broker_id:
+                    raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
+                                       ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
+                self._dirty.add((topic, partition))
+                self._advance_high_watermark(p)
+                out.append([topic, partition, 0, ""])
+            except (TypeError, ValueError) as exc:
+                out.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed marker {entry!r}: {exc}"])
+            except OdradekError as exc:
+                out.append([entry[0], entry[1], int(exc.code), exc.message])
+        self.reply(msg, {"parts": out})
+
     def on_follower_state(self, msg: Message) -> None:
         out = []
         for topic, partition in msg.get("parts") or ():
@@ -661,7 +685,8 @@ class LogActor(Actor):
         self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name})
 
     def _bounds(self, p: PartitionLog) -> list:
-        return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id, p.replicas]
+        return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id, p.replicas,
+                p.log.last_stable_offset]
 
     def _take_changes(self) -> dict:
         parts = [self._bounds(self.logs[key]) for key in self._dirty if key in self.logs]

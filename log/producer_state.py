@@ -87,12 +87,13 @@ class BatchMetadata(NamedTuple):
 class ProducerEntry:
     """What the partition knows of one producer id."""
 
-    __slots__ = ("epoch", "batches", "last_timestamp")
+    __slots__ = ("epoch", "batches", "last_timestamp", "txn_first_offset")
 
     def __init__(self, epoch: int, last_timestamp: int = -1):
         self.epoch = epoch
         self.batches: list[BatchMetadata] = []  # oldest first, at most MAX_CACHED_BATCHES
         self.last_timestamp = last_timestamp
+        self.txn_first_offset = -1  # first offset of its open transaction here, -1: none
 
     @property
     def last_seq(self) -> int:
@@ -125,7 +126,7 @@ def snapshot_offset(name: str) -> int | None:
 
 
 def encode_snapshot(producers: dict[int, ProducerEntry]) -> bytes:
-    body = msgpack.packb([[pid, e.epoch, e.last_timestamp, [list(b) for b in e.batches]]
+    body = msgpack.packb([[pid, e.epoch, e.last_timestamp, [list(b) for b in e.batches], e.txn_first_offset]
                           for pid, e in producers.items()])
     return _SNAP_HEAD.pack(SNAPSHOT_VERSION, zlib.crc32(body)) + body
 
@@ -142,8 +143,9 @@ def decode_snapshot(data: bytes) -> dict[int, ProducerEntry]:
         raise ValueError("CRC mismatch")
     out: dict[int, ProducerEntry] = {}
     try:
-        for pid, epoch, ts, batches in msgpack.unpackb(body, strict_map_key=True):
+        for pid, epoch, ts, batches, *txn in msgpack.unpackb(body, strict_map_key=True):
             e = ProducerEntry(int(epoch), int(ts))
+            e.txn_first_offset = int(txn[0]) if txn else -1
             e.batches = [BatchMetadata(*map(int, b)) for b in batches][-MAX_CACHED_BATCHES:]
             out[int(pid)] = e
     except (TypeError, ValueError, msgpack.UnpackException) as exc:
@@ -222,10 +224,46 @@ class ProducerStateManager:
         if timestamp > e.last_timestamp:
             e.last_timestamp = timestamp
 
+    # ------------------------------------------------------------------ transactions
+    def begin_txn(self, pid: int, epoch: int, first_offset: int, timestamp: int) -> None:
+        """A transactional batch at ``first_offset``: the producer's transaction is open here
+        from its first such batch on (until its marker)."""
+        e = self.producers.get(pid)
+        if e is None:
+            e = self.producers[pid] = ProducerEntry(epoch, timestamp)
+        if e.txn_first_offset < 0:
+            e.txn_first_offset = first_offset
+
+    def end_txn(self, pid: int, epoch: int, timestamp: int) -> int:
+        """A commit or abort marker of ``pid``: its transaction is closed here. Returns the
+        transaction's first offset (-1 if none was open: a marker for a partition the
+        producer wrote nothing to)."""
+        e = self.producers.get(pid)
+        if e is None:
+            e = self.producers[pid] = ProducerEntry(epoch, timestamp)
+        first, e.txn_first_offset = e.txn_first_offset, -1
+        if epoch > e.epoch:
+            e.epoch, e.batches = epoch, []
+        if timestamp > e.last_timestamp:
+            e.last_timestamp = timestamp
+        return first
+
+    def first_unstable_offset(self) -> int | None:
+        """The first offset of the earliest open transaction, None if none is open."""
+        firsts = [e.txn_first_offset for e in self.producers.values() if e.txn_first_offset >= 0]
+        return min(firsts) if firsts else None
+
+    def check_marker_epoch(self, pid: int, epoch: int) -> None:
+        e = self.producers.get(pid)
+        if e is not None and epoch < e.epoch:
+            raise InvalidProducerEpochError(
+                f"producer {pid}: a marker at epoch {epoch}, older than the current epoch {e.epoch}")
+
     def expire(self, now_ms: int) -> int:
-        """Forget producers whose last batch is older than ``expiration_ms``; returns how many."""
+        """Forget producers whose last batch is older than ``expiration_ms`` (never one with
+        an open transaction); returns how many."""
         horizon = now_ms - self.expiration_ms
-        doomed = [pid for pid, e in self.producers.items() if e.last_timestamp < horizon]
+        doomed = [pid for pid, e in self.producers.items() if e.last_timestamp < horizon and e.txn_first_offset < 0]
         for pid in doomed:
             del self.producers[pid]
         return len(doomed)

@@ -16,6 +16,7 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 
+from odradek.log import kafka_batch
 from odradek.log.records import CRC_START, HEADER_SIZE, BatchHeader, CorruptRecordError, check_header
 
 log = logging.getLogger("odradek.log")
@@ -112,8 +113,11 @@ def scan_segment(files, fd: int, file_size: int, base_offset: int, start_positio
                 error = f"short read at byte {pos}"
                 break
         if verify_crc:
-            with memoryview(buf) as mv:
-                crc = zlib.crc32(mv[pos - buf_start + CRC_START:end - buf_start])
+            if h.magic == kafka_batch.MAGIC:  # Kafka's batches carry a CRC-32C
+                crc = kafka_batch.crc_of(buf, pos - buf_start, h.size)
+            else:
+                with memoryview(buf) as mv:
+                    crc = zlib.crc32(mv[pos - buf_start + CRC_START:end - buf_start])
             if crc != h.crc:
                 error = f"batch at byte {pos} (offset {h.base_offset}): CRC mismatch"
                 break

@@ -187,6 +187,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("producer.id.expiration.ms", int, 86400000,
             "A partition forgets an idempotent producer idle this long (its next batch must then restart at "
             "sequence 0); checked on the retention timer.", _at_least(1)),
+    Setting("transaction.max.timeout.ms", int, 900000,
+            "The longest `transaction.timeout.ms` a transactional producer may ask for (InitProducerId "
+            "refuses more with INVALID_TRANSACTION_TIMEOUT).", _at_least(1)),
+    Setting("transaction.abort.timed.out.transaction.cleanup.interval.ms", int, 10000,
+            "How often the transaction coordinator aborts transactions open past their timeout.", _at_least(10)),
     Setting("log.index.interval.bytes", int, 4096, "Topic default for `index.interval.bytes`.", _at_least(0)),
     Setting("log.index.size.max.bytes", int, 10485760, "Topic default for `segment.index.bytes`.", _at_least(1024)),
     Setting("log.flush.interval.messages", int, (1 << 63) - 1,

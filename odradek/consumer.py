@@ -28,6 +28,11 @@ Fetch answers are read defensively: the last batch of a partition may be torn or
 zero-padded (ignored: the next fetch starts there), a batch may start before the fetch
 offset (its earlier records are skipped).
 
+Transactions: control batches (commit/abort markers) are never handed out. With
+``isolation_level="read_committed"`` fetches read up to the last stable offset and the
+records of aborted transactions are skipped, from the aborted ranges each fetch answer
+carries (docs/TRANSACTIONS.md).
+
 Groups: with ``group_id``, ``subscribe(topics | pattern, on_assign, on_revoke)`` joins the
 group and the coordinator assigns partitions; ``commit``/``commit_async``/``committed`` and
 auto-commit work on the group's offsets. The membership (a heartbeat thread, incremental
@@ -43,7 +48,7 @@ import select
 import time
 import zlib
 from operator import add
-from typing import Iterable, Optional
+from typing import Iterable, NamedTuple, Optional
 
 import lz4.block
 import msgpack
@@ -145,11 +150,18 @@ def _decode_kafka(view, pos: int, h, topic: str, partition: int, min_offset: int
             for r in rows if r.offset >= min_offset]
 
 
+class ConsumerGroupMetadata(NamedTuple):
+    group_id: str
+    generation_id: int
+    member_id: str
+    group_instance_id: Optional[str]
+
+
 class _Partition:
     """What the consumer knows of one assigned partition."""
 
     __slots__ = ("tp", "position", "fetch_offset", "reset", "in_flight", "epoch", "batches", "buffered",
-                 "leftover", "retry_at", "high_watermark", "view")
+                 "leftover", "retry_at", "high_watermark", "view", "aborted", "aborting")
 
     def __init__(self, tp: TopicPartition):
         self.tp = tp
@@ -163,8 +175,11 @@ class _Partition:
         self.leftover: list = []  # decoded records not yet returned
         self.retry_at = 0.0
         self.high_watermark = -1
+        self.aborted: list = []  # read_committed: (first_offset, producer_id) of aborted transactions ahead
+        self.aborting: set = set()  # producer ids whose aborted transaction is being skipped
 
     def clear(self) -> None:
+        self.aborted, self.aborting = [], set()
         self.batches.clear()
         self.buffered = 0
         self.leftover = []
@@ -184,7 +199,11 @@ class Consumer:
                  group_instance_id: Optional[str] = None, enable_auto_commit: bool = True,
                  auto_commit_interval_ms: int = 5000, session_timeout_ms: Optional[int] = None,
                  heartbeat_interval_ms: int = 3000, max_poll_interval_ms: int = 300000,
-                 group_assignor: Optional[str] = None, metadata_max_age_ms: int = 300000, **security):
+                 group_assignor: Optional[str] = None, metadata_max_age_ms: int = 300000,
+                 isolation_level: str = "read_uncommitted", **security):
+        if isolation_level not in ("read_uncommitted", "read_committed"):
+            raise ValueError(f"isolation_level must be 'read_uncommitted' or 'read_committed', got {isolation_level!r}")
+        self.read_committed = isolation_level == "read_committed"
         if auto_offset_reset not in _RESETS:
             raise ValueError(f"auto_offset_reset must be 'earliest', 'latest' or 'none', got {auto_offset_reset!r}")
         if max_poll_records < 1 or max_partition_fetch_bytes < 1:
@@ -250,6 +269,13 @@ class Consumer:
     def commit_async(self, offsets: Optional[dict] = None, callback=None):
         """Commit without waiting; ``callback(offsets, error_or_None)`` runs on a helper thread."""
         return self._need_group("commit_async()").commit_async(offsets, callback)
+
+    def group_metadata(self) -> "ConsumerGroupMetadata":
+        """What ``Producer.send_offsets_to_transaction`` needs to commit this consumer's
+        offsets in a transaction (confluent-kafka's and kafka-python's shape)."""
+        g = self._need_group("group_metadata()")
+        return ConsumerGroupMetadata(g.group_id, getattr(g, "member_epoch", -1), getattr(g, "member_id", "") or "",
+                                     getattr(g, "group_instance_id", None))
 
     def committed(self, partition: TopicPartition) -> Optional[int]:
         """The group's committed offset of ``partition`` (None if there is none)."""
@@ -390,6 +416,10 @@ class Consumer:
         p.buffered -= h.size
         if h.base_offset + h.last_offset_delta < p.position:
             return  # wholly before the position (a re-read after seek, or a compacted tail)
+        if self._skipped(p, h):
+            p.leftover = []
+            p.position = max(p.position, h.base_offset + h.last_offset_delta + 1)
+            return
         try:
             p.leftover = decode_records(view, pos, h, p.tp.topic, p.tp.partition, p.position, self.check_crcs)
         except OdradekError as exc:
@@ -398,6 +428,21 @@ class Consumer:
             self._errors.append(exc)
         if not p.leftover:
             p.position = max(p.position, h.base_offset + h.last_offset_delta + 1)
+
+    def _skipped(self, p: _Partition, h) -> bool:
+        """Control batches (transaction markers) are never handed out; with read_committed,
+        neither are the batches of an aborted transaction (Kafka's consumer rule: a producer
+        is skipped from its aborted transaction's first offset to its abort marker)."""
+        control = h.attributes & fmt.CONTROL_BIT
+        if not self.read_committed:
+            return bool(control)
+        last = h.base_offset + h.last_offset_delta
+        while p.aborted and p.aborted[0][0] <= last:
+            p.aborting.add(p.aborted.pop(0)[1])
+        if control:
+            p.aborting.discard(h.producer_id)  # the marker ends that producer's transaction
+            return True
+        return bool(h.attributes & kafka_batch.TRANSACTIONAL_BIT) and h.producer_id in p.aborting
 
     # ---- fetching ---------------------------------------------------------------------------------
     def _send_fetches(self) -> None:
@@ -440,7 +485,7 @@ class Consumer:
             p.in_flight = True
             sent.append((p, p.epoch, p.fetch_offset))
         body = {"replica_id": -1, "max_wait_ms": self.fetch_max_wait_ms, "min_bytes": self.fetch_min_bytes,
-                "max_bytes": self.fetch_max_bytes, "isolation_level": 0,
+                "max_bytes": self.fetch_max_bytes, "isolation_level": 1 if self.read_committed else 0,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         conn.send(ApiKey.FETCH, body, (), lambda frame, err: self._on_fetch(sent, frame, err))
 
@@ -471,6 +516,11 @@ class Consumer:
                 self._partition_error(p, code, part.get("error_message"))
                 continue
             p.high_watermark = part.get("high_watermark", p.high_watermark)
+            for a in part.get("aborted_transactions") or ():
+                entry = (a["first_offset"], a["producer_id"])
+                if entry not in p.aborted:
+                    p.aborted.append(entry)
+            p.aborted.sort()
             self._queue_batches(p, offset, payload, start, end)
 
     def _queue_batches(self, p: _Partition, offset: int, payload, start: int, end: int) -> None:
@@ -679,7 +729,8 @@ class Consumer:
             by_topic.setdefault(tp.topic, []).append({
                 "index": tp.partition, "timestamp": timestamp,
                 "current_leader_epoch": self._cluster.leader_epoch(tp.topic, tp.partition)})
-        body = {"replica_id": -1, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
+        body = {"replica_id": -1, "isolation_level": 1 if self.read_committed else 0,
+                "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
         conn = self._conn(leader)
         if conn is None:
             raise error_for(ErrorCode.NETWORK_EXCEPTION, f"cannot connect to broker {leader}")

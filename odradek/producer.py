@@ -57,6 +57,16 @@ resends the batch. Kafka's constraints hold: idempotence needs acks=all, retries
 ``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
 default (None) it is then simply off.
 
+Transactions (``transactional_id``; docs/TRANSACTIONS.md): ``init_transactions`` gets the
+transactional id's producer id and epoch from the coordinator (fencing older instances);
+``send`` works only between ``begin_transaction`` and ``commit_transaction`` /
+``abort_transaction``; the sender adds each partition to the transaction
+(AddPartitionsToTxn) before its first batch and sets the batch's transactional bit; the
+caller's thread sends AddOffsetsToTxn/TxnOffsetCommit and EndTxn (after a flush). A fenced
+producer (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) is fatal: every later call raises
+``ProducerFencedError``; a failed record makes ``commit_transaction`` raise
+``TransactionAbortableError``. A transactional producer never bumps its epoch itself.
+
 Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
 (one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
 ``send`` call while the sender keeps up). ``timestamp_ms`` sets it exactly.
@@ -330,7 +340,8 @@ class Producer:
                  delivery_timeout_ms: int = 120000, max_block_ms: int = 60000, buffer_memory: int = 32 << 20,
                  max_request_size: int = 1 << 20, client_id: str = "odradek-producer",
                  metadata_max_age_ms: int = 300000, compression_type: Optional[str] = None,
-                 enable_idempotence: Optional[bool] = None, **security):
+                 enable_idempotence: Optional[bool] = None, transactional_id: Optional[str] = None,
+                 transaction_timeout_ms: int = 60000, **security):
         if compression_type is not None:  # kafka-python's spelling
             compression = compression_type
         if compression in ("none", ""):
@@ -348,8 +359,11 @@ class Producer:
                                           (retries == 0, "retries=0 (it needs retries > 0)"),
                                           (max_in_flight > 5, f"max_in_flight={max_in_flight} (it needs <= 5)"))
                      if bad]
-        if enable_idempotence and conflicts:
+        if (enable_idempotence or transactional_id is not None) and conflicts:
             raise ValueError(f"enable_idempotence=True conflicts with {', '.join(conflicts)}")
+        if transactional_id is not None and (enable_idempotence is False or not transactional_id):
+            raise ValueError("transactional_id needs idempotence (do not pass enable_idempotence=False) and must "
+                             "be a non-empty string")
         self.idempotent = enable_idempotence is not False and not conflicts
         self.compression = compression
         self.linger = linger_ms / 1000
@@ -396,6 +410,7 @@ class Producer:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._sender = _Sender(self)
+        self._txn = None if transactional_id is None else _Transactions(self, transactional_id, transaction_timeout_ms)
         self._thread = threading.Thread(target=self._sender.run, name=f"odradek-sender-{client_id}", daemon=True)
         self._thread.start()
 
@@ -443,6 +458,8 @@ class Producer:
 
     def _send_general(self, topic, value, key, partition, headers, timestamp_ms) -> FutureRecordMetadata:
         """Every case the fast path does not take: validation, partition choice, new batches."""
+        if self._txn is not None:
+            self._txn.check_sendable()
         value, key, headers = _check_record(value, key, headers, timestamp_ms)
         if self._closed:
             raise RuntimeError("send() on a closed producer")
@@ -645,6 +662,39 @@ class Producer:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    # ---- transactions (``transactional_id``; the shapes of confluent-kafka and kafka-python) ------
+    def _transactions(self) -> "_Transactions":
+        if self._txn is None:
+            raise ValueError("this producer has no transactional_id")
+        return self._txn
+
+    def init_transactions(self, timeout: float | None = None) -> None:
+        """Register the ``transactional_id``: the coordinator aborts a transaction an earlier
+        instance left open and fences every earlier instance (their next call raises
+        ``ProducerFencedError``). Call once, before ``begin_transaction``."""
+        self._transactions().init(timeout)
+
+    def begin_transaction(self) -> None:
+        self._transactions().begin()
+
+    def send_offsets_to_transaction(self, offsets, group_metadata, timeout: float | None = None) -> None:
+        """Commit a consumer group's ``offsets`` ({TopicPartition: next offset} or a list of
+        TopicPartitions with offsets) as part of the transaction: they become the group's
+        committed offsets if, and only if, the transaction commits."""
+        self._transactions().send_offsets(offsets, group_metadata, timeout)
+
+    def commit_transaction(self, timeout: float | None = None) -> None:
+        """Flush, then commit: every record sent since ``begin_transaction`` becomes visible
+        to read_committed consumers at once, or none does. A record that failed makes the
+        transaction abortable: this raises ``TransactionAbortableError`` and the caller
+        must ``abort_transaction()``."""
+        self._transactions().end(True, timeout)
+
+    def abort_transaction(self, timeout: float | None = None) -> None:
+        """Drop the transaction: its records stay in the log, marked aborted (read_committed
+        consumers skip them)."""
+        self._transactions().end(False, timeout)
+
     def metrics(self) -> dict:
         s = self._sender
         return {"requests": s.requests, "batches": s.batches, "retries": s.retried,
@@ -674,6 +724,184 @@ def _check_record(value, key, headers, timestamp_ms):
     if timestamp_ms is not None and (not isinstance(timestamp_ms, int) or timestamp_ms < 0):
         raise ValueError(f"timestamp_ms must be a non-negative int (ms since the epoch), got {timestamp_ms!r}")
     return value, key, headers
+
+
+class TransactionAbortableError(OdradekError):
+    """The transaction cannot commit (a record of it failed, or the coordinator refused an
+    operation for a reason that only concerns this transaction): ``abort_transaction()``,
+    then begin a new one. Its ``code`` is the error that caused it."""
+
+
+# Kafka's fatal transactional errors: the producer must be closed (a newer instance took over).
+TXN_FATAL = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorCode.INVALID_PRODUCER_ID_MAPPING,
+             ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, ErrorCode.INVALID_TRANSACTION_TIMEOUT)
+
+
+class _Transactions:
+    """A transactional producer's state (Kafka's TransactionManager, simplified): READY ->
+    IN_TRANSACTION -> READY, or FATAL for good. The caller's thread talks to the
+    coordinator (blocking requests); the sender thread adds each partition to the
+    transaction before its first batch (``add_partitions``). In single-broker mode every
+    broker is the coordinator, so requests go to any broker."""
+
+    def __init__(self, producer: "Producer", txn_id: str, timeout_ms: int):
+        self.p, self.txn_id, self.timeout_ms = producer, txn_id, timeout_ms
+        self.state = "UNINITIALIZED"
+        self.fatal: OdradekError | None = None
+        self.abortable: OdradekError | None = None
+        self.partitions: set = set()  # added to the current transaction (sender thread)
+        self.offsets_sent = False  # send_offsets_to_transaction() in the current transaction
+        self._lock = threading.Lock()
+
+    # ---- errors -------------------------------------------------------------------------------
+    def _raise_if_fatal(self) -> None:
+        if self.fatal is not None:
+            raise self.fatal
+
+    def _classify(self, exc: OdradekError, what: str) -> OdradekError:
+        if exc.code in TXN_FATAL:
+            fatal = error_for(ErrorCode.PRODUCER_FENCED if exc.code == ErrorCode.INVALID_PRODUCER_EPOCH else exc.code,
+                              f"transactional id {self.txn_id!r}: {what}: {exc.message}; this producer is fenced "
+                              f"(another instance with the same transactional_id took over, or its transaction "
+                              f"timed out): close it")
+            self.fatal = fatal
+            self.state = "FATAL"
+            return fatal
+        return exc
+
+    def record_failed(self, err: BaseException) -> None:
+        """A batch of the transaction failed (sender thread): the transaction must abort."""
+        if isinstance(err, OdradekError) and err.code in TXN_FATAL:
+            self._classify(err, "a produce was refused")
+        elif self.abortable is None:
+            self.abortable = TransactionAbortableError(f"a record of the transaction failed ({err}); "
+                                                       f"abort_transaction() and retry",
+                                                       getattr(err, "code", ErrorCode.UNKNOWN_SERVER_ERROR))
+
+    def not_ready_error(self) -> OdradekError:
+        return self.fatal or TransactionAbortableError("send() outside a transaction: call init_transactions() "
+                                                       "and begin_transaction() first", ErrorCode.INVALID_TXN_STATE)
+
+    def check_sendable(self) -> None:
+        self._raise_if_fatal()
+        if self.state != "IN_TRANSACTION":
+            raise ValueError(f"send() needs an open transaction (state {self.state}): call "
+                             f"{'init_transactions()' if self.state == 'UNINITIALIZED' else 'begin_transaction()'} first")
+
+    # ---- requests to the coordinator ---------------------------------------------------------
+    def _request(self, api: int, body: dict, what: str, timeout: float | None, item_codes=None) -> dict:
+        """Blocking, retrying retriable answers (CONCURRENT_TRANSACTIONS while markers are
+        written, a coordinator loading or restarting) until ``timeout``."""
+        deadline = time.monotonic() + (self.p.request_timeout_ms / 1000 if timeout is None else timeout)
+        backoff = self.p.retry_backoff
+        while True:
+            try:
+                left = max(deadline - time.monotonic(), 0.1)
+                answer = self.p._cluster.request(api, body, timeout=left).header.get("body") or {}
+                codes = [answer.get("error_code", 0)] + list(item_codes(answer) if item_codes else ())
+                code = next((c for c in codes if c), 0)
+                if not code:
+                    return answer
+                exc = error_for(code, answer.get("error_message") or ErrorCode.of(code).meaning)
+            except OdradekError as e:
+                exc = e
+            if not (exc.retriable or exc.code in NETWORK_ERRORS) or time.monotonic() + backoff >= deadline:
+                raise self._classify(exc, what)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
+
+    def _ids(self) -> dict:
+        s = self.p._sender
+        return {"transactional_id": self.txn_id, "producer_id": s.producer_id, "producer_epoch": s.epoch}
+
+    def init(self, timeout: float | None) -> None:
+        self._raise_if_fatal()
+        if self.state != "UNINITIALIZED":
+            raise ValueError(f"init_transactions() was called already (state {self.state})")
+        body = self._request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": self.txn_id,
+                                                       "transaction_timeout_ms": self.timeout_ms,
+                                                       "producer_id": -1, "producer_epoch": -1},
+                             "InitProducerId", timeout)
+        s = self.p._sender
+        s.producer_id, s.epoch = body["producer_id"], body["producer_epoch"]  # before any batch: no race
+        s.next_seq.clear()
+        self.state = "READY"
+
+    def begin(self) -> None:
+        self._raise_if_fatal()
+        if self.state != "READY":
+            raise ValueError(f"begin_transaction() in state {self.state}"
+                             + (": call init_transactions() first" if self.state == "UNINITIALIZED" else
+                                ": commit or abort the open transaction first"))
+        with self._lock:
+            self.partitions = set()
+        self.abortable = None
+        self.offsets_sent = False
+        self.state = "IN_TRANSACTION"
+
+    def add_partitions(self, sender: "_Sender", group: list) -> list:
+        """Sender thread: AddPartitionsToTxn for the group's partitions new to the
+        transaction; batches of partitions that could not be added fail (abortable)."""
+        with self._lock:
+            new = sorted({(b.topic, b.partition) for b in group} - self.partitions)
+        if not new:
+            return group
+        topics: dict[str, list] = {}
+        for topic, partition in new:
+            topics.setdefault(topic, []).append(partition)
+        try:
+            self._request(ApiKey.ADD_PARTITIONS_TO_TXN,
+                          {**self._ids(), "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
+                          "AddPartitionsToTxn", None,
+                          lambda a: [r["partition_error_code"] for t in a.get("results") or () for r in t["results"]])
+        except OdradekError as exc:
+            for b in group:
+                if (b.topic, b.partition) in new:
+                    sender._fail(b, exc)
+            return [b for b in group if (b.topic, b.partition) not in new]
+        with self._lock:
+            self.partitions.update(new)
+        return group
+
+    def send_offsets(self, offsets, group_metadata, timeout: float | None) -> None:
+        self._raise_if_fatal()
+        if self.state != "IN_TRANSACTION":
+            raise ValueError(f"send_offsets_to_transaction() needs an open transaction (state {self.state})")
+        group_id = getattr(group_metadata, "group_id", group_metadata)
+        if not isinstance(group_id, str) or not group_id:
+            raise ValueError("group_metadata must be consumer.group_metadata() (or a group id)")
+        if isinstance(offsets, dict):
+            pairs = [(tp.topic, tp.partition, off if isinstance(off, int) else off.offset) for tp, off in offsets.items()]
+        else:
+            pairs = [(tp.topic, tp.partition, tp.offset) for tp in offsets]
+        self._request(ApiKey.ADD_OFFSETS_TO_TXN, {**self._ids(), "group_id": group_id}, "AddOffsetsToTxn", timeout)
+        self.offsets_sent = True
+        topics: dict[str, list] = {}
+        for topic, partition, offset in pairs:
+            topics.setdefault(topic, []).append({"partition_index": partition, "committed_offset": offset})
+        self._request(ApiKey.TXN_OFFSET_COMMIT, {**self._ids(), "group_id": group_id,
+                                                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
+                      "TxnOffsetCommit", timeout,
+                      lambda a: [p["error_code"] for t in a.get("topics") or () for p in t["partitions"]])
+
+    def end(self, commit: bool, timeout: float | None) -> None:
+        self._raise_if_fatal()
+        what = "commit_transaction()" if commit else "abort_transaction()"
+        if self.state != "IN_TRANSACTION":
+            raise ValueError(f"{what} without an open transaction (state {self.state})")
+        try:
+            self.p.flush(timeout)
+        except TimeoutError:
+            if commit:
+                raise
+        self._raise_if_fatal()  # a batch refused as fenced
+        if commit and self.abortable is not None:
+            raise self.abortable
+        with self._lock:
+            touched = bool(self.partitions) or self.offsets_sent
+        if touched:  # a transaction that wrote nothing has nothing to end at the coordinator
+            self._request(ApiKey.END_TXN, {**self._ids(), "committed": commit}, "EndTxn", timeout)
+        self.state = "READY"
 
 
 class _Sender:
@@ -810,6 +1038,10 @@ class _Sender:
             self.metadata_wanted = True
             return batches
         idempotent = self.p.idempotent
+        if idempotent and self.producer_id < 0 and self.p._txn is not None:
+            for b in batches:  # a transactional producer's id comes from init_transactions() only
+                self._fail(b, self.p._txn.not_ready_error())
+            return []
         if idempotent and self.producer_id < 0 and not self._init_producer_id():
             if self.init_error is not None:  # the broker will never give an id: say so now
                 for b in batches:
@@ -863,6 +1095,11 @@ class _Sender:
         """One PRODUCE request: a frame per partition holding its batches concatenated."""
         frames, topics, layout = [], {}, []
         by_tp: dict[tuple, list] = {}
+        txn = self.p._txn
+        if txn is not None:
+            group = txn.add_partitions(self, group)  # AddPartitionsToTxn before a partition's first batch
+            if not group:
+                return
         for b in group:
             by_tp.setdefault((b.topic, b.partition), []).append(b)
             if self.p.idempotent and b.stamp is None:
@@ -925,6 +1162,8 @@ class _Sender:
         self.next_seq[tp] = (seq + b.count) & 0x7FFFFFFF  # Kafka's wrap after 2**31 - 1
         data = b.data if isinstance(b.data, bytearray) else bytearray(b.data)
         _STAMP_PACK(data, OFFSET_PRODUCER_ID, self.producer_id, self.epoch, seq)
+        if self.p._txn is not None:
+            data[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT
         _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
         b.data = data
         b.stamp = (self.producer_id, self.epoch, seq)
@@ -936,6 +1175,8 @@ class _Sender:
         anew. False if it may not be retried any more."""
         if b.attempts > self.p.retries or time.monotonic() + self.p.retry_backoff >= b.deadline:
             return False
+        if self.p._txn is not None:
+            return False  # a transactional producer's epoch is the coordinator's: the transaction must abort
         if b.stamp is not None and b.stamp[:2] == (self.producer_id, self.epoch):
             self.resets += 1
             if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING or self.epoch >= MAX_EPOCH:
@@ -1025,6 +1266,8 @@ class _Sender:
     def _fail(self, batch: _Batch, err: BaseException) -> None:
         if batch.future.done():
             return
+        if self.p._txn is not None:
+            self.p._txn.record_failed(err)
         batch.data = None
         batch.future.set_exception(err)
         self.p._batch_done(batch)

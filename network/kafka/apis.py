@@ -315,7 +315,10 @@ def encode_fetch(version: int, error_code: int, topics: list) -> list:
                 _I64.pack(p.get("high_watermark", -1)) + _I64.pack(p.get("last_stable_offset", -1))
             if version >= 5:
                 fixed += _I64.pack(p.get("log_start_offset", -1))
-            fixed += _array_len(0, flex)  # aborted_transactions: none (no transactions)
+            aborted = p.get("aborted_transactions") or ()  # read_committed: the aborted ranges read
+            fixed += _array_len(len(aborted), flex)
+            for a in aborted:
+                fixed += _I64.pack(a["producer_id"]) + _I64.pack(a["first_offset"]) + (b"\x00" if flex else b"")
             if version >= 11:
                 fixed += _I32.pack(-1)  # preferred_read_replica
             fixed += uvarint(len(data) + 1) if flex else _I32.pack(len(data))
@@ -354,7 +357,7 @@ register(Api(ApiKey.FETCH, 4, 12, fetch_to_internal, fetch_from_internal, fetch_
 # ---- ListOffsets (2) ---------------------------------------------------------------------------------
 
 def list_offsets_to_internal(version: int, request: dict) -> tuple[dict, list]:
-    return {"topics": [{"name": t["name"], "partitions": [
+    return {"isolation_level": request.get("isolation_level", 0), "topics": [{"name": t["name"], "partitions": [
         {"index": p["partition_index"], "timestamp": p["timestamp"],
          "current_leader_epoch": p.get("current_leader_epoch", -1)} for p in t["partitions"]]}
         for t in request["topics"]]}, []

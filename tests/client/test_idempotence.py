@@ -261,12 +261,19 @@ def test_a_producer_the_partition_forgot_bumps_its_epoch_and_goes_on_without_los
     assert read_all(broker.bootstrap, "forgotten", 1)[0] == [b"before", b"after", b"again"]
 
 
-def test_init_producer_id_with_a_transactional_id_is_refused_saying_why(conn):
+def test_init_producer_id_with_a_transactional_id_keeps_the_id_and_bumps_the_epoch(conn):
+    ask = {"transactional_id": "app-1", "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1}
+    first = conn.request(ApiKey.INIT_PRODUCER_ID, ask).header["body"]
+    again = conn.request(ApiKey.INIT_PRODUCER_ID, ask).header["body"]
+    assert again["producer_id"] == first["producer_id"] and again["producer_epoch"] == first["producer_epoch"] + 1
+
+
+def test_init_producer_id_refuses_a_timeout_over_the_broker_maximum(conn):
     from odradek.network.protocol import OdradekError
     with pytest.raises(OdradekError) as e:
-        conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "app-1", "transaction_timeout_ms": 60000,
+        conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "app-2", "transaction_timeout_ms": 10 ** 9,
                                                "producer_id": -1, "producer_epoch": -1})
-    assert e.value.code == ErrorCode.INVALID_REQUEST and "transactions are not supported" in e.value.message
+    assert e.value.code == ErrorCode.INVALID_TRANSACTION_TIMEOUT and "transaction.max.timeout.ms" in e.value.message
 
 
 def test_a_broker_that_refuses_init_producer_id_fails_the_records_at_once_saying_why(scripted):

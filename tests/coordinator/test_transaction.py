@@ -116,3 +116,21 @@ def test_a_transaction_round_trips_through_its_record_and_a_preparing_one_owes_i
     assert back.pending_markers == {("a", 0), ("b", 2)}
     with pytest.raises(ValueError):
         Transaction.from_record(b"app", b"\x01garbage")
+
+
+def test_txn_offsets_need_add_offsets_first_and_travel_in_the_durable_record(tm):
+    t = tm.init_producer_id("app", 60000, now=0)
+    pid, epoch = t.producer_id, t.epoch
+    tm.add_partitions("app", pid, epoch, [("out", 0)], now=1)
+    with pytest.raises(OdradekError) as e:
+        tm.commit_offsets("app", pid, epoch, "g1", [["in", 0, 5, -1, ""]], now=2)
+    assert e.value.code == ErrorCode.INVALID_TXN_STATE and "AddOffsetsToTxn" in e.value.message
+    tm.add_group("app", pid, epoch, "g1", ("__consumer_offsets", 0), now=3)
+    tm.commit_offsets("app", pid, epoch, "g1", [["in", 0, 5, -1, ""]], now=4)
+    tm.commit_offsets("app", pid, epoch, "g1", [["in", 0, 7, -1, "m"], ["in", 1, 2, -1, ""]], now=5)
+    again = Transaction.from_record(*t.to_record())
+    assert again.offsets == {"g1": [["in", 0, 7, -1, "m"], ["in", 1, 2, -1, ""]]}
+    tm.end_txn("app", pid, epoch, commit=False, now=6)
+    tm.markers_written("app", list(t.pending_markers), now=7)
+    tm.add_partitions("app", pid, epoch, [("out", 0)], now=8)  # the next transaction starts clean
+    assert t.offsets == {} and t.groups == set()
