@@ -220,7 +220,22 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
     if api in (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.LEAVE_GROUP) or api in (11, 12, 14):  # Join, Heartbeat, Sync
         return [("Read", "Group", str(body.get("group_id")))]
     if api == ApiKey.FIND_COORDINATOR:
-        return [("Describe", "Group", str(body.get("key")))]
+        kind = "TransactionalId" if body.get("key_type") == 1 else "Group"
+        return [("Describe", kind, str(k)) for k in body.get("keys") or [body.get("key")]]
+    if api == ApiKey.INIT_PRODUCER_ID:
+        # without a transactional id nothing: the id alone writes nothing (each produce still
+        # needs Write on its topic; Kafka 3 grants it to anyone with Write on some topic, KIP-679)
+        txn = body.get("transactional_id")
+        return [("Write", "TransactionalId", str(txn))] if txn is not None else []
+    if api in (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT):
+        need = [("Write", "TransactionalId", str(body.get("transactional_id")))]
+        if api == ApiKey.ADD_PARTITIONS_TO_TXN:
+            need += [("Write", "Topic", n) for n in _names(body)]
+        if api in (ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.TXN_OFFSET_COMMIT):
+            need.append(("Read", "Group", str(body.get("group_id"))))
+        if api == ApiKey.TXN_OFFSET_COMMIT:
+            need += [("Read", "Topic", n) for n in _names(body)]
+        return need
     if api in (ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE):
         return [("Describe", "Group", str(g)) for g in body.get("group_ids") or []]
     if api == ApiKey.DELETE_GROUPS:

@@ -63,6 +63,25 @@ def test_the_api_table_asks_what_kafka_asks():
     assert requirements(ApiKey.CREATE_ACLS, {}) == [("Alter", "Cluster", "kafka-cluster")]
 
 
+def test_the_transaction_apis_need_write_on_their_transactional_id_and_an_idempotent_producer_nothing_more():
+    """The bundled producer is idempotent by default: its InitProducerId must not need Alter on
+    the cluster (what an API missing from the table needs), or every producer with Write on
+    its topic is refused."""
+    assert requirements(ApiKey.INIT_PRODUCER_ID, {"transactional_id": None}) == []
+    assert requirements(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "tx"}) == [("Write", "TransactionalId", "tx")]
+    assert requirements(ApiKey.ADD_PARTITIONS_TO_TXN, {"transactional_id": "tx", "topics": [{"name": "t"}]}) == [
+        ("Write", "TransactionalId", "tx"), ("Write", "Topic", "t")]
+    assert requirements(ApiKey.ADD_OFFSETS_TO_TXN, {"transactional_id": "tx", "group_id": "g"}) == [
+        ("Write", "TransactionalId", "tx"), ("Read", "Group", "g")]
+    assert requirements(ApiKey.END_TXN, {"transactional_id": "tx"}) == [("Write", "TransactionalId", "tx")]
+    assert requirements(ApiKey.TXN_OFFSET_COMMIT, {"transactional_id": "tx", "group_id": "g",
+                                                   "topics": [{"name": "t"}]}) == [
+        ("Write", "TransactionalId", "tx"), ("Read", "Group", "g"), ("Read", "Topic", "t")]
+    assert requirements(ApiKey.FIND_COORDINATOR, {"key": "tx", "key_type": 1}) == [("Describe", "TransactionalId", "tx")]
+    assert requirements(ApiKey.FIND_COORDINATOR, {"keys": ["g1", "g2"], "key_type": 0}) == [
+        ("Describe", "Group", "g1"), ("Describe", "Group", "g2")]
+
+
 def test_a_decision_with_a_thousand_acls_takes_microseconds():
     acls = [Acl.make(f"User:u{i}", "Topic", f"topic-{i}", "Write") for i in range(900)]
     acls += [Acl.make(f"User:u{i}", "Topic", f"p{i}-", "Read", pattern="Prefixed") for i in range(100)]
