@@ -43,12 +43,13 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import struct
 import subprocess
 import sys
 import tempfile
 import time
+
+from odradek.bench.peers import PeerServer
 
 _STAMP = struct.Struct(">q")
 REPORT_INTERVAL_MS = 5000
@@ -829,40 +830,22 @@ def e2e_child(argv: list[str]) -> int:
 
 
 # ---- Redis Streams, for comparison -------------------------------------------------------------
-class RedisServer:
+class RedisServer(PeerServer):
     """A redis-server started for one benchmark on 127.0.0.1 with an ephemeral port."""
 
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="odradek-perf-redis-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(["redis-server", "--bind", "127.0.0.1", "--port", str(self.port),
-                                      "--dir", self.dir, "--save", "", "--appendonly", "yes",
-                                      "--appendfsync", "no", "--protected-mode", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    name = "redis-server"
+
+    def command(self) -> list[str]:
+        return ["redis-server", "--bind", "127.0.0.1", "--port", str(self.port), "--dir", self.dir, "--save", "",
+                "--appendonly", "yes", "--appendfsync", "no", "--protected-mode", "no"]
+
+    def probe(self) -> bool:
         import redis
         self.client = redis.Redis(host="127.0.0.1", port=self.port)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                self.client.ping()
-                break
-            except redis.ConnectionError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("redis-server did not start")
-                time.sleep(0.05)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            return bool(self.client.ping())
+        except redis.ConnectionError:
+            return False
 
 
 def redis_available() -> str | None:

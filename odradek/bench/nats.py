@@ -14,11 +14,10 @@ from __future__ import annotations
 import asyncio
 import json
 import shutil
-import socket
-import subprocess
-import tempfile
 import threading
 import time
+
+from odradek.bench.peers import PeerServer
 
 STREAM, SUBJECT = "perf-e2e", "perf.e2e"
 
@@ -34,36 +33,13 @@ def available() -> str | None:
     return None
 
 
-class NatsServer:
+class NatsServer(PeerServer):
     """A nats-server with JetStream on 127.0.0.1, an ephemeral port and a temporary store."""
 
-    def __init__(self):
-        self.dir = tempfile.mkdtemp(prefix="odradek-perf-nats-")
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
-        self.proc = subprocess.Popen(["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js",
-                                      "-sd", self.dir], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", self.port), timeout=1).close()
-                break
-            except OSError:
-                if time.monotonic() > deadline or self.proc.poll() is not None:
-                    self.stop()
-                    raise RuntimeError("nats-server did not start")
-                time.sleep(0.05)
+    name = "nats-server"
 
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(10)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        shutil.rmtree(self.dir, ignore_errors=True)
+    def command(self) -> list[str]:
+        return ["nats-server", "-a", "127.0.0.1", "-p", str(self.port), "-js", "-sd", self.dir]
 
 
 async def _stream(port: int):
