@@ -1168,6 +1168,15 @@ class _Sender:
         b.data = data
         b.stamp = (self.producer_id, self.epoch, seq)
 
+    def _stamped_before_a_bump(self, b: _Batch, code: int) -> bool:
+        """INVALID_PRODUCER_EPOCH for a batch stamped before this producer bumped its own epoch
+        (a batch queued for a retry, or in flight, when another refusal bumped it): the partition
+        saw the new epoch first and refused this one unwritten; it is stamped anew and sent
+        again, not failed (the chaos battery's full-disk fault failed 284 sends so). A
+        transactional producer's epoch is the coordinator's: there it stays fatal."""
+        return (code == ErrorCode.INVALID_PRODUCER_EPOCH and self.p._txn is None and b.stamp is not None
+                and b.stamp[:2] != (self.producer_id, self.epoch))
+
     def _reset_after(self, b: _Batch, code: int) -> bool:
         """A batch was refused unwritten for its sequence (``SEQUENCE_RESETS``): bump the epoch
         (a new id if the epoch is exhausted or the id refused) unless an earlier refusal did
@@ -1234,7 +1243,8 @@ class _Sender:
                 message = (part or {}).get("error_message") or ErrorCode.of(code).meaning
                 e = error_for(code, f"produce to {tp[0]}-{tp[1]}: {message}")
                 for b in bs:
-                    if not (self.p.idempotent and code in SEQUENCE_RESETS and self._reset_after(b, code)):
+                    if not (self.p.idempotent and (code in SEQUENCE_RESETS or self._stamped_before_a_bump(b, code))
+                            and self._reset_after(b, code)):
                         self._retry_or_fail(b, e)
                 continue
             base = part.get("base_offset", -1)
