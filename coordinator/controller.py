@@ -116,28 +116,26 @@ class Controller(Actor):
     def on_create_topics(self, msg: Message) -> None:
         body = msg.get("body") or {}
         validate_only = bool(body.get("validate_only"))
-        results, opened = [], []
-        for req in body.get("topics") or []:
-            name = req.get("name") if isinstance(req, dict) else None
-            try:
-                if not isinstance(req, dict):
-                    raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
-                if any(list(a) != [self.broker_id] for a in req.get("assignments") or ()):
-                    raise OdradekError(f"topic '{name}': an explicit assignment here can only name broker "
-                                       f"{self.broker_id} (the only broker), got {req['assignments']}",
-                                       ErrorCode.INVALID_REPLICA_ASSIGNMENT)
-                if validate_only:
-                    parts, rf, _ = self.registry.validate_create(name, req.get("num_partitions"),
-                                                                 req.get("replication_factor"), req.get("configs"))
-                else:
-                    topic = self.registry.create(name, req.get("num_partitions"), req.get("replication_factor"),
-                                                 req.get("configs"))
-                    parts, rf = topic.partitions, topic.replication_factor
-                    opened += [(name, p) for p in range(parts)]
-                    log.info("created topic %s (%d partitions, configs %s)", name, parts, topic.configs)
-                results.append({"name": name, "error_code": 0, "num_partitions": parts, "replication_factor": rf})
-            except OdradekError as exc:
-                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        opened = []
+
+        def create(req: dict) -> dict:
+            name = req.get("name")
+            if any(list(a) != [self.broker_id] for a in req.get("assignments") or ()):
+                raise OdradekError(f"topic '{name}': an explicit assignment here can only name broker "
+                                   f"{self.broker_id} (the only broker), got {req['assignments']}",
+                                   ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+            if validate_only:
+                parts, rf, _ = self.registry.validate_create(name, req.get("num_partitions"),
+                                                             req.get("replication_factor"), req.get("configs"))
+            else:
+                topic = self.registry.create(name, req.get("num_partitions"), req.get("replication_factor"),
+                                             req.get("configs"))
+                parts, rf = topic.partitions, topic.replication_factor
+                opened.extend((name, p) for p in range(parts))
+                log.info("created topic %s (%d partitions, configs %s)", name, parts, topic.configs)
+            return {"num_partitions": parts, "replication_factor": rf}
+
+        results = _each_topic(body, "each topic must be a map", create)
         self._push(open_=opened, done=lambda failed: self._undo_failed_creations(
             failed, results, lambda: self.reply(msg, {"body": {"topics": results}})))
 
@@ -252,20 +250,18 @@ class Controller(Actor):
 
     def _create_partitions(self, msg: Message, body: dict) -> None:
         validate_only = bool(body.get("validate_only"))
-        results, opened = [], []
-        for req in body.get("topics") or []:
-            name = req.get("name") if isinstance(req, dict) else None
-            try:
-                if not isinstance(req, dict):
-                    raise OdradekError("each topic must be a map {name, count, assignments}", ErrorCode.INVALID_REQUEST)
-                have, count = self.registry.add_partitions(name, req.get("count"), req.get("assignments"),
-                                                           self.broker_id, validate_only)
-                if not validate_only:
-                    opened += [(name, p) for p in range(have, count)]
-                    log.info("topic %s: %d -> %d partitions", name, have, count)
-                results.append({"name": name, "error_code": 0, "error_message": None})
-            except OdradekError as exc:
-                results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+        opened = []
+
+        def add(req: dict) -> dict:
+            name = req.get("name")
+            have, count = self.registry.add_partitions(name, req.get("count"), req.get("assignments"),
+                                                       self.broker_id, validate_only)
+            if not validate_only:
+                opened.extend((name, p) for p in range(have, count))
+                log.info("topic %s: %d -> %d partitions", name, have, count)
+            return {"error_message": None}
+
+        results = _each_topic(body, "each topic must be a map {name, count, assignments}", add)
         self._push(open_=opened, done=lambda _failed: self.reply(msg, {"body": {"results": results}}))
 
     # ---- pushing changes -------------------------------------------------------------
@@ -321,6 +317,21 @@ class Controller(Actor):
             changes = len(fields.get("open") or ()) + len(fields.get("close") or ()) if type_ == "assign" else 0
             self.request(to, type_, fields, callback=lambda r, to=to, f=fields: acked(r, to, f),
                          timeout=PUSH_TIMEOUT + PUSH_TIMEOUT_PER_PARTITION * changes)
+
+
+def _each_topic(body: dict, shape: str, change: Callable[[dict], dict]) -> list[dict]:
+    """Apply ``change(request) -> result fields`` to each topic of a request, on its own: a
+    topic whose change raises OdradekError gets that error, the others go on."""
+    results = []
+    for req in body.get("topics") or []:
+        name = req.get("name") if isinstance(req, dict) else None
+        try:
+            if not isinstance(req, dict):
+                raise OdradekError(shape, ErrorCode.INVALID_REQUEST)
+            results.append({"name": name, "error_code": 0, **change(req)})
+        except OdradekError as exc:
+            results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
+    return results
 
 
 def _first_failure(failed: list) -> dict[str, tuple[int, str]]:
