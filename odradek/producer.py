@@ -51,9 +51,13 @@ already appended (an answer lost, a connection cut, a leader that failed over) a
 with the original offsets instead of appending it twice. A retried batch goes alone in its
 request for its partition, first attempts may share one. OUT_OF_ORDER_SEQUENCE_NUMBER,
 UNKNOWN_PRODUCER_ID (the partition forgot the producer) and INVALID_PRODUCER_ID_MAPPING
-refuse a batch without writing it: the producer bumps its epoch (KIP-360; a new producer id
-when the epoch is exhausted or refused), restarts every partition's sequence at 0 and
-resends the batch. Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
+refuse a batch without writing it. If an earlier batch of the partition is unresolved, the
+refused one is simply sent again after it. Otherwise the partition no longer follows the
+producer's sequence and the producer bumps its epoch (KIP-360; a new producer id when the
+epoch is exhausted or refused): it first resolves every batch of the old epoch whose fate is
+in doubt (sent again with its own stamp: a batch already written is recognised, not written
+twice), sends nothing new meanwhile, then restarts every partition's sequence at 0 and
+stamps the unwritten batches anew. Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
 ``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
 default (None) it is then simply off.
 
@@ -240,7 +244,7 @@ class _Batch:
     """Records of one partition sent together; one Future for all of them."""
 
     __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "stamps",
-                 "future", "data", "count", "attempts", "retry_at", "deadline", "stamp")
+                 "future", "data", "count", "attempts", "retry_at", "deadline", "stamp", "unwritten")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_timeout: float):
         self.topic = topic
@@ -257,6 +261,7 @@ class _Batch:
         self.retry_at = 0.0
         self.deadline = now + delivery_timeout
         self.stamp: tuple | None = None  # idempotence: (producer id, epoch, base sequence) once sent
+        self.unwritten = False  # idempotence: its last attempt was refused for its sequence, nothing written
 
     def max_timestamp(self) -> int:
         """The largest record timestamp (the broker's time index uses it)."""
@@ -919,6 +924,14 @@ class _Sender:
         # idempotence: the producer id and epoch in use, each partition's next sequence
         self.producer_id, self.epoch = -1, 0
         self.next_seq: dict[tuple, int] = {}
+        # each partition's window: the batches stamped with the current id and epoch from its
+        # oldest unresolved one on (resolved ones behind it stay until it is resolved). The
+        # partition's leader recognises a retry among the last 5 batches it wrote of a producer
+        # (log.producer_state), so a window never holds more than max_in_flight_per_partition
+        # (<= 5): a batch in doubt is always recognised if it was written.
+        self.window: dict[tuple, collections.deque] = {}
+        self.bump_wanted = False  # a refusal asked for a new epoch (or id); see _bump_when_settled
+        self.new_id_wanted = False
         self.resets = 0
         self.init_error: OdradekError | None = None  # InitProducerId refused for good
 
@@ -962,7 +975,9 @@ class _Sender:
         now = time.monotonic()
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
-            timeout = min(timeout, max(0.0, min(b.retry_at for b in self.retry) - now))
+            due = [b.retry_at for b in self.retry if not (self.bump_wanted and self._waits_for_bump(b))]
+            if due:
+                timeout = min(timeout, max(0.0, min(due) - now))
         if self.metadata_wanted:
             timeout = min(timeout, p._cluster.refresh_due(now))
         p._sender_wake_at = now + timeout
@@ -992,6 +1007,9 @@ class _Sender:
         (its old leader) waits for their answers before anything goes to the new leader."""
         if not self.retry:
             return
+        if self.bump_wanted:
+            self._bump_when_settled()
+        bumping = self.bump_wanted  # until then only batches in doubt go (with their own stamp)
         now = time.monotonic()
         cluster = self.p._cluster
         in_flight = self.in_flight
@@ -1005,6 +1023,9 @@ class _Sender:
                                             f"delivery_timeout_ms ({batch.attempts} attempts)"))
                 continue
             tp = (batch.topic, batch.partition)
+            if bumping and self._waits_for_bump(batch):
+                waiting.append(batch)  # its partition's later batches in doubt may still go
+                continue
             leader = cluster.leader(batch.topic, batch.partition)
             if leader < 0:
                 self.metadata_wanted = True
@@ -1051,20 +1072,25 @@ class _Sender:
                 b.retry_at = time.monotonic() + self.p.retry_backoff
             return batches
         limit, in_flight = self.p.max_in_flight_per_partition, self.in_flight
+        window = self.window
         while batches and conn.in_flight < self.p.max_in_flight:
             group, rest, size, held = [], [], 0, set()
             retried: dict = {}  # idempotence: tp -> whether its batches here include a retry
+            fresh: dict = {}  # idempotence: tp -> batches here to be stamped (they join its window)
             for b in batches:
                 tp = (b.topic, b.partition)
                 busy = in_flight.get(tp)
                 if tp in held or (busy is not None and busy[2] >= limit) or \
                         (group and size + len(b.data) > self.p.max_request_size) or \
-                        (idempotent and tp in retried and (retried[tp] or b.attempts)):
+                        (idempotent and tp in retried and (retried[tp] or b.attempts)) or \
+                        (idempotent and b.stamp is None and len(window.get(tp, ())) + fresh.get(tp, 0) >= limit):
                     held.add(tp)  # a retried batch goes alone: the broker knows a retry by its one batch
                     rest.append(b)
                     continue
                 if idempotent:
                     retried[tp] = b.attempts > 0
+                    if b.stamp is None:
+                        fresh[tp] = fresh.get(tp, 0) + 1
                 group.append(b)
                 size += len(b.data)
             if not group:
@@ -1112,6 +1138,7 @@ class _Sender:
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         for b in group:
             b.attempts += 1
+            b.unwritten = False
         in_flight = self.in_flight
         for tp, bs in layout:
             busy = in_flight.get(tp)
@@ -1167,40 +1194,86 @@ class _Sender:
         _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
         b.data = data
         b.stamp = (self.producer_id, self.epoch, seq)
+        window = self.window.get(tp)
+        if window is None:
+            window = self.window[tp] = collections.deque()
+        window.append(b)
 
-    def _stamped_before_a_bump(self, b: _Batch, code: int) -> bool:
-        """INVALID_PRODUCER_EPOCH for a batch stamped before this producer bumped its own epoch
-        (a batch queued for a retry, or in flight, when another refusal bumped it): the partition
-        saw the new epoch first and refused this one unwritten; it is stamped anew and sent
-        again, not failed (the chaos battery's full-disk fault failed 284 sends so). A
-        transactional producer's epoch is the coordinator's: there it stays fatal."""
-        return (code == ErrorCode.INVALID_PRODUCER_EPOCH and self.p._txn is None and b.stamp is not None
-                and b.stamp[:2] != (self.producer_id, self.epoch))
-
-    def _reset_after(self, b: _Batch, code: int) -> bool:
-        """A batch was refused unwritten for its sequence (``SEQUENCE_RESETS``): bump the epoch
-        (a new id if the epoch is exhausted or the id refused) unless an earlier refusal did
-        already, restart every partition at sequence 0, and requeue the batch to be stamped
-        anew. False if it may not be retried any more."""
+    def _refused_unwritten(self, b: _Batch, code: int, message: str) -> bool:
+        """A batch refused for its sequence (``SEQUENCE_RESETS``: nothing was written). If an
+        earlier batch of its partition is still unresolved, that one decides: this one is sent
+        again with the same stamp after it. If none is, the partition's leader no longer follows
+        this producer's sequence (it lost or expired the producer's state, or an earlier batch
+        failed for good): a new epoch is needed (a new id when the epoch is exhausted or the id
+        refused). False if the batch may not be retried any more, or the producer is
+        transactional (its epoch is the coordinator's: the transaction must abort)."""
         if b.attempts > self.p.retries or time.monotonic() + self.p.retry_backoff >= b.deadline:
             return False
         if self.p._txn is not None:
-            return False  # a transactional producer's epoch is the coordinator's: the transaction must abort
-        if b.stamp is not None and b.stamp[:2] == (self.producer_id, self.epoch):
-            self.resets += 1
-            if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING or self.epoch >= MAX_EPOCH:
-                self.producer_id, self.epoch = -1, 0
-            else:
-                self.epoch += 1
-            self.next_seq.clear()
-            log.info("%s on %s-%d: producer epoch bumped to %d, sequences restart at 0",
-                     ErrorCode.of(code).name, b.topic, b.partition, self.epoch)
-        b.stamp = None
-        b.retry_at = time.monotonic()
+            return False
+        b.unwritten = True
+        if self._earlier_unresolved(b):
+            b.retry_at = time.monotonic() + self.p.retry_backoff  # after the earlier one
+        else:
+            if not self.bump_wanted:
+                log.info("%s on %s-%d (%s): a new producer epoch is needed; sending waits until no batch of "
+                         "the current epoch is in doubt", ErrorCode.of(code).name, b.topic, b.partition, message)
+            self.bump_wanted = True
+            if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
+                self.new_id_wanted = True
+            b.retry_at = time.monotonic()
         self.retried += 1
         self.retry.append(b)
         self.retry.sort(key=lambda x: x.created)
         return True
+
+    def _bump_when_settled(self) -> None:
+        """Bump the epoch once every batch stamped with the current one is resolved or known
+        unwritten: a batch whose fate is in doubt (answer lost) is first sent again with its
+        own stamp, so its partition answers with the offsets it wrote or writes it once; were
+        it stamped anew, a batch already written would be written a second time. Then every
+        partition's sequence restarts at 0 and the unwritten batches are stamped anew (KIP-360;
+        Kafka's producer also bumps only with nothing in flight)."""
+        for window in self.window.values():
+            for b in window:
+                if not (b.unwritten or b.future.done()):
+                    return
+        self.resets += 1
+        if self.new_id_wanted or self.epoch >= MAX_EPOCH:
+            self.producer_id, self.epoch = -1, 0
+        else:
+            self.epoch += 1
+        self.new_id_wanted = self.bump_wanted = False
+        self.next_seq.clear()
+        now = time.monotonic()
+        for window in self.window.values():
+            for b in window:
+                if not b.future.done():
+                    b.stamp, b.unwritten, b.retry_at = None, False, now
+        self.window.clear()
+        log.info("producer epoch bumped to %d (id %d), sequences restart at 0", self.epoch, self.producer_id)
+
+    def _waits_for_bump(self, b: _Batch) -> bool:
+        """While a bump is wanted, only batches in doubt are sent: new ones and refused ones
+        wait for the new epoch (a batch in doubt behind a refused one of its partition is
+        sent anyway: the partition refuses it, or recognises it if it was written)."""
+        return b.stamp is None or b.unwritten
+
+    def _earlier_unresolved(self, b: _Batch) -> bool:
+        """Is a batch stamped before ``b`` (same partition, same epoch) still unresolved?"""
+        for x in self.window.get((b.topic, b.partition), ()):
+            if x is b:
+                return False
+            if not x.future.done():
+                return True
+        return False
+
+    def _resolved(self, b: _Batch) -> None:
+        """A stamped batch is acknowledged or failed: its partition's window moves past the
+        resolved batches at its head."""
+        window = self.window.get((b.topic, b.partition))
+        while window and window[0].future.done():
+            window.popleft()
 
     # ---- answers ----------------------------------------------------------------------------------
     def _landed(self, layout: list) -> None:
@@ -1243,8 +1316,7 @@ class _Sender:
                 message = (part or {}).get("error_message") or ErrorCode.of(code).meaning
                 e = error_for(code, f"produce to {tp[0]}-{tp[1]}: {message}")
                 for b in bs:
-                    if not (self.p.idempotent and (code in SEQUENCE_RESETS or self._stamped_before_a_bump(b, code))
-                            and self._reset_after(b, code)):
+                    if not (self.p.idempotent and code in SEQUENCE_RESETS and self._refused_unwritten(b, code, message)):
                         self._retry_or_fail(b, e)
                 continue
             base = part.get("base_offset", -1)
@@ -1271,6 +1343,8 @@ class _Sender:
             return
         batch.data = None  # handles may live on; the bytes need not
         batch.future.set_result((base, append_time))
+        if batch.stamp is not None:
+            self._resolved(batch)
         self.p._batch_done(batch)
 
     def _fail(self, batch: _Batch, err: BaseException) -> None:
@@ -1280,6 +1354,8 @@ class _Sender:
             self.p._txn.record_failed(err)
         batch.data = None
         batch.future.set_exception(err)
+        if batch.stamp is not None:
+            self._resolved(batch)
         self.p._batch_done(batch)
 
     def _fail_everything(self, err: OdradekError) -> None:

@@ -121,6 +121,40 @@ def test_a_retry_after_a_lost_answer_is_not_stored_twice(shared_broker):
     assert [v for v in values[0]] == [b"warm-up", b"only-once"] and m.offset == 1
 
 
+def test_a_batch_whose_answers_keep_getting_lost_is_recognised_after_later_batches_are_written(shared_broker):
+    """The partition's leader recognises a retry among the last 5 batches it wrote of a
+    producer. A batch whose answers are lost again and again while later batches of its
+    partition go on being written must not fall out of that window: the producer stamps no
+    more than 5 batches from its oldest unresolved one on. Before, the 6th later batch pushed
+    it out, its retry was refused OUT_OF_ORDER_SEQUENCE_NUMBER, the producer bumped its epoch
+    and wrote it a second time."""
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("in-doubt", partitions=1)
+    with Producer(shared_broker.bootstrap, linger_ms=0, batch_size=1, retry_backoff_ms=20,
+                  request_timeout_ms=2000) as p:
+        p.send("in-doubt", b"warm-up").result(10)
+        sender = p._sender
+        original = sender._on_response
+        lost = []
+
+        def lose_the_targets_answers(layout, frame, err, node):
+            target = any(b.data is not None and b"target" in bytes(b.data) for _, bs in layout for b in bs)
+            if target and err is None and len(lost) < 4:  # written, but the producer never hears it
+                lost.append(1)
+                from odradek.errors import error_for
+                err, frame = error_for(ErrorCode.NETWORK_EXCEPTION, "answer lost (test)"), None
+            return original(layout, frame, err, node)
+
+        sender._on_response = lose_the_targets_answers
+        values = [b"target"] + [b"later-%02d" % i for i in range(30)]
+        handles = [p.send("in-doubt", v) for v in values]
+        p.flush(30)
+        assert len(lost) == 4 and all(h.exception() is None for h in handles)
+        assert p.metrics()["sequence_resets"] == 0
+    stored = read_all(shared_broker.bootstrap, "in-doubt", 1)[0]
+    assert stored == [b"warm-up"] + values
+
+
 def read_all(bootstrap: str, topic: str, partitions: int) -> dict[int, list]:
     tps = [TopicPartition(topic, p) for p in range(partitions)]
     out: dict[int, list] = collections.defaultdict(list)

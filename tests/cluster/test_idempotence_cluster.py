@@ -21,10 +21,6 @@ def duplicates(consumed) -> list:
     return [v for v, c in counts.items() if c > 1]
 
 
-@pytest.mark.xfail(reason="known defect (issue 16/12, closing note of 2026-11-24): on the integrated tree a new "
-                   "leader answers OUT_OF_ORDER_SEQUENCE_NUMBER after the old leader's kill -9, the producer bumps "
-                   "its epoch and re-sends batches that were written: about 11 duplicates. Passed on the eos branch "
-                   "alone; to be found and fixed next session", strict=False)
 def test_a_leader_killed_under_idempotent_producers_leaves_no_duplicate(make_cluster):
     cluster = make_cluster()
     create_replicated_topic(cluster)
