@@ -184,7 +184,8 @@ def _replica(body: dict) -> bool:
     return isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
 
 
-INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN)
+INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN,
+                ApiKey.WRITE_TXN_MARKERS)
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
         ApiKey.METADATA)  # Metadata filters its answer instead
 
