@@ -56,7 +56,7 @@ def coordinator_of(cluster: LocalCluster, txn_id: str) -> int:
     """The broker FindCoordinator (key_type 1) names for ``txn_id`` (retried while the
     state topic is created or elected)."""
     deadline = time.monotonic() + 60
-    b = cluster.broker(cluster.ids[0])
+    b = next(cluster.broker(i) for i in cluster.ids if cluster.broker(i).running)
     while True:
         c = Connection(b.host, b.port)
         c.connect()
