@@ -50,6 +50,18 @@ Accepts:
             must be the live ZooKeeper registration of ``broker_id`` (as a follower's fetch,
             log/fetch_actor.py), else STALE_BROKER_EPOCH: the identity is checked, not
             believed.
+        LIST_TRANSACTIONS {state_filters, producer_id_filters, duration_filter} -> {error_code,
+            unknown_state_filters, transaction_states: [{transactional_id, producer_id,
+            transaction_state}]}: the ids coordinated here (a client asks every broker);
+        DESCRIBE_TRANSACTIONS {transactional_ids} -> {transaction_states: [{error_code,
+            transactional_id, transaction_state, transaction_timeout_ms,
+            transaction_start_time_ms, producer_id, producer_epoch, topics: [{topic,
+            partitions}]}]} (NOT_COORDINATOR, TRANSACTIONAL_ID_NOT_FOUND per id);
+        DESCRIBE_PRODUCERS {topics: [{name, partition_indexes}]} -> Kafka's shape, from the
+            log actors (``describe_producers``) of the partitions led here;
+        WRITE_TXN_MARKERS with ``broker_id`` -1: an operator's abort (``odradek transactions
+            abort``), abort markers only, no identity to check beyond the handler's
+            ClusterAction.
   create_state_topic {}  (one-way, from the group coordinator's FindCoordinator)
 Sends: ``write_markers`` to the log actors hosting the transaction's partitions led here,
 WRITE_TXN_MARKERS (TCP, one worker thread and connection per broker, ``MarkerPeer``) to the
@@ -462,6 +474,12 @@ class TxnCoordinator(Actor):
                 self.txn_offset_commit(msg, body)
             elif api == ApiKey.WRITE_TXN_MARKERS:
                 self.write_txn_markers(msg, body)
+            elif api == ApiKey.LIST_TRANSACTIONS:
+                self.list_transactions(msg, body)
+            elif api == ApiKey.DESCRIBE_TRANSACTIONS:
+                self.describe_transactions(msg, body)
+            elif api == ApiKey.DESCRIBE_PRODUCERS:
+                self.describe_producers(msg, body)
             else:
                 raise OdradekError(f"API {api!r} is not served by the transaction coordinator",
                                    ErrorCode.INVALID_REQUEST)
@@ -750,10 +768,7 @@ class TxnCoordinator(Actor):
         """WRITE_TXN_MARKERS from another broker's coordinator: its identity checked, then the
         markers written by the log actors leading their partitions here, and the offsets
         stored by this broker's group coordinator."""
-        if not self.cluster_mode:
-            raise OdradekError("WRITE_TXN_MARKERS is sent between the brokers of a cluster; this broker runs alone",
-                               ErrorCode.STALE_BROKER_EPOCH)
-        broker, claimed = _int(body, "broker_id"), _int(body, "broker_epoch")
+        broker = _int(body, "broker_id")
         markers, offsets = body.get("markers") or [], body.get("offsets") or {}
         if not isinstance(markers, list) or not isinstance(offsets, dict):
             raise OdradekError("markers must be a list and offsets a map", ErrorCode.INVALID_REQUEST)
@@ -762,6 +777,17 @@ class TxnCoordinator(Actor):
                     and all(isinstance(x, int) for x in (m[1], m[2], m[3], m[5])) and isinstance(m[4], bool)):
                 raise OdradekError(f"each marker must be [topic, partition, producer_id, producer_epoch, commit, "
                                    f"coordinator_epoch], got {m!r}", ErrorCode.INVALID_REQUEST)
+        if broker == -1:  # an operator's abort of a hanging transaction (odradek transactions abort)
+            if body.get("commit") or offsets or any(m[4] for m in markers):
+                raise OdradekError("broker_id -1 (an operator, not a broker) may only write abort markers, "
+                                   "without offsets", ErrorCode.INVALID_REQUEST)
+            log.info("operator abort: markers %s", markers)
+            self._write_here(msg, markers, {}, False, body.get("producer_id"))
+            return
+        if not self.cluster_mode:
+            raise OdradekError("WRITE_TXN_MARKERS is sent between the brokers of a cluster; this broker runs alone",
+                               ErrorCode.STALE_BROKER_EPOCH)
+        claimed = _int(body, "broker_epoch")
 
         def checked(known: int | None) -> None:
             if known != claimed or broker == self.broker_id:
@@ -773,6 +799,102 @@ class TxnCoordinator(Actor):
             self._write_here(msg, markers, offsets, bool(body.get("commit")), body.get("producer_id"))
         self._broker_epoch(broker, lambda known: checked(known) if known == claimed
                            else self._broker_epoch(broker, checked, refresh=True))
+
+    # ---- the admin APIs (odradek transactions, kafka-transactions.sh) ---------------------
+    def list_transactions(self, msg: Message, body: dict) -> None:
+        """LIST_TRANSACTIONS: the transactional ids coordinated here (as Kafka, per broker: a
+        client asks every broker), filtered by state, producer id and age."""
+        states = body.get("state_filters") or []
+        pids = body.get("producer_id_filters") or []
+        duration = body.get("duration_filter", -1)
+        if not isinstance(states, list) or not isinstance(pids, list) or not isinstance(duration, int):
+            raise OdradekError("state_filters and producer_id_filters must be lists, duration_filter an integer",
+                               ErrorCode.INVALID_REQUEST)
+        known = {s.value for s in TxnState}
+        unknown = [s for s in states if s not in known]
+        wanted = {s for s in states if s in known}
+        now = _now_ms()
+        out = [{"transactional_id": t.txn_id, "producer_id": t.producer_id, "transaction_state": t.state.value}
+               for t in sorted(self.txns.txns.values(), key=lambda t: t.txn_id)
+               if (not wanted or t.state.value in wanted) and (not pids or t.producer_id in pids)
+               and (duration < 0 or (t.started_ms >= 0 and t.state not in COMPLETE and now - t.started_ms >= duration))]
+        self.reply(msg, {"body": {"error_code": 0, "unknown_state_filters": unknown, "transaction_states": out}})
+
+    def describe_transactions(self, msg: Message, body: dict) -> None:
+        """DESCRIBE_TRANSACTIONS: each id's state, from its coordinator (NOT_COORDINATOR from
+        another broker, TRANSACTIONAL_ID_NOT_FOUND for an id never seen)."""
+        ids = body.get("transactional_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+            raise OdradekError("transactional_ids must be a list of non-empty strings", ErrorCode.INVALID_REQUEST)
+        out = []
+        for txn_id in ids:
+            entry = {"transactional_id": txn_id, "error_code": 0, "transaction_state": "", "transaction_timeout_ms": 0,
+                     "transaction_start_time_ms": -1, "producer_id": -1, "producer_epoch": -1, "topics": []}
+            try:
+                self._check_owner(txn_id)
+                t = self.txns.txns.get(txn_id)
+                if t is None:
+                    raise OdradekError(f"transactional id {txn_id!r} is not known", ErrorCode.TRANSACTIONAL_ID_NOT_FOUND)
+            except OdradekError as exc:
+                out.append({**entry, "error_code": int(exc.code), "error_message": exc.message})
+                continue
+            topics: dict[str, list] = {}
+            for topic, partition in sorted(t.partitions):
+                topics.setdefault(topic, []).append(partition)
+            out.append({**entry, "transaction_state": t.state.value, "transaction_timeout_ms": t.timeout_ms,
+                        "transaction_start_time_ms": t.started_ms, "producer_id": t.producer_id,
+                        "producer_epoch": t.epoch,
+                        "topics": [{"topic": n, "partitions": ps} for n, ps in topics.items()]})
+        self.reply(msg, {"body": {"transaction_states": out}})
+
+    def describe_producers(self, msg: Message, body: dict) -> None:
+        """DESCRIBE_PRODUCERS: the producer state of partitions led here, from their log
+        actors (NOT_LEADER_OR_FOLLOWER for the others)."""
+        topics = body.get("topics")
+        if not isinstance(topics, list):
+            raise OdradekError("topics must be a list of {name, partition_indexes}", ErrorCode.INVALID_REQUEST)
+        per_host: dict[str, list] = {}
+        asked = []
+        for t in topics:
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str) \
+                    or not isinstance(t.get("partition_indexes"), list) \
+                    or not all(isinstance(p, int) and not isinstance(p, bool) for p in t["partition_indexes"]):
+                raise OdradekError("each topic must be {name, partition_indexes: [int]}", ErrorCode.INVALID_REQUEST)
+            for p in t["partition_indexes"]:
+                asked.append((t["name"], p))
+                per_host.setdefault(f"log-{placement(t['name'], p, self.log_hosts)}", []).append([t["name"], p])
+        found: dict[tuple, list] = {}
+        left = {"n": len(per_host)}
+
+        def answer() -> None:
+            by_topic: dict[str, list] = {}
+            for name, p in asked:
+                code, why, producers = found.get((name, p), (int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                                                             f"{name}-{p} is not hosted here", []))
+                by_topic.setdefault(name, []).append({
+                    "partition_index": p, "error_code": code, "error_message": why or None,
+                    "active_producers": [{"producer_id": pid, "producer_epoch": epoch, "last_sequence": seq,
+                                          "last_timestamp": ts, "coordinator_epoch": -1,
+                                          "current_txn_start_offset": first}
+                                         for pid, epoch, seq, ts, first in producers]})
+            self.reply(msg, {"body": {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}})
+
+        def answered(reply: Message, sent: list) -> None:
+            if reply.is_error:
+                for name, p in sent:
+                    found[(name, p)] = (reply.error_code, reply.error_message, [])
+            else:
+                for name, p, code, why, producers in reply.get("parts") or ():
+                    found[(name, p)] = (code, why, producers)
+            left["n"] -= 1
+            if not left["n"]:
+                answer()
+
+        if not per_host:
+            answer()
+        for host, sent in per_host.items():
+            self.request(host, "describe_producers", {"parts": sent},
+                         callback=lambda reply, sent=sent: answered(reply, sent), timeout=30.0)
 
     def _write_here(self, msg: Message, markers: list, offsets: dict, commit: bool, producer_id) -> None:
         per_host: dict[str, list] = {}

@@ -25,6 +25,10 @@ Accepts:
   write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]]}
                                     from the transaction coordinator: a commit or abort
                                     marker (control batch) per partition led here
+  describe_producers {parts: [[topic, partition]]}   from the transaction coordinator
+                                    (DESCRIBE_PRODUCERS): -> {parts: [[topic, partition, code,
+                                    message, [[producer_id, epoch, last_sequence,
+                                    last_timestamp, txn_first_offset]]]]}, leaders only
 Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKeeper took
 it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
 messages, the new ``LogBounds`` (plus leader epoch, role and last stable offset) of every partition that
@@ -467,6 +471,26 @@ class LogActor(Actor):
                 out.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed marker {entry!r}: {exc}"])
             except OdradekError as exc:
                 out.append([entry[0], entry[1], int(exc.code), exc.message])
+        self.reply(msg, {"parts": out})
+
+    def on_describe_producers(self, msg: Message) -> None:
+        out = []
+        for entry in msg.get("parts") or ():
+            try:
+                topic, partition = entry
+                p = self.logs.get((topic, partition))
+                if p is None:
+                    raise OdradekError(f"{topic}-{partition} is not hosted here", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                if p.leader != self.broker_id:
+                    raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
+                                       ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                out.append([topic, partition, 0, "", [
+                    [pid, e.epoch, e.last_seq, e.last_timestamp, e.txn_first_offset]
+                    for pid, e in sorted(p.log.producers.producers.items())]])
+            except (TypeError, ValueError) as exc:
+                out.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed partition {entry!r}: {exc}", []])
+            except OdradekError as exc:
+                out.append([entry[0], entry[1], int(exc.code), exc.message, []])
         self.reply(msg, {"parts": out})
 
     def on_follower_state(self, msg: Message) -> None:
