@@ -163,3 +163,42 @@ def test_the_kafka_listener_serves_list_and_describe_transactions_and_describe_p
         assert [(a["producer_id"], a["current_txn_start_offset"]) for a in part["active_producers"]] == \
             [(mine[0]["producer_id"], 0)]
         p.commit_transaction(30)
+
+
+def test_dump_log_shows_markers_producer_snapshots_and_the_aborted_transactions_index(tmp_path, capsys):
+    from odradek.log import kafka_batch
+    from odradek.log.config import LogConfig
+    from odradek.log.log import Log
+    from odradek.log.records import Record
+
+    def txn_batch(pid: int, seq: int) -> bytes:
+        recs = [Record(i, 1_700_000_000_000, None, b"v%d" % (seq + i), []) for i in range(2)]
+        return kafka_batch.encode(recs, base_offset=0, first_timestamp=1_700_000_000_000,
+                                  max_timestamp=1_700_000_000_000, attributes=kafka_batch.TRANSACTIONAL_BIT,
+                                  producer_id=pid, producer_epoch=3, base_sequence=seq)
+
+    part = tmp_path / "t-0"
+    lg = Log(str(part), LogConfig())
+    lg.append(txn_batch(7000, 0))                            # 0..1
+    lg.append_marker(7000, 3, commit=False, coordinator_epoch=5)  # 2
+    lg.append(txn_batch(8000, 0))                            # 3..4
+    lg.append_marker(8000, 3, commit=True, coordinator_epoch=5)   # 5
+    lg.append(txn_batch(9000, 0))                            # 6..7, left open
+    lg.close()  # writes the producer snapshot
+
+    assert main(["dump-log", str(part)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    batches = [ln for ln in out if ln.startswith("baseOffset:")]
+    assert "producerId: 7000 producerEpoch: 3" in batches[1] and "isControl: true" in batches[1]
+    assert "isTransactional: true" in batches[0] and "isControl: false" in batches[0]
+    markers = [ln for ln in out if "endTxnMarker" in ln]
+    assert [m.split(" CreateTime")[0] for m in markers] == ["| offset: 2", "| offset: 5"]
+    assert markers[0].endswith("endTxnMarker: ABORT coordinatorEpoch: 5")
+    assert markers[1].endswith("endTxnMarker: COMMIT coordinatorEpoch: 5")
+    assert any(ln.startswith("version: 0 producerId: 7000 firstOffset: 0 lastOffset: 2 lastStableOffset: ")
+               for ln in out)
+    snapshot = out[out.index(next(ln for ln in out if ln.endswith(".snapshot"))):]
+    assert any(ln.startswith("producerId: 9000 producerEpoch: 3") and "currentTxnFirstOffset: 6" in ln
+               for ln in snapshot)
+    assert any(ln.startswith("producerId: 8000") and "currentTxnFirstOffset: None" in ln for ln in snapshot)
+    assert "| firstSequence: 0 lastSequence: 1 firstOffset: 6 lastOffset: 7" in snapshot
