@@ -9,7 +9,7 @@ thread (the Producer it creates owns its sender thread until the command returns
     printf 'k1:v1\\nk2:v2\\n' | odradek produce orders --key-separator :
     odradek consume orders --from-beginning --max-messages 10 --property print.key=true
     odradek dump-log /var/lib/odradek/orders-0           # or one .log/.index/.timeindex/.snapshot/.txnindex file
-    odradek groups --list | --describe G | --delete G
+    odradek groups --list | --describe G [--isolation read_committed] | --delete G
     odradek groups --reset-offsets G --topic orders --to-earliest|--to-latest|--to-datetime T|--shift-by N [--execute]
 
 Errors print one line naming the problem (the CLI adds the error code) and exit 1.
@@ -97,6 +97,10 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     g.add_argument("--reset-offsets", nargs="?", const="", metavar="GROUP")
     g.add_argument("--delete", nargs="?", const="", metavar="GROUP")
     p.add_argument("--group", help="the group (instead of naming it after the action)")
+    p.add_argument("--isolation", choices=("read_uncommitted", "read_committed"), default="read_uncommitted",
+                   help="describe: measure LAG to the LOG-END-OFFSET (read_uncommitted, Kafka's tool) or to the "
+                        "LAST-STABLE-OFFSET (read_committed: what a read_committed consumer can reach; open "
+                        "transactions do not count)")
     p.add_argument("--topic", action="append", default=[], help="reset: a topic (repeatable; default: every "
                                                                   "topic the group has committed offsets for)")
     to = p.add_mutually_exclusive_group()
@@ -398,7 +402,7 @@ def cmd_groups(args) -> int:
         if not group:
             raise OdradekError("name the group: --describe GROUP (or --group GROUP)", ErrorCode.INVALID_REQUEST)
         if args.describe is not None:
-            _print_group(admin.describe(group))
+            _print_group(admin.describe(group, args.isolation))
         elif args.delete is not None:
             admin.delete(group)
             print(f"Deleted group {group}.")
@@ -437,11 +441,14 @@ def _print_group(d: dict) -> None:
     dash = lambda v: "-" if v is None else v  # noqa: E731
     print(f"GROUP {d['group_id']}  state {d['group_state']}  epoch {d['group_epoch']}  "
           f"assignor {d['assignor_name'] or '-'}  members {len(d['members'])}")
+    print(f"LAG is measured to the {'LAST-STABLE-OFFSET (read_committed)' if d['lag_to'] == 'last_stable' else 'LOG-END-OFFSET (read_uncommitted)'}"
+          f"; --isolation {'read_uncommitted' if d['lag_to'] == 'last_stable' else 'read_committed'} for the other")
     print()
-    print(f"{'TOPIC':<20} {'PARTITION':>9} {'CURRENT-OFFSET':>14} {'LOG-END-OFFSET':>14} {'LAG':>8}  MEMBER")
+    print(f"{'TOPIC':<20} {'PARTITION':>9} {'CURRENT-OFFSET':>14} {'LOG-END-OFFSET':>14} {'LAG':>8} "
+          f"{'LAST-STABLE-OFFSET':>18}  MEMBER")
     for r in d["partitions"]:
         print(f"{r['topic']:<20} {r['partition']:>9} {dash(r['committed']):>14} {dash(r['log_end']):>14} "
-              f"{dash(r['lag']):>8}  {dash(r['member_id'])}")
+              f"{dash(r['lag']):>8} {dash(r['last_stable']):>18}  {dash(r['member_id'])}")
     if d["members"]:
         print()
         print(f"{'MEMBER':<34} {'INSTANCE':<12} {'HOST':<16} {'CLIENT':<18} {'EPOCH':>5}  ASSIGNMENT")

@@ -202,3 +202,39 @@ def test_dump_log_shows_markers_producer_snapshots_and_the_aborted_transactions_
                for ln in snapshot)
     assert any(ln.startswith("producerId: 8000") and "currentTxnFirstOffset: None" in ln for ln in snapshot)
     assert "| firstSequence: 0 lastSequence: 1 firstOffset: 6 lastOffset: 7" in snapshot
+
+
+def test_groups_describe_measures_lag_to_the_last_stable_offset_for_read_committed(broker, topic, capsys):
+    from odradek.group import GroupAdmin
+    group = f"g-{topic}"
+    with GroupAdmin(broker.bootstrap) as admin:
+        admin.reset_offsets(group, [topic], to="earliest", execute=True)  # committed offset 0
+    with Producer(broker.bootstrap, transactional_id=f"lag-{topic}") as p:
+        p.init_transactions(30)
+        p.begin_transaction()
+        for i in range(3):
+            p.send(topic, b"c%d" % i, partition=0)  # 0..2, then the marker at 3
+        p.commit_transaction(30)
+        p.begin_transaction()
+        for i in range(2):
+            p.send(topic, b"open%d" % i, partition=0)  # 4..5, open: the last stable offset stays at 4
+        p.flush(30)
+
+        def row(isolation: str) -> tuple[str, list[str]]:
+            assert main(["groups", "--bootstrap-server", broker.bootstrap, "--describe", group,
+                         "--isolation", isolation]) == 0
+            out = capsys.readouterr().out.splitlines()
+            said = next(ln for ln in out if ln.startswith("LAG is measured to the"))
+            return said, next(ln.split() for ln in out if ln.startswith(topic) and ln.split()[1] == "0")
+
+        said, cols = row("read_uncommitted")
+        assert "LOG-END-OFFSET" in said.split(";")[0]
+        assert cols[1:6] == ["0", "0", "6", "6", "4"]  # partition, current, log end, lag, last stable
+        said, cols = row("read_committed")
+        assert "LAST-STABLE-OFFSET" in said.split(";")[0]
+        assert cols[1:6] == ["0", "0", "6", "4", "4"]  # lag 4: the open transaction's records do not count
+        p.commit_transaction(30)
+    with GroupAdmin(broker.bootstrap) as admin:
+        d = admin.describe(group, "read_committed")
+    assert d["lag_to"] == "last_stable"
+    assert [(r["log_end"], r["last_stable"], r["lag"]) for r in d["partitions"] if r["partition"] == 0] == [(7, 7, 7)]
