@@ -106,6 +106,9 @@ WRITE_TIMEOUT = 30.0
 READ_BYTES = 1 << 20
 MARKER_TIMEOUT = 30.0  # seconds a log actor (or another broker) has to write markers before the coordinator retries
 MARKER_RETRY = 0.5
+# markers are answered once replicated to the ISR (as Kafka appends them with acks=all), before
+# the coordinator's own request timeout
+MARKERS_ACKS_ALL = {"acks": -1, "timeout_ms": int((MARKER_TIMEOUT - 5) * 1000)}
 METADATA_REFRESH = 1.0  # seconds between metadata polls in cluster mode (leadership of __transaction_state)
 LOAD_RETRY = 0.1  # seconds between get_bounds attempts while the log actor does not lead the partition yet
 CONNECT_TIMEOUT_MS = 1000
@@ -710,8 +713,8 @@ class TxnCoordinator(Actor):
                                                        "commit": commit}, callback=local_answered,
                              timeout=MARKER_TIMEOUT)
             else:
-                self.request(host, "write_markers", {"markers": markers}, callback=local_answered,
-                             timeout=MARKER_TIMEOUT)
+                self.request(host, "write_markers", {"markers": markers, **MARKERS_ACKS_ALL},
+                             callback=local_answered, timeout=MARKER_TIMEOUT)
 
         def remote_answered(broker: int, body: dict | None, error: OdradekError | None) -> None:
             if error is not None:
@@ -925,7 +928,7 @@ class TxnCoordinator(Actor):
             self.reply(msg, {"body": {"error_code": 0, **out}})
             return
         for host, sent in per_host.items():
-            self.request(host, "write_markers", {"markers": sent},
+            self.request(host, "write_markers", {"markers": sent, **MARKERS_ACKS_ALL},
                          callback=lambda reply, sent=sent: logs_answered(reply, sent), timeout=MARKER_TIMEOUT)
         if offsets:
             self.request(GROUP_COORDINATOR, "txn_offsets_end", {"producer_id": producer_id, "offsets": offsets,
