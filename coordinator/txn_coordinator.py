@@ -148,8 +148,9 @@ def topic_leaders(snapshot: dict, topic: str) -> dict[int, int]:
 
 class MarkerPeer:
     """One other broker: a worker thread with its own blocking ``BrokerConnection`` sends
-    WRITE_TXN_MARKERS one at a time and posts each outcome, ``done(body, error)``, to the
-    actor's loop (threads never touch the actor's sockets)."""
+    WRITE_TXN_MARKERS (and forwarded TXN_OFFSET_COMMITs) one at a time and posts each
+    outcome, ``done(body, error)``, to the actor's loop (threads never touch the actor's
+    sockets)."""
 
     def __init__(self, broker: int, host: str, port: int, client_id: str, post: Callable):
         self.broker, self.address = broker, (host, int(port))
@@ -160,17 +161,17 @@ class MarkerPeer:
         self.thread = threading.Thread(target=self._run, name=f"txn-markers-{broker}", daemon=True)
         self.thread.start()
 
-    def submit(self, body: dict, timeout: float, done: Callable) -> None:
-        self._jobs.put((body, timeout, done))
+    def submit(self, body: dict, timeout: float, done: Callable, api: int = ApiKey.WRITE_TXN_MARKERS) -> None:
+        self._jobs.put((api, body, timeout, done))
 
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None:
                 break
-            body, timeout, done = job
+            api, body, timeout, done = job
             try:
-                outcome = (self.conn.request(ApiKey.WRITE_TXN_MARKERS, body, timeout=timeout).body, None)
+                outcome = (self.conn.request(api, body, timeout=timeout).body, None)
             except OdradekError as exc:
                 outcome = (None, exc)
             except Exception as exc:  # noqa: BLE001 - a socket oddity: report it, keep the thread
@@ -561,7 +562,12 @@ class TxnCoordinator(Actor):
         the group coordinator when the transaction commits."""
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         group = _str(body, "group_id")
-        self._check_owner(txn_id)
+        try:
+            self._check_owner(txn_id)
+        except OdradekError as exc:
+            if exc.code == ErrorCode.NOT_COORDINATOR and self._forward_offsets(msg, txn_id, body):
+                return
+            raise
         topics = body.get("topics")
         if not isinstance(topics, list):
             raise OdradekError("topics must be a list", ErrorCode.INVALID_REQUEST)
@@ -583,6 +589,34 @@ class TxnCoordinator(Actor):
             results.append({"name": t["name"], "partitions": out})
         tx = self.txns.commit_offsets(txn_id, pid, epoch, group, offsets, _now_ms())
         self._answer_stored(msg, tx, {"topics": results})
+
+    def _forward_offsets(self, msg: Message, txn_id: str, body: dict) -> bool:
+        """TXN_OFFSET_COMMIT reaches the *group's* coordinator (Kafka clients send it there;
+        Kafka keeps the pending offsets with the group), but here the transaction holds them:
+        a broker that does not coordinate ``txn_id`` passes the request on to the one that
+        does and relays its answer. False if that broker is not known now."""
+        leader = topic_leaders(self.snapshot, STATE_TOPIC).get(self._partition_of(txn_id), -1)
+        address = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if not self.cluster_mode or leader == self.broker_id or not address or not address[1]:
+            return False
+
+        def done(answer: dict | None, error: OdradekError | None) -> None:
+            if error is not None:
+                self.reply_error(msg, error.code, f"broker {leader}, the coordinator of transactional id "
+                                                  f"{txn_id!r}: {error.message}")
+            else:
+                self.reply(msg, {"body": answer})
+        self._broker_peer(leader, address).submit(body, MARKER_TIMEOUT, done, api=ApiKey.TXN_OFFSET_COMMIT)
+        return True
+
+    def _broker_peer(self, broker: int, address) -> MarkerPeer:
+        peer = self.peers.get(broker)
+        if peer is None or peer.address != (address[0], int(address[1])):
+            if peer is not None:
+                peer.close()
+            peer = self.peers[broker] = MarkerPeer(broker, address[0], address[1],
+                                                   f"broker-{self.broker_id}-txn", self.post)
+        return peer
 
     def end_txn(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
@@ -744,12 +778,7 @@ class TxnCoordinator(Actor):
                 done(None, OdradekError(f"broker {self.broker_id}'s own registration is not known yet",
                                         ErrorCode.STALE_BROKER_EPOCH))
                 return
-            peer = self.peers.get(broker)
-            if peer is None or peer.address != (address[0], int(address[1])):
-                if peer is not None:
-                    peer.close()
-                peer = self.peers[broker] = MarkerPeer(broker, address[0], address[1],
-                                                       f"broker-{self.broker_id}-txn-markers", self.post)
+            peer = self._broker_peer(broker, address)
             self.markers_sent_remote += 1
             peer.submit({"broker_id": self.broker_id, "broker_epoch": epoch, **request}, MARKER_TIMEOUT, done)
         self._broker_epoch(self.broker_id, with_epoch)

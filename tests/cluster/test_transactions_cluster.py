@@ -52,16 +52,16 @@ def spread_topic(cluster: LocalCluster) -> tuple[str, dict[int, int]]:
         time.sleep(0.2)
 
 
-def coordinator_of(cluster: LocalCluster, txn_id: str) -> int:
-    """The broker FindCoordinator (key_type 1) names for ``txn_id`` (retried while the
-    state topic is created or elected)."""
+def coordinator_of(cluster: LocalCluster, txn_id: str, key_type: int = 1) -> int:
+    """The broker FindCoordinator names for a transactional id (``key_type`` 1) or a group
+    (0), retried while the internal topic is created or elected."""
     deadline = time.monotonic() + 60
     b = next(cluster.broker(i) for i in cluster.ids if cluster.broker(i).running)
     while True:
         c = Connection(b.host, b.port)
         c.connect()
         try:
-            return c.request(ApiKey.FIND_COORDINATOR, {"key": txn_id, "key_type": 1}).header["body"]["node_id"]
+            return c.request(ApiKey.FIND_COORDINATOR, {"key": txn_id, "key_type": key_type}).header["body"]["node_id"]
         except OdradekError as exc:
             assert exc.retriable and time.monotonic() < deadline, exc
         finally:
@@ -122,6 +122,29 @@ def test_a_transaction_across_partitions_led_by_different_brokers_commits_or_abo
     assert sorted(committed) == sorted(b"committed-%d-%d" % (part, i) for part in range(PARTITIONS) for i in range(3))
     everything = read(txn_cluster.bootstrap, topic, "read_uncommitted", expect=4 * PARTITIONS)
     assert sorted(everything) == sorted(committed + [b"aborted-%d" % part for part in range(PARTITIONS)])
+
+
+def test_offsets_sent_to_a_transaction_reach_a_group_coordinated_by_another_broker_on_commit_only(txn_cluster):
+    topic, _ = spread_topic(txn_cluster)
+    txn_id = f"tx-{uuid.uuid4().hex[:8]}"
+    p = txn_producer(txn_cluster.bootstrap, txn_id)
+    coordinator = coordinator_of(txn_cluster, txn_id)
+    group = next(g for g in (f"g-{uuid.uuid4().hex[:8]}" for _ in range(200))
+                 if coordinator_of(txn_cluster, g, key_type=0) != coordinator)
+    c = KafkaConsumer({"bootstrap.servers": txn_cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        for offset, commit in ((3, False), (5, True)):
+            p.begin_transaction()
+            p.produce(topic, value=b"out-%d" % offset, partition=0)
+            p.send_offsets_to_transaction([TopicPartition(topic, 1, offset)], c.consumer_group_metadata(), 60)
+            if commit:
+                p.commit_transaction(60)
+            else:
+                p.abort_transaction(60)
+                assert c.committed([TopicPartition(topic, 1)], timeout=30)[0].offset < 0  # nothing stored
+        assert c.committed([TopicPartition(topic, 1)], timeout=30)[0].offset == 5
+    finally:
+        c.close()
 
 
 def test_markers_from_a_broker_that_is_not_who_it_claims_are_refused(txn_cluster):
