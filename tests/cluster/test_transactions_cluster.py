@@ -14,6 +14,7 @@ import pytest
 from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer, TopicPartition
 
 from odradek import Admin
+from odradek.cli import main
 from odradek.cluster import Connection
 from odradek.local import LocalCluster
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
@@ -100,7 +101,7 @@ def read(bootstrap: str, topic: str, isolation: str, expect: int, wait: float = 
     return out
 
 
-def test_a_transaction_across_partitions_led_by_different_brokers_commits_or_aborts_as_a_whole(txn_cluster):
+def test_a_transaction_across_partitions_led_by_different_brokers_commits_or_aborts_as_a_whole(txn_cluster, capsys):
     topic, leaders = spread_topic(txn_cluster)
     txn_id = f"tx-{uuid.uuid4().hex[:8]}"
     p = txn_producer(txn_cluster.bootstrap, txn_id)
@@ -122,6 +123,16 @@ def test_a_transaction_across_partitions_led_by_different_brokers_commits_or_abo
     assert sorted(committed) == sorted(b"committed-%d-%d" % (part, i) for part in range(PARTITIONS) for i in range(3))
     everything = read(txn_cluster.bootstrap, topic, "read_uncommitted", expect=4 * PARTITIONS)
     assert sorted(everything) == sorted(committed + [b"aborted-%d" % part for part in range(PARTITIONS)])
+
+    # odradek transactions finds the id at its coordinator, whichever broker it asks first
+    capsys.readouterr()
+    assert main(["transactions", "--bootstrap-server", txn_cluster.bootstrap, "list"]) == 0
+    listed = [ln.split("\t") for ln in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[1:] for r in listed if r[0] == txn_id][0][0] == str(coordinator)
+    assert main(["transactions", "--bootstrap-server", txn_cluster.bootstrap, "describe",
+                 "--transactional-id", txn_id]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split("\t")
+    assert (row[0], row[1], row[4]) == (str(coordinator), txn_id, "CompleteCommit")
 
 
 def test_offsets_sent_to_a_transaction_reach_a_group_coordinated_by_another_broker_on_commit_only(txn_cluster):
