@@ -563,7 +563,7 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
                 if not isinstance(req, dict):
                     raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
                 rf = req.get("replication_factor")
-                if name == "__consumer_offsets" and isinstance(rf, int):
+                if name in ("__consumer_offsets", "__transaction_state") and isinstance(rf, int):
                     rf = max(1, min(rf, len(self.live)))  # capped at the live brokers
                 parts, rf, configs = self.registry.validate_create(name, req.get("num_partitions"), rf,
                                                                    req.get("configs"))

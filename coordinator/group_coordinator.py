@@ -38,7 +38,8 @@ Accepts:
   group_request {api, body, client, peer, metadata_version}  forwarded by a request handler;
         answered straight to the client's processor (``_reply {body}`` or ``_error``):
         CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR (key_type 0,
-        and 1 for transactional ids: this broker's transaction coordinator), LIST_GROUPS,
+        and 1 for transactional ids: the leader of the id's ``__transaction_state``
+        partition, this broker on a single broker), LIST_GROUPS,
         DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
         removal; a classic member's leave), and the classic protocol: JOIN_GROUP, SYNC_GROUP,
         HEARTBEAT (``coordinator.classic_group``; a JoinGroup or SyncGroup that must wait is
@@ -51,8 +52,10 @@ Accepts:
 Sends: ``produce`` to log actors (offsets and group records, acks=-1 with ``timeout_ms`` =
 ``COMMIT_TIMEOUT_MS``), ``get_bounds`` to log actors (loading), ``list_offsets`` to the
 fetch actor (a commit beyond the high watermark is refused), ``get_metadata`` and
-``create_topics`` to the controller, ``status`` to the supervisor (its own advertised
-address when the snapshot has no port for it yet, for FindCoordinator).
+``create_topics`` to the controller, ``create_state_topic`` to the transaction coordinator
+(a FindCoordinator for a transactional id before ``__transaction_state`` exists), ``status``
+to the supervisor (its own advertised address when the snapshot has no port for it yet, for
+FindCoordinator).
 
 Durability before answers: a commit is answered once its record is replicated to the ISR
 (the log actor answers an acks=-1 produce when the high watermark passes it: at once on one
@@ -103,6 +106,8 @@ log = logging.getLogger("odradek.groups")
 CONTROLLER = "controller"
 FETCH_ACTOR = "fetch"
 TICK_INTERVAL = 0.05  # seconds between session/rebalance deadline checks
+TXN_COORDINATOR = "txn_coordinator"
+TXN_STATE_TOPIC = "__transaction_state"  # the transaction coordinator's (coordinator/txn_coordinator.py)
 METADATA_REFRESH = 2.0  # seconds between topic-metadata refreshes (also on a newer version hint)
 COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: an acks=-1 write waits this long for the ISR
 WRITE_TIMEOUT = 30.0  # seconds before an unanswered produce counts as failed (the log actor's own limit is above)
@@ -1064,26 +1069,50 @@ class GroupCoordinator(Actor):
         self._own_address(answer_all)
 
     def _find_txn_coordinator(self, msg: Message, body: dict) -> None:
-        """FindCoordinator key_type 1 (transactional ids): the transaction coordinator is
-        this broker's in single-broker mode; in cluster mode transactions are not served yet
-        (COORDINATOR_NOT_AVAILABLE; docs/TRANSACTIONS.md)."""
+        """FindCoordinator key_type 1 (transactional ids): this broker on a single broker; in
+        a cluster the leader of the id's ``__transaction_state`` partition (the transaction
+        coordinator's rule, coordinator/txn_coordinator.py), which is asked to create the
+        topic when it does not exist yet (COORDINATOR_NOT_AVAILABLE meanwhile)."""
         keys = body.get("keys")
         if keys is not None and not isinstance(keys, list):
             raise BadRequest("'keys' must be a list of transactional ids")
-        if self.cluster_mode:
-            raise OdradekError("transactions are not supported in cluster mode yet (docs/TRANSACTIONS.md)",
-                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        if keys is None:
+            self._txn_coordinator_of(body.get("key"), None)  # raises before waiting for an address
 
         def answer(own) -> None:
-            host, port = own
-            if keys is None:
-                self.reply(msg, {"body": {"error_code": 0, "node_id": self.broker_id, "host": host, "port": port,
-                                          "key": body.get("key")}})
-            else:
-                self.reply(msg, {"body": {"coordinators": [
-                    {"key": k, "node_id": self.broker_id, "host": host, "port": port, "error_code": 0}
-                    for k in keys]}})
+            out = []
+            for key in (keys if keys is not None else [body.get("key")]):
+                try:
+                    node_id, (host, port) = self._txn_coordinator_of(key, own)
+                    out.append({"key": key, "node_id": node_id, "host": host, "port": port, "error_code": 0})
+                except OdradekError as exc:
+                    if keys is None:
+                        self.reply_error(msg, exc.code, exc.message)
+                        return
+                    out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
+                                "error_message": exc.message})
+            self.reply(msg, {"body": {"coordinators": out} if keys is not None else {**out[0], "key": body.get("key")}})
         self._own_address(answer)
+
+    def _txn_coordinator_of(self, key, own) -> tuple[int, tuple | None]:
+        if not isinstance(key, str) or not key:
+            raise BadRequest("a transactional id must be a non-empty string")
+        if not self.cluster_mode:
+            return self.broker_id, own
+        leaders = offsets_leaders(self.snapshot, self.broker_id, TXN_STATE_TOPIC)
+        if not leaders:
+            self.send(TXN_COORDINATOR, "create_state_topic", {})
+            raise OdradekError(f"{TXN_STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        p = partition_for(key, len(leaders))
+        leader = leaders[p][0]
+        if leader == self.broker_id:
+            return self.broker_id, own
+        entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if not entry or not entry[1]:
+            why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
+            raise OdradekError(f"the coordinator of transactional id {key!r} is not available: "
+                               f"{TXN_STATE_TOPIC}-{p} {why}; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return leader, (entry[0], entry[1])
 
     def _coordinator_of(self, key, own) -> tuple[int, tuple | None]:
         """``(node_id, (host, port))`` of group ``key``'s coordinator (``own``: this broker's

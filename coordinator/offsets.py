@@ -40,13 +40,14 @@ def partition_for(group_id: str, partitions: int) -> int:
     return zlib.crc32(group_id.encode()) % partitions
 
 
-def offsets_leaders(snapshot: dict, broker_id: int) -> list[tuple[int, int]]:
-    """``[(leader, leader_epoch)]`` per partition of ``__consumer_offsets`` in a metadata
+def offsets_leaders(snapshot: dict, broker_id: int, topic: str = OFFSETS_TOPIC) -> list[tuple[int, int]]:
+    """``[(leader, leader_epoch)]`` per partition of ``__consumer_offsets`` (or of another
+    internal ``topic``: ``__transaction_state``) in a metadata
     snapshot (docs/REPLICATION.md); ``[]`` when the topic does not exist. A snapshot without
     partition ``state`` (single-broker mode, or an older controller) makes ``broker_id`` the
     leader of every partition, at epoch 0. A partition without a usable state entry has no
     leader (-1, -1)."""
-    meta = (snapshot.get("topics") or {}).get(OFFSETS_TOPIC)
+    meta = (snapshot.get("topics") or {}).get(topic)
     if not isinstance(meta, dict):
         return []
     n = meta.get("partitions") or 0

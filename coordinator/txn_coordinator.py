@@ -6,8 +6,21 @@ Owns: the block of producer-id counters this broker is handing out (``log.produc
 single broker, a durable block file under the data directory; cluster mode, blocks claimed
 in ZooKeeper's ``/latest_producer_id_block``, so no two brokers ever hand out the same id)
 and the producer-id key the ids are tagged with (the log actors check the tag: a producer
-id no coordinator handed out is refused); in single-broker mode, every transactional id's
-``Transaction`` (``coordinator.transaction``, the pure state machine).
+id no coordinator handed out is refused); the ``Transaction`` of every transactional id it
+coordinates (``coordinator.transaction``, the pure state machine).
+
+Which transactional ids (as Kafka): the coordinator of id T is the leader of
+``__transaction_state`` partition ``partition_for(T)`` (one partition on a single broker,
+``transaction.state.log.num.partitions`` in a cluster, replicated
+``transaction.state.log.replication.factor`` times). Leadership follows the metadata
+snapshot (polled from the controller every ``METADATA_REFRESH``): a partition gained is
+loaded (``get_bounds`` from its log actor, then its files replayed read-only up to the log
+end; requests for its ids meanwhile: COORDINATOR_LOAD_IN_PROGRESS), a partition lost is
+dropped (its ids' waiting EndTxn answered NOT_COORDINATOR); ids of a partition led elsewhere:
+NOT_COORDINATOR. A loaded transaction found PREPARE_COMMIT/ABORT gets its markers written
+again; one found ONGOING is aborted when its timeout passes (or when its producer
+restarts). FindCoordinator key_type 1 is answered by the group coordinator from the same
+snapshot; it asks this actor to create the topic (``create_state_topic``).
 
 Accepts:
   txn_request {api, body}  forwarded by a request handler; answered straight to the
@@ -27,41 +40,79 @@ Accepts:
         END_TXN {transactional_id, producer_id, producer_epoch, committed} -> {error_code},
             answered once every partition's marker is written (so a committed transaction
             is readable by read_committed consumers when commit returns).
-Sends: ``write_markers`` to the log actors hosting the transaction's partitions (single
-broker: this broker leads every partition); ``txn_offsets_end`` to the group coordinator
-for a transaction with offsets (AddOffsetsToTxn, TxnOffsetCommit): on commit they are
-stored as the groups' committed offsets. Timer: every
+        WRITE_TXN_MARKERS {broker_id, broker_epoch, markers: [[topic, partition, producer_id,
+            producer_epoch, commit, coordinator_epoch]], producer_id, commit, offsets: {group:
+            [[topic, partition, offset, leader_epoch, metadata]]}} -> {error_code, parts:
+            [[topic, partition, error_code, message]], groups: [[group, error_code, message]]}:
+            another broker's coordinator writing markers to partitions led here (and a
+            committed transaction's offsets to groups coordinated here). Cluster mode only;
+            the request is authorized as ClusterAction by the handler, and ``broker_epoch``
+            must be the live ZooKeeper registration of ``broker_id`` (as a follower's fetch,
+            log/fetch_actor.py), else STALE_BROKER_EPOCH: the identity is checked, not
+            believed.
+        LIST_TRANSACTIONS {state_filters, producer_id_filters, duration_filter} -> {error_code,
+            unknown_state_filters, transaction_states: [{transactional_id, producer_id,
+            transaction_state}]}: the ids coordinated here (a client asks every broker);
+        DESCRIBE_TRANSACTIONS {transactional_ids} -> {transaction_states: [{error_code,
+            transactional_id, transaction_state, transaction_timeout_ms,
+            transaction_start_time_ms, producer_id, producer_epoch, topics: [{topic,
+            partitions}]}]} (NOT_COORDINATOR, TRANSACTIONAL_ID_NOT_FOUND per id);
+        DESCRIBE_PRODUCERS {topics: [{name, partition_indexes}]} -> Kafka's shape, from the
+            log actors (``describe_producers``) of the partitions led here;
+        WRITE_TXN_MARKERS with ``broker_id`` -1: an operator's abort (``odradek transactions
+            abort``), abort markers only, no identity to check beyond the handler's
+            ClusterAction.
+  create_state_topic {}  (one-way, from the group coordinator's FindCoordinator)
+Sends: ``write_markers`` to the log actors hosting the transaction's partitions led here,
+WRITE_TXN_MARKERS (TCP, one worker thread and connection per broker, ``MarkerPeer``) to the
+leaders of the others, retried every ``MARKER_RETRY`` until each leader accepted;
+``txn_offsets_end`` to the group coordinator (here or, through WRITE_TXN_MARKERS, on the
+broker leading the group's ``__consumer_offsets`` partition) for a committed transaction
+with offsets (AddOffsetsToTxn, TxnOffsetCommit); ``produce`` (acks=all) of the transaction
+records, ``get_bounds`` to log actors; ``get_metadata``, ``create_topics`` and
+``get_broker_epochs`` to the controller. Timer: every
 ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, transactions open longer
 than their ``transaction.timeout.ms`` are aborted and their producer fenced (epoch bumped).
-In cluster mode transactional ids are refused with COORDINATOR_NOT_AVAILABLE (the state is
-not replicated yet: docs/TRANSACTIONS.md). In cluster mode it keeps one ZooKeeper session,
-opened on the first block of producer ids it needs.
+In cluster mode it keeps one ZooKeeper session, opened on the first block of producer ids it
+needs.
 """
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 import time
+from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
+from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.topics import placement
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
 from odradek.log.log_actor import partition_dir
 from odradek.log.reader import LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.log import producer_ids
+from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 
 OFFSETS_TOPIC = "__consumer_offsets"
 GROUP_COORDINATOR = "group_coordinator"
-STATE_TOPIC = "__transaction_state"  # one partition in single-broker mode (the coordinator's log)
+STATE_TOPIC = "__transaction_state"
 CONTROLLER = "controller"
 WRITE_TIMEOUT = 30.0
 READ_BYTES = 1 << 20
-MARKER_TIMEOUT = 30.0  # seconds a log actor has to write markers before the coordinator retries
+MARKER_TIMEOUT = 30.0  # seconds a log actor (or another broker) has to write markers before the coordinator retries
 MARKER_RETRY = 0.5
+# markers are answered once replicated to the ISR (as Kafka appends them with acks=all), before
+# the coordinator's own request timeout
+MARKERS_ACKS_ALL = {"acks": -1, "timeout_ms": int((MARKER_TIMEOUT - 5) * 1000)}
+METADATA_REFRESH = 1.0  # seconds between metadata polls in cluster mode (leadership of __transaction_state)
+LOAD_RETRY = 0.1  # seconds between get_bounds attempts while the log actor does not lead the partition yet
+CONNECT_TIMEOUT_MS = 1000
+STOP_JOIN_TIMEOUT = 3.0
 
 
 def _now_ms() -> int:
@@ -82,6 +133,59 @@ def _int(body: dict, name: str) -> int:
     return value
 
 
+def topic_leaders(snapshot: dict, topic: str) -> dict[int, int]:
+    """``{partition: leader}`` of ``topic`` in a metadata snapshot (-1: no leader)."""
+    meta = (snapshot.get("topics") or {}).get(topic)
+    if not isinstance(meta, dict):
+        return {}
+    state = meta.get("state") or []
+    out = {}
+    for p in range(meta.get("partitions") or 0):
+        s = state[p] if p < len(state) and isinstance(state[p], dict) else {}
+        out[p] = s.get("leader") if isinstance(s.get("leader"), int) else -1
+    return out
+
+
+class MarkerPeer:
+    """One other broker: a worker thread with its own blocking ``BrokerConnection`` sends
+    WRITE_TXN_MARKERS (and forwarded TXN_OFFSET_COMMITs) one at a time and posts each
+    outcome, ``done(body, error)``, to the actor's loop (threads never touch the actor's
+    sockets)."""
+
+    def __init__(self, broker: int, host: str, port: int, client_id: str, post: Callable):
+        self.broker, self.address = broker, (host, int(port))
+        self._post = post
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self.conn = BrokerConnection(host, int(port), client_id=client_id, connect_timeout_ms=CONNECT_TIMEOUT_MS,
+                                     reconnect_backoff_ms=50, reconnect_backoff_max_ms=500)
+        self.thread = threading.Thread(target=self._run, name=f"txn-markers-{broker}", daemon=True)
+        self.thread.start()
+
+    def submit(self, body: dict, timeout: float, done: Callable, api: int = ApiKey.WRITE_TXN_MARKERS) -> None:
+        self._jobs.put((api, body, timeout, done))
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                break
+            api, body, timeout, done = job
+            try:
+                outcome = (self.conn.request(api, body, timeout=timeout).body, None)
+            except OdradekError as exc:
+                outcome = (None, exc)
+            except Exception as exc:  # noqa: BLE001 - a socket oddity: report it, keep the thread
+                outcome = (None, OdradekError(f"{type(exc).__name__}: {exc}", ErrorCode.NETWORK_EXCEPTION))
+            self._post(lambda done=done, outcome=outcome: done(*outcome))
+
+    def close(self) -> None:
+        self._jobs.put(None)
+        try:
+            self.conn.close()
+        except Exception:  # noqa: BLE001 - best effort at shutdown
+            pass
+
+
 class TxnCoordinator(Actor):
     def on_start(self) -> None:
         config = self.args["config"]
@@ -98,36 +202,112 @@ class TxnCoordinator(Actor):
         self.waiting_end: dict[str, list[Message]] = {}  # EndTxn requests answered when markers land
         self.markers_in_flight: set[str] = set()
         self.aborted_by_timeout = 0
-        self.state_topic = False  # __transaction_state exists (created on the first transactional id)
-        if not self.cluster_mode:
-            self._load_state()
+        self.snapshot: dict = {"topics": {}}
+        self.snapshot_ms = 0  # wall-clock ms when it was adopted
+        self.metadata_version = -1
+        self.partitions = 0  # of __transaction_state; 0: not created yet (on the first transactional id)
+        self.owned: dict[int, int] = {}  # partition -> leader epoch, loaded: its transactional ids are ours
+        self.loading: dict[int, int] = {}  # partition -> leader epoch, being loaded
+        self.creating = False
+        self.peers: dict[int, MarkerPeer] = {}  # other brokers, for WRITE_TXN_MARKERS
+        self.broker_epochs: dict[int, int] = {}  # live broker id -> czxid of its registration (cluster mode)
+        self.markers_sent_remote = 0
+        self.markers_received_remote = 0
+        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=30.0).fields, starting=True)
         interval = int(config.get("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10000)) / 1000
         self.call_every(interval, self._expire)
+        if self.cluster_mode:
+            self.call_every(METADATA_REFRESH, self._refresh_metadata)
 
-    # ---- durable state: __transaction_state ------------------------------------------------
-    def _state_host(self) -> str:
-        return f"log-{placement(STATE_TOPIC, 0, self.log_hosts)}"
+    # ---- which transactional ids are ours: the leadership of __transaction_state -----------
+    def _refresh_metadata(self) -> None:
+        self.request(CONTROLLER, "get_metadata",
+                     callback=lambda reply: None if reply.is_error else self._adopt(reply.fields), timeout=10.0)
 
-    def _load_state(self) -> None:
-        """At start (blocking, before ready): replay ``__transaction_state`` if it exists;
-        transactions found preparing get their markers written again."""
-        snapshot = self.call(CONTROLLER, "get_metadata", timeout=30.0).fields
-        if STATE_TOPIC not in (snapshot.get("topics") or {}):
+    def _adopt(self, snapshot: dict, starting: bool = False) -> None:
+        version = snapshot.get("version", -1)
+        if not isinstance(version, int) or version < self.metadata_version:
             return
-        self.state_topic = True
-        bounds = None
-        deadline = time.monotonic() + 60
-        while bounds is None and time.monotonic() < deadline:
-            for topic, partition, *b in self.call(self._state_host(), "get_bounds", timeout=60.0).get("parts") or ():
-                if (topic, partition) == (STATE_TOPIC, 0) and (len(b) < 8 or b[7]):
-                    bounds = LogBounds(*b[:6])
+        self.metadata_version, self.snapshot, self.snapshot_ms = version, snapshot, _now_ms()
+        led = {p: epoch for p, (leader, epoch) in enumerate(offsets_leaders(snapshot, self.broker_id, STATE_TOPIC))
+               if leader == self.broker_id}
+        self.partitions = len(offsets_leaders(snapshot, self.broker_id, STATE_TOPIC))
+        for p in list(self.owned) + list(self.loading):
+            if p not in led:
+                self._unload(p)
+        for p, epoch in sorted(led.items()):
+            if p in self.owned:
+                self.owned[p] = epoch  # still led: a newer leader epoch alone (an ISR change) needs no reload
+            elif p in self.loading:
+                self.loading[p] = epoch
+            else:
+                self._load(p, epoch, blocking=starting and not self.cluster_mode)
+
+    def _partition_of(self, txn_id: str) -> int:
+        return partition_for(txn_id, self.partitions) if self.partitions else 0
+
+    def _state_host(self, partition: int) -> str:
+        return f"log-{placement(STATE_TOPIC, partition, self.log_hosts)}"
+
+    def _check_owner(self, txn_id: str) -> None:
+        """Raise unless ``txn_id``'s transactions are coordinated (and loaded) here."""
+        if not self.partitions:
+            if not self.cluster_mode:
+                return  # single broker: created with the first transaction record
+            self.on_create_state_topic(None)
+            raise OdradekError(f"{STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        p = self._partition_of(txn_id)
+        if p in self.owned:
+            return
+        if p in self.loading:
+            raise OdradekError(f"{STATE_TOPIC}-{p} (transactional id {txn_id!r}) is being loaded; retry",
+                               ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
+        leader = topic_leaders(self.snapshot, STATE_TOPIC).get(p, -1)
+        raise OdradekError(f"transactional id {txn_id!r} is coordinated by the leader of {STATE_TOPIC}-{p} "
+                           f"({'none now' if leader < 0 else f'broker {leader}'}), not broker {self.broker_id}: "
+                           f"FindCoordinator (key_type 1) and retry", ErrorCode.NOT_COORDINATOR)
+
+    def _load(self, partition: int, epoch: int, blocking: bool) -> None:
+        """Replay ``__transaction_state-<partition>`` (newly led): blocking at start on a
+        single broker (state before ready), else a ``get_bounds`` request retried until the
+        log actor leads the partition."""
+        self.loading[partition] = epoch
+        if blocking:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                bounds = self._bounds_in(self.call(self._state_host(partition), "get_bounds", timeout=60.0), partition)
+                if bounds is not None:
+                    self._install(partition, bounds)
+                    return
+                time.sleep(LOAD_RETRY)
+            raise OdradekError(f"{STATE_TOPIC}-{partition} is not open on {self._state_host(partition)}",
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+
+        def answered(reply: Message) -> None:
+            if self.loading.get(partition) is None:
+                return  # unloaded meanwhile
+            bounds = None if reply.is_error else self._bounds_in(reply, partition)
             if bounds is None:
-                time.sleep(0.1)
-        if bounds is None:
-            raise OdradekError(f"{STATE_TOPIC}-0 is not open on {self._state_host()}", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-        loaded = 0
+                self.call_later(LOAD_RETRY, lambda: self._retry_load(partition))
+            else:
+                self._install(partition, bounds)
+        self.request(self._state_host(partition), "get_bounds", callback=answered, timeout=30.0)
+
+    def _retry_load(self, partition: int) -> None:
+        if partition in self.loading:
+            self._load(partition, self.loading[partition], blocking=False)
+
+    @staticmethod
+    def _bounds_in(reply: Message, partition: int) -> LogBounds | None:
+        for topic, p, *b in reply.get("parts") or ():
+            if (topic, p) == (STATE_TOPIC, partition) and (len(b) < 8 or b[7]):
+                return LogBounds(*b[:6])
+        return None
+
+    def _install(self, partition: int, bounds: LogBounds) -> None:
+        loaded = []
         if bounds.log_start_offset < bounds.log_end_offset:
-            reader = LogReader(partition_dir(self.data_dir, STATE_TOPIC, 0), bounds)
+            reader = LogReader(partition_dir(self.data_dir, STATE_TOPIC, partition), bounds)
             try:
                 offset = bounds.log_start_offset
                 while offset < bounds.log_end_offset:
@@ -139,25 +319,57 @@ class TxnCoordinator(Actor):
                         for r in decode_batch(memoryview(data)[pos:pos + h.size]):
                             if r.offset >= offset and r.key is not None and r.value is not None:
                                 try:
-                                    self.txns.load(Transaction.from_record(r.key, r.value))
-                                    loaded += 1
+                                    loaded.append(Transaction.from_record(r.key, r.value))
                                 except ValueError as exc:
-                                    log.warning("%s: record at %d skipped: %s", STATE_TOPIC, r.offset, exc)
+                                    log.warning("%s-%d: record at %d skipped: %s", STATE_TOPIC, partition,
+                                                r.offset, exc)
                         offset = max(offset, h.next_offset)
             finally:
                 reader.close()
-        log.info("loaded %d transactional ids from %d records of %s", len(self.txns.txns), loaded, STATE_TOPIC)
-        for t in self.txns.txns.values():
+        latest = {t.txn_id: t for t in loaded}  # the last record of each id wins (compacted topic)
+        epoch = self.loading.pop(partition)
+        self.owned[partition] = epoch
+        for t in latest.values():
+            self.txns.load(t)
+        log.info("%s-%d loaded (leader epoch %d): %d transactional ids from %d records", STATE_TOPIC, partition,
+                 epoch, len(latest), len(loaded))
+        for t in latest.values():
             if t.state in PREPARING:
                 self.call_later(0, lambda t=t: self._write_markers(t))
 
+    def _unload(self, partition: int) -> None:
+        self.loading.pop(partition, None)
+        if self.owned.pop(partition, None) is None:
+            return
+        gone = [i for i in self.txns.txns if self._partition_of(i) == partition]
+        for txn_id in gone:
+            del self.txns.txns[txn_id]
+            self.markers_in_flight.discard(txn_id)
+            for waiting in self.waiting_end.pop(txn_id, ()):
+                self.reply_error(waiting, ErrorCode.NOT_COORDINATOR,
+                                 f"transactional id {txn_id!r}: broker {self.broker_id} no longer coordinates it "
+                                 f"({STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
+        log.info("%s-%d unloaded (another broker leads it): %d transactional ids dropped", STATE_TOPIC,
+                 partition, len(gone))
+
+    def _current(self, t: Transaction) -> bool:
+        """``t`` is still the loaded state of its id (not dropped or reloaded meanwhile)."""
+        return self.txns.txns.get(t.txn_id) is t
+
+    # ---- durable state: __transaction_state ------------------------------------------------
     def _persist(self, t: Transaction, then, fail, attempt: int = 0) -> None:
         """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
-        could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE)."""
-        if not self.state_topic:
-            self._create_state_topic(lambda: self._persist(t, then, fail, attempt), fail)
+        could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE, or
+        NOT_COORDINATOR once leadership moved)."""
+        if not self.partitions:
+            if self.cluster_mode:
+                self.on_create_state_topic(None)
+                fail(OdradekError(f"{STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
+            else:
+                self._create_state_topic(lambda: self._persist(t, then, fail, attempt), fail)
             return
         key, value = t.to_record()
+        partition = self._partition_of(t.txn_id)
 
         def answered(reply: Message) -> None:
             code, why = (reply.error_code, reply.error_message) if reply.is_error else (0, "")
@@ -167,21 +379,25 @@ class TxnCoordinator(Actor):
                     code, why = part.get("error_code") or 0, part.get("error_message") or ""
                 except (KeyError, IndexError, TypeError):
                     code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
-            if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER) and attempt < 50:
+            if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER) and attempt < 50 \
+                    and partition in self.owned:
                 self.call_later(0.1, lambda: self._persist(t, then, fail, attempt + 1))  # a partition being opened
                 return
             if code:
                 log.warning("%s: writing %r failed: %s", STATE_TOPIC, t.txn_id, why)
+                lost = code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH) \
+                    or partition not in self.owned
                 fail(OdradekError(f"the transaction state could not be stored ({why}); retry",
-                                  ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                                  ErrorCode.NOT_COORDINATOR if lost else ErrorCode.COORDINATOR_NOT_AVAILABLE))
             else:
                 then()
 
-        self.request(self._state_host(), "produce",
-                     {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, 0, 0]]},
+        self.request(self._state_host(partition), "produce",
+                     {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, partition, 0]]},
                      [encode_batch([(key, value)])], callback=answered, timeout=WRITE_TIMEOUT)
 
     def _create_state_topic(self, then, fail) -> None:
+        """Single broker: one partition, created with the first transaction record."""
         def created(reply: Message) -> None:
             result = {} if reply.is_error else reply.fields["body"]["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
@@ -190,14 +406,44 @@ class TxnCoordinator(Actor):
                 fail(OdradekError(f"cannot create {STATE_TOPIC} ({why}); retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
                 return
             log.info("created %s", STATE_TOPIC)
-            self.state_topic = True
+            self.partitions = max(self.partitions, 1)
+            self.owned.setdefault(0, 0)
             self.call_later(0.2, then)  # the log actor opens the partition meanwhile (a write before gets retried)
 
         self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
             "name": STATE_TOPIC, "num_partitions": 1, "replication_factor": 1,
             "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
 
+    def on_create_state_topic(self, msg: Message | None) -> None:
+        """Cluster mode: create ``__transaction_state`` through the controller (once at a
+        time; the metadata poll then brings its partitions and their leaders)."""
+        if self.partitions or self.creating or not self.cluster_mode:
+            return
+        self.creating = True
+        n = int(self.config.get("transaction.state.log.num.partitions", 8))
+        rf = int(self.config.get("transaction.state.log.replication.factor", 3))
+
+        def created(reply: Message) -> None:
+            self.creating = False
+            result = {} if reply.is_error else reply.fields["body"]["topics"][0]
+            code = reply.error_code if reply.is_error else result.get("error_code")
+            if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
+                log.info("cannot create %s yet: %s", STATE_TOPIC,
+                         reply.error_message if reply.is_error else result.get("error_message"))
+                return
+            log.info("created %s (%d partitions, replication factor %d)", STATE_TOPIC, n, rf)
+            self._refresh_metadata()
+
+        self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+            "name": STATE_TOPIC, "num_partitions": n, "replication_factor": rf,
+            "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
+
     def on_stop(self) -> None:
+        for peer in self.peers.values():
+            peer.close()
+        deadline = time.monotonic() + STOP_JOIN_TIMEOUT
+        for peer in self.peers.values():
+            peer.thread.join(max(0.0, deadline - time.monotonic()))
         if self.zk is not None:
             try:
                 self.zk.stop()
@@ -210,7 +456,10 @@ class TxnCoordinator(Actor):
         for t in self.txns.txns.values():
             states[t.state.value] = states.get(t.state.value, 0) + 1
         return {"producer_ids_handed_out": self.handed_out, "transactions": states,
-                "transactions_aborted_by_timeout": self.aborted_by_timeout}
+                "transactions_aborted_by_timeout": self.aborted_by_timeout,
+                "state_partitions_led": sorted(self.owned), "state_partitions_loading": sorted(self.loading),
+                "marker_requests_sent": self.markers_sent_remote,
+                "marker_requests_received": self.markers_received_remote}
 
     def on_txn_request(self, msg: Message) -> None:
         api, body = msg.get("api"), msg.get("body")
@@ -227,6 +476,14 @@ class TxnCoordinator(Actor):
                 self.end_txn(msg, body)
             elif api == ApiKey.TXN_OFFSET_COMMIT:
                 self.txn_offset_commit(msg, body)
+            elif api == ApiKey.WRITE_TXN_MARKERS:
+                self.write_txn_markers(msg, body)
+            elif api == ApiKey.LIST_TRANSACTIONS:
+                self.list_transactions(msg, body)
+            elif api == ApiKey.DESCRIBE_TRANSACTIONS:
+                self.describe_transactions(msg, body)
+            elif api == ApiKey.DESCRIBE_PRODUCERS:
+                self.describe_producers(msg, body)
             else:
                 raise OdradekError(f"API {api!r} is not served by the transaction coordinator",
                                    ErrorCode.INVALID_REQUEST)
@@ -245,7 +502,7 @@ class TxnCoordinator(Actor):
         if not txn_id:
             self.reply(msg, {"body": {"error_code": 0, "producer_id": self.next_producer_id(), "producer_epoch": 0}})
             return
-        self._check_single_broker()
+        self._check_owner(txn_id)
         timeout = body.get("transaction_timeout_ms", 60000)
         t = self.txns.txns.get(txn_id)
         try:
@@ -260,14 +517,8 @@ class TxnCoordinator(Actor):
         log.info("transactional id %r: producer %d epoch %d", txn_id, t.producer_id, t.epoch)
         self._answer_stored(msg, t, {"error_code": 0, "producer_id": t.producer_id, "producer_epoch": t.epoch})
 
-    def _check_single_broker(self) -> None:
-        if self.cluster_mode:
-            raise OdradekError("transactions are not supported in cluster mode yet (docs/TRANSACTIONS.md); use an "
-                               "idempotent producer without a transactional id", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-
     def add_partitions(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
-        self._check_single_broker()
         topics = body.get("topics")
         if not isinstance(topics, list):
             raise OdradekError("topics must be a list", ErrorCode.INVALID_REQUEST)
@@ -276,9 +527,15 @@ class TxnCoordinator(Actor):
             if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("partitions"), list):
                 raise OdradekError("each topic must be {name, partitions: [int]}", ErrorCode.INVALID_REQUEST)
             wanted += [(t["name"], p) for p in t["partitions"] if isinstance(p, int) and not isinstance(p, bool)]
+
         def answer(code: int) -> dict:
             return {"results": [{"name": t["name"], "results": [{"partition_index": p, "partition_error_code": code}
                                                                  for p in t["partitions"]]} for t in topics]}
+        try:
+            self._check_owner(txn_id)
+        except OdradekError as exc:
+            self.reply(msg, {"body": answer(int(exc.code))})
+            return
         t = self.txns.txns.get(txn_id)
         before = (t.state, set(t.partitions)) if t is not None else None
         try:
@@ -296,7 +553,7 @@ class TxnCoordinator(Actor):
     def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         group = _str(body, "group_id")
-        self._check_single_broker()
+        self._check_owner(txn_id)
         t = self.txns.add_group(txn_id, pid, epoch, group, (OFFSETS_TOPIC, 0), _now_ms())
         self._answer_stored(msg, t, {"error_code": 0})
 
@@ -305,7 +562,12 @@ class TxnCoordinator(Actor):
         the group coordinator when the transaction commits."""
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         group = _str(body, "group_id")
-        self._check_single_broker()
+        try:
+            self._check_owner(txn_id)
+        except OdradekError as exc:
+            if exc.code == ErrorCode.NOT_COORDINATOR and self._forward_offsets(msg, txn_id, body):
+                return
+            raise
         topics = body.get("topics")
         if not isinstance(topics, list):
             raise OdradekError("topics must be a list", ErrorCode.INVALID_REQUEST)
@@ -328,12 +590,40 @@ class TxnCoordinator(Actor):
         tx = self.txns.commit_offsets(txn_id, pid, epoch, group, offsets, _now_ms())
         self._answer_stored(msg, tx, {"topics": results})
 
+    def _forward_offsets(self, msg: Message, txn_id: str, body: dict) -> bool:
+        """TXN_OFFSET_COMMIT reaches the *group's* coordinator (Kafka clients send it there;
+        Kafka keeps the pending offsets with the group), but here the transaction holds them:
+        a broker that does not coordinate ``txn_id`` passes the request on to the one that
+        does and relays its answer. False if that broker is not known now."""
+        leader = topic_leaders(self.snapshot, STATE_TOPIC).get(self._partition_of(txn_id), -1)
+        address = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if not self.cluster_mode or leader == self.broker_id or not address or not address[1]:
+            return False
+
+        def done(answer: dict | None, error: OdradekError | None) -> None:
+            if error is not None:
+                self.reply_error(msg, error.code, f"broker {leader}, the coordinator of transactional id "
+                                                  f"{txn_id!r}: {error.message}")
+            else:
+                self.reply(msg, {"body": answer})
+        self._broker_peer(leader, address).submit(body, MARKER_TIMEOUT, done, api=ApiKey.TXN_OFFSET_COMMIT)
+        return True
+
+    def _broker_peer(self, broker: int, address) -> MarkerPeer:
+        peer = self.peers.get(broker)
+        if peer is None or peer.address != (address[0], int(address[1])):
+            if peer is not None:
+                peer.close()
+            peer = self.peers[broker] = MarkerPeer(broker, address[0], address[1],
+                                                   f"broker-{self.broker_id}-txn", self.post)
+        return peer
+
     def end_txn(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
         committed = body.get("committed")
         if not isinstance(committed, bool):
             raise OdradekError("committed must be true or false", ErrorCode.INVALID_REQUEST)
-        self._check_single_broker()
+        self._check_owner(txn_id)
         t = self.txns.end_txn(txn_id, pid, epoch, committed, _now_ms())
         if t.state in COMPLETE:
             self.reply(msg, {"body": {"error_code": 0}})
@@ -346,60 +636,342 @@ class TxnCoordinator(Actor):
         self._persist(t, lambda: self._write_markers(t), failed)
 
     # ---- markers -------------------------------------------------------------------------
-    def _write_markers(self, t) -> None:
-        """Send the pending markers of ``t`` to the log actors hosting its partitions; when all
-        landed the transaction completes and waiting EndTxn requests are answered."""
-        if t.txn_id in self.markers_in_flight:
+    def _route_markers(self, t: Transaction, commit: bool) -> tuple[dict, dict, list, bool]:
+        """Where ``t``'s pending markers go: ``({log host or group coordinator: markers or
+        offsets}, {broker: {"markers", "offsets"}}, [partitions with nothing to write],
+        some group's offsets have nowhere to go now)``, from the latest snapshot's leaders.
+        A partition without a leader now is left pending (retried)."""
+        local: dict = {}
+        remote: dict[int, dict] = {}
+        nothing = []
+        unrouted = False
+        p = self._partition_of(t.txn_id)
+        coordinator_epoch = max(self.owned.get(p, 0), 0)
+        leaders_of: dict[str, dict[int, int]] = {}
+
+        def leader(topic: str, partition: int) -> int | None:
+            if topic not in leaders_of:
+                leaders_of[topic] = topic_leaders(self.snapshot, topic)
+            return leaders_of[topic].get(partition)  # None: the topic or partition is gone
+
+        for topic, partition in sorted(t.pending_markers):
+            if topic == OFFSETS_TOPIC:  # the groups' coordinators store (or, on abort, never see) the offsets
+                offsets = {g: t.offsets[g] for g in sorted(t.groups) if t.offsets.get(g)} if commit else {}
+                if not offsets:
+                    nothing.append((topic, partition))
+                    continue
+                n = len(offsets_leaders(self.snapshot, self.broker_id))
+                for g, entries in offsets.items():
+                    at = leader(OFFSETS_TOPIC, partition_for(g, n)) if n else self.broker_id
+                    at = self.broker_id if at is None or not self.cluster_mode else at
+                    if at == self.broker_id:
+                        local.setdefault(GROUP_COORDINATOR, {})[g] = entries
+                    elif at >= 0:
+                        remote.setdefault(at, {"markers": [], "offsets": {}})["offsets"][g] = entries
+                    else:
+                        unrouted = True  # the group's coordinator has no leader now: retried
+                continue
+            at = leader(topic, partition) if self.cluster_mode else self.broker_id
+            if at is None and self.snapshot_ms > t.updated_ms + 1000:
+                nothing.append((topic, partition))  # deleted: nothing left to mark
+            elif at is None:
+                self._refresh_metadata()  # a topic newer than our snapshot: retried with the next one
+            elif at == self.broker_id:
+                local.setdefault(f"log-{placement(topic, partition, self.log_hosts)}", []).append(
+                    [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
+            elif at >= 0:
+                remote.setdefault(at, {"markers": [], "offsets": {}})["markers"].append(
+                    [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
+        return local, remote, nothing, unrouted
+
+    def _write_markers(self, t: Transaction) -> None:
+        """Send the pending markers of ``t`` to the log actors hosting its partitions here and
+        to the leaders of the others; when all landed the transaction completes and waiting
+        EndTxn requests are answered. What failed is retried after ``MARKER_RETRY``."""
+        if t.txn_id in self.markers_in_flight or not self._current(t) or t.state not in PREPARING:
             return
         commit = t.state == TxnState.PREPARE_COMMIT
-        per_host: dict[str, list] = {}
-        groups = sorted(t.groups)
-        for topic, partition in sorted(t.pending_markers):
-            if topic == OFFSETS_TOPIC:  # the group coordinator stores (or, on abort, never sees) the offsets
-                per_host[GROUP_COORDINATOR] = {g: t.offsets.get(g, []) for g in groups} if commit else {}
-                continue
-            per_host.setdefault(f"log-{placement(topic, partition, self.log_hosts)}", []).append(
-                [topic, partition, t.producer_id, t.epoch, commit, 0])
-        if not per_host:
-            self._markers_done(t.txn_id, list(t.pending_markers))
+        local, remote, nothing, unrouted = self._route_markers(t, commit)
+        if nothing:
+            self._markers_done(t, nothing)
+            if not self._current(t) or t.state not in PREPARING:
+                return
+        if not local and not remote:
+            self.call_later(MARKER_RETRY, lambda: self._write_markers(t))  # leaders unknown for now
             return
         self.markers_in_flight.add(t.txn_id)
-        left = {"hosts": len(per_host), "written": [], "failed": False}
+        left = {"n": len(local) + len(remote), "written": [], "failed": False,
+                "offsets_unrouted": unrouted}
 
-        def answered(reply: Message) -> None:
+        def parts_done(parts, offsets_ok: bool | None) -> None:
+            for topic, partition, code, message in parts:
+                if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
+                    left["written"].append((topic, partition))
+                else:
+                    left["failed"] = True
+                    log.info("transaction %r: marker on %s-%s not written (%s); retrying", t.txn_id, topic,
+                             partition, message)
+            if offsets_ok is False:
+                left["failed"] = True
+
+        def one_done() -> None:
+            left["n"] -= 1
+            if left["n"]:
+                return
+            self.markers_in_flight.discard(t.txn_id)
+            if not self._current(t):
+                return
+            # the offsets' pseudo-partition is done once every group's offsets are stored
+            written = [w for w in left["written"] if w[0] != OFFSETS_TOPIC]
+            if not left["failed"] and not left["offsets_unrouted"] and (OFFSETS_TOPIC, 0) in t.pending_markers:
+                written.append((OFFSETS_TOPIC, 0))
+            self._markers_done(t, written)
+            if t.state in PREPARING:
+                self.call_later(MARKER_RETRY, lambda: self._write_markers(t))
+
+        def local_answered(reply: Message) -> None:
             if reply.is_error:
                 left["failed"] = True
-                log.warning("transaction %r: markers not written: %s", t.txn_id, reply.get("message"))
+                log.info("transaction %r: markers not written: %s", t.txn_id, reply.get("message"))
+            elif reply.get("parts") is None:  # the group coordinator's answer
+                parts_done([], not reply.get("error_code"))
+                if reply.get("error_code"):
+                    log.info("transaction %r: offsets not stored: %s", t.txn_id, reply.get("message"))
             else:
-                parts = reply.get("parts")
-                if parts is None:  # the group coordinator's answer
-                    parts = [[OFFSETS_TOPIC, 0, reply.get("error_code") or 0, reply.get("message") or ""]]
-                for topic, partition, code, message in parts:
-                    if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-                        left["written"].append((topic, partition))
-                    else:
-                        left["failed"] = True
-                        log.warning("transaction %r: marker on %s-%s failed: %s", t.txn_id, topic, partition, message)
-            left["hosts"] -= 1
-            if left["hosts"] == 0:
-                self.markers_in_flight.discard(t.txn_id)
-                self._markers_done(t.txn_id, left["written"])
-                if left["failed"]:
-                    self.call_later(MARKER_RETRY, lambda: self._write_markers(self.txns.txns[t.txn_id]))
+                parts_done(reply.get("parts"), None)
+            one_done()
 
-        for host, markers in per_host.items():
+        for host, markers in local.items():
             if host == GROUP_COORDINATOR:
                 self.request(host, "txn_offsets_end", {"producer_id": t.producer_id, "offsets": markers,
-                                                       "commit": commit}, callback=answered, timeout=MARKER_TIMEOUT)
+                                                       "commit": commit}, callback=local_answered,
+                             timeout=MARKER_TIMEOUT)
             else:
-                self.request(host, "write_markers", {"markers": markers}, callback=answered, timeout=MARKER_TIMEOUT)
+                self.request(host, "write_markers", {"markers": markers, **MARKERS_ACKS_ALL},
+                             callback=local_answered, timeout=MARKER_TIMEOUT)
 
-    def _markers_done(self, txn_id: str, written) -> None:
-        t = self.txns.markers_written(txn_id, written, _now_ms())
+        def remote_answered(broker: int, body: dict | None, error: OdradekError | None) -> None:
+            if error is not None:
+                left["failed"] = True
+                log.info("transaction %r: WRITE_TXN_MARKERS to broker %d failed: %s", t.txn_id, broker,
+                         error.message)
+                if error.code == ErrorCode.STALE_BROKER_EPOCH:
+                    self.broker_epochs = {}  # ours may have changed (a new registration): ask again
+            else:
+                parts_done(body.get("parts") or (), all(code == 0 for _g, code, _m in body.get("groups") or ()))
+            one_done()
+
+        for broker, request in remote.items():
+            self._send_remote(broker, {"producer_id": t.producer_id, "commit": commit, **request},
+                              lambda body, error, b=broker: remote_answered(b, body, error))
+
+    def _send_remote(self, broker: int, request: dict, done: Callable) -> None:
+        """WRITE_TXN_MARKERS to ``broker`` with this broker's identity (its id and the epoch of
+        its live registration, which the receiver checks)."""
+        address = (self.snapshot.get("brokers") or {}).get(str(broker))
+        if not address or not address[1]:
+            done(None, OdradekError(f"broker {broker}'s address is not known here", ErrorCode.LEADER_NOT_AVAILABLE))
+            return
+
+        def with_epoch(epoch: int | None) -> None:
+            if epoch is None:
+                done(None, OdradekError(f"broker {self.broker_id}'s own registration is not known yet",
+                                        ErrorCode.STALE_BROKER_EPOCH))
+                return
+            peer = self._broker_peer(broker, address)
+            self.markers_sent_remote += 1
+            peer.submit({"broker_id": self.broker_id, "broker_epoch": epoch, **request}, MARKER_TIMEOUT, done)
+        self._broker_epoch(self.broker_id, with_epoch)
+
+    def _broker_epoch(self, broker: int, then: Callable, refresh: bool = False) -> None:
+        """``then(epoch)`` of ``broker``'s live registration (None if it has none), from the
+        cache or, when missing or ``refresh``, from the broker agent."""
+        if broker in self.broker_epochs and not refresh:
+            then(self.broker_epochs[broker])
+            return
+
+        def learned(reply: Message) -> None:
+            if not reply.is_error:
+                self.broker_epochs = {int(b): int(e) for b, e in (reply.get("epochs") or {}).items()}
+            then(self.broker_epochs.get(broker))
+        self.request(CONTROLLER, "get_broker_epochs", callback=learned, timeout=10.0)
+
+    def write_txn_markers(self, msg: Message, body: dict) -> None:
+        """WRITE_TXN_MARKERS from another broker's coordinator: its identity checked, then the
+        markers written by the log actors leading their partitions here, and the offsets
+        stored by this broker's group coordinator."""
+        broker = _int(body, "broker_id")
+        markers, offsets = body.get("markers") or [], body.get("offsets") or {}
+        if not isinstance(markers, list) or not isinstance(offsets, dict):
+            raise OdradekError("markers must be a list and offsets a map", ErrorCode.INVALID_REQUEST)
+        for m in markers:
+            if not (isinstance(m, list) and len(m) == 6 and isinstance(m[0], str)
+                    and all(isinstance(x, int) for x in (m[1], m[2], m[3], m[5])) and isinstance(m[4], bool)):
+                raise OdradekError(f"each marker must be [topic, partition, producer_id, producer_epoch, commit, "
+                                   f"coordinator_epoch], got {m!r}", ErrorCode.INVALID_REQUEST)
+        if broker == -1:  # an operator's abort of a hanging transaction (odradek transactions abort)
+            if body.get("commit") or offsets or any(m[4] for m in markers):
+                raise OdradekError("broker_id -1 (an operator, not a broker) may only write abort markers, "
+                                   "without offsets", ErrorCode.INVALID_REQUEST)
+            log.info("operator abort: markers %s", markers)
+            self._write_here(msg, markers, {}, False, body.get("producer_id"))
+            return
+        if not self.cluster_mode:
+            raise OdradekError("WRITE_TXN_MARKERS is sent between the brokers of a cluster; this broker runs alone",
+                               ErrorCode.STALE_BROKER_EPOCH)
+        claimed = _int(body, "broker_epoch")
+
+        def checked(known: int | None) -> None:
+            if known != claimed or broker == self.broker_id:
+                self.reply_error(msg, ErrorCode.STALE_BROKER_EPOCH,
+                                 f"broker {broker} with broker_epoch {claimed} is not a live broker of this cluster "
+                                 f"(only another broker's transaction coordinator may write markers)")
+                return
+            self.markers_received_remote += 1
+            self._write_here(msg, markers, offsets, bool(body.get("commit")), body.get("producer_id"))
+        self._broker_epoch(broker, lambda known: checked(known) if known == claimed
+                           else self._broker_epoch(broker, checked, refresh=True))
+
+    # ---- the admin APIs (odradek transactions, kafka-transactions.sh) ---------------------
+    def list_transactions(self, msg: Message, body: dict) -> None:
+        """LIST_TRANSACTIONS: the transactional ids coordinated here (as Kafka, per broker: a
+        client asks every broker), filtered by state, producer id and age."""
+        states = body.get("state_filters") or []
+        pids = body.get("producer_id_filters") or []
+        duration = body.get("duration_filter", -1)
+        if not isinstance(states, list) or not isinstance(pids, list) or not isinstance(duration, int):
+            raise OdradekError("state_filters and producer_id_filters must be lists, duration_filter an integer",
+                               ErrorCode.INVALID_REQUEST)
+        known = {s.value for s in TxnState}
+        unknown = [s for s in states if s not in known]
+        wanted = {s for s in states if s in known}
+        now = _now_ms()
+        out = [{"transactional_id": t.txn_id, "producer_id": t.producer_id, "transaction_state": t.state.value}
+               for t in sorted(self.txns.txns.values(), key=lambda t: t.txn_id)
+               if (not wanted or t.state.value in wanted) and (not pids or t.producer_id in pids)
+               and (duration < 0 or (t.started_ms >= 0 and t.state not in COMPLETE and now - t.started_ms >= duration))]
+        self.reply(msg, {"body": {"error_code": 0, "unknown_state_filters": unknown, "transaction_states": out}})
+
+    def describe_transactions(self, msg: Message, body: dict) -> None:
+        """DESCRIBE_TRANSACTIONS: each id's state, from its coordinator (NOT_COORDINATOR from
+        another broker, TRANSACTIONAL_ID_NOT_FOUND for an id never seen)."""
+        ids = body.get("transactional_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+            raise OdradekError("transactional_ids must be a list of non-empty strings", ErrorCode.INVALID_REQUEST)
+        out = []
+        for txn_id in ids:
+            entry = {"transactional_id": txn_id, "error_code": 0, "transaction_state": "", "transaction_timeout_ms": 0,
+                     "transaction_start_time_ms": -1, "producer_id": -1, "producer_epoch": -1, "topics": []}
+            try:
+                self._check_owner(txn_id)
+                t = self.txns.txns.get(txn_id)
+                if t is None:
+                    raise OdradekError(f"transactional id {txn_id!r} is not known", ErrorCode.TRANSACTIONAL_ID_NOT_FOUND)
+            except OdradekError as exc:
+                out.append({**entry, "error_code": int(exc.code), "error_message": exc.message})
+                continue
+            topics: dict[str, list] = {}
+            for topic, partition in sorted(t.partitions):
+                topics.setdefault(topic, []).append(partition)
+            out.append({**entry, "transaction_state": t.state.value, "transaction_timeout_ms": t.timeout_ms,
+                        "transaction_start_time_ms": t.started_ms, "producer_id": t.producer_id,
+                        "producer_epoch": t.epoch,
+                        "topics": [{"topic": n, "partitions": ps} for n, ps in topics.items()]})
+        self.reply(msg, {"body": {"transaction_states": out}})
+
+    def describe_producers(self, msg: Message, body: dict) -> None:
+        """DESCRIBE_PRODUCERS: the producer state of partitions led here, from their log
+        actors (NOT_LEADER_OR_FOLLOWER for the others)."""
+        topics = body.get("topics")
+        if not isinstance(topics, list):
+            raise OdradekError("topics must be a list of {name, partition_indexes}", ErrorCode.INVALID_REQUEST)
+        per_host: dict[str, list] = {}
+        asked = []
+        for t in topics:
+            if not isinstance(t, dict) or not isinstance(t.get("name"), str) \
+                    or not isinstance(t.get("partition_indexes"), list) \
+                    or not all(isinstance(p, int) and not isinstance(p, bool) for p in t["partition_indexes"]):
+                raise OdradekError("each topic must be {name, partition_indexes: [int]}", ErrorCode.INVALID_REQUEST)
+            for p in t["partition_indexes"]:
+                asked.append((t["name"], p))
+                per_host.setdefault(f"log-{placement(t['name'], p, self.log_hosts)}", []).append([t["name"], p])
+        found: dict[tuple, list] = {}
+        left = {"n": len(per_host)}
+
+        def answer() -> None:
+            by_topic: dict[str, list] = {}
+            for name, p in asked:
+                code, why, producers = found.get((name, p), (int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                                                             f"{name}-{p} is not hosted here", []))
+                by_topic.setdefault(name, []).append({
+                    "partition_index": p, "error_code": code, "error_message": why or None,
+                    "active_producers": [{"producer_id": pid, "producer_epoch": epoch, "last_sequence": seq,
+                                          "last_timestamp": ts, "coordinator_epoch": -1,
+                                          "current_txn_start_offset": first}
+                                         for pid, epoch, seq, ts, first in producers]})
+            self.reply(msg, {"body": {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}})
+
+        def answered(reply: Message, sent: list) -> None:
+            if reply.is_error:
+                for name, p in sent:
+                    found[(name, p)] = (reply.error_code, reply.error_message, [])
+            else:
+                for name, p, code, why, producers in reply.get("parts") or ():
+                    found[(name, p)] = (code, why, producers)
+            left["n"] -= 1
+            if not left["n"]:
+                answer()
+
+        if not per_host:
+            answer()
+        for host, sent in per_host.items():
+            self.request(host, "describe_producers", {"parts": sent},
+                         callback=lambda reply, sent=sent: answered(reply, sent), timeout=30.0)
+
+    def _write_here(self, msg: Message, markers: list, offsets: dict, commit: bool, producer_id) -> None:
+        per_host: dict[str, list] = {}
+        for m in markers:
+            per_host.setdefault(f"log-{placement(m[0], m[1], self.log_hosts)}", []).append(m)
+        out = {"parts": [], "groups": []}
+        left = {"n": len(per_host) + (1 if offsets else 0)}
+
+        def one_done() -> None:
+            left["n"] -= 1
+            if left["n"] == 0:
+                self.reply(msg, {"body": {"error_code": 0, **out}})
+
+        def logs_answered(reply: Message, sent: list) -> None:
+            if reply.is_error:
+                out["parts"] += [[m[0], m[1], reply.error_code, reply.error_message] for m in sent]
+            else:
+                out["parts"] += [list(p) for p in reply.get("parts") or ()]
+            one_done()
+
+        def groups_answered(reply: Message) -> None:
+            code = reply.error_code if reply.is_error else reply.get("error_code") or 0
+            why = reply.error_message if reply.is_error else reply.get("message") or ""
+            out["groups"] += [[g, code, why] for g in offsets]
+            one_done()
+
+        if not left["n"]:
+            self.reply(msg, {"body": {"error_code": 0, **out}})
+            return
+        for host, sent in per_host.items():
+            self.request(host, "write_markers", {"markers": sent, **MARKERS_ACKS_ALL},
+                         callback=lambda reply, sent=sent: logs_answered(reply, sent), timeout=MARKER_TIMEOUT)
+        if offsets:
+            self.request(GROUP_COORDINATOR, "txn_offsets_end", {"producer_id": producer_id, "offsets": offsets,
+                                                                "commit": commit},
+                         callback=groups_answered, timeout=MARKER_TIMEOUT)
+
+    def _markers_done(self, t: Transaction, written) -> None:
+        if not self._current(t):
+            return
+        t = self.txns.markers_written(t.txn_id, written, _now_ms())
         if t.state in COMPLETE:
-            log.info("transaction %r %s", txn_id, t.state.value)
+            log.info("transaction %r %s", t.txn_id, t.state.value)
 
-            for msg in self.waiting_end.pop(txn_id, ()):
+            for msg in self.waiting_end.pop(t.txn_id, ()):
                 self.reply(msg, {"body": {"error_code": 0}})
             # the COMPLETE record, not waited for: the markers are what makes the outcome
             # durable; if this record is lost, a restart finds PREPARE and writes them again

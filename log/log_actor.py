@@ -22,9 +22,14 @@ Accepts:
   replica_progress {parts}          one-way from the fetch actor: a follower fetched
   follower_state / truncate / truncate_fully / replicate   from the replica fetcher
   get_bounds                        from the fetch actor (after it restarts)
-  write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]]}
-                                    from the transaction coordinator: a commit or abort
-                                    marker (control batch) per partition led here
+  write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]],
+                 acks, timeout_ms}  from the transaction coordinator: a commit or abort
+                                    marker (control batch) per partition led here, answered
+                                    (acks -1) once replicated to the ISR
+  describe_producers {parts: [[topic, partition]]}   from the transaction coordinator
+                                    (DESCRIBE_PRODUCERS): -> {parts: [[topic, partition, code,
+                                    message, [[producer_id, epoch, last_sequence,
+                                    last_timestamp, txn_first_offset]]]]}, leaders only
 Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKeeper took
 it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
 messages, the new ``LogBounds`` (plus leader epoch, role and last stable offset) of every partition that
@@ -132,6 +137,20 @@ class DelayedProduce:
         self.msg, self.results, self.timer = msg, results, None
         self.since = time.monotonic()  # for Kafka's remote time (held here waiting for the ISR)
         self.waiting_on: list[PartitionLog] = []  # one entry per partition still below the high watermark
+
+    def body(self) -> dict:
+        return _produce_body(self.results, self.since)
+
+
+class DelayedMarkers(DelayedProduce):
+    """Transaction markers written with acks=all (``write_markers {acks: -1}``), waiting for
+    the high watermark as an acks=all produce does; answered ``{parts: [[topic, partition,
+    code, message]]}``. ``results`` is the list of per-marker entries."""
+    __slots__ = ()
+
+    def body(self) -> dict:
+        return {"parts": [[e["topic"], e["partition"], e["error_code"], e.get("error_message", "")]
+                          for e in self.results]}
 
 
 class LogActor(Actor):
@@ -291,7 +310,7 @@ class LogActor(Actor):
                                                f"{p.isr} in time (high watermark {p.log.high_watermark})")
             p.waiting = [w for w in p.waiting if w[1] is not delayed]
         delayed.waiting_on.clear()
-        self.reply(delayed.msg, _produce_body(delayed.results, delayed.since))
+        self.reply(delayed.msg, delayed.body())
 
     def _complete_waiting(self, p: PartitionLog, error: tuple[int, str] | None = None) -> None:
         """Answer the acks=all produces the high watermark has passed (or all, with ``error``)."""
@@ -310,7 +329,7 @@ class LogActor(Actor):
             if not delayed.waiting_on:
                 if delayed.timer is not None:
                     delayed.timer.cancel()
-                self._answers.append((delayed.msg, _produce_body(delayed.results, delayed.since)))
+                self._answers.append((delayed.msg, delayed.body()))
         if done:
             del p.waiting[:done]
 
@@ -450,8 +469,14 @@ class LogActor(Actor):
 
     def on_write_markers(self, msg: Message) -> None:
         """Transaction markers from the transaction coordinator (WriteTxnMarkers): a control
-        batch per partition led here. Answers ``{parts: [[topic, partition, code, message]]}``."""
-        out = []
+        batch per partition led here. Answers ``{parts: [[topic, partition, code, message]]}``;
+        with ``acks`` -1 (what the coordinator sends, as Kafka appends markers) once the high
+        watermark passed each marker (NOT_ENOUGH_REPLICAS before writing when the ISR is below
+        ``min.insync.replicas``; REQUEST_TIMED_OUT after ``timeout_ms``), so a marker the
+        coordinator counts as written survives the leader's death."""
+        acks_all = msg.get("acks") == -1 and bool(msg.reply_to)
+        results: list[dict] = []
+        delayed = DelayedMarkers(msg, results)
         for entry in msg.get("markers") or ():
             try:
                 topic, partition, pid, epoch, commit, coordinator_epoch = entry
@@ -459,14 +484,49 @@ class LogActor(Actor):
                 if p is None or p.leader != self.broker_id:
                     raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
                                        ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
+                if acks_all and len(p.isr) < p.log.config.min_insync_replicas:
+                    raise OdradekError(f"{topic}-{partition}: {len(p.isr)} in-sync replica(s) {p.isr}, "
+                                       f"min.insync.replicas is {p.log.config.min_insync_replicas}",
+                                       ErrorCode.NOT_ENOUGH_REPLICAS)
+                info = p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
                 self._dirty.add((topic, partition))
                 self._advance_high_watermark(p)
-                out.append([topic, partition, 0, ""])
+                row = {"topic": topic, "partition": partition, "error_code": 0}
+                results.append(row)
+                if acks_all and p.log.high_watermark <= info.last_offset:
+                    delayed.waiting_on.append(p)
+                    p.waiting.append((info.last_offset + 1, delayed, row))
             except (TypeError, ValueError) as exc:
-                out.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed marker {entry!r}: {exc}"])
+                results.append({"topic": None, "partition": None, "error_code": int(ErrorCode.INVALID_REQUEST),
+                                "error_message": f"malformed marker {entry!r}: {exc}"})
             except OdradekError as exc:
-                out.append([entry[0], entry[1], int(exc.code), exc.message])
+                results.append({"topic": entry[0], "partition": entry[1], "error_code": int(exc.code),
+                                "error_message": exc.message})
+        if delayed.waiting_on:
+            timeout = msg.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
+            timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
+            delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
+            return
+        self.reply(msg, delayed.body())
+
+    def on_describe_producers(self, msg: Message) -> None:
+        out = []
+        for entry in msg.get("parts") or ():
+            try:
+                topic, partition = entry
+                p = self.logs.get((topic, partition))
+                if p is None:
+                    raise OdradekError(f"{topic}-{partition} is not hosted here", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+                if p.leader != self.broker_id:
+                    raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
+                                       ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                out.append([topic, partition, 0, "", [
+                    [pid, e.epoch, e.last_seq, e.last_timestamp, e.txn_first_offset]
+                    for pid, e in sorted(p.log.producers.producers.items())]])
+            except (TypeError, ValueError) as exc:
+                out.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed partition {entry!r}: {exc}", []])
+            except OdradekError as exc:
+                out.append([entry[0], entry[1], int(exc.code), exc.message, []])
         self.reply(msg, {"parts": out})
 
     def on_follower_state(self, msg: Message) -> None:

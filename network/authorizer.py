@@ -184,7 +184,8 @@ def _replica(body: dict) -> bool:
     return isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
 
 
-INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN)
+INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN,
+                ApiKey.WRITE_TXN_MARKERS)
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
         ApiKey.METADATA)  # Metadata filters its answer instead
 
@@ -236,6 +237,12 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
         if api == ApiKey.TXN_OFFSET_COMMIT:
             need += [("Read", "Topic", n) for n in _names(body)]
         return need
+    if api == ApiKey.DESCRIBE_TRANSACTIONS:
+        return [("Describe", "TransactionalId", str(t)) for t in body.get("transactional_ids") or []]
+    if api == ApiKey.LIST_TRANSACTIONS:  # Kafka filters the list by Describe instead; here all or nothing
+        return [("Describe", "Cluster", CLUSTER)]
+    if api == ApiKey.DESCRIBE_PRODUCERS:
+        return [("Read", "Topic", n) for n in _names(body)]
     if api in (ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE):
         return [("Describe", "Group", str(g)) for g in body.get("group_ids") or []]
     if api == ApiKey.DELETE_GROUPS:

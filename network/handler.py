@@ -17,7 +17,9 @@ data, which then answers the processor directly (one hop fewer than a reply thro
   the group APIs (CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT/FETCH, FIND_COORDINATOR,
   LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP, and the classic
   JOIN_GROUP, SYNC_GROUP, HEARTBEAT) -> the group coordinator
-  INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT -> the transaction coordinator
+  INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT,
+  WRITE_TXN_MARKERS (between brokers), LIST/DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS
+                                   -> the transaction coordinator
   METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING: answered here
 
 It sends ``scale`` and ``status`` requests to the supervisor for the dynamic broker config
@@ -87,6 +89,10 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
     ApiKey.ADD_OFFSETS_TO_TXN: (0, 0),
     ApiKey.END_TXN: (0, 0),
     ApiKey.TXN_OFFSET_COMMIT: (0, 0),
+    ApiKey.WRITE_TXN_MARKERS: (0, 0),
+    ApiKey.LIST_TRANSACTIONS: (0, 0),
+    ApiKey.DESCRIBE_TRANSACTIONS: (0, 0),
+    ApiKey.DESCRIBE_PRODUCERS: (0, 0),
 }
 # Requests between brokers (and ElectLeaders): the broker's controller actor answers them.
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
@@ -102,7 +108,8 @@ FETCH_ACTOR = "fetch"
 GROUP_COORDINATOR = "group_coordinator"
 TXN_COORDINATOR = "txn_coordinator"
 TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN,
-            ApiKey.TXN_OFFSET_COMMIT)
+            ApiKey.TXN_OFFSET_COMMIT, ApiKey.WRITE_TXN_MARKERS, ApiKey.LIST_TRANSACTIONS,
+            ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.DESCRIBE_PRODUCERS)
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
               ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)

@@ -44,6 +44,7 @@ class ApiKey(enum.IntEnum):
     ADD_PARTITIONS_TO_TXN = 24
     ADD_OFFSETS_TO_TXN = 25
     END_TXN = 26
+    WRITE_TXN_MARKERS = 27
     TXN_OFFSET_COMMIT = 28
     DESCRIBE_ACLS = 29
     CREATE_ACLS = 30
@@ -58,6 +59,9 @@ class ApiKey(enum.IntEnum):
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
     DESCRIBE_CLUSTER = 60
+    DESCRIBE_PRODUCERS = 61
+    DESCRIBE_TRANSACTIONS = 65
+    LIST_TRANSACTIONS = 66
     CONSUMER_GROUP_HEARTBEAT = 68
     CONSUMER_GROUP_DESCRIBE = 69
     # Odradek-only: a no-op round trip through the whole chain (processor, handler), used
@@ -153,6 +157,7 @@ class ErrorCode(enum.IntEnum):
     PRODUCER_FENCED = (90, False, "There is a newer producer with the same transactionalId which fences the current one.")
     INVALID_UPDATE_VERSION = (95, False, "The given update version was invalid.")
     UNKNOWN_TOPIC_ID = (100, True, "This server does not host this topic ID.")
+    TRANSACTIONAL_ID_NOT_FOUND = (105, False, "The transactionalId could not be found.")
     FENCED_MEMBER_EPOCH = (110, False, "The member epoch is fenced by the group coordinator. The member must abandon all its partitions and rejoin.")
     UNRELEASED_INSTANCE_ID = (111, False, "The instance ID is still used by another member in the consumer group.")
     UNSUPPORTED_ASSIGNOR = (112, False, "The assignor or its version range is not supported by the consumer group.")

@@ -306,10 +306,11 @@ def by_leader(cluster: Cluster, tps: list, api: ApiKey, body_of: Callable[[list]
     return out
 
 
-def list_offsets(cluster: Cluster, tps: list, timestamp: int, timeout: float) -> dict:
-    """``{tp: offset}`` from each partition's leader (see ``by_leader``)."""
+def list_offsets(cluster: Cluster, tps: list, timestamp: int, timeout: float, isolation_level: int = 0) -> dict:
+    """``{tp: offset}`` from each partition's leader (see ``by_leader``); with
+    ``isolation_level`` 1 (read_committed) "latest" (-1) is the last stable offset."""
     def body_of(group: list) -> dict:
-        return {"replica_id": -1, "topics": _by_topic(
+        return {"replica_id": -1, "isolation_level": isolation_level, "topics": _by_topic(
             (tp, {"timestamp": timestamp, "current_leader_epoch": cluster.leader_epoch(tp.topic, tp.partition)})
             for tp in group)}
     if not tps:

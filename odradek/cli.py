@@ -7,6 +7,7 @@
     odradek chaos [--time S] [--seed N] [--faults ...]   a local cluster under faults (RELIABILITY.md)
     odradek users --add U --password-stdin | --delete U | --list   SCRAM users (docs/SECURITY.md)
     odradek acls --add | --list | --remove [--bootstrap-server H:P] ...   ACLs, like kafka-acls
+    odradek transactions list | describe | describe-producers | find-hanging | abort ...   like kafka-transactions.sh
 
 Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
 ``listeners`` address of the config, so a plain ``odradek status`` next to a plain
@@ -212,6 +213,8 @@ def build_parser() -> argparse.ArgumentParser:
     reassign.add_parser(sub, _config_args, _bootstrap)
     from odradek import security_tools  # `odradek users`, `odradek acls` (docs/SECURITY.md)
     security_tools.add_parsers(sub, _config_args, _bootstrap)
+    from odradek import transactions  # `odradek transactions`: like kafka-transactions.sh (docs/TRANSACTIONS.md)
+    transactions.add_parser(sub, _config_args, _bootstrap)
     return parser
 
 

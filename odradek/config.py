@@ -192,6 +192,13 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "refuses more with INVALID_TRANSACTION_TIMEOUT).", _at_least(1)),
     Setting("transaction.abort.timed.out.transaction.cleanup.interval.ms", int, 10000,
             "How often the transaction coordinator aborts transactions open past their timeout.", _at_least(10)),
+    Setting("transaction.state.log.num.partitions", int, 8,
+            "Partitions of `__transaction_state` in a cluster, read when it is created (one on a single "
+            "broker): the coordinator of a transactional id is the leader of its partition, so more "
+            "partitions spread coordinators over brokers (Kafka's default is 50).", _between(1, 1000)),
+    Setting("transaction.state.log.replication.factor", int, 3,
+            "Replication factor of `__transaction_state` in a cluster (capped at the live brokers when it "
+            "is created).", _at_least(1)),
     Setting("log.index.interval.bytes", int, 4096, "Topic default for `index.interval.bytes`.", _at_least(0)),
     Setting("log.index.size.max.bytes", int, 10485760, "Topic default for `segment.index.bytes`.", _at_least(1024)),
     Setting("log.flush.interval.messages", int, (1 << 63) - 1,

@@ -632,13 +632,20 @@ class GroupAdmin:
         return {TopicPartition(t["name"], p["partition_index"]): p["committed_offset"]
                 for t in body.get("topics", []) for p in t.get("partitions", []) if p["committed_offset"] >= 0}
 
-    def offsets(self, tps, timestamp: int) -> dict:
-        """ListOffsets for ``tps``: ``timestamp`` -1 latest, -2 earliest, else ms."""
+    def offsets(self, tps, timestamp: int, isolation_level: int = 0) -> dict:
+        """ListOffsets for ``tps``: ``timestamp`` -1 latest (the last stable offset with
+        ``isolation_level`` 1), -2 earliest, else ms."""
         from odradek.admin import list_offsets
-        return list_offsets(self.cluster, list(tps), timestamp, self.timeout)
+        return list_offsets(self.cluster, list(tps), timestamp, self.timeout, isolation_level)
 
-    def describe(self, group: str) -> dict:
-        """The group's state and members, and per partition: owner, committed, log end, lag."""
+    def describe(self, group: str, isolation: str = "read_uncommitted") -> dict:
+        """The group's state and members, and per partition: owner, committed, log end (the
+        high watermark), last stable offset and lag: to the log end for ``isolation``
+        "read_uncommitted" (what Kafka's tool reports), to the last stable offset for
+        "read_committed" (how far a read_committed consumer can actually get: records of open
+        transactions are not counted). ``lag_to`` in the answer says which."""
+        if isolation not in ("read_uncommitted", "read_committed"):
+            raise ValueError(f"isolation {isolation!r}: read_uncommitted or read_committed")
         d = self._describe(group)
         if d.get("error_code"):
             raise error_for(d["error_code"], d.get("error_message"))
@@ -655,17 +662,19 @@ class GroupAdmin:
             if t["name"] in topics and not t.get("error_code"):
                 tps |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
         ends = self.offsets(sorted(tps), -1)
+        stable = self.offsets(sorted(tps), -1, isolation_level=1)
         rows = []
         for tp in sorted(tps):
             m = owner.get(tp)
             c = committed.get(tp)
-            end = ends.get(tp)
-            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": c, "log_end": end,
-                         "lag": (end - c) if c is not None and end is not None else None,
+            end = (stable if isolation == "read_committed" else ends).get(tp)
+            rows.append({"topic": tp.topic, "partition": tp.partition, "committed": c, "log_end": ends.get(tp),
+                         "last_stable": stable.get(tp),
+                         "lag": max(end - c, 0) if c is not None and end is not None else None,
                          "member_id": m["member_id"] if m else None,
                          "host": m.get("client_host") if m else None,
                          "client_id": m.get("client_id") if m else None})
-        return {**d, "partitions": rows}
+        return {**d, "partitions": rows, "lag_to": "last_stable" if isolation == "read_committed" else "log_end"}
 
     def reset_offsets(self, group: str, topics: list[str] | None, *, to: str, value=None,
                       execute: bool = False) -> dict:

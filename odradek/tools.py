@@ -8,8 +8,8 @@ thread (the Producer it creates owns its sender thread until the command returns
     odradek topics --list | --describe [--topic T] | --delete --topic T | --alter --topic T --config k=v
     printf 'k1:v1\\nk2:v2\\n' | odradek produce orders --key-separator :
     odradek consume orders --from-beginning --max-messages 10 --property print.key=true
-    odradek dump-log /var/lib/odradek/orders-0           # or one .log/.index/.timeindex file
-    odradek groups --list | --describe G | --delete G
+    odradek dump-log /var/lib/odradek/orders-0           # or one .log/.index/.timeindex/.snapshot/.txnindex file
+    odradek groups --list | --describe G [--isolation read_committed] | --delete G
     odradek groups --reset-offsets G --topic orders --to-earliest|--to-latest|--to-datetime T|--shift-by N [--execute]
 
 Errors print one line naming the problem (the CLI adds the error code) and exit 1.
@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import mmap
 import os
+import struct
 import sys
 import time
 
 from odradek.network.protocol import ErrorCode, OdradekError
 
 _bootstrap_of = None  # set by add_parsers: args -> "host:port"
+DUMPED = (".log", ".index", ".timeindex", ".snapshot", ".txnindex")  # what dump-log reads in a directory
 TIMEOUT_MS = 5000  # how long a command waits for an unreachable broker before its one-line error
 
 
@@ -80,7 +82,7 @@ def add_parsers(sub, config_args, bootstrap) -> None:
 
     p = sub.add_parser("dump-log", help="print the batches and records of segment files (like kafka-dump-log)")
     p.add_argument("paths", nargs="+", metavar="DIR|FILE",
-                   help="a partition directory, or .log / .index / .timeindex files")
+                   help="a partition directory, or .log / .index / .timeindex / .snapshot / .txnindex files")
     p.add_argument("--batches-only", action="store_true", help="print batch headers without their records")
     p.add_argument("--max-bytes", type=int, default=0, help="print at most this many bytes of each key/value")
     p.set_defaults(func=cmd_dump_log)
@@ -95,6 +97,10 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     g.add_argument("--reset-offsets", nargs="?", const="", metavar="GROUP")
     g.add_argument("--delete", nargs="?", const="", metavar="GROUP")
     p.add_argument("--group", help="the group (instead of naming it after the action)")
+    p.add_argument("--isolation", choices=("read_uncommitted", "read_committed"), default="read_uncommitted",
+                   help="describe: measure LAG to the LOG-END-OFFSET (read_uncommitted, Kafka's tool) or to the "
+                        "LAST-STABLE-OFFSET (read_committed: what a read_committed consumer can reach; open "
+                        "transactions do not count)")
     p.add_argument("--topic", action="append", default=[], help="reset: a topic (repeatable; default: every "
                                                                   "topic the group has committed offsets for)")
     to = p.add_mutually_exclusive_group()
@@ -396,7 +402,7 @@ def cmd_groups(args) -> int:
         if not group:
             raise OdradekError("name the group: --describe GROUP (or --group GROUP)", ErrorCode.INVALID_REQUEST)
         if args.describe is not None:
-            _print_group(admin.describe(group))
+            _print_group(admin.describe(group, args.isolation))
         elif args.delete is not None:
             admin.delete(group)
             print(f"Deleted group {group}.")
@@ -435,11 +441,14 @@ def _print_group(d: dict) -> None:
     dash = lambda v: "-" if v is None else v  # noqa: E731
     print(f"GROUP {d['group_id']}  state {d['group_state']}  epoch {d['group_epoch']}  "
           f"assignor {d['assignor_name'] or '-'}  members {len(d['members'])}")
+    print(f"LAG is measured to the {'LAST-STABLE-OFFSET (read_committed)' if d['lag_to'] == 'last_stable' else 'LOG-END-OFFSET (read_uncommitted)'}"
+          f"; --isolation {'read_uncommitted' if d['lag_to'] == 'last_stable' else 'read_committed'} for the other")
     print()
-    print(f"{'TOPIC':<20} {'PARTITION':>9} {'CURRENT-OFFSET':>14} {'LOG-END-OFFSET':>14} {'LAG':>8}  MEMBER")
+    print(f"{'TOPIC':<20} {'PARTITION':>9} {'CURRENT-OFFSET':>14} {'LOG-END-OFFSET':>14} {'LAG':>8} "
+          f"{'LAST-STABLE-OFFSET':>18}  MEMBER")
     for r in d["partitions"]:
         print(f"{r['topic']:<20} {r['partition']:>9} {dash(r['committed']):>14} {dash(r['log_end']):>14} "
-              f"{dash(r['lag']):>8}  {dash(r['member_id'])}")
+              f"{dash(r['lag']):>8} {dash(r['last_stable']):>18}  {dash(r['member_id'])}")
     if d["members"]:
         print()
         print(f"{'MEMBER':<34} {'INSTANCE':<12} {'HOST':<16} {'CLIENT':<18} {'EPOCH':>5}  ASSIGNMENT")
@@ -455,7 +464,7 @@ def cmd_dump_log(args) -> int:
     files = []
     for path in args.paths:
         if os.path.isdir(path):
-            names = sorted(n for n in os.listdir(path) if n.endswith((".log", ".index", ".timeindex")))
+            names = sorted(n for n in os.listdir(path) if n.endswith(DUMPED))
             files += [os.path.join(path, n) for n in names]
         elif os.path.isfile(path):
             files.append(path)
@@ -470,6 +479,10 @@ def cmd_dump_log(args) -> int:
             dump_index(path, out, time_index=True)
         elif path.endswith(".index"):
             dump_index(path, out, time_index=False)
+        elif path.endswith(".snapshot"):
+            dump_producer_snapshot(path, out)
+        elif path.endswith(".txnindex"):
+            dump_txn_index(path, out)
         else:
             out.write("  (not a segment file: skipped)\n")
     return 0
@@ -505,11 +518,12 @@ def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> No
                 out.write(f"baseOffset: {h.base_offset} lastOffset: {h.last_offset} count: {h.record_count} "
                           f"baseSequence: {h.base_sequence} producerId: {h.producer_id} "
                           f"producerEpoch: {h.producer_epoch} partitionLeaderEpoch: {h.partition_leader_epoch} "
+                          f"isTransactional: {str(bool(h.attributes & fmt.TRANSACTIONAL_BIT)).lower()} "
                           f"isControl: {str(h.is_control).lower()} position: {pos} {ts_type}: {h.max_timestamp} "
                           f"size: {h.size} magic: {h.magic} compresscodec: {codec} crc: {h.crc} "
                           f"isValid: {str(crc_ok).lower()}\n")
                 if records and crc_ok:
-                    _dump_records(buf[pos:pos + h.size], out, max_bytes)
+                    _dump_records(buf[pos:pos + h.size], out, max_bytes, control=h.is_control)
                 pos += h.size
 
 
@@ -536,7 +550,7 @@ def _batch_problem(buf, pos: int, size: int) -> str | None:
     return None
 
 
-def _dump_records(data: bytes, out, max_bytes: int) -> None:
+def _dump_records(data: bytes, out, max_bytes: int, control: bool = False) -> None:
     from odradek.log import records as fmt
     try:
         recs = fmt.decode_batch(data)
@@ -544,9 +558,62 @@ def _dump_records(data: bytes, out, max_bytes: int) -> None:
         out.write(f"| records do not decode: {exc.message}\n")
         return
     for r in recs:
+        if control:  # a transaction marker (docs/FORMAT.md): its producer id and epoch are the batch's
+            out.write(f"| offset: {r.offset} CreateTime: {r.timestamp} keySize: {_len(r.key)} "
+                      f"valueSize: {_len(r.value)} {_marker(r.key, r.value)}\n")
+            continue
         keys = ",".join(k for k, _ in r.headers)
         out.write(f"| offset: {r.offset} CreateTime: {r.timestamp} keySize: {_len(r.key)} valueSize: {_len(r.value)} "
                   f"headerKeys: [{keys}] key: {_show(r.key, max_bytes)} payload: {_show(r.value, max_bytes)}\n")
+
+
+def _marker(key, value) -> str:
+    """A control record as Kafka's dump-log prints it: ``endTxnMarker: COMMIT coordinatorEpoch: 0``."""
+    if key is None or len(key) < 4:
+        return "controlType: unknown (key too short)"
+    version, kind = struct.unpack_from(">hh", key)
+    if kind not in (0, 1):
+        return f"controlType: {kind} (not a transaction marker)"
+    epoch = struct.unpack_from(">hi", value)[1] if value is not None and len(value) >= 6 else "unknown"
+    return f"endTxnMarker: {'COMMIT' if kind == 1 else 'ABORT'} coordinatorEpoch: {epoch}"
+
+
+def dump_producer_snapshot(path: str, out) -> None:
+    """A ``.snapshot`` file (docs/FORMAT.md): each producer's epoch, last timestamp, open
+    transaction and last batches, as Kafka's dump-log prints its producer snapshots."""
+    from odradek.log.producer_state import decode_snapshot
+    with open(path, "rb") as f:
+        data = f.read()
+    try:
+        producers = decode_snapshot(data)
+    except ValueError as exc:
+        out.write(f"not a producer snapshot: {exc}\n")
+        return
+    if not producers:
+        out.write("(no producers)\n")
+    for pid, e in sorted(producers.items()):
+        first = e.txn_first_offset if e.txn_first_offset >= 0 else "None"
+        out.write(f"producerId: {pid} producerEpoch: {e.epoch} coordinatorEpoch: -1 currentTxnFirstOffset: {first} "
+                  f"lastTimestamp: {e.last_timestamp} batches: {len(e.batches)}\n")
+        for b in e.batches:
+            out.write(f"| firstSequence: {b.first_seq} lastSequence: {b.last_seq} firstOffset: {b.first_offset} "
+                      f"lastOffset: {b.last_offset}\n")
+
+
+def dump_txn_index(path: str, out) -> None:
+    """The aborted-transactions index (``aborted.txnindex``, Kafka's 34-byte entries)."""
+    from odradek.log import txn_index
+    with open(path, "rb") as f:
+        data = f.read()
+    usable = len(data) - len(data) % txn_index.ENTRY.size
+    for pos in range(0, usable, txn_index.ENTRY.size):
+        version, pid, first, last, lso = txn_index.ENTRY.unpack_from(data, pos)
+        out.write(f"version: {version} producerId: {pid} firstOffset: {first} lastOffset: {last} "
+                  f"lastStableOffset: {lso}\n")
+    if usable == 0:
+        out.write("(no entries)\n")
+    if usable != len(data):
+        out.write(f"Found {len(data) - usable} bytes of a torn last entry\n")
 
 
 def _len(b) -> int:

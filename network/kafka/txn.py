@@ -1,5 +1,7 @@
 """The Kafka listener's transaction family: InitProducerId (22), AddPartitionsToTxn (24),
-AddOffsetsToTxn (25), EndTxn (26), TxnOffsetCommit (28, served by the group coordinator).
+AddOffsetsToTxn (25), EndTxn (26), TxnOffsetCommit (28), and the admin APIs of
+kafka-transactions.sh: DescribeProducers (61), DescribeTransactions (65), ListTransactions
+(66), all served by the transaction coordinator actor.
 
 Pure, no I/O; registers itself in ``network.kafka.apis`` (the families tuple at the end of
 that module imports it). The internal request is the native API of the same key
@@ -110,3 +112,67 @@ def txn_offset_commit_error(version: int, request: dict, code: int, message: str
 
 register(Api(ApiKey.TXN_OFFSET_COMMIT, 0, 3, txn_offset_commit_to_internal, txn_offset_commit_from_internal,
              txn_offset_commit_error))
+
+
+# ---- DescribeProducers (61), DescribeTransactions (65), ListTransactions (66): the admin APIs ---
+# (kafka-transactions.sh; KIP-664). The internal bodies use Kafka's field names, times in ms.
+
+def describe_producers_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"topics": [{"name": t["name"], "partition_indexes": list(t["partition_indexes"])}
+                       for t in request.get("topics") or ()]}, []
+
+
+def describe_producers_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    return {"topics": (reply.get("body") or {}).get("topics") or []}
+
+
+def describe_producers_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"topics": [{"name": t["name"], "partitions": [
+        {"partition_index": p, "error_code": code, "error_message": message, "active_producers": []}
+        for p in t["partition_indexes"]]} for t in request.get("topics") or ()]}
+
+
+register(Api(ApiKey.DESCRIBE_PRODUCERS, 0, 0, describe_producers_to_internal, describe_producers_from_internal,
+             describe_producers_error))
+
+
+def describe_transactions_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    return {"transaction_states": [
+        {"error_code": s["error_code"], "transactional_id": s["transactional_id"],
+         "transaction_state": s["transaction_state"], "transaction_timeout": s["transaction_timeout_ms"],
+         # an id in error gets Kafka's schema defaults (0), as Kafka's broker answers it
+         "transaction_start_time": s["transaction_start_time_ms"] if not s["error_code"] else 0,
+         "producer_id": s["producer_id"],
+         "producer_epoch": s["producer_epoch"], "topics": s["topics"]}
+        for s in (reply.get("body") or {}).get("transaction_states") or ()]}
+
+
+def describe_transactions_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"transaction_states": [{"error_code": code, "transactional_id": t, "transaction_state": "",
+                                    "transaction_timeout": 0, "transaction_start_time": 0, "producer_id": -1,
+                                    "producer_epoch": -1, "topics": []}
+                                   for t in request.get("transactional_ids") or ()]}
+
+
+register(Api(ApiKey.DESCRIBE_TRANSACTIONS, 0, 0, _same_fields("transactional_ids"),
+             describe_transactions_from_internal, describe_transactions_error))
+
+
+def list_transactions_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"state_filters": list(request.get("state_filters") or ()),
+            "producer_id_filters": list(request.get("producer_id_filters") or ()),
+            "duration_filter": request.get("duration_filter", -1) if version >= 1 else -1}, []
+
+
+def list_transactions_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"error_code": body.get("error_code", 0), "unknown_state_filters": body.get("unknown_state_filters") or [],
+            "transaction_states": body.get("transaction_states") or []}
+
+
+def list_transactions_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"error_code": code, "unknown_state_filters": [], "transaction_states": []}
+
+
+register(Api(ApiKey.LIST_TRANSACTIONS, 0, 1, list_transactions_to_internal, list_transactions_from_internal,
+             list_transactions_error))

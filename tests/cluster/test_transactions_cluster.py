@@ -1,0 +1,206 @@
+"""Transactions in cluster mode (issue 12): three brokers on ZooKeeper, one cluster for the
+module. ``__transaction_state`` is partitioned and replicated; the coordinator of a
+transactional id is the leader of its partition (FindCoordinator key_type 1), and it writes
+the markers of partitions other brokers lead with WRITE_TXN_MARKERS, whose sender's identity
+(broker id and the epoch of its live registration) the receiver checks. Judged by
+confluent-kafka's transactional producer and read_committed / read_uncommitted consumers.
+The last test kills the coordinator of an open transaction: it must stay last."""
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer, TopicPartition
+
+from odradek import Admin
+from odradek.cli import main
+from odradek.cluster import Connection
+from odradek.local import LocalCluster
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from tests.cluster.conftest import TEST_SETTINGS, zookeeper  # noqa: F401 (fixture)
+
+pytestmark = pytest.mark.slow
+
+PARTITIONS = 3
+SETTINGS = {**TEST_SETTINGS, "transaction.state.log.num.partitions": 3,
+            "transaction.abort.timed.out.transaction.cleanup.interval.ms": 500}
+
+
+@pytest.fixture(scope="module")
+def txn_cluster(zookeeper, tmp_path_factory):  # noqa: F811
+    c = LocalCluster(str(tmp_path_factory.mktemp("txn-cluster")), 3, SETTINGS, zk=zookeeper,
+                     chroot=f"/odradek-test-txn-{uuid.uuid4().hex[:8]}")
+    try:
+        c.start()
+        c.wait_ready()
+        yield c
+    finally:
+        c.stop(graceful=False)
+
+
+def spread_topic(cluster: LocalCluster) -> tuple[str, dict[int, int]]:
+    """A topic of ``PARTITIONS`` partitions, RF 3, and ``{partition: leader}`` once each has one."""
+    topic = f"t-{uuid.uuid4().hex[:8]}"
+    with Admin(cluster.bootstrap) as admin:
+        admin.create_topic(topic, PARTITIONS, 3)
+    deadline = time.monotonic() + 60
+    while True:
+        leaders = {p: cluster.leader(topic, p) for p in range(PARTITIONS)}
+        if all(v is not None for v in leaders.values()):
+            return topic, leaders
+        assert time.monotonic() < deadline, f"partitions without a leader: {leaders}"
+        time.sleep(0.2)
+
+
+def coordinator_of(cluster: LocalCluster, txn_id: str, key_type: int = 1) -> int:
+    """The broker FindCoordinator names for a transactional id (``key_type`` 1) or a group
+    (0), retried while the internal topic is created or elected."""
+    deadline = time.monotonic() + 60
+    b = next(cluster.broker(i) for i in cluster.ids if cluster.broker(i).running)
+    while True:
+        c = Connection(b.host, b.port)
+        c.connect()
+        try:
+            return c.request(ApiKey.FIND_COORDINATOR, {"key": txn_id, "key_type": key_type}).header["body"]["node_id"]
+        except OdradekError as exc:
+            assert exc.retriable and time.monotonic() < deadline, exc
+        finally:
+            c.close()
+        time.sleep(0.3)
+
+
+def txn_producer(bootstrap: str, txn_id: str) -> KafkaProducer:
+    p = KafkaProducer({"bootstrap.servers": bootstrap, "transactional.id": txn_id, "linger.ms": 5,
+                       "message.timeout.ms": 60000})
+    p.init_transactions(90)
+    return p
+
+
+def read(bootstrap: str, topic: str, isolation: str, expect: int, wait: float = 60) -> list[bytes]:
+    """The values of every partition, read until ``expect`` records or the end of each."""
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
+                       "enable.partition.eof": True, "isolation.level": isolation})
+    c.assign([TopicPartition(topic, p, 0) for p in range(PARTITIONS)])
+    out: list[bytes] = []
+    at_end: set[int] = set()
+    deadline = time.monotonic() + wait
+    try:
+        while time.monotonic() < deadline and not (len(out) >= expect and len(at_end) == PARTITIONS):
+            m = c.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == -191, m.error()  # _PARTITION_EOF
+                at_end.add(m.partition())
+                continue
+            at_end.discard(m.partition())
+            out.append(m.value())
+    finally:
+        c.close()
+    return out
+
+
+def test_a_transaction_across_partitions_led_by_different_brokers_commits_or_aborts_as_a_whole(txn_cluster, capsys):
+    topic, leaders = spread_topic(txn_cluster)
+    txn_id = f"tx-{uuid.uuid4().hex[:8]}"
+    p = txn_producer(txn_cluster.bootstrap, txn_id)
+    coordinator = coordinator_of(txn_cluster, txn_id)
+    remote = [part for part, leader in leaders.items() if leader != coordinator]
+    assert remote, f"every partition is led by the coordinator {coordinator}: {leaders}"
+    p.begin_transaction()
+    for part in range(PARTITIONS):
+        p.produce(topic, value=b"aborted-%d" % part, partition=part)
+    p.flush(60)
+    p.abort_transaction(60)
+    p.begin_transaction()
+    for part in range(PARTITIONS):
+        for i in range(3):
+            p.produce(topic, value=b"committed-%d-%d" % (part, i), partition=part)
+    p.commit_transaction(60)
+
+    committed = read(txn_cluster.bootstrap, topic, "read_committed", expect=3 * PARTITIONS)
+    assert sorted(committed) == sorted(b"committed-%d-%d" % (part, i) for part in range(PARTITIONS) for i in range(3))
+    everything = read(txn_cluster.bootstrap, topic, "read_uncommitted", expect=4 * PARTITIONS)
+    assert sorted(everything) == sorted(committed + [b"aborted-%d" % part for part in range(PARTITIONS)])
+
+    # odradek transactions finds the id at its coordinator, whichever broker it asks first
+    capsys.readouterr()
+    assert main(["transactions", "--bootstrap-server", txn_cluster.bootstrap, "list"]) == 0
+    listed = [ln.split("\t") for ln in capsys.readouterr().out.splitlines()[1:]]
+    assert [r[1:] for r in listed if r[0] == txn_id][0][0] == str(coordinator)
+    assert main(["transactions", "--bootstrap-server", txn_cluster.bootstrap, "describe",
+                 "--transactional-id", txn_id]) == 0
+    row = capsys.readouterr().out.splitlines()[1].split("\t")
+    assert (row[0], row[1], row[4]) == (str(coordinator), txn_id, "CompleteCommit")
+
+
+def test_offsets_sent_to_a_transaction_reach_a_group_coordinated_by_another_broker_on_commit_only(txn_cluster):
+    topic, _ = spread_topic(txn_cluster)
+    txn_id = f"tx-{uuid.uuid4().hex[:8]}"
+    p = txn_producer(txn_cluster.bootstrap, txn_id)
+    coordinator = coordinator_of(txn_cluster, txn_id)
+    group = next(g for g in (f"g-{uuid.uuid4().hex[:8]}" for _ in range(200))
+                 if coordinator_of(txn_cluster, g, key_type=0) != coordinator)
+    c = KafkaConsumer({"bootstrap.servers": txn_cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        for offset, commit in ((3, False), (5, True)):
+            p.begin_transaction()
+            p.produce(topic, value=b"out-%d" % offset, partition=0)
+            p.send_offsets_to_transaction([TopicPartition(topic, 1, offset)], c.consumer_group_metadata(), 60)
+            if commit:
+                p.commit_transaction(60)
+            else:
+                p.abort_transaction(60)
+                assert c.committed([TopicPartition(topic, 1)], timeout=30)[0].offset < 0  # nothing stored
+        assert c.committed([TopicPartition(topic, 1)], timeout=30)[0].offset == 5
+    finally:
+        c.close()
+
+
+def test_markers_from_a_broker_that_is_not_who_it_claims_are_refused(txn_cluster):
+    topic, leaders = spread_topic(txn_cluster)
+    victim = leaders[0]
+    claimed = next(b for b in txn_cluster.ids if b != victim)
+    b = txn_cluster.broker(victim)
+    c = Connection(b.host, b.port)
+    c.connect()
+    try:
+        with pytest.raises(OdradekError) as refused:
+            c.request(ApiKey.WRITE_TXN_MARKERS, {
+                "broker_id": claimed, "broker_epoch": 12345, "producer_id": 1 << 24, "commit": True,
+                "markers": [[topic, 0, 1 << 24, 0, True, 0]], "offsets": {}})
+    finally:
+        c.close()
+    assert refused.value.code == ErrorCode.STALE_BROKER_EPOCH
+    assert f"broker {claimed}" in refused.value.message
+    assert read(txn_cluster.bootstrap, topic, "read_uncommitted", expect=0, wait=20) == []
+
+
+def test_the_successor_of_a_killed_coordinator_aborts_its_open_transaction(txn_cluster):
+    """Last in the module: it kills a broker (the coordinator of the transactional id)."""
+    topic, _ = spread_topic(txn_cluster)
+    txn_id = f"tx-{uuid.uuid4().hex[:8]}"
+    p = txn_producer(txn_cluster.bootstrap, txn_id)
+    p.begin_transaction()
+    p.produce(topic, value=b"before", partition=0)
+    p.commit_transaction(60)
+    p.begin_transaction()
+    for part in range(PARTITIONS):
+        p.produce(topic, value=b"open-%d" % part, partition=part)
+    p.flush(60)  # written (acks=all) to every partition, and left open
+    coordinator = coordinator_of(txn_cluster, txn_id)
+    txn_cluster.kill(coordinator)
+
+    successor = txn_producer(txn_cluster.bootstrap, txn_id)  # retries until the new coordinator loaded the id
+    deadline = time.monotonic() + 30  # the broker asked may learn the new leader a moment later
+    while coordinator_of(txn_cluster, txn_id) == coordinator:
+        assert time.monotonic() < deadline, f"FindCoordinator still names the killed broker {coordinator}"
+        time.sleep(0.3)
+    successor.begin_transaction()
+    for part in range(PARTITIONS):
+        successor.produce(topic, value=b"after-%d" % part, partition=part)
+    successor.commit_transaction(60)
+
+    committed = read(txn_cluster.bootstrap, topic, "read_committed", expect=1 + PARTITIONS)
+    assert sorted(committed) == sorted([b"before"] + [b"after-%d" % part for part in range(PARTITIONS)])
