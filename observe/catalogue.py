@@ -64,8 +64,9 @@ COUNTED: dict[str, Spec] = {
                               "min_bytes arrived or max_wait_ms passed (0 for the others).", ("api",),
                               "RequestMetrics RemoteTimeMs"),
     "client_requests": Spec("odradek_client_requests", "counter",
-                            "Requests received, per client.id (the first 100 distinct ids a processor sees, "
-                            "each up to 100 characters; the others are counted as '(other)', none as '(none)').",
+                            "Requests received, per client.id (at most 100 ids per processor, each up to 100 "
+                            "characters, an id of no open connection giving its place and its count to '(other)' "
+                            "for a new one; the ids past the cap as '(other)', none as '(none)').",
                             ("client_id",), "RequestMetrics RequestsPerSec by client (quota metrics' client-id)"),
     "response_send_ms": Spec("odradek_response_send_time_seconds", "histogram",
                              "From the answer reaching the processor to its bytes going to the socket "
