@@ -37,6 +37,10 @@ COUNTED: dict[str, Spec] = {
                        ("topic",), "BrokerTopicMetrics MessagesInPerSec"),
     "bytes_out": Spec("odradek_topic_bytes_out", "counter", "Bytes served to consumers by fetches, per topic.",
                       ("topic",), "BrokerTopicMetrics BytesOutPerSec"),
+    "records_out": Spec("odradek_topic_records_out", "counter",
+                        "Records served to consumers by fetches, per topic (offsets from each fetch offset to "
+                        "the end of the last batch served: control records and offsets compaction removed count "
+                        "too).", ("topic",), "none: Kafka counts bytes out only"),
     "replication_bytes_out": Spec("odradek_topic_replication_bytes_out", "counter",
                                   "Bytes served to follower replicas, per topic.", ("topic",),
                                   "BrokerTopicMetrics ReplicationBytesOutPerSec"),

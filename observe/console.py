@@ -129,7 +129,7 @@ def make_app(actor) -> bottle.Bottle:
     def totals():
         """What the live charts plot: cumulative counters (the page takes rates) and lag."""
         snap = actor.gather()
-        out = {"time": time.time(), "bytes_in": 0, "records_in": 0, "bytes_out": 0, "lag": {}}
+        out = {"time": time.time(), "bytes_in": 0, "records_in": 0, "bytes_out": 0, "records_out": 0, "lag": {}}
         for fam in families(snap):
             for s in fam.samples:
                 if s.name == "odradek_topic_bytes_in_total":
@@ -138,6 +138,8 @@ def make_app(actor) -> bottle.Bottle:
                     out["records_in"] += s.value
                 elif s.name == "odradek_topic_bytes_out_total":
                     out["bytes_out"] += s.value
+                elif s.name == "odradek_topic_records_out_total":
+                    out["records_out"] += s.value
                 elif s.name == "odradek_consumer_group_topic_lag":
                     g = s.labels["group"]
                     out["lag"][g] = out["lag"].get(g, 0) + s.value

@@ -97,10 +97,29 @@ def test_counters_move_by_the_records_produced_and_consumed(shared_broker):
         got += len(consumer.poll(500))
     consumer.close()
     assert got == 300
-    after_consume = scrape(shared_broker)
+    after_consume = scrape_whole(shared_broker)
     assert value(after_consume, "odradek_topic_bytes_out_total", topic="counted") >= size
+    assert value(after_consume, "odradek_topic_records_out_total", topic="counted") == 300
     assert value(after_consume, "odradek_requests_total", api="fetch") > value(before, "odradek_requests_total",
                                                                              api="fetch")
+
+
+def test_records_out_count_what_a_kafka_consumer_was_served_from_its_fetch_offset(shared_broker):
+    from confluent_kafka import Consumer as KafkaConsumer, TopicPartition as KafkaTopicPartition
+    produce(shared_broker.bootstrap, "served", 1, 200)
+    consumer = KafkaConsumer({"bootstrap.servers": shared_broker.bootstrap, "group.id": "served-reader",
+                              "enable.auto.commit": False, "client.id": "obs-served"})
+    try:
+        consumer.assign([KafkaTopicPartition("served", 0, 30)])  # counted from 30, not from its batch's start
+        got, deadline = [], time.monotonic() + 60
+        while len(got) < 170 and time.monotonic() < deadline:
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                got.append(msg.offset())
+    finally:
+        consumer.close()
+    assert got == list(range(30, 200))
+    assert value(scrape_whole(shared_broker), "odradek_topic_records_out_total", topic="served") == 170
 
 
 def lag_setup(bootstrap: str, topic: str, group: str) -> None:
