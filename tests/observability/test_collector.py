@@ -90,6 +90,7 @@ def test_by_default_partitions_are_summed_per_topic_and_no_partition_series_is_e
 @pytest.mark.parametrize("partition_level", [False, True])
 def test_the_served_text_is_what_prometheus_clients_writer_makes_of_the_same_families(partition_level):
     odd = [["partition", ['we"ird\\top\nic', 0], row(5)]]  # not a legal topic name: escaping still holds
+    odd.append(["partition", ["big", 1], [10**6, 999_999, -1, 0, 2**40, 1, 0, 0]])  # around the fast path's edges
     groups = [*GROUP_GAUGES, ["committed_offset", ['g "x"\n', 'we"ird\\top\nic', 0], 2]]
     m = Metrics()
     m.inc("requests", (int(ApiKey.PRODUCE),), 2**60)
