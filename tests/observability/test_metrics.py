@@ -206,6 +206,7 @@ def client_counts(samples: dict) -> dict:
 def test_client_ids_past_the_cap_of_open_connections_fold_into_other_and_closed_ones_make_room(shared_broker):
     host, port = shared_broker.bootstrap.split(":")
     n = 260  # over two processors' caps of 100 ids each, all held by connections open at once
+    open_before = value(scrape_whole(shared_broker), "odradek_connections", listener="PLAINTEXT")
     conns = [BrokerConnection(host, int(port), client_id=f"obs-many-{i}") for i in range(n)]
     try:
         for conn in conns:
@@ -221,7 +222,7 @@ def test_client_ids_past_the_cap_of_open_connections_fold_into_other_and_closed_
     assert len(counted) <= 2 * 100 + 2, "the number of client_id labels is not bounded"
     # closed, their ids make room: a new client is counted by name, the sum over ids is kept
     deadline = time.monotonic() + 30
-    while value(scrape_whole(shared_broker), "odradek_connections", listener="PLAINTEXT") > 0:
+    while value(scrape_whole(shared_broker), "odradek_connections", listener="PLAINTEXT") > open_before:
         assert time.monotonic() < deadline, "the processors did not see the connections close"
         time.sleep(0.2)
     before = sum(client_counts(scrape_whole(shared_broker)).values())
