@@ -5,11 +5,13 @@ update (``inc``) or a bisect and two updates (``observe``); nothing is formatted
 exported here. Keys are ``(name, labels)`` with ``labels`` a tuple of label *values*; which
 label names they stand for, and the Prometheus name and help of each metric, live in one
 table at the top layer (``odradek.observe.catalogue``). ``snapshot()`` is the plain-data
-answer to a ``_metrics`` request (msgpack: lists, no tuple keys).
+answer to a ``_metrics`` request (msgpack: lists, no tuple keys). ``BoundedLabels`` keeps a
+label whose values clients choose (a client id) to a fixed number of series.
 """
 from __future__ import annotations
 
 import bisect
+import collections
 
 # Upper bounds (milliseconds) of latency histogram buckets; +Inf is implicit. Kafka's
 # request times span tens of microseconds (a PING) to the 60 s cap of a long poll.
@@ -44,3 +46,57 @@ class Metrics:
         with ``buckets`` the per-bucket (not cumulative) counts, +Inf last."""
         return {"counters": [[n, list(labels), v] for (n, labels), v in self.counters.items()],
                 "histograms": [[n, list(labels), h[:-1], h[-1]] for (n, labels), h in self.histograms.items()]}
+
+
+class BoundedLabels:
+    """Which values of one counter's label are kept by name: at most ``cap`` at a time,
+    whatever clients send (a client id, say). A value is *held* while something that
+    carries it is open (``acquire`` / ``release``: a connection); when the names are all
+    taken, a new value takes the place of the one left idle longest, whose count moves
+    into ``other`` (the series disappears, the sum over the label stays the count). A new
+    value finds no place only while ``cap`` values are all held: it counts as ``other``.
+    Without an idle release a first-come set would be closed for good after ``cap`` short
+    clients, and a long-lived broker would count every later client as ``other``."""
+
+    __slots__ = ("metrics", "name", "cap", "longest", "other", "none", "held", "idle")
+
+    def __init__(self, metrics: Metrics, name: str, cap: int, longest: int,
+                 other: str = "(other)", none: str = "(none)") -> None:
+        self.metrics, self.name, self.cap, self.longest = metrics, name, cap, longest
+        self.other, self.none = other, none
+        self.held: dict[str, int] = {}  # value -> holders
+        self.idle: collections.OrderedDict[str, None] = collections.OrderedDict()  # no holder, oldest first
+
+    def acquire(self, value: str) -> str:
+        """The label a new holder of ``value`` counts under; ``release`` it when done."""
+        if not value:
+            return self.none
+        held = self.held
+        if value in held:
+            held[value] += 1
+            return value
+        if value in self.idle:
+            del self.idle[value]
+        elif len(value) > self.longest:
+            return self.other
+        elif len(held) + len(self.idle) >= self.cap:
+            if not self.idle:
+                return self.other
+            self._fold(self.idle.popitem(last=False)[0])
+        held[value] = 1
+        return value
+
+    def release(self, label: str | None) -> None:
+        n = self.held.get(label)  # None, ``other`` and ``none`` hold nothing
+        if n is None:
+            return
+        if n > 1:
+            self.held[label] = n - 1
+        else:
+            del self.held[label]
+            self.idle[label] = None
+
+    def _fold(self, label: str) -> None:
+        n = self.metrics.counters.pop((self.name, (label,)), 0)
+        if n:
+            self.metrics.inc(self.name, (self.other,), n)

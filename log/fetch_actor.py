@@ -210,19 +210,22 @@ class FetchActor(Actor):
         """Answer if enough data (or an error, or the wait is over); True if answered."""
         topics: dict[str, list] = {}
         files: list[list] = []
+        records: dict[str, int] = {}  # per topic: offsets served (records_out)
         total, errors = 0, False
         for topic, partition, offset, part_max, epoch in req.parts:
-            entry, slices = self._read(topic, partition, offset, part_max, req.max_bytes - total, total == 0,
-                                       epoch, req.replica, req.committed)
+            entry, slices, served = self._read(topic, partition, offset, part_max, req.max_bytes - total,
+                                               total == 0, epoch, req.replica, req.committed)
             errors |= entry["error_code"] != 0
             total += entry["records_size"]
             files += slices
             topics.setdefault(topic, []).append(entry)
+            if served:
+                records[topic] = records.get(topic, 0) + served
         if not (final or errors or total >= req.min_bytes):
             return False
         self._forget(req)
         self.served_bytes += total
-        self._count_out(req.replica, topics)
+        self._count_out(req.replica, topics, records)
         body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         answer = {"body": body, "files": files}
         if req.since is not None:
@@ -241,12 +244,15 @@ class FetchActor(Actor):
         raise OdradekError(f"a fetch as replica {replica} refused: broker {replica} {why}; only a live "
                            f"broker's replica fetcher may fetch as a replica (consumers use replica_id -1)",
                            ErrorCode.STALE_BROKER_EPOCH)
-    def _count_out(self, replica: int, topics: dict) -> None:
+    def _count_out(self, replica: int, topics: dict, records: dict) -> None:
         """Bytes served per topic: to consumers (Kafka's BytesOut) or to followers
-        (ReplicationBytesOut)."""
+        (ReplicationBytesOut); and the records served to consumers."""
         name = "bytes_out" if replica < 0 else "replication_bytes_out"
         for topic, entries in topics.items():
             self.metrics.inc(name, (topic,), sum(e["records_size"] for e in entries))
+        if replica < 0:
+            for topic, n in records.items():
+                self.metrics.inc("records_out", (topic,), n)
 
     def metric_gauges(self) -> list:
         return [["delayed_fetches", [], sum(len(w) for w in self.waiting.values())]]
@@ -268,27 +274,30 @@ class FetchActor(Actor):
             self.send(host, "replica_progress", {"parts": progress})
 
     def _read(self, topic, partition, offset, part_max, budget: int, first: bool, epoch=-1,
-              replica: int = -1, committed: bool = False) -> tuple[dict, list]:
+              replica: int = -1, committed: bool = False) -> tuple[dict, list, int]:
+        """A partition's entry of the answer, its file regions, and the records they serve
+        (from ``offset`` to the end of the last batch: offsets, so control records and
+        compacted-away offsets count too; 0 when unknown)."""
         entry = {"index": partition, "error_code": 0, "high_watermark": -1, "last_stable_offset": -1,
                  "log_start_offset": -1, "records_size": 0}
         key = (topic, partition)
         reader = self.readers.get(key)
         if reader is None:
-            return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here"), []
+            return _fail(entry, ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, f"{topic}-{partition} does not exist here"), [], 0
         problem = self._role_problem(key, epoch, replica)
         if problem is not None:
-            return _fail(entry, *problem), []
+            return _fail(entry, *problem), [], 0
         b = reader.bounds
         stable = min(self.stable.get(key, b.high_watermark), b.high_watermark)
         entry.update(high_watermark=b.high_watermark, last_stable_offset=stable,
                      log_start_offset=b.log_start_offset)
         if not isinstance(offset, int) or isinstance(offset, bool) or not isinstance(part_max, int) or part_max < 1:
             return _fail(entry, ErrorCode.INVALID_REQUEST,
-                         f"{topic}-{partition}: fetch_offset must be an integer and partition_max_bytes >= 1"), []
+                         f"{topic}-{partition}: fetch_offset must be an integer and partition_max_bytes >= 1"), [], 0
         limit = min(part_max, budget)
         throttled = replica >= 0 and (topic, partition, replica) in self.throttled
         if (limit <= 0 and not first) or (throttled and not self.quota.allows(time.monotonic())):
-            return entry, []
+            return entry, [], 0
         try:
             upper = b.log_end_offset if replica >= 0 else stable if committed else b.high_watermark
             result = reader.read(offset, max(limit, 1), upper_bound=upper)
@@ -299,13 +308,14 @@ class FetchActor(Actor):
         except OffsetOutOfRangeError:
             return _fail(entry, ErrorCode.OFFSET_OUT_OF_RANGE,
                          f"{topic}-{partition}: offset {offset} is outside [{b.log_start_offset}, "
-                         f"{b.log_end_offset}]"), []
+                         f"{b.log_end_offset}]"), [], 0
         except (OSError, OdradekError) as exc:
-            return _fail(entry, ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition}: {exc}"), []
+            return _fail(entry, ErrorCode.KAFKA_STORAGE_ERROR, f"{topic}-{partition}: {exc}"), [], 0
         entry["records_size"] = result.size
         if throttled:
             self.quota.record(result.size, time.monotonic())
-        return entry, [[s.path, s.position, s.length] for s in result.slices]
+        served = sum(s.next_offset - max(offset, s.first_offset) for s in result.slices if s.next_offset > offset)
+        return entry, [[s.path, s.position, s.length] for s in result.slices], served
 
     def _aborted(self, topic: str, partition: int) -> TxnIndex:
         """The partition's aborted-transactions index, re-read when its file grew."""

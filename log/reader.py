@@ -43,6 +43,7 @@ class FileSlice(NamedTuple):
     position: int
     length: int
     first_offset: int  # base offset of the first batch in the slice
+    next_offset: int = -1  # the offset after its last batch (records served: metrics), -1: not known
 
 
 @dataclass(frozen=True)
@@ -99,14 +100,19 @@ def plan_read(segments: Sequence[SegmentView], bases: Sequence[int], offset: int
     if offset >= bound:
         return empty
     i = max(bisect.bisect_right(bases, offset) - 1, 0)
-    for seg in segments[i:]:
+    for j, seg in enumerate(segments[i:], i):
         hit = seg.locate(offset)
         if hit is None:
             continue  # offset lies past this segment's last batch (compaction gap)
         if hit.header.last_offset >= bound:
             return empty  # the batch straddles or lies past the bound: not visible yet
         length = seg.span(hit, max_bytes, bound)
-        sl = FileSlice(seg.log_path, hit.position, length, hit.header.base_offset)
+        if length == hit.header.size:
+            after = hit.header.last_offset + 1
+        else:  # the batch after the slice starts there; none: the slice ends its segment
+            h = seg.header_at(hit.position + length)
+            after = h.base_offset if h is not None else bases[j + 1] if j + 1 < len(bases) else log_end
+        sl = FileSlice(seg.log_path, hit.position, length, hit.header.base_offset, after)
         return ReadResult(offset, (sl,), log_start, log_end, high_watermark)
     return empty
 
@@ -272,15 +278,16 @@ class LogReader:
         if offset >= bound:
             return None  # plan_read answers empty (or out of range) with its own checks
         end = b.active_size if bound == b.log_end_offset else self._tail.get(bound)
+        after = bound
         if end is None or end <= start:
             return None
         if end - start > max_bytes:  # stop at the last known batch boundary within max_bytes
-            end = max((p for o, p in self._tail.items() if offset < o <= bound and p - start <= max_bytes),
-                      default=None)
+            end, after = max(((p, o) for o, p in self._tail.items() if offset < o <= bound and p - start <= max_bytes),
+                             default=(None, None))
             if end is None:
                 return None  # the first batch alone is larger: plan_read serves it whole
         seg = self._segments[-1]
-        return ReadResult(offset, (FileSlice(seg.log_path, start, end - start, offset),),
+        return ReadResult(offset, (FileSlice(seg.log_path, start, end - start, offset, after),),
                           b.log_start_offset, b.log_end_offset, b.high_watermark)
 
     def offset_for_time(self, timestamp: int) -> TimestampOffset | None:

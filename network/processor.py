@@ -75,6 +75,7 @@ from typing import Any
 import zmq
 
 from odradek.actors.message import Message
+from odradek.actors.metrics import BoundedLabels
 from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
@@ -91,7 +92,7 @@ DIED_CODE = ErrorCode.NETWORK_EXCEPTION
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
-CLIENT_IDS_MAX = 100  # distinct client ids counted by name; the others count as "(other)"
+CLIENT_IDS_MAX = 100  # client ids counted by name at a time; the others count as "(other)"
 CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
 CLIENT_ID_KEPT = 256  # characters of a client id a connection keeps for its log lines
 
@@ -154,7 +155,7 @@ class Connection:
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
                  "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "listener", "tls",
-                 "handshaking", "principal", "sasl", "client", "muted")
+                 "handshaking", "principal", "sasl", "client", "client_label", "muted")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -189,6 +190,7 @@ class Connection:
         self.principal: str | None = ANONYMOUS  # None until a SASL connection authenticates
         self.sasl: sasl.Session | None = None
         self.client = ""  # the client id of its last request (log lines, metrics, quotas)
+        self.client_label: str | None = None  # what its requests count under (Processor._client_labels)
         self.muted = False  # throttled by a quota: not read until its held answer is released
 
     def who(self) -> str:
@@ -237,7 +239,8 @@ class Processor(Actor):
         self._listener: socket.socket | None = None
         self._feeds: dict[int, socket.socket] = {}
         self.counters = collections.Counter()
-        self._client_ids: set[str] = set()  # counted by name (at most CLIENT_IDS_MAX)
+        # client ids counted by name: at most CLIENT_IDS_MAX, an idle one making room for a new one
+        self._client_labels = BoundedLabels(self.metrics, "client_requests", CLIENT_IDS_MAX, CLIENT_ID_LABEL_MAX)
         self.listeners = {l.name: l for l in listeners_mod.of_config(config)}
         self.tls_context = tls.server_context(config) if any(l.tls for l in self.listeners.values()) else None
         self.mechanisms = [m.strip() for m in config.get("sasl.enabled.mechanisms", "PLAIN").split(",")]
@@ -652,8 +655,11 @@ class Processor(Actor):
                   "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
         self.metrics.inc("requests", (api,))
-        conn.client = h["client"][:CLIENT_ID_KEPT] if isinstance(h["client"], str) else ""
-        self.metrics.inc("client_requests", (self._client_label(conn.client),))
+        client = h["client"][:CLIENT_ID_KEPT] if isinstance(h["client"], str) else ""
+        if client != conn.client or conn.client_label is None:
+            self._client_labels.release(conn.client_label)
+            conn.client, conn.client_label = client, self._client_labels.acquire(client)
+        self.metrics.inc("client_requests", (conn.client_label,))
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.
             try:
@@ -675,17 +681,6 @@ class Processor(Actor):
             self._inflight[rec.corr] = rec
             if len(self._inflight) >= self.max_inflight:
                 self._pause()
-
-    def _client_label(self, client: str) -> str:
-        """A client id as a metric label, with bounded cardinality whatever clients send."""
-        if client in self._client_ids:
-            return client
-        if not client:
-            return "(none)"
-        if len(self._client_ids) < CLIENT_IDS_MAX and len(client) <= CLIENT_ID_LABEL_MAX:
-            self._client_ids.add(client)
-            return client
-        return "(other)"
 
     def _on_answer(self, rec: InFlight, reply: Message) -> None:
         if rec.done:
@@ -931,6 +926,7 @@ class Processor(Actor):
             pass
         if conn.handler is not None:
             self._pinned[conn.handler] -= 1
+        self._client_labels.release(conn.client_label)
         self._release(self._take_reservation(conn))
         if conn.starved:
             self._regrant = True

@@ -37,6 +37,10 @@ COUNTED: dict[str, Spec] = {
                        ("topic",), "BrokerTopicMetrics MessagesInPerSec"),
     "bytes_out": Spec("odradek_topic_bytes_out", "counter", "Bytes served to consumers by fetches, per topic.",
                       ("topic",), "BrokerTopicMetrics BytesOutPerSec"),
+    "records_out": Spec("odradek_topic_records_out", "counter",
+                        "Records served to consumers by fetches, per topic (offsets from each fetch offset to "
+                        "the end of the last batch served: control records and offsets compaction removed count "
+                        "too).", ("topic",), "none: Kafka counts bytes out only"),
     "replication_bytes_out": Spec("odradek_topic_replication_bytes_out", "counter",
                                   "Bytes served to follower replicas, per topic.", ("topic",),
                                   "BrokerTopicMetrics ReplicationBytesOutPerSec"),
@@ -64,8 +68,9 @@ COUNTED: dict[str, Spec] = {
                               "min_bytes arrived or max_wait_ms passed (0 for the others).", ("api",),
                               "RequestMetrics RemoteTimeMs"),
     "client_requests": Spec("odradek_client_requests", "counter",
-                            "Requests received, per client.id (the first 100 distinct ids a processor sees, "
-                            "each up to 100 characters; the others are counted as '(other)', none as '(none)').",
+                            "Requests received, per client.id (at most 100 ids per processor, each up to 100 "
+                            "characters, an id of no open connection giving its place and its count to '(other)' "
+                            "for a new one; the ids past the cap as '(other)', none as '(none)').",
                             ("client_id",), "RequestMetrics RequestsPerSec by client (quota metrics' client-id)"),
     "response_send_ms": Spec("odradek_response_send_time_seconds", "histogram",
                              "From the answer reaching the processor to its bytes going to the socket "

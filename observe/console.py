@@ -11,9 +11,14 @@ Pages: ``/`` cluster and actor tree; ``/topics`` (create; delete with the name t
 ``/topics/<t>`` partitions, leaders, ISR, sizes, configs (alter); ``/topics/<t>/messages``
 the message browser (partition, from an offset or a timestamp, text / JSON / hex, key
 filter); ``/groups`` and ``/groups/<g>`` members, assignments, lag per partition;
-``/charts`` live throughput and lag (``/api/totals`` polled by the page).
-Security (SASL sign-in, ACLs) is a later issue: today the console is open to whoever can
-reach the admin listener, which is why it defaults to 127.0.0.1.
+``/charts`` live throughput and lag (``/api/totals`` polled by the page); ``/login`` and
+``/logout``.
+Sign-in and ACLs (``observe.signin``): when the admin listener is reachable from beyond
+loopback or the broker has SASL users, every page but ``/metrics``, ``/health/*`` and
+``/static/*`` needs a signed-in session, every POST its CSRF token, and each page and action
+what the user's ACLs allow. A signed-in user's requests to the broker go as that user
+(SASL on a SASL_PLAINTEXT listener) when the broker has one, so the broker's own authorizer
+applies to them too. Any POST from another origin is refused, signed in or not.
 """
 from __future__ import annotations
 
@@ -21,12 +26,16 @@ import json
 import os
 import threading
 import time
+from urllib.parse import quote
 
 import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from odradek.network import listeners as listeners_mod
+from odradek.network.protocol import OdradekError
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
+from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VIEWS = os.path.join(HERE, "views")
@@ -37,40 +46,78 @@ BROWSE_TIMEOUT = 3.0  # seconds the browser polls for records
 
 class Clients:
     """The console's Kafka clients of its own broker, made on first use (the address is
-    known once the broker is ready) and shared by the HTTP threads (they are thread-safe)."""
+    known once the broker is ready) and shared by the HTTP threads (they are thread-safe).
+    The shared ones connect to a PLAINTEXT listener (the first listener if none is); a
+    signed-in session's own (``own``) connect as its user with ``security`` (SASL)."""
 
-    def __init__(self, actor):
+    def __init__(self, actor, bootstrap: str | None = None, security: dict | None = None):
         self.actor = actor
         self._lock = threading.Lock()
         self._admin = self._groups = None
-        self.bootstrap: str | None = None
+        self.bootstrap = bootstrap
+        self.security = security or {}
+        self.own = security is not None
 
     def _address(self) -> str:
         if self.bootstrap is None:
-            address = self.actor.status()["supervisor"].get("address")
-            if not address:
+            sup = self.actor.status()["supervisor"]
+            if not sup.get("address"):
                 raise bottle.HTTPError(503, "the broker is still starting")
-            self.bootstrap = address
+            self.bootstrap = _listener_address(self.actor.config, sup, "PLAINTEXT") or sup["address"]
         return self.bootstrap
 
     def admin(self):
         with self._lock:
             if self._admin is None:
                 from odradek.admin import Admin
-                self._admin = Admin(self._address(), client_id="odradek-console", request_timeout_ms=10000)
+                self._admin = Admin(self._address(), client_id="odradek-console", request_timeout_ms=10000,
+                                    **self.security)
             return self._admin
 
     def groups(self):
         with self._lock:
             if self._groups is None:
                 from odradek.group import GroupAdmin
-                self._groups = GroupAdmin(self._address(), client_id="odradek-console", request_timeout_ms=10000)
+                self._groups = GroupAdmin(self._address(), client_id="odradek-console", request_timeout_ms=10000,
+                                          **self.security)
             return self._groups
 
     def consumer(self):
         from odradek.consumer import Consumer
         return Consumer(self._address(), client_id="odradek-console", enable_auto_commit=False,
-                        auto_offset_reset="earliest", request_timeout_ms=10000)
+                        auto_offset_reset="earliest", request_timeout_ms=10000, **self.security)
+
+    def close(self) -> None:
+        with self._lock:
+            for client in (self._admin, self._groups):
+                if client is not None:
+                    try:
+                        client.close()
+                    except Exception:  # closing a client of a session that ended: nothing to do
+                        pass
+            self._admin = self._groups = None
+
+
+def _listener_address(config: dict, sup: dict, protocol: str) -> str | None:
+    """The bound ``host:port`` of the broker's first listener of ``protocol``, if any."""
+    bound = sup.get("listeners") or {}
+    for listener in listeners_mod.of_config(config):
+        if listener.protocol == protocol and listener.name in bound:
+            return bound[listener.name]
+    return None
+
+
+def _user_clients(actor, user: str, password: str) -> Clients | None:
+    """Clients acting as ``user`` over the broker's SASL_PLAINTEXT listener, or None if it has
+    none (the shared clients serve the session; the console's own checks still apply)."""
+    sup = actor.status()["supervisor"]
+    address = _listener_address(actor.config, sup, "SASL_PLAINTEXT")
+    if address is None:
+        return None
+    enabled = [m.strip().upper() for m in str(actor.config.get("sasl.enabled.mechanisms", "PLAIN")).split(",")]
+    mechanism = next((m for m in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN") if m in enabled), "PLAIN")
+    return Clients(actor, address, {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism,
+                                    "sasl_plain_username": user, "sasl_plain_password": password})
 
 
 def render(value: bytes | None, fmt: str) -> str:
@@ -88,11 +135,91 @@ def render(value: bytes | None, fmt: str) -> str:
     return text
 
 
+OPEN_PATHS = ("/metrics", "/health/", "/static/", "/login")  # served without a session
+
+
 def make_app(actor) -> bottle.Bottle:
+    from odradek.observe.metrics_actor import admin_address
     app = bottle.Bottle()
-    clients = Clients(actor)
+    shared = Clients(actor)
     collector = BrokerCollector(actor.gather, bool(actor.config.get("metrics.partition.level", False)))
     view = _viewer()
+    signin = SignIn(actor.config, actor.args.get("data_dir") or ".", (admin_address(actor.config) or ("",))[0])
+
+    def gate(callback):
+        """Every route: no POST from another origin; with sign-in required, a live session
+        (else the sign-in page) and, for a POST, the session's CSRF token."""
+        def gated(*args, **kwargs):
+            request = bottle.request
+            if request.method == "POST" and not same_origin(request.headers, request.get_header("Host", "")):
+                raise bottle.HTTPError(403, "Refused: this form was sent from another site (cross-site request).")
+            request.environ["odradek.session"] = None
+            if request.path.startswith(OPEN_PATHS) or not signin.required():
+                return callback(*args, **kwargs)
+            session = signin.find(request.get_cookie(COOKIE))
+            if session is None:
+                if request.method == "GET" and not request.path.startswith("/api/"):
+                    bottle.redirect("/login?next=" + quote(request.fullpath))
+                raise bottle.HTTPError(401, "Sign in first (/login).")
+            if request.method == "POST" and not signin.csrf_ok(session, request.forms.get("csrf")):
+                raise bottle.HTTPError(403, "Refused: the form's CSRF token is missing or stale; reload the page "
+                                            "and send it again.")
+            request.environ["odradek.session"] = session
+            return callback(*args, **kwargs)
+        return gated
+    app.install(gate)
+
+    def session():
+        return bottle.request.environ.get("odradek.session")
+
+    def clients_now() -> Clients:
+        s = session()
+        return s.clients if s is not None and s.clients is not None else shared
+
+    def may(operation: str, resource: str, name: str) -> bool:
+        return signin.may(session(), operation, resource, name, bottle.request.remote_addr or "")
+
+    def need(operation: str, resource: str, name: str) -> None:
+        if not may(operation, resource, name):
+            principal = session().principal
+            raise bottle.HTTPError(403, f"{principal} may not {operation} {resource} '{name}': an ACL must allow "
+                                        f"it (odradek acls --add --allow-principal {principal} --operation "
+                                        f"{operation} ...).")
+
+    # ---- sign-in ----------------------------------------------------------------------
+    @app.get("/login")
+    def login_page():
+        if not signin.required():
+            bottle.redirect("/")
+        return view("login", title="Sign in", next=_local(bottle.request.query.get("next")), message="")
+
+    @app.post("/login")
+    def login():
+        form = bottle.request.forms
+        user, password, next_ = form.getunicode("user") or "", form.getunicode("password") or "", \
+            _local(form.getunicode("next"))
+        if not signin.required():
+            bottle.redirect("/")
+        if not user or not signin.check(user, password):
+            signin.failed(user, bottle.request.remote_addr or "")
+            bottle.response.status = 401
+            return view("login", title="Sign in", next=next_, message="Wrong user name or password.")
+        try:
+            own = _user_clients(actor, user, password)
+        except Exception as exc:  # the broker did not answer: no session without its clients
+            bottle.response.status = 503
+            return view("login", title="Sign in", next=next_, message=f"The broker did not answer: {exc}")
+        s = signin.begin(user, own)
+        bottle.response.set_cookie(COOKIE, s.token, path="/", httponly=True, samesite="strict", max_age=SESSION_MAX)
+        bottle.redirect(next_)
+
+    @app.post("/logout")
+    def logout():
+        s = session()
+        if s is not None:
+            signin.end(s.token)
+        bottle.response.delete_cookie(COOKIE, path="/")
+        bottle.redirect("/login" if signin.required() else "/")
 
     # ---- machine endpoints ------------------------------------------------------------
     @app.get("/metrics")
@@ -129,15 +256,20 @@ def make_app(actor) -> bottle.Bottle:
     def totals():
         """What the live charts plot: cumulative counters (the page takes rates) and lag."""
         snap = actor.gather()
-        out = {"time": time.time(), "bytes_in": 0, "records_in": 0, "bytes_out": 0, "lag": {}}
+        out = {"time": time.time(), "bytes_in": 0, "records_in": 0, "bytes_out": 0, "records_out": 0, "lag": {}}
         for fam in families(snap):
             for s in fam.samples:
+                if "topic" in s.labels and not may("Describe", "Topic", s.labels["topic"]) or \
+                        "group" in s.labels and not may("Describe", "Group", s.labels["group"]):
+                    continue  # what the user's ACLs do not show
                 if s.name == "odradek_topic_bytes_in_total":
                     out["bytes_in"] += s.value
                 elif s.name == "odradek_topic_records_in_total":
                     out["records_in"] += s.value
                 elif s.name == "odradek_topic_bytes_out_total":
                     out["bytes_out"] += s.value
+                elif s.name == "odradek_topic_records_out_total":
+                    out["records_out"] += s.value
                 elif s.name == "odradek_consumer_group_topic_lag":
                     g = s.labels["group"]
                     out["lag"][g] = out["lag"].get(g, 0) + s.value
@@ -150,48 +282,57 @@ def make_app(actor) -> bottle.Bottle:
     # ---- pages ------------------------------------------------------------------------
     @app.get("/")
     def overview():
+        need("Describe", "Cluster", "kafka-cluster")
         status = actor.status()
         return view("overview", title="Cluster", status=status)
 
     @app.get("/topics")
     def topics():
-        admin = clients.admin()
-        names = admin.list_topics(include_internal=True)
-        described = [admin.describe_topic(n) for n in sorted(names)]
-        return view("topics", title="Topics", topics=described, message=bottle.request.query.get("msg", ""))
+        return view("topics", title="Topics", topics=described(), message=bottle.request.query.get("msg", ""))
+
+    def described() -> list:
+        """The topics the user may Describe, described."""
+        admin = clients_now().admin()
+        names = [n for n in sorted(admin.list_topics(include_internal=True)) if may("Describe", "Topic", n)]
+        return [admin.describe_topic(n, configs=False) for n in names]
 
     @app.post("/topics")
     def create_topic():
         form = bottle.request.forms
         name = form.get("name", "").strip()
+        if not (may("Create", "Topic", name) or may("Create", "Cluster", "kafka-cluster")):
+            need("Create", "Topic", name)
         try:
-            clients.admin().create_topic(name, partitions=int(form.get("partitions") or 1),
+            clients_now().admin().create_topic(name, partitions=int(form.get("partitions") or 1),
                                          replication_factor=int(form.get("replication_factor") or 1))
         except Exception as exc:
-            return view("topics", title="Topics", topics=_described(clients), message=f"Could not create {name!r}: {exc}")
+            return view("topics", title="Topics", topics=described(), message=f"Could not create {name!r}: {exc}")
         bottle.redirect(f"/topics/{name}")
 
     @app.post("/topics/<name>/delete")
     def delete_topic(name):
+        need("Delete", "Topic", name)
         if bottle.request.forms.get("confirm") != name:
-            return view("topics", title="Topics", topics=_described(clients),
+            return view("topics", title="Topics", topics=described(),
                         message=f"Not deleted: type the topic's name ({name}) to confirm.")
-        clients.admin().delete_topic(name)
+        clients_now().admin().delete_topic(name)
         bottle.redirect(f"/topics?msg=Deleted+{name}")
 
     @app.get("/topics/<name>")
     def topic(name):
-        admin = clients.admin()
-        d = admin.describe_topic(name)
+        need("Describe", "Topic", name)
+        admin = clients_now().admin()
+        d = admin.describe_topic(name, configs=may("DescribeConfigs", "Topic", name))
         sizes = _partition_gauges(actor.gather(), name)
         return view("topic", title=f"Topic {name}", topic=d, sizes=sizes,
                     message=bottle.request.query.get("msg", ""))
 
     @app.post("/topics/<name>/configs")
     def alter(name):
+        need("AlterConfigs", "Topic", name)
         key, value = bottle.request.forms.get("key", "").strip(), bottle.request.forms.get("value", "")
         try:
-            clients.admin().alter_configs(name, set={key: value})
+            clients_now().admin().alter_configs(name, set={key: value})
             msg = f"Set {key}={value}"
         except Exception as exc:
             msg = f"Could not set {key}: {exc}"
@@ -199,6 +340,8 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/topics/<name>/messages")
     def messages(name):
+        need("Read", "Topic", name)
+        clients = clients_now()
         q = bottle.request.query
         partition = int(q.get("partition") or 0)
         fmt = q.get("format") or "text"
@@ -207,15 +350,21 @@ def make_app(actor) -> bottle.Bottle:
         return view("messages", title=f"Messages of {name}", topic=name, partition=partition,
                     offset=q.get("offset", ""), timestamp=q.get("timestamp", ""), fmt=fmt, key=key_filter,
                     records=records, error=error, render=render,
-                    partitions=len(clients.admin().describe_topic(name).partitions))
+                    partitions=len(clients.admin().describe_topic(name, configs=False).partitions))
 
     @app.get("/groups")
     def groups():
-        return view("groups", title="Consumer groups", groups=clients.groups().list())
+        try:
+            listed = clients_now().groups().list()
+        except OdradekError as exc:  # e.g. no Describe on the cluster (ListGroups' ACL)
+            raise bottle.HTTPError(403, f"Groups cannot be listed: {exc}") from None
+        return view("groups", title="Consumer groups",
+                    groups=[g for g in listed if may("Describe", "Group", g["group_id"])])
 
     @app.get("/groups/<group>")
     def group(group):
-        return view("group", title=f"Group {group}", group=clients.groups().describe(group))
+        need("Describe", "Group", group)
+        return view("group", title=f"Group {group}", group=clients_now().groups().describe(group))
 
     @app.get("/charts")
     def charts():
@@ -225,17 +374,20 @@ def make_app(actor) -> bottle.Bottle:
 
 
 def _viewer():
-    """``view(name, **kw)``: render ``observe/views/<name>.tpl`` inside the layout."""
+    """``view(name, **kw)``: render ``observe/views/<name>.tpl`` inside the layout, with the
+    signed-in user (or None) and the session's CSRF token for its forms."""
     lookup = [VIEWS]
 
     def view(name: str, **kw) -> str:
-        return bottle.template(name, template_lookup=lookup, **kw)
+        session = bottle.request.environ.get("odradek.session")
+        return bottle.template(name, template_lookup=lookup, user=session.user if session else None,
+                               csrf=session.csrf if session else "", **kw)
     return view
 
 
-def _described(clients: Clients) -> list:
-    admin = clients.admin()
-    return [admin.describe_topic(n) for n in sorted(admin.list_topics(include_internal=True))]
+def _local(path: str | None) -> str:
+    """Where to go after signing in: a path of this console only (no open redirect)."""
+    return path if path and path.startswith("/") and not path.startswith("//") and "\\" not in path else "/topics"
 
 
 def _partition_gauges(snap, topic: str) -> dict:

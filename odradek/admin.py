@@ -174,8 +174,9 @@ class Admin:
         return sorted(t["name"] for t in body.get("topics", [])
                       if not t.get("error_code") and (include_internal or not t.get("is_internal")))
 
-    def describe_topic(self, name: str) -> TopicDescription:
-        """Partitions (leader, replicas, ISR) and the topic's configs."""
+    def describe_topic(self, name: str, configs: bool = True) -> TopicDescription:
+        """Partitions (leader, replicas, ISR) and the topic's configs (none with ``configs``
+        False: DescribeConfigs is an ACL of its own)."""
         body = self._cluster.refresh([name])
         topic = next((t for t in body.get("topics", []) if t["name"] == name), None)
         if topic is None:
@@ -183,8 +184,8 @@ class Admin:
         check(topic.get("error_code"), topic.get("error_message"), f"describe topic '{name}'")
         parts = tuple(PartitionMetadata(name, p.partition, p.leader, p.leader_epoch, p.replicas, p.isr, p.error_code)
                       for p in self._cluster.partitions(name) or ())
-        configs = {c.name: c.value for c in self.describe_configs(name)}
-        return TopicDescription(name, bool(topic.get("is_internal", False)), parts, configs)
+        found = {c.name: c.value for c in self.describe_configs(name)} if configs else {}
+        return TopicDescription(name, bool(topic.get("is_internal", False)), parts, found)
 
     # ---- configs ---------------------------------------------------------------------------
     def describe_configs(self, name: str, keys: Iterable[str] | None = None,

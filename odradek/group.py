@@ -574,9 +574,12 @@ class GroupMembership:
 class GroupAdmin:
     """List, describe (with lag), reset and delete groups. Blocking; one ``Cluster``."""
 
-    def __init__(self, bootstrap_servers, client_id: str = "odradek-groups", request_timeout_ms: int = 30000):
+    def __init__(self, bootstrap_servers, client_id: str = "odradek-groups", request_timeout_ms: int = 30000,
+                 **security):
         from odradek.cluster import Cluster
-        self.cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms)
+        from odradek.network.clientauth import ClientSecurity
+        self.cluster = Cluster(bootstrap_servers, client_id, request_timeout_ms,
+                               security=ClientSecurity.from_options(security))  # TLS/SASL: kafka-python's names
         self.timeout = request_timeout_ms / 1000
         self._coordinators: dict[str, Coordinator] = {}
 

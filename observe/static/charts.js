@@ -37,7 +37,7 @@ async function tick() {
     samples.push(await r.json());
     if (samples.length > KEEP) samples.shift();
     draw("throughput", {"bytes in": rate("bytes_in"), "bytes out": rate("bytes_out")});
-    draw("records", {"records in": rate("records_in")});
+    draw("records", {"records in": rate("records_in"), "records out": rate("records_out")});
     const lag = {};
     for (const s of samples) for (const g of Object.keys(s.lag)) lag[g] = [];
     for (const s of samples) for (const g of Object.keys(lag)) lag[g].push(s.lag[g] || 0);

@@ -1,4 +1,4 @@
-% rebase("layout.tpl", title=title)
+% rebase("layout.tpl", title=title, user=user, csrf=csrf)
 <p>State: <b>{{group.get("group_state")}}</b>, epoch {{group.get("group_epoch")}},
 assignor {{group.get("assignor_name", "")}}</p>
 <h2>Members</h2>

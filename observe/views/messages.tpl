@@ -1,4 +1,4 @@
-% rebase("layout.tpl", title=title)
+% rebase("layout.tpl", title=title, user=user, csrf=csrf)
 <form method="get" class="inline" id="browse">
 partition <select name="partition">
 % for i in range(partitions):

@@ -1,4 +1,4 @@
-% rebase("layout.tpl", title=title)
+% rebase("layout.tpl", title=title, user=user, csrf=csrf)
 % sup = status["supervisor"]
 <table class="kv">
 <tr><th>Broker</th><td>{{sup.get("broker_id")}}</td></tr>

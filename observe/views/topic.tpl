@@ -1,4 +1,4 @@
-% rebase("layout.tpl", title=title)
+% rebase("layout.tpl", title=title, user=user, csrf=csrf)
 % if message:
 <p class="message">{{message}}</p>
 % end
@@ -21,5 +21,6 @@
 % end
 </table>
 <form method="post" action="/topics/{{topic.name}}/configs" class="inline">
+<input type="hidden" name="csrf" value="{{csrf}}">
 <input name="key" placeholder="config, e.g. retention.ms" required><input name="value" placeholder="value">
 <button type="submit">Set</button></form>

@@ -5,7 +5,7 @@ import time
 from odradek.log.config import LogConfig
 from odradek.log.log import Log
 from odradek.log.reader import LogReader
-from odradek.log.records import encode_batch
+from odradek.log.records import BatchHeader, encode_batch
 
 
 def fill(tmp_path, batches, segment_bytes=1 << 30):
@@ -24,8 +24,8 @@ def fill(tmp_path, batches, segment_bytes=1 << 30):
 
 
 def same(a, b):
-    return [(s.path, s.position, s.length, s.first_offset) for s in a.slices] == \
-        [(s.path, s.position, s.length, s.first_offset) for s in b.slices]
+    return [(s.path, s.position, s.length, s.first_offset, s.next_offset) for s in a.slices] == \
+        [(s.path, s.position, s.length, s.first_offset, s.next_offset) for s in b.slices]
 
 
 def test_tail_reads_equal_indexed_reads_for_every_offset_and_size(tmp_path):
@@ -73,3 +73,27 @@ def test_a_caught_up_read_is_much_cheaper_than_an_indexed_one(tmp_path):
 
     assert same(reader.read(offset, 1 << 20), cold.read(offset, 1 << 20))
     assert cost(reader) * 3 < cost(cold)  # a ratio in one process, not a time limit
+
+
+def test_a_slice_knows_the_offset_after_its_last_batch_on_both_paths(tmp_path):
+    """What the fetch actor counts records out by: the offset after the slice's last batch,
+    checked against the batches' own headers, within a segment and at a segment's end."""
+    lg = Log(str(tmp_path), LogConfig(segment_bytes=4096))
+    reader = LogReader(str(tmp_path), lg.bounds())
+    for i in range(120):
+        lg.append(encode_batch([(None, b"r%d-%d" % (i, j) + b"z" * 40) for j in range(3)]))
+        lg.high_watermark = lg.log_end_offset
+        reader.update(lg.bounds())
+    assert len(lg.segments) > 3
+    checked = 0
+    for offset in range(0, 360, 7):
+        for max_bytes in (1, 400, 1500, 1 << 20):
+            for result in (reader.read(offset, max_bytes), lg.read(offset, max_bytes)):
+                (piece,) = result.slices
+                data, pos = result.read_bytes(), 0
+                while pos < len(data):
+                    header = BatchHeader.read(data, pos)
+                    pos += header.size
+                assert piece.next_offset == header.last_offset + 1, (offset, max_bytes)
+                checked += 1
+    assert checked == 2 * 4 * len(range(0, 360, 7))

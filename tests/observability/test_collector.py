@@ -6,7 +6,7 @@ import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from odradek.actors.metrics import BUCKETS_MS, Metrics
+from odradek.actors.metrics import BUCKETS_MS, BoundedLabels, Metrics
 from odradek.network.protocol import ApiKey, ErrorCode
 from odradek.observe.collector import BrokerCollector, Snapshot
 
@@ -90,6 +90,7 @@ def test_by_default_partitions_are_summed_per_topic_and_no_partition_series_is_e
 @pytest.mark.parametrize("partition_level", [False, True])
 def test_the_served_text_is_what_prometheus_clients_writer_makes_of_the_same_families(partition_level):
     odd = [["partition", ['we"ird\\top\nic', 0], row(5)]]  # not a legal topic name: escaping still holds
+    odd.append(["partition", ["big", 1], [10**6, 999_999, -1, 0, 2**40, 1, 0, 0]])  # around the fast path's edges
     groups = [*GROUP_GAUGES, ["committed_offset", ['g "x"\n', 'we"ird\\top\nic', 0], 2]]
     m = Metrics()
     m.inc("requests", (int(ApiKey.PRODUCE),), 2**60)
@@ -118,3 +119,26 @@ def test_the_actor_table_becomes_per_actor_metrics():
     assert s[("odradek_actor_messages_total", key)] == 10
     assert s[("odradek_actor_cpu_ratio", key)] == 0.5
     assert s[("odradek_actor_up", key)] == 1
+
+
+def test_bounded_labels_keep_held_values_by_name_and_give_the_oldest_idle_ones_place():
+    m = Metrics()
+    labels = BoundedLabels(m, "client_requests", cap=2, longest=5)
+
+    def count(value: str) -> str:
+        label = labels.acquire(value)
+        m.inc("client_requests", (label,))
+        return label
+    assert count("") == "(none)" and count("toolong") == "(other)"
+    a, b = count("a"), count("b")
+    assert (a, b) == ("a", "b")
+    assert count("c") == "(other)", "both places held: a third value has none"
+    labels.release(a)
+    labels.release(b)
+    assert count("a") == "a", "an idle value that comes back keeps its place and its count"
+    assert count("c") == "c", "the idle value b made room"
+    counters = {values[0]: v for (_, values), v in m.counters.items()}
+    assert counters == {"(none)": 1, "(other)": 1 + 1 + 1, "a": 2, "c": 1}, "b's count moved into (other)"
+    labels.release("(other)")
+    labels.release(None)  # hold nothing: no error, no place taken
+    assert count("d") == "(other)"
