@@ -150,6 +150,7 @@ class RequestHandler(Actor):
         self.listener_addresses = listeners_mod.advertised(self.config)  # the request's listener's, in Metadata
         self.topics: dict[str, dict] = {}
         self.brokers: dict[str, list] = {}
+        self.endpoints: dict[str, dict] = {}
         self.racks: dict[str, str] = {}
         self.controller_id = self.broker_id
         self.topic_defaults: dict = {}
@@ -190,6 +191,7 @@ class RequestHandler(Actor):
             self.topic_defaults = snapshot["defaults"]
             self.brokers = snapshot.get("brokers") or {}
             self.racks = snapshot.get("racks") or {}  # broker.rack of each broker that has one
+            self.endpoints = snapshot.get("endpoints") or {}  # broker -> listener name -> [host, port]
             self.controller_id = snapshot.get("controller_id", self.broker_id)
 
     def stats(self) -> dict:
@@ -357,8 +359,13 @@ class RequestHandler(Actor):
             self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
             return
         body = dict(reply.get("body") or {})
-        if body.get("node_id") == self.broker_id and msg.get("listener") in self.listener_addresses:
-            body["host"], body["port"] = self.listener_addresses[msg.get("listener")]
+        listener = msg.get("listener")
+        for entry in [body] + [c for c in body.get("coordinators") or () if isinstance(c, dict)]:  # v4+: several
+            node = entry.get("node_id")
+            if node == self.broker_id and listener in self.listener_addresses:
+                entry["host"], entry["port"] = self.listener_addresses[listener]
+            elif isinstance(node, int) and node >= 0 and (self.endpoints.get(str(node)) or {}).get(listener):
+                entry["host"], entry["port"] = self.endpoints[str(node)][listener]
         self.reply(msg, {**reply.fields, "body": body})
 
     def to_txn_coordinator(self, msg: Message, body: dict) -> None:
@@ -422,9 +429,12 @@ class RequestHandler(Actor):
 
     def _metadata(self, msg: Message, topics: list) -> None:
         brokers = []
+        listener = (msg.fields or {}).get("listener")
         for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
             if int(node) == self.broker_id:
-                host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
+                host, port = self.listener_addresses.get(listener, self.advertised)
+            else:  # the other broker's address on the listener this request came in on, as Kafka answers
+                host, port = (self.endpoints.get(node) or {}).get(listener) or (host, port)
             rack = self.racks.get(str(node))  # Kafka's nullable field: only brokers with broker.rack carry it
             brokers.append({"node_id": int(node), "host": host, "port": port, **({"rack": rack} if rack else {})})
         if not brokers:
