@@ -216,8 +216,11 @@ class RequestHandler(Actor):
         picked_up = time.time()
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
-            self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
-            method(msg, body)
+            denied = self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
+            if denied:  # Produce, Fetch: some topics denied, the others served
+                self._partly_denied(msg, api, body, denied)
+            else:
+                method(msg, body)
         except OdradekError:
             raise
         except Exception:  # a bug: name whose request it was (the runtime logs the traceback and answers)
@@ -228,11 +231,45 @@ class RequestHandler(Actor):
             self.metrics.observe("request_local_ms", (api,), (time.time() - picked_up) * 1000)
 
     # ---- data APIs: routed to the actor that owns the data ---------------------------------
-    def produce(self, msg: Message, body: dict) -> None:
+    def _partly_denied(self, msg: Message, api: int, body: dict, denied: dict[str, str]) -> None:
+        """Kafka's per-topic answer: every partition of a denied topic gets
+        TOPIC_AUTHORIZATION_FAILED (whether or not the topic exists: its existence is not
+        told), the other topics are produced or fetched as usual."""
+        kept, errors = [], []
+        for t in field(body, "topics", list):
+            name = t.get("name") if isinstance(t, dict) else None
+            if name not in denied:
+                kept.append(t)
+                continue
+            for p in t.get("partitions") or () if isinstance(t.get("partitions"), list) else ():
+                index = p.get("index") if isinstance(p, dict) else None
+                errors.append([name, index, int(ErrorCode.TOPIC_AUTHORIZATION_FAILED), denied[name]])
+        body = {**body, "topics": kept}
+        if api == ApiKey.PRODUCE:
+            self.produce(msg, body, errors)
+            return
+        if not kept:
+            self.reply(msg, {"body": {"error_code": 0, **_partition_body(errors, [], FETCH_ERROR)}})
+            return
+
+        def merged(reply: Message) -> None:
+            if reply.is_error:
+                self.reply_error(msg, reply.error_code, reply.error_message)
+                return
+            out = dict(reply.fields)
+            # after the served partitions: their records (records_size each) come first, in body order
+            extra = _partition_body(errors, [], FETCH_ERROR)["topics"]
+            out["body"] = {**out["body"], "topics": list(out["body"].get("topics") or []) + extra}
+            self.reply(msg, out, reply.frames)
+        self.request(FETCH_ACTOR, "fetch", {"body": body}, callback=merged, timeout=GATHER_TIMEOUT + 30)
+
+    def produce(self, msg: Message, body: dict, denied: list | None = None) -> None:
+        """``denied``: the partitions of topics the principal may not write, already failed."""
         acks = body.get("acks", 1)
         if acks not in ACKS or isinstance(acks, bool):
             raise OdradekError(f"acks must be 0, 1 or -1 (all), got {acks!r}", ErrorCode.INVALID_REQUIRED_ACKS)
         per_host, errors = self._route(msg, field(body, "topics", list))
+        errors.extend(denied or ())
         timeout = field(body, "timeout_ms", int, 30000)
         if acks == 0:  # nobody waits: one-way to each log actor
             for host, (parts, frames) in per_host.items():
@@ -387,14 +424,27 @@ class RequestHandler(Actor):
 
     def metadata(self, msg: Message, body: dict) -> None:
         requested = field(body, "topics", list, None)
-        names = sorted(self.topics) if requested is None else requested
+        fields = msg.fields or {}
+        # All topics: those the principal may Describe; a topic asked for by name that it may
+        # not: TOPIC_AUTHORIZATION_FAILED, whether it exists or not (Kafka's answers).
+        names = [n for n in sorted(self.topics) if self.guard.allowed(fields, "Describe", "Topic", n)] \
+            if requested is None else requested
         topics, missing = [], []
         for name in names:
             if not isinstance(name, str):
                 raise BadRequest(f"field 'topics' must be a list of strings, got {type(name).__name__}")
+            if requested is not None and not self.guard.allowed(fields, "Describe", "Topic", name):
+                topics.append({"name": name, "error_code": int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                               "error_message": f"not allowed to Describe topic '{name}'", "partitions": []})
+                continue
             meta = self.topics.get(name)
             if meta is not None:
                 topics.append(self._topic_metadata(name, meta))
+                continue
+            if self._auto_create(body) and not (self.guard.allowed(fields, "Create", "Topic", name) or
+                                                self.guard.allowed(fields, "Create", "Cluster", "kafka-cluster")):
+                topics.append({"name": name, "error_code": int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                               "error_message": f"not allowed to Create topic '{name}'", "partitions": []})
                 continue
             missing.append(name)
             if self._auto_create(body):
@@ -444,7 +494,7 @@ class RequestHandler(Actor):
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
-            "topics": self.guard.visible(msg.fields or {}, topics),  # only those the principal may Describe
+            "topics": topics,
         }})
 
     def describe_configs(self, msg: Message, body: dict) -> None:
@@ -659,6 +709,7 @@ def _topic_resources(body: dict) -> list[dict]:
 PRODUCE_ERROR = {"base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1}
 DELETE_RECORDS_ERROR = {"low_watermark": -1}
 EPOCH_ERROR = {"leader_epoch": -1, "end_offset": -1}
+FETCH_ERROR = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "records_size": 0}
 
 
 def _partition_body(errors: list, topics, blank: dict) -> dict:
