@@ -477,6 +477,12 @@ class Processor(Actor):
     def _kafka_gate(self, conn: Connection, req) -> codec.Frame | None:
         """A Kafka request before translation: SaslHandshake/SaslAuthenticate answered here;
         anything but ApiVersions before authentication closes the connection (as Kafka)."""
+        if req.api == kafka_framing.RAW_SASL:  # a token after SaslHandshake v0, answered raw
+            from odradek.network.kafka import security
+            bufs, failure = security.raw_sasl_answer(conn.sasl, bytes(req.rest))
+            if failure is not None or (conn.sasl is not None and conn.sasl.principal):
+                conn.kafka.decoder.raw = False  # done: Kafka requests again (or the connection closes)
+            return self._auth_answer(conn, req.corr, bufs, failure)
         if req.api in SASL_APIS:
             from odradek.network.kafka import schema, security
             from odradek.network.kafka.apis import REGISTRY
@@ -487,6 +493,8 @@ class Processor(Actor):
                                                  schema.decode_request(req.api, req.version, req.rest))
             bufs = kafka_framing.response(req.corr, schema.response_header_flexible(req.api, req.version),
                                           [schema.encode_response(req.api, req.version, body)])
+            if req.api == ApiKey.SASL_HANDSHAKE and req.version == 0 and failure is None:
+                conn.kafka.decoder.raw = True  # the tokens come raw from now on
             return self._auth_answer(conn, req.corr, bufs, failure)
         if conn.principal is None and req.api != ApiKey.API_VERSIONS:
             self.counters["unauthenticated_requests"] += 1
