@@ -180,7 +180,8 @@ class BrokerAgent:
         old_topics = self.snapshot_data.get("topics", {})
         self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
                               "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1),
-                              "racks": body.get("racks") or {}}
+                              "racks": body.get("racks") or {},
+                              "endpoints": body.get("endpoints") or {}}  # each broker's address per listener
         for node, address in self.snapshot_data["brokers"].items():
             self.leader_addresses[node] = address
         # topic config changes reach the log actors hosting their partitions

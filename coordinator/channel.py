@@ -5,7 +5,8 @@ Runs inside the ``controller`` actor's process. Each destination broker gets a w
 owning one blocking ``network.client.BrokerConnection``; requests to a broker are sent in
 order, one at a time. Answers go back to the actor's loop through ``post`` (the only
 thread-safe entry point of an actor), as ``callback(body, None)`` or ``callback(None, why)``.
-Threads never touch the actor's ZeroMQ sockets. A broker that cannot be reached is retried
+Threads never touch the actor's ZeroMQ sockets. Connections go to the brokers' inter-broker
+listener, with its TLS and SASL (``inter.broker.listener.name``, docs/SECURITY.md). A broker that cannot be reached is retried
 with a short backoff until the request's own deadline; a broker removed from the channel
 fails its queued requests.
 """
@@ -28,9 +29,9 @@ Callback = Callable[[Any, Any], None]
 
 
 class _Sender:
-    def __init__(self, broker_id: int, host: str, port: int, post: Callable, client_id: str):
+    def __init__(self, broker_id: int, host: str, port: int, post: Callable, client_id: str, security=None):
         self.broker_id, self.address = broker_id, (host, port)
-        self.post, self.client_id = post, client_id
+        self.post, self.client_id, self.security = post, client_id, security
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self.run, name=f"controller-to-{broker_id}", daemon=True)
         self.thread.start()
@@ -48,7 +49,7 @@ class _Sender:
                     if conn is None:
                         conn = BrokerConnection(*self.address, client_id=self.client_id,
                                                 request_timeout_ms=int(max(deadline - time.monotonic(), 0.1) * 1000),
-                                                connect_timeout_ms=CONNECT_TIMEOUT_MS)
+                                                connect_timeout_ms=CONNECT_TIMEOUT_MS, security=self.security)
                     answer = conn.request(api, body, timeout=max(deadline - time.monotonic(), 0.1)).body
                     why = None
                     break
@@ -73,8 +74,10 @@ class _Sender:
 
 
 class ControllerChannel:
-    def __init__(self, post: Callable, client_id: str):
-        self.post, self.client_id = post, client_id
+    def __init__(self, post: Callable, client_id: str, security=None):
+        """``security``: a ``network.clientauth.ClientSecurity`` for the inter-broker
+        listener (``ClientSecurity.inter_broker(config)``), None for PLAINTEXT."""
+        self.post, self.client_id, self.security = post, client_id, security
         self.senders: dict[int, _Sender] = {}
 
     def set_brokers(self, brokers: dict[int, tuple[str, int]]) -> None:
@@ -86,7 +89,7 @@ class ControllerChannel:
                 del self.senders[broker_id]
         for broker_id, (host, port) in brokers.items():
             if broker_id not in self.senders:
-                self.senders[broker_id] = _Sender(broker_id, host, port, self.post, self.client_id)
+                self.senders[broker_id] = _Sender(broker_id, host, port, self.post, self.client_id, self.security)
 
     def send(self, broker_id: int, api: int, body: dict, callback: Callback, timeout: float = 30.0) -> None:
         sender = self.senders.get(broker_id)

@@ -39,6 +39,8 @@ from odradek.coordinator.throttles import ThrottleMixin
 from odradek.coordinator.topics import Topic, TopicRegistry
 from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
                                           state_path, to_json, topic_data)
+from odradek.network import listeners as listeners_mod
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
@@ -71,7 +73,10 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         # the controller's view (when active)
         self.active = False
         self.epoch, self.epoch_zk_version = -1, -1
-        self.live: dict[int, tuple[str, int]] = {}
+        self.live: dict[int, tuple[str, int]] = {}  # live broker -> its inter-broker listener's address
+        self.endpoints: dict[int, dict[str, list]] = {}  # live broker -> listener name -> [host, port]
+        self.inter_broker_name = listeners_mod.inter_broker(config).name
+        self.own_endpoints: dict[str, tuple[str, int]] = {}
         self.live_epochs: dict[int, int] = {}  # broker id -> czxid of its registration
         self.assignment: dict[str, list[list[int]]] = {}
         self.states: dict[tuple[str, int], PartitionState] = {}
@@ -80,8 +85,9 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         self.racks: dict[int, str | None] = {}  # live broker -> its broker.rack
         self.metadata_counter = 0
         self.shutting_down: set[int] = set()  # brokers in a controlled shutdown: never elected
-        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}")
-        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}")  # this broker -> the controller
+        security = ClientSecurity.inter_broker(config)  # the inter-broker listener's TLS/SASL
+        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}", security)
+        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}", security)  # this broker -> the controller
         hosts, _, chroot = config["zookeeper.connect"].partition("/")
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
@@ -149,11 +155,14 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             return
         from kazoo.exceptions import NodeExistsError
         host, port = self.address
+        listeners = listeners_mod.of_config(self.config)
         try:
-            self.zk.create(f"{BROKERS}/{self.broker_id}", to_json({"host": host, "port": port, "version": 1,
-                                                                   "rack": self.config.get("broker.rack") or None,
-                                                                   "timestamp": int(time.time() * 1000)}),
-                           ephemeral=True)
+            self.zk.create(f"{BROKERS}/{self.broker_id}", to_json({
+                "host": host, "port": port, "version": 4, "rack": self.config.get("broker.rack") or None,
+                # Kafka's registration: every listener's advertised address, and its protocol
+                "endpoints": [f"{name}://{h}:{p}" for name, (h, p) in self.own_endpoints.items()],
+                "listener_security_protocol_map": {l.name: l.protocol for l in listeners},
+                "timestamp": int(time.time() * 1000)}), ephemeral=True)
         except NodeExistsError:
             log.info("broker id %d is still registered by an earlier session; waiting for it to expire",
                      self.broker_id)
@@ -162,21 +171,28 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             log.warning("cannot register in ZooKeeper: %s", exc)
             return
         self.registered = True
-        log.info("broker %d registered at %s:%d", self.broker_id, host, port)
+        log.info("broker %d registered at %s", self.broker_id,
+                 ", ".join(f"{name}://{h}:{p}" for name, (h, p) in self.own_endpoints.items()))
         self.zk.DataWatch("/controller", lambda data, stat: self.post(self._elect) or None)
 
     def _ask_address(self) -> None:
+        """Every listener's advertised address (``advertised.listeners``, else the bound one;
+        an advertised port 0 is the bound port: a proxy in front of the listener), from the
+        supervisor once the acceptor has bound them; ``address`` is the inter-broker one's."""
         def learned(status: Message) -> None:
-            address = (status.fields or {}).get("supervisor", {}).get("address") if not status.is_error else None
-            if address and self.address is None:
-                host, _, port = str(address).rpartition(":")
-                adv = self.config.get("advertised.listeners")
-                if adv:  # its host, and its port unless 0 (a proxy in front of the listener)
-                    from odradek.network.protocol import parse_listener
-                    host, adv_port = parse_listener(adv)
-                    port = adv_port or port
-                self.address = (host, int(port))
-                self._maybe_register()
+            sup = (status.fields or {}).get("supervisor", {}) if not status.is_error else {}
+            bound = sup.get("listeners") or {}
+            if not bound or self.address is not None:
+                return
+            endpoints = {}
+            for name, (host, port) in listeners_mod.advertised(self.config).items():
+                b_host, _, b_port = str(bound.get(name, "")).rpartition(":")
+                if not b_port:
+                    return  # not bound yet
+                endpoints[name] = (host if self.config.get("advertised.listeners") else b_host, port or int(b_port))
+            self.own_endpoints = endpoints
+            self.address = endpoints[listeners_mod.inter_broker(self.config).name]
+            self._maybe_register()
         if self.supervisor:
             self.request(self.supervisor, "status", callback=learned, timeout=5.0)
 
@@ -304,12 +320,14 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
     def _brokers_changed(self, children) -> None:
         if not self.active:
             return
-        live, epochs = {}, {}
+        live, epochs, endpoints = {}, {}, {}
         for child in children:
             try:
                 raw, stat = self.zk.get(f"{BROKERS}/{child}")
                 d = json.loads(raw)
-                live[int(child)] = (d["host"], d["port"])
+                endpoints[int(child)] = registered_endpoints(d)
+                # reached on our inter-broker listener's name (all brokers use the same names)
+                live[int(child)] = tuple(endpoints[int(child)].get(self.inter_broker_name) or (d["host"], d["port"]))
                 self.racks[int(child)] = d.get("rack")
                 epochs[int(child)] = stat.czxid  # the broker epoch (KIP-380): new with each registration
             except Exception as exc:  # noqa: BLE001 - it vanished meanwhile
@@ -325,6 +343,7 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         self.shutting_down -= gone | joined
         first = not self.live
         self.live = live
+        self.endpoints = endpoints
         self.registry.max_replication = max(len(live), 1)
         self.channel.set_brokers(live)
         if gone:
@@ -508,6 +527,7 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
         return {"controller_id": self.broker_id, "controller_epoch": self.epoch,
                 "version": (self.epoch << 32) + self.metadata_counter,
                 "brokers": {str(b): [h, p] for b, (h, p) in self.live.items()}, "topics": topics,
+                "endpoints": {str(b): self.endpoints.get(b) or {} for b in self.live},  # per listener name
                 "racks": {str(b): self.racks.get(b) for b in self.live if self.racks.get(b)}}
 
     def _send_update_metadata(self, done: Callable | None = None) -> None:
@@ -805,3 +825,15 @@ class ClusterController(BrokerAgent, ThrottleMixin, StrayLogsMixin, Reassignment
             results.append(entry)
         self._apply_leader_changes(changes)
         self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
+
+
+def registered_endpoints(registration: dict) -> dict[str, list]:
+    """Listener name -> [host, port] of a ``/brokers/ids/<id>`` node's ``endpoints``
+    (``NAME://host:port``, as Kafka writes them); {} for a registration without them."""
+    out = {}
+    for url in registration.get("endpoints") or ():
+        name, sep, rest = str(url).partition("://")
+        host, _, port = rest.rpartition(":")
+        if sep and host and port.isdigit():
+            out[name.upper()] = [host.strip("[]"), int(port)]
+    return out

@@ -2,7 +2,8 @@
 
 Process: ``replica_fetcher`` (one per broker, cluster mode only).
 Owns: one fetch session per leader broker, a worker *thread* holding a blocking
-``network.client.BrokerConnection`` to that broker (threads never touch this actor's
+``network.client.BrokerConnection`` to that broker's inter-broker listener, with its TLS and
+SASL (``inter.broker.listener.name``; ``ClientSecurity.inter_broker``) (threads never touch this actor's
 ZeroMQ sockets: they hand each answer back through ``Actor.post``), and what it knows of each
 followed partition (leader, leader epoch, fetch offset, the leader's high watermark).
 Accepts:
@@ -59,6 +60,7 @@ from odradek.log import records as fmt
 from odradek.log.errors import CorruptRecordError
 from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.client import BrokerConnection
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.replica_fetcher")
@@ -287,7 +289,7 @@ class LeaderSession:
     ``BrokerConnection`` and posts each outcome, ``done(body, frames, error)``, to the actor's
     loop. Everything else here belongs to the actor's loop."""
 
-    def __init__(self, leader: int, host: str, port: int, client_id: str, post: Callable):
+    def __init__(self, leader: int, host: str, port: int, client_id: str, post: Callable, security=None):
         self.leader, self.host, self.port = leader, host, int(port)
         self.parts: set[tuple[str, int]] = set()
         self.busy = False  # a FETCH is in flight or its batches are being appended
@@ -302,7 +304,7 @@ class LeaderSession:
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._closing = threading.Event()
         self.conn = BrokerConnection(host, port, client_id=client_id, connect_timeout_ms=CONNECT_TIMEOUT_MS,
-                                     reconnect_backoff_ms=50, reconnect_backoff_max_ms=200)
+                                     reconnect_backoff_ms=50, reconnect_backoff_max_ms=200, security=security)
         self.thread = threading.Thread(target=self._run, name=f"replica-fetcher-{leader}", daemon=True)
         self.thread.start()
 
@@ -386,7 +388,8 @@ class ReplicaFetcher(Actor):
         # only keeps it out, and with one more broker down stalls acks=all (docs/RELIABILITY.md).
         self.answer_timeout = min(REQUEST_TIMEOUT, max(setting(config, "replica.lag.time.max.ms", 30000) / 1000, 1.0))
         self.fetch_timeout = setting(config, "replica.fetch.wait.max.ms", 500) / 1000 + self.answer_timeout
-        self.brokers: dict[int, tuple[str, int]] = {}
+        self.brokers: dict[int, tuple[str, int]] = {}  # the leaders' inter-broker listener addresses
+        self.security = ClientSecurity.inter_broker(config)  # that listener's TLS/SASL (None: PLAINTEXT)
         self.parts: dict[tuple[str, int], Followed] = {}
         self.sessions: dict[int, LeaderSession] = {}
         self.closed_sessions: list[LeaderSession] = []
@@ -506,7 +509,8 @@ class ReplicaFetcher(Actor):
                             p.partition, p.leader)
                 return
             s = self.sessions[p.leader] = LeaderSession(p.leader, address[0], address[1],
-                                                        f"odradek-replica-{self.broker_id}", self.post)
+                                                        f"odradek-replica-{self.broker_id}", self.post,
+                                                        self.security)
         s.parts.add(p.key)
 
     def _leave_session(self, p: Followed) -> None:

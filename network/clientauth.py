@@ -59,6 +59,33 @@ class ClientSecurity:
             return None
         return cls(**given)
 
+    @classmethod
+    def inter_broker(cls, config: dict) -> "ClientSecurity | None":
+        """How this broker reaches the others (replica fetcher, controller channel): the
+        protocol of ``inter.broker.listener.name``, ``sasl.mechanism.inter.broker.protocol``
+        as ``sasl.inter.broker.username`` with the password read from
+        ``sasl.inter.broker.password.file``, and over TLS the broker's own certificate (for
+        listeners that ask for one) checked against ``ssl.cafile``. None for PLAINTEXT."""
+        from odradek.network import listeners
+        listener = listeners.inter_broker(config)
+        if listener.protocol == "PLAINTEXT":
+            return None
+        options: dict[str, Any] = {"security_protocol": listener.protocol}
+        if listener.sasl:
+            path = config.get("sasl.inter.broker.password.file") or ""
+            try:
+                with open(path, encoding="utf-8") as f:
+                    password = f.read().rstrip("\r\n")
+            except OSError as exc:
+                raise OdradekError(f"cannot read sasl.inter.broker.password.file {path!r}: {exc.strerror}",
+                                   ErrorCode.INVALID_CONFIG) from None
+            options.update(sasl_mechanism=config.get("sasl.mechanism.inter.broker.protocol") or "SCRAM-SHA-512",
+                           sasl_plain_username=config.get("sasl.inter.broker.username"), sasl_plain_password=password)
+        if listener.tls:
+            options.update(ssl_cafile=config.get("ssl.cafile") or None, ssl_certfile=config.get("ssl.certfile") or None,
+                           ssl_keyfile=config.get("ssl.keyfile") or None)
+        return cls(**options)
+
     def secure(self, sock: socket.socket, host: str, timeout: float = 10.0) -> socket.socket:
         """TLS, then SASL, blocking, on a connected socket; OdradekError when refused."""
         sock.settimeout(timeout)

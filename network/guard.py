@@ -7,8 +7,10 @@ Runs in each handler process (``RequestHandler.guard``). ``check`` is called onc
 before dispatch: with ``authorizer`` off it allows everything; on, every (operation,
 resource) of ``authorizer.requirements`` must be allowed for the request's ``principal``
 (set by the processor that authenticated the connection) or the request is answered with
-TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED. ``visible`` filters Metadata's topics to those
-the principal may Describe. The ACLs are re-read when the file changes (any handler, any
+TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED; Produce and Fetch are answered per topic (the
+handler serves the allowed topics and fails the denied ones' partitions). ``allowed`` is
+Metadata's: all topics lists those the principal may Describe, a named one it may not
+is answered TOPIC_AUTHORIZATION_FAILED, and is auto-created only with Create on it. The ACLs are re-read when the file changes (any handler, any
 ``odradek acls`` writes it), so a change reaches every handler within
 ``secstore.CHECK_INTERVAL``.
 """
@@ -24,6 +26,7 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.audit")
 ANONYMOUS = "User:ANONYMOUS"
 ACL_APIS = (ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS)
+PER_TOPIC = (ApiKey.PRODUCE, ApiKey.FETCH)  # answered per topic: denied ones fail, the others are served
 
 
 class Guard:
@@ -49,26 +52,34 @@ class Guard:
     def who(fields: dict) -> tuple[str, str]:
         return fields.get("principal") or ANONYMOUS, str(fields.get("peer") or "").rpartition(":")[0]
 
-    def check(self, fields: dict, api: int, body: dict) -> None:
-        """Raises OdradekError (an *_AUTHORIZATION_FAILED code) for a request not allowed."""
+    def check(self, fields: dict, api: int, body: dict) -> dict[str, str]:
+        """Raises OdradekError (an *_AUTHORIZATION_FAILED code) for a request not allowed.
+        Produce and a consumer's Fetch are answered per topic, as Kafka does: their denied
+        topics are returned (name -> why) for TOPIC_AUTHORIZATION_FAILED on each of their
+        partitions, and the other topics are served."""
         if not self.enabled:
-            return
+            return {}
         principal, host = self.who(fields)
         auth = self.authorizer()
+        denied: dict[str, str] = {}
         for operation, resource, name in az.requirements(api, body):
             if not auth.authorize(principal, host, operation, resource, name):
                 self._audit(principal, fields.get("peer"), operation, resource, name)
                 if self.metrics is not None:
                     self.metrics.inc("authorization_denied", (operation, resource))
-                raise OdradekError(f"{principal} is not allowed to {operation} {resource} '{name}'",
-                                   az.DENIED[resource])
+                why = f"{principal} is not allowed to {operation} {resource} '{name}'"
+                if resource == "Topic" and api in PER_TOPIC:
+                    denied[name] = why
+                    continue
+                raise OdradekError(why, az.DENIED[resource])
+        return denied
 
-    def visible(self, fields: dict, topics: list) -> list:
+    def allowed(self, fields: dict, operation: str, resource: str, name: str) -> bool:
+        """Whether the request's principal may (no audit: for what Metadata shows or does)."""
         if not self.enabled:
-            return topics
+            return True
         principal, host = self.who(fields)
-        auth = self.authorizer()
-        return [t for t in topics if auth.authorize(principal, host, "Describe", "Topic", t["name"])]
+        return self.authorizer().authorize(principal, host, operation, resource, name)
 
     def _audit(self, principal: str, peer, operation: str, resource: str, name: str) -> None:
         """Denied operations, at most once a second per (principal, operation, resource)."""

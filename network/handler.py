@@ -157,6 +157,7 @@ class RequestHandler(Actor):
         self.listener_addresses = listeners_mod.advertised(self.config)  # the request's listener's, in Metadata
         self.topics: dict[str, dict] = {}
         self.brokers: dict[str, list] = {}
+        self.endpoints: dict[str, dict] = {}
         self.racks: dict[str, str] = {}
         self.controller_id = self.broker_id
         self.topic_defaults: dict = {}
@@ -197,6 +198,7 @@ class RequestHandler(Actor):
             self.topic_defaults = snapshot["defaults"]
             self.brokers = snapshot.get("brokers") or {}
             self.racks = snapshot.get("racks") or {}  # broker.rack of each broker that has one
+            self.endpoints = snapshot.get("endpoints") or {}  # broker -> listener name -> [host, port]
             self.controller_id = snapshot.get("controller_id", self.broker_id)
 
     def stats(self) -> dict:
@@ -221,8 +223,11 @@ class RequestHandler(Actor):
         picked_up = time.time()
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
-            self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
-            method(msg, body)
+            denied = self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
+            if denied:  # Produce, Fetch: some topics denied, the others served
+                self._partly_denied(msg, api, body, denied)
+            else:
+                method(msg, body)
         except OdradekError:
             raise
         except Exception:  # a bug: name whose request it was (the runtime logs the traceback and answers)
@@ -233,11 +238,45 @@ class RequestHandler(Actor):
             self.metrics.observe("request_local_ms", (api,), (time.time() - picked_up) * 1000)
 
     # ---- data APIs: routed to the actor that owns the data ---------------------------------
-    def produce(self, msg: Message, body: dict) -> None:
+    def _partly_denied(self, msg: Message, api: int, body: dict, denied: dict[str, str]) -> None:
+        """Kafka's per-topic answer: every partition of a denied topic gets
+        TOPIC_AUTHORIZATION_FAILED (whether or not the topic exists: its existence is not
+        told), the other topics are produced or fetched as usual."""
+        kept, errors = [], []
+        for t in field(body, "topics", list):
+            name = t.get("name") if isinstance(t, dict) else None
+            if name not in denied:
+                kept.append(t)
+                continue
+            for p in t.get("partitions") or () if isinstance(t.get("partitions"), list) else ():
+                index = p.get("index") if isinstance(p, dict) else None
+                errors.append([name, index, int(ErrorCode.TOPIC_AUTHORIZATION_FAILED), denied[name]])
+        body = {**body, "topics": kept}
+        if api == ApiKey.PRODUCE:
+            self.produce(msg, body, errors)
+            return
+        if not kept:
+            self.reply(msg, {"body": {"error_code": 0, **_partition_body(errors, [], FETCH_ERROR)}})
+            return
+
+        def merged(reply: Message) -> None:
+            if reply.is_error:
+                self.reply_error(msg, reply.error_code, reply.error_message)
+                return
+            out = dict(reply.fields)
+            # after the served partitions: their records (records_size each) come first, in body order
+            extra = _partition_body(errors, [], FETCH_ERROR)["topics"]
+            out["body"] = {**out["body"], "topics": list(out["body"].get("topics") or []) + extra}
+            self.reply(msg, out, reply.frames)
+        self.request(FETCH_ACTOR, "fetch", {"body": body}, callback=merged, timeout=GATHER_TIMEOUT + 30)
+
+    def produce(self, msg: Message, body: dict, denied: list | None = None) -> None:
+        """``denied``: the partitions of topics the principal may not write, already failed."""
         acks = body.get("acks", 1)
         if acks not in ACKS or isinstance(acks, bool):
             raise OdradekError(f"acks must be 0, 1 or -1 (all), got {acks!r}", ErrorCode.INVALID_REQUIRED_ACKS)
         per_host, errors = self._route(msg, field(body, "topics", list))
+        errors.extend(denied or ())
         timeout = field(body, "timeout_ms", int, 30000)
         if acks == 0:  # nobody waits: one-way to each log actor
             for host, (parts, frames) in per_host.items():
@@ -364,8 +403,13 @@ class RequestHandler(Actor):
             self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
             return
         body = dict(reply.get("body") or {})
-        if body.get("node_id") == self.broker_id and msg.get("listener") in self.listener_addresses:
-            body["host"], body["port"] = self.listener_addresses[msg.get("listener")]
+        listener = msg.get("listener")
+        for entry in [body] + [c for c in body.get("coordinators") or () if isinstance(c, dict)]:  # v4+: several
+            node = entry.get("node_id")
+            if node == self.broker_id and listener in self.listener_addresses:
+                entry["host"], entry["port"] = self.listener_addresses[listener]
+            elif isinstance(node, int) and node >= 0 and (self.endpoints.get(str(node)) or {}).get(listener):
+                entry["host"], entry["port"] = self.endpoints[str(node)][listener]
         self.reply(msg, {**reply.fields, "body": body})
 
     def to_txn_coordinator(self, msg: Message, body: dict) -> None:
@@ -387,14 +431,27 @@ class RequestHandler(Actor):
 
     def metadata(self, msg: Message, body: dict) -> None:
         requested = field(body, "topics", list, None)
-        names = sorted(self.topics) if requested is None else requested
+        fields = msg.fields or {}
+        # All topics: those the principal may Describe; a topic asked for by name that it may
+        # not: TOPIC_AUTHORIZATION_FAILED, whether it exists or not (Kafka's answers).
+        names = [n for n in sorted(self.topics) if self.guard.allowed(fields, "Describe", "Topic", n)] \
+            if requested is None else requested
         topics, missing = [], []
         for name in names:
             if not isinstance(name, str):
                 raise BadRequest(f"field 'topics' must be a list of strings, got {type(name).__name__}")
+            if requested is not None and not self.guard.allowed(fields, "Describe", "Topic", name):
+                topics.append({"name": name, "error_code": int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                               "error_message": f"not allowed to Describe topic '{name}'", "partitions": []})
+                continue
             meta = self.topics.get(name)
             if meta is not None:
                 topics.append(self._topic_metadata(name, meta))
+                continue
+            if self._auto_create(body) and not (self.guard.allowed(fields, "Create", "Topic", name) or
+                                                self.guard.allowed(fields, "Create", "Cluster", "kafka-cluster")):
+                topics.append({"name": name, "error_code": int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
+                               "error_message": f"not allowed to Create topic '{name}'", "partitions": []})
                 continue
             missing.append(name)
             if self._auto_create(body):
@@ -429,9 +486,12 @@ class RequestHandler(Actor):
 
     def _metadata(self, msg: Message, topics: list) -> None:
         brokers = []
+        listener = (msg.fields or {}).get("listener")
         for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
             if int(node) == self.broker_id:
-                host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
+                host, port = self.listener_addresses.get(listener, self.advertised)
+            else:  # the other broker's address on the listener this request came in on, as Kafka answers
+                host, port = (self.endpoints.get(node) or {}).get(listener) or (host, port)
             rack = self.racks.get(str(node))  # Kafka's nullable field: only brokers with broker.rack carry it
             brokers.append({"node_id": int(node), "host": host, "port": port, **({"rack": rack} if rack else {})})
         if not brokers:
@@ -441,7 +501,7 @@ class RequestHandler(Actor):
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
-            "topics": self.guard.visible(msg.fields or {}, topics),  # only those the principal may Describe
+            "topics": topics,
         }})
 
     def describe_configs(self, msg: Message, body: dict) -> None:
@@ -656,6 +716,7 @@ def _topic_resources(body: dict) -> list[dict]:
 PRODUCE_ERROR = {"base_offset": -1, "log_append_time_ms": -1, "log_start_offset": -1}
 DELETE_RECORDS_ERROR = {"low_watermark": -1}
 EPOCH_ERROR = {"leader_epoch": -1, "end_offset": -1}
+FETCH_ERROR = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "records_size": 0}
 
 
 def _partition_body(errors: list, topics, blank: dict) -> dict:

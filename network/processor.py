@@ -66,6 +66,7 @@ from __future__ import annotations
 import collections
 import functools
 import logging
+import math
 import os
 import socket
 import ssl
@@ -95,6 +96,14 @@ ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is
 CLIENT_IDS_MAX = 100  # client ids counted by name at a time; the others count as "(other)"
 CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
 CLIENT_ID_KEPT = 256  # characters of a client id a connection keeps for its log lines
+
+
+def _client_throttles(slot: list) -> bool:
+    """Whether the client waits out an answer's ``throttle_time_ms`` itself (KIP-219: Kafka's
+    Produce v6+ and Fetch v8+), so the answer may go at once; older Kafka versions and the
+    native protocol (whose bundled client does not wait) get the answer held back instead."""
+    ctx = slot[5]
+    return ctx is not None and ctx[1] >= (6 if slot[2] == ApiKey.PRODUCE else 8)
 
 
 def _nbytes(buf: Any) -> int:
@@ -191,7 +200,7 @@ class Connection:
         self.sasl: sasl.Session | None = None
         self.client = ""  # the client id of its last request (log lines, metrics, quotas)
         self.client_label: str | None = None  # what its requests count under (Processor._client_labels)
-        self.muted = False  # throttled by a quota: not read until its held answer is released
+        self.muted = 0.0  # throttled by a quota (KIP-219): not read or dispatched until this clock time
 
     def who(self) -> str:
         """The peer and, once a request said it, the client id: what a log line names."""
@@ -471,6 +480,12 @@ class Processor(Actor):
     def _kafka_gate(self, conn: Connection, req) -> codec.Frame | None:
         """A Kafka request before translation: SaslHandshake/SaslAuthenticate answered here;
         anything but ApiVersions before authentication closes the connection (as Kafka)."""
+        if req.api == kafka_framing.RAW_SASL:  # a token after SaslHandshake v0, answered raw
+            from odradek.network.kafka import security
+            bufs, failure = security.raw_sasl_answer(conn.sasl, bytes(req.rest))
+            if failure is not None or (conn.sasl is not None and conn.sasl.principal):
+                conn.kafka.decoder.raw = False  # done: Kafka requests again (or the connection closes)
+            return self._auth_answer(conn, req.corr, bufs, failure)
         if req.api in SASL_APIS:
             from odradek.network.kafka import schema, security
             from odradek.network.kafka.apis import REGISTRY
@@ -481,6 +496,8 @@ class Processor(Actor):
                                                  schema.decode_request(req.api, req.version, req.rest))
             bufs = kafka_framing.response(req.corr, schema.response_header_flexible(req.api, req.version),
                                           [schema.encode_response(req.api, req.version, body)])
+            if req.api == ApiKey.SASL_HANDSHAKE and req.version == 0 and failure is None:
+                conn.kafka.decoder.raw = True  # the tokens come raw from now on
             return self._auth_answer(conn, req.corr, bufs, failure)
         if conn.principal is None and req.api != ApiKey.API_VERSIONS:
             self.counters["unauthenticated_requests"] += 1
@@ -695,6 +712,13 @@ class Processor(Actor):
         rec.slot[4] = self.clock()
         # Kafka's remote time: what the answering actor held it in a purgatory (acks=all, long poll)
         self.metrics.observe("request_remote_ms", (rec.slot[2],), (reply.fields or {}).get("remote_ms", 0))
+        throttle = 0.0
+        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error" and not rec.slot[6]:
+            throttle = self._quota_delay(conn, rec, reply)
+            if throttle > 0:  # the answer says how long (KIP-219); the connection is muted that long
+                fields = reply.fields or {}
+                reply = reply._replace(fields={**fields, "body": {**(fields.get("body") or {}),
+                                                                  "throttle_time_ms": math.ceil(throttle * 1000)}})
         if conn.kafka is not None:
             fields = reply.fields or {}
             if reply.type == "_error":
@@ -708,31 +732,43 @@ class Processor(Actor):
                                              fields.get("message", ""))
         else:
             rec.slot[1] = self._response(corr, reply, conn.tls)
-        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error" and not rec.slot[6]:
-            self._apply_quota(conn, rec)
+        if throttle > 0:
+            conn.muted = max(conn.muted, self.clock() + throttle)
+            if not _client_throttles(rec.slot):  # it would not wait: hold its answer back for the time
+                rec.slot[1], bufs = None, rec.slot[1]
+                self.call_later(throttle, functools.partial(self._release_throttled, conn, rec.slot, bufs))
+            self.call_later(throttle, functools.partial(self._unmute, conn))
         self._answered(conn)
 
-    def _apply_quota(self, conn: Connection, rec: InFlight) -> None:
-        """Over its byte rate: hold the answer back and stop reading the connection for the
-        delay (network/quotas.py); nothing is dropped."""
-        produce = rec.slot[2] == ApiKey.PRODUCE
-        nbytes = rec.reserved if produce else sum(b.left if isinstance(b, FileRegion) else _nbytes(b)
-                                                  for b in rec.slot[1])
-        delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch", nbytes,
-                                  self.clock())
-        if delay <= 0:
-            return
-        self.counters["throttled"] += 1
-        self.metrics.observe("throttle_ms", ("produce" if produce else "fetch",), delay * 1000)
-        slot, bufs = rec.slot, rec.slot[1]
-        slot[1], conn.muted = None, True
-        self.call_later(delay, functools.partial(self._release_throttled, conn, slot, bufs))
-
     def _release_throttled(self, conn: Connection, slot: list, bufs: list) -> None:
-        conn.muted = False
         if not conn.closed:
             slot[1] = bufs
             self._answered(conn)
+
+    def _quota_delay(self, conn: Connection, rec: InFlight, reply: Message) -> float:
+        """Seconds this connection is over its byte rate by with this answer (a produce
+        request's size, a fetch answer's), 0 within it (network/quotas.py)."""
+        produce = rec.slot[2] == ApiKey.PRODUCE
+        nbytes = rec.reserved if produce else (sum(_nbytes(b) for b in reply.frames) +
+                                               sum(int(f[2]) for f in (reply.fields or {}).get("files") or ()))
+        delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch", nbytes,
+                                  self.clock())
+        if delay > 0:
+            self.counters["throttled"] += 1
+            self.metrics.observe("throttle_ms", ("produce" if produce else "fetch",), delay * 1000)
+        return delay
+
+    def _unmute(self, conn: Connection) -> None:
+        """The throttle time is over (the latest of the connection's throttled answers):
+        its requests are read and dispatched again."""
+        if not conn.muted or conn.closed:
+            return
+        left = conn.muted - self.clock()
+        if left > 0:  # a later throttled answer muted it for longer (or the timer ran early)
+            self.call_later(left, functools.partial(self._unmute, conn))
+            return
+        conn.muted = 0.0
+        self._answered(conn)
 
     def _response(self, corr: int, reply: Message, copy: bool = False) -> list:
         fields = reply.fields or {}

@@ -1,9 +1,10 @@
 """Client quotas, as Kafka's: per user and client id, produce and fetch byte rates
 (``producer_byte_rate``, ``consumer_byte_rate``; set with ``odradek configs --entity-type
 users|clients``). Runs in each processor (network/processor.py), which owns the connections:
-nothing is dropped; an answer that takes a principal over its rate is held back, and the
-connection is not read meanwhile, for as long as it takes to bring the rate back to the
-quota (Kafka's throttling by muting the channel).
+nothing is dropped; an answer that takes a principal over its rate carries
+``throttle_time_ms``, the time it takes to bring the rate back to the quota, and the
+connection is muted (not read) that long; the answer goes at once to clients that wait the
+time out themselves (KIP-219), else it is held back that long (Kafka's throttling).
 
 A token bucket per (user, client id, kind) in this processor: it fills at the quota's rate
 up to BURST_SECONDS' worth (a short burst, so a measured rate stays close to the quota);

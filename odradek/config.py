@@ -88,16 +88,27 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "port 0 picks a free port. Each listener serves both the native protocol and Kafka's.", _listener),
     Setting("advertised.listeners", str, "",
             "Addresses given to clients in Metadata, `NAME://host:port` per listener (a client is given the "
-            "address of the listener it came in on; the first, or the inter-broker one, is registered in "
-            "ZooKeeper for the other brokers); a listener left out, or empty, means its own address; port 0 "
+            "address of the listener it came in on, for every broker of a cluster: each listener's address is "
+            "registered in ZooKeeper); a listener left out, or empty, means its own address; port 0 "
             "means the listener's bound port. `odradek chaos` points it at a fault proxy.",
             lambda v: None if not v else _listener(v)),
     Setting("listener.security.protocol.map", str, "",
             "Listener names other than the protocols' own, `NAME:PROTOCOL,...` (e.g. `CLIENT:SASL_SSL,"
             "REPLICATION:SSL`), as in Kafka.", _protocol_map),
     Setting("inter.broker.listener.name", str, "",
-            "The listener other brokers use (replica fetcher, controller channel) and the principal they "
-            "authenticate as there; empty means the first listener."),
+            "The listener the brokers of a cluster reach each other on (replica fetcher, controller channel), "
+            "with its security protocol; empty means the first listener. Every broker registers all its "
+            "listeners in ZooKeeper; give all brokers the same listener names."),
+    Setting("sasl.mechanism.inter.broker.protocol", str, "SCRAM-SHA-512",
+            "The SASL mechanism a broker signs in with on a SASL_PLAINTEXT/SASL_SSL inter-broker listener.",
+            lambda v: None if v in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512") else
+            "must be PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512"),
+    Setting("sasl.inter.broker.username", str, "",
+            "The user (`odradek users --add`) a broker signs in as on a SASL inter-broker listener; with "
+            "`authorizer` on, make `User:<it>` a super user (or grant it ClusterAction)."),
+    Setting("sasl.inter.broker.password.file", str, "",
+            "A file (keep it mode 0600) holding the password of `sasl.inter.broker.username`; the password "
+            "itself is never a setting, so it is never shown by DescribeConfigs or logged."),
     # --- security (docs/SECURITY.md) ---
     Setting("ssl.certfile", str, "", "PEM certificate chain of this broker's TLS listeners (SSL, SASL_SSL)."),
     Setting("ssl.keyfile", str, "", "PEM private key of `ssl.certfile` (unencrypted; keep it mode 0600)."),
@@ -434,6 +445,11 @@ def _check_listeners(config: dict) -> None:
     if name and name not in {l.name for l in found}:
         raise ConfigError(f"setting 'inter.broker.listener.name' = {name!r} names none of the listeners "
                           f"({', '.join(l.name for l in found)})")
+    if config.get("zookeeper.connect") and _listeners.inter_broker(config).sasl and not (
+            config["sasl.inter.broker.username"] and config["sasl.inter.broker.password.file"]):
+        raise ConfigError(f"the inter-broker listener {_listeners.inter_broker(config).name} is "
+                          f"{_listeners.inter_broker(config).protocol}: set 'sasl.inter.broker.username' and "
+                          f"'sasl.inter.broker.password.file' (the user the brokers sign in as)")
 
 
 # Broker-wide default -> topic-level name (Kafka's pairs).

@@ -467,8 +467,12 @@ class LocalCluster:
 
     def __init__(self, base_dir: str, brokers: int = 3, settings: dict | None = None,
                  zk: LocalZooKeeper | None = None, chroot: str = "/odradek", start_timeout: float = 60.0,
-                 detached: bool = False, first_port: int = 0, broker_settings=None, broker_env=None):
+                 detached: bool = False, first_port: int = 0, broker_settings=None, broker_env=None,
+                 client_security: dict | None = None):
         self.base_dir = os.path.abspath(base_dir)
+        # how ``metadata`` (and so ``wait_ready``) signs in on the brokers' first listener:
+        # kafka-python's option names (network/clientauth.py), for clusters with no PLAINTEXT one
+        self.client_security = dict(client_security or {})
         # per broker id: extra settings (``{id: {...}}``: broker.rack, or advertised.listeners and
         # zookeeper.connect through a fault proxy) and environment, applied at creation
         self.broker_settings = dict(broker_settings or {})
@@ -688,7 +692,8 @@ class LocalCluster:
         from odradek.network.client import BrokerConnection
         from odradek.network.protocol import ApiKey
         b = self.brokers[broker_id]
-        conn = BrokerConnection(b.host, b.port, client_id="odradek-local", request_timeout_ms=int(timeout * 1000))
+        conn = BrokerConnection(b.host, b.port, client_id="odradek-local", request_timeout_ms=int(timeout * 1000),
+                                **self.client_security)
         try:
             return conn.request(ApiKey.METADATA, {"topics": topics}).body
         finally:

@@ -197,7 +197,8 @@ def _read_string(view, at: int, flex: bool) -> tuple[str | None, int]:
 
 def produce_from_internal(version: int, request: dict, reply: dict, payload: list) -> list:
     body = reply.get("body") or {}
-    return encode_produce(version, [(t["name"], t["partitions"]) for t in body.get("topics") or ()])
+    return encode_produce(version, [(t["name"], t["partitions"]) for t in body.get("topics") or ()],
+                          body.get("throttle_time_ms", 0))  # a quota's throttle (KIP-219), else 0
 
 
 def produce_error(version: int, request: dict, code: int, message: str) -> list:
@@ -205,7 +206,7 @@ def produce_error(version: int, request: dict, code: int, message: str) -> list:
                                                  for p in t["partition_data"]]) for t in request["topic_data"]])
 
 
-def encode_produce(version: int, topics: list) -> list:
+def encode_produce(version: int, topics: list, throttle_ms: int = 0) -> list:
     """Produce response v3..v9 (v9 flexible), written by hand as Fetch's is: one per produce
     request, so kio's generic writer (a third of the processor's time per Kafka produce) is
     not on this path. ``topics``: ``[(name, [internal partition entries])]``. Bytes equal
@@ -226,7 +227,7 @@ def encode_produce(version: int, topics: list) -> list:
             out.append(fixed + b"\x00" if flex else fixed)
         if flex:
             out.append(b"\x00")
-    out.append(_I32.pack(0) + b"\x00" if flex else _I32.pack(0))  # throttle_time_ms (+ tagged fields)
+    out.append(_I32.pack(throttle_ms) + b"\x00" if flex else _I32.pack(throttle_ms))  # throttle_time_ms (+ tagged fields)
     return [b"".join(out)]
 
 
@@ -263,7 +264,7 @@ def fetch_from_internal(version: int, request: dict, reply: dict, payload: list)
             parts.append((p, as_kafka_records(memoryview(data)[at:at + n])))
             at += n
         topics.append((t["name"], parts))
-    return encode_fetch(version, body.get("error_code", 0), topics)
+    return encode_fetch(version, body.get("error_code", 0), topics, body.get("throttle_time_ms", 0))
 
 
 def fetch_error(version: int, request: dict, code: int, message: str) -> list:
@@ -300,10 +301,10 @@ def as_kafka_records(view: memoryview) -> bytes | memoryview:
 _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 
 
-def encode_fetch(version: int, error_code: int, topics: list) -> list:
+def encode_fetch(version: int, error_code: int, topics: list, throttle_ms: int = 0) -> list:
     """Fetch response v4..v12 (v12 flexible: compact arrays and strings, tagged fields)."""
     flex = version >= 12
-    out = [_I32.pack(0)]  # throttle_time_ms
+    out = [_I32.pack(throttle_ms)]  # throttle_time_ms (a quota's, KIP-219)
     if version >= 7:
         out.append(_I16.pack(error_code) + _I32.pack(0))  # error_code, session_id 0: no session
     out.append(_array_len(len(topics), flex))

@@ -44,6 +44,10 @@ class KafkaConnection:
         req = self.decoder.next()
         if req is None:
             return None
+        if req.api == framing.RAW_SASL:  # only the processor's SASL gate may answer it
+            if self.intercept is None:
+                raise framing.FrameError("a raw SASL token on a connection without SASL")
+            return self.intercept(req)
         if self.client is None:
             self.client = req.client
             log.info("Kafka client '%s' connected from %s", req.client, self.peer)

@@ -23,6 +23,8 @@ _HEAD = struct.Struct(">hhih")
 SNIFF_BYTES = 9
 MIN_REQUEST = _HEAD.size  # api key, version, correlation id, client id length
 MAX_KAFKA_API_KEY = 200
+RAW_SASL = -1  # the api key of a raw SASL token (SaslHandshake v0's exchange): no header
+MAX_RAW_TOKEN = 65536
 
 
 class FrameError(codec.FrameError):
@@ -63,6 +65,9 @@ class Decoder:
         self.max_size = max_size
         self._buf = bytearray()
         self._pos = 0
+        # After a SaslHandshake v0 the client sends raw SASL tokens, size-prefixed without a
+        # request header, until authenticated: ``next`` returns each as a RAW_SASL Request.
+        self.raw = False
 
     @property
     def buffered(self) -> int:
@@ -88,6 +93,14 @@ class Decoder:
         if len(buf) - pos < 4:
             return None
         (size,) = _I32.unpack_from(buf, pos)
+        if self.raw:
+            if not 0 <= size <= MAX_RAW_TOKEN:
+                raise FrameError(f"a SASL token of {size} bytes (after SaslHandshake v0): 0 to {MAX_RAW_TOKEN}",
+                                 ErrorCode.SASL_AUTHENTICATION_FAILED)
+            if pos + 4 + size > len(buf):
+                return None
+            self._pos = pos + 4 + size
+            return Request(RAW_SASL, 0, -1, "", memoryview(bytes(buf[pos + 4:pos + 4 + size])))
         if size < MIN_REQUEST:
             raise FrameError(f"Kafka request size {size} is smaller than a request header ({MIN_REQUEST})")
         if size > self.max_size:

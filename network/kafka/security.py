@@ -2,7 +2,9 @@
 
 * SaslHandshake (17) and SaslAuthenticate (36): answered by the processor that owns the
   connection (authentication happens once, where the connection is), through ``sasl_answer``
-  and the connection's ``sasl.Session``; registered here so ApiVersions lists them.
+  and the connection's ``sasl.Session``; registered here so ApiVersions lists them. After
+  SaslHandshake v0 the tokens come raw (size-prefixed, no header; ``framing.RAW_SASL``)
+  and are answered raw by ``raw_sasl_answer``, as Kafka's pre-1.0 clients expect.
 * DescribeAcls (29), CreateAcls (30), DeleteAcls (31): translated to the internal requests
   the handlers serve (docs/PROTOCOL.md) and back.
 """
@@ -27,9 +29,6 @@ def sasl_answer(session: sasl.Session | None, api: int, version: int, request: d
         if session is None:
             return {"error_code": int(ErrorCode.ILLEGAL_SASL_STATE), "mechanisms": mechanisms}, \
                 "SaslHandshake on a listener without SASL"
-        if version == 0:
-            return {"error_code": int(ErrorCode.UNSUPPORTED_VERSION), "mechanisms": mechanisms}, \
-                "SaslHandshake v0 (raw tokens after it) is not served: use v1 and SaslAuthenticate"
         problem = session.handshake(request.get("mechanism") or "")
         if problem is not None:
             return {"error_code": int(ErrorCode[problem[0]]), "mechanisms": mechanisms}, problem[1]
@@ -43,6 +42,19 @@ def sasl_answer(session: sasl.Session | None, api: int, version: int, request: d
     except sasl.AuthenticationFailed as exc:
         return _auth_error(ErrorCode.SASL_AUTHENTICATION_FAILED, str(exc))
     return {"error_code": 0, "error_message": None, "auth_bytes": token, "session_lifetime": 0}, None
+
+
+def raw_sasl_answer(session: sasl.Session | None, token: bytes) -> tuple[list, str | None]:
+    """A raw token's answer after SaslHandshake v0: the server's token, size-prefixed (empty
+    for PLAIN's success, as Kafka sends it), or nothing and why when it failed (the
+    processor closes the connection after failed.authentication.delay.ms, as Kafka does)."""
+    if session is None:
+        return [], "a raw SASL token on a listener without SASL"
+    try:
+        out = session.authenticate(token)
+    except (sasl.IllegalState, sasl.AuthenticationFailed) as exc:
+        return [], str(exc)
+    return [len(out).to_bytes(4, "big") + out], None
 
 
 def _auth_error(code: ErrorCode, message: str) -> tuple[dict, str]:
@@ -77,4 +89,4 @@ def encode(api: int, version: int, body: dict) -> bytes:
     return schema.encode_response(api, version, body)
 
 
-__all__ = ["SASL_APIS", "sasl_answer", "encode", "top_level_error"]
+__all__ = ["SASL_APIS", "sasl_answer", "raw_sasl_answer", "encode", "top_level_error"]

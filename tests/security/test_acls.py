@@ -11,6 +11,7 @@ import time
 import uuid
 
 import confluent_kafka
+import confluent_kafka.admin
 import pytest
 
 from odradek import Admin, Consumer, Producer
@@ -187,6 +188,73 @@ def test_denials_and_authentication_failures_are_counted_in_metrics(acl_broker, 
 def test_acls_list_shows_what_was_added(acl_broker, topics):
     out = acls(acl_broker, "--list", "--topic", "a-", "--resource-pattern-type", "prefixed")
     assert "principal=User:alice" in out and "operation=Write" in out
+
+
+def _confluent_as(broker, user: str, **extra) -> dict:
+    return {"bootstrap.servers": sasl_addr(broker), "security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": "PLAIN",
+            "sasl.username": user, "sasl.password": USERS[user], **extra}
+
+
+def test_a_produce_to_a_denied_and_an_allowed_topic_fails_only_the_denied_ones_partitions(acl_broker, topics):
+    from odradek.log.records import encode_batch
+    from odradek.network.client import BrokerConnection
+    from odradek.network.protocol import ApiKey
+    writable = f"b-writable-{uuid.uuid4().hex[:6]}"
+    with Admin(sasl_addr(acl_broker), **as_user("admin")) as admin:
+        admin.create_topic(writable)
+    acls(acl_broker, "--add", "--allow-principal", "User:bob", "--operation", "Write", "--topic", writable)
+    time.sleep(0.5)  # handlers re-read the ACL file at most every 0.2 s
+    # bob may Describe topics["a"] (his Read implies it) but not Write it: one request, both topics
+    host, port, _ = acl_broker.listeners["SASL_PLAINTEXT"]
+    with BrokerConnection(host, port, client_id="bob", **as_user("bob")) as conn:
+        body = conn.request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 5000, "topics": [
+            {"name": topics["a"], "partitions": [{"index": 0, "frame": 0}]},
+            {"name": writable, "partitions": [{"index": 0, "frame": 1}]}]},
+            [encode_batch([(None, b"denied")]), encode_batch([(None, b"allowed")])]).body
+    codes = {t["name"]: t["partitions"][0]["error_code"] for t in body["topics"]}
+    assert codes == {topics["a"]: ErrorCode.TOPIC_AUTHORIZATION_FAILED, writable: 0}
+    out = {}
+    p = confluent_kafka.Producer(_confluent_as(acl_broker, "bob", **{"linger.ms": 200, "message.timeout.ms": 15000}))
+    for topic in (topics["a"], writable):
+        p.produce(topic, b"x", on_delivery=lambda err, msg: out.__setitem__(msg.topic(), err))
+    p.flush(20)
+    assert out[writable] is None
+    assert out[topics["a"]].code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+
+
+def test_a_fetch_of_a_denied_and_an_allowed_topic_serves_the_allowed_one(acl_broker, topics):
+    produce(acl_broker, "alice", topics["a"], b"readable")
+    produce(acl_broker, "alice", topics["secret"], b"not for bob")
+    # bob's Read on a- is denied on topics["secret"] (he may still Describe it)
+    consumer = confluent_kafka.Consumer(_confluent_as(acl_broker, "bob", **{
+        "group.id": "unused", "enable.auto.commit": False, "auto.offset.reset": "earliest"}))
+    try:
+        consumer.assign([confluent_kafka.TopicPartition(topics["a"], 0, 0),
+                         confluent_kafka.TopicPartition(topics["secret"], 0, 0)])
+        values, errors = [], []
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not (values and any(t == topics["secret"] for t, _ in errors)):
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is None:
+                values.append((m.topic(), m.value()))
+            else:  # (bob may not Describe the group "unused" either: librdkafka reports that too)
+                errors.append((m.topic(), m.error().code()))
+    finally:
+        consumer.close()
+    assert values and {t for t, _ in values} == {topics["a"]}
+    assert (topics["secret"], confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED) in errors
+
+
+def test_metadata_for_a_named_topic_the_principal_may_not_describe_says_so_and_creates_nothing(acl_broker, topics):
+    named = f"never-{uuid.uuid4().hex[:6]}"
+    admin = confluent_kafka.admin.AdminClient(_confluent_as(acl_broker, "bob"))
+    for topic in (topics["other"], named):
+        md = admin.list_topics(topic=topic, timeout=30)
+        assert md.topics[topic].error.code() == confluent_kafka.KafkaError.TOPIC_AUTHORIZATION_FAILED
+    with Admin(sasl_addr(acl_broker), **as_user("admin")) as su:
+        assert named not in su.list_topics()
 
 
 @pytest.mark.slow

@@ -13,6 +13,8 @@ import kafka
 import kafka.errors
 import pytest
 
+from odradek import Admin
+
 from tests.security.conftest import DELAY_MS, USERS
 
 
@@ -109,6 +111,31 @@ def test_kafka_python_with_a_wrong_password_is_refused(secure_broker):
             producer.send(f"sec-{uuid.uuid4().hex[:8]}", b"x").get(10)
         finally:
             producer.close(timeout=5)
+
+
+@pytest.mark.parametrize("mechanism", ["PLAIN", "SCRAM-SHA-512"])
+def test_kafka_python_speaking_kafka_0_10_signs_in_with_raw_tokens_after_sasl_handshake_v0(secure_broker, mechanism):
+    """``api_version=(0, 10, 2)``: SaslHandshake v0, then the SASL tokens unframed (no
+    SaslAuthenticate), as Kafka's pre-1.0 clients do; then Metadata as the user."""
+    topic = f"sec-v0-{uuid.uuid4().hex[:8]}"
+    common = dict(bootstrap_servers=_addr(secure_broker, "SASL_PLAINTEXT"), security_protocol="SASL_PLAINTEXT",
+                  sasl_mechanism=mechanism, sasl_plain_username="alice", api_version=(0, 10, 2),
+                  request_timeout_ms=20000)
+    with Admin(_addr(secure_broker, "PLAINTEXT")) as admin:
+        admin.create_topic(topic)
+    producer = kafka.KafkaProducer(sasl_plain_password=USERS["alice"], max_block_ms=60000, **common)
+    try:
+        assert producer.partitions_for(topic) == {0}  # Metadata, answered once signed in (bounded wait)
+    finally:
+        producer.close(timeout=5)
+    if mechanism != "PLAIN":
+        return
+    with pytest.raises(kafka.errors.KafkaError):  # a wrong password: refused and closed, so no metadata
+        wrong = kafka.KafkaProducer(sasl_plain_password="wrong", max_block_ms=4000, **common)
+        try:
+            wrong.send(topic, b"x").get(10)
+        finally:
+            wrong.close(timeout=5)
 
 
 def test_a_kafka_request_before_authentication_closes_the_connection(secure_broker):

@@ -52,3 +52,67 @@ def test_a_producer_over_its_byte_rate_is_throttled_to_within_ten_percent_and_lo
         while len(got) < RECORDS and time.monotonic() < deadline:
             got += [r.value[:6] for r in c.poll(500)]
     assert got == [b"%06d" % i for i in range(RECORDS)]
+
+
+def _set_quota(broker, entity: str, key: str, rate: int) -> None:
+    out = subprocess.run([sys.executable, "-m", "odradek", "configs", "--set", f"log.dirs={broker.data_dir}",
+                          "--entity-type", "clients", "--entity-name", entity, "--alter",
+                          "--add-config", f"{key}={rate}"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+
+
+def _throttle_max(client) -> float:
+    """kafka-python's largest throttle_time_ms read from the broker's answers (its metrics)."""
+    return max((v for group in client.metrics().values() for k, v in group.items()
+                if k == "throttle-time-max" and v == v), default=0.0)  # NaN (no sample) left out
+
+
+def test_a_throttled_kafka_client_reads_the_throttle_time_in_its_produce_and_fetch_answers(quota_broker):
+    """KIP-219: the answer goes at once with ``throttle_time_ms``, then the connection is muted."""
+    import kafka
+    _set_quota(quota_broker, "kp-throttled", "producer_byte_rate", 20_000)
+    _set_quota(quota_broker, "kp-throttled", "consumer_byte_rate", 20_000)
+    topic = f"throttled-{uuid.uuid4().hex[:8]}"
+    with Admin(quota_broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    time.sleep(0.5)  # processors re-read the quotas within 0.2 s
+    producer = kafka.KafkaProducer(bootstrap_servers=quota_broker.bootstrap, client_id="kp-throttled",
+                                   linger_ms=5, request_timeout_ms=60000)
+    try:
+        futures = [producer.send(topic, bytes(1000), partition=0) for _ in range(30)]  # 30 kB: 1.5 s of quota
+        offsets = [f.get(60).offset for f in futures]
+        assert offsets == list(range(30))
+        assert _throttle_max(producer) > 0, "no Produce answer carried a throttle time"
+    finally:
+        producer.close()
+    consumer = kafka.KafkaConsumer(bootstrap_servers=quota_broker.bootstrap, client_id="kp-throttled",
+                                   auto_offset_reset="earliest", enable_auto_commit=False, group_id=None)
+    try:
+        consumer.assign([kafka.TopicPartition(topic, 0)])
+        got, deadline = 0, time.monotonic() + 60
+        while got < 30 and time.monotonic() < deadline:
+            got += sum(len(rs) for rs in consumer.poll(500).values())
+        assert got == 30
+        assert _throttle_max(consumer) > 0, "no Fetch answer carried a throttle time"
+    finally:
+        consumer.close()
+
+
+def test_a_throttled_native_produce_answer_carries_the_throttle_time(quota_broker):
+    from odradek.log.records import encode_batch
+    from odradek.network.client import BrokerConnection
+    from odradek.network.protocol import ApiKey
+    _set_quota(quota_broker, "native-throttled", "producer_byte_rate", 10_000)
+    topic = f"throttled-native-{uuid.uuid4().hex[:8]}"
+    with Admin(quota_broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    time.sleep(0.5)
+    batch = encode_batch([(None, bytes(4000))], compression=None)  # twice a 2 kB burst
+    throttles = []
+    with BrokerConnection(quota_broker.host, quota_broker.port, client_id="native-throttled") as conn:
+        for _ in range(3):
+            body = conn.request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 5000, "topics": [
+                {"name": topic, "partitions": [{"index": 0, "frame": 0}]}]}, [batch]).body
+            assert body["topics"][0]["partitions"][0]["error_code"] == 0, body
+            throttles.append(body.get("throttle_time_ms", 0))
+    assert max(throttles) > 0, throttles
