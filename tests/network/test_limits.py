@@ -170,7 +170,10 @@ def test_a_slowloris_sending_a_byte_at_a_time_is_closed_at_the_request_deadline(
             if time.monotonic() - started > 20:
                 break
         if not closed:
-            _, closed = read_responses(sock, 1, timeout=1)
+            try:
+                _, closed = read_responses(sock, 1, timeout=1)
+            except TimeoutError:  # still open and silent: the defect, said as such below
+                closed = False
         assert closed, "a request trickling in byte by byte was never cut off"
         assert 1.4 < time.monotonic() - started < 15
     finally:
