@@ -66,21 +66,28 @@ def _partition_codes(body: dict) -> list:
     return [p.get("error_code", 0) for t in body.get("topics") or () for p in t.get("partitions") or ()]
 
 
+GROUP_KEY, TRANSACTION_KEY = 0, 1  # FIND_COORDINATOR's key_type
+
+
 class Coordinator:
-    """Where a group's coordinator is (FIND_COORDINATOR, asked of any broker) and blocking
-    requests to it that follow it when it moves: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
+    """Where a group's (or, with ``key_type=TRANSACTION_KEY``, a transactional id's)
+    coordinator is (FIND_COORDINATOR, asked of any broker) and blocking requests to it that
+    follow it when it moves: NOT_COORDINATOR, COORDINATOR_NOT_AVAILABLE,
     COORDINATOR_LOAD_IN_PROGRESS (top-level or, for offset commits and fetches, per
     partition) and a lost connection forget the address, wait ``retry_backoff_ms`` and find
     the coordinator again, until the timeout. Thread-safe (the address is one attribute)."""
 
-    def __init__(self, cluster, group_id: str, timeout: float):
+    def __init__(self, cluster, group_id: str, timeout: float, key_type: int = GROUP_KEY):
         self.cluster = cluster
         self.group_id = group_id
         self.timeout = timeout
+        self.key_type = key_type
         self.address: tuple[str, int] | None = None
 
     def find(self, timeout: float | None = None) -> tuple[str, int]:
-        body = self.cluster.request(ApiKey.FIND_COORDINATOR, {"key": self.group_id},
+        key = {"key": self.group_id} if self.key_type == GROUP_KEY else {"key": self.group_id,
+                                                                         "key_type": self.key_type}
+        body = self.cluster.request(ApiKey.FIND_COORDINATOR, key,
                                     timeout=self.timeout if timeout is None else timeout).header["body"]
         address = self.address = (body["host"], int(body["port"]))
         return address

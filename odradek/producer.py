@@ -99,6 +99,7 @@ from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection, wait_any
 from odradek.errors import error_for
+from odradek.group import TRANSACTION_KEY, Coordinator
 from odradek.types import RecordMetadata
 
 log = logging.getLogger("odradek.producer")
@@ -746,11 +747,16 @@ class _Transactions:
     """A transactional producer's state (Kafka's TransactionManager, simplified): READY ->
     IN_TRANSACTION -> READY, or FATAL for good. The caller's thread talks to the
     coordinator (blocking requests); the sender thread adds each partition to the
-    transaction before its first batch (``add_partitions``). In single-broker mode every
-    broker is the coordinator, so requests go to any broker."""
+    transaction before its first batch (``add_partitions``). Requests go to the
+    transactional id's coordinator (FIND_COORDINATOR key_type 1: the leader of its
+    ``__transaction_state`` partition), TxnOffsetCommit to the group's coordinator, as
+    Kafka's producer does; both are found again when they move."""
 
     def __init__(self, producer: "Producer", txn_id: str, timeout_ms: int):
         self.p, self.txn_id, self.timeout_ms = producer, txn_id, timeout_ms
+        timeout = producer.request_timeout_ms / 1000
+        self.coordinator = Coordinator(producer._cluster, txn_id, timeout, key_type=TRANSACTION_KEY)
+        self.group_coordinators: dict[str, Coordinator] = {}
         self.state = "UNINITIALIZED"
         self.fatal: OdradekError | None = None
         self.abortable: OdradekError | None = None
@@ -794,16 +800,28 @@ class _Transactions:
                              f"{'init_transactions()' if self.state == 'UNINITIALIZED' else 'begin_transaction()'} first")
 
     # ---- requests to the coordinator ---------------------------------------------------------
-    def _request(self, api: int, body: dict, what: str, timeout: float | None, item_codes=None) -> dict:
-        """Blocking, retrying retriable answers (CONCURRENT_TRANSACTIONS while markers are
-        written, a coordinator loading or restarting) until ``timeout``."""
+    def _request(self, api: int, body: dict, what: str, timeout: float | None, item_codes=None,
+                 group_id: str | None = None) -> dict:
+        """Blocking, to the transaction's coordinator (or ``group_id``'s), retrying retriable
+        answers (CONCURRENT_TRANSACTIONS while markers are written, a coordinator loading,
+        restarting or moved) until ``timeout``."""
         deadline = time.monotonic() + (self.p.request_timeout_ms / 1000 if timeout is None else timeout)
         backoff = self.p.retry_backoff
+        coordinator = self.coordinator
+        if group_id is not None:
+            coordinator = self.group_coordinators.get(group_id)
+            if coordinator is None:
+                coordinator = self.group_coordinators[group_id] = Coordinator(self.p._cluster, group_id,
+                                                                              self.coordinator.timeout)
+
+        def codes_of(answer: dict) -> list:
+            return [answer.get("error_code", 0)] + list(item_codes(answer) if item_codes else ())
+
         while True:
             try:
                 left = max(deadline - time.monotonic(), 0.1)
-                answer = self.p._cluster.request(api, body, timeout=left).header.get("body") or {}
-                codes = [answer.get("error_code", 0)] + list(item_codes(answer) if item_codes else ())
+                answer = coordinator.request(api, body, timeout=left, item_codes=codes_of) or {}
+                codes = codes_of(answer)
                 code = next((c for c in codes if c), 0)
                 if not code:
                     return answer
@@ -887,7 +905,8 @@ class _Transactions:
         self._request(ApiKey.TXN_OFFSET_COMMIT, {**self._ids(), "group_id": group_id,
                                                  "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
                       "TxnOffsetCommit", timeout,
-                      lambda a: [p["error_code"] for t in a.get("topics") or () for p in t["partitions"]])
+                      lambda a: [p["error_code"] for t in a.get("topics") or () for p in t["partitions"]],
+                      group_id=group_id)
 
     def end(self, commit: bool, timeout: float | None) -> None:
         self._raise_if_fatal()

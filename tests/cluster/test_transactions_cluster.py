@@ -158,6 +158,34 @@ def test_offsets_sent_to_a_transaction_reach_a_group_coordinated_by_another_brok
         c.close()
 
 
+def test_the_bundled_transactional_producer_talks_to_its_coordinator_and_the_groups(txn_cluster):
+    """Its transaction requests go to the id's coordinator (not any broker) and its
+    TxnOffsetCommit to the group's coordinator, each on a broker other than the first one in
+    the bootstrap list; before, it asked any broker and InitProducerId was refused
+    NOT_COORDINATOR."""
+    from odradek import Producer
+    topic, _ = spread_topic(txn_cluster)
+    first = txn_cluster.ids[0]
+    txn_id = next(t for t in (f"tx-{uuid.uuid4().hex[:8]}" for _ in range(200)) if coordinator_of(txn_cluster, t) != first)
+    group = next(g for g in (f"g-{uuid.uuid4().hex[:8]}" for _ in range(200))
+                 if coordinator_of(txn_cluster, g, key_type=0) not in (first, coordinator_of(txn_cluster, txn_id)))
+    first_broker = txn_cluster.broker(first)
+    with Producer(f"{first_broker.host}:{first_broker.port}", transactional_id=txn_id, request_timeout_ms=10000) as p:
+        p.init_transactions(60)
+        p.begin_transaction()
+        for part in range(PARTITIONS):
+            p.send(topic, b"bundled-%d" % part, partition=part)
+        p.send_offsets_to_transaction({TopicPartition(topic, 1): 7}, group, 60)
+        p.commit_transaction(60)
+    assert sorted(read(txn_cluster.bootstrap, topic, "read_committed", expect=PARTITIONS)) == \
+        sorted(b"bundled-%d" % part for part in range(PARTITIONS))
+    c = KafkaConsumer({"bootstrap.servers": txn_cluster.bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        assert c.committed([TopicPartition(topic, 1)], timeout=30)[0].offset == 7
+    finally:
+        c.close()
+
+
 def test_markers_from_a_broker_that_is_not_who_it_claims_are_refused(txn_cluster):
     topic, leaders = spread_topic(txn_cluster)
     victim = leaders[0]
