@@ -9,11 +9,17 @@ watermark) and by the cluster tests (tests/cluster/verify.py).
 """
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 from odradek import Admin, TopicPartition
+from odradek.cluster import NETWORK_ERRORS
+from odradek.network.protocol import OdradekError
 from odradek.log.records import CorruptRecordError, iter_batches
 from odradek.log.segment import SEGMENT_RE
+
+log = logging.getLogger("odradek.chaos")
 
 
 def partition_dir(data_dir: str, topic: str, partition: int) -> str:
@@ -51,11 +57,21 @@ def replica_batches(data_dir: str, topic: str, partition: int, upto: int | None 
     return out
 
 
-def high_watermarks(bootstrap: str, topic: str, partitions) -> dict[int, int]:
-    """``{partition: high watermark}`` as consumers see it (ListOffsets latest, from the leader)."""
-    with Admin(bootstrap, request_timeout_ms=10000) as admin:
-        ends = admin.list_offsets([TopicPartition(topic, p) for p in partitions])
-    return {tp.partition: off for tp, off in ends.items()}
+def high_watermarks(bootstrap: str, topic: str, partitions, timeout: float = 120.0) -> dict[int, int]:
+    """``{partition: high watermark}`` as consumers see it (ListOffsets latest, from the leader).
+    Retriable failures are retried until ``timeout``: a broker restarted by the heal is
+    registered (and leads) before its actors answer on a loaded machine."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with Admin(bootstrap, request_timeout_ms=10000) as admin:
+                ends = admin.list_offsets([TopicPartition(topic, p) for p in partitions])
+            return {tp.partition: off for tp, off in ends.items()}
+        except OdradekError as exc:
+            if not (exc.retriable or exc.code in NETWORK_ERRORS) or time.monotonic() >= deadline:
+                raise
+            log.info("chaos: high watermarks not read yet (%s); retrying", exc)
+            time.sleep(1.0)
 
 
 def replica_problems(views: dict[int, list], reference: int, upto: int) -> list[str]:
