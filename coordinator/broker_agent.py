@@ -26,8 +26,8 @@ from __future__ import annotations
 import logging
 
 from odradek.actors.message import Message
-from odradek.coordinator.controller import log_host_name
-from odradek.coordinator.topics import placement
+from odradek.actors.names import log_host_name
+from odradek.actors.names import placement
 from odradek.coordinator.zk_state import BROKERS, NOTIFICATIONS, PartitionState, state_path, to_json
 from odradek.network.protocol import ApiKey, ErrorCode
 

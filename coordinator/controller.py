@@ -32,7 +32,8 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import TopicRegistry, placement
+from odradek.actors.names import log_host_name, placement
+from odradek.coordinator.topics import TopicRegistry
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
@@ -43,10 +44,6 @@ PUSH_TIMEOUT = 30.0  # seconds a handler or log actor has to acknowledge a chang
 # the client's retry was told TOPIC_ALREADY_EXISTS for a topic that then disappeared)
 PUSH_TIMEOUT_PER_PARTITION = 0.25
 GROUP_COORDINATOR = "group_coordinator"
-
-
-def log_host_name(index: int) -> str:
-    return f"log-{index}"
 
 
 class Controller(Actor):

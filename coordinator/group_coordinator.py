@@ -91,8 +91,8 @@ from odradek.coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupE
 from odradek.coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, led_partitions,
                                  offset_record, offsets_leaders, partition_for)
 from odradek.coordinator.offsets import expired as expired_offsets
-from odradek.coordinator.topics import placement
-from odradek.log.log_actor import partition_dir
+from odradek.actors.names import placement
+from odradek.actors.names import partition_dir
 from odradek.log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.network.kafka.groups import decode_assignment, decode_subscription, kafka_topic_id

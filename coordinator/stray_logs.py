@@ -21,8 +21,8 @@ import os
 import re
 import time
 
-from odradek.coordinator.controller import log_host_name
-from odradek.coordinator.topics import placement
+from odradek.actors.names import log_host_name
+from odradek.actors.names import placement
 
 log = logging.getLogger("odradek.controller")
 

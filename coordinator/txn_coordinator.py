@@ -44,9 +44,9 @@ import time
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import placement
+from odradek.actors.names import placement
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
-from odradek.log.log_actor import partition_dir
+from odradek.actors.names import partition_dir
 from odradek.log.reader import LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.log import producer_ids

@@ -53,7 +53,7 @@ from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.errors import OffsetOutOfRangeError
-from odradek.log.log_actor import partition_dir
+from odradek.actors.names import partition_dir
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader

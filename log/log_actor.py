@@ -1,7 +1,7 @@
 """The log actor: the single writer of a set of partition logs, and each one's replica role.
 
 Process: ``log-<i>`` (``num.log.threads`` of them). Each partition is placed on exactly one
-by a stable hash (``coordinator.topics.placement``); within the process every partition is
+by a stable hash (``actors.names.placement``); within the process every partition is
 an independent ``Log`` and appends to it are serialized by this actor's one loop, which is
 what "a log actor per partition" means here without a process per partition (a process
 costs ~25 MiB; thousands of partitions must not cost thousands of processes).
@@ -48,6 +48,7 @@ import struct
 import time
 
 from odradek.actors.message import Message
+from odradek.actors.names import partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
@@ -68,10 +69,6 @@ PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Ka
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
 OFFSET_PRODUCER_ID = 43
-
-
-def partition_dir(data_dir: str, topic: str, partition: int) -> str:
-    return os.path.join(data_dir, f"{topic}-{partition}")
 
 
 MAX_FILE_NAME = 255  # bytes of one directory entry (ext4, xfs, tmpfs)

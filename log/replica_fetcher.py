@@ -54,7 +54,7 @@ from typing import Any, Callable, NamedTuple
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import placement
+from odradek.actors.names import placement
 from odradek.log import records as fmt
 from odradek.log.errors import CorruptRecordError
 from odradek.log.throttle import UNLIMITED, Quota

@@ -32,7 +32,7 @@ import socket
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.network import listeners as listeners_mod
-from odradek.network.processor import socket_path
+from odradek.actors.names import socket_path
 
 log = logging.getLogger("odradek.acceptor")
 

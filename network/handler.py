@@ -39,7 +39,7 @@ from typing import Any, Callable
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import placement
+from odradek.actors.names import placement
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
 from odradek.network.guard import ACL_APIS, Guard

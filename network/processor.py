@@ -75,6 +75,7 @@ from typing import Any
 import zmq
 
 from odradek.actors.message import Message
+from odradek.actors.names import socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
@@ -123,11 +124,6 @@ def _read_regions(files) -> list:
 def _replica_id(body) -> int:
     value = body.get("replica_id") if isinstance(body, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
-
-
-def socket_path(run_dir: str, name: str) -> str:
-    """The Unix socket a processor receives connections on."""
-    return os.path.join(run_dir, name) + ".sock"
 
 
 class FileRegion:
