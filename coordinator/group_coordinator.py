@@ -85,23 +85,20 @@ import re
 import time
 
 from odradek.actors.message import Message
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, LogBounds, PartitionBounds, log_host, partition_dir
 from odradek.actors.runtime import Actor
 from odradek.coordinator.classic_group import ClassicConfig, ClassicGroup, JoinRequest
 from odradek.coordinator.group import (EMPTY, ConsumerGroup, GroupConfig, GroupError, HeartbeatRequest, tps_of)
 from odradek.coordinator.offsets import (OFFSETS_TOPIC, Committed, OffsetsView, group_record, led_partitions,
                                  offset_record, offsets_leaders, partition_for)
 from odradek.coordinator.offsets import expired as expired_offsets
-from odradek.actors.names import placement
-from odradek.actors.names import partition_dir
-from odradek.log.reader import LATEST_TIMESTAMP, LogBounds, LogReader
+from odradek.log.reader import LATEST_TIMESTAMP, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.network.kafka.groups import decode_assignment, decode_subscription, kafka_topic_id
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 
-CONTROLLER = "controller"
-FETCH_ACTOR = "fetch"
 TICK_INTERVAL = 0.05  # seconds between session/rebalance deadline checks
 METADATA_REFRESH = 2.0  # seconds between topic-metadata refreshes (also on a newer version hint)
 COMMIT_TIMEOUT_MS = 5000  # Kafka's offsets.commit.timeout.ms: an acks=-1 write waits this long for the ISR
@@ -321,17 +318,16 @@ class GroupCoordinator(Actor):
 
     # ---- loading and unloading partitions ------------------------------------------------
     def _host(self, partition: int) -> str:
-        return f"log-{placement(OFFSETS_TOPIC, partition, self.log_hosts)}"
+        return log_host(OFFSETS_TOPIC, partition, self.log_hosts)
 
     @staticmethod
     def _bounds_of(fields: dict, partition: int) -> LogBounds | None:
         """The partition's bounds in a ``get_bounds`` answer; None if the log actor does not
         host it, or hosts it but (still) as a follower."""
-        for topic, p, *b in fields.get("parts") or ():
-            if topic == OFFSETS_TOPIC and p == partition:
-                if len(b) > len(LogBounds._fields) + 1 and not b[len(LogBounds._fields) + 1]:
-                    return None  # [*LogBounds, leader_epoch, is_leader]: not the leader yet
-                return LogBounds(*b[:len(LogBounds._fields)])
+        for part in fields.get("parts") or ():
+            part = PartitionBounds(*part)
+            if part.topic == OFFSETS_TOPIC and part.partition == partition:
+                return part.bounds if part.leader else None  # a follower: not the leader yet
         return None
 
     def _load_at_start(self, led: dict[int, int]) -> None:

@@ -43,11 +43,10 @@ import logging
 import time
 
 from odradek.actors.message import Message
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, PartitionBounds, log_host, partition_dir
 from odradek.actors.runtime import Actor
-from odradek.actors.names import placement
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
-from odradek.actors.names import partition_dir
-from odradek.log.reader import LogBounds, LogReader
+from odradek.log.reader import LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.log import producer_ids
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
@@ -55,9 +54,7 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.txn")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-GROUP_COORDINATOR = "group_coordinator"
 STATE_TOPIC = "__transaction_state"  # one partition in single-broker mode (the coordinator's log)
-CONTROLLER = "controller"
 WRITE_TIMEOUT = 30.0
 READ_BYTES = 1 << 20
 MARKER_TIMEOUT = 30.0  # seconds a log actor has to write markers before the coordinator retries
@@ -106,7 +103,7 @@ class TxnCoordinator(Actor):
 
     # ---- durable state: __transaction_state ------------------------------------------------
     def _state_host(self) -> str:
-        return f"log-{placement(STATE_TOPIC, 0, self.log_hosts)}"
+        return log_host(STATE_TOPIC, 0, self.log_hosts)
 
     def _load_state(self) -> None:
         """At start (blocking, before ready): replay ``__transaction_state`` if it exists;
@@ -118,9 +115,10 @@ class TxnCoordinator(Actor):
         bounds = None
         deadline = time.monotonic() + 60
         while bounds is None and time.monotonic() < deadline:
-            for topic, partition, *b in self.call(self._state_host(), "get_bounds", timeout=60.0).get("parts") or ():
-                if (topic, partition) == (STATE_TOPIC, 0) and (len(b) < 8 or b[7]):
-                    bounds = LogBounds(*b[:6])
+            for part in self.call(self._state_host(), "get_bounds", timeout=60.0).get("parts") or ():
+                part = PartitionBounds(*part)
+                if (part.topic, part.partition) == (STATE_TOPIC, 0) and part.leader:
+                    bounds = part.bounds
             if bounds is None:
                 time.sleep(0.1)
         if bounds is None:
@@ -358,7 +356,7 @@ class TxnCoordinator(Actor):
             if topic == OFFSETS_TOPIC:  # the group coordinator stores (or, on abort, never sees) the offsets
                 per_host[GROUP_COORDINATOR] = {g: t.offsets.get(g, []) for g in groups} if commit else {}
                 continue
-            per_host.setdefault(f"log-{placement(topic, partition, self.log_hosts)}", []).append(
+            per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(
                 [topic, partition, t.producer_id, t.epoch, commit, 0])
         if not per_host:
             self._markers_done(t.txn_id, list(t.pending_markers))

@@ -75,7 +75,7 @@ from typing import Any
 import zmq
 
 from odradek.actors.message import Message
-from odradek.actors.names import socket_path
+from odradek.actors.names import ACCEPTOR, HANDLER, socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
@@ -937,7 +937,7 @@ class Processor(Actor):
 
     def _tell_acceptor_closed(self, ip: str) -> None:
         try:
-            self.send("acceptor", "conn_closed", {"processor": self.name, "ip": ip})
+            self.send(ACCEPTOR, "conn_closed", {"processor": self.name, "ip": ip})
         except MailboxFull:
             log.warning("%s: could not tell the acceptor a connection from %s closed", self.name, ip)
 
@@ -975,7 +975,7 @@ class Processor(Actor):
 
     # ---- handler membership and pinning ------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        if role != "handler":
+        if role != HANDLER:
             return
         old = self._handlers
         self._handlers = list(members)
