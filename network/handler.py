@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
@@ -48,6 +48,7 @@ from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HA
 from odradek.actors.runtime import Actor
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
+from odradek.network.fields import BadRequest, field
 from odradek.network.guard import ACL_APIS, Guard
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
@@ -112,10 +113,6 @@ GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered reque
 ACKS = (0, 1, -1)
 
 
-class BadRequest(OdradekError):
-    code = ErrorCode.INVALID_REQUEST
-
-
 def _throttle_rate(name: str, value, op: str) -> int | None:
     """A throttle rate change: bytes/s >= 1, or None (op 'delete': back to the broker config)."""
     if op == "delete":
@@ -128,19 +125,6 @@ def _throttle_rate(name: str, value, op: str) -> int | None:
         raise OdradekError(f"'{name}' must be a positive number of bytes per second, got {value!r}",
                            ErrorCode.INVALID_CONFIG)
     return rate
-
-
-def field(body: dict, name: str, kind: type | tuple, default: Any = ...) -> Any:
-    """``body[name]`` checked against ``kind``; a missing optional field gives ``default``."""
-    if name not in body or body[name] is None:
-        if default is ...:
-            raise BadRequest(f"missing field '{name}'")
-        return default
-    value = body[name]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BadRequest(f"field '{name}' must be {names}, got {type(value).__name__}")
-    return value
 
 
 class RequestHandler(Actor):
