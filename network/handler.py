@@ -296,8 +296,8 @@ class RequestHandler(Actor):
     def offset_for_leader_epoch(self, msg: Message, body: dict) -> None:
         """A follower asks where a leader epoch ended: the log actors hosting the partitions answer."""
         self._to_log_actors(msg, body, "offset_for_leader_epoch",
-                            lambda t, i, p: EpochQuery(t, i, p.get("current_leader_epoch", -1), p.get("leader_epoch", -1)),
-                            EPOCH_ERROR)
+                            lambda t, i, p: EpochQuery(t, i, p.get("current_leader_epoch", -1),
+                                                       p.get("leader_epoch", -1)), EPOCH_ERROR)
 
     def _to_log_actors(self, msg: Message, body: dict, type_: str, part_of: Callable[[str, int, dict], tuple],
                        blank: dict) -> None:
