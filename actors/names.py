@@ -22,7 +22,7 @@ is a Python call (~1 us), which that path does not pay per message. Who sends wh
     handler -> log-<i>   delete_records {parts: [DeleteRecordsPart]},
                          offset_for_leader_epoch {parts: [EpochQuery]}
                          (answered {body}: Kafka's per-partition entries)
-    handler -> fetch     fetch {api, body}, list_offsets {api, body} (answered to the processor)
+    handler -> fetch     fetch {body}, list_offsets {body} (answered to the processor)
     log-<i> -> fetch     bounds {parts: [PartitionBounds], closed: [[topic, partition]], host}
                          after every batch of appends (one-way; a request when partitions
                          open or close)
