@@ -8,8 +8,10 @@ imports (``ast``), function-level imports included.
 
 Besides the order: actors talk by message, not by import, so no module below the top imports an
 actor's module (the ``ChildSpec`` class paths of ``odradek/broker.py``) except to extend its
-class; and every import of the project is spelled ``odradek.<layer>...`` (neither bare nor
-relative: an application's own ``log.py`` must never be the one imported).
+class; a role imports another role's pure modules only (its message types, never its code),
+but for the libraries listed in ``SHARED_LIBRARIES``; and every import of the project is
+spelled ``odradek.<layer>...`` (neither bare nor relative: an application's own ``log.py``
+must never be the one imported).
 """
 from __future__ import annotations
 
@@ -22,6 +24,19 @@ FOLDERS = {"actors": 2, "network": 3, "log": 3, "coordinator": 3, "odradek": 4, 
 PURE = ("network/protocol.py", "network/codec.py", "network/kafka/", "log/records.py", "log/kafka_batch.py",
         "log/errors.py", "log/config.py", "network/sasl.py", "network/fields.py")
 NAMES = {1: "pure", 2: "runtime", 3: "roles", 4: "top"}
+ROLES = ("network", "log", "coordinator")
+# A role's library that another role uses as a library (not an actor, no state shared): each
+# (importer, imported) pair with why. A new pair fails the test; so does a pair that is gone.
+SHARED_LIBRARIES = {
+    ("coordinator/channel.py", "odradek.network.client"): "the controller's connection to other brokers",
+    ("log/replica_fetcher.py", "odradek.network.client"): "a follower's connection to its leader",
+    ("coordinator/offsets_replay.py", "odradek.log.reader"): "replays __consumer_offsets from its files, read-only",
+    ("coordinator/txn_coordinator.py", "odradek.log.reader"): "replays __transaction_state from its files, read-only",
+    ("coordinator/group_api_offsets.py", "odradek.log.reader"): "LATEST_TIMESTAMP, ListOffsets' -1",
+    ("coordinator/txn_coordinator.py", "odradek.log.producer_ids"): "the producer-id tag the log actors check",
+    ("coordinator/throttles.py", "odradek.log.throttle"): "UNLIMITED, the throttle rate's default",
+    ("coordinator/topics.py", "odradek.log.files"): "the file layer the topic registry saves through",
+}
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -95,6 +110,14 @@ def _offences_of(module: str, text: str, actors: set[str]):
                    f"from layer {mine} ({NAMES[mine]})")
         elif imported in actors and imported != module and mine < 4 and not _extends(tree, names):
             yield f"{where}:{line}: imports the actor module {imported}: actors talk by message"
+        elif _cross_role(path, target) and (where, imported) not in SHARED_LIBRARIES:
+            yield (f"{where}:{line}: imports {imported}, another role's code: take its message types, "
+                   f"addresses and placement from odradek.actors.names, or list a shared library in SHARED_LIBRARIES")
+
+
+def _cross_role(importer: pathlib.Path, imported: pathlib.Path) -> bool:
+    mine, theirs = (p.relative_to(ROOT).parts[0] for p in (importer, imported))
+    return mine in ROLES and theirs in ROLES and mine != theirs and _layer(imported) == 3 and _layer(importer) == 3
 
 
 def test_every_import_points_down_the_layers_and_no_actor_imports_another():
@@ -102,6 +125,14 @@ def test_every_import_points_down_the_layers_and_no_actor_imports_another():
     assert actors, "odradek/broker.py names no actor class path: the actor check would be empty"
     offences = [o for module, path in sorted(MODULES.items()) for o in _offences_of(module, path.read_text(), actors)]
     assert not offences, "\n".join(offences)
+
+
+def test_every_shared_library_listed_is_still_imported():
+    used = {(path.relative_to(ROOT).as_posix(), imported) for module, path in MODULES.items()
+            for _, imported, _ in _imports(ast.parse(path.read_text()))}
+    stale = [f"{importer} no longer imports {imported}" for importer, imported in SHARED_LIBRARIES
+             if (importer, imported) not in used]
+    assert not stale, "remove from SHARED_LIBRARIES:\n" + "\n".join(stale)
 
 
 def test_the_walk_reports_an_upward_import_an_actor_import_and_a_bare_import():
@@ -115,3 +146,7 @@ def test_the_walk_reports_an_upward_import_an_actor_import_and_a_bare_import():
                                                          "from odradek.log import log_actor\n"
                                                          "class Mine(LogActor):\n    pass\n", actors))
     assert actor == ["log/fetch_actor.py:2: imports the actor module odradek.log.log_actor: actors talk by message"]
+    role = list(_offences_of("odradek.network.handler", "from odradek.coordinator.topics import TopicRegistry\n"
+                                                        "from odradek.log.records import encode_batch\n", actors))
+    assert len(role) == 1 and role[0].startswith("network/handler.py:1: imports odradek.coordinator.topics, "
+                                                 "another role's code"), role
