@@ -39,12 +39,12 @@ from typing import Any, Callable
 import psutil
 
 from odradek.actors.message import Message
+from odradek.actors.names import SUPERVISOR, pool_member
 from odradek.actors.runtime import Actor, actor_main
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.supervisor")
 
-SUPERVISOR_NAME = "supervisor"
 SAMPLE_INTERVAL = 1.0  # seconds between psutil samples of the children
 PIDFILE = "supervisor.pid"
 
@@ -70,7 +70,7 @@ class ChildSpec:
             self.pool = True
 
     def instance_name(self, i: int) -> str:
-        return f"{self.role}-{i}" if self.pool else self.role
+        return pool_member(self.role, i) if self.pool else self.role
 
 
 @dataclasses.dataclass
@@ -120,7 +120,7 @@ class Supervisor(Actor):
     def __init__(self, run_dir: str, children: list[ChildSpec], policy: RestartPolicy | None = None,
                  on_ready: Callable[["Supervisor"], Any] | None = None, info: dict | None = None,
                  log_level: str = "INFO"):
-        super().__init__(SUPERVISOR_NAME, run_dir, {}, None)
+        super().__init__(SUPERVISOR, run_dir, {}, None)
         self.specs = children
         self.policy = policy or RestartPolicy()
         self.on_ready = on_ready

@@ -26,16 +26,12 @@ from __future__ import annotations
 import logging
 
 from odradek.actors.message import Message
-from odradek.coordinator.controller import log_host_name
-from odradek.coordinator.topics import placement
+from odradek.actors.names import FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, REPLICA_FETCHER, log_host
 from odradek.coordinator.zk_state import BROKERS, NOTIFICATIONS, PartitionState, state_path, to_json
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
 
-REPLICA_FETCHER = "replica_fetcher"
-FETCH_ACTOR = "fetch"
-GROUP_COORDINATOR = "group_coordinator"
 SEND_TIMEOUT = 30.0
 
 
@@ -56,7 +52,7 @@ class BrokerAgent:
         """A restarted log actor gets back the partitions (and roles) it had."""
         host = msg.get("host")
         self.reply(msg, {"open": [e for (t, p), e in self.hosted.items()
-                                  if log_host_name(placement(t, p, self.log_hosts)) == host]})
+                                  if log_host(t, p, self.log_hosts) == host]})
 
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         super().on_members(role, members, retired)
@@ -138,7 +134,7 @@ class BrokerAgent:
         for e in body.get("partitions") or []:
             entry = dict(e, role="leader" if e["leader"] == self.broker_id else "follower")
             entries.append(entry)
-            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(entry)
+            per_host.setdefault(log_host(e["topic"], e["partition"], self.log_hosts), []).append(entry)
         results = []
 
         def step(done, host, parts) -> None:
@@ -192,13 +188,13 @@ class BrokerAgent:
                 config = self.registry.defaults | meta["configs"]
                 from odradek.log.config import LogConfig
                 entry["config"] = LogConfig.from_properties(config).to_properties()
-                per_host.setdefault(log_host_name(placement(topic, partition, self.log_hosts)), []).append(entry)
+                per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(entry)
         for host, parts in per_host.items():
             self.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
         self._tell_throttles()  # a topic's throttled replica lists may have changed
         snapshot = self.snapshot()
         self.send(GROUP_COORDINATOR, "metadata", snapshot)
-        handlers = self.members.get("handler", [])
+        handlers = self.members.get(HANDLER, [])
         steps = [lambda d, h=h: self.request(h, "metadata", snapshot, callback=lambda _r: d(), timeout=SEND_TIMEOUT)
                  for h in handlers]
         self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
@@ -209,7 +205,7 @@ class BrokerAgent:
         for e in body.get("partitions") or []:
             self.hosted.pop((e["topic"], e["partition"]), None)
             gone.append([e["topic"], e["partition"]])
-            per_host.setdefault(log_host_name(placement(e["topic"], e["partition"], self.log_hosts)), []).append(
+            per_host.setdefault(log_host(e["topic"], e["partition"], self.log_hosts), []).append(
                 {"topic": e["topic"], "partition": e["partition"], "topic_id": e.get("topic_id", ""),
                  "delete": bool(body.get("delete"))})
         if gone:

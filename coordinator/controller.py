@@ -31,8 +31,9 @@ import shutil
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.names import GROUP_COORDINATOR, HANDLER, log_host
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import TopicRegistry, placement
+from odradek.coordinator.topics import TopicRegistry
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
@@ -42,11 +43,6 @@ PUSH_TIMEOUT = 30.0  # seconds a handler or log actor has to acknowledge a chang
 # a loaded machine; 1,000-partition topics timed out at 30 s, were undone while still opening, and
 # the client's retry was told TOPIC_ALREADY_EXISTS for a topic that then disappeared)
 PUSH_TIMEOUT_PER_PARTITION = 0.25
-GROUP_COORDINATOR = "group_coordinator"
-
-
-def log_host_name(index: int) -> str:
-    return f"log-{index}"
 
 
 class Controller(Actor):
@@ -79,7 +75,7 @@ class Controller(Actor):
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         """A handler that joined after its own ``get_metadata`` may have missed a push:
         send every new one the current snapshot."""
-        if role == "handler":
+        if role == HANDLER:
             known = getattr(self, "_known_handlers", set())
             snapshot = self.snapshot()
             for name in set(members) - known:
@@ -105,7 +101,7 @@ class Controller(Actor):
                                   for p in range(t.partitions) if self._host_of(t.name, p) == host]})
 
     def _host_of(self, topic: str, partition: int) -> str:
-        return log_host_name(placement(topic, partition, self.log_hosts))
+        return log_host(topic, partition, self.log_hosts)
 
     def _partition_entry(self, topic: str, partition: int) -> dict:
         t = self.registry.get(topic)
@@ -286,7 +282,7 @@ class Controller(Actor):
             return
         hosts = [(host, "assign", change) for host, change in per_host.items()]
         snapshot = self.snapshot()
-        handlers = [(h, "metadata", snapshot) for h in self.members.get("handler", [])]
+        handlers = [(h, "metadata", snapshot) for h in self.members.get(HANDLER, [])]
         self.send(GROUP_COORDINATOR, "metadata", snapshot)
         phases = [handlers, hosts] if close else [hosts, handlers]
         self._in_phases(phases, failed, lambda: done(failed))

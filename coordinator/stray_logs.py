@@ -21,8 +21,7 @@ import os
 import re
 import time
 
-from odradek.coordinator.controller import log_host_name
-from odradek.coordinator.topics import placement
+from odradek.actors.names import log_host
 
 log = logging.getLogger("odradek.controller")
 
@@ -71,6 +70,6 @@ class StrayLogsMixin:
                 del self.stray_since[tp]
                 log.warning("%s-%d: this broker holds no replica of it (moved or deleted while it was away) "
                             "for %.0fs: removing its directory", tp[0], tp[1], delay)
-                self.request(log_host_name(placement(tp[0], tp[1], self.log_hosts)), "assign",
+                self.request(log_host(tp[0], tp[1], self.log_hosts), "assign",
                              {"close": [{"topic": tp[0], "partition": tp[1], "topic_id": "", "delete": True}]},
                              timeout=30.0)

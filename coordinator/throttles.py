@@ -34,6 +34,7 @@ import json
 import logging
 
 from odradek.actors.message import Message
+from odradek.actors.names import FETCH_ACTOR, REPLICA_FETCHER, ThrottledReplica
 from odradek.coordinator.zk_state import BROKER_CONFIGS, to_json
 from odradek.log.throttle import UNLIMITED
 
@@ -94,18 +95,18 @@ class ThrottleMixin:
             isr = e.get("isr") or []
             if e.get("leader") == self.broker_id:
                 if self._throttled_here(topic, partition, "leader"):
-                    leader += [[topic, partition, r] for r in e.get("replicas") or [] if r not in isr]
+                    leader += [ThrottledReplica(topic, partition, r) for r in e.get("replicas") or [] if r not in isr]
             elif self.broker_id not in isr and self._throttled_here(topic, partition, "follower"):
                 follower.append([topic, partition])
         now = (self.throttle_rate(RATES[0]), self.throttle_rate(RATES[1]), sorted(leader), sorted(follower))
         if now == getattr(self, "_told_throttles", None) and not force:
             return
         self._told_throttles = now
-        if only in (None, "replica_fetcher"):
-            self.request("replica_fetcher", "throttle", {"rate": self.throttle_rate(RATES[1]), "parts": follower},
+        if only in (None, REPLICA_FETCHER):
+            self.request(REPLICA_FETCHER, "throttle", {"rate": self.throttle_rate(RATES[1]), "parts": follower},
                          timeout=30.0)
-        if only in (None, "fetch"):
-            self.request("fetch", "throttle", {"rate": self.throttle_rate(RATES[0]), "parts": leader}, timeout=30.0)
+        if only in (None, FETCH_ACTOR):
+            self.request(FETCH_ACTOR, "throttle", {"rate": self.throttle_rate(RATES[0]), "parts": leader}, timeout=30.0)
 
 
 def throttled_replicas(text: str) -> set[tuple[int, int]] | None:

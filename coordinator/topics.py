@@ -16,7 +16,6 @@ import os
 import re
 import time
 import uuid
-import zlib
 
 from odradek.log.config import LogConfig
 from odradek.log.errors import InvalidConfigError
@@ -59,12 +58,6 @@ class Topic:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
-
-
-def placement(topic: str, partition: int, hosts: int) -> int:
-    """Which log-actor process hosts a partition: stable across runs and processes;
-    consecutive partitions of a topic land on consecutive hosts."""
-    return (zlib.crc32(topic.encode()) + partition) % hosts
 
 
 class TopicRegistry:

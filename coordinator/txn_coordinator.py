@@ -85,11 +85,10 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, PartitionBounds, log_host, partition_dir
 from odradek.actors.runtime import Actor
 from odradek.coordinator.offsets import offsets_leaders, partition_for
-from odradek.coordinator.topics import placement
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
-from odradek.log.log_actor import partition_dir
 from odradek.log.reader import LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.log import producer_ids
@@ -99,9 +98,7 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.txn")
 
 OFFSETS_TOPIC = "__consumer_offsets"
-GROUP_COORDINATOR = "group_coordinator"
 STATE_TOPIC = "__transaction_state"
-CONTROLLER = "controller"
 WRITE_TIMEOUT = 30.0
 READ_BYTES = 1 << 20
 MARKER_TIMEOUT = 30.0  # seconds a log actor (or another broker) has to write markers before the coordinator retries
@@ -247,7 +244,7 @@ class TxnCoordinator(Actor):
         return partition_for(txn_id, self.partitions) if self.partitions else 0
 
     def _state_host(self, partition: int) -> str:
-        return f"log-{placement(STATE_TOPIC, partition, self.log_hosts)}"
+        return log_host(STATE_TOPIC, partition, self.log_hosts)
 
     def _check_owner(self, txn_id: str) -> None:
         """Raise unless ``txn_id``'s transactions are coordinated (and loaded) here."""
@@ -299,9 +296,10 @@ class TxnCoordinator(Actor):
 
     @staticmethod
     def _bounds_in(reply: Message, partition: int) -> LogBounds | None:
-        for topic, p, *b in reply.get("parts") or ():
-            if (topic, p) == (STATE_TOPIC, partition) and (len(b) < 8 or b[7]):
-                return LogBounds(*b[:6])
+        for part in reply.get("parts") or ():
+            part = PartitionBounds(*part)
+            if (part.topic, part.partition) == (STATE_TOPIC, partition) and part.leader:
+                return part.bounds
         return None
 
     def _install(self, partition: int, bounds: LogBounds) -> None:
@@ -677,7 +675,7 @@ class TxnCoordinator(Actor):
             elif at is None:
                 self._refresh_metadata()  # a topic newer than our snapshot: retried with the next one
             elif at == self.broker_id:
-                local.setdefault(f"log-{placement(topic, partition, self.log_hosts)}", []).append(
+                local.setdefault(log_host(topic, partition, self.log_hosts), []).append(
                     [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
             elif at >= 0:
                 remote.setdefault(at, {"markers": [], "offsets": {}})["markers"].append(
@@ -894,7 +892,7 @@ class TxnCoordinator(Actor):
                 raise OdradekError("each topic must be {name, partition_indexes: [int]}", ErrorCode.INVALID_REQUEST)
             for p in t["partition_indexes"]:
                 asked.append((t["name"], p))
-                per_host.setdefault(f"log-{placement(t['name'], p, self.log_hosts)}", []).append([t["name"], p])
+                per_host.setdefault(log_host(t['name'], p, self.log_hosts), []).append([t["name"], p])
         found: dict[tuple, list] = {}
         left = {"n": len(per_host)}
 
@@ -931,7 +929,7 @@ class TxnCoordinator(Actor):
     def _write_here(self, msg: Message, markers: list, offsets: dict, commit: bool, producer_id) -> None:
         per_host: dict[str, list] = {}
         for m in markers:
-            per_host.setdefault(f"log-{placement(m[0], m[1], self.log_hosts)}", []).append(m)
+            per_host.setdefault(log_host(m[0], m[1], self.log_hosts), []).append(m)
         out = {"parts": [], "groups": []}
         left = {"n": len(per_host) + (1 if offsets else 0)}
 

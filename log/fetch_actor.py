@@ -5,19 +5,23 @@ the ``bounds`` the log actors push after every batch of appends, and a purgatory
 waiting for data. It answers a fetch with *file regions* (path, position, length), which the
 client's processor sends with ``os.sendfile``: no record byte passes through this actor or
 any other process shared by every connection.
-Accepts:
+Accepts (addresses and message parts: ``odradek.actors.names``):
   fetch {body}          (from a handler; answered straight to the client's processor)
   list_offsets {body}   likewise
-  bounds {parts, closed, host}   one-way, from log actors (each part: LogBounds, the leader
-                        epoch, whether this broker leads the partition and its replica set)
+  bounds {parts: [PartitionBounds], closed, host}   one-way, from log actors (a part: the
+                        partition's LogBounds, the leader epoch, whether this broker leads the
+                        partition, its replica set and its last stable offset)
   broker_epochs {epochs: {"<id>": czxid}}   from the broker agent (cluster mode): the live
                         brokers and their broker epochs, whenever ``/brokers/ids`` changes
                         (asked for with ``get_broker_epochs`` at start)
-  throttle {rate, parts: [[topic, partition, replica]]}   from the controller (broker agent):
+  throttle {rate, parts: [ThrottledReplica]}   from the controller (broker agent):
                         the throttled replicas of partitions led here (the topic's
                         ``leader.replication.throttled.replicas``, out of the ISR); what
                         they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
                         over it they get no data until the rate has caught up
+Sends: get_bounds to every log actor when it (re)starts; replica_progress {parts:
+[ReplicaProgress]} to the leader's log actor when a follower fetched; get_broker_epochs to the
+controller (cluster mode).
 Transactions: a ``read_committed`` fetch (``isolation_level`` 1) of a consumer reads up to the
 last stable offset (pushed with the bounds) and carries, per partition, the aborted
 transactions overlapping what it read (``aborted_transactions: [{producer_id,
@@ -53,10 +57,10 @@ from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.errors import OffsetOutOfRangeError
-from odradek.log.log_actor import partition_dir
+from odradek.actors.names import CONTROLLER, LOG, LogBounds, partition_dir
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
-from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogBounds, LogReader
+from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogReader
 from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.protocol import ErrorCode, OdradekError
 
@@ -100,7 +104,7 @@ class FetchActor(Actor):
         self.served_bytes = 0
         self.refused_replica_fetches = 0
         if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
-            self.request("controller", "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
+            self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
         self.quota = Quota(int((self.args.get("config") or {}).get("leader.replication.throttled.rate", UNLIMITED)),
                            time.monotonic())
         self.throttled: set[tuple[str, int, int]] = set()  # (topic, partition, replica)
@@ -115,7 +119,7 @@ class FetchActor(Actor):
 
     # ---- bounds from the log actors ----------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        if role == "log":  # after our own restart, or a log actor's: learn every partition
+        if role == LOG:  # after our own restart, or a log actor's: learn every partition
             for host in members:
                 self.request(host, "get_bounds", callback=self._bounds_reply, timeout=30.0)
 
@@ -138,11 +142,12 @@ class FetchActor(Actor):
             if reader is not None:
                 reader.close()
         touched, new_roles = [], False
-        for topic, partition, *b in parts:
+        # each part a PartitionBounds, unpacked by position (no constructor per part per batch)
+        for topic, partition, *bounds, leader_epoch, leader, replicas, last_stable_offset in parts:
             key = (topic, partition)
-            bounds = LogBounds(*b[:6])
-            self.stable[key] = b[9] if len(b) > 9 else bounds.high_watermark
-            role = (b[6], b[7], host, tuple(b[8]) if len(b) > 8 else ())
+            bounds = LogBounds(*bounds)
+            self.stable[key] = bounds.high_watermark if last_stable_offset is None else last_stable_offset
+            role = (leader_epoch, leader, host, tuple(replicas))
             new_roles |= self.roles.get(key) != role
             self.roles[key] = role
             reader = self.readers.get(key)
@@ -269,7 +274,7 @@ class FetchActor(Actor):
             b = reader.bounds
             if isinstance(offset, int) and not isinstance(offset, bool) and \
                     b.log_start_offset <= offset <= b.log_end_offset:
-                per_host.setdefault(role[2], []).append([topic, partition, replica, offset])
+                per_host.setdefault(role[2], []).append([topic, partition, replica, offset])  # a ReplicaProgress
         for host, progress in per_host.items():
             self.send(host, "replica_progress", {"parts": progress})
 

@@ -1,7 +1,7 @@
 """The log actor: the single writer of a set of partition logs, and each one's replica role.
 
 Process: ``log-<i>`` (``num.log.threads`` of them). Each partition is placed on exactly one
-by a stable hash (``coordinator.topics.placement``); within the process every partition is
+by a stable hash (``actors.names.placement``); within the process every partition is
 an independent ``Log`` and appends to it are serialized by this actor's one loop, which is
 what "a log actor per partition" means here without a process per partition (a process
 costs ~25 MiB; thousands of partitions must not cost thousands of processes).
@@ -10,18 +10,19 @@ cache) and each partition's replica state (``PartitionLog``): leader or follower
 ISR, the followers' progress, the high watermark and the purgatory of acks=all produces.
 In single-broker mode every partition is led here at epoch 0 with an ISR of one, so the
 high watermark is the log end.
-Accepts:
-  produce {acks, timeout_ms, parts: [[topic, partition, frame]], errors}  + batch frames
+Accepts (addresses and message parts: ``odradek.actors.names``):
+  produce {acks, timeout_ms, parts: [ProducePart], errors: [PartError]}  + batch frames
         from a handler, which has checked every batch's CRC (this actor checks sizes and
         header fields); answered straight to the client's processor (no hop back); an
         acks=all produce waits here until the high watermark passes it
-  delete_records {parts: [[topic, partition, offset]]}
-  offset_for_leader_epoch {parts: [[topic, partition, current_leader_epoch, leader_epoch]]}
+  delete_records {parts: [DeleteRecordsPart]}
+  offset_for_leader_epoch {parts: [EpochQuery]}
   assign {open, close, configure}   from the controller (open: as leader at epoch 0)
   become {parts: [...]}             from the controller (cluster mode): leader or follower
-  replica_progress {parts}          one-way from the fetch actor: a follower fetched
+  replica_progress {parts: [ReplicaProgress]}   one-way from the fetch actor: a follower fetched
   follower_state / truncate / truncate_fully / replicate   from the replica fetcher
-  get_bounds                        from the fetch actor (after it restarts)
+  get_bounds                        from the fetch actor (after it restarts) and the group and
+                                    transaction coordinators; answered {parts: [PartitionBounds], host}
   write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]],
                  acks, timeout_ms}  from the transaction coordinator: a commit or abort
                                     marker (control batch) per partition led here, answered
@@ -32,8 +33,9 @@ Accepts:
                                     last_timestamp, txn_first_offset]]]]}, leaders only
 Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKeeper took
 it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
-messages, the new ``LogBounds`` (plus leader epoch, role and last stable offset) of every partition that
-changed (``bounds``): that is how long-poll fetches learn that data arrived.
+messages, every partition that changed (``bounds {parts: [PartitionBounds], closed, host}``:
+its ``LogBounds``, leader epoch, role and last stable offset): that is how long-poll fetches
+learn that data arrived.
 Producer ids: a batch whose producer id its partition does not know yet must carry the tag
 of an id a transaction coordinator handed out (``log.producer_ids``), else
 INVALID_PRODUCER_ID_MAPPING; the sequence checks are the ``Log``'s (``log.producer_state``);
@@ -53,6 +55,7 @@ import struct
 import time
 
 from odradek.actors.message import Message
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
@@ -65,18 +68,12 @@ from odradek.network.protocol import ErrorCode, OdradekError
 log = logging.getLogger("odradek.log")
 
 CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
-FETCH_ACTOR = "fetch"
-CONTROLLER = "controller"
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
 OFFSET_PRODUCER_ID = 43
-
-
-def partition_dir(data_dir: str, topic: str, partition: int) -> str:
-    return os.path.join(data_dir, f"{topic}-{partition}")
 
 
 MAX_FILE_NAME = 255  # bytes of one directory entry (ext4, xfs, tmpfs)
@@ -745,6 +742,8 @@ class LogActor(Actor):
         self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name})
 
     def _bounds(self, p: PartitionLog) -> list:
+        """The partition's ``PartitionBounds``, built as a plain list (after every batch of
+        appends: no per-message constructor); its fields in that order."""
         return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id, p.replicas,
                 p.log.last_stable_offset]
 

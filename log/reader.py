@@ -25,6 +25,7 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
+from odradek.actors.names import LogBounds
 from odradek.log import index as ix
 from odradek.log.errors import OffsetOutOfRangeError, StorageError
 from odradek.log.files import descriptors
@@ -77,17 +78,6 @@ class ReadResult:
                 raise StorageError(f"{s.path} changed under the read (compacted or truncated); retry")
             parts.append(data)
         return b"".join(parts)
-
-
-class LogBounds(NamedTuple):
-    """What the writer tells readers: offsets and the trusted extent of the active segment."""
-
-    log_start_offset: int
-    log_end_offset: int
-    high_watermark: int
-    active_base_offset: int
-    active_size: int
-    generation: int  # changes whenever the set of segment files changes
 
 
 def plan_read(segments: Sequence[SegmentView], bases: Sequence[int], offset: int, max_bytes: int,

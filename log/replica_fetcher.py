@@ -54,8 +54,8 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from odradek.actors.message import Message
+from odradek.actors.names import CONTROLLER, log_host
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import placement
 from odradek.log import records as fmt
 from odradek.log.errors import CorruptRecordError
 from odradek.log.throttle import UNLIMITED, Quota
@@ -279,10 +279,6 @@ def group_by_host(items, hosts: int, key=lambda item: (item[0], item[1])) -> dic
     return out
 
 
-def log_host(topic: str, partition: int, hosts: int) -> str:
-    return f"log-{placement(topic, partition, hosts)}"
-
-
 # ---- the worker thread ---------------------------------------------------------------------
 class LeaderSession:
     """One leader's fetch session. The worker thread runs requests one at a time on its own
@@ -401,7 +397,7 @@ class ReplicaFetcher(Actor):
         self.throttled_bytes = 0
         self.closing = False
         self.broker_epoch = -1  # the czxid of our registration: proves our replica_id to leaders
-        self.request("controller", "get_broker_epochs", callback=self._learn_broker_epoch, timeout=LOCAL_TIMEOUT)
+        self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epoch, timeout=LOCAL_TIMEOUT)
         self.call_every(1.0, self._reap)
 
     def on_stop(self) -> None:

@@ -32,7 +32,7 @@ import socket
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.network import listeners as listeners_mod
-from odradek.network.processor import socket_path
+from odradek.actors.names import PROCESSOR, socket_path
 
 log = logging.getLogger("odradek.acceptor")
 
@@ -99,7 +99,7 @@ class Acceptor(Actor):
 
     # ---- counts ------------------------------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        if role != "processor":
+        if role != PROCESSOR:
             return
         for name in list(self.by_processor):
             if name not in members:  # died: its connections died with it
@@ -224,7 +224,7 @@ class Acceptor(Actor):
         log.error("%s: no processor took a connection from %s; closing it", self.name, ip)
 
     def _by_load(self) -> list[str]:
-        running = self.members.get("processor", [])
+        running = self.members.get(PROCESSOR, [])
         return sorted((n for n in running if n in self.by_processor),
                       key=lambda n: sum(self.by_processor[n].values()))
 

@@ -7,10 +7,15 @@ Messages it accepts: ``request {api, v, client, conn, peer, body, t}`` + payload
 from a processor; ``metadata {snapshot}`` from the controller (the topic cache: the only
 state it keeps, a copy). It answers the processor (``reply_to``) with ``_reply {body}`` +
 frames, or ``_error {code, message}``, or forwards the request to the actor that owns the
-data, which then answers the processor directly (one hop fewer than a reply through here):
+data, which then answers the processor directly (one hop fewer than a reply through here).
+Addresses and message parts come from ``odradek.actors.names``:
 
   PRODUCE                          -> the log actor hosting the partitions (scatter/gather
-                                      here when a request spans several log actors)
+                                      here when a request spans several log actors):
+                                      ``produce {acks, timeout_ms, parts: [ProducePart],
+                                      errors: [PartError]}`` + one frame per part
+  DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH -> the log actors, ``{parts: [DeleteRecordsPart]}``,
+                                      ``{parts: [EpochQuery]}`` (gathered here)
   FETCH, LIST_OFFSETS              -> the fetch actor
   CREATE_TOPICS, DELETE_TOPICS,
   topic INCREMENTAL_ALTER_CONFIGS  -> the controller
@@ -37,13 +42,15 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Callable
+from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
+                                   DeleteRecordsPart, EpochQuery, PartError, log_host)
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import placement
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
+from odradek.network.fields import BadRequest, field
 from odradek.network.guard import ACL_APIS, Guard
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
 
@@ -103,10 +110,6 @@ CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_RE
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
 DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
-CONTROLLER = "controller"
-FETCH_ACTOR = "fetch"
-GROUP_COORDINATOR = "group_coordinator"
-TXN_COORDINATOR = "txn_coordinator"
 TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN,
             ApiKey.TXN_OFFSET_COMMIT, ApiKey.WRITE_TXN_MARKERS, ApiKey.LIST_TRANSACTIONS,
             ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.DESCRIBE_PRODUCERS)
@@ -115,10 +118,6 @@ GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFS
               ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
-
-
-class BadRequest(OdradekError):
-    code = ErrorCode.INVALID_REQUEST
 
 
 def _throttle_rate(name: str, value, op: str) -> int | None:
@@ -133,19 +132,6 @@ def _throttle_rate(name: str, value, op: str) -> int | None:
         raise OdradekError(f"'{name}' must be a positive number of bytes per second, got {value!r}",
                            ErrorCode.INVALID_CONFIG)
     return rate
-
-
-def field(body: dict, name: str, kind: type | tuple, default: Any = ...) -> Any:
-    """``body[name]`` checked against ``kind``; a missing optional field gives ``default``."""
-    if name not in body or body[name] is None:
-        if default is ...:
-            raise BadRequest(f"missing field '{name}'")
-        return default
-    value = body[name]
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        names = kind.__name__ if isinstance(kind, type) else " or ".join(k.__name__ for k in kind)
-        raise BadRequest(f"field '{name}' must be {names}, got {type(value).__name__}")
-    return value
 
 
 class RequestHandler(Actor):
@@ -312,10 +298,10 @@ class RequestHandler(Actor):
                 if problem is None:
                     problem = _batch_problem(name, index, msg.frames[frame])
                 if problem is not None:
-                    errors.append([name, index, int(problem[0]), problem[1]])
+                    errors.append(PartError(name, index, int(problem[0]), problem[1]))
                     continue
                 parts, frames = per_host.setdefault(self._host(name, index), ([], []))
-                parts.append([name, index, len(frames)])
+                parts.append((name, index, len(frames)))  # a ProducePart, built as a plain tuple: the produce path
                 frames.append(msg.frames[frame])
         return per_host, errors
 
@@ -328,7 +314,7 @@ class RequestHandler(Actor):
         return None
 
     def _host(self, topic: str, partition: int) -> str:
-        return f"log-{placement(topic, partition, self.log_hosts)}"
+        return log_host(topic, partition, self.log_hosts)
 
     def _gather(self, msg: Message, targets: list, errors: list, blank: dict) -> None:
         """Scatter ``targets`` (to, type, fields, frames); answer with the merged bodies."""
@@ -337,7 +323,7 @@ class RequestHandler(Actor):
         def merge(reply: Message, parts: list) -> None:
             if reply.is_error:
                 for name, index, _ in parts:
-                    errors.append([name, index, reply.error_code, reply.error_message])
+                    errors.append(PartError(name, index, reply.error_code, reply.error_message))
             else:
                 for t in reply.fields["body"]["topics"]:
                     pending["topics"].setdefault(t["name"], []).extend(t["partitions"])
@@ -350,16 +336,18 @@ class RequestHandler(Actor):
                          callback=lambda r, parts=fields["parts"]: merge(r, parts))
 
     def delete_records(self, msg: Message, body: dict) -> None:
-        self._to_log_actors(msg, body, "delete_records", lambda p: [p.get("offset")], DELETE_RECORDS_ERROR)
+        self._to_log_actors(msg, body, "delete_records", lambda t, i, p: DeleteRecordsPart(t, i, p.get("offset")),
+                            DELETE_RECORDS_ERROR)
 
     def offset_for_leader_epoch(self, msg: Message, body: dict) -> None:
         """A follower asks where a leader epoch ended: the log actors hosting the partitions answer."""
         self._to_log_actors(msg, body, "offset_for_leader_epoch",
-                            lambda p: [p.get("current_leader_epoch", -1), p.get("leader_epoch", -1)], EPOCH_ERROR)
+                            lambda t, i, p: EpochQuery(t, i, p.get("current_leader_epoch", -1),
+                                                       p.get("leader_epoch", -1)), EPOCH_ERROR)
 
-    def _to_log_actors(self, msg: Message, body: dict, type_: str, fields_of: Callable[[dict], list],
+    def _to_log_actors(self, msg: Message, body: dict, type_: str, part_of: Callable[[str, int, dict], tuple],
                        blank: dict) -> None:
-        """Send each log actor ``type_ {parts: [[topic, partition, *fields_of(p)]]}`` for the
+        """Send each log actor ``type_ {parts: [part_of(topic, partition, p)]}`` for the
         request's partitions it hosts; answer with the merged per-partition entries."""
         per_host: dict[str, list] = {}
         errors: list[list] = []
@@ -369,9 +357,9 @@ class RequestHandler(Actor):
                 index = p.get("index") if isinstance(p, dict) else None
                 problem = self._partition_problem(name, self.topics.get(name), index)
                 if problem is not None:
-                    errors.append([name, index, int(problem[0]), problem[1]])
+                    errors.append(PartError(name, index, int(problem[0]), problem[1]))
                 else:
-                    per_host.setdefault(self._host(name, index), []).append([name, index, *fields_of(p)])
+                    per_host.setdefault(self._host(name, index), []).append(part_of(name, index, p))
         if not per_host:
             self.reply(msg, {"body": _partition_body(errors, [], blank)})
             return
@@ -582,7 +570,7 @@ class RequestHandler(Actor):
                     r["error_code"], r["error_message"] = reply.error_code, reply.error_message
             self.reply(msg, {"body": {"resources": results}})
 
-        self.request(self.supervisor, "scale", {"role": "handler", "count": scale_to}, callback=scaled,
+        self.request(self.supervisor, "scale", {"role": HANDLER, "count": scale_to}, callback=scaled,
                      timeout=SCALE_TIMEOUT)
 
     # ---- helpers ---------------------------------------------------------------------------
@@ -690,7 +678,7 @@ class RequestHandler(Actor):
         if status.is_error:
             return None
         actors = (status.fields or {}).get("actors") or []
-        return sum(1 for a in actors if a.get("role") == "handler" and a.get("state") not in ("retiring", "stopped"))
+        return sum(1 for a in actors if a.get("role") == HANDLER and a.get("state") not in ("retiring", "stopped"))
 
 
 def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] | None:

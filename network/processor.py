@@ -77,6 +77,7 @@ import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.metrics import BoundedLabels
+from odradek.actors.names import ACCEPTOR, HANDLER, socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
@@ -133,11 +134,6 @@ def _read_regions(files) -> list:
 def _replica_id(body) -> int:
     value = body.get("replica_id") if isinstance(body, dict) else None
     return value if isinstance(value, int) and not isinstance(value, bool) else -1
-
-
-def socket_path(run_dir: str, name: str) -> str:
-    """The Unix socket a processor receives connections on."""
-    return os.path.join(run_dir, name) + ".sock"
 
 
 class FileRegion:
@@ -973,7 +969,7 @@ class Processor(Actor):
 
     def _tell_acceptor_closed(self, ip: str) -> None:
         try:
-            self.send("acceptor", "conn_closed", {"processor": self.name, "ip": ip})
+            self.send(ACCEPTOR, "conn_closed", {"processor": self.name, "ip": ip})
         except MailboxFull:
             log.warning("%s: could not tell the acceptor a connection from %s closed", self.name, ip)
 
@@ -1011,7 +1007,7 @@ class Processor(Actor):
 
     # ---- handler membership and pinning ------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        if role != "handler":
+        if role != HANDLER:
             return
         old = self._handlers
         self._handlers = list(members)

@@ -18,6 +18,8 @@ import logging
 import resource
 import sys
 
+from odradek.actors.names import (ACCEPTOR, CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, LOG, METRICS, PROCESSOR,
+                                   REPLICA_FETCHER, TXN_COORDINATOR)
 from odradek.actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
 from odradek import config as cfg
 
@@ -33,24 +35,24 @@ def actor_specs(config: dict) -> list[ChildSpec]:
             "topic_defaults": cfg.topic_defaults(config), "log_hosts": config["num.log.threads"]}
     cluster = cluster_mode(config)
     controller = "odradek.coordinator.cluster_controller:ClusterController" if cluster else "odradek.coordinator.controller:Controller"
-    replication = [ChildSpec("replica_fetcher", "odradek.log.replica_fetcher:ReplicaFetcher", count=1, args=args,
-                             watchers=("controller",))] if cluster else []
+    replication = [ChildSpec(REPLICA_FETCHER, "odradek.log.replica_fetcher:ReplicaFetcher", count=1, args=args,
+                             watchers=(CONTROLLER,))] if cluster else []
     return [
-        ChildSpec("controller", controller, count=1, args=args, drain=cluster),
-        ChildSpec("log", "odradek.log.log_actor:LogActor", count=config["num.log.threads"], args=args,
-                  watchers=("fetch",), pool=True),
-        ChildSpec("fetch", "odradek.log.fetch_actor:FetchActor", count=1, args=args,
-                  watchers=("controller",) if cluster else ()),  # the broker agent re-tells it its throttles
+        ChildSpec(CONTROLLER, controller, count=1, args=args, drain=cluster),
+        ChildSpec(LOG, "odradek.log.log_actor:LogActor", count=config["num.log.threads"], args=args,
+                  watchers=(FETCH_ACTOR,), pool=True),
+        ChildSpec(FETCH_ACTOR, "odradek.log.fetch_actor:FetchActor", count=1, args=args,
+                  watchers=(CONTROLLER,) if cluster else ()),  # the broker agent re-tells it its throttles
         *replication,
-        ChildSpec("group_coordinator", "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
-        ChildSpec("txn_coordinator", "odradek.coordinator.txn_coordinator:TxnCoordinator", count=1, args=args),
-        ChildSpec("handler", "odradek.network.handler:RequestHandler", count=config["num.io.threads"], args=args,
-                  watchers=("processor", "controller"), scalable=True, min_count=1, max_count=64),
-        ChildSpec("processor", "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,
-                  watchers=("acceptor",), pool=True),
-        ChildSpec("acceptor", "odradek.network.acceptor:Acceptor", count=1, args=dict(args)),
+        ChildSpec(GROUP_COORDINATOR, "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
+        ChildSpec(TXN_COORDINATOR, "odradek.coordinator.txn_coordinator:TxnCoordinator", count=1, args=args),
+        ChildSpec(HANDLER, "odradek.network.handler:RequestHandler", count=config["num.io.threads"], args=args,
+                  watchers=(PROCESSOR, CONTROLLER), scalable=True, min_count=1, max_count=64),
+        ChildSpec(PROCESSOR, "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,
+                  watchers=(ACCEPTOR,), pool=True),
+        ChildSpec(ACCEPTOR, "odradek.network.acceptor:Acceptor", count=1, args=dict(args)),
         # Last: everything it asks exists; first to stop, so no scrape sees a half-stopped tree.
-        ChildSpec("metrics", "odradek.observe.metrics_actor:MetricsActor", count=1, args=args),
+        ChildSpec(METRICS, "odradek.observe.metrics_actor:MetricsActor", count=1, args=args),
     ]
 
 
@@ -68,17 +70,17 @@ def restart_policy(config: dict) -> RestartPolicy:
 
 def build(config: dict, out=sys.stdout) -> Supervisor:
     specs = actor_specs(config)
-    acceptor_spec = next(s for s in specs if s.role == "acceptor")
+    acceptor_spec = next(s for s in specs if s.role == ACCEPTOR)
 
     def on_ready(sup: Supervisor) -> None:
-        info = sup.children["acceptor"].ready_info
+        info = sup.children[ACCEPTOR].ready_info
         host, port = info.get("host"), info.get("port")
         # A restarted acceptor must come back on the ports clients know, even if they were 0.
         listeners = info.get("listeners") or {}
         acceptor_spec.args["bound_ports"] = {name: p for name, (_h, p, _proto) in listeners.items()}
         sup.info["address"] = f"{host}:{port}"
         sup.info["listeners"] = {name: f"{h}:{p}" for name, (h, p, _proto) in listeners.items()}
-        admin = sup.children["metrics"].ready_info
+        admin = sup.children[METRICS].ready_info
         if admin.get("admin_port"):
             sup.info["console"] = f"http://{admin['admin_host']}:{admin['admin_port']}/"
             print(f"odradek console on {sup.info['console']} (metrics at /metrics)", file=out, flush=True)

@@ -151,7 +151,7 @@ PERF_TESTS = {
     # starts its own brokers: produce with and without a scrape a second; a 10,000-partition scrape
     "scrape": ("odradek.perf:scrape_main", False),
     "reassign": ("odradek.bench.reassign:main", False),  # moves 1 GiB to a new broker (issue 17)
-    "security": ("odradek.security_bench:main", False),  # PLAINTEXT vs SASL_SSL, 1,000 ACLs vs none (issue 13)
+    "security": ("odradek.bench.security:main", False),  # PLAINTEXT vs SASL_SSL, 1,000 ACLs vs none (issue 13)
 }
 
 

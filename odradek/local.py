@@ -145,8 +145,9 @@ class LocalBroker:
     def status(self, timeout: float = 5.0) -> dict:
         """The supervisor's status (``odradek status --json``)."""
         from odradek.actors.client import MailboxClient
+        from odradek.actors.names import SUPERVISOR
         with MailboxClient(self.run_dir) as client:
-            return client.request("supervisor", "status", timeout=timeout).fields
+            return client.request(SUPERVISOR, "status", timeout=timeout).fields
 
     def actor(self, name: str) -> dict:
         return next(a for a in self.status()["actors"] if a["name"] == name)

@@ -11,7 +11,8 @@ docs/BENCHMARKS.md.
 * ``storage``: the log library alone: append, lookup, recovery, memory;
 * ``placement``: how many partitions one log-actor process holds, on a real broker;
 * ``pipeline``: the Spark connector's batch read and write (needs the ``spark`` extra);
-* ``reassign``: moving 1 GiB of partition data to a new broker (``odradek perf reassign``).
+* ``reassign``: moving 1 GiB of partition data to a new broker (``odradek perf reassign``);
+* ``security``: PLAINTEXT against SASL_SSL, and 1,000 ACLs against none (``odradek perf security``).
 
 ``odradek/perf.py`` holds the client benchmarks (produce, consume, end-to-end latency,
 replicated, scrape) behind ``odradek perf``.

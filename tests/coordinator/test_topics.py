@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from odradek.coordinator.topics import TopicRegistry, check_topic_name, placement
+from odradek.actors.names import placement
+from odradek.coordinator.topics import TopicRegistry, check_topic_name
 from odradek.network.protocol import ErrorCode, OdradekError
 
 DEFAULTS = {"retention.ms": 604800000, "segment.bytes": 1073741824}

@@ -9,7 +9,7 @@ import pytest
 from odradek.actors.client import MailboxClient
 from odradek.actors.message import decode, encode_header
 from odradek.actors.supervisor import Supervisor, run_supervisor
-from odradek.coordinator.topics import placement
+from odradek.actors.names import PartitionBounds, placement
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek import config as cfg
 from odradek.broker import actor_specs
@@ -58,6 +58,19 @@ def test_a_created_topic_takes_appends_that_the_fetch_actor_serves_as_file_regio
     part, values = fetch_records(storage, "t", 1, 2)
     assert part["error_code"] == 0 and part["high_watermark"] == 6
     assert values == [b"v1-0", b"v1-1", b"v2-0", b"v2-1"]
+
+
+def test_a_log_actors_bounds_read_as_partition_bounds_by_name(storage):
+    """The log actor builds its bounds as a plain list (the produce path); the fields must be
+    PartitionBounds' own, in its order, since the fetch actor and the coordinators read them so."""
+    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 1}]}})
+    storage.request(host("t", 0), "produce", {"acks": 1, "parts": [["t", 0, 0]]},
+                    [encode_batch([(None, b"a"), (None, b"b"), (None, b"c")])])
+    parts = [PartitionBounds(*p) for p in storage.request(host("t", 0), "get_bounds").fields["parts"]]
+    (part,) = [p for p in parts if p.topic == "t"]
+    assert (part.partition, part.log_start_offset, part.log_end_offset, part.high_watermark) == (0, 0, 3, 3)
+    assert part.bounds.log_end_offset == 3 and part.leader and part.leader_epoch == 0
+    assert part.last_stable_offset == 3
 
 
 def test_a_torn_batch_and_a_partition_of_another_host_are_refused_and_nothing_is_written(storage):

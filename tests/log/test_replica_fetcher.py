@@ -10,7 +10,7 @@ import pytest
 
 from odradek.actors.client import MailboxClient
 from odradek.actors.runtime import Actor
-from odradek.coordinator.topics import placement
+from odradek.actors.names import placement
 from odradek.log import records as fmt
 from odradek.log import replica_fetcher as rf
 from odradek.network.protocol import ErrorCode

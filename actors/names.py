@@ -1,0 +1,164 @@
+"""Who is where and what they tell each other: every actor's address, which log actor hosts a
+partition, where a partition's files and a processor's socket lie, and the typed parts of the
+messages between the handlers, the log actors and the fetch actor.
+
+Pure (standard library only), at the bottom of the layers (docs/CONTRIBUTING.md) so that every
+role spells an address and a message the same way without importing another role's code:
+actors talk by message, and this module is how they name each other and the messages.
+
+An address is a ``ChildSpec`` role (``odradek/broker.py``); a pool's members are
+``<role>-<index>`` (``pool_member``): ``log-0``, ``processor-1``, ``handler-2``.
+
+A message is ``type {fields}`` plus raw frames (``actors.message``). Its per-partition entries
+are the NamedTuples below: msgpack packs a tuple as an array, so a receiver gets a plain list
+of the same fields in the same order (it unpacks it positionally, or rebuilds the tuple where
+it reads fields by name). On the produce and fetch path (a handler's produce parts, the log
+actor's bounds after every batch, the fetch actor's replica progress) the sender builds a plain
+tuple or list in the NamedTuple's order and the receiver unpacks it: a NamedTuple's constructor
+is a Python call (~1 us), which that path does not pay per message. Who sends what to whom:
+
+    handler -> log-<i>   produce {acks, timeout_ms, parts: [ProducePart], errors: [PartError]}
+                         + one frame per ProducePart (answered to the client's processor)
+    handler -> log-<i>   delete_records {parts: [DeleteRecordsPart]},
+                         offset_for_leader_epoch {parts: [EpochQuery]}
+                         (answered {body}: Kafka's per-partition entries)
+    handler -> fetch     fetch {body}, list_offsets {body} (answered to the processor)
+    log-<i> -> fetch     bounds {parts: [PartitionBounds], closed: [[topic, partition]], host}
+                         after every batch of appends (one-way; a request when partitions
+                         open or close)
+    fetch -> log-<i>     get_bounds (answered {parts: [PartitionBounds], host});
+                         replica_progress {parts: [ReplicaProgress]} (one-way)
+    controller -> fetch  throttle {rate, parts: [ThrottledReplica]}
+
+The group and transaction coordinators ask ``get_bounds`` too, to read their internal topics.
+Every actor module's opening lists the messages it accepts and sends.
+"""
+from __future__ import annotations
+
+import os
+import zlib
+from typing import NamedTuple
+
+SUPERVISOR = "supervisor"
+CONTROLLER = "controller"  # the standalone controller, or in a cluster the broker agent + controller
+LOG = "log"  # the pool of log actors; a partition's host is ``log_host(topic, partition, hosts)``
+FETCH_ACTOR = "fetch"
+REPLICA_FETCHER = "replica_fetcher"
+GROUP_COORDINATOR = "group_coordinator"
+TXN_COORDINATOR = "txn_coordinator"
+HANDLER = "handler"
+PROCESSOR = "processor"
+ACCEPTOR = "acceptor"
+METRICS = "metrics"
+
+
+def pool_member(role: str, index: int) -> str:
+    """The address of member ``index`` of a pool (``log-0``)."""
+    return f"{role}-{index}"
+
+
+def placement(topic: str, partition: int, hosts: int) -> int:
+    """Which log-actor process hosts a partition: stable across runs and processes;
+    consecutive partitions of a topic land on consecutive hosts."""
+    return (zlib.crc32(topic.encode()) + partition) % hosts
+
+
+def log_host_name(index: int) -> str:
+    """The address of log actor ``index``."""
+    return pool_member(LOG, index)
+
+
+def log_host(topic: str, partition: int, hosts: int) -> str:
+    """The address of the log actor that hosts a partition, of ``hosts`` log actors."""
+    return pool_member(LOG, placement(topic, partition, hosts))
+
+
+def partition_dir(data_dir: str, topic: str, partition: int) -> str:
+    """A partition's directory under the broker's data directory: ``<topic>-<partition>``."""
+    return os.path.join(data_dir, f"{topic}-{partition}")
+
+
+def socket_path(run_dir: str, name: str) -> str:
+    """The Unix socket a processor receives connections on (the acceptor hands them over)."""
+    return os.path.join(run_dir, name) + ".sock"
+
+
+# ---- message parts -------------------------------------------------------------------------
+class ProducePart(NamedTuple):
+    """One partition of a produce: ``frame`` indexes the message's frames (its record batch)."""
+
+    topic: str
+    partition: int
+    frame: int
+
+
+class PartError(NamedTuple):
+    """A partition the handler refused before any log actor saw it."""
+
+    topic: str
+    partition: int
+    code: int
+    message: str
+
+
+class DeleteRecordsPart(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+
+
+class EpochQuery(NamedTuple):
+    """OffsetForLeaderEpoch of one partition: where ``leader_epoch`` ended."""
+
+    topic: str
+    partition: int
+    current_leader_epoch: int
+    leader_epoch: int
+
+
+class LogBounds(NamedTuple):
+    """What the writer tells readers: offsets and the trusted extent of the active segment."""
+
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    active_base_offset: int
+    active_size: int
+    generation: int  # changes whenever the set of segment files changes
+
+
+class PartitionBounds(NamedTuple):
+    """A partition as its log actor last saw it: its ``LogBounds`` (fields 2 to 7), the leader
+    epoch, whether this broker leads it, its replica set, and its last stable offset."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    active_base_offset: int
+    active_size: int
+    generation: int
+    leader_epoch: int
+    leader: bool
+    replicas: list = ()
+    last_stable_offset: int | None = None  # None: the high watermark
+
+    @property
+    def bounds(self) -> LogBounds:
+        return LogBounds(*self[2:8])
+
+
+class ReplicaProgress(NamedTuple):
+    """A follower (``replica``, its broker id) fetched from ``offset``: its log end."""
+
+    topic: str
+    partition: int
+    replica: int
+    offset: int
+
+
+class ThrottledReplica(NamedTuple):
+    topic: str
+    partition: int
+    replica: int

@@ -1,0 +1,289 @@
+"""The group coordinator's administrative APIs: FIND_COORDINATOR (groups, and transactional ids
+for this broker's transaction coordinator), LIST_GROUPS, DESCRIBE_GROUPS and
+CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (a forced removal, or a classic member's
+leave).
+
+Runs in the ``group_coordinator`` process, as part of ``GroupCoordinator`` (a mixin).
+Sends ``status`` to the supervisor (this broker's own address, while the snapshot has no port
+for it).
+"""
+from __future__ import annotations
+
+from odradek.actors.message import Message
+from odradek.actors.names import TXN_COORDINATOR
+from odradek.coordinator.group import EMPTY, GroupError
+from odradek.coordinator.group_requests import GROUP_ID, group_id
+from odradek.coordinator.group_writes import group_write_error
+from odradek.coordinator.offsets import OFFSETS_TOPIC, group_record, offset_record, offsets_leaders, partition_for
+from odradek.network.fields import BadRequest, field
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+
+TXN_STATE_TOPIC = "__transaction_state"  # the transaction coordinator's (coordinator/txn_coordinator.py)
+
+class AdminApi:
+    """The group coordinator's administrative APIs (a mixin of ``GroupCoordinator``)."""
+
+    # ---- administration --------------------------------------------------------------------------
+    def find_coordinator(self, msg: Message, body: dict) -> None:
+        """The leader of the group's ``__consumer_offsets`` partition, with its address from
+        the snapshot's ``brokers``. This broker's own address comes from the snapshot, or,
+        while the snapshot has no port for it (single-broker mode), from the listener.
+        ``keys`` (FindCoordinator v4+) asks for several groups at once: answered
+        ``{"coordinators": [{key, node_id, host, port, error_code, error_message}]}``."""
+        key_type = body.get("key_type", 0)
+        if key_type == 1:
+            self._find_txn_coordinator(msg, body)
+            return
+        if key_type != 0:
+            raise OdradekError(f"key_type {key_type!r}: 0 (group) or 1 (transaction)", ErrorCode.INVALID_REQUEST)
+        keys = body.get("keys")
+        if keys is None:
+            key = body.get("key")
+            node_id, _ = self._coordinator_of(key, None)  # raises before waiting for an address
+
+            def answer(own) -> None:
+                try:
+                    node_id, (host, port) = self._coordinator_of(key, own)
+                except OdradekError as exc:
+                    self.reply_error(msg, exc.code, exc.message)
+                    return
+                self.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port,
+                                          "key": key}})
+            self._own_address(answer)
+            return
+        if not isinstance(keys, list):
+            raise BadRequest("'keys' must be a list of group ids")
+
+        def answer_all(own) -> None:
+            out = []
+            for key in keys:
+                try:
+                    node_id, (host, port) = self._coordinator_of(key, own)
+                    out.append({"key": key, "node_id": node_id, "host": host, "port": port, "error_code": 0})
+                except OdradekError as exc:
+                    out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
+                                "error_message": exc.message})
+            self.reply(msg, {"body": {"coordinators": out}})
+        self._own_address(answer_all)
+
+    def _find_txn_coordinator(self, msg: Message, body: dict) -> None:
+        """FindCoordinator key_type 1 (transactional ids): this broker on a single broker; in
+        a cluster the leader of the id's ``__transaction_state`` partition (the transaction
+        coordinator's rule, coordinator/txn_coordinator.py), which is asked to create the
+        topic when it does not exist yet (COORDINATOR_NOT_AVAILABLE meanwhile)."""
+        keys = body.get("keys")
+        if keys is not None and not isinstance(keys, list):
+            raise BadRequest("'keys' must be a list of transactional ids")
+        if keys is None:
+            self._txn_coordinator_of(body.get("key"), None)  # raises before waiting for an address
+
+        def answer(own) -> None:
+            out = []
+            for key in (keys if keys is not None else [body.get("key")]):
+                try:
+                    node_id, (host, port) = self._txn_coordinator_of(key, own)
+                    out.append({"key": key, "node_id": node_id, "host": host, "port": port, "error_code": 0})
+                except OdradekError as exc:
+                    if keys is None:
+                        self.reply_error(msg, exc.code, exc.message)
+                        return
+                    out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
+                                "error_message": exc.message})
+            self.reply(msg, {"body": {"coordinators": out} if keys is not None else {**out[0], "key": body.get("key")}})
+        self._own_address(answer)
+
+    def _txn_coordinator_of(self, key, own) -> tuple[int, tuple | None]:
+        if not isinstance(key, str) or not key:
+            raise BadRequest("a transactional id must be a non-empty string")
+        if not self.cluster_mode:
+            return self.broker_id, own
+        leaders = offsets_leaders(self.snapshot, self.broker_id, TXN_STATE_TOPIC)
+        if not leaders:
+            self.send(TXN_COORDINATOR, "create_state_topic", {})
+            raise OdradekError(f"{TXN_STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        p = partition_for(key, len(leaders))
+        leader = leaders[p][0]
+        if leader == self.broker_id:
+            return self.broker_id, own
+        entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if not entry or not entry[1]:
+            why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
+            raise OdradekError(f"the coordinator of transactional id {key!r} is not available: "
+                               f"{TXN_STATE_TOPIC}-{p} {why}; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return leader, (entry[0], entry[1])
+
+    def _coordinator_of(self, key, own) -> tuple[int, tuple | None]:
+        """``(node_id, (host, port))`` of group ``key``'s coordinator (``own``: this broker's
+        address, None while not known yet); raises why there is none."""
+        if not self.partitions:
+            if self.cluster_mode:  # clients reach a coordinator only through FindCoordinator: create it now
+                if not self._creating:
+                    self._create_topic()
+                raise OdradekError(f"{OFFSETS_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            return self.broker_id, own  # created on the first write
+        gid = group_id({"key": key}, "key")
+        p = partition_for(gid, self.partitions)
+        leader = self.leaders[p][0] if p < len(self.leaders) else -1
+        if leader == self.broker_id:
+            return self.broker_id, own
+        entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if not entry or not entry[1]:
+            why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
+            raise OdradekError(f"the coordinator of group '{gid}' is not available: {OFFSETS_TOPIC}-{p} {why}; retry",
+                               ErrorCode.COORDINATOR_NOT_AVAILABLE)
+        return leader, (entry[0], entry[1])
+
+    def _own_address(self, then) -> None:
+        entry = (self.snapshot.get("brokers") or {}).get(str(self.broker_id))
+        if entry and entry[1]:
+            then((entry[0], entry[1]))
+        else:
+            self._with_address(then)
+
+    def _with_address(self, then) -> None:
+        if self.address is not None:
+            then(self.address)
+            return
+        from odradek.network.protocol import parse_listener
+        cfg = self.config
+        host, port = parse_listener(cfg.get("advertised.listeners") or cfg["listeners"])
+        if port != 0 or not self.supervisor:
+            self.address = (host, port)
+            then(self.address)
+            return
+
+        def learned(status: Message) -> None:
+            addr = (status.fields or {}).get("supervisor", {}).get("address") if not status.is_error else None
+            if addr:
+                h, _, p = str(addr).rpartition(":")
+                self.address = (host if cfg.get("advertised.listeners") else h, int(p))
+                then(self.address)
+            else:
+                then((host, port))
+        self.request(self.supervisor, "status", callback=learned, timeout=5.0)
+
+    def _known_groups(self) -> list[str]:
+        return sorted(set(self.groups) | set(self.classic) | set(self.offsets))
+
+    def _has_members(self, gid: str) -> bool:
+        g = self.groups.get(gid)
+        cg = self.classic.get(gid)
+        return bool((g is not None and g.members) or (cg is not None and cg.members))
+
+    def _state_of(self, gid: str) -> str:
+        g = self.groups.get(gid)
+        return g.state if g is not None else EMPTY
+
+    def list_groups(self, msg: Message, body: dict) -> None:
+        states = {str(s).lower() for s in field(body, "states_filter", list, [])}
+        types = {str(t).lower() for t in field(body, "types_filter", list, [])}
+        out = []
+        for gid in self._known_groups():
+            cg = self.classic.get(gid)
+            if cg is not None:
+                out.append({"group_id": gid, "protocol_type": cg.protocol_type or "", "group_type": "classic",
+                            "group_state": cg.state})
+            else:
+                out.append({"group_id": gid, "protocol_type": "consumer", "group_type": "consumer",
+                            "group_state": self._state_of(gid)})
+        if states:
+            out = [g for g in out if g["group_state"].lower() in states]
+        if types:
+            out = [g for g in out if g["group_type"] in types]
+        self.reply(msg, {"body": {"error_code": 0, "groups": out}})
+
+    def describe_groups(self, msg: Message, body: dict) -> None:
+        ids = body.get("group_ids", body.get("groups"))
+        if not isinstance(ids, list):
+            raise BadRequest("missing field 'group_ids' (a list of group ids)")
+        out = []
+        for gid in ids:
+            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.fullmatch(gid) else None
+            if error is not None:
+                out.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
+                continue
+            if not isinstance(gid, str) or (gid not in self.groups and gid not in self.offsets
+                                            and gid not in self.classic):
+                out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
+                            "error_message": f"group {gid!r} does not exist"})
+                continue
+            if gid in self.classic:
+                if msg.get("api") == ApiKey.CONSUMER_GROUP_DESCRIBE:
+                    out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
+                                "error_message": f"group '{gid}' is a classic group, not a consumer group"})
+                else:
+                    out.append({"error_code": 0, **self._describe_classic(self.classic[gid])})
+                continue
+            g = self.groups.get(gid)
+            d = g.describe() if g is not None else {"group_id": gid, "group_state": EMPTY, "group_epoch": 0,
+                                                     "assignment_epoch": 0, "assignor_name": "", "members": []}
+            d["members"] = [{**m, "assignment": self._ids(m["assignment"]),
+                             "target_assignment": self._ids(m["target_assignment"])} for m in d["members"]]
+            out.append({"error_code": 0, **d})
+        self.reply(msg, {"body": {"groups": out}})
+
+    def delete_groups(self, msg: Message, body: dict) -> None:
+        names = body.get("groups_names", body.get("group_ids"))
+        if not isinstance(names, list):
+            raise BadRequest("missing field 'groups_names' (a list of group ids)")
+        results, pending = [], {"n": 1}
+
+        def finish() -> None:
+            pending["n"] -= 1
+            if pending["n"] == 0:
+                self.reply(msg, {"body": {"results": results}})
+
+        for gid in names:
+            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.fullmatch(gid) else None
+            if error is not None:
+                results.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
+                continue
+            g = (self.groups.get(gid) or self.classic.get(gid)) if isinstance(gid, str) else None
+            if not isinstance(gid, str) or (g is None and gid not in self.offsets):
+                results.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
+                                "error_message": f"group {gid!r} does not exist"})
+                continue
+            if g is not None and g.members:
+                results.append({"group_id": gid, "error_code": int(ErrorCode.NON_EMPTY_GROUP),
+                                "error_message": f"group '{gid}' has {len(g.members)} members; stop them first"})
+                continue
+            recs = [offset_record(gid, t, p, None) for t, p in self.offsets.pop(gid, {})]
+            recs.append(group_record(gid, None))
+            if g is not None:
+                g.deleted = True
+            self.groups.pop(gid, None)
+            self.classic.pop(gid, None)
+            self.empty_since.pop(gid, None)
+            entry = {"group_id": gid, "error_code": 0}
+            results.append(entry)
+            pending["n"] += 1
+
+            def stored(code, error, entry=entry) -> None:
+                if code:
+                    entry.update(error_code=int(group_write_error(code)),
+                                 error_message=f"deleted here, but the tombstones were not stored: {error}")
+                finish()
+            self._append(gid, recs, stored)
+        finish()
+
+    def leave_group(self, msg: Message, body: dict) -> None:
+        """Remove members by id (a tool's forced removal; KIP-848 members leave by heartbeat,
+        classic members by this request, by member id or ``group_instance_id``)."""
+        gid = group_id(body)
+        if gid in self.classic:
+            self._classic_leave(msg, body, self.classic[gid])
+            return
+        g = self.groups.get(gid)
+        if g is None:
+            raise OdradekError(f"group '{gid}' does not exist", ErrorCode.GROUP_ID_NOT_FOUND)
+        out = []
+        for m in field(body, "members", list):
+            member_id = m.get("member_id") if isinstance(m, dict) else None
+            try:
+                g.remove_member(member_id, self.topics)
+                self._answer_held((gid, member_id))
+                out.append({"member_id": member_id, "error_code": 0})
+            except GroupError as exc:
+                out.append({"member_id": member_id, "error_code": int(exc.code), "error_message": exc.message})
+        self._changed(g)
+        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, "members": out}}), msg)
