@@ -55,7 +55,13 @@ def test_a_created_topic_takes_appends_that_the_fetch_actor_serves_as_file_regio
         r = storage.request(host("t", 1), "produce", {"acks": 1, "parts": [["t", 1, 0]]},
                             [encode_batch([(None, b"v%d-%d" % (i, j)) for j in range(2)])])
         assert r.fields["body"]["topics"][0]["partitions"][0]["base_offset"] == 2 * i
+    # the fetch actor learns a partition's bounds from its log actor's ``bounds`` message,
+    # sent after the append is answered: a fetch at once may see the previous bounds
+    deadline = time.monotonic() + 10
     part, values = fetch_records(storage, "t", 1, 2)
+    while part["high_watermark"] < 6 and time.monotonic() < deadline:
+        time.sleep(0.05)
+        part, values = fetch_records(storage, "t", 1, 2)
     assert part["error_code"] == 0 and part["high_watermark"] == 6
     assert values == [b"v1-0", b"v1-1", b"v2-0", b"v2-1"]
 
