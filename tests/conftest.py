@@ -2,8 +2,11 @@
 
 ``broker`` starts one ``odradek serve`` per test; ``start_broker(**settings)`` starts as many
 as a test needs, each with its own settings (``num_io_threads=4`` becomes
-``--set num.io.threads=4``). Every broker is stopped in teardown, even when the test fails:
-SIGTERM, then SIGKILL of its whole process group.
+``--set num.io.threads=4``). ``shared_broker`` is one broker shared by a module's tests that
+keep apart by topic (and group) names and never stop, kill or reconfigure it. Every broker
+is killed in teardown, even when the test fails (SIGKILL of the supervisor and of every
+actor, then nothing is left): its data is thrown away, and a graceful stop takes seconds
+that no test looks at (a test of the graceful path calls ``terminate()`` itself).
 """
 from __future__ import annotations
 
@@ -36,9 +39,30 @@ def start_broker(tmp_path_factory):
 
     yield start
     for b in brokers:
-        b.stop()
+        b.discard()
 
 
 @pytest.fixture
 def broker(start_broker) -> BrokerProcess:
     return start_broker()
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory) -> BrokerProcess:
+    b = BrokerProcess(str(tmp_path_factory.mktemp("shared-broker")), {})
+    b.start()
+    try:
+        yield b
+    finally:
+        b.discard()
+
+
+@pytest.fixture(scope="module")
+def _module_cluster():
+    """The slot of a module's shared cluster (``shared_cluster`` in tests/cluster/conftest.py,
+    which fills it; ``make_cluster`` empties it). Here, so every module that imports the
+    cluster fixtures finds it; the cluster is killed at the module's end."""
+    held: dict = {"cluster": None}
+    yield held
+    if held["cluster"] is not None:
+        held["cluster"].stop(graceful=False)
