@@ -1,4 +1,6 @@
-"""The client against real brokers (tests/conftest.py starts and always stops them)."""
+"""The client against real brokers (tests/conftest.py starts and always stops them). One
+broker serves the module (``broker`` below): each test has topics of its own and none stops
+it; the restart test starts brokers of its own."""
 from __future__ import annotations
 
 import collections
@@ -12,6 +14,11 @@ from odradek import Admin, Consumer, Producer, TopicPartition, errors
 from odradek.cluster import Connection
 from odradek.producer import encode_rows
 from odradek.network.protocol import ApiKey
+
+
+@pytest.fixture
+def broker(shared_broker):
+    return shared_broker
 
 
 def consume_all(bootstrap: str, tps: list, expected: int, max_wait: float = 30.0) -> list:

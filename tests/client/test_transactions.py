@@ -28,7 +28,7 @@ def broker(tmp_path_factory):
     try:
         yield b
     finally:
-        b.stop()
+        b.discard()  # kill -9: its data is thrown away
 
 
 @pytest.fixture
@@ -163,7 +163,7 @@ def test_a_transaction_with_offsets_survives_a_broker_kill_before_its_commit(tmp
             assert c.committed(TopicPartition("src", 0)) == 5
         assert [r.value for r in read_all(b.bootstrap, "dst", "read_committed")] == [b"out"]
     finally:
-        b.stop()
+        b.discard()  # kill -9: its data is thrown away
 
 
 def test_the_end_offset_of_a_read_committed_consumer_is_the_last_stable_offset(broker, topic):

@@ -117,13 +117,13 @@ def test_a_client_that_never_reads_its_answers_is_no_longer_read(start_broker):
         writer.join(10)
 
 
-def test_a_request_nested_too_deep_gets_invalid_request_and_the_connection_goes_on(broker):
+def test_a_request_nested_too_deep_gets_invalid_request_and_the_connection_goes_on(shared_broker):
     """Defect 7: a body nested 1,022 deep made the processor fail ("recursion limit
     exceeded") and never answer; that connection was wedged for good."""
     deep = 0
     for _ in range(1022):
         deep = [deep]
-    sock = raw_socket(broker)
+    sock = raw_socket(shared_broker)
     try:
         sock.sendall(raw_request(ApiKey.PING, 1, {"deep": deep}) + raw_request(ApiKey.PING, 2, {"ok": 1}))
         responses, closed = read_responses(sock, 2, timeout=10)
@@ -135,10 +135,10 @@ def test_a_request_nested_too_deep_gets_invalid_request_and_the_connection_goes_
         sock.close()
 
 
-def test_a_map_with_an_integer_key_gets_invalid_request_at_once(broker):
+def test_a_map_with_an_integer_key_gets_invalid_request_at_once(shared_broker):
     """Defect 13: a header map with an integer key was dropped; the client waited 30 s for
     REQUEST_TIMED_OUT."""
-    sock = raw_socket(broker)
+    sock = raw_socket(shared_broker)
     try:
         started = time.monotonic()
         sock.sendall(raw_request(ApiKey.PING, 1, {"topics": {7: "t"}}) + raw_request(ApiKey.PING, 2, {"ok": 1}))

@@ -1,4 +1,5 @@
-"""Retention, compaction and config changes acting on live topics of a real broker."""
+"""Retention, compaction and config changes acting on live topics of a real broker (one for
+the module, with the fast retention and cleaner settings below; each test has its own topic)."""
 import time
 
 import pytest
@@ -6,9 +7,20 @@ import pytest
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey
 from odradek import Admin, Consumer, Producer, TopicPartition
+from tests.conftest import BrokerProcess
 
 FAST = {"log_retention_check_interval_ms": 100, "log_segment_delete_delay_ms": 0, "log_cleaner_backoff_ms": 100,
         "log_segment_bytes_min": 1024}  # the test-only way to small segments
+
+
+@pytest.fixture(scope="module")
+def fast_broker(tmp_path_factory):
+    b = BrokerProcess(str(tmp_path_factory.mktemp("live-topics")), {k.replace("_", "."): v for k, v in FAST.items()})
+    b.start()
+    try:
+        yield b
+    finally:
+        b.discard()
 
 
 def wait_for(pred, timeout=20.0, what="condition"):
@@ -38,8 +50,8 @@ def fetch_error(broker, topic, offset):
         conn.close()
 
 
-def test_retention_by_bytes_deletes_old_segments_and_their_offsets_go_out_of_range(start_broker):
-    broker = start_broker(**FAST)
+def test_retention_by_bytes_deletes_old_segments_and_their_offsets_go_out_of_range(fast_broker):
+    broker = fast_broker
     tp = TopicPartition("r", 0)
     with Admin(broker.bootstrap) as admin:
         admin.create_topic("r", config={"segment.bytes": 65536, "retention.bytes": 131072})
@@ -55,8 +67,8 @@ def test_retention_by_bytes_deletes_old_segments_and_their_offsets_go_out_of_ran
         assert got[0].offset >= start and [r.offset for r in got] == list(range(got[0].offset, 3000))
 
 
-def test_altering_retention_of_a_live_topic_takes_effect_without_a_restart(start_broker):
-    broker = start_broker(**FAST)
+def test_altering_retention_of_a_live_topic_takes_effect_without_a_restart(fast_broker):
+    broker = fast_broker
     tp = TopicPartition("a", 0)
     with Admin(broker.bootstrap) as admin:
         admin.create_topic("a", config={"segment.bytes": 65536})
@@ -71,8 +83,8 @@ def test_altering_retention_of_a_live_topic_takes_effect_without_a_restart(start
         assert "retention.bytes" in str(err.value)
 
 
-def test_compaction_keeps_the_latest_value_of_each_key_on_a_live_topic(start_broker):
-    broker = start_broker(**FAST)
+def test_compaction_keeps_the_latest_value_of_each_key_on_a_live_topic(fast_broker):
+    broker = fast_broker
     tp = TopicPartition("c", 0)
     keys = [b"k%d" % i for i in range(10)]
     records = [(k, b"%s=v%d" % (k, n)) for n in range(300) for k in keys]
