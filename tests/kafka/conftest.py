@@ -1,5 +1,6 @@
-"""Fixtures for the Kafka-compatibility tests: one real broker per module (real Kafka
-clients judge it; state is kept apart by topic names), stopped in teardown."""
+"""Fixtures for the Kafka-compatibility tests: one real broker for the whole tests/kafka
+package (real Kafka clients judge it; state is kept apart by topic and group names; modules
+that need other settings start their own), killed in teardown."""
 from __future__ import annotations
 
 import shutil
@@ -10,14 +11,14 @@ import pytest
 from odradek.local import LocalBroker
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def kafka_broker(tmp_path_factory):
     broker = LocalBroker(str(tmp_path_factory.mktemp("kafka-broker")),
                          {"shutdown.timeout.ms": 10000, "message.max.bytes": 1048576}, start_timeout=240).start()
     try:
         yield broker
     finally:
-        broker.stop()
+        broker.discard()  # kill -9: its data is thrown away
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ def broker(tmp_path_factory):
     try:
         yield b
     finally:
-        b.stop()
+        b.discard()  # kill -9: its data is thrown away
 
 
 @pytest.fixture
@@ -399,7 +399,7 @@ def test_a_classic_group_survives_its_coordinators_restart_without_a_rebalance(t
     finally:
         if c is not None:
             c.close()
-        b.stop()
+        b.discard()
 
 
 # ---- administration ------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ def kafka_broker(tmp_path_factory):
     try:
         yield broker
     finally:
-        broker.stop()
+        broker.discard()  # kill -9: its data is thrown away
 
 
 def read(bootstrap: str, topic: str, isolation: str, wait: float = 30, expect: int | None = None) -> list[bytes]:
@@ -155,7 +155,7 @@ def test_a_broker_killed_and_restarted_keeps_the_transaction_state_and_the_last_
         again.commit_transaction(30)
         assert read(broker.bootstrap, "kept", "read_committed", expect=4) == committed + [b"after"]
     finally:
-        broker.stop()
+        broker.discard()  # kill -9: its data is thrown away
 
 
 def test_offsets_sent_to_an_aborted_transaction_are_not_committed_and_to_a_committed_one_are(bootstrap, txn_topic):
