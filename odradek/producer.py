@@ -54,10 +54,12 @@ UNKNOWN_PRODUCER_ID (the partition forgot the producer) and INVALID_PRODUCER_ID_
 refuse a batch without writing it. If an earlier batch of the partition is unresolved, the
 refused one is simply sent again after it. Otherwise the partition no longer follows the
 producer's sequence and the producer bumps its epoch (KIP-360; a new producer id when the
-epoch is exhausted or refused): it first resolves every batch of the old epoch whose fate is
-in doubt (sent again with its own stamp: a batch already written is recognised, not written
-twice), sends nothing new meanwhile, then restarts every partition's sequence at 0 and
-stamps the unwritten batches anew. Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
+epoch is exhausted or refused). Each partition moves to the new epoch once none of its
+batches is in doubt (a batch in doubt is sent again with its own stamp: if it was written it
+is recognised, not written twice); then its sequence restarts at 0 and its unwritten batches
+are stamped anew. The refused partition sends nothing new until then; the others go on.
+At most 5 batches of a partition are stamped from its oldest unresolved one on (the leader
+recognises a retry among a producer's last 5). Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
 ``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
 default (None) it is then simply off.
 
@@ -949,8 +951,13 @@ class _Sender:
         # (log.producer_state), so a window never holds more than max_in_flight_per_partition
         # (<= 5): a batch in doubt is always recognised if it was written.
         self.window: dict[tuple, collections.deque] = {}
-        self.bump_wanted = False  # a refusal asked for a new epoch (or id); see _bump_when_settled
-        self.new_id_wanted = False
+        # the (producer id, epoch) a partition's window is stamped with: the current one, or an
+        # older one until the partition has no batch in doubt (Kafka's producer switches each
+        # partition to a bumped epoch only with nothing in flight there)
+        self.stamp_of: dict[tuple, tuple] = {}
+        # partitions whose leader refused their sequence: nothing new is stamped for them until
+        # they switch to the current epoch (``_switch_settled``)
+        self.broken: set = set()
         self.resets = 0
         self.init_error: OdradekError | None = None  # InitProducerId refused for good
 
@@ -994,7 +1001,7 @@ class _Sender:
         now = time.monotonic()
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
-            due = [b.retry_at for b in self.retry if not (self.bump_wanted and self._waits_for_bump(b))]
+            due = [b.retry_at for b in self.retry if not (self.broken and self._waits_for_switch(b))]
             if due:
                 timeout = min(timeout, max(0.0, min(due) - now))
         if self.metadata_wanted:
@@ -1026,9 +1033,9 @@ class _Sender:
         (its old leader) waits for their answers before anything goes to the new leader."""
         if not self.retry:
             return
-        if self.bump_wanted:
-            self._bump_when_settled()
-        bumping = self.bump_wanted  # until then only batches in doubt go (with their own stamp)
+        if self.broken:
+            self._switch_settled()
+        broken = self.broken  # their batches in doubt go (with their own stamp), nothing else
         now = time.monotonic()
         cluster = self.p._cluster
         in_flight = self.in_flight
@@ -1042,7 +1049,7 @@ class _Sender:
                                             f"delivery_timeout_ms ({batch.attempts} attempts)"))
                 continue
             tp = (batch.topic, batch.partition)
-            if bumping and self._waits_for_bump(batch):
+            if broken and self._waits_for_switch(batch):
                 waiting.append(batch)  # its partition's later batches in doubt may still go
                 continue
             leader = cluster.leader(batch.topic, batch.partition)
@@ -1188,7 +1195,6 @@ class _Sender:
             code, message = body.get("error_code", 0), body.get("error_message") or ""
             if not code:
                 self.producer_id, self.epoch = body["producer_id"], body["producer_epoch"]
-                self.next_seq.clear()
                 self.init_error = None
                 log.debug("producer id %d epoch %d", self.producer_id, self.epoch)
                 return True
@@ -1204,18 +1210,24 @@ class _Sender:
         """Give a batch about to be sent for the first time (or after a reset) the producer id,
         epoch and its partition's next sequence; the CRC covers them and is redone."""
         tp = (b.topic, b.partition)
+        window = self.window.get(tp)
+        if window is None:
+            window = self.window[tp] = collections.deque()
+        ident = self.stamp_of.get(tp)
+        current = (self.producer_id, self.epoch)
+        if ident != current and not window:  # nothing in doubt here: the partition takes the current epoch
+            ident = self.stamp_of[tp] = current
+            self.next_seq[tp] = 0
+        pid, epoch = ident
         seq = self.next_seq.get(tp, 0)
         self.next_seq[tp] = (seq + b.count) & 0x7FFFFFFF  # Kafka's wrap after 2**31 - 1
         data = b.data if isinstance(b.data, bytearray) else bytearray(b.data)
-        _STAMP_PACK(data, OFFSET_PRODUCER_ID, self.producer_id, self.epoch, seq)
+        _STAMP_PACK(data, OFFSET_PRODUCER_ID, pid, epoch, seq)
         if self.p._txn is not None:
             data[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT
         _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
         b.data = data
-        b.stamp = (self.producer_id, self.epoch, seq)
-        window = self.window.get(tp)
-        if window is None:
-            window = self.window[tp] = collections.deque()
+        b.stamp = (pid, epoch, seq)
         window.append(b)
 
     def _refused_unwritten(self, b: _Batch, code: int, message: str) -> bool:
@@ -1231,52 +1243,51 @@ class _Sender:
         if self.p._txn is not None:
             return False
         b.unwritten = True
+        tp = (b.topic, b.partition)
         if self._earlier_unresolved(b):
             b.retry_at = time.monotonic() + self.p.retry_backoff  # after the earlier one
         else:
-            if not self.bump_wanted:
-                log.info("%s on %s-%d (%s): a new producer epoch is needed; sending waits until no batch of "
-                         "the current epoch is in doubt", ErrorCode.of(code).name, b.topic, b.partition, message)
-            self.bump_wanted = True
-            if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING:
-                self.new_id_wanted = True
+            if tp not in self.broken:
+                log.info("%s on %s-%d (%s): the partition moves to a new producer epoch once none of its "
+                         "batches is in doubt", ErrorCode.of(code).name, b.topic, b.partition, message)
+                self.broken.add(tp)
+                if b.stamp[:2] == (self.producer_id, self.epoch):  # else the producer has bumped already
+                    self.resets += 1
+                    if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING or self.epoch >= MAX_EPOCH:
+                        self.producer_id, self.epoch = -1, 0  # InitProducerId before the next stamp
+                    else:
+                        self.epoch += 1
+                    log.info("producer epoch bumped to %d (id %d)", self.epoch, self.producer_id)
             b.retry_at = time.monotonic()
         self.retried += 1
         self.retry.append(b)
         self.retry.sort(key=lambda x: x.created)
         return True
 
-    def _bump_when_settled(self) -> None:
-        """Bump the epoch once every batch stamped with the current one is resolved or known
-        unwritten: a batch whose fate is in doubt (answer lost) is first sent again with its
-        own stamp, so its partition answers with the offsets it wrote or writes it once; were
-        it stamped anew, a batch already written would be written a second time. Then every
-        partition's sequence restarts at 0 and the unwritten batches are stamped anew (KIP-360;
-        Kafka's producer also bumps only with nothing in flight)."""
-        for window in self.window.values():
-            for b in window:
-                if not (b.unwritten or b.future.done()):
-                    return
-        self.resets += 1
-        if self.new_id_wanted or self.epoch >= MAX_EPOCH:
-            self.producer_id, self.epoch = -1, 0
-        else:
-            self.epoch += 1
-        self.new_id_wanted = self.bump_wanted = False
-        self.next_seq.clear()
+    def _switch_settled(self) -> None:
+        """Move each refused partition to the current epoch once none of its batches is in
+        doubt: a batch whose fate is unknown (answer lost) is first sent again with its own
+        stamp, so the partition answers with the offsets it wrote or writes it once; were it
+        stamped anew, a batch already written would be written a second time. Then the
+        partition's sequence restarts at 0 and its unwritten batches are stamped anew (KIP-360).
+        Other partitions go on meanwhile, each switching when it next has nothing in doubt."""
         now = time.monotonic()
-        for window in self.window.values():
+        for tp in list(self.broken):
+            window = self.window.get(tp, ())
+            if any(not (b.unwritten or b.future.done()) for b in window):
+                continue
             for b in window:
                 if not b.future.done():
                     b.stamp, b.unwritten, b.retry_at = None, False, now
-        self.window.clear()
-        log.info("producer epoch bumped to %d (id %d), sequences restart at 0", self.epoch, self.producer_id)
+            self.window.pop(tp, None)
+            self.stamp_of.pop(tp, None)
+            self.broken.discard(tp)
 
-    def _waits_for_bump(self, b: _Batch) -> bool:
-        """While a bump is wanted, only batches in doubt are sent: new ones and refused ones
-        wait for the new epoch (a batch in doubt behind a refused one of its partition is
-        sent anyway: the partition refuses it, or recognises it if it was written)."""
-        return b.stamp is None or b.unwritten
+    def _waits_for_switch(self, b: _Batch) -> bool:
+        """A refused partition sends only its batches in doubt until it switches: new ones and
+        refused ones wait for the new epoch (a batch in doubt behind a refused one is sent
+        anyway: the partition refuses it, or recognises it if it was written)."""
+        return (b.stamp is None or b.unwritten) and (b.topic, b.partition) in self.broken
 
     def _earlier_unresolved(self, b: _Batch) -> bool:
         """Is a batch stamped before ``b`` (same partition, same epoch) still unresolved?"""
