@@ -945,8 +945,8 @@ class _Sender:
         # idempotence: the producer id and epoch in use, each partition's next sequence
         self.producer_id, self.epoch = -1, 0
         self.next_seq: dict[tuple, int] = {}
-        # each partition's window: the batches stamped with the current id and epoch from its
-        # oldest unresolved one on (resolved ones behind it stay until it is resolved). The
+        # each partition's window: the batches stamped with its id and epoch (``stamp_of``) from
+        # its oldest unresolved one on (resolved ones behind it stay until it is resolved). The
         # partition's leader recognises a retry among the last 5 batches it wrote of a producer
         # (log.producer_state), so a window never holds more than max_in_flight_per_partition
         # (<= 5): a batch in doubt is always recognised if it was written.
