@@ -85,9 +85,7 @@ class Coordinator:
         self.address: tuple[str, int] | None = None
 
     def find(self, timeout: float | None = None) -> tuple[str, int]:
-        key = {"key": self.group_id} if self.key_type == GROUP_KEY else {"key": self.group_id,
-                                                                         "key_type": self.key_type}
-        body = self.cluster.request(ApiKey.FIND_COORDINATOR, key,
+        body = self.cluster.request(ApiKey.FIND_COORDINATOR, {"key": self.group_id, "key_type": self.key_type},
                                     timeout=self.timeout if timeout is None else timeout).header["body"]
         address = self.address = (body["host"], int(body["port"]))
         return address

@@ -207,15 +207,7 @@ class LocalBroker:
         graceful stop takes; nothing is left running."""
         if self.proc is not None and self.proc.poll() is None:
             kids = self.children()
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # started in its own session: group id == pid
-            except (ProcessLookupError, PermissionError):
-                pass
-            for kid in kids:
-                try:
-                    kid.kill()
-                except psutil.NoSuchProcess:
-                    pass
+            _kill_group(self.proc.pid, kids)
             self.proc.wait(30)
             psutil.wait_procs(kids, timeout=30)
             self.paused = []
@@ -337,6 +329,20 @@ def _listens_on(pid: int, port: int) -> bool:
     return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in conns)
 
 
+def _kill_group(pid: int, procs) -> None:
+    """SIGKILL process group ``pid`` (a process we started in its own session: group id ==
+    pid) and each of ``procs`` (those that may have left the group)."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    for p in procs:
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+
+
 def stop_pid(pid: int, create_time: float | None = None, timeout: float = 20.0, tree: bool = True) -> bool:
     """SIGTERM a process we started (checked by ``create_time`` against pid reuse), then SIGKILL
     it, its process group and, with ``tree``, every descendant still there after ``timeout``.
@@ -353,15 +359,7 @@ def stop_pid(pid: int, create_time: float | None = None, timeout: float = 20.0, 
         return False
     gone, alive = psutil.wait_procs([proc], timeout=timeout)
     if alive:
-        try:
-            os.killpg(pid, signal.SIGKILL)  # started in its own session: group id == pid
-        except (ProcessLookupError, PermissionError):
-            pass
-        for p in alive:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
+        _kill_group(pid, alive)
     leftovers = [k for k in kids if k.is_running()]
     if leftovers:
         psutil.wait_procs(leftovers, timeout=5)

@@ -56,12 +56,15 @@ def listeners_of(broker: LocalBroker) -> dict[str, tuple[str, int, str]]:
     return out
 
 
-def warm_kafka(host: str, port: int, connections: int = 4, timeout: float = 120.0) -> None:
-    """Open several Kafka connections at once and wait for ApiVersions on each: a processor
-    imports the Kafka codec (kio's schemas) on its first Kafka connection, which takes
-    seconds on this loaded machine, longer than librdkafka waits for its first answer."""
+def warm_kafka(host: str, port: int, connections: int = 4, timeout: float = 120.0, context=None) -> None:
+    """Open several Kafka connections at once and wait for ApiVersions on each (over TLS with
+    an ``ssl`` ``context``; allowed before SASL): a processor imports the Kafka codec (kio's
+    schemas) on its first Kafka connection, which takes seconds on this loaded machine,
+    longer than librdkafka waits for its first answer."""
     request = b"\x00\x12\x00\x00\x00\x00\x00\x01\x00\x04warm"  # ApiVersions v0, corr 1, client "warm"
     socks = [socket.create_connection((host, port), timeout=timeout) for _ in range(connections)]
+    if context is not None:
+        socks = [context.wrap_socket(s, server_hostname=host) for s in socks]
     try:
         for s in socks:
             s.sendall(len(request).to_bytes(4, "big") + request)

@@ -8,7 +8,6 @@ only if the replica fetcher and the controller channel sign in as ``User:broker`
 from __future__ import annotations
 
 import os
-import socket
 import ssl
 import time
 import uuid
@@ -22,7 +21,7 @@ from odradek.network import secstore
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from tests.cluster.conftest import TEST_SETTINGS, zookeeper  # noqa: F401 - the session's ZooKeeper
-from tests.security.conftest import listeners_of
+from tests.security.conftest import listeners_of, warm_kafka
 
 PASSWORDS = {"broker": "broker-secret", "alice": "alice-secret"}
 NAMES = ("INTERNAL", "EXTERNAL")
@@ -68,21 +67,7 @@ def _bundled_options(certs) -> dict:
 
 
 def _warm_kafka(host: str, port: int, certs, connections: int = 3) -> None:
-    """ApiVersions over TLS on a few connections at once (allowed before SASL): a processor
-    imports the Kafka codec on its first Kafka connection, slower on a loaded machine than
-    librdkafka waits for its first answer."""
-    context = ssl.create_default_context(cafile=certs["ca"] + ".pem")
-    request = b"\x00\x12\x00\x00\x00\x00\x00\x01\x00\x04warm"  # ApiVersions v0, corr 1, client "warm"
-    socks = [context.wrap_socket(socket.create_connection((host, port), timeout=120), server_hostname=host)
-             for _ in range(connections)]
-    try:
-        for s in socks:
-            s.sendall(len(request).to_bytes(4, "big") + request)
-        for s in socks:
-            assert s.recv(4), "no ApiVersions answer while warming up"
-    finally:
-        for s in socks:
-            s.close()
+    warm_kafka(host, port, connections, context=ssl.create_default_context(cafile=certs["ca"] + ".pem"))
 
 
 def _confluent(cluster, certs, listener: str, broker: int = 1) -> dict:
