@@ -1,7 +1,8 @@
 """The controller's own mechanisms, on real three-broker clusters: controller-epoch fencing,
 leader election rules (clean by default, unclean per topic), preferred leaders, topic
 deletion and config changes reaching every replica. The fault scenarios under load are in
-test_faults.py."""
+test_faults.py. Tests on the tests' settings share one cluster, healed after each
+(``shared_cluster``, tests/cluster/conftest.py); each has topics of its own."""
 from __future__ import annotations
 
 import os
@@ -38,8 +39,8 @@ def request(broker, api: int, body: dict) -> dict:
         conn.close()
 
 
-def test_a_deposed_controllers_requests_are_refused_and_the_new_one_has_a_higher_epoch(make_cluster):
-    cluster = make_cluster()
+def test_a_deposed_controllers_requests_are_refused_and_the_new_one_has_a_higher_epoch(shared_cluster):
+    cluster = shared_cluster
     old = cluster.controller_id()
     old_epoch = int(cluster.kazoo.get("/controller_epoch")[0])
     cluster.kill(old)
@@ -58,8 +59,8 @@ def test_a_deposed_controllers_requests_are_refused_and_the_new_one_has_a_higher
         assert admin.list_topics(include_internal=True) is not None
 
 
-def test_without_unclean_election_a_partition_whose_isr_is_dead_stays_offline(make_cluster):
-    cluster = make_cluster()
+def test_without_unclean_election_a_partition_whose_isr_is_dead_stays_offline(shared_cluster):
+    cluster = shared_cluster
     create(cluster, "clean", rf=2, min_insync_replicas=1)
     state = cluster.partition_state("clean", 0)
     replicas = cluster.topic_assignment("clean")[0]
@@ -82,8 +83,8 @@ def test_without_unclean_election_a_partition_whose_isr_is_dead_stays_offline(ma
     assert meta.error_code == ErrorCode.LEADER_NOT_AVAILABLE
 
 
-def test_unclean_election_per_topic_elects_an_out_of_sync_replica(make_cluster):
-    cluster = make_cluster()
+def test_unclean_election_per_topic_elects_an_out_of_sync_replica(shared_cluster):
+    cluster = shared_cluster
     create(cluster, "unclean", rf=2, min_insync_replicas=1, unclean_leader_election_enable="true")
     state = cluster.partition_state("unclean", 0)
     follower = next(r for r in cluster.topic_assignment("unclean")[0] if r != state["leader"])
@@ -94,6 +95,73 @@ def test_unclean_election_per_topic_elects_an_out_of_sync_replica(make_cluster):
     cluster.wait_for(lambda: cluster.leader("unclean", 0) == follower, 30, "the out-of-sync follower elected")
     with Producer(cluster.broker(follower).bootstrap, acks=1) as p:
         assert p.send("unclean", b"after", partition=0).result(timeout=30).offset >= 0
+
+
+def test_a_deleted_topic_leaves_no_replica_and_no_znode(shared_cluster):
+    cluster = shared_cluster
+    create(cluster, "doomed", partitions=2)
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(20):
+            p.send("doomed", b"x%d" % i, partition=i % 2)
+        p.flush(timeout=30)
+    dirs = [partition_dir(cluster.broker(b).data_dir, "doomed", p) for b in cluster.ids for p in range(2)]
+    assert all(os.path.isdir(d) for d in dirs)
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic("doomed")
+        assert "doomed" not in admin.list_topics()
+    cluster.wait_for(lambda: not any(os.path.exists(d) for d in dirs), 30, "every replica's directory gone")
+    assert cluster.topic_assignment("doomed") is None
+    create(cluster, "doomed", partitions=1)  # the name is free again
+
+
+def test_a_topic_config_change_reaches_the_leaders(shared_cluster):
+    cluster = shared_cluster
+    create(cluster, "conf", min_insync_replicas=2)
+    state = cluster.partition_state("conf", 0)
+    follower = next(r for r in state["isr"] if r != state["leader"])
+    cluster.kill(follower)
+    cluster.wait_for(lambda: len(cluster.isr("conf", 0)) == 2, 30, "ISR of two")
+    with Producer(cluster.bootstrap, acks="all") as p:
+        p.send("conf", b"two-in-sync", partition=0).result(timeout=30)
+    with Admin(cluster.bootstrap) as admin:
+        admin.alter_configs("conf", set={"min.insync.replicas": 3})
+    with Producer(cluster.bootstrap, acks="all", retries=0) as p:
+        f = p.send("conf", b"needs-three", partition=0)
+        assert isinstance(f.exception(timeout=30), NotEnoughReplicasError)
+
+
+def test_a_topic_recreated_while_a_replica_was_down_never_serves_that_replicas_old_data(shared_cluster):
+    """Broker B misses the deletion of a topic (it is down); the topic is created again with the
+    same name and a replica on B. B's directory still holds the old topic's log: it must be
+    thrown away (the topic id differs), not taken as the new topic's data."""
+    cluster = shared_cluster
+    create(cluster, "reborn")
+    with Producer(cluster.bootstrap, acks="all") as p:
+        for i in range(20):  # one batch each: a truncation by offset could keep some of them
+            p.send("reborn", b"old-%d" % i, partition=0).result(timeout=30)
+    victim = next(b for b in cluster.ids if b != cluster.controller_id())
+    cluster.kill(victim)
+    cluster.wait_for(lambda: victim not in cluster.registered_brokers(), 30, "the victim's session gone")
+    with Admin(cluster.bootstrap) as admin:
+        admin.delete_topic("reborn")
+    cluster.restart(victim)
+    cluster.wait_for(lambda: victim in cluster.registered_brokers(), 30, "the victim back")
+    cluster.wait_ready()
+    fetcher = cluster.broker(victim).actor_process("replica_fetcher")
+    fetcher.suspend()  # the new topic gets data before the victim's replica compares epochs
+    try:
+        create(cluster, "reborn")  # replication factor 3: a replica on the victim again
+        with Producer(cluster.bootstrap, acks=1) as p:
+            for i in range(5):
+                p.send("reborn", b"new-%d" % i, partition=0)
+            p.flush(timeout=30)
+    finally:
+        fetcher.resume()
+    # committed once the victim's replica has the 5 new records at offsets 0-4
+    cluster.wait_for(lambda: high_watermarks(cluster.bootstrap, "reborn", [0])[0] == 5, 60, "high watermark 5")
+    assert_replicas_identical(cluster, "reborn", [0], timeout=30)
+    got = read_all(cluster.bootstrap, "reborn", [0])
+    assert sorted(got.snapshot().values()) == [b"new-%d" % i for i in range(5)]
 
 
 def test_leadership_returns_to_the_preferred_replica(make_cluster):
@@ -130,39 +198,6 @@ def test_the_controller_rebalances_preferred_leaders_on_its_own(make_cluster):
     cluster.wait_for(lambda: cluster.leader("auto", 1) == victim, 30, "the preferred leader back by itself")
 
 
-def test_a_deleted_topic_leaves_no_replica_and_no_znode(make_cluster):
-    cluster = make_cluster()
-    create(cluster, "doomed", partitions=2)
-    with Producer(cluster.bootstrap, acks="all") as p:
-        for i in range(20):
-            p.send("doomed", b"x%d" % i, partition=i % 2)
-        p.flush(timeout=30)
-    dirs = [partition_dir(cluster.broker(b).data_dir, "doomed", p) for b in cluster.ids for p in range(2)]
-    assert all(os.path.isdir(d) for d in dirs)
-    with Admin(cluster.bootstrap) as admin:
-        admin.delete_topic("doomed")
-        assert "doomed" not in admin.list_topics()
-    cluster.wait_for(lambda: not any(os.path.exists(d) for d in dirs), 30, "every replica's directory gone")
-    assert cluster.topic_assignment("doomed") is None
-    create(cluster, "doomed", partitions=1)  # the name is free again
-
-
-def test_a_topic_config_change_reaches_the_leaders(make_cluster):
-    cluster = make_cluster()
-    create(cluster, "conf", min_insync_replicas=2)
-    state = cluster.partition_state("conf", 0)
-    follower = next(r for r in state["isr"] if r != state["leader"])
-    cluster.kill(follower)
-    cluster.wait_for(lambda: len(cluster.isr("conf", 0)) == 2, 30, "ISR of two")
-    with Producer(cluster.bootstrap, acks="all") as p:
-        p.send("conf", b"two-in-sync", partition=0).result(timeout=30)
-    with Admin(cluster.bootstrap) as admin:
-        admin.alter_configs("conf", set={"min.insync.replicas": 3})
-    with Producer(cluster.bootstrap, acks="all", retries=0) as p:
-        f = p.send("conf", b"needs-three", partition=0)
-        assert isinstance(f.exception(timeout=30), NotEnoughReplicasError)
-
-
 def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops(make_cluster):
     cluster = make_cluster(zookeeper_session_timeout_ms=30000)  # a crash would take 30 s to notice
     create(cluster, "moving", partitions=3, min_insync_replicas=2)
@@ -178,40 +213,6 @@ def test_a_controlled_shutdown_moves_leadership_before_the_broker_stops(make_clu
             assert state["leader"] not in (leader, -1) and leader not in state["isr"], state
         # writes go on at once on the new leaders, well within the 30 s session timeout
         assert p.send("moving", b"after", partition=0).result(timeout=15).offset >= 1
-
-
-def test_a_topic_recreated_while_a_replica_was_down_never_serves_that_replicas_old_data(make_cluster):
-    """Broker B misses the deletion of a topic (it is down); the topic is created again with the
-    same name and a replica on B. B's directory still holds the old topic's log: it must be
-    thrown away (the topic id differs), not taken as the new topic's data."""
-    cluster = make_cluster()
-    create(cluster, "reborn")
-    with Producer(cluster.bootstrap, acks="all") as p:
-        for i in range(20):  # one batch each: a truncation by offset could keep some of them
-            p.send("reborn", b"old-%d" % i, partition=0).result(timeout=30)
-    victim = next(b for b in cluster.ids if b != cluster.controller_id())
-    cluster.kill(victim)
-    cluster.wait_for(lambda: victim not in cluster.registered_brokers(), 30, "the victim's session gone")
-    with Admin(cluster.bootstrap) as admin:
-        admin.delete_topic("reborn")
-    cluster.restart(victim)
-    cluster.wait_for(lambda: victim in cluster.registered_brokers(), 30, "the victim back")
-    cluster.wait_ready()
-    fetcher = cluster.broker(victim).actor_process("replica_fetcher")
-    fetcher.suspend()  # the new topic gets data before the victim's replica compares epochs
-    try:
-        create(cluster, "reborn")  # replication factor 3: a replica on the victim again
-        with Producer(cluster.bootstrap, acks=1) as p:
-            for i in range(5):
-                p.send("reborn", b"new-%d" % i, partition=0)
-            p.flush(timeout=30)
-    finally:
-        fetcher.resume()
-    # committed once the victim's replica has the 5 new records at offsets 0-4
-    cluster.wait_for(lambda: high_watermarks(cluster.bootstrap, "reborn", [0])[0] == 5, 60, "high watermark 5")
-    assert_replicas_identical(cluster, "reborn", [0], timeout=30)
-    got = read_all(cluster.bootstrap, "reborn", [0])
-    assert sorted(got.snapshot().values()) == [b"new-%d" % i for i in range(5)]
 
 
 def test_only_a_failed_epoch_check_makes_the_controller_resign_not_a_lost_race_on_a_state_node(zookeeper):

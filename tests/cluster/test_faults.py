@@ -7,6 +7,8 @@ Each scenario injects one fault, heals it, and then checks:
 - the replicas of every partition are byte-identical up to the high watermark (batches
   compared by offset and CRC, read from each broker's segment files).
 And with one live replica, acks=all is refused (NOT_ENOUGH_REPLICAS), not acknowledged and lost.
+The scenarios share one cluster (``shared_cluster``: healed and checked whole after each),
+each on a topic and group of its own.
 
 The ZooKeeper paths read here are docs/REPLICATION.md's (``/controller``,
 ``/brokers/topics/<t>/partitions/<p>/state``).
@@ -106,63 +108,63 @@ def finish(cluster, load: Workload, topic: str = TOPIC, partitions: int = PARTIT
     assert not problems, "a fresh reader disagrees:\n  " + "\n  ".join(problems)
 
 
-def test_kill_leader(make_cluster):
-    cluster = make_cluster()
-    create_replicated_topic(cluster)
-    with Workload(cluster.bootstrap, TOPIC) as load:
+def test_kill_leader(shared_cluster):
+    cluster, topic = shared_cluster, "kill-leader"
+    create_replicated_topic(cluster, topic)
+    with Workload(cluster.bootstrap, topic, group=topic) as load:
         load.wait_acked(200)
-        state = cluster.partition_state(TOPIC, 0)
+        state = cluster.partition_state(topic, 0)
         cluster.kill(state["leader"])
-        new_leader(cluster, TOPIC, 0, state["leader"], state["leader_epoch"])
+        new_leader(cluster, topic, 0, state["leader"], state["leader_epoch"])
         load.wait_acked(200)  # the new leaders take acks=all writes with two in-sync replicas
         cluster.restart(state["leader"])
-        wait_healed(cluster)
-        finish(cluster, load)
+        wait_healed(cluster, topic)
+        finish(cluster, load, topic)
 
 
-def test_kill_controller(make_cluster):
-    cluster = make_cluster()
-    create_replicated_topic(cluster)
-    with Workload(cluster.bootstrap, TOPIC) as load:
+def test_kill_controller(shared_cluster):
+    cluster, topic = shared_cluster, "kill-controller"
+    create_replicated_topic(cluster, topic)
+    with Workload(cluster.bootstrap, topic, group=topic) as load:
         load.wait_acked(200)
         controller = cluster.wait_for(cluster.controller_id, 10, "a controller")
         cluster.kill(controller)
         cluster.wait_for(lambda: cluster.controller_id() not in (None, controller), 30, "another controller")
         # the partitions it led move too
-        cluster.wait_for(lambda: all(cluster.leader(TOPIC, p) not in (None, controller) for p in range(PARTITIONS)),
+        cluster.wait_for(lambda: all(cluster.leader(topic, p) not in (None, controller) for p in range(PARTITIONS)),
                          30, f"no partition led by the dead controller {controller}")
         load.wait_acked(200)
         cluster.restart(controller)
-        wait_healed(cluster)
-        finish(cluster, load)
+        wait_healed(cluster, topic)
+        finish(cluster, load, topic)
 
 
-def test_paused_leader_is_fenced(make_cluster):
+def test_paused_leader_is_fenced(shared_cluster):
     """SIGSTOP the leader of partition 0 past the session timeout: ZooKeeper expires it, another
     replica leads. Requests sent to it while it was stopped run when it resumes: they must be
     refused or end up committed, and its log must rejoin the new leader's (truncated if needed)."""
-    cluster = make_cluster()
-    create_replicated_topic(cluster)
-    state = cluster.partition_state(TOPIC, 0)
+    cluster, topic = shared_cluster, "paused-leader"
+    create_replicated_topic(cluster, topic)
+    state = cluster.partition_state(topic, 0)
     old = cluster.broker(state["leader"])
     late = AckedLog()
     # a producer that knows the old leader: its writes to partition 0 queue up on the stopped broker
-    with Workload(cluster.bootstrap, TOPIC) as load, \
+    with Workload(cluster.bootstrap, topic, group=topic) as load, \
             Producer(old.bootstrap, acks="all", request_timeout_ms=10000, delivery_timeout_ms=60000) as stale:
-        stale.send(TOPIC, b"warm-up", partition=0).result(timeout=30)
+        stale.send(topic, b"warm-up", partition=0).result(timeout=30)
         load.wait_acked(200)
         cluster.pause(state["leader"])
         for i in range(20):
             value = b"late-%d" % i
-            late.track(stale.send(TOPIC, value, partition=0), value)
-        new_leader(cluster, TOPIC, 0, state["leader"], state["leader_epoch"], timeout=30)
+            late.track(stale.send(topic, value, partition=0), value)
+        new_leader(cluster, topic, 0, state["leader"], state["leader_epoch"], timeout=30)
         load.wait_acked(200)
         cluster.resume(state["leader"])
         stale.flush(timeout=90)
-        wait_healed(cluster)
-        finish(cluster, load)
+        wait_healed(cluster, topic)
+        finish(cluster, load, topic)
         # whatever the stale producer got acknowledged is in the log at that offset
-        fresh = read_all(cluster.bootstrap, TOPIC, range(PARTITIONS))
+        fresh = read_all(cluster.bootstrap, topic, range(PARTITIONS))
         problems = check_logs(late, fresh)
         assert not problems, "writes to the deposed leader:\n  " + "\n  ".join(problems)
 
@@ -191,79 +193,79 @@ def tear_tail(data_dir: str, topic: str, partition: int) -> int:
     return len(buf) - cut
 
 
-def test_restart_follower_that_lost_unflushed_data(make_cluster):
-    cluster = make_cluster()
-    create_replicated_topic(cluster)
-    with Workload(cluster.bootstrap, TOPIC) as load:
+def test_restart_follower_that_lost_unflushed_data(shared_cluster):
+    cluster, topic = shared_cluster, "torn-follower"
+    create_replicated_topic(cluster, topic)
+    with Workload(cluster.bootstrap, topic, group=topic) as load:
         load.wait_acked(300)
-        follower, state = a_follower(cluster)
+        follower, state = a_follower(cluster, topic)
         cluster.kill(follower)
-        lost = sum(tear_tail(cluster.broker(follower).data_dir, TOPIC, p) for p in range(PARTITIONS))
+        lost = sum(tear_tail(cluster.broker(follower).data_dir, topic, p) for p in range(PARTITIONS))
         assert lost > 0
-        cluster.wait_for(lambda: follower not in cluster.isr(TOPIC, 0), 30, f"dead follower {follower} out of the ISR")
+        cluster.wait_for(lambda: follower not in cluster.isr(topic, 0), 30, f"dead follower {follower} out of the ISR")
         load.wait_acked(200)
         cluster.restart(follower)  # recovers its torn log, truncates by leader epoch, catches up
-        wait_healed(cluster)
-        finish(cluster, load)
+        wait_healed(cluster, topic)
+        finish(cluster, load, topic)
 
 
-def test_cut_off_follower_leaves_and_rejoins_the_isr(make_cluster):
+def test_cut_off_follower_leaves_and_rejoins_the_isr(shared_cluster):
     """The follower stays alive and registered, but its replica fetcher is stopped: after
     replica.lag.time.max.ms its leader drops it from the ISR; acks=all goes on with two."""
-    cluster = make_cluster()
-    create_replicated_topic(cluster)
-    with Workload(cluster.bootstrap, TOPIC) as load:
+    cluster, topic = shared_cluster, "cut-off-follower"
+    create_replicated_topic(cluster, topic)
+    with Workload(cluster.bootstrap, topic, group=topic) as load:
         load.wait_acked(200)
-        follower, state = a_follower(cluster)
+        follower, state = a_follower(cluster, topic)
         fetcher = cluster.broker(follower).actor_process("replica_fetcher")
         fetcher.suspend()
         try:
-            cluster.wait_for(lambda: follower not in cluster.isr(TOPIC, 0), 20,
+            cluster.wait_for(lambda: follower not in cluster.isr(topic, 0), 20,
                              f"cut-off follower {follower} out of the ISR")
             assert follower in cluster.registered_brokers()  # out of the ISR by lag, not dead
             load.wait_acked(200)
         finally:
             fetcher.resume()
-        wait_healed(cluster)
-        finish(cluster, load)
+        wait_healed(cluster, topic)
+        finish(cluster, load, topic)
 
 
-def test_acks_all_refused_with_one_live_replica(make_cluster):
-    cluster = make_cluster()
-    create_replicated_topic(cluster)
+def test_acks_all_refused_with_one_live_replica(shared_cluster):
+    cluster, topic = shared_cluster, "one-live-replica"
+    create_replicated_topic(cluster, topic)
     acked = AckedLog()
     with Producer(cluster.bootstrap, acks="all") as producer:
         for i in range(300):
             value = b"before-%d" % i
-            acked.track(producer.send(TOPIC, value, partition=i % PARTITIONS), value)
+            acked.track(producer.send(topic, value, partition=i % PARTITIONS), value)
         producer.flush(timeout=30)
     assert len(acked) == 300 and not acked.failed
 
-    survivor = cluster.leader(TOPIC, 0)
+    survivor = cluster.leader(topic, 0)
     for b in cluster.ids:
         if b != survivor:
             cluster.kill(b)
-    cluster.wait_for(lambda: all(cluster.isr(TOPIC, p) == [survivor] for p in range(PARTITIONS)), 30,
+    cluster.wait_for(lambda: all(cluster.isr(topic, p) == [survivor] for p in range(PARTITIONS)), 30,
                      f"broker {survivor} alone in every ISR")
 
     address = cluster.broker(survivor).bootstrap
     with Producer(address, acks="all", retries=0, request_timeout_ms=10000) as producer:
-        refused = [producer.send(TOPIC, b"refused-%d" % i, partition=i % PARTITIONS) for i in range(30)]
+        refused = [producer.send(topic, b"refused-%d" % i, partition=i % PARTITIONS) for i in range(30)]
         producer.flush(timeout=30)
     for f in refused:
         assert isinstance(f.exception(timeout=30), NotEnoughReplicasError), f.exception(timeout=0)
     with Producer(address, acks=1, retries=0) as producer:  # the partitions are online: acks=1 still works
         one = b"acks-1"
-        acked.track(producer.send(TOPIC, one, partition=0), one)
+        acked.track(producer.send(topic, one, partition=0), one)
         producer.flush(timeout=30)
     assert len(acked) == 301, acked.failed
 
     for b in cluster.ids:
         if b != survivor:
             cluster.restart(b)
-    wait_healed(cluster)
-    fresh = read_all(cluster.bootstrap, TOPIC, range(PARTITIONS))
+    wait_healed(cluster, topic)
+    fresh = read_all(cluster.bootstrap, topic, range(PARTITIONS))
     problems = check_logs(acked, fresh)
     assert not problems, "\n  ".join(problems)
     assert not [v for v in fresh.snapshot().values() if v.startswith(b"refused-")]  # refused: never written
-    assert_replicas_identical(cluster, TOPIC, range(PARTITIONS), timeout=60)
+    assert_replicas_identical(cluster, topic, range(PARTITIONS), timeout=60)
