@@ -705,6 +705,11 @@ class TxnCoordinator(Actor):
             for topic, partition, code, message in parts:
                 if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     left["written"].append((topic, partition))
+                elif code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                    left["failed"] = True  # a newer coordinator owns the id: it goes with our next snapshot
+                    log.warning("transaction %r: marker on %s-%s refused, a newer coordinator wrote one (%s)",
+                                t.txn_id, topic, partition, message)
+                    self._refresh_metadata()
                 else:
                     left["failed"] = True
                     log.info("transaction %r: marker on %s-%s not written (%s); retrying", t.txn_id, topic,
