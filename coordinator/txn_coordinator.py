@@ -93,6 +93,7 @@ from odradek.log.reader import LogBounds, LogReader
 from odradek.log.records import decode_batch, encode_batch, iter_batches
 from odradek.log import producer_ids
 from odradek.network.client import BrokerConnection
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
@@ -149,12 +150,14 @@ class MarkerPeer:
     outcome, ``done(body, error)``, to the actor's loop (threads never touch the actor's
     sockets)."""
 
-    def __init__(self, broker: int, host: str, port: int, client_id: str, post: Callable):
+    def __init__(self, broker: int, host: str, port: int, client_id: str, post: Callable, security=None):
+        """``security``: the inter-broker listener's TLS/SASL (``ClientSecurity.inter_broker``),
+        None for PLAINTEXT: ``host:port`` is the other broker's inter-broker listener."""
         self.broker, self.address = broker, (host, int(port))
         self._post = post
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self.conn = BrokerConnection(host, int(port), client_id=client_id, connect_timeout_ms=CONNECT_TIMEOUT_MS,
-                                     reconnect_backoff_ms=50, reconnect_backoff_max_ms=500)
+                                     reconnect_backoff_ms=50, reconnect_backoff_max_ms=500, security=security)
         self.thread = threading.Thread(target=self._run, name=f"txn-markers-{broker}", daemon=True)
         self.thread.start()
 
@@ -190,6 +193,7 @@ class TxnCoordinator(Actor):
         self.data_dir = self.args["data_dir"]
         self.broker_id = int(self.args.get("broker_id", config["broker.id"]))
         self.cluster_mode = bool(config.get("zookeeper.connect"))
+        self.peer_security = ClientSecurity.inter_broker(config) if self.cluster_mode else None
         self.zk = None
         self.block: tuple[int, int] | None = None  # (next counter, last counter) of the current block
         self.handed_out = 0
@@ -613,7 +617,7 @@ class TxnCoordinator(Actor):
             if peer is not None:
                 peer.close()
             peer = self.peers[broker] = MarkerPeer(broker, address[0], address[1],
-                                                   f"broker-{self.broker_id}-txn", self.post)
+                                                   f"broker-{self.broker_id}-txn", self.post, self.peer_security)
         return peer
 
     def end_txn(self, msg: Message, body: dict) -> None:
@@ -705,6 +709,11 @@ class TxnCoordinator(Actor):
             for topic, partition, code, message in parts:
                 if code == 0 or code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
                     left["written"].append((topic, partition))
+                elif code == ErrorCode.TRANSACTION_COORDINATOR_FENCED:
+                    left["failed"] = True  # a newer coordinator owns the id: it goes with our next snapshot
+                    log.warning("transaction %r: marker on %s-%s refused, a newer coordinator wrote one (%s)",
+                                t.txn_id, topic, partition, message)
+                    self._refresh_metadata()
                 else:
                     left["failed"] = True
                     log.info("transaction %r: marker on %s-%s not written (%s); retrying", t.txn_id, topic,

@@ -621,25 +621,30 @@ class Log:
     def _track_marker(self, h, base: int) -> None:
         """A commit or abort marker at ``base``: the producer's transaction ends here; an
         abort goes to the aborted-transactions index (with the LSO it left)."""
-        commit = self._marker_is_commit(h, base)
-        first = self.producers.end_txn(h.producer_id, h.producer_epoch, h.max_timestamp)
+        commit, coordinator_epoch = self._marker_of(h, base)
+        first = self.producers.end_txn(h.producer_id, h.producer_epoch, h.max_timestamp, coordinator_epoch)
         if not commit and first >= 0:
             lso = self.producers.first_unstable_offset()
             self.txn_index.add(AbortedTxn(h.producer_id, first, base, base if lso is None else lso))
 
-    def _marker_is_commit(self, h, base: int) -> bool:
-        """The control record's type (key: version int16, type int16; 1 = commit). Markers
-        are written by ``append_marker`` only, always as one uncompressed magic-2 record."""
+    def _marker_of(self, h, base: int) -> tuple[bool, int]:
+        """The control record's type (key: version int16, type int16; 1 = commit) and the
+        coordinator epoch in its value (version int16, coordinator epoch int32). Markers are
+        written by ``append_marker`` only, always as one uncompressed magic-2 record."""
         seg = self._segment_of(base)
         hit = seg.locate(base) if seg is not None else None
         if hit is None:
-            return False
+            return False, -1
         batch = seg.pread(hit.header.size, hit.position)
         try:
             (rec,) = kafka_batch.decode(batch, BatchHeader._make(HEADER.unpack_from(batch, 0)), Record)
-            return struct.unpack_from(">hh", rec.key)[1] == 1
+            commit = struct.unpack_from(">hh", rec.key)[1] == 1
         except Exception:  # noqa: BLE001 - an unreadable marker is taken as an abort (never exposes data)
-            return False
+            return False, -1
+        try:
+            return commit, struct.unpack_from(">hi", rec.value)[1]
+        except (struct.error, TypeError):
+            return commit, -1
 
     def _segment_of(self, offset: int):
         i = bisect.bisect_right(self._bases, offset) - 1
@@ -649,7 +654,7 @@ class Log:
                       leader_epoch: int = -1) -> AppendInfo:
         """Append a transaction marker (a control batch, Kafka's layout: docs/FORMAT.md) for
         ``producer_id``: its transaction on this partition is committed or aborted."""
-        self.producers.check_marker_epoch(producer_id, producer_epoch)
+        self.producers.check_marker(producer_id, producer_epoch, coordinator_epoch)
         now = self._now()
         key = struct.pack(">hh", 0, 1 if commit else 0)
         value = struct.pack(">hi", 0, coordinator_epoch)

@@ -75,6 +75,10 @@ class InvalidTxnStateError(OdradekError):
     code = ErrorCode.INVALID_TXN_STATE
 
 
+class CoordinatorFencedError(OdradekError):
+    code = ErrorCode.TRANSACTION_COORDINATOR_FENCED
+
+
 class BatchMetadata(NamedTuple):
     """One appended batch of a producer: its sequences and the offsets the log gave it."""
 
@@ -87,13 +91,14 @@ class BatchMetadata(NamedTuple):
 class ProducerEntry:
     """What the partition knows of one producer id."""
 
-    __slots__ = ("epoch", "batches", "last_timestamp", "txn_first_offset")
+    __slots__ = ("epoch", "batches", "last_timestamp", "txn_first_offset", "coordinator_epoch")
 
     def __init__(self, epoch: int, last_timestamp: int = -1):
         self.epoch = epoch
         self.batches: list[BatchMetadata] = []  # oldest first, at most MAX_CACHED_BATCHES
         self.last_timestamp = last_timestamp
         self.txn_first_offset = -1  # first offset of its open transaction here, -1: none
+        self.coordinator_epoch = -1  # of the last marker written for it here, -1: none yet
 
     @property
     def last_seq(self) -> int:
@@ -126,8 +131,8 @@ def snapshot_offset(name: str) -> int | None:
 
 
 def encode_snapshot(producers: dict[int, ProducerEntry]) -> bytes:
-    body = msgpack.packb([[pid, e.epoch, e.last_timestamp, [list(b) for b in e.batches], e.txn_first_offset]
-                          for pid, e in producers.items()])
+    body = msgpack.packb([[pid, e.epoch, e.last_timestamp, [list(b) for b in e.batches], e.txn_first_offset,
+                           e.coordinator_epoch] for pid, e in producers.items()])
     return _SNAP_HEAD.pack(SNAPSHOT_VERSION, zlib.crc32(body)) + body
 
 
@@ -146,6 +151,7 @@ def decode_snapshot(data: bytes) -> dict[int, ProducerEntry]:
         for pid, epoch, ts, batches, *txn in msgpack.unpackb(body, strict_map_key=True):
             e = ProducerEntry(int(epoch), int(ts))
             e.txn_first_offset = int(txn[0]) if txn else -1
+            e.coordinator_epoch = int(txn[1]) if len(txn) > 1 else -1
             e.batches = [BatchMetadata(*map(int, b)) for b in batches][-MAX_CACHED_BATCHES:]
             out[int(pid)] = e
     except (TypeError, ValueError, msgpack.UnpackException) as exc:
@@ -234,14 +240,16 @@ class ProducerStateManager:
         if e.txn_first_offset < 0:
             e.txn_first_offset = first_offset
 
-    def end_txn(self, pid: int, epoch: int, timestamp: int) -> int:
-        """A commit or abort marker of ``pid``: its transaction is closed here. Returns the
-        transaction's first offset (-1 if none was open: a marker for a partition the
-        producer wrote nothing to)."""
+    def end_txn(self, pid: int, epoch: int, timestamp: int, coordinator_epoch: int = -1) -> int:
+        """A commit or abort marker of ``pid``, written by the coordinator of
+        ``coordinator_epoch``: its transaction is closed here. Returns the transaction's first
+        offset (-1 if none was open: a marker for a partition the producer wrote nothing to)."""
         e = self.producers.get(pid)
         if e is None:
             e = self.producers[pid] = ProducerEntry(epoch, timestamp)
         first, e.txn_first_offset = e.txn_first_offset, -1
+        if coordinator_epoch > e.coordinator_epoch:
+            e.coordinator_epoch = coordinator_epoch
         if epoch > e.epoch:
             e.epoch, e.batches = epoch, []
         if timestamp > e.last_timestamp:
@@ -253,11 +261,23 @@ class ProducerStateManager:
         firsts = [e.txn_first_offset for e in self.producers.values() if e.txn_first_offset >= 0]
         return min(firsts) if firsts else None
 
-    def check_marker_epoch(self, pid: int, epoch: int) -> None:
+    def check_marker(self, pid: int, epoch: int, coordinator_epoch: int) -> None:
+        """May a marker of ``pid`` at ``epoch`` from the coordinator of ``coordinator_epoch``
+        be written? Not from a producer epoch older than the current one
+        (INVALID_PRODUCER_EPOCH), nor from a coordinator older than the one that wrote this
+        producer's last marker here (TRANSACTION_COORDINATOR_FENCED: a deposed coordinator
+        still retrying what its successor already decided, as Kafka fences it)."""
         e = self.producers.get(pid)
-        if e is not None and epoch < e.epoch:
+        if e is None:
+            return
+        if epoch < e.epoch:
             raise InvalidProducerEpochError(
                 f"producer {pid}: a marker at epoch {epoch}, older than the current epoch {e.epoch}")
+        if coordinator_epoch < e.coordinator_epoch:
+            raise CoordinatorFencedError(
+                f"producer {pid}: a marker from the transaction coordinator of epoch {coordinator_epoch}, "
+                f"older than the coordinator epoch {e.coordinator_epoch} of its last marker here (that "
+                f"coordinator was replaced)")
 
     def expire(self, now_ms: int) -> int:
         """Forget producers whose last batch is older than ``expiration_ms`` (never one with

@@ -87,6 +87,9 @@ class WriteOptions:
     max_in_flight: int = 5
     retry_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     batch_id_header: str | None = None  # streaming: stamp "<queryId>:<batchId>" under this header
+    exactly_once: bool = True  # streaming: each task's rows in one transaction, a re-run skipped
+    transactional_id_prefix: str = "odradek-sink-"
+    transaction_timeout_ms: int = 300_000
 
 
 def _lower(options: Mapping[str, str]) -> dict:
@@ -309,4 +312,8 @@ def write_options(options: Mapping[str, str], columns: list[str]) -> WriteOption
                         max_in_flight=_int(opts, "maxInFlight", 5, minimum=1),
                         retry_timeout_ms=_int(opts, "kafkaProducer.retryTimeoutMs", DEFAULT_POLL_TIMEOUT_MS,
                                               minimum=1),
-                        batch_id_header=opts.get("batchidheader") or None)
+                        batch_id_header=opts.get("batchidheader") or None,
+                        exactly_once=_bool(opts, "exactlyOnce", True),
+                        transactional_id_prefix=str(opts.get("transactionalidprefix", "odradek-sink-")),
+                        transaction_timeout_ms=_int(opts, "kafkaProducer.transactionTimeoutMs", 300_000,
+                                                    minimum=1000))

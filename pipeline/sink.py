@@ -1,4 +1,4 @@
-"""Writing a DataFrame to Odradek topics, batch and streaming: at-least-once.
+"""Writing a DataFrame to Odradek topics: streaming exactly once per micro-batch task, batch at-least-once.
 
 Where it runs: ``write()`` in each executor task (one ``TopicWriter`` per task: one
 connection per leader, opened on first use, closed before the task returns); ``commit`` and
@@ -18,6 +18,18 @@ task returns a ``WriteCommit`` with the micro-batch id it wrote for (Spark's
 id and warns when a batch id it already committed comes again. With ``batchIdHeader=NAME``
 every record also carries ``NAME = "<queryId>:<batchId>"``, so a consumer can drop a re-run
 micro-batch's duplicates (Spark re-runs a micro-batch under the same id).
+
+Exactly once (streaming, ``exactlyOnce``, on by default): each task writes its rows through a
+transactional ``Producer`` whose ``transactional.id`` is ``<transactionalIdPrefix><queryId>-<task>``
+(stable across task retries and query restarts from the checkpoint), and in the same
+transaction records the micro-batch as done: an offset ``batchId + 1`` committed for the group
+of the same name (on the first partition it wrote). A retried task (or a re-run micro-batch)
+first calls ``init_transactions``, which fences the earlier attempt and aborts whatever it left
+open, then reads that group's committed offsets: if this batch id is already recorded the rows
+are not written again. So each micro-batch's rows are visible to read_committed consumers
+exactly once, provided the source gives a micro-batch the same rows when it is re-run (as
+replayable sources do, Odradek's and Kafka's included) and the task's partitioning is the
+same. read_uncommitted consumers also see an aborted attempt's rows.
 """
 from __future__ import annotations
 
@@ -30,8 +42,10 @@ import pyarrow as pa
 from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrowWriter, WriterCommitMessage)
 
 from odradek.network.client import BrokerConnection, parse_bootstrap
+from odradek.group import GroupAdmin
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.producer import encode_rows, partition_for_key
+from odradek.producer import Producer, encode_rows, partition_for_key
+from odradek.types import TopicPartition
 from odradek.pipeline import options as opt
 from odradek.pipeline.broker import CLIENT_ID, RETRY_BACKOFF, Planner, retriable
 
@@ -48,6 +62,7 @@ class WriteCommit(WriterCommitMessage):
     query_id: str | None
     rows: int = 0
     ranges: dict = field(default_factory=dict)  # "topic-partition" -> [first offset, last offset]
+    skipped: bool = False  # exactly once: this task's rows of this micro-batch were already committed
 
 
 def _task_info() -> tuple[int, int, int | None, str | None]:
@@ -219,6 +234,71 @@ class TopicWriter:
         return self.commit
 
 
+class TransactionalTopicWriter(TopicWriter):
+    """One streaming task's rows in one transaction with the record that the micro-batch is
+    done (the module's "Exactly once"). Routing is ``TopicWriter``'s; records go through the
+    bundled transactional ``Producer`` instead of raw PRODUCE requests."""
+
+    def __init__(self, o: opt.WriteOptions, commit: WriteCommit):
+        super().__init__(o, commit)
+        self.txn_id = f"{o.transactional_id_prefix}{commit.query_id}-{commit.task}"
+        self.producer = Producer(o.bootstrap, transactional_id=self.txn_id, acks="all",
+                                 compression=o.compression, client_id=CLIENT_ID,
+                                 delivery_timeout_ms=o.retry_timeout_ms,
+                                 transaction_timeout_ms=o.transaction_timeout_ms)
+        self.first_tp: tuple[str, int] | None = None
+        self.bounds: dict[tuple[str, int], list] = {}  # (topic, partition) -> [first future, last future]
+        try:
+            self.producer.init_transactions()  # fences an earlier attempt, aborts what it left open
+            done = self._last_batch_done()
+            commit.skipped = done is not None and done >= commit.batch_id
+            if commit.skipped:
+                log.info("micro-batch %d task %d: already committed by an earlier attempt (transactional "
+                         "id %r): not written again", commit.batch_id, commit.task, self.txn_id)
+            else:
+                self.producer.begin_transaction()
+        except BaseException:
+            self.producer.close()
+            raise
+
+    def _last_batch_done(self) -> int | None:
+        """The highest micro-batch id this task's group has committed, None if none."""
+        with GroupAdmin(self.o.bootstrap, client_id=CLIENT_ID,
+                        request_timeout_ms=min(self.o.retry_timeout_ms, 30000)) as admin:
+            offsets = admin.committed(self.txn_id)
+        return max(offsets.values()) - 1 if offsets else None
+
+    def write(self, rb: pa.RecordBatch) -> None:
+        if not self.commit.skipped:
+            super().write(rb)
+
+    def _send(self, topic: str, p: int, rows: list) -> None:
+        send = self.producer.send
+        futures = [send(topic, r, partition=p) if r.__class__ is bytes or r is None
+                   else send(topic, r[3], key=r[2], partition=p, headers=r[4] or None) for r in rows]
+        if not futures:
+            return
+        tp = (topic, p)
+        if self.first_tp is None:
+            self.first_tp = tp
+        seen = self.bounds.get(tp)
+        self.bounds[tp] = [seen[0] if seen else futures[0], futures[-1]]
+        self.commit.rows += len(futures)
+
+    def finish(self) -> WriteCommit:
+        try:
+            if not self.commit.skipped:
+                if self.first_tp is not None:
+                    tp = TopicPartition(*self.first_tp)
+                    self.producer.send_offsets_to_transaction({tp: self.commit.batch_id + 1}, self.txn_id)
+                self.producer.commit_transaction()
+                for (topic, p), (first, last) in self.bounds.items():
+                    self.commit.ranges[f"{topic}-{p}"] = [first.result().offset, last.result().offset]
+        finally:
+            self.producer.close()
+        return self.commit
+
+
 def _binary_list(col: pa.Array) -> list:
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
         col = col.cast(pa.binary())
@@ -227,7 +307,9 @@ def _binary_list(col: pa.Array) -> list:
 
 def _write(o: opt.WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteCommit:
     task, attempt, batch_id, query_id = _task_info()
-    writer = TopicWriter(o, WriteCommit(task, attempt, batch_id, query_id))
+    commit = WriteCommit(task, attempt, batch_id, query_id)
+    exactly_once = o.exactly_once and batch_id is not None and query_id is not None and o.acks != 0
+    writer = (TransactionalTopicWriter if exactly_once else TopicWriter)(o, commit)
     try:
         for rb in batches:
             writer.write(rb)

@@ -40,6 +40,7 @@ SHARED_LIBRARIES = {
     ("coordinator/cluster_controller.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",
     ("log/replica_fetcher.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",
     ("coordinator/txn_coordinator.py", "odradek.network.client"): "WRITE_TXN_MARKERS to other brokers",
+    ("coordinator/txn_coordinator.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener, for markers",
 }
 
 

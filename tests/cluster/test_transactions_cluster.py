@@ -7,11 +7,12 @@ confluent-kafka's transactional producer and read_committed / read_uncommitted c
 The last test kills the coordinator of an open transaction: it must stay last."""
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer, TopicPartition
+from confluent_kafka import Consumer as KafkaConsumer, KafkaException, Producer as KafkaProducer, TopicPartition
 
 from odradek import Admin
 from odradek.cli import main
@@ -203,6 +204,87 @@ def test_markers_from_a_broker_that_is_not_who_it_claims_are_refused(txn_cluster
     assert refused.value.code == ErrorCode.STALE_BROKER_EPOCH
     assert f"broker {claimed}" in refused.value.message
     assert read(txn_cluster.bootstrap, topic, "read_uncommitted", expect=0, wait=20) == []
+
+
+def transaction_state(cluster: LocalCluster, broker: int, txn_id: str) -> str | None:
+    """DescribeTransactions of ``txn_id`` asked of ``broker``: its state, None if it does not
+    coordinate it (now)."""
+    b = cluster.broker(broker)
+    c = Connection(b.host, b.port)
+    c.connect()
+    try:
+        (state,) = c.request(ApiKey.DESCRIBE_TRANSACTIONS,
+                             {"transactional_ids": [txn_id]}).header["body"]["transaction_states"]
+    finally:
+        c.close()
+    return state["transaction_state"] if state["error_code"] == 0 else None
+
+
+def test_a_commit_whose_coordinator_dies_before_its_markers_are_written_is_finished_by_its_successor(
+        txn_cluster):
+    """The coordinator is killed -9 while it holds PrepareCommit and a marker cannot be written
+    (the only replica of one partition is frozen): the broker that takes over its
+    ``__transaction_state`` partition must write the missing markers, and every record of the
+    transaction is read exactly once by read_committed. The killed broker is restarted, so the
+    module's cluster stays whole for the last test."""
+    spread, _ = spread_topic(txn_cluster)
+    txn_id = f"tx-{uuid.uuid4().hex[:8]}"
+    coordinator = coordinator_of(txn_cluster, txn_id)
+    single = f"s-{uuid.uuid4().hex[:8]}"  # RF 1: a frozen leader's partition cannot move
+    with Admin(txn_cluster.bootstrap) as admin:
+        admin.create_topic(single, 3, 1, config={"min.insync.replicas": 1})
+    leaders = txn_cluster.wait_for(
+        lambda: (lambda ls: ls if all(v is not None for v in ls.values()) else None)(
+            {p: txn_cluster.leader(single, p) for p in range(3)}), 60, "leaders of the RF 1 topic")
+    held = next((p for p, b in leaders.items() if b != coordinator), None)
+    if held is None:
+        pytest.skip(f"every partition of {single} landed on the coordinator {coordinator}")
+    frozen = leaders[held]
+
+    p = txn_producer(txn_cluster.bootstrap, txn_id)
+    p.begin_transaction()
+    values = [b"spread-%d" % part for part in range(PARTITIONS)] + [b"held"]
+    for part in range(PARTITIONS):
+        p.produce(spread, value=values[part], partition=part)
+    p.produce(single, value=b"held", partition=held)
+    p.flush(60)
+    outcome: dict = {}
+
+    def commit() -> None:
+        deadline = time.monotonic() + 150
+        while True:  # confluent-kafka: a retriable commit error is retried by calling commit again
+            try:
+                p.commit_transaction(60)
+                outcome["ok"] = True
+                return
+            except KafkaException as exc:
+                if not exc.args[0].retriable() or time.monotonic() > deadline:
+                    outcome["error"] = exc
+                    return
+
+    txn_cluster.pause(frozen)
+    committer = threading.Thread(target=commit, daemon=True)
+    try:
+        committer.start()
+        txn_cluster.wait_for(lambda: transaction_state(txn_cluster, coordinator, txn_id) == "PrepareCommit", 60,
+                             "the coordinator to hold PrepareCommit")
+        txn_cluster.kill(coordinator)
+    finally:
+        txn_cluster.resume(frozen)
+    committer.join(180)
+    assert outcome.get("ok"), outcome
+    got = read(txn_cluster.bootstrap, spread, "read_committed", expect=PARTITIONS)
+    assert sorted(got) == sorted(values[:PARTITIONS])
+    c = KafkaConsumer({"bootstrap.servers": txn_cluster.bootstrap, "group.id": "unused",
+                       "enable.auto.commit": False, "isolation.level": "read_committed"})
+    try:
+        c.assign([TopicPartition(single, held, 0)])
+        m = c.poll(60)
+        assert m is not None and m.error() is None and m.value() == b"held"
+    finally:
+        c.close()
+    txn_cluster.restart(coordinator)
+    txn_cluster.wait_ready(60)
 
 
 def test_the_successor_of_a_killed_coordinator_aborts_its_open_transaction(txn_cluster):

@@ -4,9 +4,12 @@ and aborted transactions land in ``aborted.txnindex`` (surviving a restart, a cr
 truncation)."""
 from __future__ import annotations
 
+import pytest
+
 from odradek.log import kafka_batch
 from odradek.log.records import Record
 from odradek.log.txn_index import AbortedTxn, TxnIndex
+from odradek.network.protocol import ErrorCode, OdradekError
 
 PID_A, PID_B = 7000, 8000
 
@@ -79,3 +82,32 @@ def test_a_torn_last_index_entry_is_dropped_on_load(tmp_path):
     with open(idx.path, "ab") as f:
         f.write(b"\x00\x00\x01")
     assert TxnIndex(str(tmp_path)).entries == [AbortedTxn(1, 0, 5, 0)]
+
+
+def test_a_marker_from_a_replaced_coordinator_is_fenced_and_the_fence_survives_a_restart_and_a_replay(
+        open_log, tmp_path):
+    """Kafka's coordinator epoch (the leader epoch of the transaction log partition whose
+    leader wrote the marker): a deposed coordinator still retrying a marker its successor
+    already wrote must not write it again, whatever a restart rebuilt from."""
+    lg = open_log()
+    lg.append(txn_batch(PID_A, 0))
+    lg.append_marker(PID_A, 0, commit=True, coordinator_epoch=3)   # 2
+    lg.append(txn_batch(PID_A, 2))                                  # 3..4, open
+    end = lg.log_end_offset
+    with pytest.raises(OdradekError) as fenced:
+        lg.append_marker(PID_A, 0, commit=False, coordinator_epoch=2)
+    assert fenced.value.code == ErrorCode.TRANSACTION_COORDINATOR_FENCED
+    assert "epoch 2" in fenced.value.message and "3" in fenced.value.message
+    assert lg.log_end_offset == end and settle(lg).last_stable_offset == 3
+    lg.close()
+    again = open_log()  # from the snapshot written at close
+    with pytest.raises(OdradekError):
+        again.append_marker(PID_A, 0, commit=False, coordinator_epoch=2)
+    again.abandon()
+    for snap in (tmp_path / "topic-0").glob("*.snapshot"):
+        snap.unlink()
+    third = open_log()  # no snapshot: rebuilt from the markers' own values
+    with pytest.raises(OdradekError):
+        third.append_marker(PID_A, 0, commit=False, coordinator_epoch=2)
+    third.append_marker(PID_A, 0, commit=True, coordinator_epoch=3)  # the same coordinator still may
+    assert settle(third).last_stable_offset == third.log_end_offset

@@ -214,3 +214,62 @@ def test_the_example_pipeline_counts_every_minute_once_across_a_restart(spark, m
     assert len(expected) >= 8 * 8
     assert clicks.read_table(spark, out) == expected  # raises on a window counted twice
     assert clicks.read_topic(spark, bs) == expected
+
+
+def read_committed_values(bootstrap: str, topic: str, partitions: int) -> list[bytes]:
+    """Every value of ``topic`` a read_committed consumer sees, up to the last stable offsets."""
+    from odradek import Consumer
+    with Consumer(bootstrap, isolation_level="read_committed", auto_offset_reset="earliest") as c:
+        tps = [TopicPartition(topic, p) for p in range(partitions)]
+        c.assign(tps)
+        ends = c.end_offsets(tps)
+        out: list[bytes] = []
+        deadline = time.monotonic() + 60
+        while any(c.position(tp) < ends[tp] for tp in tps):
+            assert time.monotonic() < deadline, f"read_committed stopped short of {ends}"
+            out += [r.value for r in c.poll(500)]
+    return out
+
+
+def test_a_micro_batch_run_again_after_a_crash_is_written_once_by_the_exactly_once_sink(
+        spark, mod_broker, topic_name, tmp_path):
+    """A driver that dies after the sink wrote a micro-batch but before Spark's commit log
+    recorded it leaves Spark to run that micro-batch again under the same id (done here by
+    dropping the newest commit-log entry and restarting the query from its checkpoint).
+    The exactly-once sink (the default) finds each task's earlier transaction recorded and
+    writes nothing again: read_committed sees every row once. (The at-least-once sink,
+    ``exactlyOnce=false``, stores the re-run micro-batch twice.)"""
+    bs = mod_broker.bootstrap
+    src, dst = f"{topic_name}.in", f"{topic_name}.out"
+    create(bs, src, partitions=2)
+    create(bs, dst, partitions=2)
+    produced = produce(bs, src, 300, partitions=2)
+    ckpt = str(tmp_path / "ckpt")
+
+    def run() -> str:
+        q = (spark.readStream.format("odradek").option("kafka.bootstrap.servers", bs).option("subscribe", src)
+             .option("startingOffsets", "earliest").option("maxOffsetsPerTrigger", "100").load()
+             .selectExpr("key", "value")
+             .writeStream.format("odradek").option("kafka.bootstrap.servers", bs).option("topic", dst)
+             .option("checkpointLocation", ckpt).trigger(availableNow=True).start())
+        try:
+            q.awaitTermination(120)
+            assert not q.isActive and q.exception() is None, q.exception()
+            return q.id
+        finally:
+            q.stop()
+
+    def commit_log() -> list[str]:
+        return sorted((n for n in os.listdir(os.path.join(ckpt, "commits")) if n.isdigit()), key=int)
+
+    query_id = run()
+    done = commit_log()
+    assert len(done) >= 3, done  # 300 rows at most 100 a micro-batch
+    for n in done[-1:]:
+        for name in (n, f".{n}.crc"):  # the entry and Hadoop's checksum of it
+            if os.path.exists(os.path.join(ckpt, "commits", name)):
+                os.unlink(os.path.join(ckpt, "commits", name))
+    assert run() == query_id
+    assert commit_log() == done, "Spark did not run the last micro-batch again"
+    got = sorted(v or b"" for v in read_committed_values(bs, dst, 2))
+    assert got == sorted(p[3] or b"" for p in produced), f"{len(got)} rows read for {len(produced)} produced"

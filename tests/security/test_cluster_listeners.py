@@ -47,7 +47,8 @@ def secure_cluster(zookeeper, certs, tmp_path_factory):  # noqa: F811 - the impo
                 "ssl.certfile": certs["broker"] + ".pem", "ssl.keyfile": certs["broker"] + ".key",
                 "ssl.cafile": certs["ca"] + ".pem",
                 "authorizer": True, "super.users": "User:broker;User:alice",
-                "min.insync.replicas": 2, "offsets.topic.replication.factor": 2}
+                "min.insync.replicas": 2, "offsets.topic.replication.factor": 2,
+                "transaction.state.log.replication.factor": 2, "transaction.state.log.num.partitions": 2}
     cluster = LocalCluster(base, 2, settings, zk=zookeeper, chroot=chroot, start_timeout=240,
                            client_security=_bundled_options(certs))
     try:
@@ -128,6 +129,47 @@ def test_a_cluster_whose_only_listeners_are_sasl_ssl_replicates_over_its_inter_b
     producer.flush(90)
     assert out == [None] * 20
     assert sorted(secure_cluster.isr(topic, 0)) == secure_cluster.ids
+
+
+def test_a_transaction_across_both_brokers_commits_with_markers_sent_over_the_inter_broker_listener(
+        secure_cluster, certs):
+    """The transaction coordinator writes the markers of partitions the other broker leads with
+    WRITE_TXN_MARKERS (a cluster action): only over the inter-broker listener, signed in as
+    ``User:broker``, can it reach that broker at all here."""
+    topic = f"txn-{uuid.uuid4().hex[:6]}"
+    conf = _confluent(secure_cluster, certs, "EXTERNAL")
+    admin = confluent_kafka.admin.AdminClient(conf)
+    for f in admin.create_topics([confluent_kafka.admin.NewTopic(topic, 2, 1, config={"min.insync.replicas": "1"})],
+                                        operation_timeout=30).values():
+        f.result(60)
+    leaders = secure_cluster.wait_for(
+        lambda: (lambda ls: ls if None not in ls else None)([secure_cluster.leader(topic, p) for p in (0, 1)]),
+        60, "leaders")
+    assert sorted(leaders) == sorted(secure_cluster.ids), leaders  # one partition on each broker
+    producer = confluent_kafka.Producer({**conf, "transactional.id": f"tx-{topic}", "message.timeout.ms": 60000})
+    producer.init_transactions(90)
+    producer.begin_transaction()
+    for p in (0, 1):
+        producer.produce(topic, b"committed-%d" % p, partition=p)
+    producer.commit_transaction(90)
+    consumer = confluent_kafka.Consumer({**conf, "group.id": f"g-{topic}", "isolation.level": "read_committed",
+                                         "auto.offset.reset": "earliest", "enable.partition.eof": True})
+    consumer.assign([confluent_kafka.TopicPartition(topic, p, 0) for p in (0, 1)])
+    got, at_end = [], set()
+    deadline = time.monotonic() + 60
+    try:
+        while len(at_end) < 2 and time.monotonic() < deadline:
+            m = consumer.poll(0.5)
+            if m is None:
+                continue
+            if m.error() is not None:
+                assert m.error().code() == confluent_kafka.KafkaError._PARTITION_EOF, m.error()
+                at_end.add(m.partition())
+            else:
+                got.append(m.value())
+    finally:
+        consumer.close()
+    assert sorted(got) == [b"committed-0", b"committed-1"]
 
 
 def test_a_sasl_inter_broker_listener_without_the_brokers_user_is_refused_at_start():
