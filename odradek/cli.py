@@ -152,6 +152,7 @@ PERF_TESTS = {
     "scrape": ("odradek.perf:scrape_main", False),
     "reassign": ("odradek.bench.reassign:main", False),  # moves 1 GiB to a new broker (issue 17)
     "security": ("odradek.bench.security:main", False),  # PLAINTEXT vs SASL_SSL, 1,000 ACLs vs none (issue 13)
+    "txn": ("odradek.bench.txn:main", False),  # transactions of 1,000 records, commit latency (issue 12)
 }
 
 
