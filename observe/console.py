@@ -354,10 +354,10 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/groups")
     def groups():
-        try:
+        try:  # ListGroups lists the groups the user may Describe (all with Describe on the cluster)
             listed = clients_now().groups().list()
-        except OdradekError as exc:  # e.g. no Describe on the cluster (ListGroups' ACL)
-            raise bottle.HTTPError(403, f"Groups cannot be listed: {exc}") from None
+        except OdradekError as exc:  # the broker refused or did not answer
+            raise bottle.HTTPError(503, f"Groups cannot be listed: {exc}") from None
         return view("groups", title="Consumer groups",
                     groups=[g for g in listed if may("Describe", "Group", g["group_id"])])
 
