@@ -6,6 +6,7 @@ once a user exists, a signed-in user's requests go over SASL_SSL as that user.""
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -61,7 +62,10 @@ def test_on_an_ssl_only_broker_the_console_lists_topics_and_browses_a_record_ove
 def test_a_signed_in_user_reaches_an_ssl_only_broker_over_sasl_ssl_as_itself(tls_broker):
     secstore.Users(tls_broker.data_dir).add("alice", "alice-secret", iterations=4096)
     alice = Http(tls_broker.console_url)
-    assert alice.call("GET", "/topics")[0] == 303, "a user exists now: the console asks for a sign-in"
+    deadline = time.monotonic() + 30  # the console re-reads the users file when it changes (a stat every 0.2 s)
+    while alice.call("GET", "/topics")[0] != 303:
+        assert time.monotonic() < deadline, "a user exists now: the console should ask for a sign-in"
+        time.sleep(0.2)
     status, headers, body = alice.sign_in("alice", "alice-secret")
     assert status == 303 and alice.cookie, body
     status, _, body = alice.call("GET", "/topics")
