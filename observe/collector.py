@@ -266,10 +266,9 @@ def _partitions(sums: _Sums, partition_level: bool, cache: LabelCache, text: Par
     by_topic: dict[str, list] = {}
     for labels, values in rows:
         by_topic.setdefault(labels[0], []).append(values)
-    # per topic: each column's sum (in the rows' order, as a running sum), then the count
+    # per topic: each column's sum (in the rows' order, as a running sum), then the count; a
+    # log actor's rows have every column of PARTITION_COLUMNS
     per_topic = {topic: [sum(column) for column in zip(*values)] + [len(values)] for topic, values in by_topic.items()}
-    for acc in per_topic.values():  # rows shorter than the catalogue's (none today): the missing sums are 0
-        acc[-1:-1] = [0] * (width + 1 - len(acc))
     count = DERIVED["partitions"]
     yield GaugeMetricFamily(count.name, count.help, value=len(rows))
     spec = DERIVED["topic_partitions"]
