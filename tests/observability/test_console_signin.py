@@ -241,6 +241,7 @@ def test_a_session_ends_after_its_idle_time_and_at_its_maximum_age(tmp_path):
 
 def test_in_a_real_browser_a_user_signs_in_and_sees_and_creates_only_its_topics(acl_broker):
     from selenium.webdriver.common.by import By
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.wait import WebDriverWait
     from tests.observability.browser import headless_chromium
     with headless_chromium() as browser:
@@ -259,7 +260,8 @@ def test_in_a_real_browser_a_user_signs_in_and_sees_and_creates_only_its_topics(
         create = browser.find_element(By.ID, "create-topic")
         create.find_element(By.NAME, "name").send_keys("alice-from-the-browser")
         create.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(
+        # the heading read while the page is being replaced goes stale: read it again
+        WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda d: d.find_element(By.TAG_NAME, "h1").text == "Topic alice-from-the-browser")
         with Admin(acl_broker.sasl_bootstrap, **acl_broker.admin_options) as admin:
             assert len(admin.describe_topic("alice-from-the-browser").partitions) == 1
