@@ -384,7 +384,22 @@ class RequestHandler(Actor):
                 if any(p == 0 for _h, p in self.listener_addresses.values())
                 else self._coordinator_on_listener(msg, reply)))
             return
+        if msg.get("api") == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields or {}, "Describe", "Cluster",
+                                                                           "kafka-cluster"):
+            # Kafka's ListGroups: without Describe on the cluster, the groups one may Describe, no error
+            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
+                         callback=lambda reply: self._describable_groups(msg, reply))
+            return
         self.forward(msg, GROUP_COORDINATOR, "group_request", fields, ())
+
+    def _describable_groups(self, msg: Message, reply: Message) -> None:
+        if reply.is_error:
+            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
+            return
+        body = dict(reply.get("body") or {})
+        body["groups"] = [g for g in body.get("groups") or () if isinstance(g, dict) and
+                          self.guard.allowed(msg.fields or {}, "Describe", "Group", str(g.get("group_id")))]
+        self.reply(msg, {**reply.fields, "body": body})
 
     def _coordinator_on_listener(self, msg: Message, reply: Message) -> None:
         if reply.is_error:

@@ -23,6 +23,7 @@ cheaper where a broker with many partitions makes it big:
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client import generate_latest
@@ -82,17 +83,23 @@ class Prerendered(Metric):
     """A family whose lines are formatted directly: ``rows`` are ``(suffix, label names,
     label values, rendered label string, value)``, the label string in
     ``generate_latest``'s form (names sorted, values escaped, no braces; from a
-    ``LabelCache``). ``samples`` is built only when something asks for it (a
-    ``prometheus_client`` registry)."""
+    ``LabelCache``). Or, for the per-partition families, ``lines`` (the sample lines
+    already rendered, from a ``PartitionLines``) and ``make_rows`` (a function giving the
+    rows). ``samples`` is built only when something asks for it (a ``prometheus_client``
+    registry)."""
 
-    def __init__(self, name: str, documentation: str, typ: str, rows: list):
+    def __init__(self, name: str, documentation: str, typ: str, rows: list | None = None,
+                 lines: list[str] | None = None, make_rows: Callable[[], list] | None = None):
         super().__init__(name, documentation, typ)
         self.rows = rows
+        self.lines = lines
+        self.make_rows = make_rows
 
     @property
     def samples(self) -> list:
+        rows = self.rows if self.rows is not None else self.make_rows()
         return [Sample(self.name + suffix, dict(zip(names, map(str, values))), value)
-                for suffix, names, values, _, value in self.rows]
+                for suffix, names, values, _, value in rows]
 
     @samples.setter
     def samples(self, _value) -> None:  # Metric.__init__ sets an empty list: the rows are the samples
@@ -102,10 +109,39 @@ class Prerendered(Metric):
         doc = self.documentation.replace("\\", r"\\").replace("\n", r"\n")
         name = self.name
         head = name + "_total" if self.type == "counter" else name
+        if self.lines is not None:
+            return f"# HELP {head} {doc}\n# TYPE {head} {self.type}\n" + "".join(self.lines)
         lines = [f"# HELP {head} {doc}\n# TYPE {head} {self.type}\n"]
         lines += [f"{name}{suffix}{{{labels}}} {_number(value)}\n" if labels else f"{name}{suffix} {_number(value)}\n"
                   for suffix, _, _, labels, value in self.rows]
         return "".join(lines)
+
+
+class PartitionLines:
+    """The per-partition series' sample lines, one per column of a log actor's partition
+    row (``odradek_log_size_bytes{partition="3",topic="t"} 1024.0``, ...), kept from one
+    scrape to the next with the values they show: a partition whose row did not change (most,
+    on a broker with many partitions) costs a comparison instead of eight formatted lines.
+    Bounded: a scrape keeps only the partitions it saw."""
+
+    NAMES = tuple(spec.name for spec in PARTITION_COLUMNS.values())
+
+    def __init__(self) -> None:
+        self.old: dict[tuple, tuple] = {}
+        self.new: dict[tuple, tuple] = {}
+
+    def lines(self, labels, values) -> list[str]:
+        key = (labels[0], labels[1])
+        values = tuple(values)
+        hit = self.old.get(key)
+        if hit is None or hit[0] != values or len(values) != len(self.NAMES):
+            labelstr = f'partition="{_escape(str(labels[1]))}",topic="{_escape(str(labels[0]))}"'
+            hit = (values, [f"{name}{{{labelstr}}} {_number(v)}\n" for name, v in zip(self.NAMES, values)])
+        self.new[key] = hit
+        return hit[1]
+
+    def rotate(self) -> None:
+        self.old, self.new = self.new, {}
 
 
 class LabelCache:
@@ -161,15 +197,17 @@ class _Sums:
             d[tuple(labels)] = d.get(tuple(labels), 0) + value
 
 
-def families(snap: Snapshot, partition_level: bool = False, cache: LabelCache | None = None) -> Iterator:
+def families(snap: Snapshot, partition_level: bool = False, cache: LabelCache | None = None,
+             text: PartitionLines | None = None) -> Iterator:
     sums = _Sums()
     for answer in snap.answers.values():
         if answer:
             sums.add(answer)
     cache = cache if cache is not None else LabelCache()
+    text = text if text is not None else PartitionLines()
     yield from _counted(sums, cache)
     yield from _gauges(sums)
-    yield from _partitions(sums, partition_level, cache)
+    yield from _partitions(sums, partition_level, cache, text)
     yield from _groups(sums, partition_level, cache)
     yield from _actors(snap)
     answered = GaugeMetricFamily(DERIVED["scrape_answered"].name, DERIVED["scrape_answered"].help,
@@ -220,19 +258,17 @@ def _gauges(sums: _Sums) -> Iterator:
             yield GaugeMetricFamily(spec.total, f"Sum of {spec.name}.", value=sum(values.values()))
 
 
-def _partitions(sums: _Sums, partition_level: bool, cache: LabelCache) -> Iterator:
+def _partitions(sums: _Sums, partition_level: bool, cache: LabelCache, text: PartitionLines) -> Iterator:
     """The log actors' rows: per topic sums and broker totals always; the per-partition
     series when asked for."""
     rows = sums.partitions
     width = len(_COLUMNS)
-    per_topic: dict[str, list] = {}
-    for (topic, _), values in rows:
-        acc = per_topic.get(topic)
-        if acc is None:
-            acc = per_topic[topic] = [0] * (width + 1)
-        for i in range(width):
-            acc[i] += values[i]
-        acc[width] += 1
+    by_topic: dict[str, list] = {}
+    for labels, values in rows:
+        by_topic.setdefault(labels[0], []).append(values)
+    # per topic: each column's sum (in the rows' order, as a running sum), then the count; a
+    # log actor's rows have every column of PARTITION_COLUMNS
+    per_topic = {topic: [sum(column) for column in zip(*values)] + [len(values)] for topic, values in by_topic.items()}
     count = DERIVED["partitions"]
     yield GaugeMetricFamily(count.name, count.help, value=len(rows))
     spec = DERIVED["topic_partitions"]
@@ -250,16 +286,21 @@ def _partitions(sums: _Sums, partition_level: bool, cache: LabelCache) -> Iterat
             yield GaugeMetricFamily(spec.total, f"Sum of {spec.name}.", value=sum(a[i] for a in per_topic.values()))
     if partition_level:
         names = ("topic", "partition")
-        keyed = [(tuple(labels), cache.get(names, tuple(labels)), values) for labels, values in rows]
+        rendered = [text.lines(labels, values) for labels, values in rows]
+
+        def make_rows(i: int) -> list:
+            return [("", names, tuple(labels), cache.get(names, tuple(labels)), values[i]) for labels, values in rows]
         for i, spec in enumerate(PARTITION_COLUMNS.values()):
-            yield Prerendered(spec.name, spec.help, "gauge", [("", names, k, s, v[i]) for k, s, v in keyed])
+            yield Prerendered(spec.name, spec.help, "gauge", lines=[r[i] for r in rendered],
+                              make_rows=functools.partial(make_rows, i))
+        text.rotate()
 
 
 def _groups(sums: _Sums, partition_level: bool, cache: LabelCache) -> Iterator:
     """Committed offsets (per partition: opt-in) and lag, where the high watermark is
     known here: per partition (opt-in) and summed per group and topic (always)."""
-    hw = {(labels[0], labels[1]): values[_HW] for labels, values in sums.partitions}
     committed = sums.gauges.get("committed_offset", {})
+    hw = {(labels[0], labels[1]): values[_HW] for labels, values in sums.partitions} if committed else {}
     lag_rows, per_topic = [], {}
     for (group, topic, partition), offset in committed.items():
         end = hw.get((topic, partition))
@@ -336,9 +377,10 @@ class BrokerCollector:
         self.gather = gather
         self.partition_level = partition_level
         self.cache = LabelCache()
+        self.text = PartitionLines()
 
     def collect(self) -> Iterator:
-        yield from families(self.gather(), self.partition_level, self.cache)
+        yield from families(self.gather(), self.partition_level, self.cache, self.text)
 
     def exposition(self) -> bytes:
         """One scrape's text (what ``generate_latest`` of a registry holding this collector

@@ -17,8 +17,9 @@ Sign-in and ACLs (``observe.signin``): when the admin listener is reachable from
 loopback or the broker has SASL users, every page but ``/metrics``, ``/health/*`` and
 ``/static/*`` needs a signed-in session, every POST its CSRF token, and each page and action
 what the user's ACLs allow. A signed-in user's requests to the broker go as that user
-(SASL on a SASL_PLAINTEXT listener) when the broker has one, so the broker's own authorizer
-applies to them too. Any POST from another origin is refused, signed in or not.
+(SASL on a SASL_PLAINTEXT listener, else a SASL_SSL one) when the broker has one, so the
+broker's own authorizer applies to them too. Without a PLAINTEXT listener the shared clients
+use an SSL one with the broker's own TLS settings. Any POST from another origin is refused, signed in or not.
 """
 from __future__ import annotations
 
@@ -47,8 +48,9 @@ BROWSE_TIMEOUT = 3.0  # seconds the browser polls for records
 class Clients:
     """The console's Kafka clients of its own broker, made on first use (the address is
     known once the broker is ready) and shared by the HTTP threads (they are thread-safe).
-    The shared ones connect to a PLAINTEXT listener (the first listener if none is); a
-    signed-in session's own (``own``) connect as its user with ``security`` (SASL)."""
+    The shared ones connect to a PLAINTEXT listener, else to an SSL one with the broker's own
+    TLS settings (``_broker_tls``); a signed-in session's own (``own``) connect as its user
+    with ``security`` (SASL, over TLS on SASL_SSL)."""
 
     def __init__(self, actor, bootstrap: str | None = None, security: dict | None = None):
         self.actor = actor
@@ -63,28 +65,37 @@ class Clients:
             sup = self.actor.status()["supervisor"]
             if not sup.get("address"):
                 raise bottle.HTTPError(503, "the broker is still starting")
-            self.bootstrap = _listener_address(self.actor.config, sup, "PLAINTEXT") or sup["address"]
+            address = _listener_address(self.actor.config, sup, "PLAINTEXT")
+            if address is None:
+                address = _listener_address(self.actor.config, sup, "SSL")
+                if address is None:
+                    raise bottle.HTTPError(503, "The broker has only SASL listeners: sign in (the console then "
+                                                "connects as you).")
+                self.security = {"security_protocol": "SSL", **_broker_tls(self.actor.config)}
+            self.bootstrap = address
         return self.bootstrap
 
     def admin(self):
         with self._lock:
             if self._admin is None:
                 from odradek.admin import Admin
-                self._admin = Admin(self._address(), client_id="odradek-console", request_timeout_ms=10000,
-                                    **self.security)
+                address = self._address()
+                self._admin = Admin(address, client_id="odradek-console", request_timeout_ms=10000, **self.security)
             return self._admin
 
     def groups(self):
         with self._lock:
             if self._groups is None:
                 from odradek.group import GroupAdmin
-                self._groups = GroupAdmin(self._address(), client_id="odradek-console", request_timeout_ms=10000,
+                address = self._address()
+                self._groups = GroupAdmin(address, client_id="odradek-console", request_timeout_ms=10000,
                                           **self.security)
             return self._groups
 
     def consumer(self):
         from odradek.consumer import Consumer
-        return Consumer(self._address(), client_id="odradek-console", enable_auto_commit=False,
+        address = self._address()
+        return Consumer(address, client_id="odradek-console", enable_auto_commit=False,
                         auto_offset_reset="earliest", request_timeout_ms=10000, **self.security)
 
     def close(self) -> None:
@@ -107,17 +118,34 @@ def _listener_address(config: dict, sup: dict, protocol: str) -> str | None:
     return None
 
 
+def _broker_tls(config: dict) -> dict:
+    """Client TLS options from the broker's own settings: its certificate must chain to
+    ``ssl.cafile`` (the system's CAs when empty) and name the listener's address; where the
+    listeners ask for client certificates (``ssl.client.auth`` required or requested) the
+    console presents the broker's own certificate and key, so on an SSL listener it is
+    ``User:<the broker certificate's subject>`` to the ACLs (on SASL_SSL the SASL user)."""
+    options = {"ssl_cafile": config.get("ssl.cafile") or None}
+    if config.get("ssl.client.auth", "none") != "none" and config.get("ssl.certfile"):
+        options.update(ssl_certfile=config["ssl.certfile"], ssl_keyfile=config.get("ssl.keyfile") or None)
+    return options
+
+
 def _user_clients(actor, user: str, password: str) -> Clients | None:
-    """Clients acting as ``user`` over the broker's SASL_PLAINTEXT listener, or None if it has
-    none (the shared clients serve the session; the console's own checks still apply)."""
+    """Clients acting as ``user`` over the broker's SASL_PLAINTEXT listener, else its SASL_SSL
+    one (with ``_broker_tls``), or None if it has neither (the shared clients serve the
+    session; the console's own checks still apply)."""
     sup = actor.status()["supervisor"]
+    options: dict = {"security_protocol": "SASL_PLAINTEXT"}
     address = _listener_address(actor.config, sup, "SASL_PLAINTEXT")
     if address is None:
-        return None
+        address = _listener_address(actor.config, sup, "SASL_SSL")
+        if address is None:
+            return None
+        options = {"security_protocol": "SASL_SSL", **_broker_tls(actor.config)}
     enabled = [m.strip().upper() for m in str(actor.config.get("sasl.enabled.mechanisms", "PLAIN")).split(",")]
     mechanism = next((m for m in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN") if m in enabled), "PLAIN")
-    return Clients(actor, address, {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": mechanism,
-                                    "sasl_plain_username": user, "sasl_plain_password": password})
+    return Clients(actor, address, {**options, "sasl_mechanism": mechanism, "sasl_plain_username": user,
+                                    "sasl_plain_password": password})
 
 
 def render(value: bytes | None, fmt: str) -> str:
@@ -354,10 +382,10 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/groups")
     def groups():
-        try:
+        try:  # ListGroups lists the groups the user may Describe (all with Describe on the cluster)
             listed = clients_now().groups().list()
-        except OdradekError as exc:  # e.g. no Describe on the cluster (ListGroups' ACL)
-            raise bottle.HTTPError(403, f"Groups cannot be listed: {exc}") from None
+        except OdradekError as exc:  # the broker refused or did not answer
+            raise bottle.HTTPError(503, f"Groups cannot be listed: {exc}") from None
         return view("groups", title="Consumer groups",
                     groups=[g for g in listed if may("Describe", "Group", g["group_id"])])
 

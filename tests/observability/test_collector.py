@@ -110,6 +110,27 @@ def test_the_served_text_is_what_prometheus_clients_writer_makes_of_the_same_fam
     assert ('odradek_consumer_group_lag{group="g \\"x\\"\\n"' in expected.decode()) == partition_level
 
 
+def test_per_partition_lines_kept_between_scrapes_follow_each_partitions_new_values():
+    rows = [["partition", ["t", 0], row(100, size=1000)], ["partition", ["t", 1], row(7, size=500)],
+            ["partition", ["u", 0], row(3, size=1, leading=0)]]
+    snap = Snapshot({"actors": []}, {"log-0": {"gauges": rows}})
+    collector = BrokerCollector(lambda: snap, True)
+
+    def fresh() -> bytes:  # what prometheus_client writes of the same families, nothing kept
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(BrokerCollector(lambda: snap, True))
+        return generate_latest(registry)
+    assert collector.exposition() == fresh()
+    rows[1] = ["partition", ["t", 1], row(8, size=612)]  # one partition moved on, one went, one came
+    del rows[2]
+    rows.append(["partition", ["v", 4], row(1, size=2.5, under_replicated=1)])
+    text = collector.exposition()
+    assert text == fresh()
+    assert b'odradek_high_watermark{partition="1",topic="t"} 8.0\n' in text and b'topic="u"' not in text
+    assert b'odradek_log_size_bytes{partition="4",topic="v"} 2.5\n' in text
+    assert b'odradek_log_size_bytes{partition="0",topic="t"} 1000.0\n' in text
+
+
 def test_the_actor_table_becomes_per_actor_metrics():
     status = {"actors": [{"name": "log-0", "role": "log", "state": "running", "restarts": 2, "processed": 10,
                           "open": 1, "backlog": 0, "rss": 1000, "cpu": 50.0}]}

@@ -11,7 +11,9 @@ import urllib.parse
 
 import pytest
 
-from odradek import Admin
+from odradek import Admin, Consumer
+from odradek.group import GroupAdmin
+from odradek.types import TopicPartition
 from odradek.network import secstore
 from odradek.network.authorizer import Acl
 from odradek.observe.signin import SESSION_IDLE, SESSION_MAX, SignIn
@@ -19,20 +21,21 @@ from tests.conftest import BrokerProcess
 from tests.security.conftest import listeners_of
 
 USERS = {"admin": "admin-secret", "alice": "alice-secret"}
+GROUPS = ("alice-listed-1", "alice-listed-2", "payroll-readers")  # alice may Describe the first two
 
 
 @pytest.fixture(scope="module")
 def acl_broker(tmp_path_factory):
     """PLAINTEXT and SASL_PLAINTEXT listeners, ACLs on, admin a super user; alice may
     describe, read, create and write the topics starting with 'alice-' and describe the
-    group 'alice-group', nothing else."""
+    groups starting with 'alice-', nothing else (no Describe on the cluster)."""
     data = os.path.abspath(str(tmp_path_factory.mktemp("console-signin")))
     users = secstore.Users(data)
     for name, password in USERS.items():
         users.add(name, password, iterations=4096)
     secstore.Acls(data).add([Acl.make("User:alice", "Topic", "alice-", op, pattern="Prefixed").as_list()
                              for op in ("Describe", "Read", "Create", "Write")] +
-                            [Acl.make("User:alice", "Group", "alice-group", "Describe").as_list()])
+                            [Acl.make("User:alice", "Group", "alice-", "Describe", pattern="Prefixed").as_list()])
     broker = BrokerProcess(data, {"listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
                                   "authorizer": True, "super.users": "User:admin",
                                   "sasl.enabled.mechanisms": "SCRAM-SHA-256,PLAIN"})
@@ -45,6 +48,9 @@ def acl_broker(tmp_path_factory):
         with Admin(broker.sasl_bootstrap, **broker.admin_options) as admin:
             for topic in ("alice-orders", "secret-payroll"):
                 admin.create_topic(topic)
+        for group in GROUPS:  # committed offsets make the groups (as admin, who may)
+            with Consumer(broker.sasl_bootstrap, group_id=group, **broker.admin_options) as c:
+                c.commit({TopicPartition("alice-orders", 0): 0})
         yield broker
     finally:
         broker.stop()
@@ -148,6 +154,31 @@ def test_a_user_sees_only_the_topics_and_groups_its_acls_let_it_describe(acl_bro
     assert admin.call("GET", "/")[0] == 200
 
 
+def test_a_user_without_describe_on_the_cluster_lists_exactly_the_groups_it_may_describe(acl_broker):
+    from confluent_kafka.admin import AdminClient
+    from tests.security.conftest import warm_kafka
+    host, port = acl_broker.sasl_bootstrap.split(":")
+    warm_kafka(host, int(port))
+    seen = {}
+    for user in ("alice", "admin"):
+        kafka_admin = AdminClient({"bootstrap.servers": acl_broker.sasl_bootstrap, "security.protocol": "SASL_PLAINTEXT",
+                                   "sasl.mechanism": "SCRAM-SHA-256", "sasl.username": user,
+                                   "sasl.password": USERS[user]})
+        listed = kafka_admin.list_consumer_groups(request_timeout=30).result()
+        assert not listed.errors, listed.errors
+        seen[user] = {g.group_id for g in listed.valid} & set(GROUPS)
+        with GroupAdmin(acl_broker.sasl_bootstrap, **{**acl_broker.admin_options, "sasl_plain_username": user,
+                                                      "sasl_plain_password": USERS[user]}) as native:
+            assert {g["group_id"] for g in native.list()} & set(GROUPS) == seen[user], "the native protocol"
+    assert seen == {"alice": {"alice-listed-1", "alice-listed-2"}, "admin": set(GROUPS)}
+    alice = signed_in(acl_broker, "alice")
+    status, _, body = alice.call("GET", "/groups")
+    assert status == 200, body
+    assert "alice-listed-1" in body and "alice-listed-2" in body and "payroll-readers" not in body
+    status, _, body = signed_in(acl_broker, "admin").call("GET", "/groups")
+    assert status == 200 and all(g in body for g in GROUPS)
+
+
 def test_a_post_needs_the_sessions_csrf_token_and_the_consoles_own_origin(acl_broker):
     alice = signed_in(acl_broker, "alice")
     token = alice.csrf()
@@ -210,6 +241,7 @@ def test_a_session_ends_after_its_idle_time_and_at_its_maximum_age(tmp_path):
 
 def test_in_a_real_browser_a_user_signs_in_and_sees_and_creates_only_its_topics(acl_broker):
     from selenium.webdriver.common.by import By
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.support.wait import WebDriverWait
     from tests.observability.browser import headless_chromium
     with headless_chromium() as browser:
@@ -228,7 +260,8 @@ def test_in_a_real_browser_a_user_signs_in_and_sees_and_creates_only_its_topics(
         create = browser.find_element(By.ID, "create-topic")
         create.find_element(By.NAME, "name").send_keys("alice-from-the-browser")
         create.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(
+        # the heading read while the page is being replaced goes stale: read it again
+        WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,)).until(
             lambda d: d.find_element(By.TAG_NAME, "h1").text == "Topic alice-from-the-browser")
         with Admin(acl_broker.sasl_bootstrap, **acl_broker.admin_options) as admin:
             assert len(admin.describe_topic("alice-from-the-browser").partitions) == 1
