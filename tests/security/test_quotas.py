@@ -227,3 +227,16 @@ def test_a_client_over_its_request_percentage_is_throttled_and_one_under_it_is_n
             got += [r.value for r in c.poll(500)]
     assert got[:10] == [b"rq-light-%d" % i for i in range(10)]
     assert got[10:] == [b"rq-heavy-%d" % i for i in range(len(offsets))]
+    assert _throttled_count(quota_broker, "request") > 0  # odradek_throttle_time_seconds{kind="request"}
+
+
+def _throttled_count(broker, kind: str) -> int:
+    """Answers the processors' throttle_ms histogram counted for ``kind`` (their _metrics)."""
+    from odradek.actors.client import MailboxClient
+    total = 0
+    with MailboxClient(broker.run_dir) as client:
+        for name in ("processor-0", "processor-1"):
+            for metric, labels, buckets, _sum in client.request(name, "_metrics", timeout=10).fields["histograms"]:
+                if metric == "throttle_ms" and labels == [kind]:
+                    total += sum(buckets)
+    return total
