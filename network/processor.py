@@ -688,7 +688,7 @@ class Processor(Actor):
             self._release(self._take_reservation(conn))
             return
         slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
-                _replica_id(h["body"]) >= 0]  # a follower's fetch: no quota
+                _replica_id(h["body"]) >= 0]  # no quota: a follower's fetch (or failed here, ``_fail``)
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
@@ -734,7 +734,8 @@ class Processor(Actor):
             rec.slot[1] = self._response(corr, reply, conn.tls)
         if throttle > 0:
             conn.muted = max(conn.muted, self.clock() + throttle)
-            if not _client_throttles(rec.slot) or reply.type == "_error":  # it would not wait: hold its answer back for the time
+            if not _client_throttles(rec.slot) or reply.type == "_error":  # no throttle_time_ms to wait out:
+                # hold its answer back for the time
                 rec.slot[1], bufs = None, rec.slot[1]
                 self.call_later(throttle, functools.partial(self._release_throttled, conn, rec.slot, bufs))
             self.call_later(throttle, functools.partial(self._unmute, conn))
@@ -823,6 +824,7 @@ class Processor(Actor):
 
     def _fail(self, rec: InFlight, code: ErrorCode, message: str) -> None:
         self.cancel_request(rec.corr)
+        rec.slot[6] = True  # the broker's failure, not the client's use: no quota is charged for it
         self._on_answer(rec, Message("_error", rec.corr, None, {"code": int(code), "message": message}))
 
     # ---- writing responses in request order --------------------------------------------

@@ -85,11 +85,11 @@ class Quotas:
             _buckets_room(self._buckets)
             bucket = self._buckets[key] = [rate * BURST_SECONDS, now]
         used = self._usage.get(key)
-        if used is None:
+        if used is not None:
+            used[0], used[1] = rate, used[1] + amount
+        elif amount > 0:
             _buckets_room(self._usage)
             self._usage[key] = [rate, amount]
-        else:
-            used[0], used[1] = rate, used[1] + amount
         return take(bucket, rate, amount, now)
 
     def report(self) -> list:

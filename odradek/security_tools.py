@@ -13,6 +13,7 @@ they are never printed.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 
@@ -104,6 +105,12 @@ def cmd_quotas(args) -> int:
         if not name:
             raise OdradekError(f"--alter needs --entity-name (a {args.entity_type[:-1]}) or --entity-default",
                                ErrorCode.INVALID_CONFIG)
+        if args.entity_type == "ips" and name != DEFAULT:
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:
+                raise OdradekError(f"--entity-name {name!r} is not an IP address (or use --entity-default)",
+                                   ErrorCode.INVALID_CONFIG) from None
         changes = []
         for item in ",".join(list(args.add_config or []) + list(args.pairs or [])).split(","):
             key, sep, value = item.partition("=")
@@ -118,7 +125,8 @@ def cmd_quotas(args) -> int:
         return 0
     for entity, entry in sorted((store.data().get(args.entity_type) or {}).items()):
         if name in (None, entity):
-            print(f"Quotas for {args.entity_type} '{entity}': " + ", ".join(f"{k}={v}" for k, v in sorted(entry.items())))
+            print(f"Quotas for {args.entity_type} '{entity}': "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(entry.items())))
     return 0
 
 
