@@ -22,8 +22,10 @@ busiest first, are asked to ``shed_idle`` (close their least recently used idle 
 as Kafka does); the first that did makes room, and if none had one the new socket is closed),
 then the file descriptor is passed
 with ``socket.send_fds`` over the Unix socket ``<run_dir>/<processor>.sock`` to the running
-processor with the fewest connections (one that fails is skipped), with the listener's name
-as the datagram (the processor applies its security protocol), and our copy is closed.
+processor with the fewest connections (one that fails is skipped), with ``<listener name>
+<client ip>`` as the datagram (the processor applies the listener's security protocol, and
+names the address and listener in its ``conn_closed`` even when the client left before it
+could ask its address), and our copy is closed.
 No client byte is ever read here (TLS and SASL happen in the processor).
 
 Messages it accepts: ``_members`` for the processor role (from the supervisor);
@@ -334,7 +336,7 @@ class Acceptor(Actor):
 
     def _admit(self, sock: socket.socket, ip: str, listener: str) -> None:
         for name in self._by_load():
-            if self._hand_off(name, sock, listener):
+            if self._hand_off(name, sock, listener, ip):
                 self.by_processor[name][ip] += 1
                 self.by_processor_listener[name][listener] += 1
                 self.per_listener[listener] += 1
@@ -350,7 +352,7 @@ class Acceptor(Actor):
         return sorted((n for n in running if n in self.by_processor),
                       key=lambda n: sum(self.by_processor[n].values()))
 
-    def _hand_off(self, name: str, sock: socket.socket, listener: str) -> bool:
+    def _hand_off(self, name: str, sock: socket.socket, listener: str, ip: str) -> bool:
         try:
             feed = self._feeds.get(name)
             if feed is None:
@@ -363,7 +365,7 @@ class Acceptor(Actor):
                     raise
                 feed.setblocking(False)
                 self._feeds[name] = feed
-            socket.send_fds(feed, [listener.encode()], [sock.fileno()])
+            socket.send_fds(feed, [f"{listener}\n{ip}".encode()], [sock.fileno()])
             return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN,):

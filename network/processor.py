@@ -334,17 +334,18 @@ class Processor(Actor):
             self._feeds.pop(sock.fileno(), None)
             sock.close()
             return
-        name = data.decode(errors="replace") if data not in (b"", b"c") else next(iter(self.listeners))
+        # "<listener>\n<ip>" from the acceptor
+        name, _, ip = data.decode(errors="replace").partition("\n") if data not in (b"", b"c") else ("", "", "")
         for fd in fds:
-            self._adopt(fd, name)
+            self._adopt(fd, name or next(iter(self.listeners)), ip or "?")
 
-    def _adopt(self, fd: int, listener: str) -> None:
+    def _adopt(self, fd: int, listener: str, ip: str = "?") -> None:
         sock = socket.socket(fileno=fd)
         try:
             peer = sock.getpeername()
-        except OSError:  # the client left before we got it
+        except OSError:  # the client left before we got it: the acceptor counted it, uncount it
             sock.close()
-            self._tell_acceptor_closed("?", listener)
+            self._tell_acceptor_closed(ip, listener)
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
