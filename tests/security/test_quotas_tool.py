@@ -2,20 +2,25 @@
 and the broker-wide sharing of a quota between processors (network/quotas.py)."""
 from __future__ import annotations
 
-import subprocess
-import sys
+import types
 
 import pytest
 
+from odradek.cli import main
 from odradek.network import quotas, secstore
 
 
-def configs(data_dir, *args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "odradek", "configs", "--set", f"log.dirs={data_dir}", *args],
-                          capture_output=True, text=True, timeout=60)
+@pytest.fixture
+def configs(capsys):
+    """``odradek configs --set log.dirs=DIR ARGS...`` in this process: its exit code and output."""
+    def run(data_dir, *args: str):
+        code = main(["configs", "--set", f"log.dirs={data_dir}", *args])
+        out, err = capsys.readouterr()
+        return types.SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return run
 
 
-def test_the_configs_tool_sets_request_and_address_quotas_and_refuses_what_does_not_fit(tmp_path):
+def test_the_configs_tool_sets_request_and_address_quotas_and_refuses_what_does_not_fit(tmp_path, configs):
     out = configs(tmp_path, "--entity-type", "ips", "--entity-default", "--alter",
                   "--add-config", "connection_creation_rate=3")
     assert out.returncode == 0, out.stderr
