@@ -3,20 +3,35 @@
 Runs in its own process (actor ``acceptor``, one per broker). It owns the listening TCP
 sockets, one per listener of ``listeners`` (network/listeners.py; bound in ``on_start``;
 their addresses are reported in ``ready_fields`` and a restarted acceptor rebinds
-``args["bound_ports"]``) and the connection counts per processor and per IP.
+``args["bound_ports"]``), the connection counts per processor, per IP and per listener, and
+the broker-wide client quota buckets (``quotas.Ledger``: every processor reports its usage
+to it, so a client's connections on several processors share one quota).
 
-For each accepted connection: admission (``max.connections.per.ip``: over it the socket is
-closed at once and counted; at ``max.connections`` the new socket is held while processors,
+Before accepting (new connections wait in the kernel's backlog meanwhile, none is refused for
+it): ``max.connection.creation.rate`` (all listeners) and
+``listener.name.<name>.max.connection.creation.rate`` (token buckets of one second's worth:
+when one is empty its listening sockets are not watched until the next token), and
+``listener.name.<name>.max.connections`` (a listener at its limit is not watched until one
+of its connections closes), as Kafka's acceptor waits (KIP-612, KIP-402).
+
+For each accepted connection: admission (the address's ``connection_creation_rate`` quota,
+KIP-612: a connection over it is held unread for the throttle time, then closed, as Kafka
+does, so a client reconnecting in a loop is slowed down; ``max.connections.per.ip``: over it
+the socket is closed at once and counted; at ``max.connections`` the new socket is held while processors,
 busiest first, are asked to ``shed_idle`` (close their least recently used idle connection,
 as Kafka does); the first that did makes room, and if none had one the new socket is closed),
 then the file descriptor is passed
 with ``socket.send_fds`` over the Unix socket ``<run_dir>/<processor>.sock`` to the running
-processor with the fewest connections (one that fails is skipped), with the listener's name
-as the datagram (the processor applies its security protocol), and our copy is closed.
+processor with the fewest connections (one that fails is skipped), with ``<listener name>
+<client ip>`` as the datagram (the processor applies the listener's security protocol, and
+names the address and listener in its ``conn_closed`` even when the client left before it
+could ask its address), and our copy is closed.
 No client byte is ever read here (TLS and SASL happen in the processor).
 
 Messages it accepts: ``_members`` for the processor role (from the supervisor);
-``conn_closed {processor, ip}`` (one-way, from processors). It asks each processor for
+``conn_closed {processor, ip, listener}`` (one-way, from processors); ``quota_usage
+{entries}`` (request, from processors every ``quotas.SYNC_INTERVAL`` while a quota is in
+use; answered ``{balances}``, network/quotas.py). It asks each processor for
 ``connections`` when the processor set changes or after its own restart, and starts
 accepting only when the counts are rebuilt, so limits hold across its restarts; it asks
 processors to ``shed_idle`` at ``max.connections`` (replies ``{closed: bool}``; a processor
@@ -31,7 +46,7 @@ import socket
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.network import listeners as listeners_mod
+from odradek.network import listeners as listeners_mod, quotas
 from odradek.actors.names import PROCESSOR, socket_path
 
 log = logging.getLogger("odradek.acceptor")
@@ -41,6 +56,8 @@ REBUILD_TIMEOUT = 2.0  # seconds to wait for processors' counts before accepting
 ACCEPTS_PER_WAKEUP = 64
 MAX_HELD = 16  # new sockets waiting at max.connections for an idle one to be closed
 SHED_TIMEOUT = 1.0  # seconds a processor gets to answer shed_idle
+MAX_IP_THROTTLED = 1000  # connections held over their address's creation rate; more are closed at once
+UNLIMITED = 2147483647
 
 
 class Acceptor(Actor):
@@ -57,6 +74,19 @@ class Acceptor(Actor):
         # listening sockets are not watched (new connections wait in the kernel's backlog)
         self.creation_rate = float(config.get("max.connection.creation.rate", 2147483647))
         self._tokens, self._tokens_at = self.creation_rate, 0.0
+        # per listener (Kafka's listener.name.<name>.max.connections / .max.connection.creation.rate)
+        self.listener_max = {l.name: int(config.get(f"listener.name.{l.name.lower()}.max.connections") or UNLIMITED)
+                             for l in self.listeners}
+        self.listener_rate = {l.name: float(config.get(f"listener.name.{l.name.lower()}.max.connection.creation.rate")
+                                            or UNLIMITED) for l in self.listeners}
+        self._listener_tokens = {name: [rate, 0.0] for name, rate in self.listener_rate.items()}
+        self.per_listener: collections.Counter[str] = collections.Counter()
+        self.by_processor_listener: dict[str, collections.Counter[str]] = {}  # processor -> listener -> count
+        self._blocked: dict[str, str] = {}  # listener -> why it is not watched ("max", "rate")
+        self._watching: set[int] = set()
+        self.ip_rates: quotas.IpRates | None = quotas.IpRates(config, self.args.get("data_dir") or ".")
+        self._ip_throttled: dict[int, socket.socket] = {}  # fd -> a socket over its address's rate, closed later
+        self.ledger = quotas.Ledger()  # the broker-wide client quota buckets
         self.sockets: dict[int, tuple[socket.socket, str]] = {}  # fd -> (listening socket, listener name)
         self.by_processor: dict[str, collections.Counter[str]] = {}  # processor -> ip -> count
         self.per_ip: collections.Counter[str] = collections.Counter()
@@ -78,6 +108,12 @@ class Acceptor(Actor):
             self.sockets[sock.fileno()] = (sock, l.name)
             self.listeners[i] = l._replace(host=sock.getsockname()[0], port=sock.getsockname()[1])
         self.host, self.port = self.listeners[0].host, self.listeners[0].port
+        try:  # the quota store (ZooKeeper's in cluster mode) is reached now, not on a client's connection
+            self.ip_rates.store.data()
+        except Exception as exc:
+            log.warning("%s: per-address connection creation rates are off: cannot read the quotas: %s",
+                        self.name, exc)
+            self.ip_rates = None
         self.call_later(REBUILD_TIMEOUT, self._start_accepting)  # if a processor never answers
 
     def ready_fields(self) -> dict:
@@ -86,16 +122,21 @@ class Acceptor(Actor):
 
     def on_stop(self) -> None:
         for sock, _name in self.sockets.values():
-            if self._accepting:
+            if sock.fileno() in self._watching:
                 self.unwatch(sock.fileno())
             sock.close()
         for sock in self._feeds.values():
             sock.close()
-        for sock in self._held.values():
+        for sock in [*self._held.values(), *self._ip_throttled.values()]:
             sock.close()
 
     def stats(self) -> dict:
-        return {"connections": self.total, **self.counters}
+        return {"connections": self.total, "ip_throttled_held": len(self._ip_throttled), **self.counters}
+
+    # ---- the broker-wide client quotas (network/quotas.py) ---------------------------------
+    def on_quota_usage(self, msg: Message) -> None:
+        entries = msg.get("entries")
+        self.reply(msg, {"balances": self.ledger.charge(entries if isinstance(entries, list) else [], self.clock())})
 
     # ---- counts ------------------------------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
@@ -107,6 +148,7 @@ class Acceptor(Actor):
         for name in members:
             if name not in self.by_processor:
                 self.by_processor[name] = collections.Counter()
+                self.by_processor_listener[name] = collections.Counter()
                 self._awaiting.add(name)
                 self.request(name, "connections", callback=lambda reply, n=name: self._rebuilt(n, reply),
                              timeout=REBUILD_TIMEOUT)
@@ -117,6 +159,8 @@ class Acceptor(Actor):
         counts = self.by_processor.pop(name, collections.Counter())
         self.per_ip.subtract(counts)
         self.total -= sum(counts.values())
+        self.per_listener.subtract(self.by_processor_listener.pop(name, collections.Counter()))
+        self._unblock_below_max()
         self._awaiting.discard(name)
         feed = self._feeds.pop(name, None)
         if feed is not None:
@@ -131,6 +175,10 @@ class Acceptor(Actor):
             self.per_ip.update(counts)
             self.total += sum(counts.values()) - sum(old.values())
             self.by_processor[name] = counts
+            by_listener = collections.Counter({l: int(n) for l, n in (reply.get("listeners") or {}).items()})
+            self.per_listener.subtract(self.by_processor_listener.get(name, collections.Counter()))
+            self.per_listener.update(by_listener)
+            self.by_processor_listener[name] = by_listener
         if not self._awaiting:
             self._start_accepting()
 
@@ -142,13 +190,43 @@ class Acceptor(Actor):
         counts[ip] -= 1
         self.per_ip[ip] -= 1
         self.total -= 1
+        listener = msg.get("listener")
+        by_listener = self.by_processor_listener.get(name)
+        if by_listener is not None and by_listener[listener] > 0:
+            by_listener[listener] -= 1
+            self.per_listener[listener] -= 1
+            self._unblock_below_max()
 
     # ---- accepting -----------------------------------------------------------------------
     def _start_accepting(self) -> None:
         if not self._accepting and self.sockets:
             self._accepting = True
-            for fd, (sock, name) in self.sockets.items():
+            self._update_watch()
+
+    def _update_watch(self) -> None:
+        """Watch each listening socket while accepting, unless its listener is blocked."""
+        for fd, (sock, name) in self.sockets.items():
+            want = self._accepting and name not in self._blocked
+            if want and fd not in self._watching:
+                self._watching.add(fd)
                 self.watch(fd, lambda _events, s=sock, n=name: self._on_accept(s, n))
+            elif not want and fd in self._watching:
+                self._watching.discard(fd)
+                self.unwatch(fd)
+
+    def _block(self, listener: str, why: str) -> None:
+        self._blocked[listener] = why
+        self._update_watch()
+
+    def _unblock(self, listener: str, why: str) -> None:
+        if self._blocked.get(listener) == why:
+            del self._blocked[listener]
+            self._update_watch()
+
+    def _unblock_below_max(self) -> None:
+        for name, why in list(self._blocked.items()):
+            if why == "max" and self.per_listener[name] < self.listener_max[name]:
+                self._unblock(name, "max")
 
     def _take_token(self) -> bool:
         now = self.clock()
@@ -159,26 +237,55 @@ class Acceptor(Actor):
             return True
         if self._accepting:  # stop watching the listeners until the next token
             self._accepting = False
-            for fd in self.sockets:
-                self.unwatch(fd)
+            self._update_watch()
             self.counters["creation_rate_throttled"] += 1
             self.call_later((1 - self._tokens) / self.creation_rate, self._start_accepting)
         return False
 
+    def _take_listener_token(self, name: str) -> bool:
+        """The listener's own creation rate; when empty it is not watched until the next token."""
+        rate, bucket = self.listener_rate[name], self._listener_tokens[name]
+        if rate >= UNLIMITED:
+            return True
+        now = self.clock()
+        bucket[0] = min(rate, bucket[0] + (now - bucket[1]) * rate)
+        bucket[1] = now
+        if bucket[0] >= 1:
+            bucket[0] -= 1
+            return True
+        self.counters["listener_creation_rate_throttled"] += 1
+        self._block(name, "rate")
+        self.call_later((1 - bucket[0]) / rate, lambda: self._unblock(name, "rate"))
+        return False
+
     def _on_accept(self, listener: socket.socket, name: str) -> None:
         for _ in range(ACCEPTS_PER_WAKEUP):
+            if name in self._blocked or not self._accepting:
+                return
+            if self.per_listener[name] >= self.listener_max[name]:  # wait for one of its connections to close
+                self.counters["listener_max_connections_waits"] += 1
+                self._block(name, "max")
+                return
             if not self._take_token():
+                return
+            if not self._take_listener_token(name):
+                self._tokens += 1  # the broker-wide token is not spent
                 return
             try:
                 sock, addr = listener.accept()
             except (BlockingIOError, InterruptedError):
-                self._tokens += 1  # nothing was waiting: the token is not spent
+                self._tokens += 1  # nothing was waiting: the tokens are not spent
+                if self.listener_rate[name] < UNLIMITED:
+                    self._listener_tokens[name][0] += 1
                 return
             except OSError as exc:  # EMFILE and friends: let the backlog hold them a moment
                 log.error("%s: accept failed: %s", self.name, exc)
                 self.counters["accept_errors"] += 1
                 return
-            if self.per_ip[addr[0]] >= self.max_per_ip:
+            throttle = self.ip_rates.delay(addr[0], self.clock()) if self.ip_rates is not None else 0.0
+            if throttle > 0:
+                self._throttle_ip(sock, throttle)
+            elif self.per_ip[addr[0]] >= self.max_per_ip:
                 self.counters["refused_per_ip"] += 1
                 sock.close()
             elif self.total >= self.max_connections:
@@ -186,6 +293,21 @@ class Acceptor(Actor):
             else:
                 with sock:
                     self._admit(sock, addr[0], name)
+
+    def _throttle_ip(self, sock: socket.socket, throttle: float) -> None:
+        """Over its address's connection_creation_rate (KIP-612): held unread for the throttle
+        time, then closed, so a client that reconnects at once is slowed down."""
+        self.counters["refused_ip_creation_rate"] += 1
+        if len(self._ip_throttled) >= MAX_IP_THROTTLED:
+            sock.close()
+            return
+        fd = sock.fileno()
+        self._ip_throttled[fd] = sock
+
+        def close() -> None:
+            if self._ip_throttled.pop(fd, None) is sock:
+                sock.close()
+        self.call_later(min(throttle, quotas.IP_HOLD_MAX), close)
 
     # ---- at max.connections: the least recently used idle connection makes room --------
     def _make_room(self, sock: socket.socket, ip: str, listener: str) -> None:
@@ -214,8 +336,10 @@ class Acceptor(Actor):
 
     def _admit(self, sock: socket.socket, ip: str, listener: str) -> None:
         for name in self._by_load():
-            if self._hand_off(name, sock, listener):
+            if self._hand_off(name, sock, listener, ip):
                 self.by_processor[name][ip] += 1
+                self.by_processor_listener[name][listener] += 1
+                self.per_listener[listener] += 1
                 self.per_ip[ip] += 1
                 self.total += 1
                 self.counters["accepted"] += 1
@@ -228,7 +352,7 @@ class Acceptor(Actor):
         return sorted((n for n in running if n in self.by_processor),
                       key=lambda n: sum(self.by_processor[n].values()))
 
-    def _hand_off(self, name: str, sock: socket.socket, listener: str) -> bool:
+    def _hand_off(self, name: str, sock: socket.socket, listener: str, ip: str) -> bool:
         try:
             feed = self._feeds.get(name)
             if feed is None:
@@ -241,7 +365,7 @@ class Acceptor(Actor):
                     raise
                 feed.setblocking(False)
                 self._feeds[name] = feed
-            socket.send_fds(feed, [listener.encode()], [sock.fileno()])
+            socket.send_fds(feed, [f"{listener}\n{ip}".encode()], [sock.fileno()])
             return True
         except OSError as exc:
             if exc.errno not in (errno.EAGAIN,):

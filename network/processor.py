@@ -10,10 +10,12 @@ Messages it accepts:
   * from handlers (or any actor a handler forwarded to): ``_reply {body, files?}`` +
     payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
   * ``_members`` for the handler role (from the supervisor): re-pin connections;
-  * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}}``;
+  * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}, listeners: {name: n}}``;
   * ``shed_idle`` (request, from the acceptor): ``{closed: bool}``.
 It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
-(reply_to = itself) and the one-way ``conn_closed {processor, ip}`` to the acceptor.
+(reply_to = itself) and the one-way ``conn_closed {processor, ip, listener}`` to the acceptor, and every
+``quotas.SYNC_INTERVAL`` while a quota is in use ``quota_usage {entries}`` (request) to the
+acceptor, which answers ``{balances}``: the broker-wide quota buckets (network/quotas.py).
 
 Ordering: a connection's requests go, in order, to its pinned handler (each hop is FIFO
 per pair of actors), and responses are written in request order (an early answer waits in
@@ -253,6 +255,7 @@ class Processor(Actor):
         self.users = secstore.Users(self.args.get("data_dir") or ".", config)  # ZooKeeper's in cluster mode
         self._audit_at = collections.defaultdict(float)  # (what, ip) -> last logged, for rate-limiting
         self.quotas = quotas.Quotas(config, self.args.get("data_dir") or ".")
+        self._quota_report_out = False  # a usage report awaits the acceptor's answer
 
     # ---- lifecycle ---------------------------------------------------------------------
     def on_start(self) -> None:
@@ -267,6 +270,7 @@ class Processor(Actor):
         self.watch(self._listener.fileno(), self._on_feed_connect)
         sweep = min(SWEEP_INTERVAL_MAX, self.idle_timeout / 4, self.request_timeout / 4)
         self.call_every(max(0.02, sweep), self._sweep)
+        self.call_every(quotas.SYNC_INTERVAL, self._sync_quotas)
         # The Kafka codec (kio's types for every API version) loads here, before this processor
         # reports ready, not on its first Kafka connection: that load took 0.2 s of CPU quiet
         # and 4-6 s at load 19, while the processor served nobody and librdkafka's first
@@ -330,17 +334,18 @@ class Processor(Actor):
             self._feeds.pop(sock.fileno(), None)
             sock.close()
             return
-        name = data.decode(errors="replace") if data not in (b"", b"c") else next(iter(self.listeners))
+        # "<listener>\n<ip>" from the acceptor
+        name, _, ip = data.decode(errors="replace").partition("\n") if data not in (b"", b"c") else ("", "", "")
         for fd in fds:
-            self._adopt(fd, name)
+            self._adopt(fd, name or next(iter(self.listeners)), ip or "?")
 
-    def _adopt(self, fd: int, listener: str) -> None:
+    def _adopt(self, fd: int, listener: str, ip: str = "?") -> None:
         sock = socket.socket(fileno=fd)
         try:
             peer = sock.getpeername()
-        except OSError:  # the client left before we got it
+        except OSError:  # the client left before we got it: the acceptor counted it, uncount it
             sock.close()
-            self._tell_acceptor_closed("?")
+            self._tell_acceptor_closed(ip, listener)
             return
         sock.setblocking(False)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
@@ -363,7 +368,8 @@ class Processor(Actor):
 
     def on_connections(self, msg: Message) -> None:
         ips = collections.Counter(conn.ip for conn in self.conns.values())
-        self.reply(msg, {"processor": self.name, "ips": dict(ips)})
+        by_listener = collections.Counter(conn.listener for conn in self.conns.values())
+        self.reply(msg, {"processor": self.name, "ips": dict(ips), "listeners": dict(by_listener)})
 
     def on_shed_idle(self, msg: Message) -> None:
         """The acceptor is at max.connections: make room by closing the least recently used
@@ -683,7 +689,7 @@ class Processor(Actor):
             self._release(self._take_reservation(conn))
             return
         slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
-                _replica_id(h["body"]) >= 0]  # a follower's fetch: no quota
+                _replica_id(h["body"]) >= 0]  # no quota: a follower's fetch (or failed here, ``_fail``)
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
@@ -708,13 +714,12 @@ class Processor(Actor):
         rec.slot[4] = self.clock()
         # Kafka's remote time: what the answering actor held it in a purgatory (acks=all, long poll)
         self.metrics.observe("request_remote_ms", (rec.slot[2],), (reply.fields or {}).get("remote_ms", 0))
-        throttle = 0.0
-        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error" and not rec.slot[6]:
-            throttle = self._quota_delay(conn, rec, reply)
-            if throttle > 0:  # the answer says how long (KIP-219); the connection is muted that long
-                fields = reply.fields or {}
-                reply = reply._replace(fields={**fields, "body": {**(fields.get("body") or {}),
-                                                                  "throttle_time_ms": math.ceil(throttle * 1000)}})
+        throttle = 0.0 if rec.slot[6] else self._quota_delay(conn, rec, reply)
+        if throttle > 0 and rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+            # the answer says how long (KIP-219); the connection is muted that long
+            fields = reply.fields or {}
+            reply = reply._replace(fields={**fields, "body": {**(fields.get("body") or {}),
+                                                              "throttle_time_ms": math.ceil(throttle * 1000)}})
         if conn.kafka is not None:
             fields = reply.fields or {}
             if reply.type == "_error":
@@ -730,7 +735,8 @@ class Processor(Actor):
             rec.slot[1] = self._response(corr, reply, conn.tls)
         if throttle > 0:
             conn.muted = max(conn.muted, self.clock() + throttle)
-            if not _client_throttles(rec.slot):  # it would not wait: hold its answer back for the time
+            if not _client_throttles(rec.slot) or reply.type == "_error":  # no throttle_time_ms to wait out:
+                # hold its answer back for the time
                 rec.slot[1], bufs = None, rec.slot[1]
                 self.call_later(throttle, functools.partial(self._release_throttled, conn, rec.slot, bufs))
             self.call_later(throttle, functools.partial(self._unmute, conn))
@@ -742,17 +748,47 @@ class Processor(Actor):
             self._answered(conn)
 
     def _quota_delay(self, conn: Connection, rec: InFlight, reply: Message) -> float:
-        """Seconds this connection is over its byte rate by with this answer (a produce
-        request's size, a fetch answer's), 0 within it (network/quotas.py)."""
-        produce = rec.slot[2] == ApiKey.PRODUCE
-        nbytes = rec.reserved if produce else (sum(_nbytes(b) for b in reply.frames) +
-                                               sum(int(f[2]) for f in (reply.fields or {}).get("files") or ()))
-        delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch", nbytes,
-                                  self.clock())
+        """Seconds this connection is over its quotas by with this answer, 0 within them
+        (network/quotas.py): the byte rate (a produce request's size, a fetch answer's) and
+        the request time (from the hand-off to the answer, less what a purgatory held it:
+        Kafka's local time, with the wait in the actors' mailboxes). The larger one counts."""
+        now = self.clock()
+        fields = reply.fields or {}
+        used = max(0.0, now - rec.sent - fields.get("remote_ms", 0) / 1000)
+        delay = self.quotas.delay(conn.principal, conn.client, "request", used * 1e6, now)
+        if delay > 0:
+            self.metrics.observe("throttle_ms", ("request",), delay * 1000)
+        kind = "request"
+        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+            produce = rec.slot[2] == ApiKey.PRODUCE
+            nbytes = rec.reserved if produce else (sum(_nbytes(b) for b in reply.frames) +
+                                                   sum(int(f[2]) for f in fields.get("files") or ()))
+            byte_delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch",
+                                           nbytes, now)
+            if byte_delay > 0:
+                self.metrics.observe("throttle_ms", ("produce" if produce else "fetch",), byte_delay * 1000)
+            if byte_delay > delay:
+                delay, kind = byte_delay, "produce" if produce else "fetch"
         if delay > 0:
             self.counters["throttled"] += 1
-            self.metrics.observe("throttle_ms", ("produce" if produce else "fetch",), delay * 1000)
+            self.counters[f"throttled_{kind}"] += 1
         return delay
+
+    def _sync_quotas(self) -> None:
+        """Report the quota usage since the last report to the acceptor, which holds the
+        broker-wide buckets (network/quotas.py); one report at a time, none when idle."""
+        if self._quota_report_out:
+            return
+        entries = self.quotas.report()
+        if not entries:
+            return
+        self._quota_report_out = True
+        self.request(ACCEPTOR, "quota_usage", {"entries": entries}, callback=self._quotas_synced, timeout=1.0)
+
+    def _quotas_synced(self, reply: Message) -> None:
+        self._quota_report_out = False
+        if not reply.is_error:
+            self.quotas.synced(reply.get("balances") or [], self.clock())
 
     def _unmute(self, conn: Connection) -> None:
         """The throttle time is over (the latest of the connection's throttled answers):
@@ -789,6 +825,7 @@ class Processor(Actor):
 
     def _fail(self, rec: InFlight, code: ErrorCode, message: str) -> None:
         self.cancel_request(rec.corr)
+        rec.slot[6] = True  # the broker's failure, not the client's use: no quota is charged for it
         self._on_answer(rec, Message("_error", rec.corr, None, {"code": int(code), "message": message}))
 
     # ---- writing responses in request order --------------------------------------------
@@ -965,11 +1002,11 @@ class Processor(Actor):
             self._schedule_flush()
         self.counters["closed"] += 1
         log.debug("%s: closed %s (%s)", self.name, conn.who(), why)
-        self._tell_acceptor_closed(conn.ip)
+        self._tell_acceptor_closed(conn.ip, conn.listener)
 
-    def _tell_acceptor_closed(self, ip: str) -> None:
+    def _tell_acceptor_closed(self, ip: str, listener: str) -> None:
         try:
-            self.send(ACCEPTOR, "conn_closed", {"processor": self.name, "ip": ip})
+            self.send(ACCEPTOR, "conn_closed", {"processor": self.name, "ip": ip, "listener": listener})
         except MailboxFull:
             log.warning("%s: could not tell the acceptor a connection from %s closed", self.name, ip)
 

@@ -78,8 +78,9 @@ COUNTED: dict[str, Spec] = {
                              "RequestMetrics ResponseQueueTimeMs + ResponseSendTimeMs"),
     # security (docs/SECURITY.md)
     "throttle_ms": Spec("odradek_throttle_time_seconds", "histogram",
-                        "Time a quota held an answer (and its connection) back, per kind (produce, fetch).",
-                        ("kind",), "Produce/Fetch throttle-time"),
+                        "Time a quota held an answer (and its connection) back, per kind (produce, fetch, "
+                        "request).",
+                        ("kind",), "Produce/Fetch/Request throttle-time"),
     "authentication_failures": Spec("odradek_authentication_failures", "counter",
                                     "Failed TLS handshakes and SASL authentications, per listener.", ("listener",),
                                     "socket-server-metrics failed-authentication-total"),

@@ -97,7 +97,7 @@ def cmd_status(args) -> int:
 
 # ---- configs -----------------------------------------------------------------------------
 def cmd_configs(args) -> int:
-    if args.entity_type in ("users", "clients"):  # quotas: docs/SECURITY.md
+    if args.entity_type in ("users", "clients", "ips"):  # quotas: docs/SECURITY.md
         from odradek.security_tools import cmd_quotas
         return cmd_quotas(args)
     from odradek.network.client import BrokerConnection, parse_bootstrap
@@ -186,9 +186,12 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--describe", action="store_true")
     g.add_argument("--alter", action="store_true")
-    p.add_argument("--entity-type", default="brokers", choices=["brokers", "users", "clients"],
-                   help="users/clients: quotas (producer_byte_rate, consumer_byte_rate)")
-    p.add_argument("--entity-name", help="broker id (default 0); user or client id ('<default>' for all)")
+    p.add_argument("--entity-type", default="brokers", choices=["brokers", "users", "clients", "ips"],
+                   help="users/clients: quotas (producer_byte_rate, consumer_byte_rate, request_percentage); "
+                        "ips: connection_creation_rate")
+    p.add_argument("--entity-name", help="broker id (default 0); user, client id or IP address "
+                                         "('<default>' for all)")
+    p.add_argument("--entity-default", action="store_true", help="the users', clients' or ips' default quota")
     p.add_argument("--add-config", action="append", metavar="K=V[,K=V]")
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
     p.set_defaults(func=cmd_configs)

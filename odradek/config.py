@@ -161,7 +161,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "`max.connections`, so one address cannot lock the others out).", _at_least(1)),
     Setting("max.connection.creation.rate", int, 2147483647,
             "New connections the acceptor takes per second, all listeners together (a burst of one second's "
-            "worth); faster ones wait in the kernel's listen backlog.", _at_least(1)),
+            "worth); faster ones wait in the kernel's listen backlog. Per IP address: the "
+            "`connection_creation_rate` quota (`odradek configs --entity-type ips`).", _at_least(1)),
     Setting("connections.max.idle.ms", int, 600000, "A connection silent this long is closed.", _at_least(100)),
     Setting("queued.max.requests", int, 500,
             "Requests one processor keeps in flight before it stops reading its sockets.", _at_least(1)),
@@ -353,6 +354,39 @@ def _flatten(table: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
+# Per-listener settings, Kafka's ``listener.name.<name>.<setting>`` (the listener's name in
+# lower case, as Kafka writes it): the table's ``<name>`` stands for any listener's name.
+LISTENER_PREFIX = "listener.name."
+LISTENER_SETTINGS: dict[str, Setting] = {s.name: s for s in [
+    Setting("listener.name.<name>.max.connections", int, 0,
+            "Connections the acceptor admits on this listener (besides `max.connections` for all); at the "
+            "limit new ones wait in the kernel's listen backlog until one of its connections closes. 0: no "
+            "limit of its own.", _at_least(0)),
+    Setting("listener.name.<name>.max.connection.creation.rate", int, 0,
+            "New connections the acceptor takes per second on this listener (a burst of one second's worth; "
+            "besides `max.connection.creation.rate` for all); faster ones wait in the backlog. 0: no limit "
+            "of its own.", _at_least(0)),
+]}
+
+
+def _listener_setting(name: str) -> tuple[str, Setting] | None:
+    """``listener.name.CLIENT.max.connections`` -> its canonical (lower-case) name and its
+    table entry; None for any other name."""
+    if not name.lower().startswith(LISTENER_PREFIX):
+        return None
+    listener, _, rest = name[len(LISTENER_PREFIX):].partition(".")
+    setting = LISTENER_SETTINGS.get(f"{LISTENER_PREFIX}<name>.{rest}")
+    if not listener or setting is None:
+        return None
+    return f"{LISTENER_PREFIX}{listener.lower()}.{rest}", setting
+
+
+def canonical(name: str) -> str:
+    """A setting's name as the config dict holds it (a listener's name in lower case)."""
+    found = _listener_setting(name)
+    return found[0] if found else name
+
+
 def _unknown(name: str) -> ConfigError:
     near = difflib.get_close_matches(name, SETTINGS, n=1)
     hint = f"; did you mean '{near[0]}'?" if near else "; see docs/CONFIG.md for every setting"
@@ -363,6 +397,8 @@ def coerce(name: str, value: Any, from_text: bool = False) -> Any:
     """Check one value; ``from_text`` values (``--set``, AlterConfigs) are converted from
     strings first, TOML values must already have the right type. Raises ConfigError."""
     setting = SETTINGS.get(name)
+    if setting is None and _listener_setting(name):
+        setting = _listener_setting(name)[1]
     if setting is None:
         raise _unknown(name)
     if from_text and isinstance(value, str) and setting.type is not str:
@@ -399,12 +435,12 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> dict[st
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError(f"config file {path} is not valid TOML: {exc}") from None
         for name, value in _flatten(table).items():
-            config[name] = coerce(name, value)
+            config[canonical(name)] = coerce(name, value)
     for item in overrides or []:
         name, sep, value = item.partition("=")
         if not sep:
             raise ConfigError(f"--set expects key=value, got {item!r}")
-        config[name.strip()] = coerce(name.strip(), value, from_text=True)
+        config[canonical(name.strip())] = coerce(name.strip(), value, from_text=True)
     _check_listeners(config)
     return config
 
@@ -441,6 +477,12 @@ def _check_listeners(config: dict) -> None:
         raise ConfigError(f"setting 'listeners': {exc}") from None
     if any(l.tls for l in found) and not (config["ssl.certfile"] and config["ssl.keyfile"]):
         raise ConfigError("an SSL or SASL_SSL listener needs 'ssl.certfile' and 'ssl.keyfile' (PEM files)")
+    for key in config:
+        if key.startswith(LISTENER_PREFIX) and _listener_setting(key):
+            listener = key[len(LISTENER_PREFIX):].partition(".")[0].upper()
+            if listener not in {l.name for l in found}:
+                raise ConfigError(f"setting '{key}' names listener {listener!r}, which is none of the listeners "
+                                  f"({', '.join(l.name for l in found)})")
     name = config["inter.broker.listener.name"].upper()
     if name and name not in {l.name for l in found}:
         raise ConfigError(f"setting 'inter.broker.listener.name' = {name!r} names none of the listeners "
@@ -484,7 +526,7 @@ def topic_defaults(config: dict) -> dict:
 def markdown_table() -> str:
     """The settings table of docs/CONFIG.md (a test keeps the doc equal to this)."""
     lines = ["| setting | type | default | dynamic | meaning |", "|---|---|---|---|---|"]
-    for s in SETTINGS.values():
+    for s in [*SETTINGS.values(), *LISTENER_SETTINGS.values()]:
         default = f"`{s.default}`" if s.default != "" else "(empty)"
         lines.append(f"| `{s.name}` | {s.type.__name__} | {default} | {'yes' if s.dynamic else ''} | {s.doc} |")
     return "\n".join(lines)

@@ -13,6 +13,7 @@ they are never printed.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import sys
 
@@ -91,29 +92,41 @@ def cmd_users(args) -> int:
     return 0
 
 
-# ---- quotas (odradek configs --entity-type users|clients) -----------------------------------
+# ---- quotas (odradek configs --entity-type users|clients|ips) --------------------------------
 def cmd_quotas(args) -> int:
     """Quotas are stored like users: the data directory's file, or ZooKeeper in cluster mode;
-    every processor re-reads them when they change."""
-    from odradek.network.quotas import KINDS
+    every processor (and, for ips, the acceptor) re-reads them when they change."""
+    from odradek.network.quotas import DEFAULT, ENTITY_KEYS
     config = cfg.load(args.config, args.set)
     store = secstore.Quotas(cfg.data_dir(config), config)
+    name = DEFAULT if getattr(args, "entity_default", False) else args.entity_name
+    keys = ENTITY_KEYS[args.entity_type]
     if args.alter:
-        if not args.entity_name:
-            raise OdradekError("--alter needs --entity-name (a user, a client id, or '<default>')",
+        if not name:
+            raise OdradekError(f"--alter needs --entity-name (a {args.entity_type[:-1]}) or --entity-default",
                                ErrorCode.INVALID_CONFIG)
+        if args.entity_type == "ips" and name != DEFAULT:
+            try:
+                ipaddress.ip_address(name)
+            except ValueError:
+                raise OdradekError(f"--entity-name {name!r} is not an IP address (or use --entity-default)",
+                                   ErrorCode.INVALID_CONFIG) from None
+        changes = []
         for item in ",".join(list(args.add_config or []) + list(args.pairs or [])).split(","):
             key, sep, value = item.partition("=")
             key = key.strip()
-            if not sep or key not in KINDS.values() or not value.strip().isdigit():
-                raise OdradekError(f"expected producer_byte_rate=N or consumer_byte_rate=N (0 removes it), got {item!r}",
-                                   ErrorCode.INVALID_CONFIG)
-            store.set(args.entity_type, args.entity_name, key, int(value) or None)
-        print(f"Completed updating quotas for {args.entity_type} '{args.entity_name}'.")
+            if not sep or key not in keys or not value.strip().isdigit():
+                raise OdradekError(f"expected {' or '.join(k + '=N' for k in keys)} for --entity-type "
+                                   f"{args.entity_type} (0 removes it), got {item!r}", ErrorCode.INVALID_CONFIG)
+            changes.append((key, int(value) or None))
+        for key, value in changes:
+            store.set(args.entity_type, name, key, value)
+        print(f"Completed updating quotas for {args.entity_type} '{name}'.")
         return 0
-    for name, entry in sorted((store.data().get(args.entity_type) or {}).items()):
-        if args.entity_name in (None, name):
-            print(f"Quotas for {args.entity_type} '{name}': " + ", ".join(f"{k}={v}" for k, v in sorted(entry.items())))
+    for entity, entry in sorted((store.data().get(args.entity_type) or {}).items()):
+        if name in (None, entity):
+            print(f"Quotas for {args.entity_type} '{entity}': "
+                  + ", ".join(f"{k}={v}" for k, v in sorted(entry.items())))
     return 0
 
 

@@ -116,3 +116,135 @@ def test_a_throttled_native_produce_answer_carries_the_throttle_time(quota_broke
             assert body["topics"][0]["partitions"][0]["error_code"] == 0, body
             throttles.append(body.get("throttle_time_ms", 0))
     assert max(throttles) > 0, throttles
+
+
+def _connections_per_processor(broker) -> dict[str, int]:
+    """Each processor's open connections, asked of it now (its ``connections`` message)."""
+    from odradek.actors.client import MailboxClient
+    with MailboxClient(broker.run_dir) as client:
+        return {name: sum(client.request(name, "connections", timeout=10).fields["ips"].values())
+                for name in ("processor-0", "processor-1")}
+
+
+def _steady_counts(broker) -> dict[str, int]:
+    """The per-processor counts once two readings 0.3 s apart agree (earlier tests' clients gone)."""
+    last = _connections_per_processor(broker)
+    for _ in range(50):
+        time.sleep(0.3)
+        now = _connections_per_processor(broker)
+        if now == last:
+            return now
+        last = now
+    return last
+
+
+def test_two_connections_of_one_client_on_two_processors_share_one_quota_and_lose_nothing(quota_broker):
+    """One broker-wide quota per (user, client id): the processors report their usage to the
+    acceptor, which holds the buckets. Without it each processor gave the client its rate, so
+    two connections got twice the quota."""
+    import threading
+    from odradek.log.records import encode_batch
+    from odradek.network.client import BrokerConnection
+    from odradek.network.protocol import ApiKey
+    rate, size, per_conn = 200_000, 5000, 100
+    _set_quota(quota_broker, "two-processors", "producer_byte_rate", rate)
+    topic = f"shared-quota-{uuid.uuid4().hex[:8]}"
+    with Admin(quota_broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    time.sleep(0.5)  # processors re-read the quotas within 0.2 s
+    opened, by_processor = [], {}
+    try:
+        # the acceptor hands each new connection to the processor with the fewest: open them
+        # until one has landed on each (an extra one, idle, only evens the counts out)
+        for _ in range(6):
+            before = _steady_counts(quota_broker)
+            conn = BrokerConnection(quota_broker.host, quota_broker.port, client_id="two-processors",
+                                    request_timeout_ms=60000)
+            opened.append(conn)
+            conn.request(ApiKey.API_VERSIONS, {})
+            after = _connections_per_processor(quota_broker)
+            landed = [n for n in after if after[n] > before[n]]
+            if len(landed) == 1:
+                by_processor.setdefault(landed[0], conn)
+            if len(by_processor) == 2:
+                break
+        assert len(by_processor) == 2, "no two connections landed on different processors"
+        conns = list(by_processor.values())
+        offsets: list[int] = []
+        errors: list[BaseException] = []
+
+        def produce(conn) -> None:
+            try:
+                for i in range(per_conn):
+                    body = conn.request(ApiKey.PRODUCE, {"acks": 1, "timeout_ms": 30000, "topics": [
+                        {"name": topic, "partitions": [{"index": 0, "frame": 0}]}]},
+                        [encode_batch([(None, bytes(size))], compression=None)]).body
+                    part = body["topics"][0]["partitions"][0]
+                    assert part["error_code"] == 0, body
+                    offsets.append(part["base_offset"])
+            except BaseException as exc:  # noqa: BLE001 - reported by the test's thread
+                errors.append(exc)
+
+        threads = [threading.Thread(target=produce, args=(c,)) for c in conns]
+        began = time.monotonic()
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        elapsed = time.monotonic() - began
+    finally:
+        for c in opened:
+            c.close()
+    assert not errors, errors
+    assert sorted(offsets) == list(range(2 * per_conn))  # nothing lost, nothing twice
+    measured = 2 * per_conn * size / elapsed
+    # the quota is the ceiling (each processor alone gave ~2x); a loaded machine may be slower
+    assert rate * 0.7 <= measured <= rate * 1.1, f"{measured:.0f} B/s against a quota of {rate}"
+
+
+def test_a_client_over_its_request_percentage_is_throttled_and_one_under_it_is_not(quota_broker):
+    """KIP-124: request_percentage N is N% of one thread's time; a client over it gets
+    throttle_time_ms (kafka-python's throttle-time metric) and loses nothing."""
+    import kafka
+    _set_quota(quota_broker, "rq-heavy", "request_percentage", 1)  # 10 ms of request time a second
+    _set_quota(quota_broker, "rq-light", "request_percentage", 1000)
+    topic = f"request-quota-{uuid.uuid4().hex[:8]}"
+    with Admin(quota_broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    time.sleep(0.5)  # processors re-read the quotas within 0.2 s
+    for client_id, sends in (("rq-light", 10), ("rq-heavy", 40)):
+        producer = kafka.KafkaProducer(bootstrap_servers=quota_broker.bootstrap, client_id=client_id,
+                                       linger_ms=0, request_timeout_ms=60000)
+        try:
+            offsets = []
+            for i in range(sends):  # one request at a time, each waited for
+                offsets.append(producer.send(topic, b"%s-%d" % (client_id.encode(), i), partition=0).get(60).offset)
+                if client_id == "rq-heavy" and _throttle_max(producer) > 0:
+                    break
+            assert offsets == list(range(offsets[0], offsets[0] + len(offsets)))
+            if client_id == "rq-light":
+                assert _throttle_max(producer) == 0, "a client under its request percentage was throttled"
+            else:
+                assert _throttle_max(producer) > 0, f"{len(offsets)} requests at 1% and no throttle time"
+        finally:
+            producer.close()
+    with Consumer(quota_broker.bootstrap, auto_offset_reset="earliest") as c:  # everything was written
+        c.assign([TopicPartition(topic, 0)])
+        got, deadline = [], time.monotonic() + 30
+        while len(got) < len(offsets) + 10 and time.monotonic() < deadline:
+            got += [r.value for r in c.poll(500)]
+    assert got[:10] == [b"rq-light-%d" % i for i in range(10)]
+    assert got[10:] == [b"rq-heavy-%d" % i for i in range(len(offsets))]
+    assert _throttled_count(quota_broker, "request") > 0  # odradek_throttle_time_seconds{kind="request"}
+
+
+def _throttled_count(broker, kind: str) -> int:
+    """Answers the processors' throttle_ms histogram counted for ``kind`` (their _metrics)."""
+    from odradek.actors.client import MailboxClient
+    total = 0
+    with MailboxClient(broker.run_dir) as client:
+        for name in ("processor-0", "processor-1"):
+            for metric, labels, buckets, _sum in client.request(name, "_metrics", timeout=10).fields["histograms"]:
+                if metric == "throttle_ms" and labels == [kind]:
+                    total += sum(buckets)
+    return total
