@@ -572,12 +572,12 @@ class ActiveController:
     def controlled_shutdown(self, msg: Message, body: dict) -> None:
         if not self.active:
             self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.NOT_CONTROLLER),
-                                      "error_message": f"broker {self.broker_id} is not the controller"}})
+                                             "error_message": f"broker {self.broker_id} is not the controller"}})
             return
         broker = body.get("broker_id")
         if broker not in self.live:
             self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.BROKER_NOT_AVAILABLE),
-                                      "error_message": f"broker {broker!r} is not registered"}})
+                                             "error_message": f"broker {broker!r} is not registered"}})
             return
         self.move_leadership_away(broker, lambda remaining: self.outbox.reply(msg, {"body": {
             "error_code": 0, "remaining_partitions": [{"topic": t, "partition": p} for t, p in remaining]}}))

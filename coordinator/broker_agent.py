@@ -86,7 +86,8 @@ class BrokerAgent:
         if self.broker_epochs is not None:
             return
         self.broker_epochs = {}
-        self.zk.ChildrenWatch(BROKERS, lambda children: self.outbox.post(lambda: self._read_broker_epochs(children)))
+        self.zk.ChildrenWatch(BROKERS,
+                              lambda children: self.outbox.post(lambda: self._read_broker_epochs(children)))
 
     def _refresh_broker_epochs(self) -> None:
         """Read them again now: the watch reports a change of the children only, so a broker
@@ -119,8 +120,8 @@ class BrokerAgent:
         epoch = body.get("controller_epoch", -1)
         if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
             self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
-                                      "error_message": f"controller epoch {epoch} is older than "
-                                                       f"{self.seen_controller_epoch}"}})
+                                             "error_message": f"controller epoch {epoch} is older than "
+                                                              f"{self.seen_controller_epoch}"}})
             return
         self.seen_controller_epoch = epoch
         if api == ApiKey.LEADER_AND_ISR:
@@ -173,7 +174,7 @@ class BrokerAgent:
                     if e["leader"] == self.broker_id or e["leader"] < 0]
         if follow:
             self.outbox.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
-                         timeout=SEND_TIMEOUT)
+                                timeout=SEND_TIMEOUT)
         if unfollow:
             self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
 
@@ -202,8 +203,8 @@ class BrokerAgent:
         snapshot = self.snapshot()
         self.outbox.send(GROUP_COORDINATOR, "metadata", snapshot)
         handlers = self.outbox.members(HANDLER)
-        steps = [lambda d, h=h: self.outbox.request(h, "metadata", snapshot, callback=lambda _r: d(), timeout=SEND_TIMEOUT)
-                 for h in handlers]
+        steps = [lambda d, h=h: self.outbox.request(h, "metadata", snapshot, callback=lambda _r: d(),
+                                                    timeout=SEND_TIMEOUT) for h in handlers]
         all_then(steps, lambda: self.outbox.reply(msg, {"body": {"error_code": 0}}))
 
     def _stop_replica(self, msg: Message, body: dict) -> None:
@@ -219,7 +220,7 @@ class BrokerAgent:
             self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
             self.tell_throttles()
         steps = [lambda d, h=h, ps=ps: self.outbox.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
-                                                     timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
+                                                           timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
         all_then(steps, lambda: self.outbox.reply(msg, {"body": {"error_code": 0}}))
 
     def alter_isr(self, msg: Message) -> None:

@@ -91,7 +91,8 @@ class ClusterController(Actor):
                                     self.request)
         self.call_every(REGISTER_RETRY, self._maybe_register)
         self.call_every(MOVE_CHECK_INTERVAL, lambda: self.controller and self.controller.reassignments.complete())
-        self.call_every(STRAY_CHECK_INTERVAL, lambda: self.stray_logs.check(self.agent.snapshot_data, self.agent.hosted))
+        self.call_every(STRAY_CHECK_INTERVAL,
+                        lambda: self.stray_logs.check(self.agent.snapshot_data, self.agent.hosted))
         if config["auto.leader.rebalance.enable"]:
             self.call_every(config["leader.imbalance.check.interval.seconds"],
                             lambda: self.controller and self.controller.rebalance_preferred_leaders())
@@ -117,7 +118,8 @@ class ClusterController(Actor):
         """Kafka's ActiveControllerCount and OfflinePartitionsCount (the latter counted by
         the active controller only, as in Kafka)."""
         c = self.controller
-        return [["active_controller", [], int(c is not None)], ["offline_partitions", [], c.offline_partitions() if c else 0]]
+        return [["active_controller", [], int(c is not None)],
+                ["offline_partitions", [], c.offline_partitions() if c else 0]]
 
     # ---- the broker agent's messages -----------------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:

@@ -202,7 +202,7 @@ way to answer (``controller_kit.Outbox``)."""
         topics = body.get("topics")
         if not isinstance(topics, list):
             self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "responses": [],
-                                      "error_message": "'topics' must be a list of {name, partitions}"}})
+                                             "error_message": "'topics' must be a list of {name, partitions}"}})
             return
         for t in topics:
             name = t.get("name") if isinstance(t, dict) else None
@@ -219,7 +219,7 @@ way to answer (``controller_kit.Outbox``)."""
                     parts.append({"partition_index": index, "error_code": int(exc.code), "error_message": exc.message})
             responses.append({"name": name, "partitions": parts})
         answer = lambda: self.outbox.reply(msg, {"body": {"error_code": 0, "error_message": None,  # noqa: E731
-                                                   "responses": responses}})
+                                                          "responses": responses}})
         self.ctl.announce(changed, stops, lambda: (answer(), self.complete()))
 
     def _start_move(self, tp: tuple, target) -> list[int]:
@@ -287,8 +287,9 @@ way to answer (``controller_kit.Outbox``)."""
     def list_moves(self, msg: Message, body: dict) -> None:
         wanted = body.get("topics")
         if wanted is not None and not isinstance(wanted, list):
+            why = "'topics' must be null or a list of {name, partition_indexes}"
             self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "topics": [],
-                                      "error_message": "'topics' must be null or a list of {name, partition_indexes}"}})
+                                             "error_message": why}})
             return
         asked = None if wanted is None else {(w.get("name"), p) for w in wanted if isinstance(w, dict)
                                              for p in w.get("partition_indexes") or []}
@@ -300,7 +301,7 @@ way to answer (``controller_kit.Outbox``)."""
                 topics.setdefault(name, []).append({"partition_index": p, "replicas": replicas,
                                                     "adding_replicas": adding, "removing_replicas": removing})
         self.outbox.reply(msg, {"body": {"error_code": 0, "error_message": None,
-                                  "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}})
+                                         "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}})
 
     # ---- CreatePartitions -------------------------------------------------------------------------
     def create_partitions(self, msg: Message, body: dict) -> None:
