@@ -1,7 +1,9 @@
 """The broker agent: the half of a cluster broker's ``controller`` actor that applies what the
 active controller decides (every broker runs it, the controller's own broker included).
 
-Process: ``controller`` (mixed into ``coordinator.cluster_controller.ClusterController``).
+Process: ``controller`` (a ``BrokerAgent`` object, owned by the actor
+``coordinator.cluster_controller.ClusterController``, which hands it its collaborators and
+dispatches these messages to it).
 Owns: this broker's view of the cluster (the last UPDATE_METADATA: ``snapshot_data``), the
 last LEADER_AND_ISR entry of each partition it hosts (``hosted``: a restarted log actor gets
 its partitions and roles back from it), the highest controller epoch seen (older ones
@@ -14,7 +16,8 @@ Accepts:
         actors, then ``follow``/``unfollow`` to the replica fetcher; UPDATE_METADATA ->
         ``metadata`` to every handler and the group coordinator (and new topic configs to the
         log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN, ELECT_LEADERS,
-        CREATE_PARTITIONS and ALTER/LIST_PARTITION_REASSIGNMENTS go to the controller half
+        CREATE_PARTITIONS and ALTER/LIST_PARTITION_REASSIGNMENTS go to the active controller
+        (``coordinator.active_controller``) if this broker is it, else are relayed to its broker
   alter_isr {topic, partition, leader_epoch, isr, zk_version}   from a leading log actor: a
         conditional write of the partition's state node, then an ISR change notification
   get_metadata / get_assignment   from handlers, the group coordinator, log actors
@@ -24,55 +27,67 @@ Accepts:
 from __future__ import annotations
 
 import logging
+from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, REPLICA_FETCHER, log_host
+from odradek.coordinator.controller_kit import SEND_TIMEOUT, Outbox, all_then
+from odradek.coordinator.throttles import Throttles
 from odradek.coordinator.zk_state import BROKERS, NOTIFICATIONS, PartitionState, state_path, to_json
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
 
-SEND_TIMEOUT = 30.0
-
 
 class BrokerAgent:
-    """Mixin for the controller actor; expects ``broker_id``, ``log_hosts``, ``zk``, ``relay``
-    (a channel to the controller's broker), ``registry``, ``topic_defaults``, ``config`` and
-    the controller half's methods."""
+    """Every cluster broker's side of the controller, owned by its controller actor. Handed:
+    ``broker_id``, ``config`` (the broker config), ``log_hosts`` (how many log actor
+    processes), ``topic_defaults`` (topic-level config defaults), ``zk`` (the actor's started
+    kazoo client), ``relay`` (a ``ControllerChannel`` to the active controller's broker) and
+    ``outbox`` (``controller_kit.Outbox``: the actor's way to send). Owns the replication
+    ``throttles`` (``coordinator.throttles``)."""
 
-    def on_get_metadata(self, msg: Message) -> None:
-        self.reply(msg, self.snapshot())
+    def __init__(self, broker_id: int, config, log_hosts: int, topic_defaults: dict, zk, relay, outbox: Outbox):
+        self.broker_id, self.config, self.log_hosts, self.topic_defaults = broker_id, config, log_hosts, topic_defaults
+        self.zk, self.relay, self.outbox = zk, relay, outbox
+        self.seen_controller_epoch = -1
+        self.snapshot_data: dict = {"version": -1, "topics": {}, "brokers": {}, "controller_id": -1}
+        self.hosted: dict[tuple[str, int], dict] = {}  # the last LEADER_AND_ISR entry of each hosted partition
+        self.leader_addresses: dict[str, list] = {}
+        self.broker_epochs: dict[str, int] | None = None  # None until watched (the first controller request)
+        self.throttles = Throttles(broker_id, config, zk, outbox.request)
 
     def snapshot(self) -> dict:
         snap = dict(self.snapshot_data)
         snap.update(defaults=self.topic_defaults, broker_id=self.broker_id)
         return snap
 
-    def on_get_assignment(self, msg: Message) -> None:
+    def assignment_of(self, host: str) -> list[dict]:
         """A restarted log actor gets back the partitions (and roles) it had."""
-        host = msg.get("host")
-        self.reply(msg, {"open": [e for (t, p), e in self.hosted.items()
-                                  if log_host(t, p, self.log_hosts) == host]})
+        return [e for (t, p), e in self.hosted.items() if log_host(t, p, self.log_hosts) == host]
 
-    def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        super().on_members(role, members, retired)
+    def on_members(self, role: str, members: list[str]) -> None:
         if role == REPLICA_FETCHER and members:
             self._tell_fetcher(list(self.hosted.values()))
-            self._tell_throttles(force=True, only=REPLICA_FETCHER)
+            self.tell_throttles(force=True, only=REPLICA_FETCHER)
         elif role == FETCH_ACTOR and members:  # (re)started: it knows no throttle yet
-            self._tell_throttles(force=True, only=FETCH_ACTOR)
+            self.tell_throttles(force=True, only=FETCH_ACTOR)
+
+    def tell_throttles(self, force: bool = False, only: str | None = None) -> None:
+        self.throttles.tell(self.hosted, self.snapshot_data.get("topics") or {}, force, only)
+
+    def set_throttle_rates(self, rates: dict) -> None:
+        self.throttles.set_rates(rates)
+        self.tell_throttles()
 
     # ---- broker epochs (KIP-903: who may fetch as a replica) --------------------------------
-    def on_get_broker_epochs(self, msg: Message) -> None:
-        """From the fetch actor and the replica fetcher when they start; later changes are pushed."""
-        self.reply(msg, {"epochs": getattr(self, "broker_epochs", None) or {}})
-
     def _watch_broker_epochs(self) -> None:
         """Watch ``/brokers/ids`` (once; kazoo keeps the watch across reconnections)."""
-        if getattr(self, "broker_epochs", None) is not None:
+        if self.broker_epochs is not None:
             return
-        self.broker_epochs: dict[str, int] = {}
-        self.zk.ChildrenWatch(BROKERS, lambda children: self.post(lambda: self._read_broker_epochs(children)))
+        self.broker_epochs = {}
+        self.zk.ChildrenWatch(BROKERS,
+                              lambda children: self.outbox.post(lambda: self._read_broker_epochs(children)))
 
     def _refresh_broker_epochs(self) -> None:
         """Read them again now: the watch reports a change of the children only, so a broker
@@ -98,22 +113,15 @@ class BrokerAgent:
         if epochs != self.broker_epochs:
             self.broker_epochs = epochs
             for role in (FETCH_ACTOR, REPLICA_FETCHER):
-                self.request(role, "broker_epochs", {"epochs": epochs}, timeout=SEND_TIMEOUT)
+                self.outbox.request(role, "broker_epochs", {"epochs": epochs}, timeout=SEND_TIMEOUT)
 
-    def on_broker_request(self, msg: Message) -> None:
-        api, body = msg.get("api"), msg.get("body") or {}
-        controller_half = {ApiKey.ELECT_LEADERS: self._elect_leaders, ApiKey.CONTROLLED_SHUTDOWN: self._controlled_shutdown,
-                           ApiKey.CREATE_PARTITIONS: self._create_partitions,
-                           ApiKey.ALTER_PARTITION_REASSIGNMENTS: self._alter_reassignments,
-                           ApiKey.LIST_PARTITION_REASSIGNMENTS: self._list_reassignments}.get(api)
-        if controller_half is not None:
-            controller_half(msg, body)
-            return
+    def handle_request(self, msg: Message, api: int, body: dict) -> None:
+        """LEADER_AND_ISR, UPDATE_METADATA or STOP_REPLICA from the controller (via a handler)."""
         epoch = body.get("controller_epoch", -1)
         if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
-            self.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
-                                      "error_message": f"controller epoch {epoch} is older than "
-                                                       f"{self.seen_controller_epoch}"}})
+            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
+                                             "error_message": f"controller epoch {epoch} is older than "
+                                                              f"{self.seen_controller_epoch}"}})
             return
         self.seen_controller_epoch = epoch
         if api == ApiKey.LEADER_AND_ISR:
@@ -123,7 +131,7 @@ class BrokerAgent:
         elif api == ApiKey.STOP_REPLICA:
             self._stop_replica(msg, body)
         else:
-            self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request")
+            self.outbox.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request")
 
     def _leader_and_isr(self, msg: Message, body: dict) -> None:
         self._watch_broker_epochs()
@@ -149,14 +157,14 @@ class BrokerAgent:
                             self.hosted[(topic, partition)] = next(
                                 e for e in parts if e["topic"] == topic and e["partition"] == partition)
                 done()
-            self.request(host, "become", {"parts": parts}, callback=became, timeout=SEND_TIMEOUT)
+            self.outbox.request(host, "become", {"parts": parts}, callback=became, timeout=SEND_TIMEOUT)
 
         def finished() -> None:
             self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
                                 if (e["topic"], e["partition"]) in self.hosted])
-            self._tell_throttles()
-            self.reply(msg, {"body": {"error_code": 0, "partitions": results}})
-        self._all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
+            self.tell_throttles()
+            self.outbox.reply(msg, {"body": {"error_code": 0, "partitions": results}})
+        all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
 
     def _tell_fetcher(self, entries: list[dict]) -> None:
         follow = [{"topic": e["topic"], "partition": e["partition"], "leader": e["leader"],
@@ -165,10 +173,10 @@ class BrokerAgent:
         unfollow = [[e["topic"], e["partition"]] for e in entries
                     if e["leader"] == self.broker_id or e["leader"] < 0]
         if follow:
-            self.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
-                         timeout=SEND_TIMEOUT)
+            self.outbox.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
+                                timeout=SEND_TIMEOUT)
         if unfollow:
-            self.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
+            self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
 
     def _update_metadata(self, msg: Message, body: dict) -> None:
         self._watch_broker_epochs()
@@ -185,19 +193,19 @@ class BrokerAgent:
         for (topic, partition), entry in self.hosted.items():
             meta = self.snapshot_data["topics"].get(topic)
             if meta is not None and meta.get("configs") != (old_topics.get(topic) or {}).get("configs"):
-                config = self.registry.defaults | meta["configs"]
+                config = self.topic_defaults | meta["configs"]
                 from odradek.log.config import LogConfig
                 entry["config"] = LogConfig.from_properties(config).to_properties()
                 per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(entry)
         for host, parts in per_host.items():
-            self.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
-        self._tell_throttles()  # a topic's throttled replica lists may have changed
+            self.outbox.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
+        self.tell_throttles()  # a topic's throttled replica lists may have changed
         snapshot = self.snapshot()
-        self.send(GROUP_COORDINATOR, "metadata", snapshot)
-        handlers = self.members.get(HANDLER, [])
-        steps = [lambda d, h=h: self.request(h, "metadata", snapshot, callback=lambda _r: d(), timeout=SEND_TIMEOUT)
-                 for h in handlers]
-        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
+        self.outbox.send(GROUP_COORDINATOR, "metadata", snapshot)
+        handlers = self.outbox.members(HANDLER)
+        steps = [lambda d, h=h: self.outbox.request(h, "metadata", snapshot, callback=lambda _r: d(),
+                                                    timeout=SEND_TIMEOUT) for h in handlers]
+        all_then(steps, lambda: self.outbox.reply(msg, {"body": {"error_code": 0}}))
 
     def _stop_replica(self, msg: Message, body: dict) -> None:
         per_host: dict[str, list] = {}
@@ -209,13 +217,13 @@ class BrokerAgent:
                 {"topic": e["topic"], "partition": e["partition"], "topic_id": e.get("topic_id", ""),
                  "delete": bool(body.get("delete"))})
         if gone:
-            self.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
-            self._tell_throttles()
-        steps = [lambda d, h=h, ps=ps: self.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
-                                                     timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
-        self._all_then(steps, lambda: self.reply(msg, {"body": {"error_code": 0}}))
+            self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
+            self.tell_throttles()
+        steps = [lambda d, h=h, ps=ps: self.outbox.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
+                                                           timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
+        all_then(steps, lambda: self.outbox.reply(msg, {"body": {"error_code": 0}}))
 
-    def on_alter_isr(self, msg: Message) -> None:
+    def alter_isr(self, msg: Message) -> None:
         """A leader's ISR change: written only if the state node is still at the version the
         leader knows (a deposed leader's write fails), then announced to the controller. An
         unknown outcome (``outcome_unknown``: the connection to ZooKeeper failed) is retried by
@@ -228,38 +236,42 @@ class BrokerAgent:
             if problem is not None:
                 why = f"{topic}-{partition}: ISR not changed: {problem}"
                 code = ErrorCode.REQUEST_TIMED_OUT if unknown else ErrorCode.INVALID_UPDATE_VERSION
-                self.post(lambda: self.reply_error(msg, code, why))
+                self.outbox.post(lambda: self.outbox.reply_error(msg, code, why))
                 return
             self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", to_json([[topic, partition]]), sequence=True)
-            self.post(lambda: self.reply(msg, {"zk_version": version}))
+            self.outbox.post(lambda: self.outbox.reply(msg, {"zk_version": version}))
         write_isr(self.zk, state_path(topic, partition), st, msg.get("zk_version", -1), written)
 
-
-    def on__drain(self, msg: Message) -> None:
-        """SIGTERM: before the broker's actors stop, stop following and ask the controller to
-        move this broker's leaderships away and take it out of the ISRs (Kafka's controlled
-        shutdown), so producers and consumers move on at once instead of after a timeout."""
-        if not (self.registered and self.config.get("controlled.shutdown.enable", True)):
-            self.reply(msg, {})
-            return
+    def stop_following(self) -> None:
+        """Controlled shutdown: this broker's replicas stop following their leaders."""
         if self.hosted:
-            self.request(REPLICA_FETCHER, "unfollow", {"parts": [list(tp) for tp in self.hosted]},
-                         timeout=SEND_TIMEOUT)
-        body = {"broker_id": self.broker_id}
-        if self.active:
-            self._move_leadership_away(self.broker_id, lambda remaining: self.reply(msg, {"remaining": remaining}))
-            return
+            self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": [list(tp) for tp in self.hosted]},
+                                timeout=SEND_TIMEOUT)
+
+    def ask_controlled_shutdown(self, done: Callable[[], None]) -> bool:
+        """Ask the active controller (on another broker) to move this broker's leaderships
+        away; ``done()`` once it answered or failed. False when no controller is known."""
         def answered(resp, why) -> None:
             if why:
                 log.warning("controlled shutdown: %s", why)
             else:
                 log.info("controlled shutdown: the controller moved our leaderships (%s left)",
                          len(resp.get("remaining_partitions") or []))
-            self.reply(msg, {})
-        if not self._to_controller(ApiKey.CONTROLLED_SHUTDOWN, body, answered, SEND_TIMEOUT / 2):
-            self.reply(msg, {"remaining": None})
+            done()
+        return self.to_controller(ApiKey.CONTROLLED_SHUTDOWN, {"broker_id": self.broker_id}, answered,
+                                  SEND_TIMEOUT / 2)
 
-    def _to_controller(self, api: int, body: dict, callback, timeout: float) -> bool:
+    def relay_to_controller(self, msg: Message, api: int) -> None:
+        """Not the controller: send a handler's request on to its broker and relay the answer."""
+        def relayed(resp, why) -> None:
+            if why:
+                self.outbox.reply_error(msg, ErrorCode.NOT_CONTROLLER, f"the controller did not answer: {why}")
+            else:
+                self.outbox.reply(msg, {"body": resp})
+        if not self.to_controller(api, msg.get("body") or {}, relayed, SEND_TIMEOUT):
+            self.outbox.reply_error(msg, ErrorCode.NOT_CONTROLLER, "no controller is known yet; retry")
+
+    def to_controller(self, api: int, body: dict, callback, timeout: float) -> bool:
         """Send a request to the active controller's broker (``relay``, a channel of one);
         False when no controller is known yet."""
         controller = self.snapshot_data.get("controller_id", -1)

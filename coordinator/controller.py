@@ -4,7 +4,9 @@ Process: its own actor process, ``controller``, started first.
 Owns: the ``TopicRegistry`` (``<log.dirs>/meta/topics.json``).
 The metadata snapshot has the same shape in both modes (docs/REPLICATION.md): here this
 broker leads every partition at leader epoch 0 with an ISR of itself. Cluster mode runs
-``coordinator.cluster_controller.ClusterController`` instead, a subclass.
+``coordinator.cluster_controller.ClusterController`` instead, another actor; what the two
+share (the handler roster, leftover ``-delete`` directories) is in
+``coordinator.controller_kit``, used by each, not inherited.
 Accepts:
   get_metadata                 -> the metadata snapshot (handlers fetch it at start)
   get_assignment {host}        -> the partitions a log actor process hosts, with configs
@@ -27,12 +29,12 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import GROUP_COORDINATOR, HANDLER, log_host
 from odradek.actors.runtime import Actor
+from odradek.coordinator.controller_kit import HandlerRoster, Outbox, remove_deleted_dirs
 from odradek.coordinator.topics import TopicRegistry
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
@@ -54,15 +56,8 @@ class Controller(Actor):
             os.path.join(self.args["data_dir"], "meta", "topics.json"), self.args["topic_defaults"],
             default_partitions=config["num.partitions"], default_replication=config["default.replication.factor"],
             max_replication=1, min_segment_bytes=config["log.segment.bytes.min"])
-        self._remove_deleted_dirs()
-
-    def _remove_deleted_dirs(self) -> None:
-        """Partition directories of deleted topics that a crash left behind."""
-        data_dir = self.args["data_dir"]
-        for name in os.listdir(data_dir):
-            if name.endswith("-delete") and os.path.isdir(os.path.join(data_dir, name)):
-                log.info("removing %s, left over from a deleted topic", name)
-                shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+        remove_deleted_dirs(self.args["data_dir"])
+        self.roster = HandlerRoster(Outbox.of(self), self.snapshot, PUSH_TIMEOUT)
 
     def stats(self) -> dict:
         return {"topics": len(self.registry.topics), "metadata_version": self.registry.version}
@@ -73,14 +68,7 @@ class Controller(Actor):
 
     # ---- reads -----------------------------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        """A handler that joined after its own ``get_metadata`` may have missed a push:
-        send every new one the current snapshot."""
-        if role == HANDLER:
-            known = getattr(self, "_known_handlers", set())
-            snapshot = self.snapshot()
-            for name in set(members) - known:
-                self.request(name, "metadata", snapshot, timeout=PUSH_TIMEOUT)
-            self._known_handlers = set(members)
+        self.roster.on_members(role, members)
 
     def on_get_metadata(self, msg: Message) -> None:
         self.reply(msg, self.snapshot())
@@ -205,7 +193,7 @@ class Controller(Actor):
         self._push(configure=changed, done=lambda _failed: self.reply(msg, {"body": {"resources": results}}))
 
     def on_broker_request(self, msg: Message) -> None:
-        """The controller APIs, as one broker answers them (cluster mode: BrokerAgent's)."""
+        """The controller APIs, as one broker answers them (cluster mode: ClusterController's)."""
         api, body = msg.get("api"), msg.get("body") or {}
         if api == ApiKey.CREATE_PARTITIONS:
             self._create_partitions(msg, body)

@@ -1,9 +1,9 @@
 """Changing where partitions live: reassignment (KIP-455), CreatePartitions, and the replica
 placement both use (Kafka's rack-unaware and rack-alternating assignments).
 
-Process: ``controller`` (``ReassignmentMixin`` is mixed into
-``coordinator.cluster_controller.ClusterController``); it acts only on the active controller,
-other brokers relay the request to it (``_via_controller``).
+Process: ``controller`` (a ``Reassignments`` object, owned by the active controller,
+``coordinator.active_controller.ActiveController``, made on election); other brokers relay
+the requests to it (``BrokerAgent.relay_to_controller``).
 Owns: ``moves`` — the reassignments in progress, ``{(topic, partition): Move}``, mirrored in
 ZooKeeper as the topic node's ``adding_replicas`` / ``removing_replicas`` (Kafka's layout), so
 a controller elected in the middle of a move reads it back and finishes it.
@@ -29,13 +29,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
-from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.coordinator.broker_agent import SEND_TIMEOUT
 from odradek.coordinator.topics import MAX_PARTITIONS
 from odradek.coordinator.zk_state import TOPICS, PartitionState, state_path, topic_data
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 
@@ -99,6 +97,39 @@ def assign_replicas_rack_aware(racks: dict[int, str], partitions: int, rf: int, 
     return out
 
 
+def place_replicas(live, racks_of: dict[int, str | None], partitions: int, rf: int,
+                   first_partition: int = 0) -> list[list[int]]:
+    """Placement of new partitions over the ``live`` brokers: rack-aware when every live broker
+    has a ``broker.rack`` (Kafka refuses a mix; we fall back to rack-unaware and say so)."""
+    brokers = sorted(live)
+    n = len(brokers)
+    if rf > n:
+        raise OdradekError(f"replication factor {rf} is larger than the {n} live broker(s) {brokers}",
+                           ErrorCode.INVALID_REPLICATION_FACTOR)
+    start, shift = random.randrange(n), random.randrange(n)
+    racks = {b: racks_of.get(b) for b in brokers}
+    if any(racks.values()):
+        if all(racks.values()):
+            return assign_replicas_rack_aware(racks, partitions, rf, start, shift, first_partition)
+        log.warning("only some brokers have broker.rack (%s): placing replicas without racks", racks)
+    return assign_replicas(brokers, partitions, rf, start, shift, first_partition)
+
+
+def check_target(live, tp: tuple, target) -> None:
+    """A replica list asked for ``tp`` (a move, an explicit assignment): distinct ``live`` brokers."""
+    if not isinstance(target, list) or not target or not all(isinstance(r, int) and not isinstance(r, bool)
+                                                             for r in target):
+        raise OdradekError(f"{tp[0]}-{tp[1]}: replicas must be a non-empty list of broker ids, got {target!r}",
+                           ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+    if len(set(target)) != len(target):
+        raise OdradekError(f"{tp[0]}-{tp[1]}: replicas {target} name a broker twice",
+                           ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+    unknown = [r for r in target if r not in live]
+    if unknown:
+        raise OdradekError(f"{tp[0]}-{tp[1]}: brokers {unknown} are not registered (live: {sorted(live)})",
+                           ErrorCode.INVALID_REPLICA_ASSIGNMENT)
+
+
 @dataclasses.dataclass
 class Move:
     target: list[int]
@@ -111,38 +142,25 @@ class Move:
         return [r for r in self.target if r not in self.adding] + self.removing
 
 
-class ReassignmentMixin:
-    """Expects the controller half (``states``, ``assignment``, ``live``, ``registry``, ``zk``,
-    ``_write_states``, ``_send_leader_and_isr``, ``_send_update_metadata``, ``_all_then``,
-    ``_commit_or_raise``, ``_via_controller``, ``_choose_leader``) and sets ``moves``."""
+class Reassignments:
+    """The moves in progress, owned by the active controller (``coordinator.active_controller``),
+    which is handed in as ``controller``: the partition state it owns (``registry``,
+    ``assignment``, ``states``, ``live``, ``epoch``) and the steps it takes (``write_states``,
+    ``announce``, ``commit_or_raise``, ...). ``zk``: its kazoo client; ``outbox``: the actor's
+way to answer (``controller_kit.Outbox``)."""
 
-    moves: dict
-    announcing: dict  # {(topic, partition): replicas}: moves done whose UPDATE_METADATA is under way
-
-    # ---- placement -----------------------------------------------------------------------------
-    def _assign_replicas(self, partitions: int, rf: int, first_partition: int = 0) -> list[list[int]]:
-        """Placement of new partitions over the live brokers: rack-aware when every live broker
-        has a ``broker.rack`` (Kafka refuses a mix; we fall back to rack-unaware and say so)."""
-        brokers = sorted(self.live)
-        n = len(brokers)
-        if rf > n:
-            raise OdradekError(f"replication factor {rf} is larger than the {n} live broker(s) {brokers}",
-                               ErrorCode.INVALID_REPLICATION_FACTOR)
-        start, shift = random.randrange(n), random.randrange(n)
-        racks = {b: self.racks.get(b) for b in brokers}
-        if any(racks.values()):
-            if all(racks.values()):
-                return assign_replicas_rack_aware(racks, partitions, rf, start, shift, first_partition)
-            log.warning("only some brokers have broker.rack (%s): placing replicas without racks", racks)
-        return assign_replicas(brokers, partitions, rf, start, shift, first_partition)
+    def __init__(self, controller, zk, outbox):
+        self.ctl, self.zk, self.outbox = controller, zk, outbox
+        self.moves: dict[tuple[str, int], Move] = {}
+        self.announcing: dict = {}  # {(topic, partition): replicas}: moves done whose UPDATE_METADATA is under way
 
     # ---- the topic node ----------------------------------------------------------------------
-    def _write_topic(self, name: str, changes: dict[int, tuple[list[int], Move | None]],
-                     new_states: dict[int, PartitionState] | None = None) -> None:
+    def write_topic(self, name: str, changes: dict[int, tuple[list[int], Move | None]],
+                    new_states: dict[int, PartitionState] | None = None) -> None:
         """Record new replica lists (and moves) of ``name``'s partitions in its topic node, with
         the state nodes of new partitions (CreatePartitions) in the same fenced transaction."""
-        topic = self.registry.get(name)
-        replicas = list(self.assignment[name])
+        topic = self.ctl.registry.get(name)
+        replicas = list(self.ctl.assignment[name])
         moves = {p: m for (t, p), m in self.moves.items() if t == name}
         for p, (r, move) in changes.items():
             if p == len(replicas):
@@ -153,62 +171,38 @@ class ReassignmentMixin:
             if move is not None:
                 moves[p] = move
         t = self.zk.transaction()
-        t.check("/controller_epoch", self.epoch_zk_version)
+        t.check("/controller_epoch", self.ctl.epoch_zk_version)
         t.set_data(f"{TOPICS}/{name}", topic_data(topic.topic_id, topic.created_ms, replicas,
                                                  {p: m.adding for p, m in moves.items()},
                                                  {p: m.removing for p, m in moves.items()}))
         for p, st in (new_states or {}).items():
             t.create(f"{TOPICS}/{name}/partitions/{p}")
             t.create(state_path(name, p), st.data())
-        self._commit_or_raise(t, f"the replicas of '{name}'")
-        self.assignment[name] = replicas
+        self.ctl.commit_or_raise(t, f"the replicas of '{name}'")
+        self.ctl.assignment[name] = replicas
         for p, (_, move) in changes.items():
             self.moves.pop((name, p), None)
             if move is not None:
                 self.moves[(name, p)] = move
         for p, st in (new_states or {}).items():
             st.zk_version = 0
-            self.states[(name, p)] = st
+            self.ctl.states[(name, p)] = st
 
-    def _load_moves(self, name: str, replicas: list[list[int]], adding: dict, removing: dict) -> None:
+    def load(self, name: str, replicas: list[list[int]], adding: dict, removing: dict) -> None:
         """A new controller's view of ``name``'s moves in progress, from its topic node."""
         for p in set(adding) | set(removing):
             target = [r for r in replicas[p] if r not in removing.get(p, [])]
             self.moves[(name, p)] = Move(target, adding.get(p, []), removing.get(p, []))
             log.info("%s-%d: resuming the move to %s", name, p, target)
 
-    # ---- announcing -----------------------------------------------------------------------------
-    def _announce(self, tps: list, stops: dict[int, list], done: Callable[[], None], failed: list | None = None) -> None:
-        """LEADER_AND_ISR to the live replicas of ``tps`` (the replicas they could not open go
-        to ``failed``, if given), STOP_REPLICA (delete) to the replicas in ``stops``
-        ({broker: [tp]}), then UPDATE_METADATA to everyone, then ``done``."""
-        per_broker: dict[int, list] = {}
-        for tp in tps:
-            for b in self._replicas(tp):
-                if b in self.live:
-                    per_broker.setdefault(b, []).append(tp)
-        steps = [lambda d, b=b, t=t: self._send_leader_and_isr(b, t, d, failed) for b, t in per_broker.items()]
-        steps += [lambda d, b=b, t=t: self._send_stop_replica(b, t, d) for b, t in stops.items() if b in self.live]
-        self._all_then(steps, lambda: self._send_update_metadata(done))
-
-    def _send_stop_replica(self, broker: int, tps: list, done: Callable[[], None]) -> None:
-        parts = [{"topic": t, "partition": p, "topic_id": self.registry.topics[t].topic_id}
-                 for t, p in tps if t in self.registry.topics]
-        self.channel.send(broker, ApiKey.STOP_REPLICA, {"controller_id": self.broker_id, "controller_epoch": self.epoch,
-                                                        "delete": True, "partitions": parts},
-                          lambda _r, why: (why and log.warning("STOP_REPLICA to broker %d: %s", broker, why), done()),
-                          SEND_TIMEOUT)
-
     # ---- AlterPartitionReassignments ---------------------------------------------------------
-    def _alter_reassignments(self, msg: Message, body: dict) -> None:
-        if self._via_controller(msg, ApiKey.ALTER_PARTITION_REASSIGNMENTS):
-            return
-        self._refresh_live_brokers()
+    def alter_moves(self, msg: Message, body: dict) -> None:
+        self.ctl.refresh_live_brokers()
         responses, changed, stops = [], [], {}
         topics = body.get("topics")
         if not isinstance(topics, list):
-            self.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "responses": [],
-                                      "error_message": "'topics' must be a list of {name, partitions}"}})
+            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "responses": [],
+                                             "error_message": "'topics' must be a list of {name, partitions}"}})
             return
         for t in topics:
             name = t.get("name") if isinstance(t, dict) else None
@@ -224,58 +218,45 @@ class ReassignmentMixin:
                 except OdradekError as exc:
                     parts.append({"partition_index": index, "error_code": int(exc.code), "error_message": exc.message})
             responses.append({"name": name, "partitions": parts})
-        answer = lambda: self.reply(msg, {"body": {"error_code": 0, "error_message": None,  # noqa: E731
-                                                   "responses": responses}})
-        self._announce(changed, stops, lambda: (answer(), self._complete_moves()))
+        answer = lambda: self.outbox.reply(msg, {"body": {"error_code": 0, "error_message": None,  # noqa: E731
+                                                          "responses": responses}})
+        self.ctl.announce(changed, stops, lambda: (answer(), self.complete()))
 
     def _start_move(self, tp: tuple, target) -> list[int]:
         """Begin (or replace, or cancel: ``target`` None) the move of one partition; returns the
         brokers whose replicas leave at once (ones an earlier move had added)."""
-        if tp not in self.states:
+        if tp not in self.ctl.states:
             raise OdradekError(f"{tp[0]}-{tp[1]}: no such partition", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
-        move, current = self.moves.get(tp), self._replicas(tp)
+        move, current = self.moves.get(tp), self.ctl.replicas(tp)
         origin = move.origin if move else list(current)
         if target is None:
             if move is None:
                 raise OdradekError(f"{tp[0]}-{tp[1]}: no reassignment in progress to cancel",
                                    ErrorCode.NO_REASSIGNMENT_IN_PROGRESS)
             target = origin
-        self._check_target(tp, target)
+        check_target(self.ctl.live, tp, target)
         adding = [r for r in target if r not in origin]
         removing = [r for r in origin if r not in target]
         full = target + removing
         dropped = [r for r in current if r not in full]
         new = Move(list(target), adding, removing) if adding or removing or dropped else None
-        self._write_topic(tp[0], {tp[1]: (full, new)})
-        st = self.states[tp]
+        self.write_topic(tp[0], {tp[1]: (full, new)})
+        st = self.ctl.states[tp]
         isr = [r for r in st.isr if r in full]
-        leader = st.leader if st.leader in full else self._choose_leader(tp, [r for r in isr if r in self.live])
-        self._write_states({tp: (-1 if leader is None else leader, isr or st.isr)})
+        leader = st.leader if st.leader in full else self.ctl.choose_leader(tp, [r for r in isr if r in self.ctl.live])
+        self.ctl.write_states({tp: (-1 if leader is None else leader, isr or st.isr)})
         log.info("%s-%d: %s %s -> %s (adding %s, removing %s)", tp[0], tp[1],
                  "cancelling the move," if target == origin and move else "moving", origin, target, adding, removing)
         return dropped
 
-    def _check_target(self, tp: tuple, target) -> None:
-        if not isinstance(target, list) or not target or not all(isinstance(r, int) and not isinstance(r, bool)
-                                                                 for r in target):
-            raise OdradekError(f"{tp[0]}-{tp[1]}: replicas must be a non-empty list of broker ids, got {target!r}",
-                               ErrorCode.INVALID_REPLICA_ASSIGNMENT)
-        if len(set(target)) != len(target):
-            raise OdradekError(f"{tp[0]}-{tp[1]}: replicas {target} name a broker twice",
-                               ErrorCode.INVALID_REPLICA_ASSIGNMENT)
-        unknown = [r for r in target if r not in self.live]
-        if unknown:
-            raise OdradekError(f"{tp[0]}-{tp[1]}: brokers {unknown} are not registered (live: {sorted(self.live)})",
-                               ErrorCode.INVALID_REPLICA_ASSIGNMENT)
-
     # ---- completing moves ------------------------------------------------------------------------
-    def _complete_moves(self) -> None:
+    def complete(self) -> None:
         """Finish every move whose target replicas are all in the ISR (called after ISR
         changes, after new moves, and on a timer)."""
-        if not self.active:
+        if not self.ctl.active:
             return
         for tp, move in list(self.moves.items()):
-            st = self.states.get(tp)
+            st = self.ctl.states.get(tp)
             if st is None:
                 self.moves.pop(tp, None)
             elif all(r in st.isr for r in move.target):
@@ -285,49 +266,46 @@ class ReassignmentMixin:
                     log.warning("%s-%d: move not finished yet: %s", tp[0], tp[1], exc.message)
 
     def _finish_move(self, tp: tuple, move: Move) -> None:
-        st = self.states[tp]
+        st = self.ctl.states[tp]
         leader = st.leader
-        if leader not in move.target or leader not in self.live:
-            leader = next((r for r in move.target if r in st.isr and r in self.live), None)
+        if leader not in move.target or leader not in self.ctl.live:
+            leader = next((r for r in move.target if r in st.isr and r in self.ctl.live), None)
             if leader is None:
                 return  # no target replica is alive: wait
-        if not self._write_states({tp: (leader, [r for r in st.isr if r in move.target])}):
+        if not self.ctl.write_states({tp: (leader, [r for r in st.isr if r in move.target])}):
             return
-        self._write_topic(tp[0], {tp[1]: (list(move.target), None)})
-        topic = self.registry.topics.get(tp[0])
+        self.write_topic(tp[0], {tp[1]: (list(move.target), None)})
+        topic = self.ctl.registry.topics.get(tp[0])
         if topic is not None:
-            topic.replication_factor = len(self.assignment[tp[0]][0])
+            topic.replication_factor = len(self.ctl.assignment[tp[0]][0])
         log.info("%s-%d: move done: replicas %s, leader %d (removed %s)", tp[0], tp[1], move.target, leader,
                  move.removing)
         self.announcing[tp] = list(move.target)
-        self._announce([tp], {b: [tp] for b in move.removing}, lambda: self.announcing.pop(tp, None))
+        self.ctl.announce([tp], {b: [tp] for b in move.removing}, lambda: self.announcing.pop(tp, None))
 
     # ---- ListPartitionReassignments --------------------------------------------------------------
-    def _list_reassignments(self, msg: Message, body: dict) -> None:
-        if self._via_controller(msg, ApiKey.LIST_PARTITION_REASSIGNMENTS):
-            return
+    def list_moves(self, msg: Message, body: dict) -> None:
         wanted = body.get("topics")
         if wanted is not None and not isinstance(wanted, list):
-            self.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "topics": [],
-                                      "error_message": "'topics' must be null or a list of {name, partition_indexes}"}})
+            why = "'topics' must be null or a list of {name, partition_indexes}"
+            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "topics": [],
+                                             "error_message": why}})
             return
         asked = None if wanted is None else {(w.get("name"), p) for w in wanted if isinstance(w, dict)
                                              for p in w.get("partition_indexes") or []}
-        listed = {tp: (self._replicas(tp), m.adding, m.removing) for tp, m in self.moves.items()}
+        listed = {tp: (self.ctl.replicas(tp), m.adding, m.removing) for tp, m in self.moves.items()}
         listed.update({tp: (r, [], []) for tp, r in self.announcing.items() if tp not in self.moves})
         topics: dict[str, list] = {}
         for (name, p), (replicas, adding, removing) in sorted(listed.items()):
             if asked is None or (name, p) in asked:
                 topics.setdefault(name, []).append({"partition_index": p, "replicas": replicas,
                                                     "adding_replicas": adding, "removing_replicas": removing})
-        self.reply(msg, {"body": {"error_code": 0, "error_message": None,
-                                  "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}})
+        self.outbox.reply(msg, {"body": {"error_code": 0, "error_message": None,
+                                         "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}})
 
     # ---- CreatePartitions -------------------------------------------------------------------------
-    def _create_partitions(self, msg: Message, body: dict) -> None:
-        if self._via_controller(msg, ApiKey.CREATE_PARTITIONS):
-            return
-        self._refresh_live_brokers()
+    def create_partitions(self, msg: Message, body: dict) -> None:
+        self.ctl.refresh_live_brokers()
         validate_only = bool(body.get("validate_only"))
         results, grown = [], []
         for req in body.get("topics") or []:
@@ -341,10 +319,10 @@ class ReassignmentMixin:
                 results.append({"name": name, "error_code": 0, "error_message": None})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
-        self._announce(grown, {}, lambda: self.reply(msg, {"body": {"results": results}}))
+        self.ctl.announce(grown, {}, lambda: self.outbox.reply(msg, {"body": {"results": results}}))
 
     def _placement_of_new(self, name, count, assignments) -> list[list[int]]:
-        topic = self.registry.get(name)
+        topic = self.ctl.registry.get(name)
         have = topic.partitions
         if not isinstance(count, int) or isinstance(count, bool) or count <= have:
             raise OdradekError(f"topic '{name}' has {have} partitions; the new count ({count!r}) must be larger "
@@ -352,16 +330,16 @@ class ReassignmentMixin:
         if count > MAX_PARTITIONS:
             raise OdradekError(f"{count} partitions is more than the limit of {MAX_PARTITIONS}",
                                ErrorCode.INVALID_PARTITIONS)
-        rf = len(self.assignment[name][0])
+        rf = len(self.ctl.assignment[name][0])
         if assignments is None:
-            return self._assign_replicas(count - have, rf, first_partition=have)
+            return self.ctl.place(count - have, rf, first_partition=have)
         if not isinstance(assignments, list) or len(assignments) != count - have:
             raise OdradekError(f"topic '{name}': {count - have} new partitions need as many assignments, got "
                                f"{assignments!r}", ErrorCode.INVALID_REPLICA_ASSIGNMENT)
         placed = []
         for i, a in enumerate(assignments):
             replicas = a.get("broker_ids") if isinstance(a, dict) else a
-            self._check_target((name, have + i), replicas)
+            check_target(self.ctl.live, (name, have + i), replicas)
             if len(replicas) != rf:
                 raise OdradekError(f"{name}-{have + i}: {len(replicas)} replicas, but the topic's replication factor "
                                    f"is {rf}", ErrorCode.INVALID_REPLICA_ASSIGNMENT)
@@ -369,13 +347,13 @@ class ReassignmentMixin:
         return placed
 
     def _add_partitions(self, name: str, placed: list[list[int]]) -> list[tuple[str, int]]:
-        have = self.registry.get(name).partitions
+        have = self.ctl.registry.get(name).partitions
         states = {}
         for i, replicas in enumerate(placed):
-            live = [r for r in replicas if r in self.live]
-            states[have + i] = PartitionState(live[0] if live else -1, 0, live, self.epoch, 0)
-        self._write_topic(name, {p: (placed[p - have], None) for p in states}, states)
-        self.registry.topics[name].partitions = have + len(placed)
-        self.registry.version += 1
+            live = [r for r in replicas if r in self.ctl.live]
+            states[have + i] = PartitionState(live[0] if live else -1, 0, live, self.ctl.epoch, 0)
+        self.write_topic(name, {p: (placed[p - have], None) for p in states}, states)
+        self.ctl.registry.topics[name].partitions = have + len(placed)
+        self.ctl.registry.version += 1
         log.info("%s: %d -> %d partitions, new replicas %s", name, have, have + len(placed), placed)
         return [(name, p) for p in states]

@@ -2,9 +2,9 @@
 deleted while it was down, so it never got the STOP_REPLICA — removed after a delay (the
 idea of KIP-858).
 
-Process: ``controller`` (``StrayLogsMixin`` is mixed into
+Process: ``controller`` (a ``StrayLogs`` object is owned by
 ``coordinator.cluster_controller.ClusterController``, next to the broker agent).
-Owns: ``stray_since`` {directory name: when it was first seen stray}.
+Owns: ``since`` {(topic, partition) of a directory: when it was first seen stray}.
 Every ``STRAY_CHECK_INTERVAL`` it compares the partition directories in ``log.dirs`` with the
 last UPDATE_METADATA (every topic, every partition's replicas) and the partitions it hosts. A
 directory is stray when its topic is unknown or this broker is not among its partition's
@@ -20,6 +20,7 @@ import logging
 import os
 import re
 import time
+from typing import Any, Callable
 
 from odradek.actors.names import log_host
 
@@ -47,29 +48,34 @@ def stray_dirs(names, topics: dict, hosted, broker_id: int) -> list[tuple[str, i
     return out
 
 
-class StrayLogsMixin:
-    """Expects ``args`` (data_dir), ``config``, ``broker_id``, ``snapshot_data``, ``hosted``,
-    ``log_hosts`` and the actor's ``request``."""
+class StrayLogs:
+    """The stray-log cleanup of one broker, owned by the cluster's controller actor:
+    ``data_dir`` (the broker's log.dirs), ``broker_id``, ``delay`` (seconds a directory must
+    stay stray, ``log.stray.delete.delay.ms``), ``log_hosts`` (how many log actor processes)
+    and ``request`` (the actor's, to ask a log actor to delete)."""
 
-    stray_since: dict
+    def __init__(self, data_dir: str, broker_id: int, delay: float, log_hosts: int, request: Callable[..., Any]):
+        self.data_dir, self.broker_id, self.delay = data_dir, broker_id, delay
+        self.log_hosts, self.request = log_hosts, request
+        self.since: dict[tuple[str, int], float] = {}  # stray directory -> when first seen stray
 
-    def _check_stray_logs(self) -> None:
-        if self.snapshot_data.get("version", -1) < 0 or self.snapshot_data.get("controller_id", -1) < 0:
+    def check(self, metadata: dict, hosted) -> None:
+        """One check against ``metadata`` (the last UPDATE_METADATA) and the ``hosted``
+        partitions; every ``STRAY_CHECK_INTERVAL``."""
+        if metadata.get("version", -1) < 0 or metadata.get("controller_id", -1) < 0:
             return  # no complete picture of the cluster yet
-        data_dir = self.args["data_dir"]
         try:
-            names = [n for n in os.listdir(data_dir) if os.path.isdir(os.path.join(data_dir, n))]
+            names = [n for n in os.listdir(self.data_dir) if os.path.isdir(os.path.join(self.data_dir, n))]
         except OSError:
             return
-        stray = set(stray_dirs(names, self.snapshot_data.get("topics") or {}, self.hosted, self.broker_id))
+        stray = set(stray_dirs(names, metadata.get("topics") or {}, hosted, self.broker_id))
         now = time.monotonic()
-        self.stray_since = {tp: self.stray_since.get(tp, now) for tp in stray}
-        delay = self.config.get("log.stray.delete.delay.ms", 300000) / 1000
-        for tp, since in list(self.stray_since.items()):
-            if now - since >= delay:
-                del self.stray_since[tp]
+        self.since = {tp: self.since.get(tp, now) for tp in stray}
+        for tp, since in list(self.since.items()):
+            if now - since >= self.delay:
+                del self.since[tp]
                 log.warning("%s-%d: this broker holds no replica of it (moved or deleted while it was away) "
-                            "for %.0fs: removing its directory", tp[0], tp[1], delay)
+                            "for %.0fs: removing its directory", tp[0], tp[1], self.delay)
                 self.request(log_host(tp[0], tp[1], self.log_hosts), "assign",
                              {"close": [{"topic": tp[0], "partition": tp[1], "topic_id": "", "delete": True}]},
                              timeout=30.0)

@@ -1,13 +1,13 @@
 """Replication throttles, the broker side: which replicas a reassignment is adding here, and
 the rates their traffic must keep to.
 
-Process: ``controller`` (``ThrottleMixin`` is mixed into
-``coordinator.cluster_controller.ClusterController``, next to the broker agent).
+Process: ``controller`` (a ``Throttles`` object is owned by the broker agent,
+``coordinator.broker_agent.BrokerAgent``, which the cluster's controller actor owns).
 Owns: this broker's throttle rates, ``leader.replication.throttled.rate`` and
 ``follower.replication.throttled.rate`` (bytes/s): the broker config, overridden at run time
 by IncrementalAlterConfigs on the broker (``odradek reassign --execute --throttle``), which
 is kept where Kafka keeps it, ``/config/brokers/<id>``, so it outlives a restart.
-Accepts:
+Accepts (through the actor, ``coordinator.cluster_controller``):
   set_throttle_rates {rates: {name: bytes/s or null}}   from a handler (null: back to the
         broker config); answered ``{}`` once recorded in ZooKeeper
 Sends ``throttle`` to the replica fetcher (the partitions this broker follows whose
@@ -32,8 +32,8 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any, Callable
 
-from odradek.actors.message import Message
 from odradek.actors.names import FETCH_ACTOR, REPLICA_FETCHER, ThrottledReplica
 from odradek.coordinator.zk_state import BROKER_CONFIGS, to_json
 from odradek.log.throttle import UNLIMITED
@@ -43,31 +43,39 @@ log = logging.getLogger("odradek.controller")
 RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")
 
 
-class ThrottleMixin:
-    """Expects ``broker_id``, ``config``, ``zk``, ``hosted`` and the actor's ``request``."""
+class Throttles:
+    """This broker's replication throttles, owned by its broker agent: ``broker_id`` and
+    ``config`` (the broker config's rates), ``zk`` (a started kazoo client, where run-time
+    rates are kept) and ``request`` (the actor's, to tell the replica fetcher and the fetch
+    actor)."""
 
-    throttle_overrides: dict
+    def __init__(self, broker_id: int, config, zk, request: Callable[..., Any]):
+        self.broker_id, self.config, self.zk, self.request = broker_id, config, zk, request
+        self.overrides: dict[str, int] = {}
+        self._told = None  # what the fetchers were told last
 
-    def _load_throttle_rates(self) -> None:
-        self.throttle_overrides = {}
+    def load(self) -> None:
+        """The rates recorded at run time (``/config/brokers/<id>``), if any."""
+        self.overrides = {}
         try:
             raw, _ = self.zk.get(f"{BROKER_CONFIGS}/{self.broker_id}")
-            self.throttle_overrides = {k: int(v) for k, v in json.loads(raw).get("config", {}).items() if k in RATES}
+            self.overrides = {k: int(v) for k, v in json.loads(raw).get("config", {}).items() if k in RATES}
         except Exception:  # noqa: BLE001 - no node: the broker config applies
             pass
 
-    def throttle_rate(self, name: str) -> int:
-        return int(self.throttle_overrides.get(name) or self.config.get(name) or UNLIMITED)
+    def rate(self, name: str) -> int:
+        return int(self.overrides.get(name) or self.config.get(name) or UNLIMITED)
 
-    def on_set_throttle_rates(self, msg: Message) -> None:
-        for name, value in (msg.get("rates") or {}).items():
+    def set_rates(self, rates: dict) -> None:
+        """``set_throttle_rates``: record the new rates (null: back to the broker config)."""
+        for name, value in rates.items():
             if name in RATES:
                 if value is None:
-                    self.throttle_overrides.pop(name, None)
+                    self.overrides.pop(name, None)
                 else:
-                    self.throttle_overrides[name] = int(value)
+                    self.overrides[name] = int(value)
         path = f"{BROKER_CONFIGS}/{self.broker_id}"
-        data = to_json({"version": 1, "config": {k: str(v) for k, v in self.throttle_overrides.items()}})
+        data = to_json({"version": 1, "config": {k: str(v) for k, v in self.overrides.items()}})
         try:
             self.zk.ensure_path(BROKER_CONFIGS)
             if self.zk.exists(path):
@@ -76,37 +84,35 @@ class ThrottleMixin:
                 self.zk.create(path, data)
         except Exception as exc:  # noqa: BLE001 - applied anyway; lost on restart
             log.warning("throttle rates not recorded in ZooKeeper (they apply until a restart): %s", exc)
-        log.info("replication throttle rates now %s", {n: self.throttle_rate(n) for n in RATES})
-        self._tell_throttles()
-        self.reply(msg, {})
+        log.info("replication throttle rates now %s", {n: self.rate(n) for n in RATES})
 
-    def _throttled_here(self, topic: str, partition: int, which: str) -> bool:
-        """Is ``topic``'s ``<which>.replication.throttled.replicas`` (from the last
-        UPDATE_METADATA) naming partition ``partition`` on this broker?"""
-        configs = (self.snapshot_data.get("topics", {}).get(topic) or {}).get("configs") or {}
+    def _throttled_here(self, topics: dict, topic: str, partition: int, which: str) -> bool:
+        """Is ``topic``'s ``<which>.replication.throttled.replicas`` (in ``topics``, the last
+        UPDATE_METADATA's) naming partition ``partition`` on this broker?"""
+        configs = (topics.get(topic) or {}).get("configs") or {}
         listed = throttled_replicas(configs.get(f"{which}.replication.throttled.replicas", ""))
         return listed is None or (partition, self.broker_id) in listed
 
-    def _tell_throttles(self, force: bool = False, only: str | None = None) -> None:
-        """Tell the replica fetcher and the fetch actor what is throttled now (when it changed,
-        or ``force``: one of them (``only``, if given) restarted)."""
+    def tell(self, hosted: dict, topics: dict, force: bool = False, only: str | None = None) -> None:
+        """Tell the replica fetcher and the fetch actor what is throttled now, given the
+        ``hosted`` partitions' last LEADER_AND_ISR entries and the metadata's ``topics``
+        (when it changed, or ``force``: one of them (``only``, if given) restarted)."""
         follower, leader = [], []
-        for (topic, partition), e in self.hosted.items():
+        for (topic, partition), e in hosted.items():
             isr = e.get("isr") or []
             if e.get("leader") == self.broker_id:
-                if self._throttled_here(topic, partition, "leader"):
+                if self._throttled_here(topics, topic, partition, "leader"):
                     leader += [ThrottledReplica(topic, partition, r) for r in e.get("replicas") or [] if r not in isr]
-            elif self.broker_id not in isr and self._throttled_here(topic, partition, "follower"):
+            elif self.broker_id not in isr and self._throttled_here(topics, topic, partition, "follower"):
                 follower.append([topic, partition])
-        now = (self.throttle_rate(RATES[0]), self.throttle_rate(RATES[1]), sorted(leader), sorted(follower))
-        if now == getattr(self, "_told_throttles", None) and not force:
+        now = (self.rate(RATES[0]), self.rate(RATES[1]), sorted(leader), sorted(follower))
+        if now == self._told and not force:
             return
-        self._told_throttles = now
+        self._told = now
         if only in (None, REPLICA_FETCHER):
-            self.request(REPLICA_FETCHER, "throttle", {"rate": self.throttle_rate(RATES[1]), "parts": follower},
-                         timeout=30.0)
+            self.request(REPLICA_FETCHER, "throttle", {"rate": self.rate(RATES[1]), "parts": follower}, timeout=30.0)
         if only in (None, FETCH_ACTOR):
-            self.request(FETCH_ACTOR, "throttle", {"rate": self.throttle_rate(RATES[0]), "parts": leader}, timeout=30.0)
+            self.request(FETCH_ACTOR, "throttle", {"rate": self.rate(RATES[0]), "parts": leader}, timeout=30.0)
 
 
 def throttled_replicas(text: str) -> set[tuple[int, int]] | None:

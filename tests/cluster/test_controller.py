@@ -220,9 +220,7 @@ def test_only_a_failed_epoch_check_makes_the_controller_resign_not_a_lost_race_o
     changed the state node meanwhile, the write fails with every result an error, but the
     check's is RolledBackError: that is a retry, not fencing. (Taking it for fencing left a
     cluster with no acting controller.)"""
-    import types
-
-    from odradek.coordinator.cluster_controller import ClusterController
+    from odradek.coordinator.active_controller import ActiveController
 
     zk = zookeeper.client("")
     root = f"/fencing-{os.getpid()}"
@@ -230,9 +228,10 @@ def test_only_a_failed_epoch_check_makes_the_controller_resign_not_a_lost_race_o
         zk.create(f"{root}/controller_epoch", b"1", makepath=True)
         zk.create(f"{root}/state", b"a")
         zk.set(f"{root}/state", b"b")  # a leader's ISR change: the state is at version 1 now
-        c = ClusterController.__new__(ClusterController)
-        c.zk, c.epoch, c.broker_id, c.active = zk, 1, 7, True
-        c.channel = types.SimpleNamespace(set_brokers=lambda brokers: None)
+        resigned = []
+        c = ActiveController(7, 1, 0, {"num.partitions": 1, "default.replication.factor": 1,
+                                       "log.segment.bytes.min": 1024}, {}, "PLAINTEXT", zk, None, None,
+                             lambda: resigned.append(True))
 
         lost_race = zk.transaction()
         lost_race.check(f"{root}/controller_epoch", 0)
@@ -243,7 +242,7 @@ def test_only_a_failed_epoch_check_makes_the_controller_resign_not_a_lost_race_o
         fenced = zk.transaction()
         fenced.check(f"{root}/controller_epoch", 5)  # another controller bumped the epoch
         fenced.set_data(f"{root}/state", b"c", version=1)
-        assert c._fenced_commit(fenced) is None and not c.active
+        assert c._fenced_commit(fenced) is None and not c.active and resigned == [True]
         assert zk.get(f"{root}/state")[0] == b"b"  # nothing written
     finally:
         zk.delete(root, recursive=True)

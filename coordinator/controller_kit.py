@@ -1,0 +1,77 @@
+"""What the two controller actors share, by composition: the single-broker one
+(``coordinator.controller.Controller``) and the cluster one
+(``coordinator.cluster_controller.ClusterController``, with its ``BrokerAgent`` and, once
+elected, its ``ActiveController``).
+
+Process: ``controller`` (plain objects and functions; no actor of its own, no messages).
+``Outbox`` is the one way the controller's parts send messages: the actor's own ``send``,
+``request``, ``reply``, ``reply_error``, ``post`` (the thread-safe entry, for kazoo's and
+the channel's threads) and the running members of a role, handed to each part explicitly.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import shutil
+from typing import Any, Callable
+
+from odradek.actors.names import HANDLER
+
+log = logging.getLogger("odradek.controller")
+
+SEND_TIMEOUT = 30.0  # seconds another broker or a local actor has to answer the controller
+
+
+@dataclasses.dataclass(frozen=True)
+class Outbox:
+    send: Callable[..., Any]
+    request: Callable[..., Any]
+    reply: Callable[..., Any]
+    reply_error: Callable[..., Any]
+    post: Callable[[Callable[[], Any]], None]
+    members: Callable[[str], list]  # role -> the names of its running instances
+
+    @classmethod
+    def of(cls, actor) -> Outbox:
+        return cls(actor.send, actor.request, actor.reply, actor.reply_error, actor.post,
+                   lambda role: actor.members.get(role, []))
+
+
+class HandlerRoster:
+    """A handler that joined after its own ``get_metadata`` may have missed a push: every new
+    one is sent the current ``snapshot()``."""
+
+    def __init__(self, outbox: Outbox, snapshot: Callable[[], dict], timeout: float):
+        self.outbox, self.snapshot, self.timeout = outbox, snapshot, timeout
+        self.known: set[str] = set()
+
+    def on_members(self, role: str, members: list[str]) -> None:
+        if role == HANDLER:
+            snapshot = self.snapshot()
+            for name in set(members) - self.known:
+                self.outbox.request(name, "metadata", snapshot, timeout=self.timeout)
+            self.known = set(members)
+
+
+def remove_deleted_dirs(data_dir: str) -> None:
+    """Partition directories of deleted topics that a crash left behind."""
+    for name in os.listdir(data_dir):
+        if name.endswith("-delete") and os.path.isdir(os.path.join(data_dir, name)):
+            log.info("removing %s, left over from a deleted topic", name)
+            shutil.rmtree(os.path.join(data_dir, name), ignore_errors=True)
+
+
+def all_then(steps: list[Callable[[Callable], None]], done: Callable) -> None:
+    """Run ``steps`` (each takes a completion callback) in parallel, then ``done``."""
+    pending = {"n": len(steps)}
+    if not steps:
+        done()
+        return
+
+    def one() -> None:
+        pending["n"] -= 1
+        if pending["n"] == 0:
+            done()
+    for step in steps:
+        step(one)
