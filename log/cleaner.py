@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from odradek.log import index as ix
 from odradek.log.errors import StorageError
 from odradek.log.log import CLEANED_SUFFIX, SWAP_SUFFIX, Log, LogSegment, read_file
-from odradek.log.recovery import IndexPolicy
+from odradek.log.index import IndexPolicy
 from odradek.log.records import (COMPRESSION_LZ4, BatchHeader, decode_batch, encode_records,
                          iter_batches)
 

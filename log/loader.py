@@ -23,7 +23,8 @@ import os
 from odradek.log import index as ix
 from odradek.log.log import (CLEAN_SHUTDOWN, CLEANED_SUFFIX, DELETED_SUFFIX, SWAP_SUFFIX, TMP_SUFFIX,
                      Log, LogSegment)
-from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log, scan_segment
+from odradek.log.index import MIN_TS, IndexPolicy
+from odradek.log.recovery import RecoveryReport, log, scan_segment
 from odradek.log.segment import INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, segment_paths
 
 

@@ -40,7 +40,8 @@ from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerE
                                         OutOfOrderSequenceError, ProducerStateManager, last_sequence)
 from odradek.log.kafka_batch import TRANSACTIONAL_BIT
 from odradek.log.txn_index import AbortedTxn, TxnIndex
-from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
+from odradek.log.index import MIN_TS, IndexPolicy
+from odradek.log.recovery import RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
 from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
