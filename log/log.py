@@ -31,8 +31,8 @@ from typing import Callable, NamedTuple
 
 from odradek.log.config import LogConfig
 from odradek.log.epochs import LeaderEpochCache
-from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
-                        RecordListTooLargeError, StorageError)
+from odradek.log.errors import (CorruptRecordError, InvalidRecordError, OdradekError, OffsetOutOfRangeError,
+                                RecordListTooLargeError, StorageError)
 from odradek.log.files import FileLayer, system_now_ms
 from odradek.log import kafka_batch
 from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError, InvalidTxnStateError,
@@ -43,8 +43,9 @@ from odradek.log.recovery import RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
 from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
-                         HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader, Record,
-                         patch_base_offset, set_log_append_time, validate_batches)
+                                 HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader, Record,
+                                 check_header, patch_base_offset, set_log_append_time,
+                                 validate_batches)
 from odradek.log.loader import CHECKPOINT, Checkpoint, LoadedLog, load_log
 from odradek.log.segment import (CLEAN_SHUTDOWN, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                                  SEGMENT_RE, SWAP_SUFFIX, TIMEINDEX_SUFFIX, TMP_SUFFIX)
@@ -53,7 +54,7 @@ from odradek.log.segment_writer import LogSegment, create_segment
 MAX_RELATIVE_OFFSET = (1 << 31) - 1
 PATCHED_PREFIX = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append rewrites
 _PATCHED_HEAD = struct.Struct(">qii")  # those 16 bytes
-# What the one-batch append reads of a header in one unpack (records.HEADER without the
+# What the one-batch guard (in Log.append) reads of a header in one unpack (records.HEADER without the
 # leader epoch and first timestamp): baseOffset, batchLength, magic, crc, attributes,
 # lastOffsetDelta, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
 _APPEND_VIEW = struct.Struct(">qi4xbIhi8xqqhii")
@@ -74,6 +75,7 @@ class AppendInfo(NamedTuple):
 
 
 _append_info = AppendInfo._make
+_make_header = BatchHeader._make
 
 
 def _storage(op: str, e: OSError) -> StorageError:
@@ -203,19 +205,19 @@ class Log:
         just run ``validate_batches`` on these exact bytes (e.g. a request handler, so the CRC
         cost is spread over the handler pool). A bad CRC that slips in would later look like
         a torn tail to recovery, which would cut the log there.
+
+        One path: the checks and offsets of the input, then the shared ``_commit``. The
+        common case (exactly one sound batch, native or Kafka's magic 2, in a read-only
+        buffer: bytes, a ZeroMQ frame, any buffer but a bytearray or a writable memoryview,
+        which ``_patched`` patches in place; a leader's append with CreateTime; no failed
+        write to repair) is recognized by the guard below and goes straight to the commit;
+        anything else -- several batches, a writable buffer, a follower, LogAppendTime, any
+        failed check -- leaves the guard having changed nothing, and ``_append_general``
+        redoes the checks and raises the precise error. The guard's native test is
+        ``check_header`` + ``validate_batches`` on locals (tests/log check that it never
+        accepts what those refuse); a Kafka batch takes ``check_header`` itself.
         """
-        # The common case in a few Python steps (``_append_general`` is the reference):
-        # exactly one sound batch in a read-only buffer (bytes, a ZeroMQ frame) appended by
-        # the leader to the active segment, CreateTime, no failed write to repair, no roll.
-        # ("Read-only" as ``_patched`` means it: any buffer but a bytearray or a writable
-        # memoryview, which are patched in place; a zmq.Frame is never written into.)
-        # Anything else -- several batches, a bytearray, a follower, LogAppendTime,
-        # any failed check -- leaves here before anything changed, and the general path
-        # redoes the work and raises the precise error. The combined test below is
-        # ``validate_batches`` + ``check_header`` + the size limits (tests/log check that it
-        # never accepts what those refuse); the write, rollback, index rule and flush policy
-        # are the general path's own code.
-        if assign_offsets and not self._closed and self._dirty_tail is None:
+        if assign_offsets and self._dirty_tail is None and not self._closed:
             mv = memoryview(batch)
             cfg = self.config
             n = mv.nbytes
@@ -223,57 +225,31 @@ class Log:
                     mv.readonly or not isinstance(batch, (bytearray, memoryview)))))
                     and HEADER_SIZE <= n <= cfg.max_message_bytes and n <= cfg.segment_bytes
                     and cfg.message_timestamp_type == "CreateTime"):
-                (base0, blen, magic, crc, attributes, delta, max_ts, pid, pepoch, seq,
-                 count) = _APPEND_VIEW.unpack_from(mv)
-                if (blen + LOG_OVERHEAD == n and magic == MAGIC and count >= 1 and delta >= count - 1
-                        and base0 >= 0 and not attributes & ~KNOWN_ATTRIBUTE_BITS
-                        and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
-                        and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
-                    if pid >= 0:  # an idempotent producer's batch: its sequence decides
-                        if attributes & (CONTROL_BIT | TRANSACTIONAL_BIT):  # the general path tracks transactions
-                            return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
-                        last_seq = last_sequence(seq, delta)
-                        dup = self.producers.check(pid, pepoch, seq, last_seq)
+                base0, blen, magic, crc, attributes, delta, _, pid, _, _, count = _APPEND_VIEW.unpack_from(mv)
+                h = None
+                if blen + LOG_OVERHEAD != n:
+                    pass
+                elif magic == MAGIC:
+                    if (count >= 1 and delta >= count - 1 and base0 >= 0 and not attributes & ~KNOWN_ATTRIBUTE_BITS
+                            and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
+                            and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
+                        h = _make_header(HEADER.unpack_from(mv))
+                elif magic == kafka_batch.MAGIC and (crc_checked or kafka_batch.crc_of(mv, 0, n) == crc):
+                    h = _make_header(HEADER.unpack_from(mv))
+                    try:
+                        check_header(h)  # Kafka's rules for magic 2
+                    except CorruptRecordError:
+                        h = None
+                if h is not None:
+                    now = self._now()
+                    base = self._log_end_offset
+                    if pid >= 0 or attributes & TRANSACTIONAL_BIT:
+                        dup = self._check_producers((h,))
                         if dup is not None:
                             return self._duplicate(dup)
-                    now = self._now()
-                    seg = self._segments[-1]
-                    if seg.oidx is None:  # suspended by the process's active-segment budget
-                        self._wake(seg)
-                    seg.used = True
-                    base = self._log_end_offset
-                    last = base + delta
-                    position = seg.size
-                    oidx, tidx = seg.oidx, seg.tidx
-                    if not (position and position + n <= cfg.segment_bytes
-                            and now - seg.created_ms < cfg.segment_ms
-                            and oidx.count + 2 < oidx.capacity and tidx.count + 2 < tidx.capacity
-                            and oidx.count + 2 <= oidx.allocated and tidx.count + 2 <= tidx.allocated
-                            and last - seg.base_offset <= MAX_RELATIVE_OFFSET):
-                        seg = self._segment_for(n, 1, base, last, now)  # the general rule (may roll)
-                        self._reserve_index(seg, 2)
-                        position = seg.size
                     # the 16 bytes an append rewrites, packed anew; the rest from the caller's buffer
                     parts = (_PATCHED_HEAD.pack(base, blen, leader_epoch), mv[PATCHED_PREFIX:])
-                    try:
-                        written = self._files.pwritev(seg.fd, parts, position)
-                        if written != n:  # a short write: finish it (or fail) in the loop
-                            self._files.write_all(seg.fd, memoryview(b"".join(parts))[written:],
-                                                  position + written)
-                    except OSError as e:
-                        self._undo_write(seg, position, e)  # cuts the file back, raises
-                    seg.add_batch_entries(position, base - seg.base_offset, n, max_ts)
-                    seg.size = position + n
-                    self._log_end_offset = last + 1
-                    if pid >= 0:
-                        self.producers.update(pid, pepoch, seq, last_seq, base, last, max_ts)
-                    if leader_epoch > self.leader_epochs._latest:  # the first append of an epoch
-                        self._update_epochs(self.leader_epochs.assign, leader_epoch, base)
-                    self._unflushed += count
-                    if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
-                        self.flush()
-                    return _append_info((base, last, now, self._log_start_offset, position,
-                                         seg.base_offset, n, False))
+                    return self._commit((h,), (base,), base + delta, count, parts, n, now, leader_epoch, True)
         return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
 
     def _append_general(self, batch, leader_epoch: int, assign_offsets: bool,
@@ -295,14 +271,46 @@ class Log:
         parts = self._patched(batch, headers, bases, leader_epoch, now) if assign_offsets else [batch]
         if self._dirty_tail is not None:
             self._repair_tail()
-        seg = self._segment_for(size, len(headers), bases[0], last, now)
-        self._reserve_index(seg, len(headers) + 1)
+        return self._commit(headers, bases, last, records, parts, size, now, leader_epoch, assign_offsets)
+
+    def _commit(self, headers, bases, last: int, records: int, parts, size: int, now: int,
+                leader_epoch: int, assign_offsets: bool) -> AppendInfo:
+        """The shared step of every append, once its batches are checked and their offsets
+        assigned (``bases``; ``parts``: the bytes to write, patched): the segment (rolled if
+        needed), the write (undone on failure), index entries, log end, producer state,
+        leader epochs, flush policy."""
+        cfg = self.config
+        seg = self._segments[-1]
+        oidx, tidx = seg.oidx, seg.tidx
+        entries = len(headers) + 1  # index room: an entry per batch, one to seal the segment
+        if (oidx is not None and seg.size and seg.size + size <= cfg.segment_bytes
+                and now - seg.created_ms < cfg.segment_ms
+                and oidx.count + entries < oidx.capacity and tidx.count + entries < tidx.capacity
+                and oidx.count + entries <= oidx.allocated and tidx.count + entries <= tidx.allocated
+                and last - seg.base_offset <= MAX_RELATIVE_OFFSET):
+            seg.used = True  # the common case: room in the active segment, its time, its indexes
+        else:
+            seg = self._segment_for(size, len(headers), bases[0], last, now)  # wakes, rolls
+            self._reserve_index(seg, entries)
         position = seg.size
-        self._write(seg, parts, size, position)
-        self._index(seg, headers, bases, position, now)
+        try:
+            written = self._files.pwritev(seg.fd, parts, position)
+            if written != size:  # a short write: finish it (or fail) in the loop
+                self._files.write_all(seg.fd, memoryview(b"".join(parts))[written:], position + written)
+        except OSError as e:
+            self._undo_write(seg, position, e)  # cuts the file back, raises
         seg.size = position + size
         self._log_end_offset = last + 1
-        self._update_producers(headers, bases)
+        # per batch: its index entries (LogAppendTime: stamped ``now``), then its producer's
+        # state (a marker reads its batch back: after the size above)
+        stamp = now if cfg.log_append_time else None
+        at, rel0 = position, seg.base_offset
+        for h, base in zip(headers, bases):
+            n = h.batch_length + LOG_OVERHEAD
+            seg.add_batch_entries(at, base - rel0, n, h.max_timestamp if stamp is None else stamp)
+            at += n
+            if h.producer_id >= 0:
+                self._track_batch(h, base)
         epochs = self.leader_epochs
         if assign_offsets:
             if leader_epoch > epochs._latest:
@@ -314,7 +322,7 @@ class Log:
         self._unflushed += records
         if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
             self.flush()
-        return AppendInfo(bases[0], last, now, self._log_start_offset, position, seg.base_offset, size)
+        return _append_info((bases[0], last, now, self._log_start_offset, position, seg.base_offset, size, False))
 
     def _check_producers(self, headers) -> object:
         """The producer-state checks of a leader's append (``ProducerStateManager.check``),
@@ -347,13 +355,9 @@ class Log:
             pending[pid] = (h.producer_epoch, last_seq)
         return None
 
-    def _update_producers(self, headers, bases) -> None:
-        """Record the appended batches of idempotent producers (leader, follower alike), and
-        the transactions they open and their markers close."""
-        for h, base in zip(headers, bases):
-            self._track_batch(h, base)
-
     def _track_batch(self, h, base: int) -> None:
+        """Record a batch appended at ``base`` (leader, follower, replay alike): an idempotent
+        producer's sequence, the transaction it opens, or the one its marker closes."""
         pid = h.producer_id
         if pid < 0:
             return
@@ -468,16 +472,6 @@ class Log:
             pos = end
         return parts
 
-    def _write(self, seg: LogSegment, parts: list, size: int, position: int) -> None:
-        """Write all of ``parts`` at ``position`` or, on failure, cut the file back and raise."""
-        try:
-            written = self._files.pwritev(seg.fd, parts, position)
-            if written != size:  # a short write: finish it (or fail) in the loop
-                rest = memoryview(b"".join(parts))[written:]
-                self._files.write_all(seg.fd, rest, position + written)
-        except OSError as e:
-            self._undo_write(seg, position, e)
-
     def _reserve_index(self, seg: LogSegment, entries: int) -> None:
         """Index room for an append's entries (+1 for the entry that seals the segment),
         allocated before the batch is written: a full disk fails here, with nothing written."""
@@ -504,15 +498,6 @@ class Log:
             except OSError as e:
                 raise _storage(f"truncating the failed write in {seg.log_path}", e) from None
             self._dirty_tail = None
-
-    def _index(self, seg: LogSegment, headers, bases: list, position: int, now: int) -> None:
-        """Add the index entries due for the batches just written at ``position``."""
-        append_time = self.config.log_append_time
-        for h, base in zip(headers, bases):
-            size = h.batch_length + 12
-            seg.add_batch_entries(position, base - seg.base_offset, size,
-                                  now if append_time else h.max_timestamp)
-            position += size
 
     def _update_epochs(self, change, *args) -> None:
         """Apply a change to the epoch cache. A failed write of its file is logged, not
