@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import os
 import struct
 import time
@@ -74,8 +75,9 @@ class AppendInfo(NamedTuple):
     duplicate: bool = False  # an idempotent producer's retry: nothing written, the original offsets
 
 
-_append_info = AppendInfo._make
-_make_header = BatchHeader._make
+# named tuples from a tuple of every field, without a Python frame (``_make`` has one)
+_append_info = functools.partial(tuple.__new__, AppendInfo)
+_make_header = functools.partial(tuple.__new__, BatchHeader)
 
 
 def _storage(op: str, e: OSError) -> StorageError:
