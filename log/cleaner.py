@@ -28,8 +28,10 @@ from dataclasses import dataclass, field
 
 from odradek.log import index as ix
 from odradek.log.errors import StorageError
-from odradek.log.log import CLEANED_SUFFIX, SWAP_SUFFIX, Log, LogSegment, read_file
-from odradek.log.recovery import IndexPolicy
+from odradek.log.index import IndexPolicy
+from odradek.log.log import Log
+from odradek.log.segment import CLEANED_SUFFIX, SWAP_SUFFIX
+from odradek.log.segment_writer import LogSegment, read_file
 from odradek.log.records import (COMPRESSION_LZ4, BatchHeader, decode_batch, encode_records,
                          iter_batches)
 

@@ -15,6 +15,11 @@ another process is writing (``LogReader``), probing with ``pread``. Entries are 
 trusted beyond the bound the caller passes (a byte position or a relative offset); callers
 also verify the batch an entry points to before using it.
 
+``IndexPolicy`` is the one rule deciding when an entry is due (one per
+``index.interval.bytes`` of log, never at position 0; a time entry when the max timestamp
+grew), followed by the append path (``LogSegment.add_batch_entries``), by recovery's scans
+and by the cleaner's rebuilds, so a rebuilt index equals the one appends would have written.
+
 ``IndexWriter`` (single writer: the partition's log actor) appends entries through an mmap
 of a file allocated a page at a time (doubling as it fills, up to ``segment.index.bytes``)
 and trims the file when its segment rolls or the log closes.
@@ -114,6 +119,48 @@ def time_floor_below(src, count: int, timestamp: int) -> tuple[int, int] | None:
 
 def last_time_entry(src, count: int) -> tuple[int, int] | None:
     return _time_entry(src, count - 1) if count else None
+
+
+MIN_TS = -(1 << 63)  # below every timestamp: no time entry yet
+
+
+class IndexPolicy:
+    """When to add index entries: one per ``interval`` bytes, never at position 0.
+
+    ``before_batch`` returns the ``(offset entry, time entry or None)`` due before a batch
+    at ``position`` with relative base offset ``rel``; ``after_batch`` accounts for it.
+    """
+
+    __slots__ = ("interval", "bytes_since", "max_ts", "last_time_ts")
+
+    def __init__(self, interval: int, bytes_since: int = 0, max_ts: int = MIN_TS,
+                 last_time_ts: int = MIN_TS):
+        self.interval = interval
+        self.bytes_since = bytes_since
+        self.max_ts = max_ts
+        self.last_time_ts = last_time_ts
+
+    def before_batch(self, position: int, rel: int):
+        if position == 0 or self.bytes_since < self.interval:
+            return None
+        self.bytes_since = 0
+        time_entry = None
+        if self.max_ts > self.last_time_ts:
+            time_entry = (self.max_ts, rel)
+            self.last_time_ts = self.max_ts
+        return (rel, position), time_entry
+
+    def after_batch(self, size: int, max_ts: int) -> None:
+        self.bytes_since += size
+        if max_ts > self.max_ts:
+            self.max_ts = max_ts
+
+    def final_time_entry(self, next_rel: int):
+        """The entry sealing a segment: its max timestamp up to ``next_rel``."""
+        if next_rel > 0 and self.max_ts > self.last_time_ts:
+            self.last_time_ts = self.max_ts
+            return (self.max_ts, next_rel)
+        return None
 
 
 ALLOCATION_CHUNK = 4096  # an active index file starts at one page and doubles as it fills

@@ -23,43 +23,39 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import functools
 import os
 import struct
 import time
 import zlib
 from typing import Callable, NamedTuple
 
-from odradek.log import index as ix
 from odradek.log.config import LogConfig
 from odradek.log.epochs import LeaderEpochCache
-from odradek.log.errors import (InvalidRecordError, OdradekError, OffsetOutOfRangeError,
-                        RecordListTooLargeError, StorageError)
-from odradek.log.files import FileLayer, active_segments, descriptors, system_now_ms
+from odradek.log.errors import (CorruptRecordError, InvalidRecordError, OdradekError, OffsetOutOfRangeError,
+                                RecordListTooLargeError, StorageError)
+from odradek.log.files import FileLayer, system_now_ms
 from odradek.log import kafka_batch
 from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError, InvalidTxnStateError,
                                         OutOfOrderSequenceError, ProducerStateManager, last_sequence)
 from odradek.log.kafka_batch import TRANSACTIONAL_BIT
 from odradek.log.txn_index import AbortedTxn, TxnIndex
-from odradek.log.recovery import MIN_TS, IndexPolicy, RecoveryReport, log
+from odradek.log.recovery import RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
 from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
-                         HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader, Record,
-                         patch_base_offset, set_log_append_time, validate_batches)
-from odradek.log.segment import (INDEX_SUFFIX, LOG_SUFFIX, SEGMENT_RE, TIMEINDEX_SUFFIX, SegmentView,
-                         segment_paths)
+                                 HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader, Record,
+                                 check_header, patch_base_offset, set_log_append_time,
+                                 validate_batches)
+from odradek.log.loader import CHECKPOINT, Checkpoint, LoadedLog, load_log
+from odradek.log.segment import (CLEAN_SHUTDOWN, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
+                                 SEGMENT_RE, SWAP_SUFFIX, TIMEINDEX_SUFFIX, TMP_SUFFIX)
+from odradek.log.segment_writer import LogSegment, create_segment
 
-CLEAN_SHUTDOWN = ".clean_shutdown"
-CHECKPOINT = "partition.checkpoint"
-CHECKPOINT_VERSION = 0
-DELETED_SUFFIX = ".deleted"
-CLEANED_SUFFIX = ".cleaned"
-SWAP_SUFFIX = ".swap"
-TMP_SUFFIX = ".tmp"
 MAX_RELATIVE_OFFSET = (1 << 31) - 1
 PATCHED_PREFIX = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append rewrites
 _PATCHED_HEAD = struct.Struct(">qii")  # those 16 bytes
-# What the one-batch append reads of a header in one unpack (records.HEADER without the
+# What the one-batch guard (in Log.append) reads of a header in one unpack (records.HEADER without the
 # leader epoch and first timestamp): baseOffset, batchLength, magic, crc, attributes,
 # lastOffsetDelta, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
 _APPEND_VIEW = struct.Struct(">qi4xbIhi8xqqhii")
@@ -79,256 +75,13 @@ class AppendInfo(NamedTuple):
     duplicate: bool = False  # an idempotent producer's retry: nothing written, the original offsets
 
 
-class Checkpoint(NamedTuple):
-    log_start_offset: int
-    recovery_point: int
-    high_watermark: int
-
-
-_append_info = AppendInfo._make
+# named tuples from a tuple of every field, without a Python frame (``_make`` has one)
+_append_info = functools.partial(tuple.__new__, AppendInfo)
+_make_header = functools.partial(tuple.__new__, BatchHeader)
 
 
 def _storage(op: str, e: OSError) -> StorageError:
     return StorageError(f"{op} failed: {e.strerror or e} (errno {e.errno})")
-
-
-class LogSegment(SegmentView):
-    """A segment as the writer sees it. While active: its own ``.log`` descriptor (``fd``)
-    and index writers. Closed: no descriptor of its own; its files are read through the
-    process's descriptor cache (``log.files.descriptors()``), so a log of thousands of
-    segments costs a bounded number of descriptors.
-
-    Single writer (the log actor, through ``Log``).
-    """
-
-    def __init__(self, files: FileLayer, directory: str, base_offset: int, fd: int | None, size: int,
-                 created_ms: int):
-        self.files = files
-        self.base_offset = base_offset
-        self.log_path, self.index_path, self.timeindex_path = segment_paths(directory, base_offset)
-        self.fd = fd  # only while active (or being made active)
-        self.closed = False
-        self._descriptors = descriptors()
-        self.size = size
-        self.created_ms = created_ms
-        self.max_timestamp = -1
-        self.oidx: ix.IndexWriter | None = None
-        self.tidx: ix.IndexWriter | None = None
-        self.policy: IndexPolicy | None = None
-        self.used = False  # written since the active-segment budget last looked (log.files.ActiveSegments)
-        self._closed_sources: dict[str, tuple] = {}
-
-    @contextlib.contextmanager
-    def log_fd(self):
-        """A descriptor of the ``.log``: its own if active, else one from the cache (read-write,
-        pinned while in use)."""
-        if self.fd is not None:
-            yield self.fd
-        else:
-            with self._descriptors.use(self.log_path, os.O_RDWR, self.files) as fd:
-                yield fd
-
-    # -- read side (SegmentView)
-    def pread(self, size: int, position: int) -> bytes:
-        if self.fd is not None:
-            return self.files.pread(self.fd, size, position)
-        with self.log_fd() as fd:
-            return self.files.pread(fd, size, position)
-
-    def offset_source(self):
-        if self.oidx is not None:
-            return self.oidx.source(), self.oidx.count
-        return self._closed_source(self.index_path, ix.count_offset_entries, self.size)
-
-    def time_source(self):
-        if self.tidx is not None:
-            return self.tidx.source(), self.tidx.count
-        return self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
-
-    def _closed_source(self, path: str, counter, bound: int):
-        """A closed segment's index, probed with ``pread`` through the descriptor cache."""
-        found = self._closed_sources.get(path)
-        if found is None:
-            try:
-                src = ix.FileSource(self._descriptors, path, self.files)
-            except FileNotFoundError:
-                src = ix.BufferSource(b"")
-            found = self._closed_sources[path] = (src, counter(src, bound))
-        return found
-
-    # -- write side
-    def activate(self, capacity: int, interval: int) -> None:
-        """Open index writers over the existing valid entries; recompute the index policy.
-
-        Used when a segment becomes the active one, and to wake an active segment that the
-        process's budget suspended (``suspend``). Writers already open (recovery activates the
-        active segment a second time) are closed first: each holds a mapping and its
-        descriptor. Both writers open or neither does (OSError)."""
-        self._release_writers()
-        if self.fd is None:
-            self.fd = self.files.open(self.log_path, os.O_RDWR)
-        osrc, ocount = self._closed_source(self.index_path, ix.count_offset_entries, self.size)
-        tsrc, tcount = self._closed_source(self.timeindex_path, ix.count_time_entries, 1 << 32)
-        ocount, tcount = min(ocount, capacity - 1), min(tcount, capacity - 1)
-        self._closed_sources.clear()
-        self._descriptors.forget(self.index_path, self.timeindex_path)  # the writers map their own
-        oidx = ix.IndexWriter(self.files, self.index_path, ix.OFFSET_ENTRY, capacity, ocount)
-        try:
-            tidx = ix.IndexWriter(self.files, self.timeindex_path, ix.TIME_ENTRY, capacity, tcount)
-        except BaseException:
-            oidx.close_untrimmed()
-            raise
-        self.oidx, self.tidx = oidx, tidx
-        self._reset_policy(interval)
-        active_segments().add(self)
-
-    def suspend(self) -> None:
-        """Give back the descriptors and maps of an active segment that has not been written
-        to for a while (the process's budget, ``log.files.ActiveSegments``, asks): writers
-        flushed and closed untrimmed, ``.log`` descriptor closed. It stays the active segment;
-        reads go through the descriptor cache, and the next write wakes it (``activate``)."""
-        if self.oidx is None:
-            return
-        try:
-            self.oidx.flush()
-            self.tidx.flush()
-        except OSError as e:  # the index is rebuilt from the log on recovery if it matters
-            log.warning("flushing the index of %s before suspending it: %s", self.log_path, e)
-        self._release_writers()
-        if self.fd is not None:
-            fd, self.fd = self.fd, None
-            self.files.close(fd)
-
-    def _release_writers(self) -> None:
-        if self.oidx is not None:
-            oidx, tidx, self.oidx, self.tidx = self.oidx, self.tidx, None, None
-            try:
-                oidx.close_untrimmed()
-            finally:
-                tidx.close_untrimmed()
-
-    def _reset_policy(self, interval: int) -> None:
-        """Index policy state from the last entries plus a short scan of the tail."""
-        osrc, ocount = self.offset_source()
-        last = ix.offset_floor(osrc, ocount, 1 << 33) if ocount else None
-        tlast = ix.last_time_entry(*self.time_source())
-        pos = last[1] if last else 0
-        max_ts = tlast[0] if tlast else MIN_TS
-        h = self.header_at(pos)
-        while h is not None:
-            max_ts = max(max_ts, h.max_timestamp)
-            pos += h.size
-            h = self.header_at(pos)
-        self.policy = IndexPolicy(interval, self.size - (last[1] if last else 0), max_ts,
-                                  tlast[0] if tlast else MIN_TS)
-        self.max_timestamp = max(max_ts, -1)
-
-    def add_batch_entries(self, position: int, rel: int, size: int, max_ts: int) -> None:
-        due = self.policy.before_batch(position, rel)
-        if due is not None:
-            self.oidx.append(*due[0])
-            if due[1] is not None:
-                self.tidx.append(*due[1])
-        self.policy.after_batch(size, max_ts)
-        if max_ts > self.max_timestamp:
-            self.max_timestamp = max_ts
-
-    def index_room(self, entries: int) -> bool:
-        return self.oidx.count + entries < self.oidx.capacity and self.tidx.count + entries < self.tidx.capacity
-
-    def reserve_index(self, entries: int) -> None:
-        """Allocate room for ``entries`` more entries in both indexes (OSError if no disk)."""
-        self.oidx.reserve(entries)
-        self.tidx.reserve(entries)
-
-    def seal(self, next_offset: int) -> None:
-        """The segment stops being active: final time entry, trim both index files."""
-        active_segments().remove(self)
-        if self.oidx is None:
-            return
-        final = self.policy.final_time_entry(next_offset - self.base_offset)
-        if final is not None and self.tidx.count < self.tidx.capacity:
-            self.tidx.append(*final)
-        odata = self.oidx.trim_and_close()
-        tdata = self.tidx.trim_and_close()
-        self.oidx = self.tidx = None
-        fd, self.fd = self.fd, None  # closed from now on: reads go through the descriptor cache
-        self.files.close(fd)
-        self._closed_sources[self.index_path] = (ix.BufferSource(odata), len(odata) // ix.OFFSET_ENTRY.size)
-        self._closed_sources[self.timeindex_path] = (ix.BufferSource(tdata), len(tdata) // ix.TIME_ENTRY.size)
-
-    def truncate(self, new_size: int, next_offset: int, interval: int) -> None:
-        """Cut the log at ``new_size`` (a batch boundary) and drop index entries past it."""
-        self.files.ftruncate(self.fd, new_size)
-        self.files.fsync(self.fd)
-        self.size = new_size
-        osrc, _ = self.offset_source()
-        tsrc, _ = self.time_source()
-        ocount = ix.count_offset_entries(osrc, new_size)
-        tcount = ix.count_time_entries(tsrc, next_offset - self.base_offset)
-        self.oidx.truncate_entries(ocount)
-        self.tidx.truncate_entries(tcount)
-        self._reset_policy(interval)
-
-    def write_indexes(self, offset_entries: list, time_entries: list, capacity: int) -> None:
-        """Replace both index files with the given entries (after a rebuild)."""
-        if self.oidx is not None:
-            self.oidx.truncate_entries(0)
-            self.tidx.truncate_entries(0)
-            self.reserve_index(min(max(len(offset_entries), len(time_entries)), capacity - 1) + 1)
-            for e in offset_entries[:capacity - 1]:
-                self.oidx.append(*e)
-            for e in time_entries[:capacity - 1]:
-                self.tidx.append(*e)
-            return
-        odata = b"".join(ix.OFFSET_ENTRY.pack(*e) for e in offset_entries)
-        tdata = b"".join(ix.TIME_ENTRY.pack(*e) for e in time_entries)
-        self.files.write_file_atomically(self.index_path, odata)
-        self.files.write_file_atomically(self.timeindex_path, tdata)
-        self._descriptors.forget(self.index_path, self.timeindex_path)  # the old files' descriptors
-        self._closed_sources[self.index_path] = (ix.BufferSource(odata), len(offset_entries))
-        self._closed_sources[self.timeindex_path] = (ix.BufferSource(tdata), len(time_entries))
-
-    def flush(self) -> None:
-        with self.log_fd() as fd:
-            self.files.fsync(fd)
-        if self.oidx is not None:
-            self.oidx.flush()
-            self.tidx.flush()
-
-    def close(self, trim: bool = True) -> None:
-        try:
-            if self.oidx is not None:
-                if trim:
-                    self.oidx.trim_and_close()
-                    self.tidx.trim_and_close()
-                else:
-                    self.oidx.close_untrimmed()
-                    self.tidx.close_untrimmed()
-        finally:
-            active_segments().remove(self)
-            self.oidx = self.tidx = None
-            self.closed = True
-            self._descriptors.forget(*self.all_paths)
-            if self.fd is not None:
-                fd, self.fd = self.fd, None
-                self.files.close(fd)
-
-    @property
-    def all_paths(self) -> tuple[str, str, str]:
-        return self.log_path, self.index_path, self.timeindex_path
-
-
-def read_file(files: FileLayer, path: str) -> bytes:
-    """The whole file, or b'' if it does not exist."""
-    try:
-        fd = files.open(path, os.O_RDONLY)
-    except FileNotFoundError:
-        return b""
-    try:
-        return files.pread(fd, files.fstat_size(fd), 0)
-    finally:
-        files.close(fd)
 
 
 class Log:
@@ -454,19 +207,19 @@ class Log:
         just run ``validate_batches`` on these exact bytes (e.g. a request handler, so the CRC
         cost is spread over the handler pool). A bad CRC that slips in would later look like
         a torn tail to recovery, which would cut the log there.
+
+        One path: the checks and offsets of the input, then the shared ``_commit``. The
+        common case (exactly one sound batch, native or Kafka's magic 2, in a read-only
+        buffer: bytes, a ZeroMQ frame, any buffer but a bytearray or a writable memoryview,
+        which ``_patched`` patches in place; a leader's append with CreateTime; no failed
+        write to repair) is recognized by the guard below and goes straight to the commit;
+        anything else -- several batches, a writable buffer, a follower, LogAppendTime, any
+        failed check -- leaves the guard having changed nothing, and ``_append_general``
+        redoes the checks and raises the precise error. The guard's native test is
+        ``check_header`` + ``validate_batches`` on locals (tests/log check that it never
+        accepts what those refuse); a Kafka batch takes ``check_header`` itself.
         """
-        # The common case in a few Python steps (``_append_general`` is the reference):
-        # exactly one sound batch in a read-only buffer (bytes, a ZeroMQ frame) appended by
-        # the leader to the active segment, CreateTime, no failed write to repair, no roll.
-        # ("Read-only" as ``_patched`` means it: any buffer but a bytearray or a writable
-        # memoryview, which are patched in place; a zmq.Frame is never written into.)
-        # Anything else -- several batches, a bytearray, a follower, LogAppendTime,
-        # any failed check -- leaves here before anything changed, and the general path
-        # redoes the work and raises the precise error. The combined test below is
-        # ``validate_batches`` + ``check_header`` + the size limits (tests/log check that it
-        # never accepts what those refuse); the write, rollback, index rule and flush policy
-        # are the general path's own code.
-        if assign_offsets and not self._closed and self._dirty_tail is None:
+        if assign_offsets and self._dirty_tail is None and not self._closed:
             mv = memoryview(batch)
             cfg = self.config
             n = mv.nbytes
@@ -474,57 +227,31 @@ class Log:
                     mv.readonly or not isinstance(batch, (bytearray, memoryview)))))
                     and HEADER_SIZE <= n <= cfg.max_message_bytes and n <= cfg.segment_bytes
                     and cfg.message_timestamp_type == "CreateTime"):
-                (base0, blen, magic, crc, attributes, delta, max_ts, pid, pepoch, seq,
-                 count) = _APPEND_VIEW.unpack_from(mv)
-                if (blen + LOG_OVERHEAD == n and magic == MAGIC and count >= 1 and delta >= count - 1
-                        and base0 >= 0 and not attributes & ~KNOWN_ATTRIBUTE_BITS
-                        and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
-                        and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
-                    if pid >= 0:  # an idempotent producer's batch: its sequence decides
-                        if attributes & (CONTROL_BIT | TRANSACTIONAL_BIT):  # the general path tracks transactions
-                            return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
-                        last_seq = last_sequence(seq, delta)
-                        dup = self.producers.check(pid, pepoch, seq, last_seq)
+                base0, blen, magic, crc, attributes, delta, _, pid, _, _, count = _APPEND_VIEW.unpack_from(mv)
+                h = None
+                if blen + LOG_OVERHEAD != n:
+                    pass
+                elif magic == MAGIC:
+                    if (count >= 1 and delta >= count - 1 and base0 >= 0 and not attributes & ~KNOWN_ATTRIBUTE_BITS
+                            and attributes & COMPRESSION_MASK <= COMPRESSION_LZ4
+                            and (crc_checked or zlib.crc32(mv[CRC_START:]) == crc)):
+                        h = _make_header(HEADER.unpack_from(mv))
+                elif magic == kafka_batch.MAGIC and (crc_checked or kafka_batch.crc_of(mv, 0, n) == crc):
+                    h = _make_header(HEADER.unpack_from(mv))
+                    try:
+                        check_header(h)  # Kafka's rules for magic 2
+                    except CorruptRecordError:
+                        h = None
+                if h is not None:
+                    now = self._now()
+                    base = self._log_end_offset
+                    if pid >= 0 or attributes & TRANSACTIONAL_BIT:
+                        dup = self._check_producers((h,))
                         if dup is not None:
                             return self._duplicate(dup)
-                    now = self._now()
-                    seg = self._segments[-1]
-                    if seg.oidx is None:  # suspended by the process's active-segment budget
-                        self._wake(seg)
-                    seg.used = True
-                    base = self._log_end_offset
-                    last = base + delta
-                    position = seg.size
-                    oidx, tidx = seg.oidx, seg.tidx
-                    if not (position and position + n <= cfg.segment_bytes
-                            and now - seg.created_ms < cfg.segment_ms
-                            and oidx.count + 2 < oidx.capacity and tidx.count + 2 < tidx.capacity
-                            and oidx.count + 2 <= oidx.allocated and tidx.count + 2 <= tidx.allocated
-                            and last - seg.base_offset <= MAX_RELATIVE_OFFSET):
-                        seg = self._segment_for(n, 1, base, last, now)  # the general rule (may roll)
-                        self._reserve_index(seg, 2)
-                        position = seg.size
                     # the 16 bytes an append rewrites, packed anew; the rest from the caller's buffer
                     parts = (_PATCHED_HEAD.pack(base, blen, leader_epoch), mv[PATCHED_PREFIX:])
-                    try:
-                        written = self._files.pwritev(seg.fd, parts, position)
-                        if written != n:  # a short write: finish it (or fail) in the loop
-                            self._files.write_all(seg.fd, memoryview(b"".join(parts))[written:],
-                                                  position + written)
-                    except OSError as e:
-                        self._undo_write(seg, position, e)  # cuts the file back, raises
-                    seg.add_batch_entries(position, base - seg.base_offset, n, max_ts)
-                    seg.size = position + n
-                    self._log_end_offset = last + 1
-                    if pid >= 0:
-                        self.producers.update(pid, pepoch, seq, last_seq, base, last, max_ts)
-                    if leader_epoch > self.leader_epochs._latest:  # the first append of an epoch
-                        self._update_epochs(self.leader_epochs.assign, leader_epoch, base)
-                    self._unflushed += count
-                    if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
-                        self.flush()
-                    return _append_info((base, last, now, self._log_start_offset, position,
-                                         seg.base_offset, n, False))
+                    return self._commit((h,), (base,), base + delta, count, parts, n, now, leader_epoch, True)
         return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
 
     def _append_general(self, batch, leader_epoch: int, assign_offsets: bool,
@@ -546,14 +273,46 @@ class Log:
         parts = self._patched(batch, headers, bases, leader_epoch, now) if assign_offsets else [batch]
         if self._dirty_tail is not None:
             self._repair_tail()
-        seg = self._segment_for(size, len(headers), bases[0], last, now)
-        self._reserve_index(seg, len(headers) + 1)
+        return self._commit(headers, bases, last, records, parts, size, now, leader_epoch, assign_offsets)
+
+    def _commit(self, headers, bases, last: int, records: int, parts, size: int, now: int,
+                leader_epoch: int, assign_offsets: bool) -> AppendInfo:
+        """The shared step of every append, once its batches are checked and their offsets
+        assigned (``bases``; ``parts``: the bytes to write, patched): the segment (rolled if
+        needed), the write (undone on failure), index entries, log end, producer state,
+        leader epochs, flush policy."""
+        cfg = self.config
+        seg = self._segments[-1]
+        oidx, tidx = seg.oidx, seg.tidx
+        entries = len(headers) + 1  # index room: an entry per batch, one to seal the segment
+        if (oidx is not None and seg.size and seg.size + size <= cfg.segment_bytes
+                and now - seg.created_ms < cfg.segment_ms
+                and oidx.count + entries < oidx.capacity and tidx.count + entries < tidx.capacity
+                and oidx.count + entries <= oidx.allocated and tidx.count + entries <= tidx.allocated
+                and last - seg.base_offset <= MAX_RELATIVE_OFFSET):
+            seg.used = True  # the common case: room in the active segment, its time, its indexes
+        else:
+            seg = self._segment_for(size, len(headers), bases[0], last, now)  # wakes, rolls
+            self._reserve_index(seg, entries)
         position = seg.size
-        self._write(seg, parts, size, position)
-        self._index(seg, headers, bases, position, now)
+        try:
+            written = self._files.pwritev(seg.fd, parts, position)
+            if written != size:  # a short write: finish it (or fail) in the loop
+                self._files.write_all(seg.fd, memoryview(b"".join(parts))[written:], position + written)
+        except OSError as e:
+            self._undo_write(seg, position, e)  # cuts the file back, raises
         seg.size = position + size
         self._log_end_offset = last + 1
-        self._update_producers(headers, bases)
+        # per batch: its index entries (LogAppendTime: stamped ``now``), then its producer's
+        # state (a marker reads its batch back: after the size above)
+        stamp = now if cfg.log_append_time else None
+        at, rel0 = position, seg.base_offset
+        for h, base in zip(headers, bases):
+            n = h.batch_length + LOG_OVERHEAD
+            seg.add_batch_entries(at, base - rel0, n, h.max_timestamp if stamp is None else stamp)
+            at += n
+            if h.producer_id >= 0:
+                self._track_batch(h, base)
         epochs = self.leader_epochs
         if assign_offsets:
             if leader_epoch > epochs._latest:
@@ -565,7 +324,7 @@ class Log:
         self._unflushed += records
         if self._unflushed >= cfg.flush_messages or now - self._last_flush_ms >= cfg.flush_ms:
             self.flush()
-        return AppendInfo(bases[0], last, now, self._log_start_offset, position, seg.base_offset, size)
+        return _append_info((bases[0], last, now, self._log_start_offset, position, seg.base_offset, size, False))
 
     def _check_producers(self, headers) -> object:
         """The producer-state checks of a leader's append (``ProducerStateManager.check``),
@@ -598,13 +357,9 @@ class Log:
             pending[pid] = (h.producer_epoch, last_seq)
         return None
 
-    def _update_producers(self, headers, bases) -> None:
-        """Record the appended batches of idempotent producers (leader, follower alike), and
-        the transactions they open and their markers close."""
-        for h, base in zip(headers, bases):
-            self._track_batch(h, base)
-
     def _track_batch(self, h, base: int) -> None:
+        """Record a batch appended at ``base`` (leader, follower, replay alike): an idempotent
+        producer's sequence, the transaction it opens, or the one its marker closes."""
         pid = h.producer_id
         if pid < 0:
             return
@@ -724,16 +479,6 @@ class Log:
             pos = end
         return parts
 
-    def _write(self, seg: LogSegment, parts: list, size: int, position: int) -> None:
-        """Write all of ``parts`` at ``position`` or, on failure, cut the file back and raise."""
-        try:
-            written = self._files.pwritev(seg.fd, parts, position)
-            if written != size:  # a short write: finish it (or fail) in the loop
-                rest = memoryview(b"".join(parts))[written:]
-                self._files.write_all(seg.fd, rest, position + written)
-        except OSError as e:
-            self._undo_write(seg, position, e)
-
     def _reserve_index(self, seg: LogSegment, entries: int) -> None:
         """Index room for an append's entries (+1 for the entry that seals the segment),
         allocated before the batch is written: a full disk fails here, with nothing written."""
@@ -760,15 +505,6 @@ class Log:
             except OSError as e:
                 raise _storage(f"truncating the failed write in {seg.log_path}", e) from None
             self._dirty_tail = None
-
-    def _index(self, seg: LogSegment, headers, bases: list, position: int, now: int) -> None:
-        """Add the index entries due for the batches just written at ``position``."""
-        append_time = self.config.log_append_time
-        for h, base in zip(headers, bases):
-            size = h.batch_length + 12
-            seg.add_batch_entries(position, base - seg.base_offset, size,
-                                  now if append_time else h.max_timestamp)
-            position += size
 
     def _update_epochs(self, change, *args) -> None:
         """Apply a change to the epoch cache. A failed write of its file is logged, not
@@ -823,7 +559,7 @@ class Log:
         except OSError as e:
             raise _storage(f"rolling a segment at {base_offset}", e) from None
         if old.size == 0:
-            self._delete_now(self._segments.pop())
+            self._segments.pop().delete()
             self._bases.pop()
         else:
             old.seal(self._log_end_offset)
@@ -834,26 +570,8 @@ class Log:
         return new
 
     def _create_segment(self, base_offset: int, now: int) -> LogSegment:
-        path = segment_paths(self.dir, base_offset)[0]
-        fd = self._files.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        seg = LogSegment(self._files, self.dir, base_offset, fd, 0, now)
-        for p in seg.all_paths[1:]:
-            if self._files.exists(p):
-                self._files.unlink(p)
-        try:
-            seg.activate(self.config.max_index_entries, self.config.index_interval_bytes)
-        except BaseException:
-            seg.close(trim=False)
-            raise
-        return seg
-
-    def _delete_now(self, seg: LogSegment) -> None:
-        seg.close(trim=False)
-        for p in seg.all_paths:
-            try:
-                self._files.unlink(p)
-            except FileNotFoundError:
-                pass
+        return create_segment(self._files, self.dir, base_offset, now, self.config.max_index_entries,
+                              self.config.index_interval_bytes)
 
     # ------------------------------------------------------------------ read
     def read(self, offset: int, max_bytes: int, upper_bound: int | None = None) -> ReadResult:
@@ -909,24 +627,12 @@ class Log:
     def checkpoint(self) -> None:
         """Write log start offset, recovery point and high watermark atomically (and the
         leader-epoch cache's file, if a write of it failed earlier)."""
-        text = (f"{CHECKPOINT_VERSION}\nlog_start_offset {self._log_start_offset}\n"
-                f"recovery_point {self._recovery_point}\nhigh_watermark {self._high_watermark}\n")
+        data = Checkpoint(self._log_start_offset, self._recovery_point, self._high_watermark).encode()
         try:
-            self._files.write_file_atomically(os.path.join(self.dir, CHECKPOINT), text.encode())
+            self._files.write_file_atomically(os.path.join(self.dir, CHECKPOINT), data)
         except OSError as e:
             raise _storage("checkpoint", e) from None
         self.leader_epochs.flush()
-
-    def _read_checkpoint(self) -> Checkpoint | None:
-        try:
-            lines = read_file(self._files, os.path.join(self.dir, CHECKPOINT)).decode().split("\n")
-            if lines[0] != str(CHECKPOINT_VERSION):
-                return None
-            values = dict(line.split(" ") for line in lines[1:4])
-            return Checkpoint(int(values["log_start_offset"]), int(values["recovery_point"]),
-                              int(values["high_watermark"]))
-        except (ValueError, KeyError, IndexError, UnicodeDecodeError):
-            return None
 
     # ------------------------------------------------------------------ truncation, deletion
     def truncate_to(self, offset: int) -> None:
@@ -962,7 +668,7 @@ class Log:
     def _truncate_within(self, offset: int) -> None:
         i = bisect.bisect_right(self._bases, offset) - 1
         while len(self._segments) > i + 1:
-            self._delete_now(self._segments.pop())
+            self._segments.pop().delete()
             self._bases.pop()
         seg = self._segments[-1]
         hit = seg.locate(offset) if seg.size else None
@@ -1000,10 +706,14 @@ class Log:
         new = self._create_segment_replacing(offset, now)
         for seg in self._segments:
             if seg is not new:
-                self._delete_now(seg)
+                seg.delete()
         self._segments, self._bases = [new], [offset]
         self._unflushed_segments.clear()
         self._log_start_offset = self._log_end_offset = offset
+        self._forget_all_but(offset)
+
+    def _forget_all_but(self, offset: int) -> None:
+        """The log restarted empty at ``offset``: no epochs, producers or aborted transactions."""
         self._update_epochs(self.leader_epochs.clear)
         self.producers.clear()
         self.producers.delete_snapshots(above=-1)
@@ -1014,7 +724,7 @@ class Log:
             if seg.base_offset == offset:
                 self._segments.pop(i)
                 self._bases.pop(i)
-                self._delete_now(seg)
+                seg.delete()
                 break
         return self._create_segment(offset, now)
 
@@ -1233,12 +943,29 @@ class Log:
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> RecoveryReport:
-        from odradek.log.loader import load_log  # the loader is long; it lives in its own module
+        """Open the directory (``log.loader``) and adopt what it found."""
         try:
-            return load_log(self)
+            loaded = load_log(self.dir, self.config, self._files, self._now)
         except OSError as e:
             self.abandon()
             raise _storage(f"loading {self.dir}", e) from None
+        self._adopt(loaded)
+        if loaded.restarted_at is not None:
+            try:
+                self._forget_all_but(loaded.restarted_at)
+            except OSError as e:
+                self.abandon()
+                raise _storage(f"loading {self.dir}", e) from None
+        return loaded.report
+
+    def _adopt(self, loaded: LoadedLog) -> None:
+        """Take the state the loader returned: the one place it enters the log."""
+        self._segments = loaded.segments
+        self._bases = [s.base_offset for s in loaded.segments]
+        self._log_start_offset = loaded.log_start_offset
+        self._log_end_offset = loaded.log_end_offset
+        self._recovery_point = loaded.recovery_point
+        self._high_watermark = loaded.high_watermark
 
     def __repr__(self) -> str:
         return (f"Log({self.dir!r}, start={self._log_start_offset}, end={self._log_end_offset}, "

@@ -7,8 +7,8 @@ strictly increasing. It stops at the first bad batch and says why; the caller tr
 file there (the longest valid prefix) and deletes later segments. It never raises on bad
 data, only on I/O errors.
 
-``IndexPolicy`` is the one rule deciding when an index entry is due, shared by the append
-path and by rebuilds, so a rebuilt index equals the one appends would have written.
+The scan adds index entries by ``log.index.IndexPolicy``, the rule the append path follows,
+so a rebuilt index equals the one appends would have written.
 """
 from __future__ import annotations
 
@@ -17,51 +17,12 @@ import zlib
 from dataclasses import dataclass, field
 
 from odradek.log import kafka_batch
+from odradek.log.index import IndexPolicy
 from odradek.log.records import CRC_START, HEADER_SIZE, BatchHeader, CorruptRecordError, check_header
 
 log = logging.getLogger("odradek.log")
 
 SCAN_CHUNK = 8 << 20
-MIN_TS = -(1 << 63)
-
-
-class IndexPolicy:
-    """When to add index entries: one per ``interval`` bytes, never at position 0.
-
-    ``before_batch`` returns the ``(offset entry, time entry or None)`` due before a batch
-    at ``position`` with relative base offset ``rel``; ``after_batch`` accounts for it.
-    """
-
-    __slots__ = ("interval", "bytes_since", "max_ts", "last_time_ts")
-
-    def __init__(self, interval: int, bytes_since: int = 0, max_ts: int = MIN_TS,
-                 last_time_ts: int = MIN_TS):
-        self.interval = interval
-        self.bytes_since = bytes_since
-        self.max_ts = max_ts
-        self.last_time_ts = last_time_ts
-
-    def before_batch(self, position: int, rel: int):
-        if position == 0 or self.bytes_since < self.interval:
-            return None
-        self.bytes_since = 0
-        time_entry = None
-        if self.max_ts > self.last_time_ts:
-            time_entry = (self.max_ts, rel)
-            self.last_time_ts = self.max_ts
-        return (rel, position), time_entry
-
-    def after_batch(self, size: int, max_ts: int) -> None:
-        self.bytes_since += size
-        if max_ts > self.max_ts:
-            self.max_ts = max_ts
-
-    def final_time_entry(self, next_rel: int):
-        """The entry sealing a segment: its max timestamp up to ``next_rel``."""
-        if next_rel > 0 and self.max_ts > self.last_time_ts:
-            self.last_time_ts = self.max_ts
-            return (self.max_ts, next_rel)
-        return None
 
 
 @dataclass

@@ -23,6 +23,12 @@ SEGMENT_RE = re.compile(r"(\d{20})\.(log|index|timeindex)((?:\.[a-z]+)?)")  # al
 LOG_SUFFIX = ".log"
 INDEX_SUFFIX = ".index"
 TIMEINDEX_SUFFIX = ".timeindex"
+# other names in a partition directory (docs/FORMAT.md)
+CLEAN_SHUTDOWN = ".clean_shutdown"  # written by a clean close, removed by the next open
+DELETED_SUFFIX = ".deleted"  # a segment file retention renamed; unlinked after file.delete.delay.ms
+CLEANED_SUFFIX = ".cleaned"  # the compactor's output before its swap
+SWAP_SUFFIX = ".swap"  # a compacted file ready to replace the original
+TMP_SUFFIX = ".tmp"  # an atomic write in progress
 
 
 def segment_name(base_offset: int) -> str:

@@ -9,15 +9,18 @@ from __future__ import annotations
 import os
 import random
 import struct
+import zlib
 
 import pytest
 import zmq
 
 from odradek.log.config import LogConfig
+from odradek.log import kafka_batch
 from odradek.log.errors import OdradekError
 from odradek.log.log import Log
-from odradek.log.records import (HEADER, MAGIC, BatchHeader, check_header, encode_batch,
-                         validate_batches)
+from odradek.log.producer_state import InvalidTxnStateError
+from odradek.log.records import (HEADER, MAGIC, TRANSACTIONAL_BIT, BatchHeader, Record, check_header,
+                                 encode_batch, validate_batches)
 from tests.log.support import Clock
 
 
@@ -156,4 +159,58 @@ def test_read_only_buffers_take_the_fast_path_and_are_not_modified(tmp_path, mon
     assert (h.base_offset, h.partition_leader_epoch) == (2, 3) and stored[16:] == data[16:]
     lg.append(bytearray(data))  # writable: patched in place by the general path
     assert len(general) == 1
+    lg.abandon()
+
+
+def _kafka_batch(rnd: random.Random, now: int, count: int, **kw) -> bytes:
+    records = [Record(i, now - rnd.randrange(0, 5000), b"k", os.urandom(rnd.randrange(1, 900)), [])
+               for i in range(count)]
+    return kafka_batch.encode(records, base_offset=0, first_timestamp=min(r.timestamp for r in records),
+                              max_timestamp=max(r.timestamp for r in records), **kw)
+
+
+@pytest.mark.parametrize("crc_checked", [False, True])
+def test_kafka_batches_give_the_same_results_and_files_as_the_general_path(tmp_path, crc_checked):
+    cfg = LogConfig(segment_bytes=8192, index_interval_bytes=300, segment_index_bytes=600,
+                    max_message_bytes=3000)
+    clock = Clock()
+    fast = Log(str(tmp_path / "fast-0"), cfg, now_ms=clock)
+    ref = GeneralOnly(str(tmp_path / "ref-0"), cfg, now_ms=clock)
+    rnd = random.Random(11)
+    tried = accepted = 0
+    for n in range(40):
+        good = _kafka_batch(rnd, clock.now, rnd.randrange(1, 4))
+        for candidate in _mutations(rnd, good) if n < 4 else [good]:
+            a = _outcome(fast, candidate, crc_checked=crc_checked, leader_epoch=n)
+            b = _outcome(ref, candidate, crc_checked=crc_checked, leader_epoch=n)
+            assert a == b, candidate[:61]
+            tried += 1
+            accepted += not isinstance(a, tuple) or len(a) != 2
+        clock.advance(rnd.randrange(0, 3))
+    assert accepted > 40 and tried > accepted
+    assert len(fast.segments) > 3
+    fast.close()
+    ref.close()
+    assert _files_of(fast) == _files_of(ref)
+
+
+@pytest.mark.parametrize("magic", ["native", "kafka"])
+def test_a_transactional_batch_without_a_producer_id_is_refused_whatever_the_buffer(tmp_path, magic):
+    """Seen accepted by the one-batch path before the append path was made one (a read-only
+    native batch with the transactional bit and producer id -1 was written)."""
+    lg = Log(str(tmp_path / "t-0"), LogConfig())
+    if magic == "kafka":
+        data = _kafka_batch(random.Random(1), 1000, 2, attributes=TRANSACTIONAL_BIT)
+    else:
+        raw = bytearray(encode_batch([(b"k", b"v")] * 2, None))
+        fields = list(HEADER.unpack_from(raw))
+        fields[5] |= TRANSACTIONAL_BIT
+        HEADER.pack_into(raw, 0, *fields)
+        struct.pack_into(">I", raw, 17, zlib.crc32(raw[21:]))
+        data = bytes(raw)
+    assert BatchHeader.read(data).producer_id == -1
+    for buf in (data, bytearray(data), zmq.Frame(data)):
+        with pytest.raises(InvalidTxnStateError):
+            lg.append(buf)
+    assert lg.log_end_offset == 0 and lg.size == 0
     lg.abandon()

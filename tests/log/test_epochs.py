@@ -13,7 +13,7 @@ from odradek.log.epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
 from odradek.log.errors import InvalidRecordError
 from odradek.log.log import Log
 from odradek.log.records import BatchHeader
-from tests.log.support import Clock, FaultyFiles, batch, log_batches
+from tests.log.support import Clock, batch, log_batches
 
 
 def cache_with(tmp_path, *entries) -> LeaderEpochCache:
@@ -112,7 +112,7 @@ def test_truncate_from_start_moves_the_covering_entry_up_and_drops_earlier_ones(
 
 
 def test_the_cache_is_written_as_kafkas_text_checkpoint_and_read_back(tmp_path):
-    cache = cache_with(tmp_path, (1, 0), (3, 10))
+    cache_with(tmp_path, (1, 0), (3, 10))
     assert checkpoint_text(tmp_path) == "0\n2\n1 0\n3 10\n"
     again = LeaderEpochCache(str(tmp_path))
     assert again.entries == [(1, 0), (3, 10)] and again.latest_epoch == 3

@@ -7,7 +7,7 @@ import shutil
 import tempfile
 
 from hypothesis import HealthCheck, settings, strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from odradek.log.cleaner import clean
 from odradek.log.config import LogConfig
