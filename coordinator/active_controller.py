@@ -58,6 +58,12 @@ class ActiveController:
         self.states: dict[tuple[str, int], PartitionState] = {}
         self.metadata_counter = 0
         self.shutting_down: set[int] = set()  # brokers in a controlled shutdown: never elected
+        # what a live broker did not acknowledge (no answer within the channel's deadline: a
+        # network partition, a paused broker) and is sent again, coalesced: Kafka's controller
+        # retries a request to a live broker until it is delivered, else a broker the
+        # partition cut off never learns it leads a partition (nobody serves it)
+        self.unsent_leader_and_isr: dict[int, set] = {}
+        self.unsent_metadata: set[int] = set()
         self.reassignments = Reassignments(self, zk, outbox)
 
     def offline_partitions(self) -> int:
@@ -322,6 +328,7 @@ class ActiveController:
         def answered(resp, why) -> None:
             if why:
                 log.warning("LEADER_AND_ISR to broker %d: %s", broker, why)
+                self._send_again(broker, tps)
             if failed is not None:
                 if why:
                     failed.extend((t, p, broker, int(ErrorCode.REQUEST_TIMED_OUT)) for t, p in tps)
@@ -353,13 +360,45 @@ class ActiveController:
         """UPDATE_METADATA to every live broker; ``done`` once each answered (or failed)."""
         body = self._metadata_body()
 
-        def send(finished, broker) -> None:
-            def answered(_resp, why) -> None:
-                if why:
-                    log.warning("UPDATE_METADATA to broker %d: %s", broker, why)
-                finished()
-            self.channel.send(broker, ApiKey.UPDATE_METADATA, body, answered, timeout=SEND_TIMEOUT)
-        all_then([lambda d, b=b: send(d, b) for b in list(self.live)], done or (lambda: None))
+        all_then([lambda d, b=b: self._update_metadata_of(b, body, d) for b in list(self.live)], done or (lambda: None))
+
+    def _update_metadata_of(self, broker: int, body: dict, finished: Callable[[], None] = lambda: None) -> None:
+        def answered(_resp, why) -> None:
+            if why:
+                log.warning("UPDATE_METADATA to broker %d: %s", broker, why)
+                self._send_again(broker, None)
+            finished()
+        self.channel.send(broker, ApiKey.UPDATE_METADATA, body, answered, timeout=SEND_TIMEOUT)
+
+    def _send_again(self, broker: int, tps: list | None) -> None:
+        """A LEADER_AND_ISR for ``tps`` (or, with None, an UPDATE_METADATA) that ``broker`` did
+        not answer: while it stays live and this is the controller, it is sent again with the
+        partitions' *current* state (one request at a time per broker: failures meanwhile
+        join it). The channel itself retries until its deadline, so a broker that stays
+        unreachable gets one attempt per deadline."""
+        if not self.active or broker not in self.live:
+            return
+        first = broker not in self.unsent_leader_and_isr and broker not in self.unsent_metadata
+        if tps is None:
+            self.unsent_metadata.add(broker)
+        else:
+            self.unsent_leader_and_isr.setdefault(broker, set()).update(tps)
+        if first:
+            self.outbox.post(lambda: self._resend(broker))
+
+    def _resend(self, broker: int) -> None:
+        tps = self.unsent_leader_and_isr.pop(broker, set())
+        metadata = broker in self.unsent_metadata
+        self.unsent_metadata.discard(broker)
+        if not self.active or broker not in self.live:
+            return
+        tps = sorted(tp for tp in tps if tp in self.states and broker in self.replicas(tp))
+        log.info("sending broker %d again what it did not acknowledge: %s%s", broker,
+                 f"LEADER_AND_ISR for {len(tps)} partition(s)" if tps else "",
+                 (" and " if tps and metadata else "") + ("UPDATE_METADATA" if metadata else ""))
+        self.send_leader_and_isr(broker, tps)
+        if metadata:
+            self._update_metadata_of(broker, self._metadata_body())
 
     # ---- announcing -----------------------------------------------------------------------------
     def announce(self, tps: list, stops: dict[int, list], done: Callable[[], None], failed: list | None = None) -> None:
