@@ -216,7 +216,7 @@ class TxnCoordinator(Actor):
         self.markers_received_remote = 0
         self._adopt(self.call(CONTROLLER, "get_metadata", timeout=30.0).fields, starting=True)
         interval = int(config.get("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10000)) / 1000
-        self.call_every(interval, self._expire)
+        self.call_every(interval, self._abort_timed_out)
         if self.cluster_mode:
             self.call_every(METADATA_REFRESH, self._refresh_metadata)
 
@@ -984,7 +984,7 @@ class TxnCoordinator(Actor):
             # durable; if this record is lost, a restart finds PREPARE and writes them again
             self._persist(t, lambda: None, lambda _exc: None)
 
-    def _expire(self) -> None:
+    def _abort_timed_out(self) -> None:
         for t in self.txns.expire(_now_ms()):
             self.aborted_by_timeout += 1
             log.info("transaction %r open past its timeout (%d ms): aborted, producer %d fenced", t.txn_id,
