@@ -99,7 +99,8 @@ import msgpack
 from odradek.log import records as fmt
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection, wait_any
+from odradek.network.connection import wait_any
+from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection
 from odradek.errors import error_for
 from odradek.group import TRANSACTION_KEY, Coordinator
 from odradek.types import RecordMetadata
