@@ -304,6 +304,7 @@ class Producer:
             self._cluster, lambda rows, base_ts, max_ts: encode_rows(rows, base_ts, max_ts, compression),
             linger=self.linger, batch_size=batch_size, buffer_memory=buffer_memory, max_block=self.max_block,
             delivery_timeout=self.delivery_timeout)
+        self._append = self._acc.append  # bound once: send() calls it per record
         # topic -> (the TopicMetadata the partitions were computed from, {key: partition}): the
         # keyed fast path's memo of murmur2, valid while that metadata object is current (a
         # refresh replaces it, so a partition count change is seen at once), KEY_MEMO keys each
@@ -330,7 +331,7 @@ class Producer:
         is open; everything else is checked, given its partition and then appended the same way."""
         if partition is None and headers is None and timestamp_ms is None and value.__class__ is bytes:
             if key is None:
-                handle = self._acc.append(topic, None, value, None, (), None, len(value) + RECORD_OVERHEAD)
+                handle = self._append(topic, None, value, None, (), None, len(value) + RECORD_OVERHEAD)
                 if handle is not None:
                     return handle
             elif key.__class__ is bytes:
@@ -338,8 +339,8 @@ class Producer:
                 if memo is not None and memo[0] is self._cluster.topics.get(topic):
                     known = memo[1].get(key)
                     if known is not None:
-                        handle = self._acc.append(topic, known, value, key, (),
-                                                  None, len(value) + len(key) + RECORD_OVERHEAD)
+                        handle = self._append(topic, known, value, key, (), None,
+                                              len(value) + len(key) + RECORD_OVERHEAD)
                         if handle is not None:
                             return handle
         if self._txn is not None:
@@ -355,7 +356,7 @@ class Producer:
         elif key is not None:
             partition = self._partition_of_key(topic, key, count)
         size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD
-        return self._acc.append(topic, partition, value, key, headers, timestamp_ms, size, count)
+        return self._append(topic, partition, value, key, headers, timestamp_ms, size, count)
 
     def _partition_of_key(self, topic: str, key: bytes, count: int) -> int:
         """``partition_for_key``, remembered for the fast path in ``send`` (see ``_key_memo``)."""
