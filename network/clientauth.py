@@ -1,7 +1,7 @@
 """The bundled client's side of a secure listener: TLS and SASL on a freshly connected socket.
 
-Runs in the client's process (network/client.py BrokerConnection, odradek/cluster.py
-Connection, so Producer, Consumer, Admin and the command line). Options carry
+Runs in the client's process (network/connection.py Connection, under network/client.py
+BrokerConnection and odradek/cluster.py, so Producer, Consumer, Admin and the command line). Options carry
 kafka-python's names: ``security_protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL),
 ``sasl_mechanism`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), ``sasl_plain_username``,
 ``sasl_plain_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``,

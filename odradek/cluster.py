@@ -1,14 +1,11 @@
-"""Client plumbing: a pipelined non-blocking broker connection and the metadata cache.
+"""Client plumbing: the bundled clients' broker connections and the metadata cache.
 
 Runs in the client's process. Nothing here starts a thread.
 
-- ``Connection``: one TCP socket to one broker, **owned by one thread** (the producer's
-  sender thread, the consumer's caller, ...). Requests are written without waiting; each
-  may carry a callback that ``poll()``/``read()`` calls with ``(response, error)`` when the
-  answer arrives. It exposes ``fileno()`` so its owner can wait on several connections and
-  a wake-up pipe at once with one ``select.poll``. Written on ``network.codec`` (the framing
-  shared with the broker); ``network.client.BrokerConnection`` is the blocking
-  one-request-at-a-time sibling, which cannot hand back responses without a blocking wait.
+- ``Connection``: ``network.connection.Connection`` (the one pipelined connection class:
+  one socket to one broker, owned by one thread, answers to callbacks, ``wait_any`` over
+  several) whose errors are ``odradek.errors`` classes (``error_for``), so a caller can catch
+  ``NetworkExceptionError`` and the like.
 - ``Cluster``: brokers and topic metadata (partitions, leaders), refreshed on demand with a
   METADATA request. **Thread-safe**: ``refresh`` and ``request`` serialize on a lock and use
   a private connection; the snapshot attributes (``brokers``, ``topics``) are replaced whole,
@@ -21,274 +18,25 @@ closes the connection the same way (as Kafka does). A top-level error body becom
 """
 from __future__ import annotations
 
-import collections
-import itertools
-import select
-import socket
 import threading
 import time
-from typing import Any, Callable, NamedTuple, Optional, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from odradek.network import codec
 from odradek.network.clientauth import ClientSecurity
+from odradek.network.connection import Connection as _Connection, parse_bootstrap
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.errors import error_for
 from odradek.types import BrokerMetadata, PartitionMetadata
 
-RECV_SIZE = 1 << 20
-Callback = Callable[[Optional[codec.Frame], Optional[OdradekError]], None]
+class Connection(_Connection):
+    """``network.connection.Connection`` raising the ``odradek.errors`` class of each code."""
 
-
-def parse_bootstrap(servers) -> list[tuple[str, int]]:
-    """``"host:port,host:port"`` or a list of such -> ``[(host, port), ...]``."""
-    items = servers.split(",") if isinstance(servers, str) else list(servers)
-    out = []
-    for item in items:
-        item = item.strip()
-        if "://" in item:
-            item = item.split("://", 1)[1]
-        if not item:
-            continue
-        host, sep, port = item.rpartition(":")
-        if not sep or not port.isdigit():
-            raise ValueError(f"bootstrap server {item!r} is not host:port")
-        out.append((host.strip("[]") or "127.0.0.1", int(port)))
-    if not out:
-        raise ValueError("no bootstrap servers given (expected 'host:port[,host:port...]')")
-    return out
-
-
-class Connection:
-    """A pipelined connection to one broker. Not thread-safe: one owner thread."""
-
-    def __init__(self, host: str, port: int, client_id: str = "odradek-client",
-                 request_timeout_ms: int = 30000, connect_timeout_ms: int = 10000,
-                 max_response_bytes: int = 1 << 31, security: ClientSecurity | None = None):
-        self.host, self.port = host, int(port)
-        self.security = security  # TLS/SASL: network/clientauth.py
-        self.client_id = client_id
-        self.request_timeout = request_timeout_ms / 1000
-        self.connect_timeout = connect_timeout_ms / 1000
-        self.max_response_bytes = max_response_bytes
-        self.sock: socket.socket | None = None
-        self._decoder: codec.Decoder | None = None
-        self._corr = itertools.count(1)
-        self._pending: dict[int, tuple[Callback, float]] = {}  # corr -> (callback, sent_at); in order
-        self._out: collections.deque = collections.deque()  # buffers not yet written
-        self._on_written: collections.deque = collections.deque()  # (bytes_total_at_end, callback)
-        self._queued_total = 0
-        self._written_total = 0
-
-    def __repr__(self) -> str:
-        return f"Connection({self.host}:{self.port}, in_flight={len(self._pending)})"
-
-    # ---- state ----------------------------------------------------------------------------
-    @property
-    def connected(self) -> bool:
-        return self.sock is not None
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._pending)
-
-    @property
-    def wants_write(self) -> bool:
-        return bool(self._out)
-
-    def fileno(self) -> int:
-        return self.sock.fileno() if self.sock is not None else -1
-
-    def connect(self, timeout: float | None = None) -> None:
-        """Connect (blocking, one attempt); raises NETWORK_EXCEPTION if the broker is down."""
-        if self.sock is not None:
-            return
-        try:
-            sock = socket.create_connection((self.host, self.port),
-                                            timeout=self.connect_timeout if timeout is None else timeout)
-        except OSError as exc:
-            raise error_for(ErrorCode.NETWORK_EXCEPTION, f"cannot connect to {self.host}:{self.port}: {exc}") from None
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        if self.security is not None:
-            sock = self.security.secure(sock, self.host, self.connect_timeout if timeout is None else timeout)
-        sock.setblocking(False)
-        self.sock = sock
-        self._decoder = codec.Decoder(self.max_response_bytes, codec.RESPONSE_FIELDS)
-
-    def close(self, why: str = "connection closed by the client") -> None:
-        """Drop the socket; every request in flight fails with NETWORK_EXCEPTION."""
-        if self.sock is not None:
-            try:
-                self.sock.close()
-            except OSError:
-                pass
-            self.sock = None
-        pending, self._pending = self._pending, {}
-        self._out.clear()
-        written, self._on_written = self._on_written, collections.deque()
-        self._queued_total = self._written_total = 0
-        err = f"connection to {self.host}:{self.port} lost before the response arrived ({why})"
-        for callback, _ in pending.values():
-            callback(None, error_for(ErrorCode.NETWORK_EXCEPTION, err))
-        for _, callback in written:
-            callback(None, error_for(ErrorCode.NETWORK_EXCEPTION, err))
-
-    # ---- writing ----------------------------------------------------------------------------
-    def send(self, api: int, body: dict, frames: Sequence[Any] = (), callback: Callback | None = None,
-             expect_response: bool = True) -> int:
-        """Queue a request and write what the socket takes now. ``callback(frame, error)`` runs
-        when the response arrives, or, with ``expect_response=False`` (acks=0), once the
-        request's last byte is handed to the kernel. Connects on demand."""
-        if self.sock is None:
-            self.connect()
-        corr = next(self._corr)
-        bufs = codec.encode_request(api, 0, corr, self.client_id, body, frames)
-        for b in bufs:
-            self._out.append(b)
-            self._queued_total += len(b) if not isinstance(b, memoryview) else b.nbytes
-        if expect_response:
-            self._pending[corr] = (callback or _ignore, time.monotonic())
-        elif callback is not None:
-            self._on_written.append((self._queued_total, callback))
-        self.flush()
-        return corr
-
-    def flush(self) -> None:
-        """Write as much of the queued bytes as the socket accepts without blocking."""
-        out = self._out
-        while out and self.sock is not None:
-            try:
-                sent = self.sock.sendmsg(list(itertools.islice(out, 64)))
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                self.close(f"write failed: {exc}")
-                return
-            self._written_total += sent
-            while sent:
-                head = out[0]
-                n = len(head) if not isinstance(head, memoryview) else head.nbytes
-                if sent >= n:
-                    out.popleft()
-                    sent -= n
-                else:
-                    out[0] = memoryview(head)[sent:]
-                    sent = 0
-        while self._on_written and self._on_written[0][0] <= self._written_total:
-            self._on_written.popleft()[1](None, None)
-
-    # ---- reading ----------------------------------------------------------------------------
-    def read(self) -> int:
-        """Read what has arrived (non-blocking) and run the callbacks of complete responses;
-        returns how many responses completed."""
-        if self.sock is None:
-            return 0
-        done = 0
-        while True:
-            try:
-                data = self.sock.recv(RECV_SIZE)
-            except (BlockingIOError, InterruptedError):
-                return done
-            except OSError as exc:
-                self.close(f"read failed: {exc}")
-                return done
-            if not data:
-                self.close("closed by the broker")
-                return done
-            self._decoder.feed(data)
-            try:
-                while (frame := self._decoder.next()) is not None:
-                    entry = self._pending.pop(frame.header["corr"], None)
-                    if entry is not None:
-                        done += 1
-                        _complete(entry[0], frame)
-            except codec.FrameError as exc:
-                self.close(f"undecodable response: {exc.message}")
-                return done
-            if len(data) < RECV_SIZE:
-                return done
-
-    def check_timeouts(self, now: float) -> None:
-        """Close the connection if its oldest request has waited past the request timeout."""
-        if self._pending:
-            oldest = next(iter(self._pending.values()))[1]
-            if now - oldest > self.request_timeout:
-                self.close(f"no response within {self.request_timeout:g}s (request.timeout.ms)")
-
-    def poll(self, timeout: float) -> int:
-        """Wait up to ``timeout`` seconds for this connection alone, then read."""
-        if self.sock is None:
-            return 0
-        poller = select.poll()
-        poller.register(self.sock, select.POLLIN | (select.POLLOUT if self._out else 0))
-        events = poller.poll(max(0, int(timeout * 1000 + 0.999)))
-        if events and events[0][1] & select.POLLOUT:
-            self.flush()
-        done = self.read() if events else 0
-        self.check_timeouts(time.monotonic())
-        return done
-
-    # ---- blocking convenience ---------------------------------------------------------------
-    def request(self, api: int, body: dict, frames: Sequence[Any] = (), timeout: float | None = None) -> codec.Frame:
-        """Send one request and wait for its answer (raising the broker's error, if any)."""
-        result: list = []
-        self.send(api, body, frames, lambda frame, err: result.append((frame, err)))
-        deadline = time.monotonic() + (self.request_timeout if timeout is None else timeout)
-        while not result:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self.close("request timed out")
-                raise error_for(ErrorCode.REQUEST_TIMED_OUT, f"no response from {self.host}:{self.port} "
-                                f"to {ApiKey(api).name} within {timeout or self.request_timeout:g}s")
-            self.poll(min(left, 1.0))
-        frame, err = result[0]
-        if err is not None:
-            raise err
-        return frame
-
-
-def _ignore(frame, err) -> None:
-    pass
-
-
-def _complete(callback: Callback, frame: codec.Frame) -> None:
-    body = frame.header["body"]
-    code = body.get("error_code") if isinstance(body, dict) else None
-    if code:
-        callback(frame, error_for(code, body.get("error_message")))
-    else:
-        callback(frame, None)
-
-
-def wait_any(conns, timeout: float, wake_fd: int | None = None) -> bool:
-    """Wait on several connections (and a wake-up pipe) at once; flush the writable, read
-    the readable, enforce request timeouts. Returns True if the wake pipe fired."""
-    poller = select.poll()
-    by_fd = {}
-    for c in conns:
-        if c.sock is not None:
-            fd = c.sock.fileno()
-            by_fd[fd] = c
-            poller.register(fd, select.POLLIN | (select.POLLOUT if c._out else 0))
-    if wake_fd is not None:
-        poller.register(wake_fd, select.POLLIN)
-    woke = False
-    try:
-        events = poller.poll(max(0, int(timeout * 1000 + 0.999)))
-    except InterruptedError:
-        events = []
-    for fd, ev in events:
-        if fd == wake_fd:
-            woke = True
-            continue
-        c = by_fd[fd]
-        if ev & select.POLLOUT:
-            c.flush()
-        if ev & (select.POLLIN | select.POLLERR | select.POLLHUP):
-            c.read()
-    now = time.monotonic()
-    for c in by_fd.values():
-        c.check_timeouts(now)
-    return woke
+    def __init__(self, host: str, port: int, client_id: str = "odradek-client", request_timeout_ms: int = 30000,
+                 connect_timeout_ms: int = 10000, max_response_bytes: int = 1 << 31,
+                 security: ClientSecurity | None = None):
+        super().__init__(host, port, client_id, request_timeout_ms, connect_timeout_ms, max_response_bytes,
+                         security, error_for)
 
 
 class TopicMetadata(NamedTuple):

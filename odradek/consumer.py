@@ -57,7 +57,8 @@ from odradek.log import kafka_batch
 from odradek.log import records as fmt
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import STALE_METADATA, Cluster, Connection, wait_any
+from odradek.network.connection import wait_any
+from odradek.cluster import STALE_METADATA, Cluster, Connection
 from odradek.errors import error_for
 from odradek.types import Record, TopicPartition
 

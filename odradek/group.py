@@ -36,7 +36,8 @@ import time
 from typing import Callable, Iterable, Optional
 
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import NETWORK_ERRORS, Connection, wait_any
+from odradek.network.connection import wait_any
+from odradek.cluster import NETWORK_ERRORS, Connection
 from odradek.errors import error_for
 from odradek.types import TopicPartition
 

@@ -2,9 +2,11 @@
 
 Threads: the caller's (``send``, ``flush``, ``close``; any number of caller threads may
 share one producer) and one **sender thread** started by the constructor, which owns
-every broker connection. They share the open and closed batches under one lock
-(``_lock``); whichever thread closes a batch encodes it, and the sender thread alone writes
-requests, reads answers and resolves futures.
+every broker connection. Between them the record accumulator (``odradek/accumulator.py``,
+Kafka's RecordAccumulator) holds the open and closed batches under its lock; whichever
+thread closes a batch encodes it, and the sender thread (``_Sender``, handed the
+accumulator, the metadata and its settings) alone writes requests, reads answers and
+resolves futures.
 
     with Producer("127.0.0.1:9092", acks=1, linger_ms=5) as p:
         handle = p.send("orders", b"value", key=b"customer-42")
@@ -85,8 +87,6 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import os
-import random
 import struct
 import threading
 import time
@@ -96,17 +96,16 @@ from typing import Optional
 import lz4.block
 import msgpack
 
+from odradek.accumulator import Batch, FutureRecordMetadata, RecordAccumulator
 from odradek.log import records as fmt
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection, wait_any
+from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection
 from odradek.errors import error_for
 from odradek.group import TRANSACTION_KEY, Coordinator
-from odradek.types import RecordMetadata
 
 log = logging.getLogger("odradek.producer")
 
-SPACE_RECHECK = 0.01  # seconds between checks of a caller blocked on buffer_memory
 IDLE_WAIT = 1.0  # seconds the sender sleeps with nothing to do (any change wakes it)
 RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack row framing)
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -119,7 +118,6 @@ MAX_EPOCH = 32767
 SEQUENCE_RESETS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID,
                    ErrorCode.INVALID_PRODUCER_ID_MAPPING)
 _crc32 = zlib.crc32
-_now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 
 LEADER_ERRORS = STALE_METADATA  # retried after a metadata refresh (the leader may have moved)
 KEY_MEMO = 65536  # keys per topic whose partition the producer remembers (then it starts over)
@@ -243,102 +241,6 @@ _FRAMING: dict = {}  # value length -> framing strings by position (at most 64 l
 _BIN_HEADER = _BinHeaders()
 
 
-class _Batch:
-    """Records of one partition sent together; one Future for all of them."""
-
-    __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "stamps",
-                 "future", "data", "count", "attempts", "retry_at", "deadline", "stamp", "unwritten")
-
-    def __init__(self, topic: str, partition: int, now: float, delivery_timeout: float):
-        self.topic = topic
-        self.partition = partition
-        self.rows: list = []
-        self.size = 0
-        self.created = now
-        self.base_ts = _now_ms()
-        self.stamps: dict | None = None  # index -> explicit timestamp (rare)
-        self.future: concurrent.futures.Future = concurrent.futures.Future()
-        self.data: bytes | None = None
-        self.count = 0
-        self.attempts = 0
-        self.retry_at = 0.0
-        self.deadline = now + delivery_timeout
-        self.stamp: tuple | None = None  # idempotence: (producer id, epoch, base sequence) once sent
-        self.unwritten = False  # idempotence: its last attempt was refused for its sequence, nothing written
-
-    def max_timestamp(self) -> int:
-        """The largest record timestamp (the broker's time index uses it)."""
-        stamps = self.stamps
-        if not stamps:
-            return self.base_ts
-        top = max(stamps.values())
-        return top if len(stamps) == self.count else max(top, self.base_ts)
-
-    def timestamp(self, index: int) -> int:
-        if self.stamps and index in self.stamps:
-            return self.stamps[index]
-        return self.base_ts
-
-
-class FutureRecordMetadata:
-    """The handle ``send`` returns: the ``concurrent.futures.Future`` interface for one record,
-    over its batch's future. ``result()`` gives ``RecordMetadata``. Thread-safe."""
-
-    __slots__ = ("_batch", "_index")  # set by _handle(); no __init__: it would double send()'s cost
-
-    def _metadata(self, value) -> RecordMetadata:
-        base, append_time = value
-        b = self._batch
-        ts = append_time if append_time is not None and append_time >= 0 else b.timestamp(self._index)
-        return RecordMetadata(b.topic, b.partition, base + self._index if base >= 0 else -1, ts)
-
-    def result(self, timeout: float | None = None) -> RecordMetadata:
-        """Wait for the acknowledgement; raises the broker's error, or ``TimeoutError``."""
-        return self._metadata(self._batch.future.result(timeout))
-
-    get = result  # kafka-python's name
-
-    def exception(self, timeout: float | None = None) -> BaseException | None:
-        return self._batch.future.exception(timeout)
-
-    def done(self) -> bool:
-        return self._batch.future.done()
-
-    def cancelled(self) -> bool:
-        return False
-
-    def cancel(self) -> bool:
-        """Records cannot be taken back once sent to the producer: always False."""
-        return False
-
-    def running(self) -> bool:
-        return not self._batch.future.done()
-
-    def add_done_callback(self, fn) -> None:
-        """``fn(handle)`` once the record is acknowledged or failed (on the sender thread, or
-        at once if already done); like ``Future.add_done_callback``."""
-        self._batch.future.add_done_callback(lambda _f: fn(self))
-
-    @property
-    def topic(self) -> str:
-        return self._batch.topic
-
-    @property
-    def partition(self) -> int:
-        return self._batch.partition
-
-    def __repr__(self) -> str:
-        state = "done" if self.done() else "pending"
-        return f"<FutureRecordMetadata {self.topic}-{self.partition}#{self._index} {state}>"
-
-
-def _handle(batch: _Batch, index: int) -> FutureRecordMetadata:
-    h = FutureRecordMetadata()
-    h._batch = batch
-    h._index = index
-    return h
-
-
 class Producer:
     """Sends records to topics. See the module docstring for threads, batching, partitioning."""
 
@@ -396,80 +298,55 @@ class Producer:
         # the same connection) a little before we would give up on the connection.
         self.ack_timeout_ms = max(request_timeout_ms // 2, request_timeout_ms - ACK_TIMEOUT_MARGIN_MS)
 
-        self._lock = threading.Lock()
-        self._space = threading.Condition(self._lock)  # buffer_memory back-pressure
-        self._sticky: dict[str, _Batch] = {}  # topic -> open batch of its sticky partition
-        self._open: dict[tuple, _Batch] = {}  # (topic, partition) -> open batch
-        self._last_sticky: dict[str, int] = {}  # topic -> its previous sticky partition
+        # The batches between send() and the sender thread (odradek/accumulator.py)
+        compression = self.compression
+        self._acc = RecordAccumulator(
+            self._cluster, lambda rows, base_ts, max_ts: encode_rows(rows, base_ts, max_ts, compression),
+            linger=self.linger, batch_size=batch_size, buffer_memory=buffer_memory, max_block=self.max_block,
+            delivery_timeout=self.delivery_timeout)
+        self._append = self._acc.append  # bound once: send() calls it per record
         # topic -> (the TopicMetadata the partitions were computed from, {key: partition}): the
         # keyed fast path's memo of murmur2, valid while that metadata object is current (a
         # refresh replaces it, so a partition count change is seen at once), KEY_MEMO keys each
         self._key_memo: dict[str, tuple] = {}
-        self._ready: collections.deque = collections.deque()  # closed and encoded, for the sender
-        self._incomplete: set = set()  # batches whose future is not done (the sender discards)
-        self._queued = 0  # bytes closed into batches (callers, under the lock)
-        self._freed = 0  # bytes of resolved batches (the sender alone writes it: no lock)
-        self._space_waiters = 0  # callers blocked on buffer_memory
-        self._closed = False
-        self._sender_sleeping = False
-        self._sender_wake_at = float("inf")  # when the sleeping sender wakes anyway; inf while awake
-        self._sender_awaits_answer = False  # it sleeps with requests in flight
-        self._changes = 0  # bumped by every _wake_sender call
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        self._sender = _Sender(self)
+        self._sender = _Sender(self._acc, self._cluster, acks=self.acks, ack_timeout_ms=self.ack_timeout_ms,
+                               idempotent=self.idempotent, retries=retries, retry_backoff=self.retry_backoff,
+                               max_in_flight=max_in_flight,
+                               max_in_flight_per_partition=self.max_in_flight_per_partition,
+                               max_request_size=max_request_size, request_timeout_ms=request_timeout_ms,
+                               client_id=client_id)
         self._txn = None if transactional_id is None else _Transactions(self, transactional_id, transaction_timeout_ms)
+        self._sender.txn = self._txn
         self._thread = threading.Thread(target=self._sender.run, name=f"odradek-sender-{client_id}", daemon=True)
         self._thread.start()
 
     # ---- the hot path ---------------------------------------------------------------------------
     def send(self, topic: str, value: Optional[bytes], key: Optional[bytes] = None, partition: Optional[int] = None,
              headers=None, timestamp_ms: Optional[int] = None) -> FutureRecordMetadata:
-        """Queue one record; returns a future of its ``RecordMetadata``."""
-        if key is None and partition is None and headers is None and timestamp_ms is None \
-                and value.__class__ is bytes:
-            with self._lock:
-                batch = self._sticky.get(topic)
-                if batch is not None:
-                    rows = batch.rows
-                    index = len(rows)
-                    rows.append(value)
-                    batch.size += len(value) + RECORD_OVERHEAD
-                    if batch.size >= self.batch_size:
-                        self._close_batch(batch)
-            if batch is not None:
-                handle = FutureRecordMetadata()  # _handle() inlined: a call costs as much as the rest
-                handle._batch = batch
-                handle._index = index
-                return handle
-        elif key.__class__ is bytes and partition is None and headers is None and timestamp_ms is None \
-                and value.__class__ is bytes:
-            memo = self._key_memo.get(topic)
-            if memo is not None and memo[0] is self._cluster.topics.get(topic):
-                partition = memo[1].get(key)
-                if partition is not None:
-                    with self._lock:
-                        batch = self._open.get((topic, partition))
-                        if batch is not None:
-                            rows = batch.rows
-                            index = len(rows)
-                            rows.append((index, 0, key, value, ()))
-                            batch.size += len(value) + len(key) + RECORD_OVERHEAD
-                            if batch.size >= self.batch_size:
-                                self._close_batch(batch)
-                    if batch is not None:
-                        handle = FutureRecordMetadata()
-                        handle._batch = batch
-                        handle._index = index
-                        return handle
-        return self._send_general(topic, value, key, partition, headers, timestamp_ms)
+        """Queue one record; returns a future of its ``RecordMetadata``.
 
-    def _send_general(self, topic, value, key, partition, headers, timestamp_ms) -> FutureRecordMetadata:
-        """Every case the fast path does not take: validation, partition choice, new batches."""
+        One path: a record of bytes with neither partition, headers nor timestamp whose
+        partition is known without a look at the metadata (keyless: the topic's sticky batch;
+        keyed: a key seen before, ``_key_memo``) goes straight to the accumulator if its batch
+        is open; everything else is checked, given its partition and then appended the same way."""
+        if partition is None and headers is None and timestamp_ms is None and value.__class__ is bytes:
+            if key is None:
+                handle = self._append(topic, None, value, None, (), None, len(value) + RECORD_OVERHEAD)
+                if handle is not None:
+                    return handle
+            elif key.__class__ is bytes:
+                memo = self._key_memo.get(topic)
+                if memo is not None and memo[0] is self._cluster.topics.get(topic):
+                    known = memo[1].get(key)
+                    if known is not None:
+                        handle = self._append(topic, known, value, key, (), None,
+                                              len(value) + len(key) + RECORD_OVERHEAD)
+                        if handle is not None:
+                            return handle
         if self._txn is not None:
             self._txn.check_sendable()
         value, key, headers = _check_record(value, key, headers, timestamp_ms)
-        if self._closed:
+        if self._acc.closed:
             raise RuntimeError("send() on a closed producer")
         count = self._partition_count(topic)
         if partition is not None:
@@ -479,32 +356,7 @@ class Producer:
         elif key is not None:
             partition = self._partition_of_key(topic, key, count)
         size = len(value or b"") + len(key or b"") + RECORD_OVERHEAD
-        with self._lock:
-            if partition is None:
-                batch = self._sticky.get(topic)
-                if batch is None:
-                    batch = self._sticky[topic] = self._new_sticky_batch(topic, count)
-            else:
-                batch = self._open.get((topic, partition))
-                if batch is None:
-                    batch = self._new_batch(topic, partition)
-            rows = batch.rows
-            index = len(rows)
-            if timestamp_ms is None:
-                delta = 0
-            else:
-                delta = timestamp_ms - batch.base_ts
-                if batch.stamps is None:
-                    batch.stamps = {}
-                batch.stamps[index] = timestamp_ms
-            if key is None and delta == 0 and not headers and value.__class__ is bytes and timestamp_ms is None:
-                rows.append(value)  # a plain record: packed by pack_rows' fast path
-            else:
-                rows.append((index, delta, key, value, headers))
-            batch.size += size
-            if batch.size >= self.batch_size:
-                self._close_batch(batch)
-        return _handle(batch, index)
+        return self._append(topic, partition, value, key, headers, timestamp_ms, size, count)
 
     def _partition_of_key(self, topic: str, key: bytes, count: int) -> int:
         """``partition_for_key``, remembered for the fast path in ``send`` (see ``_key_memo``)."""
@@ -518,96 +370,6 @@ class Producer:
         return partition
 
     # ---- batches (all under _lock) -------------------------------------------------------------
-    def _new_sticky_batch(self, topic: str, count: int) -> _Batch:
-        """A batch on a random partition that has a leader, avoiding the last sticky one."""
-        parts = self._cluster.partitions(topic) or ()
-        live = [p.partition for p in parts if p.leader >= 0] or list(range(count))
-        previous = self._last_sticky.get(topic)
-        if len(live) > 1 and previous in live:
-            live.remove(previous)
-        partition = self._last_sticky[topic] = random.choice(live)
-        batch = self._open.get((topic, partition))
-        return batch if batch is not None else self._new_batch(topic, partition)
-
-    def _new_batch(self, topic: str, partition: int) -> _Batch:
-        deadline = time.monotonic() + self.max_block
-        while self._queued - self._freed >= self.buffer_memory and not self._closed:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise error_for(ErrorCode.REQUEST_TIMED_OUT,
-                                f"buffer_memory ({self.buffer_memory} bytes) stayed full for "
-                                f"max_block_ms: the brokers are not keeping up, or are unreachable")
-            self._space_waiters += 1
-            self._space.wait(min(left, SPACE_RECHECK))  # the sender notifies without the lock: recheck
-            self._space_waiters -= 1
-        now = time.monotonic()
-        batch = _Batch(topic, partition, now, self.delivery_timeout)
-        self._open[(topic, partition)] = batch
-        self._incomplete.add(batch)
-        if now + self.linger < self._sender_wake_at:  # else the sender wakes in time anyway
-            self._wake_sender()
-        return batch
-
-    def _close_batch(self, batch: _Batch) -> None:
-        """Take a batch out of the open ones and encode it, here: in the thread that closes it
-        (the caller that filled it, the sender for a lingering one, ``flush``), lock held.
-        So batches are queued in order, and the sender thread is left with I/O alone: it
-        would otherwise need the GIL back from a busy caller for every batch it encodes."""
-        del self._open[(batch.topic, batch.partition)]
-        if self._sticky.get(batch.topic) is batch:
-            del self._sticky[batch.topic]
-        self._queued += batch.size
-        rows = batch.rows
-        batch.count = len(rows)
-        batch.rows = None
-        try:
-            batch.data = encode_rows(rows, batch.base_ts, batch.max_timestamp(), self.compression)
-        except Exception as exc:  # a bug, not bad input (send() checked it): fail these records only
-            batch.future.set_exception(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot encode a batch: {exc!r}"))
-            self._incomplete.discard(batch)
-            self._queued -= batch.size
-            return
-        self._ready.append(batch)
-        self._wake_sender(unless_answer_due=True)
-
-    def _close_lingering(self, now: float, force: bool) -> float | None:
-        """Close open batches older than linger (all if ``force``); returns the earliest
-        remaining linger deadline. Called by the sender and by flush, with the lock held."""
-        earliest = None
-        for batch in list(self._open.values()):
-            due = batch.created + self.linger
-            if force or due <= now:
-                self._close_batch(batch)
-            elif earliest is None or due < earliest:
-                earliest = due
-        return earliest
-
-    def _wake_sender(self, unless_answer_due: bool = False) -> None:
-        """Tell the sender something changed (a batch opened or closed). Called with the lock
-        held. The counter closes the gap between the sender's last look and its sleep: it
-        does not sleep if the counter moved since it computed its deadline.
-
-        ``unless_answer_due``: a sender sleeping on requests in flight wakes at their answer
-        and sends what is ready then; not waking it early saves a GIL round trip per batch
-        under load (the waker loses the GIL to the woken thread for up to 5 ms)."""
-        self._changes += 1
-        if self._sender_sleeping and not (unless_answer_due and self._sender_awaits_answer):
-            self._sender_sleeping = False
-            try:
-                os.write(self._wake_w, b"x")
-            except (BlockingIOError, OSError):
-                pass
-
-    def _batch_done(self, batch: _Batch) -> None:
-        """The sender resolved a batch: free its bytes. Lock-free (set.discard is atomic and
-        only the sender writes ``_freed``); the lock is taken only to wake a blocked caller."""
-        self._incomplete.discard(batch)
-        self._freed += batch.size
-        if self._space_waiters:
-            with self._lock:
-                self._space.notify_all()
-
-    # ---- metadata -------------------------------------------------------------------------------
     def _partition_count(self, topic: str) -> int:
         parts = self._cluster.partitions(topic)
         if parts:
@@ -636,9 +398,7 @@ class Producer:
     def flush(self, timeout: float | None = None) -> None:
         """Send everything queued so far (ignoring linger) and wait until each record is
         acknowledged or failed. Raises ``TimeoutError`` if that takes longer than ``timeout``."""
-        with self._lock:
-            self._close_lingering(time.monotonic(), force=True)
-            pending = [b.future for b in self._incomplete]
+        pending = self._acc.flush_futures()
         done, not_done = concurrent.futures.wait(pending, timeout)
         if not_done:
             raise TimeoutError(f"flush: {len(not_done)} batches still unacknowledged after {timeout}s")
@@ -646,22 +406,18 @@ class Producer:
     def close(self, timeout: float | None = None) -> None:
         """Flush, then stop the sender thread. Records still unsent after ``timeout`` seconds
         fail with REQUEST_TIMED_OUT. Idempotent."""
-        if self._closed:
+        if self._acc.closed:
             return
         deadline = None if timeout is None else time.monotonic() + timeout
         try:
             self.flush(timeout)
         except TimeoutError:
             pass
-        with self._lock:
-            self._closed = True
-            self._space.notify_all()
-            self._wake_sender()
+        self._acc.close()
         self._sender.stop(deadline)
-        os.write(self._wake_w, b"x")
+        self._acc.wake()
         self._thread.join()
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        self._acc.release()
         self._cluster.close()
 
     def __enter__(self) -> "Producer":
@@ -706,8 +462,8 @@ class Producer:
     def metrics(self) -> dict:
         s = self._sender
         return {"requests": s.requests, "batches": s.batches, "retries": s.retried,
-                "buffered_bytes": self._queued - self._freed, "producer_id": s.producer_id,
-                "producer_epoch": s.epoch, "sequence_resets": s.resets}
+                "buffered_bytes": self._acc.buffered, "producer_id": s.idem.producer_id,
+                "producer_epoch": s.idem.epoch, "sequence_resets": s.idem.resets}
 
 
 def _check_record(value, key, headers, timestamp_ms):
@@ -837,7 +593,7 @@ class _Transactions:
 
     def _ids(self) -> dict:
         s = self.p._sender
-        return {"transactional_id": self.txn_id, "producer_id": s.producer_id, "producer_epoch": s.epoch}
+        return {"transactional_id": self.txn_id, "producer_id": s.idem.producer_id, "producer_epoch": s.idem.epoch}
 
     def init(self, timeout: float | None) -> None:
         self._raise_if_fatal()
@@ -848,8 +604,8 @@ class _Transactions:
                                                        "producer_id": -1, "producer_epoch": -1},
                              "InitProducerId", timeout)
         s = self.p._sender
-        s.producer_id, s.epoch = body["producer_id"], body["producer_epoch"]  # before any batch: no race
-        s.next_seq.clear()
+        s.idem.producer_id, s.idem.epoch = body["producer_id"], body["producer_epoch"]  # before any batch: no race
+        s.idem.next_seq.clear()
         self.state = "READY"
 
     def begin(self) -> None:
@@ -930,19 +686,13 @@ class _Transactions:
         self.state = "READY"
 
 
-class _Sender:
-    """The sender thread's state and loop: everything here runs on that thread only."""
+class _Idempotence:
+    """The idempotent producer's state, owned by the sender (its thread only): the producer id
+    and epoch, and per partition its next sequence, its window of stamped batches, the
+    (id, epoch) they carry and whether its leader refused its sequence (see the module doc)."""
 
-    def __init__(self, producer: Producer):
-        self.p = producer
-        self.conns: dict[int, Connection] = {}
-        self.retry: list[_Batch] = []  # encoded batches waiting to be sent (again)
-        self.stopping = False
-        self.stop_deadline: float | None = None
-        self.metadata_wanted = False
-        self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches, requests in flight]
-        self.requests = self.batches = self.retried = 0
-        # idempotence: the producer id and epoch in use, each partition's next sequence
+    def __init__(self):
+        # the producer id and epoch in use, each partition's next sequence
         self.producer_id, self.epoch = -1, 0
         self.next_seq: dict[tuple, int] = {}
         # each partition's window: the batches stamped with its id and epoch (``stamp_of``) from
@@ -956,10 +706,125 @@ class _Sender:
         # partition to a bumped epoch only with nothing in flight there)
         self.stamp_of: dict[tuple, tuple] = {}
         # partitions whose leader refused their sequence: nothing new is stamped for them until
-        # they switch to the current epoch (``_switch_settled``)
+        # they switch to the current epoch (``switch_settled``)
         self.broken: set = set()
         self.resets = 0
         self.init_error: OdradekError | None = None  # InitProducerId refused for good
+
+    def stamp(self, b: Batch, transactional: bool) -> None:
+        """Give a batch about to be sent for the first time (or after a reset) the producer id,
+        epoch and its partition's next sequence; the CRC covers them and is redone."""
+        tp = (b.topic, b.partition)
+        window = self.window.get(tp)
+        if window is None:
+            window = self.window[tp] = collections.deque()
+        ident = self.stamp_of.get(tp)
+        current = (self.producer_id, self.epoch)
+        if ident != current and not window:  # nothing in doubt here: the partition takes the current epoch
+            ident = self.stamp_of[tp] = current
+            self.next_seq[tp] = 0
+        pid, epoch = ident
+        seq = self.next_seq.get(tp, 0)
+        self.next_seq[tp] = (seq + b.count) & 0x7FFFFFFF  # Kafka's wrap after 2**31 - 1
+        data = b.data if isinstance(b.data, bytearray) else bytearray(b.data)
+        _STAMP_PACK(data, OFFSET_PRODUCER_ID, pid, epoch, seq)
+        if transactional:
+            data[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT
+        _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
+        b.data = data
+        b.stamp = (pid, epoch, seq)
+        window.append(b)
+
+    def switch_settled(self) -> None:
+        """Move each refused partition to the current epoch once none of its batches is in
+        doubt: a batch whose fate is unknown (answer lost) is first sent again with its own
+        stamp, so the partition answers with the offsets it wrote or writes it once; were it
+        stamped anew, a batch already written would be written a second time. Then the
+        partition's sequence restarts at 0 and its unwritten batches are stamped anew (KIP-360).
+        Other partitions go on meanwhile, each switching when it next has nothing in doubt."""
+        now = time.monotonic()
+        for tp in list(self.broken):
+            window = self.window.get(tp, ())
+            if any(not (b.unwritten or b.future.done()) for b in window):
+                continue
+            for b in window:
+                if not b.future.done():
+                    b.stamp, b.unwritten, b.retry_at = None, False, now
+            self.window.pop(tp, None)
+            self.stamp_of.pop(tp, None)
+            self.broken.discard(tp)
+
+    def waits_for_switch(self, b: Batch) -> bool:
+        """A refused partition sends only its batches in doubt until it switches: new ones and
+        refused ones wait for the new epoch (a batch in doubt behind a refused one is sent
+        anyway: the partition refuses it, or recognises it if it was written)."""
+        return (b.stamp is None or b.unwritten) and (b.topic, b.partition) in self.broken
+
+    def earlier_unresolved(self, b: Batch) -> bool:
+        """Is a batch stamped before ``b`` (same partition, same epoch) still unresolved?"""
+        for x in self.window.get((b.topic, b.partition), ()):
+            if x is b:
+                return False
+            if not x.future.done():
+                return True
+        return False
+
+    def resolved(self, b: Batch) -> None:
+        """A stamped batch is acknowledged or failed: its partition's window moves past the
+        resolved batches at its head."""
+        window = self.window.get((b.topic, b.partition))
+        while window and window[0].future.done():
+            window.popleft()
+
+    def refused(self, b: Batch, code: int, message: str, retry_backoff: float) -> None:
+        """A batch refused for its sequence (``SEQUENCE_RESETS``: nothing was written). If an
+        earlier batch of its partition is still unresolved, that one decides: this one is sent
+        again with the same stamp after it. If none is, the partition's leader no longer follows
+        this producer's sequence (it lost or expired the producer's state, or an earlier batch
+        failed for good): a new epoch is needed (a new id when the epoch is exhausted or the id
+        refused). Sets the batch's ``retry_at``; the sender requeues it."""
+        b.unwritten = True
+        tp = (b.topic, b.partition)
+        if self.earlier_unresolved(b):
+            b.retry_at = time.monotonic() + retry_backoff  # after the earlier one
+        else:
+            if tp not in self.broken:
+                log.info("%s on %s-%d (%s): the partition moves to a new producer epoch once none of its "
+                         "batches is in doubt", ErrorCode.of(code).name, b.topic, b.partition, message)
+                self.broken.add(tp)
+                if b.stamp[:2] == (self.producer_id, self.epoch):  # else the producer has bumped already
+                    self.resets += 1
+                    if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING or self.epoch >= MAX_EPOCH:
+                        self.producer_id, self.epoch = -1, 0  # InitProducerId before the next stamp
+                    else:
+                        self.epoch += 1
+                    log.info("producer epoch bumped to %d (id %d)", self.epoch, self.producer_id)
+            b.retry_at = time.monotonic()
+
+
+class _Sender:
+    """The sender thread's state and loop: everything here runs on that thread only. It takes
+    closed batches from the accumulator (``drain``), sends them to their leaders through the
+    connections it opens from the metadata (``cluster``), and resolves their futures; a
+    transactional producer's ``txn`` (``_Transactions``) is set after construction."""
+
+    def __init__(self, accumulator: RecordAccumulator, cluster: Cluster, *, acks: int, ack_timeout_ms: int,
+                 idempotent: bool, retries: int, retry_backoff: float, max_in_flight: int,
+                 max_in_flight_per_partition: int, max_request_size: int, request_timeout_ms: int, client_id: str):
+        self.acc, self.cluster = accumulator, cluster
+        self.txn: _Transactions | None = None
+        self.acks, self.ack_timeout_ms, self.idempotent = acks, ack_timeout_ms, idempotent
+        self.retries, self.retry_backoff = retries, retry_backoff
+        self.max_in_flight, self.max_in_flight_per_partition = max_in_flight, max_in_flight_per_partition
+        self.max_request_size, self.request_timeout_ms, self.client_id = max_request_size, request_timeout_ms, client_id
+        self.conns: dict[int, Connection] = {}
+        self.retry: list[Batch] = []  # encoded batches waiting to be sent (again)
+        self.stopping = False
+        self.stop_deadline: float | None = None
+        self.metadata_wanted = False
+        self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches, requests in flight]
+        self.requests = self.batches = self.retried = 0
+        self.idem = _Idempotence()  # the idempotent producer's per-partition state
 
     def stop(self, deadline: float | None) -> None:
         """Finish what is queued, giving up at ``deadline`` (monotonic; None: no limit)."""
@@ -967,16 +832,11 @@ class _Sender:
         self.stopping = True
 
     def run(self) -> None:
-        p = self.p
         try:
             while True:
-                with p._lock:
-                    earliest = p._close_lingering(time.monotonic(), force=self.stopping)
-                    seen = p._changes
-                    ready = list(p._ready)
-                    p._ready.clear()
+                earliest, seen, ready = self.acc.drain(time.monotonic(), force=self.stopping)
                 self.retry.extend(ready)
-                cluster = p._cluster
+                cluster = self.cluster
                 if (self.metadata_wanted or cluster.stale()) and not cluster.refresh_due():
                     self._refresh_metadata()
                 self._send_ready()
@@ -997,30 +857,15 @@ class _Sender:
     def _wait(self, earliest: float | None, seen: int) -> None:
         """Sleep until an answer arrives, a linger or retry deadline passes, or a caller
         opens or closes a batch (the wake pipe)."""
-        p = self.p
         now = time.monotonic()
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
-            due = [b.retry_at for b in self.retry if not (self.broken and self._waits_for_switch(b))]
+            due = [b.retry_at for b in self.retry if not (self.idem.broken and self.idem.waits_for_switch(b))]
             if due:
                 timeout = min(timeout, max(0.0, min(due) - now))
         if self.metadata_wanted:
-            timeout = min(timeout, p._cluster.refresh_due(now))
-        p._sender_wake_at = now + timeout
-        conns = list(self.conns.values())
-        p._sender_awaits_answer = any(c.in_flight for c in conns)
-        p._sender_sleeping = True
-        if p._changes != seen or timeout == 0.0:
-            p._sender_sleeping = False
-            timeout = 0.0
-        woke = wait_any(conns, timeout, p._wake_r)
-        p._sender_sleeping = False
-        p._sender_wake_at = float("inf")
-        if woke:
-            try:
-                os.read(p._wake_r, 4096)
-            except BlockingIOError:
-                pass
+            timeout = min(timeout, self.cluster.refresh_due(now))
+        self.acc.sleep(list(self.conns.values()), now, timeout, seen)
 
     # ---- sending ------------------------------------------------------------------------------------
     def _send_ready(self) -> None:
@@ -1033,11 +878,12 @@ class _Sender:
         (its old leader) waits for their answers before anything goes to the new leader."""
         if not self.retry:
             return
-        if self.broken:
-            self._switch_settled()
-        broken = self.broken  # their batches in doubt go (with their own stamp), nothing else
+        idem = self.idem
+        if idem.broken:
+            idem.switch_settled()
+        broken = idem.broken  # their batches in doubt go (with their own stamp), nothing else
         now = time.monotonic()
-        cluster = self.p._cluster
+        cluster = self.cluster
         in_flight = self.in_flight
         pending, self.retry = self.retry, []  # callbacks fired while sending may requeue into self.retry
         waiting, by_node = [], {}
@@ -1049,13 +895,13 @@ class _Sender:
                                             f"delivery_timeout_ms ({batch.attempts} attempts)"))
                 continue
             tp = (batch.topic, batch.partition)
-            if broken and self._waits_for_switch(batch):
+            if broken and idem.waits_for_switch(batch):
                 waiting.append(batch)  # its partition's later batches in doubt may still go
                 continue
             leader = cluster.leader(batch.topic, batch.partition)
             if leader < 0:
                 self.metadata_wanted = True
-                batch.retry_at = max(batch.retry_at, now + self.p.retry_backoff)
+                batch.retry_at = max(batch.retry_at, now + self.retry_backoff)
             if batch.retry_at > now or tp in held:
                 held.add(tp)
                 waiting.append(batch)
@@ -1081,25 +927,25 @@ class _Sender:
         conn = self._conn(node)
         if conn is None:
             for b in batches:
-                b.retry_at = time.monotonic() + self.p.retry_backoff
+                b.retry_at = time.monotonic() + self.retry_backoff
             self.metadata_wanted = True
             return batches
-        idempotent = self.p.idempotent
-        if idempotent and self.producer_id < 0 and self.p._txn is not None:
+        idempotent = self.idempotent
+        if idempotent and self.idem.producer_id < 0 and self.txn is not None:
             for b in batches:  # a transactional producer's id comes from init_transactions() only
-                self._fail(b, self.p._txn.not_ready_error())
+                self._fail(b, self.txn.not_ready_error())
             return []
-        if idempotent and self.producer_id < 0 and not self._init_producer_id():
-            if self.init_error is not None:  # the broker will never give an id: say so now
+        if idempotent and self.idem.producer_id < 0 and not self._init_producer_id():
+            if self.idem.init_error is not None:  # the broker will never give an id: say so now
                 for b in batches:
-                    self._fail(b, self.init_error)
+                    self._fail(b, self.idem.init_error)
                 return []
             for b in batches:
-                b.retry_at = time.monotonic() + self.p.retry_backoff
+                b.retry_at = time.monotonic() + self.retry_backoff
             return batches
-        limit, in_flight = self.p.max_in_flight_per_partition, self.in_flight
-        window = self.window
-        while batches and conn.in_flight < self.p.max_in_flight:
+        limit, in_flight = self.max_in_flight_per_partition, self.in_flight
+        window = self.idem.window
+        while batches and conn.in_flight < self.max_in_flight:
             group, rest, size, held = [], [], 0, set()
             retried: dict = {}  # idempotence: tp -> whether its batches here include a retry
             fresh: dict = {}  # idempotence: tp -> batches here to be stamped (they join its window)
@@ -1107,7 +953,7 @@ class _Sender:
                 tp = (b.topic, b.partition)
                 busy = in_flight.get(tp)
                 if tp in held or (busy is not None and busy[2] >= limit) or \
-                        (group and size + len(b.data) > self.p.max_request_size) or \
+                        (group and size + len(b.data) > self.max_request_size) or \
                         (idempotent and tp in retried and (retried[tp] or b.attempts)) or \
                         (idempotent and b.stamp is None and len(window.get(tp, ())) + fresh.get(tp, 0) >= limit):
                     held.add(tp)  # a retried batch goes alone: the broker knows a retry by its one batch
@@ -1129,17 +975,17 @@ class _Sender:
         conn = self.conns.get(node)
         if conn is not None and conn.connected:
             return conn
-        broker = self.p._cluster.broker(node)
+        broker = self.cluster.broker(node)
         if broker is None:
             return None
         if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
-            conn = self.conns[node] = Connection(broker.host, broker.port, self.p.client_id, self.p.request_timeout_ms,
-                                                       security=self.p._cluster.security)
+            conn = self.conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms,
+                                                       security=self.cluster.security)
         try:
             conn.connect()
         except OdradekError as exc:
             log.info("cannot connect to broker %s: %s", node, exc)
-            self.p._cluster.node_failed((broker.host, broker.port))
+            self.cluster.node_failed((broker.host, broker.port))
             return None
         return conn
 
@@ -1147,20 +993,20 @@ class _Sender:
         """One PRODUCE request: a frame per partition holding its batches concatenated."""
         frames, topics, layout = [], {}, []
         by_tp: dict[tuple, list] = {}
-        txn = self.p._txn
+        txn = self.txn
         if txn is not None:
             group = txn.add_partitions(self, group)  # AddPartitionsToTxn before a partition's first batch
             if not group:
                 return
         for b in group:
             by_tp.setdefault((b.topic, b.partition), []).append(b)
-            if self.p.idempotent and b.stamp is None:
-                self._stamp(b)
+            if self.idempotent and b.stamp is None:
+                self.idem.stamp(b, self.txn is not None)
         for (topic, partition), bs in by_tp.items():
             topics.setdefault(topic, []).append({"index": partition, "frame": len(frames)})
             frames.append(bs[0].data if len(bs) == 1 else b"".join(b.data for b in bs))
             layout.append(((topic, partition), bs))
-        body = {"acks": self.p.acks, "timeout_ms": self.p.ack_timeout_ms,
+        body = {"acks": self.acks, "timeout_ms": self.ack_timeout_ms,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         for b in group:
             b.attempts += 1
@@ -1175,7 +1021,7 @@ class _Sender:
                 busy[2] += 1
         self.requests += 1
         self.batches += len(group)
-        if self.p.acks == 0:
+        if self.acks == 0:
             conn.send(ApiKey.PRODUCE, body, frames, lambda frame, err: self._on_unacked(layout, err),
                       expect_response=False)
         else:
@@ -1185,125 +1031,42 @@ class _Sender:
     def _init_producer_id(self) -> bool:
         """Ask any broker for a producer id (blocking the sender briefly, once per id)."""
         try:
-            frame = self.p._cluster.request(ApiKey.INIT_PRODUCER_ID, {
+            frame = self.cluster.request(ApiKey.INIT_PRODUCER_ID, {
                 "transactional_id": None, "transaction_timeout_ms": 60000, "producer_id": -1, "producer_epoch": -1},
-                timeout=self.p.request_timeout_ms / 1000)
+                timeout=self.request_timeout_ms / 1000)
         except OdradekError as exc:
             code, message = exc.code, exc.message
         else:
             body = frame.header.get("body") or {}
             code, message = body.get("error_code", 0), body.get("error_message") or ""
             if not code:
-                self.producer_id, self.epoch = body["producer_id"], body["producer_epoch"]
-                self.init_error = None
-                log.debug("producer id %d epoch %d", self.producer_id, self.epoch)
+                self.idem.producer_id, self.idem.epoch = body["producer_id"], body["producer_epoch"]
+                self.idem.init_error = None
+                log.debug("producer id %d epoch %d", self.idem.producer_id, self.idem.epoch)
                 return True
         if ErrorCode.of(code).retriable or code in NETWORK_ERRORS:
             log.info("InitProducerId failed (%s: %s); retrying after backoff", ErrorCode.of(code).name, message)
             return False
-        self.init_error = error_for(code, f"the broker refused InitProducerId, which the idempotent producer needs "
+        self.idem.init_error = error_for(code, f"the broker refused InitProducerId, which the idempotent producer needs "
                                           f"({message or ErrorCode.of(code).meaning}); an older broker? "
                                           f"Pass enable_idempotence=False to send without it")
         return False
 
-    def _stamp(self, b: _Batch) -> None:
-        """Give a batch about to be sent for the first time (or after a reset) the producer id,
-        epoch and its partition's next sequence; the CRC covers them and is redone."""
-        tp = (b.topic, b.partition)
-        window = self.window.get(tp)
-        if window is None:
-            window = self.window[tp] = collections.deque()
-        ident = self.stamp_of.get(tp)
-        current = (self.producer_id, self.epoch)
-        if ident != current and not window:  # nothing in doubt here: the partition takes the current epoch
-            ident = self.stamp_of[tp] = current
-            self.next_seq[tp] = 0
-        pid, epoch = ident
-        seq = self.next_seq.get(tp, 0)
-        self.next_seq[tp] = (seq + b.count) & 0x7FFFFFFF  # Kafka's wrap after 2**31 - 1
-        data = b.data if isinstance(b.data, bytearray) else bytearray(b.data)
-        _STAMP_PACK(data, OFFSET_PRODUCER_ID, pid, epoch, seq)
-        if self.p._txn is not None:
-            data[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT
-        _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
-        b.data = data
-        b.stamp = (pid, epoch, seq)
-        window.append(b)
-
-    def _refused_unwritten(self, b: _Batch, code: int, message: str) -> bool:
-        """A batch refused for its sequence (``SEQUENCE_RESETS``: nothing was written). If an
-        earlier batch of its partition is still unresolved, that one decides: this one is sent
-        again with the same stamp after it. If none is, the partition's leader no longer follows
-        this producer's sequence (it lost or expired the producer's state, or an earlier batch
-        failed for good): a new epoch is needed (a new id when the epoch is exhausted or the id
-        refused). False if the batch may not be retried any more, or the producer is
-        transactional (its epoch is the coordinator's: the transaction must abort)."""
-        if b.attempts > self.p.retries or time.monotonic() + self.p.retry_backoff >= b.deadline:
+    def _refused_unwritten(self, b: Batch, code: int, message: str) -> bool:
+        """A batch refused for its sequence (``SEQUENCE_RESETS``: nothing was written): sent
+        again, after an earlier unresolved batch of its partition or with the partition moved
+        to a new epoch (``_Idempotence.refused``). False if the batch may not be retried any
+        more, or the producer is transactional (its epoch is the coordinator's: the
+        transaction must abort)."""
+        if b.attempts > self.retries or time.monotonic() + self.retry_backoff >= b.deadline:
             return False
-        if self.p._txn is not None:
+        if self.txn is not None:
             return False
-        b.unwritten = True
-        tp = (b.topic, b.partition)
-        if self._earlier_unresolved(b):
-            b.retry_at = time.monotonic() + self.p.retry_backoff  # after the earlier one
-        else:
-            if tp not in self.broken:
-                log.info("%s on %s-%d (%s): the partition moves to a new producer epoch once none of its "
-                         "batches is in doubt", ErrorCode.of(code).name, b.topic, b.partition, message)
-                self.broken.add(tp)
-                if b.stamp[:2] == (self.producer_id, self.epoch):  # else the producer has bumped already
-                    self.resets += 1
-                    if code == ErrorCode.INVALID_PRODUCER_ID_MAPPING or self.epoch >= MAX_EPOCH:
-                        self.producer_id, self.epoch = -1, 0  # InitProducerId before the next stamp
-                    else:
-                        self.epoch += 1
-                    log.info("producer epoch bumped to %d (id %d)", self.epoch, self.producer_id)
-            b.retry_at = time.monotonic()
+        self.idem.refused(b, code, message, self.retry_backoff)
         self.retried += 1
         self.retry.append(b)
         self.retry.sort(key=lambda x: x.created)
         return True
-
-    def _switch_settled(self) -> None:
-        """Move each refused partition to the current epoch once none of its batches is in
-        doubt: a batch whose fate is unknown (answer lost) is first sent again with its own
-        stamp, so the partition answers with the offsets it wrote or writes it once; were it
-        stamped anew, a batch already written would be written a second time. Then the
-        partition's sequence restarts at 0 and its unwritten batches are stamped anew (KIP-360).
-        Other partitions go on meanwhile, each switching when it next has nothing in doubt."""
-        now = time.monotonic()
-        for tp in list(self.broken):
-            window = self.window.get(tp, ())
-            if any(not (b.unwritten or b.future.done()) for b in window):
-                continue
-            for b in window:
-                if not b.future.done():
-                    b.stamp, b.unwritten, b.retry_at = None, False, now
-            self.window.pop(tp, None)
-            self.stamp_of.pop(tp, None)
-            self.broken.discard(tp)
-
-    def _waits_for_switch(self, b: _Batch) -> bool:
-        """A refused partition sends only its batches in doubt until it switches: new ones and
-        refused ones wait for the new epoch (a batch in doubt behind a refused one is sent
-        anyway: the partition refuses it, or recognises it if it was written)."""
-        return (b.stamp is None or b.unwritten) and (b.topic, b.partition) in self.broken
-
-    def _earlier_unresolved(self, b: _Batch) -> bool:
-        """Is a batch stamped before ``b`` (same partition, same epoch) still unresolved?"""
-        for x in self.window.get((b.topic, b.partition), ()):
-            if x is b:
-                return False
-            if not x.future.done():
-                return True
-        return False
-
-    def _resolved(self, b: _Batch) -> None:
-        """A stamped batch is acknowledged or failed: its partition's window moves past the
-        resolved batches at its head."""
-        window = self.window.get((b.topic, b.partition))
-        while window and window[0].future.done():
-            window.popleft()
 
     # ---- answers ----------------------------------------------------------------------------------
     def _landed(self, layout: list) -> None:
@@ -1330,7 +1093,7 @@ class _Sender:
         self._landed(layout)
         if err is not None:  # the whole request failed (connection lost, error body)
             if err.code in NETWORK_ERRORS:  # dead or silent (paused): ask the others for metadata first
-                self.p._cluster.node_failed(node)
+                self.cluster.node_failed(node)
             for _, bs in layout:
                 for b in bs:
                     self._retry_or_fail(b, err)
@@ -1346,7 +1109,7 @@ class _Sender:
                 message = (part or {}).get("error_message") or ErrorCode.of(code).meaning
                 e = error_for(code, f"produce to {tp[0]}-{tp[1]}: {message}")
                 for b in bs:
-                    if not (self.p.idempotent and code in SEQUENCE_RESETS and self._refused_unwritten(b, code, message)):
+                    if not (self.idempotent and code in SEQUENCE_RESETS and self._refused_unwritten(b, code, message)):
                         self._retry_or_fail(b, e)
                 continue
             base = part.get("base_offset", -1)
@@ -1356,59 +1119,56 @@ class _Sender:
                 if base >= 0:
                     base += b.count
 
-    def _retry_or_fail(self, batch: _Batch, err: OdradekError) -> None:
+    def _retry_or_fail(self, batch: Batch, err: OdradekError) -> None:
         now = time.monotonic()
-        if err.retriable and batch.attempts <= self.p.retries and now + self.p.retry_backoff < batch.deadline:
+        if err.retriable and batch.attempts <= self.retries and now + self.retry_backoff < batch.deadline:
             if err.code in LEADER_ERRORS:
                 self.metadata_wanted = True
-            batch.retry_at = now + self.p.retry_backoff
+            batch.retry_at = now + self.retry_backoff
             self.retried += 1
             self.retry.append(batch)
             self.retry.sort(key=lambda b: b.created)  # keep each partition's batches in order
             return
         self._fail(batch, err)
 
-    def _succeed(self, batch: _Batch, base: int, append_time) -> None:
+    def _succeed(self, batch: Batch, base: int, append_time) -> None:
         if batch.future.done():  # resolved once: a late answer for a failed batch changes nothing
             return
         batch.data = None  # handles may live on; the bytes need not
         batch.future.set_result((base, append_time))
         if batch.stamp is not None:
-            self._resolved(batch)
-        self.p._batch_done(batch)
+            self.idem.resolved(batch)
+        self.acc.batch_done(batch)
 
-    def _fail(self, batch: _Batch, err: BaseException) -> None:
+    def _fail(self, batch: Batch, err: BaseException) -> None:
         if batch.future.done():
             return
-        if self.p._txn is not None:
-            self.p._txn.record_failed(err)
+        if self.txn is not None:
+            self.txn.record_failed(err)
         batch.data = None
         batch.future.set_exception(err)
         if batch.stamp is not None:
-            self._resolved(batch)
-        self.p._batch_done(batch)
+            self.idem.resolved(batch)
+        self.acc.batch_done(batch)
 
     def _fail_everything(self, err: OdradekError) -> None:
-        p = self.p
-        with p._lock:
-            left = list(p._incomplete)
-        for b in left:
+        for b in self.acc.incomplete():
             self._fail(b, err)
         self.retry = []
 
     def _refresh_metadata(self) -> None:
         """Ask any live broker (see ``Cluster``); refreshes stay ``retry_backoff_ms`` apart."""
         self.metadata_wanted = False
-        cluster = self.p._cluster
+        cluster = self.cluster
         topics = sorted({b.topic for b in self.retry} | set(cluster.topics))
         if not topics:
             cluster.updated_at = time.monotonic()
             return
         try:
-            cluster.refresh(topics, timeout=self.p.request_timeout_ms / 1000)
+            cluster.refresh(topics, timeout=self.request_timeout_ms / 1000)
         except OdradekError as exc:
             log.info("metadata refresh failed (%s); retrying after backoff", exc)
             cluster.updated_at = time.monotonic()  # the periodic refresh waits; retries don't
             self.metadata_wanted = True
             for b in self.retry:
-                b.retry_at = max(b.retry_at, time.monotonic() + self.p.retry_backoff)
+                b.retry_at = max(b.retry_at, time.monotonic() + self.retry_backoff)

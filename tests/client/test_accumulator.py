@@ -1,0 +1,106 @@
+"""The producer's record accumulator (odradek/accumulator.py) on its own: batches filled per
+partition, closed at batch_size, at linger or on flush, drained in order, back-pressure on
+buffer_memory, and the sender's wake-up. The metadata is a real ``Cluster`` that has not asked
+any broker yet (so a topic's partitions are whatever count the caller names); time is passed
+in explicitly, so nothing here depends on the machine's speed."""
+from __future__ import annotations
+
+import pytest
+
+from odradek import errors
+from odradek.accumulator import RecordAccumulator
+from odradek.cluster import Cluster
+from odradek.log import records as fmt
+from odradek.producer import encode_rows
+
+
+def accumulator(**kw) -> RecordAccumulator:
+    settings = dict(linger=3600.0, batch_size=1 << 20, buffer_memory=1 << 30, max_block=60.0, delivery_timeout=120.0)
+    settings.update(kw)
+    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, base, top: encode_rows(rows, base, top, None),
+                            **settings)
+    return acc
+
+
+@pytest.fixture
+def acc():
+    a = accumulator(batch_size=100)
+    yield a
+    a.release()
+
+
+def test_a_record_needs_the_partition_count_to_open_a_batch_and_then_joins_it(acc):
+    assert acc.append("t", 0, b"x", None, (), None, 10) is None  # the fast path: no open batch
+    first = acc.append("t", 0, b"x", None, (), None, 10, count=1)
+    second = acc.append("t", 0, b"y", None, (), None, 10)
+    assert second._batch is first._batch and (first._index, second._index) == (0, 1)
+
+
+def test_a_batch_closes_at_batch_size_and_is_drained_encoded_in_order(acc):
+    handles = [acc.append("t", 0, b"v%d" % i, None, (), None, 40, count=1) for i in range(5)]
+    earliest, _, ready = acc.drain(0.0, force=False)
+    assert [b.count for b in ready] == [3]  # 120 bytes >= 100: closed by the third record
+    assert [r.value for r in fmt.decode_batch(ready[0].data)] == [b"v0", b"v1", b"v2"]
+    assert earliest is not None  # the open one (v3, v4) lingers
+    _, _, ready = acc.drain(0.0, force=True)
+    assert [b.count for b in ready] == [2] and handles[4]._batch is ready[0]
+    assert acc.buffered == 200
+
+
+def test_a_batch_closes_once_its_linger_has_passed_and_not_before():
+    acc = accumulator(linger=5.0)
+    try:
+        h = acc.append("t", 1, b"late", None, (), None, 10, count=2)
+        created = h._batch.created
+        earliest, _, ready = acc.drain(created + 4.9, force=False)
+        assert ready == [] and earliest == pytest.approx(created + 5.0)
+        earliest, _, ready = acc.drain(created + 5.0, force=False)
+        assert [b.partition for b in ready] == [1] and earliest is None
+    finally:
+        acc.release()
+
+
+def test_keyless_records_fill_a_sticky_partition_that_changes_with_each_batch(acc):
+    partitions = []
+    for _ in range(20):
+        for _ in range(3):
+            acc.append("t", None, b"v" * 30, None, (), None, 40, count=4)
+        _, _, ready = acc.drain(0.0, force=False)
+        assert [b.count for b in ready] == [3]
+        partitions.append(ready[0].partition)
+    assert all(p in range(4) for p in partitions)
+    assert all(a != b for a, b in zip(partitions, partitions[1:]))
+
+
+def test_a_record_with_a_key_or_a_timestamp_is_a_full_row(acc):
+    acc.append("t", 0, b"plain", None, (), None, 10, count=1)
+    acc.append("t", 0, b"keyed", b"k", (), None, 10)
+    acc.append("t", 0, b"stamped", None, (("h", b"1"),), 4102444800000, 10)
+    _, _, (batch,) = acc.drain(0.0, force=True)
+    records = list(fmt.decode_batch(batch.data))
+    assert [(r.key, r.value) for r in records] == [(None, b"plain"), (b"k", b"keyed"), (None, b"stamped")]
+    assert records[2].timestamp == 4102444800000 == batch.max_timestamp()
+
+
+def test_a_full_buffer_makes_a_new_batch_wait_then_fail_after_max_block():
+    acc = accumulator(buffer_memory=50, max_block=0.05)
+    try:
+        first = acc.append("t", 0, b"x", None, (), None, 60, count=2)
+        acc.flush_futures()  # closed: 60 bytes buffered, more than buffer_memory
+        with pytest.raises(errors.RequestTimedOutError, match="buffer_memory"):
+            acc.append("t", 1, b"y", None, (), None, 10, count=2)
+        acc.batch_done(first._batch)  # the sender resolved it: its bytes are free again
+        assert acc.buffered == 0
+        assert acc.append("t", 1, b"y", None, (), None, 10, count=2) is not None
+    finally:
+        acc.release()
+
+
+def test_the_sender_does_not_sleep_when_a_batch_changed_since_it_last_drained(acc):
+    _, seen, _ = acc.drain(0.0, force=False)
+    acc.append("t", 0, b"x", None, (), None, 10, count=1)  # opens a batch: a change
+    acc.sleep([], 0.0, 600.0, seen)  # would sleep ten minutes if the change were missed
+    _, seen, _ = acc.drain(0.0, force=False)
+    acc.close()  # closing is a change too: the sender goes round once more and sees it
+    acc.sleep([], 0.0, 600.0, seen)
+    assert acc.closed
