@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import importlib
 import logging
 import math
 import os
@@ -275,7 +276,8 @@ class Processor(Actor):
         # reports ready, not on its first Kafka connection: that load took 0.2 s of CPU quiet
         # and 4-6 s at load 19, while the processor served nobody and librdkafka's first
         # ApiVersions gave up after 10 s.
-        from odradek.network.kafka import connection, security  # noqa: F401
+        importlib.import_module("odradek.network.kafka.connection")
+        importlib.import_module("odradek.network.kafka.security")
 
     def on_stop(self) -> None:
         self._drain_before_stop()

@@ -42,6 +42,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import importlib.util
 import shutil
 import struct
 import subprocess
@@ -852,9 +853,7 @@ def redis_available() -> str | None:
     """None if Redis can be used, else why not."""
     if shutil.which("redis-server") is None:
         return "redis-server is not installed"
-    try:
-        import redis  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("redis") is None:
         return "the redis Python package is not installed (pip install redis)"
     return None
 

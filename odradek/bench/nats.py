@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import importlib.util
 import shutil
 import threading
 import time
@@ -26,9 +27,7 @@ def available() -> str | None:
     """None if NATS can be used, else why not."""
     if shutil.which("nats-server") is None:
         return "nats-server is not installed (Debian's nats-server package)"
-    try:
-        import nats  # noqa: F401
-    except ImportError:
+    if importlib.util.find_spec("nats") is None:
         return "the nats-py package is not installed (the bench extra: pip install -e '.[bench]')"
     return None
 

@@ -218,7 +218,7 @@ def test_leaving_rebalances_and_the_last_one_leaving_empties_the_group():
 
 def test_a_sync_during_a_new_rebalance_is_answered_rebalance_in_progress():
     g = group(delay=100)
-    a = joined(g, 0)
+    joined(g, 0)
     b = joined(g, 0)
     g.expire(100)
     g.take_outbox()

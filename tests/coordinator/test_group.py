@@ -7,7 +7,7 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from odradek.coordinator.group import (EMPTY, RECONCILING, STABLE, STABLE_GROUP, UNRELEASED, UNREVOKED, ConsumerGroup,
+from odradek.coordinator.group import (EMPTY, STABLE_GROUP, UNRELEASED, UNREVOKED, ConsumerGroup,
                                GroupConfig, GroupError, HeartbeatRequest, tps_of)
 from odradek.network.protocol import ErrorCode
 

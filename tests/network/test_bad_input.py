@@ -6,7 +6,6 @@ import resource
 import socket
 import time
 
-import msgpack
 import pytest
 
 from odradek.network.protocol import ApiKey, ErrorCode

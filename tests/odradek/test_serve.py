@@ -7,7 +7,6 @@ import threading
 import time
 
 import psutil
-import pytest
 
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, OdradekError
