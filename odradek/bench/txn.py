@@ -37,16 +37,7 @@ def _run_confluent(bootstrap: str, topic: str, n: int, size: int, every: int, tr
         props["transactional.id"] = f"bench-{uuid.uuid4().hex[:8]}"
     p = KafkaProducer(props)
     value = b"x" * size
-    if transactional:  # metadata and connections outside the timing
-        p.init_transactions(60)
-        p.begin_transaction()
-        p.produce(topic, value)
-        p.commit_transaction(60)
-    else:
-        p.produce(topic, value)
-        p.flush(60)
-    return _loop(n, every, transactional, lambda: p.produce(topic, value), p.poll,
-                 p.begin_transaction, lambda: p.commit_transaction(60), lambda: p.flush(60))
+    return _warm_then_loop(p, lambda: p.produce(topic, value), p.poll, n, every, transactional)
 
 
 def _run_bundled(bootstrap: str, topic: str, n: int, size: int, every: int, transactional: bool) -> dict:
@@ -54,18 +45,24 @@ def _run_bundled(bootstrap: str, topic: str, n: int, size: int, every: int, tran
                  transactional_id=f"bench-{uuid.uuid4().hex[:8]}" if transactional else None)
     value = b"x" * size
     try:
-        if transactional:  # metadata and connections outside the timing
-            p.init_transactions(60)
-            p.begin_transaction()
-            p.send(topic, value)
-            p.commit_transaction(60)
-        else:
-            p.send(topic, value)
-            p.flush(60)
-        return _loop(n, every, transactional, lambda: p.send(topic, value), None,
-                     p.begin_transaction, lambda: p.commit_transaction(60), lambda: p.flush(60))
+        return _warm_then_loop(p, lambda: p.send(topic, value), None, n, every, transactional)
     finally:
         p.close()
+
+
+def _warm_then_loop(p, send, poll, n: int, every: int, transactional: bool) -> dict:
+    """One record first (metadata, connections, the producer id: outside the timing), then
+    the timed loop. ``p`` has the transactional methods both clients share."""
+    if transactional:
+        p.init_transactions(60)
+        p.begin_transaction()
+        send()
+        p.commit_transaction(60)
+    else:
+        send()
+        p.flush(60)
+    return _loop(n, every, transactional, send, poll, p.begin_transaction, lambda: p.commit_transaction(60),
+                 lambda: p.flush(60))
 
 
 def _loop(n: int, every: int, transactional: bool, send, poll, begin, commit, flush) -> dict:
