@@ -11,8 +11,14 @@ that no test looks at (a test of the graceful path calls ``terminate()`` itself)
 from __future__ import annotations
 
 import os
+import subprocess
 
 import pytest
+
+# Fixtures that tests of several packages share, each defined once: ZooKeeper and clusters
+# (``zookeeper``, ``make_cluster``, ``shared_cluster``), certificates and a secure broker
+# (``certs``, ``secure_broker``). A test anywhere uses them by name, with no import.
+pytest_plugins = ["tests.cluster.fixtures", "tests.security.fixtures"]
 
 from odradek.local import LocalBroker
 
@@ -59,10 +65,21 @@ def shared_broker(tmp_path_factory) -> BrokerProcess:
 
 @pytest.fixture(scope="module")
 def _module_cluster():
-    """The slot of a module's shared cluster (``shared_cluster`` in tests/cluster/conftest.py,
+    """The slot of a module's shared cluster (``shared_cluster`` in tests/cluster/fixtures.py,
     which fills it; ``make_cluster`` empties it). Here, so every module that imports the
     cluster fixtures finds it; the cluster is killed at the module's end."""
     held: dict = {"cluster": None}
     yield held
     if held["cluster"] is not None:
         held["cluster"].stop(graceful=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 16 MiB tmpfs (needs mount rights: root in a container that allows it)."""
+    mnt = tmp_path / "disk"
+    mnt.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True).returncode:
+        pytest.skip("cannot mount a tmpfs here")
+    yield str(mnt)
+    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)

@@ -10,7 +10,7 @@ import pytest
 from odradek.actors.supervisor import prepare_run_dir
 from odradek.network.protocol import OdradekError
 
-from tests.actors.test_runtime import ECHO, tree  # noqa: F401 - the fixture
+from tests.actors.test_runtime import ECHO
 
 NOBODY = 65534
 
@@ -71,7 +71,7 @@ def test_a_run_directory_others_may_only_read_is_narrowed_to_0700(tmp_path):
     assert mode(run_dir) == 0o700
 
 
-def test_ipc_sockets_are_private_under_umask_000(tree):  # noqa: F811
+def test_ipc_sockets_are_private_under_umask_000(tree):
     with umask(0):
         t = tree([ECHO])
     sockets = [name for name in os.listdir(t.run_dir) if name.endswith(".mbox")]

@@ -68,20 +68,6 @@ class Tree:
         return self.proc.returncode
 
 
-@pytest.fixture
-def tree(tmp_path):
-    trees = []
-
-    def make(children, policy=None):
-        t = Tree(str(tmp_path / f"run{len(trees)}"), children, policy)
-        trees.append(t)
-        return t
-
-    yield make
-    for t in trees:
-        t.stop()
-
-
 ECHO = {"role": "echo", "cls": "tests.actors.echo:Echo", "count": 2, "scalable": True}
 
 

@@ -2,8 +2,6 @@
 reset offsets of an inactive group, delete."""
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError

@@ -17,7 +17,7 @@ import pytest
 from odradek import Producer
 from odradek.chaos.proxy import FaultProxy
 from odradek.local import LocalCluster
-from tests.cluster.conftest import TEST_SETTINGS
+from tests.cluster.fixtures import TEST_SETTINGS
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
 
 pytestmark = pytest.mark.slow

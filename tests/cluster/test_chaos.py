@@ -118,7 +118,7 @@ def test_a_broker_behind_the_proxy_registers_and_advertises_the_proxys_address(z
     import json
     from odradek import Admin, Consumer, Producer, TopicPartition
     from odradek.local import LocalCluster
-    from tests.cluster.conftest import TEST_SETTINGS
+    from tests.cluster.fixtures import TEST_SETTINGS
     proxy = FaultProxy()
     cluster = None
     try:

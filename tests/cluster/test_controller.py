@@ -2,7 +2,7 @@
 leader election rules (clean by default, unclean per topic), preferred leaders, topic
 deletion and config changes reaching every replica. The fault scenarios under load are in
 test_faults.py. Tests on the tests' settings share one cluster, healed after each
-(``shared_cluster``, tests/cluster/conftest.py); each has topics of its own."""
+(``shared_cluster``, tests/cluster/fixtures.py); each has topics of its own."""
 from __future__ import annotations
 
 import os
@@ -15,7 +15,8 @@ from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError
-from tests.cluster.verify import assert_replicas_identical, high_watermarks, partition_dir, read_all
+from odradek.actors.names import partition_dir
+from tests.cluster.verify import assert_replicas_identical, high_watermarks, read_all
 
 pytestmark = pytest.mark.slow
 

@@ -24,8 +24,8 @@ from odradek.log.records import CorruptRecordError, iter_batches
 from odradek.log.segment import SEGMENT_RE
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError, OdradekError, TopicAlreadyExistsError
-from tests.cluster.verify import (AckedLog, Workload, assert_replicas_identical, check_logs, read_all,
-                                  partition_dir)
+from odradek.actors.names import partition_dir
+from tests.cluster.verify import AckedLog, Workload, assert_replicas_identical, check_logs, read_all
 
 pytestmark = pytest.mark.slow
 

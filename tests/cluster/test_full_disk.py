@@ -12,12 +12,12 @@ import pytest
 from odradek import Admin, Producer
 from odradek.network.protocol import ErrorCode, OdradekError
 from tests.cluster.test_faults import wait_healed
-from tests.odradek.test_storage_defects import fill, small_disk  # noqa: F401 - a fixture
+from tests.odradek.test_storage_defects import fill
 
 pytestmark = pytest.mark.slow
 
 
-def test_a_topic_created_while_a_brokers_disk_is_full_is_led_by_the_others_or_refused(make_cluster, small_disk):  # noqa: F811
+def test_a_topic_created_while_a_brokers_disk_is_full_is_led_by_the_others_or_refused(make_cluster, small_disk):
     data_3 = os.path.join(small_disk, "data")
     cluster = make_cluster(3, broker_settings={3: {"log.dirs": data_3}}, min_insync_replicas=2)
     filler = fill(small_disk)

@@ -18,7 +18,8 @@ import pytest
 from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.errors import InvalidPartitionsError, InvalidReplicaAssignmentError, NoReassignmentInProgressError
 from tests.cluster.test_faults import create_replicated_topic, finish, wait_healed
-from tests.cluster.verify import Workload, assert_replicas_identical, partition_dir
+from odradek.actors.names import partition_dir
+from tests.cluster.verify import Workload, assert_replicas_identical
 
 pytestmark = pytest.mark.slow
 

@@ -19,7 +19,7 @@ from odradek.cli import main
 from odradek.cluster import Connection
 from odradek.local import LocalCluster
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from tests.cluster.conftest import TEST_SETTINGS, zookeeper  # noqa: F401 (fixture)
+from tests.cluster.fixtures import TEST_SETTINGS
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ SETTINGS = {**TEST_SETTINGS, "transaction.state.log.num.partitions": 3,
 
 
 @pytest.fixture(scope="module")
-def txn_cluster(zookeeper, tmp_path_factory):  # noqa: F811
+def txn_cluster(zookeeper, tmp_path_factory):
     c = LocalCluster(str(tmp_path_factory.mktemp("txn-cluster")), 3, SETTINGS, zk=zookeeper,
                      chroot=f"/odradek-test-txn-{uuid.uuid4().hex[:8]}")
     try:

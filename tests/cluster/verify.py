@@ -13,13 +13,11 @@
 """
 from __future__ import annotations
 
-import os
 import threading
 import time
 
 from odradek import Consumer, Producer, TopicPartition
-from odradek.chaos.replicas import (high_watermarks, partition_dir, replica_batches,  # noqa: F401 - re-exported
-                                    replica_problems)
+from odradek.chaos.replicas import high_watermarks, replica_batches, replica_problems  # noqa: F401 - re-exported
 
 
 # ---- replica files (odradek.chaos.replicas: the chaos checker reads them the same way) -------------

@@ -12,7 +12,6 @@ from kafka import KafkaAdminClient
 from kafka import errors as kerrors
 from kafka.structs import TopicPartition as KTopicPartition
 
-from tests.cluster.conftest import make_cluster, zookeeper  # noqa: F401  (the cluster fixtures)
 
 pytestmark = pytest.mark.slow
 WAIT = 60
@@ -27,7 +26,7 @@ def outcome(future):
 
 
 def test_clients_bootstrapped_on_a_non_controller_create_replicated_topics_and_move_a_partition(
-        make_cluster):  # noqa: F811
+        make_cluster):
     cluster = make_cluster(3)
     controller = cluster.controller_id()
     other = next(b for b in (1, 2, 3) if b != controller)
@@ -74,4 +73,4 @@ def test_clients_bootstrapped_on_a_non_controller_create_replicated_topics_and_m
         assert kadmin.alter_partition_reassignments({tp: [other, 9]}) == {tp: kerrors.InvalidReplicationAssignmentError}
     finally:
         kadmin.close()
-    del admin, producer  # librdkafka stops its threads before the cluster goes
+    admin = producer = None  # librdkafka stops its threads before the cluster goes

@@ -12,12 +12,11 @@ import pytest
 from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer
 
 from odradek import Admin
-from tests.cluster.conftest import make_cluster, zookeeper  # noqa: F401 (fixtures)
 
 pytestmark = pytest.mark.slow
 
 
-def test_acks_all_producer_and_group_consumer_lose_nothing_across_a_leaders_kill(make_cluster):  # noqa: F811
+def test_acks_all_producer_and_group_consumer_lose_nothing_across_a_leaders_kill(make_cluster):
     cluster = make_cluster(3, min_insync_replicas=2)
     topic, group = f"t-{uuid.uuid4().hex[:8]}", f"g-{uuid.uuid4().hex[:8]}"
     with Admin(cluster.bootstrap) as admin:
@@ -70,7 +69,7 @@ def test_acks_all_producer_and_group_consumer_lose_nothing_across_a_leaders_kill
     assert acked <= consumed
 
 
-def test_a_classic_group_follows_its_coordinator_to_another_broker_without_a_rebalance(make_cluster):  # noqa: F811
+def test_a_classic_group_follows_its_coordinator_to_another_broker_without_a_rebalance(make_cluster):
     """kill -9 of the broker that coordinates a classic group: the new leader of the group's
     ``__consumer_offsets`` partition loads the group's record, the member finds it and goes on
     in its generation (no partition revoked) and its commits are accepted there."""

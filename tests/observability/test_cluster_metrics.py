@@ -9,7 +9,6 @@ import time
 import pytest
 
 from odradek import Admin, Producer
-from tests.cluster.conftest import make_cluster, zookeeper  # noqa: F401 (fixtures)
 from tests.observability.test_metrics import scrape, value
 
 

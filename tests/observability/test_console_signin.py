@@ -18,7 +18,7 @@ from odradek.network import secstore
 from odradek.network.authorizer import Acl
 from odradek.observe.signin import SESSION_IDLE, SESSION_MAX, SignIn
 from tests.conftest import BrokerProcess
-from tests.security.conftest import listeners_of
+from tests.security.fixtures import listeners_of
 
 USERS = {"admin": "admin-secret", "alice": "alice-secret"}
 GROUPS = ("alice-listed-1", "alice-listed-2", "payroll-readers")  # alice may Describe the first two
@@ -156,7 +156,7 @@ def test_a_user_sees_only_the_topics_and_groups_its_acls_let_it_describe(acl_bro
 
 def test_a_user_without_describe_on_the_cluster_lists_exactly_the_groups_it_may_describe(acl_broker):
     from confluent_kafka.admin import AdminClient
-    from tests.security.conftest import warm_kafka
+    from tests.security.fixtures import warm_kafka
     host, port = acl_broker.sasl_bootstrap.split(":")
     warm_kafka(host, int(port))
     seen = {}

@@ -15,13 +15,13 @@ from odradek.network import secstore
 from odradek.network.authorizer import Acl
 from tests.conftest import BrokerProcess
 from tests.observability.test_console_signin import Http
-from tests.security.conftest import certs, listeners_of  # noqa: F401  (certs: a module fixture)
+from tests.security.fixtures import listeners_of
 
 BROKER_PRINCIPAL = "User:O=odradek,CN=127.0.0.1"  # the subject of the certificate tests/security makes
 
 
 @pytest.fixture(scope="module")
-def tls_broker(tmp_path_factory, certs):  # noqa: F811
+def tls_broker(tmp_path_factory, certs):
     data = os.path.abspath(str(tmp_path_factory.mktemp("console-tls")))
     secstore.Acls(data).add([Acl.make("User:alice", "Topic", "alice-", op, pattern="Prefixed").as_list()
                              for op in ("Describe", "Read")])

@@ -59,17 +59,6 @@ def test_a_topic_whose_partition_cannot_be_created_is_refused_and_leaves_nothing
     assert produce(broker.bootstrap, "blocked", [b"x"])[0].offset == 0
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    """A 16 MiB tmpfs (needs mount rights: root in a container that allows it)."""
-    mnt = tmp_path / "disk"
-    mnt.mkdir()
-    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m", "tmpfs", str(mnt)], capture_output=True).returncode:
-        pytest.skip("cannot mount a tmpfs here")
-    yield str(mnt)
-    subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
-
-
 def fill(directory):
     """Fill the file system of ``directory``; returns the filler's path."""
     path = os.path.join(directory, "filler")

@@ -19,7 +19,7 @@ from odradek.local import LocalBroker
 from odradek.network import secstore
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
-from tests.security.conftest import listeners_of, warm_kafka
+from tests.security.fixtures import listeners_of, warm_kafka
 
 USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
 DELAY_MS = 300

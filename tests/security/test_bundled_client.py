@@ -13,7 +13,7 @@ from odradek.network import codec
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.types import TopicPartition
-from tests.security.conftest import USERS
+from tests.security.fixtures import USERS
 
 
 def _addr(broker, name: str) -> str:

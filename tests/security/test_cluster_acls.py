@@ -9,7 +9,6 @@ import pytest
 
 from odradek.network.client import BrokerConnection, parse_bootstrap
 from odradek.network.protocol import ApiKey, ErrorCode
-from tests.cluster.conftest import make_cluster, zookeeper  # noqa: F401 - the cluster fixtures
 
 
 def _conn(broker) -> BrokerConnection:

@@ -20,15 +20,15 @@ from odradek.local import LocalCluster
 from odradek.network import secstore
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from tests.cluster.conftest import TEST_SETTINGS, zookeeper  # noqa: F401 - the session's ZooKeeper
-from tests.security.conftest import listeners_of, warm_kafka
+from tests.cluster.fixtures import TEST_SETTINGS
+from tests.security.fixtures import listeners_of, warm_kafka
 
 PASSWORDS = {"broker": "broker-secret", "alice": "alice-secret"}
 NAMES = ("INTERNAL", "EXTERNAL")
 
 
 @pytest.fixture(scope="module")
-def secure_cluster(zookeeper, certs, tmp_path_factory):  # noqa: F811 - the imported fixture
+def secure_cluster(zookeeper, certs, tmp_path_factory):
     base = str(tmp_path_factory.mktemp("secure-cluster"))
     chroot = f"/odradek-sec-listeners-{uuid.uuid4().hex[:6]}"
     users = secstore.Users(base, {"zookeeper.connect": zookeeper.connect + chroot})

@@ -17,7 +17,7 @@ from odradek.actors.client import MailboxClient
 from odradek.local import LocalBroker
 from odradek.network import codec
 from odradek.network.protocol import ApiKey
-from tests.security.conftest import listeners_of
+from tests.security.fixtures import listeners_of
 
 LISTENER_MAX = 5
 LISTENER_RATE = 5

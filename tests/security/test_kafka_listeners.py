@@ -15,7 +15,7 @@ import pytest
 
 from odradek import Admin
 
-from tests.security.conftest import DELAY_MS, USERS
+from tests.security.fixtures import USERS
 
 
 def _addr(broker, name: str) -> str:
