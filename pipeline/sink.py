@@ -229,9 +229,14 @@ class TopicWriter:
             while self.in_flight:
                 self._complete(self.in_flight.pop(0))
         finally:
-            for conn in self.conns.values():
-                conn.close()
+            self.abandon()
         return self.commit
+
+    def abandon(self) -> None:
+        """The task failed: close the connections (what was sent may have landed)."""
+        for conn in self.conns.values():
+            conn.close()
+        self.conns.clear()
 
 
 class TransactionalTopicWriter(TopicWriter):
@@ -298,6 +303,17 @@ class TransactionalTopicWriter(TopicWriter):
             self.producer.close()
         return self.commit
 
+    def abandon(self) -> None:
+        """The task failed part-way: abort its transaction, so none of its rows is ever read
+        committed and the micro-batch is not recorded as done (the retry writes it all)."""
+        try:
+            if not self.commit.skipped:
+                self.producer.abort_transaction(10)
+        except Exception as exc:  # noqa: BLE001 - the coordinator aborts it anyway: the retry's init fences it
+            log.warning("transactional id %r: abort after a failed task: %s", self.txn_id, exc)
+        finally:
+            self.producer.close()
+
 
 def _binary_list(col: pa.Array) -> list:
     if pa.types.is_string(col.type) or pa.types.is_large_string(col.type):
@@ -306,16 +322,23 @@ def _binary_list(col: pa.Array) -> list:
 
 
 def _write(o: opt.WriteOptions, batches: Iterator[pa.RecordBatch]) -> WriteCommit:
-    task, attempt, batch_id, query_id = _task_info()
-    commit = WriteCommit(task, attempt, batch_id, query_id)
-    exactly_once = o.exactly_once and batch_id is not None and query_id is not None and o.acks != 0
+    return write_task(o, WriteCommit(*_task_info()), batches)
+
+
+def write_task(o: opt.WriteOptions, commit: WriteCommit, batches: Iterator[pa.RecordBatch]) -> WriteCommit:
+    """One task's rows (``batches``), exactly once when it is a micro-batch's task and
+    ``exactlyOnce`` holds. A task that fails part-way gives up what it wrote: the transaction
+    is aborted (exactly once; the retry writes every row again), or the batches already sent
+    stay (at-least-once)."""
+    exactly_once = o.exactly_once and commit.batch_id is not None and commit.query_id is not None and o.acks != 0
     writer = (TransactionalTopicWriter if exactly_once else TopicWriter)(o, commit)
     try:
         for rb in batches:
             writer.write(rb)
-    finally:
-        commit = writer.finish()
-    return commit
+    except BaseException:
+        writer.abandon()
+        raise
+    return writer.finish()
 
 
 def _summary(messages: list) -> tuple[int, dict]:
