@@ -754,6 +754,8 @@ class Processor(Actor):
         (network/quotas.py): the byte rate (a produce request's size, a fetch answer's) and
         the request time (from the hand-off to the answer, less what a purgatory held it:
         Kafka's local time, with the wait in the actors' mailboxes). The larger one counts."""
+        if not self.quotas.store.data():  # no quota set anywhere (the usual case): nothing to count
+            return 0.0
         now = self.clock()
         fields = reply.fields or {}
         used = max(0.0, now - rec.sent - fields.get("remote_ms", 0) / 1000)

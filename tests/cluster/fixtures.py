@@ -21,21 +21,12 @@ import itertools
 
 import pytest
 
+from odradek.chaos.runner import CLUSTER_SETTINGS
 from odradek.local import LocalCluster, LocalZooKeeper, zookeeper_missing
 
 # Short timeouts, so a fault is noticed in seconds: a dead broker's session expires after
 # 3 s, a silent follower leaves the ISR after 2 s.
-TEST_SETTINGS = {
-    "zookeeper.session.timeout.ms": 3000,
-    "zookeeper.connection.timeout.ms": 10000,
-    "replica.lag.time.max.ms": 2000,
-    "replica.fetch.wait.max.ms": 200,
-    "replica.fetch.backoff.ms": 200,
-    "shutdown.timeout.ms": 10000,
-    "group.consumer.heartbeat.interval.ms": 500,
-    "group.consumer.session.timeout.ms": 6000,
-    "leader.imbalance.check.interval.seconds": 5,
-}
+TEST_SETTINGS = {k: v for k, v in CLUSTER_SETTINGS.items() if k != "log.segment.bytes"}  # the chaos runner's, default segments
 
 _chroots = itertools.count(1)
 
