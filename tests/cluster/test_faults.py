@@ -26,6 +26,7 @@ from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError, OdradekError, TopicAlreadyExistsError
 from odradek.actors.names import partition_dir
 from tests.cluster.verify import AckedLog, Workload, assert_replicas_identical, check_logs, read_all
+from tests.observability.test_metrics import scrape, value as sample
 
 pytestmark = pytest.mark.slow
 
@@ -247,8 +248,13 @@ def test_acks_all_refused_with_one_live_replica(shared_cluster):
             cluster.kill(b)
     cluster.wait_for(lambda: all(cluster.isr(topic, p) == [survivor] for p in range(PARTITIONS)), 30,
                      f"broker {survivor} alone in every ISR")
+    # ZooKeeper says so first; the leader learns it from the controller a moment later, and a
+    # produce in between is written then answered NOT_ENOUGH_REPLICAS_AFTER_APPEND (as Kafka's)
+    leader = cluster.broker(survivor)
+    cluster.wait_for(lambda: sample(scrape(leader), "odradek_topic_under_min_isr_partitions", topic=topic)
+                     == PARTITIONS, 30, f"broker {survivor} knows every partition is under min ISR")
 
-    address = cluster.broker(survivor).bootstrap
+    address = leader.bootstrap
     with Producer(address, acks="all", retries=0, request_timeout_ms=10000) as producer:
         refused = [producer.send(topic, b"refused-%d" % i, partition=i % PARTITIONS) for i in range(30)]
         producer.flush(timeout=30)
