@@ -116,6 +116,9 @@ class Actor:
     """
 
     stop_signals: tuple[int, ...] = (signal.SIGTERM,)
+    # True when the supervisor respawned this actor after the broker was up (a restart), not at
+    # the broker's start: a dependency out of reach is then waited for, not a reason to fail.
+    rejoining = False
 
     def __init__(self, name: str, run_dir: str, args: dict | None = None, supervisor: str | None = None,
                  clock: Callable[[], float] = time.monotonic):
@@ -685,7 +688,7 @@ def raise_fd_limit() -> None:
 
 def actor_main(spec: dict) -> None:
     """Entry point of a spawned actor process. ``spec`` is plain data:
-    ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level"}``."""
+    ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level", "rejoining"}``."""
     _prctl_setup(spec["name"])
     os.umask(PRIVATE_UMASK)
     raise_fd_limit()
@@ -695,6 +698,7 @@ def actor_main(spec: dict) -> None:
     parent = os.getppid()
     cls = import_object(spec["cls"])
     actor = cls(spec["name"], spec["run_dir"], spec.get("args") or {}, spec.get("supervisor"))
+    actor.rejoining = bool(spec.get("rejoining"))
     if spec.get("supervisor"):
         # Belt and braces for the parent-death signal: notice a new parent within a second.
         actor.call_every(1.0, lambda: os.getppid() != parent and actor.stop())

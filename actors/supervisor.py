@@ -10,7 +10,9 @@ What it does:
     group starts only once all of them reported ``_ready`` (``start_timeout``).
   * watch: each child's process sentinel is in the poll loop, so a death is seen at once;
     psutil samples memory, CPU and open files; heartbeats carry each actor's own numbers.
-    A child silent for ``liveness_timeout`` is killed and so restarted.
+    A child silent for ``liveness_timeout`` is killed and so restarted, unless the supervisor
+    itself was not running meanwhile (the whole broker SIGSTOPped, a frozen VM): then the
+    silence is its own and every child gets a fresh window.
   * restart: one-for-one with exponential backoff; a child restarted more than
     ``max_restarts`` times within ``restart_window`` seconds shuts the whole tree down
     with a message naming it (exit code 1).
@@ -46,6 +48,7 @@ from odradek.network.protocol import ErrorCode, OdradekError
 log = logging.getLogger("odradek.supervisor")
 
 SAMPLE_INTERVAL = 1.0  # seconds between psutil samples of the children
+STALL_FACTOR = 5  # samples this many intervals apart: the supervisor itself was not running
 PIDFILE = "supervisor.pid"
 
 
@@ -131,6 +134,7 @@ class Supervisor(Actor):
         self.exit_code = 0
         self.fatal: str | None = None
         self.ready = False
+        self._last_sample = 0.0  # clock of the last liveness check (set when the tree is up)
         self._scaling: dict[str, Any] = {}
 
     # ---- start -------------------------------------------------------------------------
@@ -145,6 +149,7 @@ class Supervisor(Actor):
             self._await_ready(names, self.policy.start_timeout)
             for name in names:
                 self._announce(self.children[name])
+        self._last_sample = self.clock()
         self.call_every(SAMPLE_INTERVAL, self._sample)
         self.ready = True
         log.info("actor tree started: %s", ", ".join(self.children))
@@ -153,7 +158,8 @@ class Supervisor(Actor):
 
     def _spawn(self, child: Child) -> None:
         spec = {"name": child.name, "cls": child.spec.cls, "run_dir": self.run_dir,
-                "args": child.spec.args, "supervisor": self.name, "log_level": self.log_level}
+                "args": child.spec.args, "supervisor": self.name, "log_level": self.log_level,
+                "rejoining": self.ready}
         proc = self.mp.Process(target=actor_main, args=(spec,), name=f"odradek-{child.name}")
         proc.start()
         child.process = proc
@@ -284,6 +290,16 @@ class Supervisor(Actor):
 
     def _sample(self) -> None:
         now = self.clock()
+        stalled = now - self._last_sample
+        self._last_sample = now
+        if stalled > max(STALL_FACTOR * SAMPLE_INTERVAL, self.policy.liveness_timeout / 2):
+            # We ourselves did not run (the whole broker was SIGSTOPped, a VM froze, the machine
+            # starved us): the children's silence is ours too, not proof they hang. Give each a
+            # full liveness window again rather than kill every actor of the broker at once.
+            log.warning("the supervisor did not run for %.1fs (stopped or starved); not judging the "
+                        "actors' heartbeats from before that", stalled)
+            for child in self.children.values():
+                child.last_heartbeat = max(child.last_heartbeat, now)
         for child in self.children.values():
             if child.ps is None or child.state not in ("running", "starting", "restarting"):
                 continue

@@ -70,13 +70,7 @@ class ClusterController(Actor):
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         self.zk.add_listener(lambda state: self.post(lambda: self._zk_state(state)))
-        try:
-            self.zk.start(timeout=config["zookeeper.connection.timeout.ms"] / 1000)
-        except Exception as exc:  # noqa: BLE001 - kazoo's timeout or a bad host string
-            self.zk.close()
-            raise OdradekError(f"cannot reach ZooKeeper at {config['zookeeper.connect']!r} within "
-                               f"zookeeper.connection.timeout.ms={config['zookeeper.connection.timeout.ms']} "
-                               f"({exc}); is it running?", ErrorCode.BROKER_NOT_AVAILABLE) from None
+        self._connect_zookeeper()
         if chroot:
             self.zk.ensure_path("/" + chroot)
             self.zk.chroot = "/" + chroot
@@ -97,6 +91,29 @@ class ClusterController(Actor):
             self.call_every(config["leader.imbalance.check.interval.seconds"],
                             lambda: self.controller and self.controller.rebalance_preferred_leaders())
 
+    def _connect_zookeeper(self) -> None:
+        """Start the session. At the broker's start ZooKeeper out of reach is fatal (as Kafka's
+        broker: the operator sees why it did not start); when this actor is restarted in a
+        running broker it waits for ZooKeeper instead, as long as it takes, since dying again
+        would count against the supervisor's restart limit and stop the whole broker."""
+        timeout_ms = self.config["zookeeper.connection.timeout.ms"]
+        attempt = 0
+        while True:
+            try:
+                self.zk.start(timeout=timeout_ms / 1000)
+                return
+            except Exception as exc:  # noqa: BLE001 - kazoo's timeout or a bad host string
+                why = (f"cannot reach ZooKeeper at {self.config['zookeeper.connect']!r} within "
+                       f"zookeeper.connection.timeout.ms={timeout_ms} ({exc}); is it running?")
+                if not self.rejoining or self._stopping:
+                    self.zk.close()
+                    raise OdradekError(why, ErrorCode.BROKER_NOT_AVAILABLE) from None
+                attempt += 1
+                self.report_progress(f"{why} (restarted controller actor: trying again, attempt {attempt})")
+                if attempt == 1:
+                    log.warning("%s; restarted controller actor: trying again until it answers", why)
+                time.sleep(min(attempt, 5))
+
     def on_stop(self) -> None:
         self.channel.close()
         self.relay.close()
@@ -107,7 +124,9 @@ class ClusterController(Actor):
             log.warning("closing the ZooKeeper session: %s", exc)
 
     def stats(self) -> dict:
-        c, agent = self.controller, self.agent
+        c, agent = self.controller, getattr(self, "agent", None)
+        if agent is None:  # still waiting for ZooKeeper in on_start (a heartbeat carries progress)
+            return {"registered": False}
         return {"topics": len(c.registry.topics) if c else len(agent.snapshot_data["topics"]),
                 "active_controller": c is not None, "controller_epoch": c.epoch if c else agent.seen_controller_epoch,
                 "live_brokers": sorted(c.live) if c else None,

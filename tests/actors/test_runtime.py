@@ -272,3 +272,29 @@ def test_post_runs_callbacks_from_another_thread_on_the_loop_in_order(tmp_path):
     assert actor._post_w is None  # the self-pipe is closed on stop ...
     actor.post(lambda: None)  # ... and a late post is harmless
     assert os.listdir(tmp_path) == []
+
+
+def test_a_child_that_stops_answering_is_killed_after_the_liveness_timeout_and_restarted(tree):
+    t = tree([ECHO], {"liveness_timeout": 2.0})
+    before = t.status()["echo-0"]
+    os.kill(before["pid"], signal.SIGSTOP)  # alive, silent: no heartbeat
+    assert t.wait_for(lambda: t.status()["echo-0"]["restarts"] == 1 and t.status()["echo-0"]["state"] == "running")
+    assert t.status()["echo-0"]["pid"] != before["pid"]
+
+
+def test_a_whole_tree_frozen_past_the_liveness_timeout_and_resumed_restarts_nobody(tree):
+    """SIGSTOP of the supervisor and every child (a frozen VM, the chaos tool's pause-leader),
+    longer than the liveness timeout: on SIGCONT the supervisor must not take its own pause
+    for every child's silence (it killed every actor of the broker at once)."""
+    t = tree([ECHO], {"liveness_timeout": 2.0})
+    before = t.status()
+    procs = [psutil.Process(t.proc.pid)] + [psutil.Process(a["pid"]) for a in before.values()]
+    for p in procs:  # the supervisor first, so it does not see its children stop
+        p.send_signal(signal.SIGSTOP)
+    time.sleep(5)
+    for p in reversed(procs):
+        p.send_signal(signal.SIGCONT)
+    time.sleep(4)  # two liveness timeouts: a wrong kill would have happened
+    after = t.status()
+    assert {n: a["restarts"] for n, a in after.items()} == {n: 0 for n in before}
+    assert [t.client.request(n, "echo", {}).fields["by"] for n in sorted(before)] == sorted(before)
