@@ -82,6 +82,7 @@ WATERMARKS = "watermarks"  # no data, but the leader's high watermark or log sta
 NOTHING = "nothing"
 STOP = "stop"
 BACKOFF = "backoff"
+TRUNCATION_BACKOFF_CAP = 8  # a truncation refused again and again is retried at most every 8 backoffs
 RETRUNCATE = "retruncate"
 TRUNCATE_FULLY = "truncate_fully"
 CORRUPT = "corrupt"
@@ -351,7 +352,8 @@ class Followed:
     """What the fetcher knows of one followed partition."""
 
     __slots__ = ("topic", "partition", "leader", "leader_epoch", "state", "gen", "fetch_offset",
-                 "high_watermark", "log_start_offset", "retry_at", "why", "out_of_range", "bytes", "batches")
+                 "high_watermark", "log_start_offset", "retry_at", "why", "out_of_range", "failed_truncations",
+                 "bytes", "batches")
 
     def __init__(self, topic: str, partition: int, leader: int, leader_epoch: int):
         self.topic, self.partition, self.leader, self.leader_epoch = topic, partition, leader, leader_epoch
@@ -363,6 +365,7 @@ class Followed:
         self.retry_at = 0.0
         self.why = ""
         self.out_of_range = 0  # OFFSET_OUT_OF_RANGE answers in a row
+        self.failed_truncations = 0  # in a row, at this leader epoch: the retry backs off further
         self.bytes = 0
         self.batches = 0
 
@@ -483,6 +486,7 @@ class ReplicaFetcher(Actor):
             if p.leader != leader:
                 self._leave_session(p)
             p.leader, p.leader_epoch = leader, epoch
+            p.failed_truncations = 0
         if leader == self.broker_id or leader < 0:
             self._leave_session(p)
             p.state, p.why = STOPPED, ("this broker leads it" if leader >= 0 else "no leader")
@@ -591,8 +595,13 @@ class ReplicaFetcher(Actor):
         return p if p is not None and p.gen == gen and p.state == state else None
 
     def _retry_truncation(self, p: Followed, why: str) -> None:
-        log.info("%s-%d: truncation failed (%s); retrying in %gs", p.topic, p.partition, why, self.backoff)
-        self._needs_truncation(p, why, self.backoff)
+        """The leader refused (a deposed leader answers NOT_LEADER_OR_FOLLOWER until the
+        controller tells us who leads now): try again later, doubling the wait each time in a
+        row up to TRUNCATION_BACKOFF_CAP backoffs. A new leader or epoch retries at once."""
+        delay = self.backoff * min(2 ** p.failed_truncations, TRUNCATION_BACKOFF_CAP)
+        p.failed_truncations += 1
+        log.info("%s-%d: truncation failed (%s); retrying in %gs", p.topic, p.partition, why, delay)
+        self._needs_truncation(p, why, delay)
 
     def _on_follower_state(self, s: LeaderSession, group: list, reply: Message) -> None:
         gens = {(t, q): g for t, q, g in group}
@@ -681,7 +690,7 @@ class ReplicaFetcher(Actor):
                     self._retry_truncation(p, f"{type_}: {err.name}")
                 continue
             self.truncations += 1
-            p.state, p.why, p.fetch_offset, p.retry_at = FETCHING, "", end, 0.0
+            p.state, p.why, p.fetch_offset, p.retry_at, p.failed_truncations = FETCHING, "", end, 0.0, 0
             p.high_watermark = p.log_start_offset = -1  # tell the log actor the leader's again
             log.info("%s-%d: fetching from broker %d at offset %d (leader epoch %d)", t, q, p.leader, end,
                      p.leader_epoch)

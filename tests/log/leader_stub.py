@@ -25,6 +25,7 @@ class LeaderStub(ScriptedBroker):
         self.epoch = {(t, p): epoch for t, n in topics.items() for p in range(n)}
         self.start = {(t, p): 0 for t, n in topics.items() for p in range(n)}
         self.fail: dict[tuple, list] = {}
+        self.refuse_epochs: dict[tuple, ErrorCode] = {}  # OFFSET_FOR_LEADER_EPOCH answers this while set
         self.fetches: list = []  # [(topic, partition, fetch_offset, current_leader_epoch, replica_id)]
         super().__init__(topics)
 
@@ -94,7 +95,7 @@ class LeaderStub(ScriptedBroker):
                 parts = []
                 for p in t["partitions"]:
                     tp = (t["name"], p["index"])
-                    problem = self._epoch_problem(tp, p.get("current_leader_epoch"))
+                    problem = self.refuse_epochs.get(tp) or self._epoch_problem(tp, p.get("current_leader_epoch"))
                     if problem is not None:
                         parts.append({"index": p["index"], "error_code": int(problem), "leader_epoch": -1,
                                       "end_offset": -1})

@@ -13,7 +13,7 @@ from odradek.actors.runtime import Actor
 from odradek.actors.names import placement
 from odradek.log import records as fmt
 from odradek.log import replica_fetcher as rf
-from odradek.network.protocol import ErrorCode
+from odradek.network.protocol import ApiKey, ErrorCode
 from tests.log.leader_stub import LeaderStub
 
 
@@ -456,3 +456,34 @@ def test_a_new_leader_takes_over_and_the_old_session_goes(cluster):
     finally:
         c.stop()
         new.close()
+
+
+def test_a_leader_that_keeps_refusing_truncation_is_asked_less_and_less_often_and_a_new_epoch_asks_at_once(cluster):
+    """A deposed leader answers NOT_LEADER_OR_FOLLOWER until the controller's word reaches the
+    follower; the chaos runs saw followers ask it 5 times a second for a minute. Each refusal in
+    a row doubles the wait (backoff 50 ms here, at most 8 backoffs): about 6 questions in 1.5 s,
+    where a fixed backoff asked ~30. A new leader epoch asks again at once."""
+    leader = LeaderStub({"t": 1}, epoch=3)
+    leader.append("t", 0, 2)
+    leader.refuse_epochs[("t", 0)] = ErrorCode.NOT_LEADER_OR_FOLLOWER
+    logs = {("t", 0): FollowerLog(3, [batch(0, 2, 3)])}
+
+    def asked() -> int:
+        with leader.lock:
+            return sum(1 for api, _ in leader.requests if api == ApiKey.OFFSET_FOR_LEADER_EPOCH)
+    c = cluster(leader, logs)
+    c.follow([("t", 0, 3)])
+    assert c.wait_for(lambda: asked() >= 1)
+    time.sleep(1.5)
+    assert 2 <= asked() <= 8, asked()
+
+    with leader.lock:
+        del leader.refuse_epochs[("t", 0)]
+        leader.epoch[("t", 0)] = 4
+    with c.lock:
+        logs[("t", 0)].epoch = 4
+    before = asked()
+    c.follow([("t", 0, 4)])
+    assert c.wait_for(lambda: asked() > before, timeout=1.0)  # at once, not after the grown wait
+    leader.append("t", 0, 2)
+    assert c.wait_for(lambda: logs[("t", 0)].end == 4)
