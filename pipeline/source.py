@@ -290,10 +290,17 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
         new = [tp for tp in latest if tp not in begin]
         if new:
             begin.update(planner.list_offsets(new, opt.EARLIEST))
+        behind = {tp: off for tp, off in latest.items() if off < begin[tp]}
+        if behind and self.o.read_committed:  # a position past an open transaction (given in
+            # startingOffsets, or checkpointed read_uncommitted) waits there if the log reaches it
+            ends = Planner(self.o.bootstrap, self.o.offset_retries,
+                           self.o.offset_retry_interval_ms).list_offsets(sorted(behind), opt.LATEST)
+            behind = {tp: off for tp, off in behind.items() if ends[tp] < begin[tp]}
         for tp, off in latest.items():
             if off < begin[tp]:
-                self._lost(f"{tp[0]}-{tp[1]}: the latest offset {off} is below the position {begin[tp]} "
-                           f"(the partition was truncated or recreated)")
+                if tp in behind:
+                    self._lost(f"{tp[0]}-{tp[1]}: the latest offset {off} is below the position {begin[tp]} "
+                               f"(the partition was truncated or recreated)")
                 latest[tp] = begin[tp]
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit(begin, latest, limit.max_rows)

@@ -143,13 +143,18 @@ def test_a_read_committed_stream_waits_at_an_open_transaction_and_reads_it_once_
         opts = {"subscribe": topic_name, "startingOffsets": "earliest", "kafka.isolation.level": "read_committed"}
         run_available_now(spark, bs, sink, ckpt, **opts)
         assert sorted(o for _, _, o in sink.rows) == Transactions.COMMITTED
-        run_available_now(spark, bs, sink, ckpt, **opts)  # still open: nothing more
-        assert sorted(o for _, _, o in sink.rows) == Transactions.COMMITTED
+        # a stream told to start past the open transaction (offset 16) waits there, no data loss
+        late, late_ckpt = Collect(), str(tmp_path / "late")
+        late_opts = {**opts, "startingOffsets": json.dumps({topic_name: {"0": 16}})}
+        run_available_now(spark, bs, late, late_ckpt, **late_opts)
+        assert late.rows == {}
         t.commit_open()
         run_available_now(spark, bs, sink, ckpt, **opts)
         assert sorted(o for _, _, o in sink.rows) == Transactions.COMMITTED + Transactions.OPEN
         assert sink.deliveries == len(sink.rows)
         assert sink.rows[(topic_name, 0, 13)] == b"open0"
+        run_available_now(spark, bs, late, late_ckpt, **late_opts)
+        assert sorted(late.rows) == [(topic_name, 0, 16), (topic_name, 0, 17)]
     finally:
         t.close()
 
