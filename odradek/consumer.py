@@ -151,6 +151,41 @@ def _decode_kafka(view, pos: int, h, topic: str, partition: int, min_offset: int
             for r in rows if r.offset >= min_offset]
 
 
+class AbortedTransactions:
+    """Which batches a ``read_committed`` reader of one partition must not hand out: control
+    batches (commit/abort markers) and, Kafka's consumer rule, a producer's transactional
+    batches from its aborted transaction's first offset up to its abort marker.
+
+    Fed with each fetch answer's ``aborted_transactions`` (``add``), then asked about every
+    batch in offset order (``skips``). Pure; shared by the bundled ``Consumer`` and the Spark
+    connector's fetcher (``odradek.pipeline.broker``)."""
+
+    __slots__ = ("ahead", "aborting")
+
+    def __init__(self):
+        self.ahead: list = []  # (first_offset, producer_id) of aborted transactions not reached yet
+        self.aborting: set = set()  # producer ids whose aborted transaction is being skipped
+
+    def add(self, entries) -> None:
+        """A fetch answer's ``aborted_transactions`` (``[{producer_id, first_offset}]``)."""
+        for a in entries or ():
+            entry = (a["first_offset"], a["producer_id"])
+            if entry not in self.ahead:
+                self.ahead.append(entry)
+        self.ahead.sort()
+
+    def skips(self, h) -> bool:
+        """Whether the batch with header ``h`` (the next one in offset order) is hidden."""
+        last = h.base_offset + h.last_offset_delta
+        ahead = self.ahead
+        while ahead and ahead[0][0] <= last:
+            self.aborting.add(ahead.pop(0)[1])
+        if h.attributes & fmt.CONTROL_BIT:
+            self.aborting.discard(h.producer_id)  # the marker ends that producer's transaction
+            return True
+        return bool(h.attributes & kafka_batch.TRANSACTIONAL_BIT) and h.producer_id in self.aborting
+
+
 class ConsumerGroupMetadata(NamedTuple):
     group_id: str
     generation_id: int
@@ -162,7 +197,7 @@ class _Partition:
     """What the consumer knows of one assigned partition."""
 
     __slots__ = ("tp", "position", "fetch_offset", "reset", "in_flight", "epoch", "batches", "buffered",
-                 "leftover", "retry_at", "high_watermark", "view", "aborted", "aborting")
+                 "leftover", "retry_at", "high_watermark", "view", "aborted")
 
     def __init__(self, tp: TopicPartition):
         self.tp = tp
@@ -176,11 +211,10 @@ class _Partition:
         self.leftover: list = []  # decoded records not yet returned
         self.retry_at = 0.0
         self.high_watermark = -1
-        self.aborted: list = []  # read_committed: (first_offset, producer_id) of aborted transactions ahead
-        self.aborting: set = set()  # producer ids whose aborted transaction is being skipped
+        self.aborted = AbortedTransactions()  # read_committed: what to skip
 
     def clear(self) -> None:
-        self.aborted, self.aborting = [], set()
+        self.aborted = AbortedTransactions()
         self.batches.clear()
         self.buffered = 0
         self.leftover = []
@@ -434,16 +468,9 @@ class Consumer:
         """Control batches (transaction markers) are never handed out; with read_committed,
         neither are the batches of an aborted transaction (Kafka's consumer rule: a producer
         is skipped from its aborted transaction's first offset to its abort marker)."""
-        control = h.attributes & fmt.CONTROL_BIT
         if not self.read_committed:
-            return bool(control)
-        last = h.base_offset + h.last_offset_delta
-        while p.aborted and p.aborted[0][0] <= last:
-            p.aborting.add(p.aborted.pop(0)[1])
-        if control:
-            p.aborting.discard(h.producer_id)  # the marker ends that producer's transaction
-            return True
-        return bool(h.attributes & kafka_batch.TRANSACTIONAL_BIT) and h.producer_id in p.aborting
+            return bool(h.attributes & fmt.CONTROL_BIT)
+        return p.aborted.skips(h)
 
     # ---- fetching ---------------------------------------------------------------------------------
     def _send_fetches(self) -> None:
@@ -517,11 +544,7 @@ class Consumer:
                 self._partition_error(p, code, part.get("error_message"))
                 continue
             p.high_watermark = part.get("high_watermark", p.high_watermark)
-            for a in part.get("aborted_transactions") or ():
-                entry = (a["first_offset"], a["producer_id"])
-                if entry not in p.aborted:
-                    p.aborted.append(entry)
-            p.aborted.sort()
+            p.aborted.add(part.get("aborted_transactions"))
             self._queue_batches(p, offset, payload, start, end)
 
     def _queue_batches(self, p: _Partition, offset: int, payload, start: int, end: int) -> None:

@@ -13,6 +13,12 @@ backoff until ``kafkaConsumer.pollTimeoutMs`` passes without progress (executors
 that names the partition and the last error. Data that retention deleted before it could be
 read is reported through ``DataLoss``, which the caller turns into an error or a warning per
 ``failOnDataLoss``.
+
+Isolation (``kafka.isolation.level``): with read_committed, ListOffsets' "latest" is the last
+stable offset (``isolation_level`` 1), so no planned range reaches into an open transaction,
+and fetches carry ``isolation_level`` 1; ``RangeFetcher`` drops the batches of aborted
+transactions (from the aborted ranges each answer carries) and control batches before the
+caller sees them. Offsets are never renumbered: what is dropped leaves gaps.
 """
 from __future__ import annotations
 
@@ -23,7 +29,8 @@ from typing import Iterator
 
 from odradek.log import records as fmt
 from odradek.network.client import BrokerConnection, parse_bootstrap
-from odradek.consumer import split_batches  # one walk of a fetch answer's batches, shared with the client
+# one walk of a fetch answer's batches and the read_committed rule, shared with the client
+from odradek.consumer import AbortedTransactions, split_batches
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.pipeline")
@@ -49,10 +56,12 @@ def _connection(host: str, port: int, request_timeout_ms: int = 30_000) -> Broke
 class Planner:
     """Driver side: which partitions exist, and the offsets that bound what to read."""
 
-    def __init__(self, bootstrap: str, retries: int = 3, retry_interval_ms: int = 1000):
+    def __init__(self, bootstrap: str, retries: int = 3, retry_interval_ms: int = 1000,
+                 read_committed: bool = False):
         self.servers = parse_bootstrap(bootstrap)
         self.retries = retries
         self.retry_interval = retry_interval_ms / 1000
+        self.isolation_level = 1 if read_committed else 0  # 1: "latest" is the last stable offset
 
     def _request(self, api: ApiKey, body: dict) -> dict:
         """One request to the first bootstrap server that answers, retried on retriable errors."""
@@ -90,14 +99,16 @@ class Planner:
 
     def list_offsets(self, partitions: list[tuple[str, int]], timestamp) -> dict:
         """``{(topic, partition): offset}`` for one timestamp (-2 earliest, -1 latest, or ms) or
-        per partition (``timestamp`` a dict). -1 in the answer: no record that late."""
+        per partition (``timestamp`` a dict). -1 in the answer: no record that late. With
+        read_committed, -1 (latest) answers the last stable offset."""
         if not partitions:
             return {}
         by_topic: dict[str, list] = {}
         for t, p in partitions:
             ts = timestamp[(t, p)] if isinstance(timestamp, dict) else timestamp
             by_topic.setdefault(t, []).append({"index": p, "timestamp": ts})
-        body = self._request(ApiKey.LIST_OFFSETS, {"topics": [{"name": t, "partitions": ps}
+        body = self._request(ApiKey.LIST_OFFSETS, {"isolation_level": self.isolation_level,
+                                                   "topics": [{"name": t, "partitions": ps}
                                                               for t, ps in by_topic.items()]})
         out = {}
         for t in body.get("topics", []):
@@ -119,11 +130,13 @@ class RangeFetcher:
     Pipelined: the next FETCH is sent as soon as the previous answer's batch headers are read,
     before its records are decoded, so the broker reads ahead while this process decodes.
     Yields ``(batches, view)`` per answer: the whole batches (``[(position, BatchHeader)]``)
-    to decode from ``view``; the caller trims records outside the range.
+    to decode from ``view``; the caller trims records outside the range. With
+    ``read_committed`` the batches of aborted transactions and control batches are left out
+    (the list may then be empty).
     """
 
     def __init__(self, bootstrap: str, leader: tuple[str, int] | None, topic: str, partition: int,
-                 fetch_bytes: int, poll_timeout_ms: int, fail_on_data_loss: bool):
+                 fetch_bytes: int, poll_timeout_ms: int, fail_on_data_loss: bool, read_committed: bool = False):
         self.bootstrap = bootstrap
         self.leader = leader
         self.topic, self.partition = topic, partition
@@ -132,6 +145,8 @@ class RangeFetcher:
         self.fail_on_data_loss = fail_on_data_loss
         self.conn: BrokerConnection | None = None
         self.skipped = 0  # records lost to retention while failOnDataLoss=false
+        self.read_committed = read_committed
+        self.aborted = AbortedTransactions()  # read_committed: the aborted ranges met so far
 
     @property
     def name(self) -> str:
@@ -159,7 +174,7 @@ class RangeFetcher:
 
     def _send(self, offset: int) -> int:
         body = {"max_wait_ms": FETCH_MAX_WAIT_MS, "min_bytes": 1, "max_bytes": self.fetch_bytes,
-                "isolation_level": 0,
+                "isolation_level": 1 if self.read_committed else 0,
                 "topics": [{"name": self.topic, "partitions": [
                     {"index": self.partition, "fetch_offset": offset, "partition_max_bytes": self.fetch_bytes}]}]}
         return self._conn().send(ApiKey.FETCH, body)
@@ -229,7 +244,11 @@ class RangeFetcher:
                 raise OdradekError(f"{self.name}: corrupt batch header at offset {pos}", ErrorCode.CORRUPT_MESSAGE)
             hw = part.get("high_watermark", -1)
             raise _Retry(f"{self.name}: no whole batch at offset {pos} (high watermark {hw}, {stop or 'empty'})")
-        return batches, view, batches[-1][1].next_offset
+        next_pos = batches[-1][1].next_offset
+        if self.read_committed:
+            self.aborted.add(part.get("aborted_transactions"))
+            batches = [(at, h) for at, h in batches if not self.aborted.skips(h)]
+        return batches, view, next_pos
 
     def _out_of_range(self, pos: int, part: dict) -> None:
         start = part.get("log_start_offset", -1)

@@ -74,6 +74,7 @@ class ReadOptions:
     poll_timeout_ms: int = DEFAULT_POLL_TIMEOUT_MS
     offset_retries: int = 3
     offset_retry_interval_ms: int = 1000
+    read_committed: bool = False  # kafka.isolation.level=read_committed
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,24 @@ def bootstrap_servers(opts: dict) -> str:
         if not sep or not port.isdigit():
             raise OptionError(f"kafka.bootstrap.servers: {item.strip()!r} is not host:port")
     return str(value)
+
+
+ISOLATION_LEVELS = ("read_uncommitted", "read_committed")
+
+
+def read_committed(opts: dict) -> bool:
+    """``kafka.isolation.level`` (the Kafka consumer's setting, as Spark's Kafka source passes
+    it through) or ``isolationLevel``: ``read_uncommitted`` (the default, as Kafka's consumer
+    and Spark's Kafka source) or ``read_committed``."""
+    a, b = opts.get("kafka.isolation.level"), opts.get("isolationlevel")
+    if a is not None and b is not None and str(a).strip().lower() != str(b).strip().lower():
+        raise OptionError(f"kafka.isolation.level ({a!r}) and isolationLevel ({b!r}) disagree: give one")
+    name = "kafka.isolation.level" if a is not None else "isolationLevel"
+    value = str(a if a is not None else b if b is not None else "read_uncommitted").strip().lower()
+    if value not in ISOLATION_LEVELS:
+        raise OptionError(f"option {name} must be read_uncommitted or read_committed, "
+                          f"got {a if a is not None else b!r}")
+    return value == "read_committed"
 
 
 def _bool(opts: dict, name: str, default: bool) -> bool:
@@ -232,6 +251,7 @@ def _common(opts: dict) -> dict:
         poll_timeout_ms=_int(opts, "kafkaConsumer.pollTimeoutMs", DEFAULT_POLL_TIMEOUT_MS, minimum=1),
         offset_retries=_int(opts, "fetchOffset.numRetries", 3, minimum=0),
         offset_retry_interval_ms=_int(opts, "fetchOffset.retryIntervalMs", 1000, minimum=0),
+        read_committed=read_committed(opts),
     )
 
 

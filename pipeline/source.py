@@ -14,6 +14,11 @@ Where each piece runs (PySpark 4.x Python data sources):
 Offsets (the checkpoint's JSON) are Spark's Kafka shape, ``{"topic": {"0": 42}}`` with
 string partition ids and sorted keys at both levels, because Spark compares offsets as JSON
 strings: the same position must always serialize the same way.
+
+Isolation: with ``kafka.isolation.level=read_committed`` every "latest" the planner asks for
+is the last stable offset, so a batch read ends before the first open transaction and a
+stream never advances past one (its rows come in a later micro-batch, once committed);
+executors drop aborted transactions' records and control batches (``pipeline.broker``).
 """
 from __future__ import annotations
 
@@ -75,7 +80,7 @@ class OdradekDataSource(DataSource):
 
 # ---- planning (driver) ------------------------------------------------------------------------
 def _planner(o: opt.ReadOptions) -> Planner:
-    return Planner(o.bootstrap, o.offset_retries, o.offset_retry_interval_ms)
+    return Planner(o.bootstrap, o.offset_retries, o.offset_retry_interval_ms, o.read_committed)
 
 
 def _topic_partitions(o: opt.ReadOptions, meta: dict, strict: bool) -> list[TP]:
@@ -121,8 +126,9 @@ def resolve(planner: Planner, spec: opt.OffsetSpec, tps: list[TP], o: opt.ReadOp
         for tp, v in wanted.items():
             out[tp] = earliest[tp] if v == opt.EARLIEST else latest[tp] if v == opt.LATEST else v
             if out[tp] > latest[tp] and ending:
-                raise opt.OptionError(f"option {spec.option}: {tp[0]}-{tp[1]} offset {v} is beyond the latest "
-                                      f"offset {latest[tp]}")
+                what = "last stable offset (read_committed)" if o.read_committed else "latest offset"
+                raise opt.OptionError(f"option {spec.option}: {tp[0]}-{tp[1]} offset {v} is beyond the {what} "
+                                      f"{latest[tp]}")
         return out
     stamps = {tp: spec.ts for tp in tps} if spec.kind == "timestamp" else \
         {tp: spec.per[tp] for tp in tps if tp in spec.per}
@@ -184,7 +190,7 @@ class _Reader:
     def read(self, part: OffsetRange) -> Iterator:
         o = self.o
         fetcher = RangeFetcher(o.bootstrap, part.leader, part.topic, part.partition, o.fetch_bytes,
-                               o.poll_timeout_ms, o.fail_on_data_loss)
+                               o.poll_timeout_ms, o.fail_on_data_loss, o.read_committed)
         try:
             for batches, view, pos in fetcher.fetch(part.start, part.end):  # pos: after any skipped gap
                 rb = to_arrow(view, batches, part.topic, part.partition, pos, part.end, o.include_headers)
@@ -284,10 +290,17 @@ class StreamReader(_Reader, DataSourceStreamReader, SupportsTriggerAvailableNow)
         new = [tp for tp in latest if tp not in begin]
         if new:
             begin.update(planner.list_offsets(new, opt.EARLIEST))
+        behind = {tp: off for tp, off in latest.items() if off < begin[tp]}
+        if behind and self.o.read_committed:  # a position past an open transaction (given in
+            # startingOffsets, or checkpointed read_uncommitted) waits there if the log reaches it
+            ends = Planner(self.o.bootstrap, self.o.offset_retries,
+                           self.o.offset_retry_interval_ms).list_offsets(sorted(behind), opt.LATEST)
+            behind = {tp: off for tp, off in behind.items() if ends[tp] < begin[tp]}
         for tp, off in latest.items():
             if off < begin[tp]:
-                self._lost(f"{tp[0]}-{tp[1]}: the latest offset {off} is below the position {begin[tp]} "
-                           f"(the partition was truncated or recreated)")
+                if tp in behind:
+                    self._lost(f"{tp[0]}-{tp[1]}: the latest offset {off} is below the position {begin[tp]} "
+                               f"(the partition was truncated or recreated)")
                 latest[tp] = begin[tp]
         if isinstance(limit, ReadMaxRows):
             latest = rate_limit(begin, latest, limit.max_rows)

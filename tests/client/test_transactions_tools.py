@@ -191,6 +191,8 @@ def test_dump_log_shows_markers_producer_snapshots_and_the_aborted_transactions_
     batches = [ln for ln in out if ln.startswith("baseOffset:")]
     assert "producerId: 7000 producerEpoch: 3" in batches[1] and "isControl: true" in batches[1]
     assert "isTransactional: true" in batches[0] and "isControl: false" in batches[0]
+    assert "baseSequence: 0 producerId: 7000 producerEpoch: 3" in batches[0]  # the producer's sequence too
+    assert "baseSequence: 0 producerId: 9000" in batches[4]
     markers = [ln for ln in out if "endTxnMarker" in ln]
     assert [m.split(" CreateTime")[0] for m in markers] == ["| offset: 2", "| offset: 5"]
     assert markers[0].endswith("endTxnMarker: ABORT coordinatorEpoch: 5")

@@ -42,6 +42,19 @@ def test_bad_batch_options_are_named(extra, named):
         opt.batch_read_options({**BS, **extra})
 
 
+def test_isolation_level_takes_kafkas_option_name_or_isolation_level_and_defaults_to_read_uncommitted():
+    assert not opt.batch_read_options({**BS, "subscribe": "a"}).read_committed
+    assert opt.batch_read_options({**BS, "subscribe": "a", "kafka.isolation.level": "read_committed"}).read_committed
+    assert opt.stream_read_options({**BS, "subscribe": "a", "isolationLevel": "READ_COMMITTED"}).read_committed
+    assert not opt.stream_read_options({**BS, "subscribe": "a", "kafka.isolation.level": "read_uncommitted",
+                                        "isolationLevel": "read_uncommitted"}).read_committed
+    with pytest.raises(opt.OptionError, match="kafka.isolation.level .*read_uncommitted or read_committed"):
+        opt.batch_read_options({**BS, "subscribe": "a", "kafka.isolation.level": "serializable"})
+    with pytest.raises(opt.OptionError, match="disagree"):
+        opt.batch_read_options({**BS, "subscribe": "a", "kafka.isolation.level": "read_committed",
+                                "isolationLevel": "read_uncommitted"})
+
+
 def test_a_stream_refuses_ending_options():
     with pytest.raises(opt.OptionError, match="endingOffsets"):
         opt.stream_read_options({**BS, "subscribe": "a", "endingOffsets": "latest"})

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from odradek import Admin, TopicPartition
-from tests.pipeline.support import BASE_TS, create, produce, reader, rows
+from tests.pipeline.support import BASE_TS, Transactions, create, produce, reader, rows
 
 
 def test_a_batch_read_returns_exactly_what_was_produced(spark, mod_broker, topic_name):
@@ -137,6 +137,35 @@ def test_failon_data_loss_false_skips_deleted_records_and_true_fails(spark, mod_
     assert [r[1] for r in got] == [p[1] for p in produced if p[1] >= 40]
     with pytest.raises(Exception, match="failOnDataLoss"):
         df_strict.collect()
+
+
+def offsets_and_values(df) -> list[tuple]:
+    return sorted((r.offset, bytes(r.value)) for r in df.select("offset", "value").collect())
+
+
+def test_read_committed_returns_committed_and_plain_records_only_and_stops_before_the_open_transaction(
+        spark, mod_broker, topic_name):
+    """Offsets stay the log's: gaps where the markers (6, 10) and the aborted records (7-9)
+    are. Split into tasks of two offsets, some tasks start inside the aborted transaction or
+    on a marker and still drop exactly what they should."""
+    bs = mod_broker.bootstrap
+    t = Transactions(bs, topic_name)
+    try:
+        for split in ({}, {"maxRecordsPerPartition": "2"}):
+            df = reader(spark, bs, subscribe=topic_name, **{"kafka.isolation.level": "read_committed"}, **split).load()
+            got = offsets_and_values(df)
+            assert [o for o, _ in got] == Transactions.COMMITTED, split
+            assert [v for _, v in got] == [b"plain0", b"plain1", b"plain2", b"committed0", b"committed1",
+                                           b"committed2", b"plain3", b"plain4"]
+        everything = offsets_and_values(reader(spark, bs, subscribe=topic_name).load())
+        assert [o for o, _ in everything] == sorted(Transactions.DATA)  # no control batch, the rest all there
+        assert everything == offsets_and_values(reader(spark, bs, subscribe=topic_name,
+                                                       isolationLevel="read_uncommitted").load())
+        t.commit_open()
+        df = reader(spark, bs, subscribe=topic_name, isolationLevel="read_committed").load()
+        assert [o for o, _ in offsets_and_values(df)] == Transactions.COMMITTED + Transactions.OPEN
+    finally:
+        t.close()
 
 
 # ---- bad input: the message names the option ---------------------------------------------

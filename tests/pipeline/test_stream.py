@@ -15,7 +15,7 @@ import pytest
 
 from odradek import Admin, TopicPartition
 from odradek.pipeline import clicks
-from tests.pipeline.support import create, produce
+from tests.pipeline.support import Transactions, create, produce
 
 
 class Collect:
@@ -129,6 +129,34 @@ def test_deleted_records_fail_the_stream_or_are_skipped_per_fail_on_data_loss(sp
     lenient.rows.clear()
     run_available_now(spark, bs, lenient, str(tmp_path / "lenient"), subscribe=topic_name, failOnDataLoss="false")
     assert sorted(k[2] for k in lenient.rows) == [p[1] for p in later if p[1] >= 120]
+
+
+def test_a_read_committed_stream_waits_at_an_open_transaction_and_reads_it_once_committed(
+        spark, mod_broker, topic_name, tmp_path):
+    """A micro-batch ends at the last stable offset: the open transaction's rows (and the plain
+    records after it) come in a later run, after the commit, each once; aborted records and
+    markers never come."""
+    bs = mod_broker.bootstrap
+    t = Transactions(bs, topic_name)
+    try:
+        sink, ckpt = Collect(), str(tmp_path / "ckpt")
+        opts = {"subscribe": topic_name, "startingOffsets": "earliest", "kafka.isolation.level": "read_committed"}
+        run_available_now(spark, bs, sink, ckpt, **opts)
+        assert sorted(o for _, _, o in sink.rows) == Transactions.COMMITTED
+        # a stream told to start past the open transaction (offset 16) waits there, no data loss
+        late, late_ckpt = Collect(), str(tmp_path / "late")
+        late_opts = {**opts, "startingOffsets": json.dumps({topic_name: {"0": 16}})}
+        run_available_now(spark, bs, late, late_ckpt, **late_opts)
+        assert late.rows == {}
+        t.commit_open()
+        run_available_now(spark, bs, sink, ckpt, **opts)
+        assert sorted(o for _, _, o in sink.rows) == Transactions.COMMITTED + Transactions.OPEN
+        assert sink.deliveries == len(sink.rows)
+        assert sink.rows[(topic_name, 0, 13)] == b"open0"
+        run_available_now(spark, bs, late, late_ckpt, **late_opts)
+        assert sorted(late.rows) == [(topic_name, 0, 16), (topic_name, 0, 17)]
+    finally:
+        t.close()
 
 
 def test_a_stream_on_an_unknown_topic_names_the_option(spark, mod_broker, topic_name, tmp_path):
