@@ -8,7 +8,11 @@ thread-safe entry point of an actor), as ``callback(body, None)`` or ``callback(
 Threads never touch the actor's ZeroMQ sockets. Connections go to the brokers' inter-broker
 listener, with its TLS and SASL (``inter.broker.listener.name``, docs/SECURITY.md). A broker that cannot be reached is retried
 with a short backoff until the request's own deadline; a broker removed from the channel
-fails its queued requests.
+fails its queued requests. One attempt waits at most ``attempt_timeout``
+(``controller.socket.timeout.ms``) for its answer: a connection that went silent (a
+partition that swallowed the request, a middlebox that forgot the connection) is closed and
+the request sent again on a new one, rather than waiting out the whole deadline on a
+connection that will never answer; the requests are idempotent (same controller epoch).
 """
 from __future__ import annotations
 
@@ -29,9 +33,11 @@ Callback = Callable[[Any, Any], None]
 
 
 class _Sender:
-    def __init__(self, broker_id: int, host: str, port: int, post: Callable, client_id: str, security=None):
+    def __init__(self, broker_id: int, host: str, port: int, post: Callable, client_id: str, security=None,
+                 attempt_timeout: float = 30.0):
         self.broker_id, self.address = broker_id, (host, port)
         self.post, self.client_id, self.security = post, client_id, security
+        self.attempt_timeout = attempt_timeout
         self.queue: queue.Queue = queue.Queue()
         self.thread = threading.Thread(target=self.run, name=f"controller-to-{broker_id}", daemon=True)
         self.thread.start()
@@ -46,11 +52,12 @@ class _Sender:
             answer, why = None, "not sent"
             while time.monotonic() < deadline:
                 try:
+                    wait = max(min(deadline - time.monotonic(), self.attempt_timeout), 0.1)
                     if conn is None:
                         conn = BrokerConnection(*self.address, client_id=self.client_id,
-                                                request_timeout_ms=int(max(deadline - time.monotonic(), 0.1) * 1000),
+                                                request_timeout_ms=int(wait * 1000),
                                                 connect_timeout_ms=CONNECT_TIMEOUT_MS, security=self.security)
-                    answer = conn.request(api, body, timeout=max(deadline - time.monotonic(), 0.1)).body
+                    answer = conn.request(api, body, timeout=wait).body
                     why = None
                     break
                 except (OSError, OdradekError) as exc:
@@ -74,10 +81,12 @@ class _Sender:
 
 
 class ControllerChannel:
-    def __init__(self, post: Callable, client_id: str, security=None):
+    def __init__(self, post: Callable, client_id: str, security=None, attempt_timeout: float = 30.0):
         """``security``: a ``network.clientauth.ClientSecurity`` for the inter-broker
-        listener (``ClientSecurity.inter_broker(config)``), None for PLAINTEXT."""
+        listener (``ClientSecurity.inter_broker(config)``), None for PLAINTEXT;
+        ``attempt_timeout``: seconds one attempt waits for its answer."""
         self.post, self.client_id, self.security = post, client_id, security
+        self.attempt_timeout = attempt_timeout
         self.senders: dict[int, _Sender] = {}
 
     def set_brokers(self, brokers: dict[int, tuple[str, int]]) -> None:
@@ -89,7 +98,8 @@ class ControllerChannel:
                 del self.senders[broker_id]
         for broker_id, (host, port) in brokers.items():
             if broker_id not in self.senders:
-                self.senders[broker_id] = _Sender(broker_id, host, port, self.post, self.client_id, self.security)
+                self.senders[broker_id] = _Sender(broker_id, host, port, self.post, self.client_id, self.security,
+                                                  self.attempt_timeout)
 
     def send(self, broker_id: int, api: int, body: dict, callback: Callback, timeout: float = 30.0) -> None:
         sender = self.senders.get(broker_id)

@@ -64,8 +64,9 @@ class ClusterController(Actor):
         self.controller: ActiveController | None = None  # while this broker is the controller
         self.outbox = Outbox.of(self)
         security = ClientSecurity.inter_broker(config)  # the inter-broker listener's TLS/SASL
-        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}", security)
-        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}", security)  # this broker -> the controller
+        attempt = config["controller.socket.timeout.ms"] / 1000
+        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}", security, attempt)
+        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}", security, attempt)  # -> the controller
         hosts, _, chroot = config["zookeeper.connect"].partition("/")
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))

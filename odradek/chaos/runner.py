@@ -31,6 +31,7 @@ from odradek.chaos.workload import History, Workload, read_everything
 CLUSTER_SETTINGS = {
     "zookeeper.session.timeout.ms": 3000,
     "zookeeper.connection.timeout.ms": 10000,
+    "controller.socket.timeout.ms": 5000,  # a request a partition swallowed is sent again 5 s on
     "replica.lag.time.max.ms": 2000,
     "replica.fetch.wait.max.ms": 200,
     "replica.fetch.backoff.ms": 200,
