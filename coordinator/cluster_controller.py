@@ -64,9 +64,11 @@ class ClusterController(Actor):
         self.controller: ActiveController | None = None  # while this broker is the controller
         self.outbox = Outbox.of(self)
         security = ClientSecurity.inter_broker(config)  # the inter-broker listener's TLS/SASL
-        attempt = config["controller.socket.timeout.ms"] / 1000
-        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}", security, attempt)
-        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}", security, attempt)  # -> the controller
+        # controller -> brokers: idempotent requests, sent again when a connection goes silent
+        self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}", security,
+                                         config["controller.socket.timeout.ms"] / 1000)
+        # this broker -> the controller: a relayed CreateTopics sent twice would answer "exists"
+        self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}", security)
         hosts, _, chroot = config["zookeeper.connect"].partition("/")
         self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
                               connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))

@@ -284,8 +284,8 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "Time a broker waits for ZooKeeper at start before giving up (a controller actor restarted in a "
             "running broker waits as long as it takes).", _at_least(100)),
     Setting("controller.socket.timeout.ms", int, 30000,
-            "Time one controller-to-broker request (and broker-to-controller relay) waits for its answer "
-            "before its connection is closed and the request sent again on a new one.", _at_least(100)),
+            "Time one controller-to-broker request (LeaderAndIsr, UpdateMetadata, StopReplica) waits for its "
+            "answer before its connection is closed and the request sent again on a new one.", _at_least(100)),
     Setting("min.insync.replicas", int, 1,
             "Topic default for `min.insync.replicas`: in-sync replicas an acks=all write needs, or it is "
             "refused with NOT_ENOUGH_REPLICAS.", _at_least(1)),
