@@ -9,6 +9,8 @@ flush), the closed and encoded batches waiting for the sender, the ``buffer_memo
 back-pressure on callers, and the wake-up pipe with which a caller tells a sleeping sender
 that something changed. It is handed the metadata (``odradek.cluster.Cluster``, for the
 sticky partition's choice) and the batch encoder; it opens no connection and sends nothing.
+A transactional producer sets ``on_open(topic, partition)``, called (lock held) when a batch
+opens, so the partition is added to the transaction while the batch fills.
 
     acc = RecordAccumulator(cluster, encode, linger=0.005, batch_size=65536, ...)
     handle = acc.append("orders", None, b"value", None, (), None, size, count)   # caller
@@ -152,6 +154,9 @@ class RecordAccumulator:
         self._changes = 0  # bumped by every _wake_sender call
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        # called with the lock held when a batch opens (a transactional producer adds the partition
+        # to its transaction meanwhile); it must not block or take this lock
+        self.on_open: Callable[[str, int], None] | None = None
 
     @property
     def buffered(self) -> int:
@@ -247,6 +252,8 @@ class RecordAccumulator:
         now = time.monotonic()
         batch = Batch(topic, partition, now, self.delivery_timeout)
         self._open[(topic, partition)] = batch
+        if self.on_open is not None:
+            self.on_open(topic, partition)
         self._incomplete.add(batch)
         if now + self.linger < self._sender_wake_at:  # else the sender wakes in time anyway
             self._wake_sender()

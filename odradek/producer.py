@@ -2,7 +2,7 @@
 
 Threads: the caller's (``send``, ``flush``, ``close``; any number of caller threads may
 share one producer) and one **sender thread** started by the constructor, which owns
-every broker connection. Between them the record accumulator (``odradek/accumulator.py``,
+every broker connection (a transactional producer has a third, below). Between them the record accumulator (``odradek/accumulator.py``,
 Kafka's RecordAccumulator) holds the open and closed batches under its lock; whichever
 thread closes a batch encodes it, and the sender thread (``_Sender``, handed the
 accumulator, the metadata and its settings) alone writes requests, reads answers and
@@ -68,9 +68,13 @@ default (None) it is then simply off.
 Transactions (``transactional_id``; docs/TRANSACTIONS.md): ``init_transactions`` gets the
 transactional id's producer id and epoch from the coordinator (fencing older instances);
 ``send`` works only between ``begin_transaction`` and ``commit_transaction`` /
-``abort_transaction``; the sender adds each partition to the transaction
-(AddPartitionsToTxn) before its first batch and sets the batch's transactional bit; the
-caller's thread sends AddOffsetsToTxn/TxnOffsetCommit and EndTxn (after a flush). A fenced
+``abort_transaction``; when a partition's first batch of the transaction opens, a third
+thread (the *adder*) adds the partition to the transaction (AddPartitionsToTxn; partitions
+opened meanwhile go in one request) while the batch fills, and the sender sends none of the
+partition's batches before the coordinator stored it (Kafka's producer adds partitions at
+``send`` as well); batches carry the transactional bit. The caller's thread sends
+AddOffsetsToTxn/TxnOffsetCommit and EndTxn (after a flush and once no AddPartitionsToTxn is
+in flight). A fenced
 producer (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) is fatal: every later call raises
 ``ProducerFencedError``; a failed record makes ``commit_transaction`` raise
 ``TransactionAbortableError``. A transactional producer never bumps its epoch itself.
@@ -122,6 +126,11 @@ _crc32 = zlib.crc32
 LEADER_ERRORS = STALE_METADATA  # retried after a metadata refresh (the leader may have moved)
 KEY_MEMO = 65536  # keys per topic whose partition the producer remembers (then it starts over)
 ACK_TIMEOUT_MARGIN_MS = 1000  # the broker's acks=all wait ends this much before our request timeout
+# Idempotence: batches of a partition stamped from its oldest unresolved one on. A leader
+# recognises a retry among a producer's last 5 batches (log.producer_state.MAX_CACHED_BATCHES),
+# so up to 5 closed batches of a partition go in its one request in flight (a flush, a commit)
+# instead of one request, and one round trip, each.
+MAX_STAMPED = 5
 
 
 def murmur2(key: bytes) -> int:
@@ -317,6 +326,8 @@ class Producer:
                                client_id=client_id)
         self._txn = None if transactional_id is None else _Transactions(self, transactional_id, transaction_timeout_ms)
         self._sender.txn = self._txn
+        if self._txn is not None:
+            self._acc.on_open = self._txn.partition_opened
         self._thread = threading.Thread(target=self._sender.run, name=f"odradek-sender-{client_id}", daemon=True)
         self._thread.start()
 
@@ -414,6 +425,8 @@ class Producer:
         except TimeoutError:
             pass
         self._acc.close()
+        if self._txn is not None:
+            self._txn.close()
         self._sender.stop(deadline)
         self._acc.wake()
         self._thread.join()
@@ -504,8 +517,9 @@ TXN_FATAL = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorC
 class _Transactions:
     """A transactional producer's state (Kafka's TransactionManager, simplified): READY ->
     IN_TRANSACTION -> READY, or FATAL for good. The caller's thread talks to the
-    coordinator (blocking requests); the sender thread adds each partition to the
-    transaction before its first batch (``add_partitions``). Requests go to the
+    coordinator (blocking requests); the adder thread (``_add_loop``) adds each partition
+    to the transaction when its first batch opens, and the sender holds the partition's
+    batches until then (``add_state``). Requests go to the
     transactional id's coordinator (FIND_COORDINATOR key_type 1: the leader of its
     ``__transaction_state`` partition), TxnOffsetCommit to the group's coordinator, as
     Kafka's producer does; both are found again when they move."""
@@ -518,9 +532,18 @@ class _Transactions:
         self.state = "UNINITIALIZED"
         self.fatal: OdradekError | None = None
         self.abortable: OdradekError | None = None
-        self.partitions: set = set()  # added to the current transaction (sender thread)
+        # The current transaction's partitions (under _lock): added (the coordinator stored them),
+        # being added (AddPartitionsToTxn in flight, ``_adder``), refused (their batches fail).
+        self.partitions: set = set()
+        self.adding: set = set()
+        self.add_errors: dict = {}
+        self._to_add: list = []  # asked for, not yet in a request
         self.offsets_sent = False  # send_offsets_to_transaction() in the current transaction
         self._lock = threading.Lock()
+        self._add_changed = threading.Condition(self._lock)
+        self._closing = False
+        self._adder = threading.Thread(target=self._add_loop, name=f"odradek-txn-{txn_id}", daemon=True)
+        self._adder.start()
 
     # ---- errors -------------------------------------------------------------------------------
     def _raise_if_fatal(self) -> None:
@@ -616,33 +639,93 @@ class _Transactions:
                                 ": commit or abort the open transaction first"))
         with self._lock:
             self.partitions = set()
+            self.add_errors = {}
         self.abortable = None
         self.offsets_sent = False
         self.state = "IN_TRANSACTION"
 
-    def add_partitions(self, sender: "_Sender", group: list) -> list:
-        """Sender thread: AddPartitionsToTxn for the group's partitions new to the
-        transaction; batches of partitions that could not be added fail (abortable)."""
+    # ---- AddPartitionsToTxn, while the partition's first batch fills --------------------------
+    def partition_opened(self, topic: str, partition: int) -> None:
+        """A batch opened (a caller's thread, the accumulator's lock held): the partition is
+        added to the transaction by the ``_adder`` thread now, while the batch fills, instead
+        of by the sender before it sends the batch (one round trip off each transaction).
+        The sender still sends none of its batches before the coordinator stored it."""
+        tp = (topic, partition)
+        if tp in self.partitions:
+            return
         with self._lock:
-            new = sorted({(b.topic, b.partition) for b in group} - self.partitions)
-        if not new:
-            return group
-        topics: dict[str, list] = {}
-        for topic, partition in new:
-            topics.setdefault(topic, []).append(partition)
-        try:
-            self._request(ApiKey.ADD_PARTITIONS_TO_TXN,
-                          {**self._ids(), "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
-                          "AddPartitionsToTxn", None,
-                          lambda a: [r["partition_error_code"] for t in a.get("results") or () for r in t["results"]])
-        except OdradekError as exc:
-            for b in group:
-                if (b.topic, b.partition) in new:
-                    sender._fail(b, exc)
-            return [b for b in group if (b.topic, b.partition) not in new]
+            self._want(tp)
+
+    def _want(self, tp: tuple) -> None:
+        """Lock held: ask for ``tp`` unless it is added, being added or refused."""
+        if tp in self.partitions or tp in self.adding or tp in self.add_errors:
+            return
+        self.adding.add(tp)
+        self._to_add.append(tp)
+        self._add_changed.notify_all()
+
+    def add_state(self, tp: tuple):
+        """Sender thread, for a batch about to be sent: True if its partition is in the
+        transaction, None while it is being added (the batch waits; the sender is woken when
+        the answer comes), or the error that refused it (the batch fails)."""
+        if tp in self.partitions:
+            return True
         with self._lock:
-            self.partitions.update(new)
-        return group
+            if tp in self.partitions:
+                return True
+            if tp in self.add_errors:
+                return self.add_errors[tp]
+            self._want(tp)  # a batch opened before a refusal was forgotten (begin) or none asked yet
+            return None
+
+    def _add_loop(self) -> None:
+        """The adder thread: AddPartitionsToTxn for the partitions asked for (all those asked
+        meanwhile in one request), then wakes the sender."""
+        while True:
+            with self._lock:
+                while not self._to_add and not self._closing:
+                    self._add_changed.wait()
+                if self._closing:
+                    return
+                new, self._to_add = sorted(set(self._to_add)), []
+            topics: dict[str, list] = {}
+            for topic, partition in new:
+                topics.setdefault(topic, []).append(partition)
+            error = None
+            try:
+                self._request(ApiKey.ADD_PARTITIONS_TO_TXN,
+                              {**self._ids(), "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
+                              "AddPartitionsToTxn", None,
+                              lambda a: [r["partition_error_code"] for t in a.get("results") or () for r in t["results"]])
+            except OdradekError as exc:
+                error = exc
+            except Exception as exc:  # noqa: BLE001 - a bug must fail the batches, not hang them
+                log.exception("AddPartitionsToTxn failed")
+                error = error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"AddPartitionsToTxn failed: {exc!r}")
+            with self._lock:
+                if error is None:
+                    self.partitions.update(new)
+                else:
+                    self.add_errors.update((tp, error) for tp in new)
+                self.adding.difference_update(new)
+                self._add_changed.notify_all()
+            self.p._acc.wake()  # the sender sends (or fails) the batches that waited
+
+    def _adds_settled(self, timeout: float | None) -> None:
+        """Wait until no AddPartitionsToTxn is in flight (its batches are resolved by then,
+        unless one failed on its own): EndTxn must not overtake one."""
+        deadline = time.monotonic() + (self.p.request_timeout_ms / 1000 if timeout is None else timeout)
+        with self._lock:
+            while self.adding:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError(f"AddPartitionsToTxn of {sorted(self.adding)} unanswered after {timeout}s")
+                self._add_changed.wait(left)
+
+    def close(self) -> None:
+        with self._lock:
+            self._closing = True
+            self._add_changed.notify_all()
 
     def send_offsets(self, offsets, group_metadata, timeout: float | None) -> None:
         self._raise_if_fatal()
@@ -676,6 +759,11 @@ class _Transactions:
         except TimeoutError:
             if commit:
                 raise
+        try:
+            self._adds_settled(timeout)
+        except TimeoutError:
+            if commit:
+                raise
         self._raise_if_fatal()  # a batch refused as fenced
         if commit and self.abortable is not None:
             raise self.abortable
@@ -698,8 +786,8 @@ class _Idempotence:
         # each partition's window: the batches stamped with its id and epoch (``stamp_of``) from
         # its oldest unresolved one on (resolved ones behind it stay until it is resolved). The
         # partition's leader recognises a retry among the last 5 batches it wrote of a producer
-        # (log.producer_state), so a window never holds more than max_in_flight_per_partition
-        # (<= 5): a batch in doubt is always recognised if it was written.
+        # (log.producer_state), so a window never holds more than MAX_STAMPED (5): a batch in
+        # doubt is always recognised if it was written.
         self.window: dict[tuple, collections.deque] = {}
         # the (producer id, epoch) a partition's window is stamped with: the current one, or an
         # older one until the partition has no batch in doubt (Kafka's producer switches each
@@ -860,7 +948,9 @@ class _Sender:
         now = time.monotonic()
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
-            due = [b.retry_at for b in self.retry if not (self.idem.broken and self.idem.waits_for_switch(b))]
+            adding = self.txn.adding if self.txn is not None else ()
+            due = [b.retry_at for b in self.retry if not (self.idem.broken and self.idem.waits_for_switch(b))
+                   and (b.topic, b.partition) not in adding]
             if due:
                 timeout = min(timeout, max(0.0, min(due) - now))
         if self.metadata_wanted:
@@ -882,6 +972,7 @@ class _Sender:
         if idem.broken:
             idem.switch_settled()
         broken = idem.broken  # their batches in doubt go (with their own stamp), nothing else
+        txn = self.txn
         now = time.monotonic()
         cluster = self.cluster
         in_flight = self.in_flight
@@ -898,6 +989,15 @@ class _Sender:
             if broken and idem.waits_for_switch(batch):
                 waiting.append(batch)  # its partition's later batches in doubt may still go
                 continue
+            if txn is not None and tp not in txn.partitions:
+                added = txn.add_state(tp)
+                if added is None:  # AddPartitionsToTxn in flight: the adder wakes us
+                    held.add(tp)
+                    waiting.append(batch)
+                    continue
+                if added is not True:
+                    self._fail(batch, added)
+                    continue
             leader = cluster.leader(batch.topic, batch.partition)
             if leader < 0:
                 self.metadata_wanted = True
@@ -955,7 +1055,7 @@ class _Sender:
                 if tp in held or (busy is not None and busy[2] >= limit) or \
                         (group and size + len(b.data) > self.max_request_size) or \
                         (idempotent and tp in retried and (retried[tp] or b.attempts)) or \
-                        (idempotent and b.stamp is None and len(window.get(tp, ())) + fresh.get(tp, 0) >= limit):
+                        (idempotent and b.stamp is None and len(window.get(tp, ())) + fresh.get(tp, 0) >= MAX_STAMPED):
                     held.add(tp)  # a retried batch goes alone: the broker knows a retry by its one batch
                     rest.append(b)
                     continue
@@ -993,11 +1093,6 @@ class _Sender:
         """One PRODUCE request: a frame per partition holding its batches concatenated."""
         frames, topics, layout = [], {}, []
         by_tp: dict[tuple, list] = {}
-        txn = self.txn
-        if txn is not None:
-            group = txn.add_partitions(self, group)  # AddPartitionsToTxn before a partition's first batch
-            if not group:
-                return
         for b in group:
             by_tp.setdefault((b.topic, b.partition), []).append(b)
             if self.idempotent and b.stamp is None:

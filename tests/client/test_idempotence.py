@@ -121,6 +121,39 @@ def test_a_retry_after_a_lost_answer_is_not_stored_twice(shared_broker):
     assert [v for v in values[0]] == [b"warm-up", b"only-once"] and m.offset == 1
 
 
+def test_batches_piled_up_behind_a_request_go_together_and_a_lost_answer_to_them_stores_nothing_twice(shared_broker):
+    """A partition has one request in flight; the batches closed meanwhile (up to the 5 a
+    leader recognises a retry among) go in its next request together instead of one request
+    each. The first such request's answer is lost: its batches are retried alone and
+    recognised, so every record is stored once, in order."""
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("piled", partitions=1)
+    with Producer(shared_broker.bootstrap, linger_ms=60000, batch_size=2000, retry_backoff_ms=20,
+                  request_timeout_ms=5000) as p:
+        sender = p._sender
+        original = sender._on_response
+        per_request = []
+
+        def lose_first_shared_answer(layout, frame, err, node, _done=[]):
+            n = sum(len(bs) for _, bs in layout)
+            per_request.append(n)
+            if not _done and err is None and n > 1:  # appended: pretend the connection died
+                _done.append(1)
+                from odradek.errors import error_for
+                err = error_for(ErrorCode.NETWORK_EXCEPTION, "answer lost (test)")
+                frame = None
+            return original(layout, frame, err, node)
+
+        sender._on_response = lose_first_shared_answer
+        values = [b"%05d" % i + b"x" * 95 for i in range(2000)]  # ~19 records a batch: ~100 batches
+        for v in values:
+            p.send("piled", v)
+        p.flush(60)
+        assert max(per_request) > 1 and max(per_request) <= 5, per_request
+        assert p.metrics()["retries"] >= 1
+    assert read_all(shared_broker.bootstrap, "piled", 1)[0] == values
+
+
 def test_a_batch_whose_answers_keep_getting_lost_is_recognised_after_later_batches_are_written(shared_broker):
     """The partition's leader recognises a retry among the last 5 batches it wrote of a
     producer. A batch whose answers are lost again and again while later batches of its

@@ -183,3 +183,32 @@ def test_the_end_offset_of_a_read_committed_consumer_is_the_last_stable_offset(b
     p.close(5)
     with Consumer(broker.bootstrap, isolation_level="read_committed") as c:
         assert c.end_offsets([tp]) == {tp: 3}
+
+
+def test_a_partition_joins_the_transaction_when_its_first_batch_opens_before_the_batch_is_sent(broker, topic):
+    """AddPartitionsToTxn goes while the batch fills (issue 12's commit path): the
+    coordinator has the partition in the transaction although the batch, lingering for a
+    minute, has not been sent; the commit then makes the records visible."""
+    from odradek.cluster import Cluster
+    from odradek.transactions import describe
+    txn_id = f"early-{topic}"
+    with Producer(broker.bootstrap, transactional_id=txn_id, linger_ms=60000) as p:
+        p.init_transactions(30)
+        p.begin_transaction()
+        handle = p.send(topic, b"early")
+        cluster = Cluster(broker.bootstrap, "test-describe")
+        try:
+            deadline = time.monotonic() + 30
+            while True:
+                _, state = describe(cluster, txn_id)
+                if state["transaction_state"] == "Ongoing":
+                    break
+                assert time.monotonic() < deadline, f"the partition was not added while the batch lingered: {state}"
+                time.sleep(0.1)
+        finally:
+            cluster.close()
+        assert state["topics"] == [{"topic": topic, "partitions": [0]}]
+        assert not handle.done()  # still lingering: the partition was added before its batch went
+        p.commit_transaction(30)
+        assert handle.done() and handle.exception() is None
+    assert [r.value for r in read_all(broker.bootstrap, topic, "read_committed")] == [b"early"]
