@@ -49,6 +49,9 @@ Writes never block: a full kernel buffer leaves the rest queued and watches POLL
 Responses may name file regions (``files: [[path, position, length]]``); they follow the
 frames on the wire and are written with ``os.sendfile`` (zero-copy), except on a TLS
 connection, where they are read and copied through TLS (as in Kafka: docs/SECURITY.md).
+A Kafka fetch's regions go the same way when their batch headers (read, not the records)
+show only whole magic-2 batches; otherwise they are read here and ``as_kafka_records``
+converts the native batches (counters ``kafka_fetch_sendfile`` / ``kafka_fetch_copied``).
 
 Security (docs/SECURITY.md): each connection arrives with its listener's name (the datagram
 the acceptor sends with the descriptor) and gets that listener's security protocol. On SSL
@@ -73,6 +76,7 @@ import math
 import os
 import socket
 import ssl
+import struct
 import time
 from typing import Any
 
@@ -82,6 +86,7 @@ from odradek.actors.message import Message
 from odradek.actors.metrics import BoundedLabels
 from odradek.actors.names import ACCEPTOR, HANDLER, socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
+from odradek.log import kafka_batch, records
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
 from odradek.network.protocol import ApiKey, ErrorCode
@@ -117,6 +122,8 @@ SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 BEFORE_AUTH = (ApiKey.API_VERSIONS, *SASL_APIS)  # all a SASL connection may send before it authenticates
 TLS_CHUNK = 256 * 1024  # bytes per SSL write (a TLS record stream, no sendmsg)
 KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
+_KAFKA_HEAD = struct.Struct(">8xi4xb")  # a stored batch's batch_length and magic (either format)
+HEADER_WINDOW = 4096  # bytes read at a time while checking a Kafka fetch's batch headers
 
 
 def _read_regions(files) -> list:
@@ -132,6 +139,49 @@ def _read_regions(files) -> list:
             log.warning("cannot read %s for a Kafka fetch: %s", path, exc)
             out.append(bytes(int(length)))
     return out
+
+
+def _kafka_regions(files) -> list | None:
+    """A Kafka fetch's file regions as ``FileRegion``s to send with ``os.sendfile``, when every
+    batch in them is magic 2 and whole (written by a Kafka producer: nothing to convert); None
+    when one is not (a native batch, a region cut short, a header that does not add up): the
+    copy path (``_read_regions``, then ``as_kafka_records``) converts or drops it. Only the
+    batch headers are read (``_whole_magic_2``), never the records."""
+    regions = []
+    for path, position, length in files or ():
+        position, length = int(position), int(length)
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except OSError:
+            return None
+        try:
+            if not _whole_magic_2(fd, position, position + length):
+                return None
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        regions.append(FileRegion(str(path), position, length))
+    return regions
+
+
+def _whole_magic_2(fd: int, pos: int, end: int) -> bool:
+    """Whether bytes ``pos`` .. ``end`` of the file are whole magic-2 batches, end to end. Both
+    formats put ``batch_length`` at byte 8 and the magic at byte 16 of a batch; the headers are
+    read a window at a time (one pread covers many small batches; a large batch costs one)."""
+    head, least = _KAFKA_HEAD, _KAFKA_HEAD.size
+    while pos < end:
+        buf = os.pread(fd, min(HEADER_WINDOW, end - pos), pos)
+        at, last = 0, len(buf) - least  # headers starting at or before ``last`` are in the window
+        while at <= last:
+            batch_length, magic = head.unpack_from(buf, at)
+            if magic != kafka_batch.MAGIC or batch_length < records.MIN_BATCH_LENGTH:
+                return False
+            at += records.LOG_OVERHEAD + batch_length
+        if at == 0:  # not even one header left: a region cut short
+            return False
+        pos += at
+    return pos == end
 
 
 def _replica_id(body) -> int:
@@ -727,7 +777,7 @@ class Processor(Actor):
             if reply.type == "_error":
                 self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
             rec.slot[1] = conn.kafka.answer(rec.slot[5], corr, reply.type, fields,
-                                            list(reply.frames) + _read_regions(fields.get("files")))
+                                            self._kafka_payload(conn, reply, fields.get("files")))
         elif reply.type == "_error":
             fields = reply.fields or {}
             self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
@@ -743,6 +793,21 @@ class Processor(Actor):
                 self.call_later(throttle, functools.partial(self._release_throttled, conn, rec.slot, bufs))
             self.call_later(throttle, functools.partial(self._unmute, conn))
         self._answered(conn)
+
+    def _kafka_payload(self, conn: Connection, reply: Message, files) -> list:
+        """The payload a Kafka answer is written from: the reply's frames and its file regions,
+        as ``FileRegion``s (sendfile, as a native fetch) when they hold only whole magic-2
+        batches and the socket is not TLS, else as bytes read here (native batches are
+        converted, TLS must encrypt them)."""
+        if not files:
+            return list(reply.frames)
+        if not conn.tls and not reply.frames:
+            regions = _kafka_regions(files)
+            if regions is not None:
+                self.counters["kafka_fetch_sendfile"] += 1
+                return regions
+        self.counters["kafka_fetch_copied"] += 1
+        return list(reply.frames) + _read_regions(files)
 
     def _release_throttled(self, conn: Connection, slot: list, bufs: list) -> None:
         if not conn.closed:

@@ -254,17 +254,40 @@ def fetch_to_internal(version: int, request: dict) -> tuple[dict, list]:
 
 
 def fetch_from_internal(version: int, request: dict, reply: dict, payload: list) -> list:
+    """``payload``: the records as bytes (converted here), or, when the processor found only
+    whole magic-2 batches in the file regions, the regions themselves (objects with ``left``,
+    their length), which go into the response as they are, to be sent with ``os.sendfile``."""
     body = reply.get("body") or {}
-    data = b"".join(payload) if len(payload) != 1 else payload[0]
-    at, topics = 0, []
-    for t in body.get("topics") or ():
-        parts = []
-        for p in t["partitions"]:
-            n = p.get("records_size", 0)
-            parts.append((p, as_kafka_records(memoryview(data)[at:at + n])))
-            at += n
-        topics.append((t["name"], parts))
+    if payload and all(hasattr(b, "left") for b in payload):
+        regions = iter(payload)
+        topics = [(t["name"], [(p, _regions_of(regions, p.get("records_size", 0))) for p in t["partitions"]])
+                  for t in body.get("topics") or ()]
+    else:
+        data = b"".join(payload) if len(payload) != 1 else payload[0]
+        at, topics = 0, []
+        for t in body.get("topics") or ():
+            parts = []
+            for p in t["partitions"]:
+                n = p.get("records_size", 0)
+                parts.append((p, as_kafka_records(memoryview(data)[at:at + n])))
+                at += n
+            topics.append((t["name"], parts))
     return encode_fetch(version, body.get("error_code", 0), topics, body.get("throttle_time_ms", 0))
+
+
+def _regions_of(regions, size: int) -> list:
+    """The next file regions, ``size`` bytes of them: one partition's records (the fetch actor
+    lists a partition's regions in a row, ``records_size`` their total length)."""
+    out, n = [], 0
+    while n < size:
+        region = next(regions, None)
+        if region is None:
+            break
+        out.append(region)
+        n += region.left
+    if n != size:
+        raise ValueError(f"file regions of {n} bytes for a partition's {size}")
+    return out
 
 
 def fetch_error(version: int, request: dict, code: int, message: str) -> list:
@@ -302,7 +325,9 @@ _I16, _I32, _I64 = struct.Struct(">h"), struct.Struct(">i"), struct.Struct(">q")
 
 
 def encode_fetch(version: int, error_code: int, topics: list, throttle_ms: int = 0) -> list:
-    """Fetch response v4..v12 (v12 flexible: compact arrays and strings, tagged fields)."""
+    """Fetch response v4..v12 (v12 flexible: compact arrays and strings, tagged fields). A
+    partition's records: bytes, or a list of file regions (``left`` bytes each) that the
+    processor sends with ``os.sendfile`` in their place."""
     flex = version >= 12
     out = [_I32.pack(throttle_ms)]  # throttle_time_ms (a quota's, KIP-219)
     if version >= 7:
@@ -322,10 +347,16 @@ def encode_fetch(version: int, error_code: int, topics: list, throttle_ms: int =
                 fixed += _I64.pack(a["producer_id"]) + _I64.pack(a["first_offset"]) + (b"\x00" if flex else b"")
             if version >= 11:
                 fixed += _I32.pack(-1)  # preferred_read_replica
-            fixed += uvarint(len(data) + 1) if flex else _I32.pack(len(data))
-            out.append(fixed)
-            if len(data):
-                out.append(data)
+            if isinstance(data, list):  # file regions (sendfile)
+                size = sum(r.left for r in data)
+                fixed += uvarint(size + 1) if flex else _I32.pack(size)
+                out.append(fixed)
+                out.extend(data)
+            else:
+                fixed += uvarint(len(data) + 1) if flex else _I32.pack(len(data))
+                out.append(fixed)
+                if len(data):
+                    out.append(data)
             if flex:
                 out.append(b"\x00")
         if flex:

@@ -14,6 +14,7 @@ from confluent_kafka import Consumer as KafkaConsumer, KafkaError, Producer as K
 from confluent_kafka.admin import AdminClient
 
 from odradek import Admin, Consumer, Producer
+from odradek.actors.client import MailboxClient
 from odradek import TopicPartition as OdradekTP
 from odradek.producer import partition_for_key
 
@@ -134,6 +135,70 @@ def test_a_kafka_producers_records_reach_the_bundled_consumer(bootstrap, topic):
             out += c.poll(timeout_ms=200)
     assert [(r.key, r.value, [tuple(h) for h in r.headers], r.offset) for r in out] == \
         [(k, v, h, i) for i, (k, v, h) in enumerate(rows)]
+
+
+def processor_counts(broker, name: str) -> int:
+    """The sum of a processor counter over the broker's processors (asked now: a fetch's
+    answer is counted before the client can have it)."""
+    names = [a["name"] for a in broker.status()["actors"] if a["name"].rsplit("-", 1)[0] == "processor"]
+    with MailboxClient(broker.run_dir) as client:
+        return sum(client.request(n, "_stats", timeout=10).fields.get(name, 0) for n in names)
+
+
+def test_a_kafka_consumer_reads_a_partition_whose_batches_alternate_between_both_producers(
+        kafka_broker, bootstrap, topic):
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic)
+    expected = []
+    for r in range(4):
+        rows = [(b"k%d-%d" % (r, i), b"v%d-%d" % (r, i)) for i in range(25)]
+        if r % 2:
+            kafka_produce(bootstrap, topic, [(k, v, None) for k, v in rows], **{"compression.type": "lz4"})
+        else:
+            with Producer(bootstrap, linger_ms=5) as p:
+                for k, v in rows:
+                    p.send(topic, v, key=k, partition=0)
+        expected += rows
+    copied = processor_counts(kafka_broker, "kafka_fetch_copied")
+    got = kafka_consume(bootstrap, topic, 0, 100)
+    assert [(m.key(), m.value(), m.offset()) for m in got] == [(k, v, i) for i, (k, v) in enumerate(expected)]
+    later = kafka_consume(bootstrap, topic, 0, 40, offset=60)  # from inside a Kafka producer's batch
+    assert [(m.key(), m.value(), m.offset()) for m in later] == [(k, v, 60 + i) for i, (k, v) in
+                                                                  enumerate(expected[60:])]
+    assert processor_counts(kafka_broker, "kafka_fetch_copied") > copied  # native batches: converted
+
+
+def test_a_kafka_producers_batches_go_to_a_kafka_consumer_by_sendfile_each_partition_its_own(
+        kafka_broker, bootstrap, topic):
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=3)
+    big = os.urandom(300_000)  # one batch over the consumer's fetch limits below: served whole (KIP-74)
+    p = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5, "compression.type": "none"})
+    for part in range(3):
+        for i in range(30):
+            p.produce(topic, key=b"%d-%d" % (part, i), value=b"v" * i, partition=part)
+        p.flush(60)
+    p.produce(topic, key=b"big", value=big, partition=1)
+    assert p.flush(60) == 0
+    sent = processor_counts(kafka_broker, "kafka_fetch_sendfile")
+    c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "unused", "enable.auto.commit": False,
+                       "fetch.max.bytes": 1024, "max.partition.fetch.bytes": 1024, "message.max.bytes": 1000,
+                       "receive.message.max.bytes": 1_000_000})
+    c.assign([TopicPartition(topic, part, 0) for part in range(3)])
+    got: dict[int, list] = {0: [], 1: [], 2: []}
+    deadline = time.monotonic() + 60
+    try:
+        while sum(map(len, got.values())) < 91 and time.monotonic() < deadline:
+            m = c.poll(0.5)
+            if m is not None:
+                assert m.error() is None, m.error()
+                got[m.partition()].append((m.key(), m.value(), m.offset()))
+    finally:
+        c.close()
+    for part in range(3):
+        assert got[part][:30] == [(b"%d-%d" % (part, i), b"v" * i, i) for i in range(30)]
+    assert got[1][30:] == [(b"big", big, 30)] and len(got[0]) == len(got[2]) == 30
+    assert processor_counts(kafka_broker, "kafka_fetch_sendfile") > sent
 
 
 def test_both_kinds_of_producer_put_a_key_on_the_same_partition(bootstrap, topic):

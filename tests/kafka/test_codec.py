@@ -190,3 +190,25 @@ def test_the_hand_written_produce_reader_reads_what_kio_reads(version):
     assert normal(got) == normal(want)
     with pytest.raises(framing.FrameError):
         apis.decode_produce(version, memoryview(head + raw[:-5]))
+
+
+def test_only_file_regions_of_whole_magic_2_batches_are_sent_by_sendfile(tmp_path):
+    from odradek.network.processor import HEADER_WINDOW, _kafka_regions
+    rec = [records.Record(i, 1700000000000, None, b"v" * 100, []) for i in range(3)]
+    small = kafka_batch.encode(rec, base_offset=0, first_timestamp=1700000000000, max_timestamp=1700000000000)
+    big = kafka_batch.encode([records.Record(0, 1700000000000, None, b"x" * (3 * HEADER_WINDOW), [])],
+                             base_offset=3, first_timestamp=1700000000000, max_timestamp=1700000000000,
+                             compression="none")
+    native = records.encode_batch([(None, b"v")] * 3, timestamp_ms=1700000000000)
+    kafka_only, mixed = tmp_path / "kafka.log", tmp_path / "mixed.log"
+    kafka_only.write_bytes(small * 40 + big + small)  # many batches in a window, one over several
+    mixed.write_bytes(small + native + small)
+    n = kafka_only.stat().st_size
+    regions = _kafka_regions([[str(kafka_only), 0, n], [str(kafka_only), len(small), len(small) * 2]])
+    assert [(r.path, r.position, r.left) for r in regions] == \
+        [(str(kafka_only), 0, n), (str(kafka_only), len(small), len(small) * 2)]
+    assert _kafka_regions([[str(mixed), 0, mixed.stat().st_size]]) is None  # a native batch: converted
+    assert _kafka_regions([[str(mixed), 0, len(small)]]) is not None  # the part before it is not
+    assert _kafka_regions([[str(kafka_only), 0, n - 1]]) is None  # a batch cut short
+    assert _kafka_regions([[str(kafka_only), 0, n + 100]]) is None  # the file is shorter than the region
+    assert _kafka_regions([[str(tmp_path / "gone.log"), 0, 10]]) is None  # deleted meanwhile
