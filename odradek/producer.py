@@ -1012,10 +1012,17 @@ class _Sender:
                 waiting.append(batch)
                 continue
             by_node.setdefault(leader, []).append(batch)
+        held_here = len(waiting)
         for node, batches in by_node.items():
             waiting.extend(self._send_to(node, batches))
         if self.retry:
             waiting.extend(self.retry)
+        if self.retry or (held_here and len(waiting) > held_here):
+            # Back in creation order: batches that went to ``_send_to`` but stayed (no connection,
+            # limits) come after later batches of their partition that waited here (a retry time
+            # a moment later). Out of order, an unstamped batch came before its partition's
+            # stamped one in doubt, waited for room in the window that one holds, and held it
+            # back: the partition sent nothing until delivery_timeout_ms (issue 16).
             waiting.sort(key=lambda b: b.created)
         self.retry = waiting
 
@@ -1026,8 +1033,9 @@ class _Sender:
         answered, and a batch that does not fit holds back its partition's later ones."""
         conn = self._conn(node)
         if conn is None:
+            retry_at = time.monotonic() + self.retry_backoff  # one time for all: they stay together
             for b in batches:
-                b.retry_at = time.monotonic() + self.retry_backoff
+                b.retry_at = retry_at
             self.metadata_wanted = True
             return batches
         idempotent = self.idempotent
@@ -1040,8 +1048,9 @@ class _Sender:
                 for b in batches:
                     self._fail(b, self.idem.init_error)
                 return []
+            retry_at = time.monotonic() + self.retry_backoff
             for b in batches:
-                b.retry_at = time.monotonic() + self.retry_backoff
+                b.retry_at = retry_at
             return batches
         limit, in_flight = self.max_in_flight_per_partition, self.in_flight
         window = self.idem.window
@@ -1265,5 +1274,6 @@ class _Sender:
             log.info("metadata refresh failed (%s); retrying after backoff", exc)
             cluster.updated_at = time.monotonic()  # the periodic refresh waits; retries don't
             self.metadata_wanted = True
+            retry_at = time.monotonic() + self.retry_backoff
             for b in self.retry:
-                b.retry_at = max(b.retry_at, time.monotonic() + self.retry_backoff)
+                b.retry_at = max(b.retry_at, retry_at)
