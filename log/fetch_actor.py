@@ -19,7 +19,11 @@ Accepts (addresses and message parts: ``odradek.actors.names``):
                         ``leader.replication.throttled.replicas``, out of the ISR); what
                         they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
                         over it they get no data until the rate has caught up
-Sends: get_bounds to every log actor when it (re)starts; replica_progress {parts:
+A partition a log actor has not opened yet (it opens them lazily after a start: ``opening``
+in its first ``bounds`` and in its ``get_bounds`` answer) is opened on demand: a fetch or
+list-offsets touching one asks ``open_partitions`` of that log actor and is served once the
+bounds are here.
+Sends: get_bounds to every log actor when it (re)starts; open_partitions (above); replica_progress {parts:
 [ReplicaProgress]} to the leader's log actor when a follower fetched; get_broker_epochs to the
 controller (cluster mode).
 Transactions: a ``read_committed`` fetch (``isolation_level`` 1) of a consumer reads up to the
@@ -100,6 +104,7 @@ class FetchActor(Actor):
         self.stable: dict[tuple[str, int], int] = {}  # last stable offsets (read_committed reads up to them)
         self.txn_indexes: dict[tuple[str, int], tuple[int, TxnIndex]] = {}  # (file size, index) per partition
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
+        self.opening: dict[tuple[str, int], str] = {}  # not yet opened by its log actor (named) after a start
         self.broker_epochs: dict[int, int] = {}  # live broker id -> the czxid of its registration
         self.served_bytes = 0
         self.refused_replica_fetches = 0
@@ -125,16 +130,20 @@ class FetchActor(Actor):
 
     def _bounds_reply(self, reply: Message) -> None:
         if not reply.is_error:
-            self._apply(reply.get("parts") or [], [], reply.get("host"))
+            self._apply(reply.get("parts") or [], [], reply.get("host"), reply.get("opening") or ())
 
     def on_bounds(self, msg: Message) -> None:
         """One-way after appends; a request (answered) when a log actor opens or closes
         partitions, so the controller hears of a new topic only after we can serve it."""
-        self._apply(msg.get("parts") or [], msg.get("closed") or [], msg.get("host"))
+        self._apply(msg.get("parts") or [], msg.get("closed") or [], msg.get("host"), msg.get("opening") or ())
         self.reply(msg, {})
 
-    def _apply(self, parts, closed, host) -> None:
+    def _apply(self, parts, closed, host, opening=()) -> None:
+        for topic, partition in opening:
+            if (topic, partition) not in self.readers:
+                self.opening[(topic, partition)] = host
         for topic, partition in closed:
+            self.opening.pop((topic, partition), None)
             reader = self.readers.pop((topic, partition), None)
             self.roles.pop((topic, partition), None)
             self.stable.pop((topic, partition), None)
@@ -145,6 +154,7 @@ class FetchActor(Actor):
         # each part a PartitionBounds, unpacked by position (no constructor per part per batch)
         for topic, partition, *bounds, leader_epoch, leader, replicas, last_stable_offset in parts:
             key = (topic, partition)
+            self.opening.pop(key, None)
             bounds = LogBounds(*bounds)
             self.stable[key] = bounds.high_watermark if last_stable_offset is None else last_stable_offset
             role = (leader_epoch, leader, host, tuple(replicas))
@@ -200,6 +210,8 @@ class FetchActor(Actor):
         if isolation not in (0, 1):
             raise OdradekError(f"isolation_level {isolation!r}: 0 (read_uncommitted) or 1 (read_committed)",
                                ErrorCode.INVALID_REQUEST)
+        if self._opened_first(msg, [(p[0], p[1]) for p in parts], self.on_fetch):
+            return
         req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica,
                            committed=isolation == 1 and replica < 0)
         if replica >= 0:
@@ -210,6 +222,33 @@ class FetchActor(Actor):
         req.timer = self.call_later(max_wait / 1000, lambda: self._try(req, final=True))
         for topic, partition, *_ in parts:
             self.waiting.setdefault((topic, partition), set()).add(req)
+
+    def _opened_first(self, msg: Message, keys, serve) -> bool:
+        """True if some of ``keys`` are still opening in their log actor (after its start):
+        it is asked to open them now, and ``serve(msg)`` runs again once it has (their
+        bounds are here by then). Never answered UNKNOWN_TOPIC_OR_PARTITION meanwhile."""
+        keys = [k for k in keys if k in self.opening]
+        if not keys:
+            return False
+        by_host: dict[str, list] = {}
+        for key in keys:
+            by_host.setdefault(self.opening[key], []).append(list(key))
+        left = [len(by_host)]
+
+        def opened(_reply: Message) -> None:
+            left[0] -= 1
+            if left[0]:
+                return
+            for key in keys:  # opened, or failed to (offline): not asked again either way
+                self.opening.pop(key, None)
+            try:
+                serve(msg)
+            except OdradekError as exc:
+                self.reply_error(msg, exc.code, exc.message)
+
+        for host, wanted in by_host.items():
+            self.request(host, "open_partitions", {"parts": wanted}, callback=opened, timeout=60.0)
+        return True
 
     def _try(self, req: FetchRequest, final: bool) -> bool:
         """Answer if enough data (or an error, or the wait is over); True if answered."""
@@ -358,8 +397,12 @@ class FetchActor(Actor):
 
     # ---- list offsets --------------------------------------------------------------------
     def on_list_offsets(self, msg: Message) -> None:
-        topics = []
         body = msg.get("body") or {}
+        keys = [(t.get("name"), p.get("index")) for t in body.get("topics") or [] if isinstance(t, dict)
+                for p in t.get("partitions") or [] if isinstance(p, dict)]
+        if self._opened_first(msg, keys, self.on_list_offsets):
+            return
+        topics = []
         committed = body.get("isolation_level") == 1  # read_committed: "latest" is the last stable offset
         for t in body.get("topics") or []:
             parts = []

@@ -40,6 +40,25 @@ Producer ids: a batch whose producer id its partition does not know yet must car
 of an id a transaction coordinator handed out (``log.producer_ids``), else
 INVALID_PRODUCER_ID_MAPPING; the sequence checks are the ``Log``'s (``log.producer_state``);
 a retried batch is answered with its first append's offsets.
+  open_partitions {parts: [[topic, partition]]}   from the fetch actor: open these now (a
+                                    fetch or list-offsets waits for them); answered {} once
+                                    the fetch actor has their bounds
+Opening lazily: ``on_start`` asks the controller for the assignment and registers every
+partition as not yet open (``unopened``: no file is touched), so the actor, and the broker,
+is ready at once whatever the partition count and however many need recovery after a
+kill -9. The partitions then open in the background, ``OPEN_PER_TURN`` per loop turn
+(``call_later(0)`` slices, at most ``OPEN_SLICE_S`` of work each, the internal topics
+first): a clean one reads its checkpoints, an unclean one recovers (``log.recovery``). Any
+request touching a partition not open yet opens it first (``_partition``), bounded by that
+one partition's recovery: nothing is refused NOT_LEADER_OR_FOLLOWER or
+UNKNOWN_TOPIC_OR_PARTITION for a partition that exists but is still opening. The fetch
+actor learns the still-opening set (``opening`` in the first ``bounds`` push and in the
+``get_bounds`` answer) and asks ``open_partitions`` before serving a fetch or list-offsets
+that touches one; every partition's bounds reach it when it opens. In cluster mode the
+assignment entry's role (leader, epoch, ISR) is applied as each partition opens. A
+partition that fails to open stays offline, logged. ``stats`` counts ``opening``; timers
+(retention, flush, checkpoints, compaction, ISR shrink) see only open partitions; a
+partition still unopened at stop is left as it is on disk.
 Timers: retention (``log.retention.check.interval.ms``, also producer-id expiration,
 ``producer.id.expiration.ms``), flush (``flush.ms``), checkpoints,
 compaction (``log.cleaner.backoff.ms``), ISR shrink (``replica.lag.time.max.ms``).
@@ -75,6 +94,13 @@ _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
 OFFSET_PRODUCER_ID = 43
 
+
+# The background opening after a start: partitions per slice, and the most work a slice
+# does before the loop serves messages again. ODRADEK_LOG_OPEN_PER_TURN=0 turns the
+# background off (tests: every partition is then opened by the first request touching it).
+OPEN_PER_TURN = int(os.environ.get("ODRADEK_LOG_OPEN_PER_TURN", "16"))
+OPEN_SLICE_S = 0.02
+EACH_SLICE = 128  # logs a timer's pass (retention, flush, checkpoint, compaction) handles per loop turn
 
 MAX_FILE_NAME = 255  # bytes of one directory entry (ext4, xfs, tmpfs)
 
@@ -169,16 +195,16 @@ class LogActor(Actor):
         self._answers: list[tuple[Message, dict]] = []
         self.appends = 0
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
-        failed: list = []  # a partition that cannot open (a storage error) stays offline, logged;
-        entries, began = assignment.get("open", []), time.monotonic()  # the others are served
-        for i, entry in enumerate(entries):
-            self.report_progress(f"opening partitions: {i}/{len(entries)} ({entry['topic']}-{entry['partition']})")
-            self._attempt(failed, entry, self._open_partition)
-            if "leader" in entry and (entry["topic"], entry["partition"]) in self.logs:  # cluster mode:
-                self._become(self.logs[entry["topic"], entry["partition"]], entry)  # the role it had before
-        if entries:
-            self.report_progress(f"opened {len(entries)} partitions in {time.monotonic() - began:.1f}s", done=True)
-        self._dirty.update(self.logs)
+        # Opened lazily (see "Opening lazily" above): registered now without touching a file,
+        # the internal topics first in the background order (their coordinators wait on them).
+        self.unopened: dict[tuple[str, int], dict] = {}
+        for entry in sorted(assignment.get("open", []), key=lambda e: not e["topic"].startswith("__")):
+            self.unopened[entry["topic"], entry["partition"]] = entry
+        self._order = iter(list(self.unopened))  # the background's order (a request may open one first)
+        self._to_open, self._announce_opening = len(self.unopened), bool(self.unopened)
+        self._opening_began = time.monotonic()
+        if self.unopened:
+            self.call_later(0, self._open_some)
         self.after_batch()
         self.call_every(config["log.retention.check.interval.ms"] / 1000, self._retention)
         self.call_every(config["log.flush.scheduler.interval.ms"] / 1000, self._flush)
@@ -201,7 +227,8 @@ class LogActor(Actor):
 
     def stats(self) -> dict:
         led = sum(1 for p in self.logs.values() if p.leader == self.broker_id)
-        return {"partitions": len(self.logs), "leading": led, "appends": self.appends,
+        return {"partitions": len(self.logs) + len(self.unopened), "opening": len(self.unopened),
+                "leading": led, "appends": self.appends,
                 "under_replicated": sum(1 for p in self.logs.values()
                                         if p.leader == self.broker_id and len(p.isr) < len(p.replicas)),
                 "delayed_produces": sum(len(p.waiting) for p in self.logs.values())}
@@ -243,7 +270,7 @@ class LogActor(Actor):
         self._answers.append((msg, _produce_body(results)))
 
     def _append(self, topic: str, partition: int, batch, acks: int, delayed: DelayedProduce | None) -> dict:
-        p = self.logs.get((topic, partition))
+        p = self._partition((topic, partition))
         if p is None or p.leader != self.broker_id:
             return _error(partition, ErrorCode.NOT_LEADER_OR_FOLLOWER,
                           f"{topic}-{partition}: broker {self.broker_id} is not its leader"
@@ -355,7 +382,7 @@ class LogActor(Actor):
         the ISR, and past the high watermark, without the data."""
         now = _now_ms()
         for topic, partition, replica, offset in msg.get("parts") or ():
-            p = self.logs.get((topic, partition))
+            p = self._partition((topic, partition))
             if p is None or p.leader != self.broker_id:
                 continue
             f = p.followers.get(replica)
@@ -420,7 +447,7 @@ class LogActor(Actor):
         out: dict[str, list] = {}
         for topic, partition, current, wanted in msg.get("parts") or ():
             entry = {"index": partition, "error_code": 0, "leader_epoch": -1, "end_offset": -1}
-            p = self.logs.get((topic, partition))
+            p = self._partition((topic, partition))
             problem = self._epoch_problem(p, topic, partition, current)
             if problem is not None:
                 entry.update(error_code=int(problem[0]), error_message=problem[1])
@@ -439,7 +466,7 @@ class LogActor(Actor):
 
     # ---- replication: the follower's side (from the replica fetcher) --------------------------
     def _follower(self, topic, partition, epoch=None) -> PartitionLog:
-        p = self.logs.get((topic, partition))
+        p = self._partition((topic, partition))
         if p is None:
             raise OdradekError(f"{topic}-{partition} is not hosted by {self.name}", ErrorCode.NOT_LEADER_OR_FOLLOWER)
         if p.leader == self.broker_id:
@@ -477,7 +504,7 @@ class LogActor(Actor):
         for entry in msg.get("markers") or ():
             try:
                 topic, partition, pid, epoch, commit, coordinator_epoch = entry
-                p = self.logs.get((topic, partition))
+                p = self._partition((topic, partition))
                 if p is None or p.leader != self.broker_id:
                     raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
                                        ErrorCode.NOT_LEADER_OR_FOLLOWER)
@@ -511,7 +538,7 @@ class LogActor(Actor):
         for entry in msg.get("parts") or ():
             try:
                 topic, partition = entry
-                p = self.logs.get((topic, partition))
+                p = self._partition((topic, partition))
                 if p is None:
                     raise OdradekError(f"{topic}-{partition} is not hosted here", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
                 if p.leader != self.broker_id:
@@ -582,7 +609,7 @@ class LogActor(Actor):
     def on_delete_records(self, msg: Message) -> None:
         out: dict[str, list] = {}
         for topic, partition, offset in msg.get("parts") or ():
-            p = self.logs.get((topic, partition))
+            p = self._partition((topic, partition))
             entry = {"index": partition, "low_watermark": -1, "error_code": 0}
             try:
                 if p is None or p.leader != self.broker_id:
@@ -609,7 +636,7 @@ class LogActor(Actor):
         for entry in msg.get("open") or ():
             self._attempt(failed, entry, self._open_partition)
         for entry in msg.get("configure") or ():
-            p = self.logs.get((entry["topic"], entry["partition"]))
+            p = self._partition((entry["topic"], entry["partition"]))
             if p is not None:
                 p.log.config = LogConfig.from_properties(entry["config"])
         for entry in msg.get("close") or ():
@@ -640,7 +667,7 @@ class LogActor(Actor):
         for entry in msg.get("parts") or ():
             key = (entry["topic"], entry["partition"])
             try:
-                p = self.logs.get(key) or self._open_partition(entry)
+                p = self._partition(key) or self._open_partition(entry)
                 if entry["leader_epoch"] < p.leader_epoch:
                     raise OdradekError(f"{key[0]}-{key[1]}: leader epoch {entry['leader_epoch']} is older than "
                                        f"{p.leader_epoch}", ErrorCode.FENCED_LEADER_EPOCH)
@@ -685,12 +712,66 @@ class LogActor(Actor):
                                            f"the write was replicated; retry"))
         self._dirty.add((p.topic, p.partition))
 
+    def _partition(self, key: tuple[str, int]) -> PartitionLog | None:
+        """The hosted partition ``key``, opened (recovered if need be) right now if it is still
+        waiting for the background opening: a request never finds it missing. None if not
+        hosted here, or if it failed to open (a storage error: offline, logged)."""
+        p = self.logs.get(key)
+        if p is None and key in self.unopened:
+            p = self._open_registered(key)
+        return p
+
+    def _open_registered(self, key: tuple[str, int]) -> PartitionLog | None:
+        entry = self.unopened[key]
+        self._attempt([], entry, self._open_partition)  # pops it from unopened
+        self.unopened.pop(key, None)
+        p = self.logs.get(key)
+        if p is not None and "leader" in entry:  # cluster mode: the role it had before
+            self._become(p, entry)
+        if not self.unopened:
+            self._opened_all()
+        return p
+
+    def _open_some(self) -> None:
+        """One slice of the background opening: up to ``OPEN_PER_TURN`` partitions or
+        ``OPEN_SLICE_S`` of work, then the loop serves what arrived and the next slice runs."""
+        if not self.unopened or OPEN_PER_TURN <= 0:
+            return
+        began = time.monotonic()
+        for _ in range(OPEN_PER_TURN):
+            if not self.unopened or time.monotonic() - began > OPEN_SLICE_S:
+                break
+            key = next(self._order, None)
+            if key in self.unopened:
+                self._open_registered(key)
+        if self.unopened:
+            done = self._to_open - len(self.unopened)
+            self.report_progress(f"opening partitions: {done}/{self._to_open}")
+            self.call_later(0, self._open_some)
+        self.after_batch()
+
+    def _opened_all(self) -> None:
+        if self._to_open:
+            self.report_progress(f"opened {self._to_open} partitions in "
+                                 f"{time.monotonic() - self._opening_began:.1f}s", done=True)
+            self._to_open = 0
+
+    def on_open_partitions(self, msg: Message) -> None:
+        """From the fetch actor: a fetch or list-offsets needs these partitions, still waiting
+        for the background opening; open them now, tell the fetch actor their bounds, then
+        answer (so its retry finds them)."""
+        for part in msg.get("parts") or ():
+            if isinstance(part, (list, tuple)) and len(part) == 2:
+                self._partition((part[0], part[1]))
+        self._tell_fetch_actor_then(lambda: self.reply(msg, {}))
+
     def _open_partition(self, entry: dict) -> PartitionLog:
         """Open (recovering if needed) a hosted partition. Single-broker ``assign`` entries
         carry no role: this broker leads it at epoch 0 with an ISR of one."""
         key = (entry["topic"], entry["partition"])
         if key in self.logs:
             return self.logs[key]
+        self.unopened.pop(key, None)  # opened now, whatever the background order
         directory = partition_dir(self.data_dir, *key)
         self._claim_directory(key, entry.get("topic_id", ""))
         the_log = Log(directory, LogConfig.from_properties(entry["config"]))
@@ -726,6 +807,7 @@ class LogActor(Actor):
             FileLayer().write_file_atomically(path, f"version: 0\ntopic_id: {topic_id}\n".encode())
 
     def _close_and_delete(self, topic: str, partition: int, topic_id: str, delete: bool = True) -> None:
+        self.unopened.pop((topic, partition), None)
         p = self.logs.pop((topic, partition), None)
         if p is not None:
             if p.waiting:
@@ -739,7 +821,13 @@ class LogActor(Actor):
 
     # ---- the fetch actor ---------------------------------------------------------------
     def on_get_bounds(self, msg: Message) -> None:
-        self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name})
+        """Every open partition's bounds, and (``opening``) the ones still waiting to open: the
+        fetch actor asks for those on demand. The internal topics' partitions are opened
+        first: the coordinators asking load them at once."""
+        for key in [k for k in self.unopened if k[0].startswith("__")]:
+            self._partition(key)
+        self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name,
+                         "opening": [list(k) for k in self.unopened]})
 
     def _bounds(self, p: PartitionLog) -> list:
         """The partition's ``PartitionBounds``, built as a plain list (after every batch of
@@ -751,30 +839,42 @@ class LogActor(Actor):
         parts = [self._bounds(self.logs[key]) for key in self._dirty if key in self.logs]
         closed, self._closed = self._closed, []
         self._dirty.clear()
-        return {"parts": parts, "closed": closed, "host": self.name}
+        changes = {"parts": parts, "closed": closed, "host": self.name}
+        if self._announce_opening:  # once, at start: the partitions the fetch actor must ask for
+            changes["opening"] = [list(k) for k in self.unopened]
+            self._announce_opening = False
+        return changes
 
     def after_batch(self) -> None:
-        if self._dirty or self._closed:
-            dirty, closed = set(self._dirty), list(self._closed)
+        if self._dirty or self._closed or self._announce_opening:
+            dirty, closed, announce = set(self._dirty), list(self._closed), self._announce_opening
             try:
                 self.send(FETCH_ACTOR, "bounds", self._take_changes())
-            except MailboxFull:
-                self._dirty, self._closed = dirty, closed  # the next batch tries again
+            except MailboxFull:  # the next batch tries again
+                self._dirty, self._closed, self._announce_opening = dirty, closed, announce
         answers, self._answers = self._answers, []
         for msg, fields in answers:
             self.reply(msg, fields)
 
     # ---- timers ------------------------------------------------------------------------
-    def _each(self, what: str, fn, changes_bounds: bool = True) -> None:
+    def _each(self, what: str, fn, changes_bounds: bool = True, keys: list | None = None, start: int = 0) -> None:
         """Run ``fn(log)`` on every log; a truthy result (when ``changes_bounds``) means the
-        log's bounds changed and the fetch actor must hear of it."""
-        for key, p in list(self.logs.items()):
+        log's bounds changed and the fetch actor must hear of it. ``EACH_SLICE`` logs per loop
+        turn: a checkpoint is two fsyncs, and 10,000 partitions in one go held the loop past
+        ``supervisor.liveness.timeout.ms`` (the supervisor killed the actor)."""
+        keys = list(self.logs) if keys is None else keys
+        for key in keys[start:start + EACH_SLICE]:
+            p = self.logs.get(key)
+            if p is None:
+                continue  # closed meanwhile
             try:
                 if fn(p.log) and changes_bounds:
                     self._dirty.add(key)
             except OdradekError as exc:
                 log.error("%s of %s-%d failed: %s", what, key[0], key[1], exc.message)
         self.after_batch()
+        if start + EACH_SLICE < len(keys):
+            self.call_later(0, lambda: self._each(what, fn, changes_bounds, keys, start + EACH_SLICE))
 
     def _retention(self) -> None:
         self._each("retention", lambda lg: (lg.apply_retention() or 0) + (lg.delete_expired_files() or 0))
