@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.wait import WebDriverWait
 
@@ -42,7 +43,10 @@ def test_a_topic_created_in_the_page_exists_in_the_broker(shared_broker, browser
     partitions.clear()
     partitions.send_keys("3")
     form.find_element(By.TAG_NAME, "button").click()
-    assert browser.find_element(By.TAG_NAME, "h1").text == "Topic made-in-the-browser"
+    # the click returns as the next page starts loading: the old page's h1 may still be found,
+    # then go stale (CI saw StaleElementReferenceException); wait for the topic's page itself
+    WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_element(By.TAG_NAME, "h1").text == "Topic made-in-the-browser")
     with Admin(shared_broker.bootstrap) as admin:
         assert len(admin.describe_topic("made-in-the-browser").partitions) == 3
 
@@ -60,6 +64,7 @@ def test_deleting_a_topic_needs_its_name_typed_again(shared_broker, browser):
     row = browser.find_element(By.XPATH, "//tr[td/a[text()='to-delete']]")
     row.find_element(By.NAME, "confirm").send_keys("to-delete")
     row.find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 20).until(lambda d: "Deleted to-delete" in d.page_source)  # the redirect after it
     with Admin(shared_broker.bootstrap) as admin:
         assert "to-delete" not in admin.list_topics()
 
@@ -105,5 +110,8 @@ def test_a_groups_lag_appears_on_its_page(shared_broker, browser):
     consumer.close()
     browser.get(shared_broker.console_url + "groups")
     browser.find_element(By.LINK_TEXT, "browser-group").click()
+    # the click returns as the group's page starts loading: wait for its lag table
+    WebDriverWait(browser, 20, ignored_exceptions=(StaleElementReferenceException,)).until(
+        lambda d: d.find_elements(By.CSS_SELECTOR, "#lag td.lag"))
     lag_cells = [c.text for c in browser.find_elements(By.CSS_SELECTOR, "#lag td.lag")]
     assert lag_cells == ["18"]
