@@ -113,6 +113,8 @@ def test_a_classic_group_follows_its_coordinator_to_another_broker_without_a_reb
         assert revoked == []  # the same generation: the group record was loaded by the new coordinator
         c.commit(asynchronous=False)
         committed = c.committed([TopicPartition(topic, 0), TopicPartition(topic, 1)], timeout=30)
-        assert sum(tp.offset for tp in committed) == 30
+        # librdkafka's sticky partitioner may put all 30 records in one partition: the other then
+        # has nothing to commit (OFFSET_INVALID, -1001; CI saw it), and the sum counts it as 0
+        assert sum(max(tp.offset, 0) for tp in committed) == 30, committed
     finally:
         c.close()
