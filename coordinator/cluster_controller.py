@@ -62,6 +62,7 @@ class ClusterController(Actor):
         self.address: tuple[str, int] | None = None
         self.own_endpoints: dict[str, tuple[str, int]] = {}
         self.controller: ActiveController | None = None  # while this broker is the controller
+        self.agent: BrokerAgent | None = None  # once ZooKeeper answered
         self.outbox = Outbox.of(self)
         security = ClientSecurity.inter_broker(config)  # the inter-broker listener's TLS/SASL
         # controller -> brokers: idempotent requests, sent again when a connection goes silent
@@ -127,7 +128,7 @@ class ClusterController(Actor):
             log.warning("closing the ZooKeeper session: %s", exc)
 
     def stats(self) -> dict:
-        c, agent = self.controller, getattr(self, "agent", None)
+        c, agent = self.controller, self.agent
         if agent is None:  # still waiting for ZooKeeper in on_start (a heartbeat carries progress)
             return {"registered": False}
         return {"topics": len(c.registry.topics) if c else len(agent.snapshot_data["topics"]),

@@ -82,7 +82,7 @@ WATERMARKS = "watermarks"  # no data, but the leader's high watermark or log sta
 NOTHING = "nothing"
 STOP = "stop"
 BACKOFF = "backoff"
-TRUNCATION_BACKOFF_CAP = 8  # a truncation refused again and again is retried at most every 8 backoffs
+TRUNCATION_DOUBLINGS = 3  # a truncation refused again and again is retried at most every 2**3 backoffs
 RETRUNCATE = "retruncate"
 TRUNCATE_FULLY = "truncate_fully"
 CORRUPT = "corrupt"
@@ -597,8 +597,8 @@ class ReplicaFetcher(Actor):
     def _retry_truncation(self, p: Followed, why: str) -> None:
         """The leader refused (a deposed leader answers NOT_LEADER_OR_FOLLOWER until the
         controller tells us who leads now): try again later, doubling the wait each time in a
-        row up to TRUNCATION_BACKOFF_CAP backoffs. A new leader or epoch retries at once."""
-        delay = self.backoff * min(2 ** p.failed_truncations, TRUNCATION_BACKOFF_CAP)
+        row up to 2**TRUNCATION_DOUBLINGS backoffs. A new leader or epoch retries at once."""
+        delay = self.backoff * (1 << min(p.failed_truncations, TRUNCATION_DOUBLINGS))
         p.failed_truncations += 1
         log.info("%s-%d: truncation failed (%s); retrying in %gs", p.topic, p.partition, why, delay)
         self._needs_truncation(p, why, delay)
