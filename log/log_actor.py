@@ -724,7 +724,6 @@ class LogActor(Actor):
     def _open_registered(self, key: tuple[str, int]) -> PartitionLog | None:
         entry = self.unopened[key]
         self._attempt([], entry, self._open_partition)  # pops it from unopened
-        self.unopened.pop(key, None)
         p = self.logs.get(key)
         if p is not None and "leader" in entry:  # cluster mode: the role it had before
             self._become(p, entry)
