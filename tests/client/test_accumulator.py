@@ -104,3 +104,26 @@ def test_the_sender_does_not_sleep_when_a_batch_changed_since_it_last_drained(ac
     acc.close()  # closing is a change too: the sender goes round once more and sees it
     acc.sleep([], 0.0, 600.0, seen)
     assert acc.closed
+
+
+def test_the_sender_encodes_lingering_batches_without_the_lock_and_keeps_each_partitions_order():
+    """Encoding under the lock kept callers waiting while the sender closed lingering batches
+    (keyed records over many partitions close most batches by linger). A batch a caller fills
+    meanwhile still comes after the lingering one of its partition."""
+    held = []
+    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, base, top: (held.append(acc.lock.locked()),
+                                                                              encode_rows(rows, base, top, None))[1],
+                            linger=5.0, batch_size=100, buffer_memory=1 << 30, max_block=60.0, delivery_timeout=120.0)
+    try:
+        first = acc.append("t", 0, b"a", None, (), None, 10, count=1)
+        acc.append("t", 1, b"b", None, (), None, 10, count=2)
+        _, _, ready = acc.drain(first._batch.created + 60.0, force=False)  # both linger out: the sender's
+        assert held == [False, False] and [b.partition for b in ready] == [0, 1]
+        assert [r.value for r in fmt.decode_batch(ready[0].data)] == [b"a"]
+        acc.append("t", 0, b"c", None, (), None, 60, count=1)
+        acc.append("t", 0, b"d", None, (), None, 60)  # filled by the caller: encoded by it, lock held
+        assert held[-1] is True
+        _, _, ready = acc.drain(first._batch.created + 5.0, force=False)
+        assert [[r.value for r in fmt.decode_batch(b.data)] for b in ready] == [[b"c", b"d"]]
+    finally:
+        acc.release()
