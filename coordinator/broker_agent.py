@@ -89,10 +89,14 @@ class BrokerAgent:
         self.zk.ChildrenWatch(BROKERS,
                               lambda children: self.outbox.post(lambda: self._read_broker_epochs(children)))
 
-    def _refresh_broker_epochs(self) -> None:
+    def refresh_broker_epochs(self) -> None:
         """Read them again now: the watch reports a change of the children only, so a broker
         that re-registered between two looks (same ids, a new czxid) is seen here, at the
-        UPDATE_METADATA the controller sends when a broker (re)joins."""
+        UPDATE_METADATA the controller sends when a broker (re)joins, and when our connection
+        to ZooKeeper comes back in the same session (kazoo's watch then re-reads the ids and
+        calls nobody if they are the same). Nothing before the watch is set."""
+        if self.broker_epochs is None:
+            return
         try:
             children = self.zk.get_children(BROKERS)
         except Exception as exc:  # noqa: BLE001 - session trouble: the watch fires again
@@ -180,7 +184,7 @@ class BrokerAgent:
 
     def _update_metadata(self, msg: Message, body: dict) -> None:
         self._watch_broker_epochs()
-        self._refresh_broker_epochs()
+        self.refresh_broker_epochs()
         old_topics = self.snapshot_data.get("topics", {})
         self.snapshot_data = {"version": body.get("version", 0), "topics": body.get("topics") or {},
                               "brokers": body.get("brokers") or {}, "controller_id": body.get("controller_id", -1),

@@ -239,6 +239,12 @@ class ClusterController(Actor):
             self._resign()
         elif state == "CONNECTED" and not self.registered:
             self._maybe_register()
+        elif state == "CONNECTED" and self.agent is not None:
+            # back in the same session after a break: what the watches on /brokers/ids missed
+            # (a broker that registered again meanwhile; ``ActiveController.refresh_live_brokers``)
+            self.agent.refresh_broker_epochs()
+            if self.controller is not None:
+                self.controller.refresh_live_brokers()
 
     def _maybe_register(self) -> None:
         """Register once this broker is ready (its listener's address known), then stand for

@@ -128,9 +128,11 @@ def run(opts: ChaosOptions) -> dict:
         except TimeoutError as exc:
             healed = False
             states = partition_states(cluster, topic, opts.partitions)
-            history.add("nemesis_error", name="heal", error=str(exc)[:300], states=states)
+            views = broker_views(cluster, topic)
+            history.add("nemesis_error", name="heal", error=str(exc)[:300], states=states, views=views)
             say(f"chaos: NOT HEALED: {exc}; brokers registered {cluster.registered_brokers()}, "
-                f"controller {cluster.controller_id()}, partition states {states}")
+                f"controller {cluster.controller_id()}, partition states {states}, "
+                f"each broker's metadata of {topic} {views}")
         load.stop_producers()
         ends = high_watermarks(bootstrap, topic, range(opts.partitions))
         wait_read(history, ends, 60)
@@ -236,6 +238,24 @@ def partition_states(cluster, topic: str, partitions: int) -> dict:
         return {p: cluster.partition_state(topic, p) for p in range(partitions)}
     except Exception as exc:  # noqa: BLE001 - ZooKeeper itself may be the problem
         return {"error": repr(exc)}
+
+
+def broker_views(cluster, topic: str) -> dict:
+    """``{broker: {partition: (leader, isr)}}`` as each running broker's METADATA answers (or
+    its error): a broker that was never told a partition shows it, unlike ZooKeeper."""
+    views: dict = {}
+    for i, b in cluster.brokers.items():
+        if not b.running:
+            views[i] = "not running"
+            continue
+        try:
+            body = cluster.metadata(i, [topic])
+            t = next((t for t in body["topics"] if t.get("name") == topic), {})
+            views[i] = {p["index"]: (p["leader"], p.get("isr")) for p in t.get("partitions") or ()} \
+                or t.get("error_message") or t.get("error_code")
+        except Exception as exc:  # noqa: BLE001 - a report, whatever the broker answers
+            views[i] = repr(exc)[:200]
+    return views
 
 
 def wait_read(history: History, ends: dict[int, int], timeout: float) -> None:

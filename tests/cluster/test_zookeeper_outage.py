@@ -64,3 +64,57 @@ def test_a_controller_actor_restarted_while_zookeeper_is_down_waits_for_it_and_t
         while len(got) < 2 and time.monotonic() < deadline:
             got += [r.value for r in consumer.poll(timeout_ms=1000)]
     assert got == [b"before", b"after"]
+
+
+def test_a_broker_that_registered_again_while_the_controller_was_cut_from_zookeeper_is_told_its_partitions(
+        zookeeper, tmp_path):
+    """The controller's connection to ZooKeeper breaks (its session survives); meanwhile a
+    broker stops and registers again. kazoo's ChildrenWatch re-reads ``/brokers/ids`` when the
+    connection comes back and calls nobody when the ids are the same, so the controller never
+    saw the new registration: the restarted broker was never sent LEADER_AND_ISR, followed
+    nothing, and a partition it led had no working leader (the short chaos schedule's
+    'cluster did not heal': a replica below the high watermark, a partition with no leader).
+    Seen failing before the fix: the ISRs never became whole again."""
+    from odradek.chaos.proxy import FaultProxy
+    from tests.cluster.fixtures import new_cluster
+    proxy = FaultProxy()
+    cluster = None
+    try:
+        # every broker reaches ZooKeeper through a link of the proxy; sessions long enough to
+        # outlive the cut (60 s, the server's maximum); no controlled shutdown (it would wait
+        # for the cut-off controller)
+        broker_settings = {}
+        for i in (1, 2, 3):
+            port = proxy.add(f"zk-{i}", lambda: ("127.0.0.1", zookeeper.port), owner=i)
+            broker_settings[i] = {"zookeeper.connect": f"127.0.0.1:{port}/odradek-zk-cut",
+                                  "zookeeper.session.timeout.ms": 60000, "controlled.shutdown.enable": False}
+        cluster = LocalCluster(str(tmp_path), 3, TEST_SETTINGS, zk=zookeeper, chroot="/odradek-zk-cut",
+                               broker_settings=broker_settings)
+        cluster.start()
+        controller = cluster.wait_ready(60)
+        with Admin(cluster.bootstrap) as admin:
+            admin.create_topic("cut", partitions=3, replication_factor=3, config={"min.insync.replicas": 2})
+        full = lambda: all(sorted(cluster.isr("cut", p)) == [1, 2, 3] and cluster.leader("cut", p)
+                           for p in range(3))
+        cluster.wait_for(full, 60, "every partition of cut led with a full ISR")
+        victim = next(i for i in (1, 2, 3) if i != controller)
+        owner = cluster.kazoo.exists("/controller").owner_session_id
+        before = cluster.kazoo.exists(f"/brokers/ids/{victim}").czxid
+
+        proxy.set_rule(f"zk-{controller}", "*", "drop")  # the controller's connection breaks
+        cluster.restart(victim)  # SIGTERM (its session closes: its node goes at once), then start
+        cluster.wait_for(lambda: (s := cluster.kazoo.exists(f"/brokers/ids/{victim}")) and s.czxid != before,
+                         60, f"broker {victim} registered again")
+        proxy.heal()
+
+        cluster.wait_for(full, 60, "every partition of cut led with a full ISR after the cut")
+        # the controller kept its session throughout (else a new controller would have read
+        # everything afresh and this test would not test the reconnection)
+        assert cluster.kazoo.exists("/controller").owner_session_id == owner
+        with Producer(cluster.bootstrap, acks="all") as producer:
+            for p in range(3):
+                producer.send("cut", b"after", partition=p).result(60)
+    finally:
+        if cluster is not None:
+            cluster.stop(graceful=False)
+        proxy.close()
