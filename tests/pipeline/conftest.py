@@ -1,7 +1,7 @@
-"""Fixtures for the Spark connector tests: one broker and one local SparkSession per module.
+"""Fixtures for the Spark connector tests: one broker per module, one local SparkSession for them all.
 
-Spark takes about ten seconds to start, so each test module shares one session (``spark``,
-module-scoped, stopped at the end of the module) and one broker (``mod_broker``, a
+Spark takes about ten seconds to start, so the package's modules share one session (``spark``,
+package-scoped, stopped after the last test of tests/pipeline) and each module one broker (``mod_broker``, a
 ``RestartableBroker`` on a fixed 127.0.0.1 port so a test can stop and restart it and the
 clients find it again). Tests give their topics unique names (``topic_name``). Everything
 started here is stopped in teardown, even when a test fails. The whole directory is skipped
@@ -53,10 +53,10 @@ def mod_broker(tmp_path_factory):
     try:
         yield b.start()
     finally:
-        b.stop()
+        b.discard()  # kill -9: its data is thrown away; a graceful stop takes seconds
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="package")
 def spark():
     from odradek.pipeline.session import session
     s = session("local[2]", app="odradek-tests", conf={"spark.sql.shuffle.partitions": "2"})
