@@ -198,7 +198,9 @@ class LogActor(Actor):
         # Opened lazily (see "Opening lazily" above): registered now without touching a file,
         # the internal topics first in the background order (their coordinators wait on them).
         self.unopened: dict[tuple[str, int], dict] = {}
+        configs = assignment.get("configs") or {}  # single-broker: each topic's config once
         for entry in sorted(assignment.get("open", []), key=lambda e: not e["topic"].startswith("__")):
+            entry.setdefault("config", configs.get(entry["topic"]) or {})
             self.unopened[entry["topic"], entry["partition"]] = entry
         self._order = iter(list(self.unopened))  # the background's order (a request may open one first)
         self._to_open, self._announce_opening = len(self.unopened), bool(self.unopened)

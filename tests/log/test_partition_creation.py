@@ -11,7 +11,10 @@ from __future__ import annotations
 
 import os
 
+import pytest
+
 from odradek import Admin, Producer
+from odradek.errors import MessageTooLargeError
 from odradek.chaos import fsync_trace
 from odradek.local import LocalBroker
 from tests.log.test_lazy_open import read
@@ -19,6 +22,7 @@ from tests.log.test_lazy_open import read
 TOPIC = "many"
 PARTITIONS = 100
 SAMPLE = range(0, PARTITIONS, 10)
+LIMIT = 4000  # the topic's own max.message.bytes: its configuration reaches the log actors again after a restart
 
 
 def _traces(trace_dir: str) -> list[list[str]]:
@@ -39,7 +43,7 @@ def test_a_topic_of_100_partitions_is_on_disk_before_its_creation_is_answered_an
     first.start()
     try:
         with Admin(first.bootstrap, request_timeout_ms=300000) as admin:
-            admin.create_topic(TOPIC, partitions=PARTITIONS)
+            admin.create_topic(TOPIC, partitions=PARTITIONS, config={"max.message.bytes": str(LIMIT)})
         # the answer came: read what each process had fsynced by then
         dirs = {os.path.join(data_real, f"{TOPIC}-{p}"): p for p in range(PARTITIONS)}
         seen: set[int] = set()
@@ -77,5 +81,8 @@ def test_a_topic_of_100_partitions_is_on_disk_before_its_creation_is_answered_an
         assert set(offsets.values()) == {0}, offsets
         got = read(broker.bootstrap, TOPIC, list(SAMPLE))
         assert got == {(n, 0): b"after-%d" % n for n in SAMPLE}
+        with Producer(broker.bootstrap, acks=1, compression=None, retries=0) as p:
+            with pytest.raises(MessageTooLargeError):
+                p.send(TOPIC, b"x" * (2 * LIMIT), partition=PARTITIONS - 1).result(timeout=60)
     finally:
         broker.discard()
