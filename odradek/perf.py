@@ -239,7 +239,8 @@ def _payload(size: int) -> bytes:
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
-    with Admin(bootstrap) as admin:
+    # 10,000 partitions take minutes to create on a loaded machine: the default 30 s timeout failed
+    with Admin(bootstrap, request_timeout_ms=max(60000, 60 * partitions)) as admin:
         if topic not in admin.list_topics():
             try:
                 admin.create_topic(topic, partitions)
@@ -370,11 +371,14 @@ def _connections_child(bootstrap: str, topic: str, n: int, size: int, kwargs: di
     latencies: list[float] = []
     errors: list = []
     monotonic = time.monotonic
-    clients = [Producer(bootstrap, **kwargs) for _ in range(producers)]
+    clients: list = []
+    told = False
     try:
-        for c in clients:  # metadata and connection outside the timing
-            c.send(topic, value).result(60)
+        clients = [Producer(bootstrap, **kwargs) for _ in range(producers)]
+        for h in [c.send(topic, value) for c in clients]:  # metadata and connections outside the timing
+            h.result(300)
         ready.put(os.getpid())
+        told = True
         go.wait()
         start = monotonic()
         i, k = 0, 0
@@ -399,7 +403,7 @@ def _connections_child(bootstrap: str, topic: str, n: int, size: int, kwargs: di
         out.put({"start": start, "end": end, "records": n, "latencies": latencies, "errors": len(errors),
                  "first_error": str(errors[0]) if errors else None, "batches": batches, "requests": requests})
     except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
-        out.put({"failed": f"{type(exc).__name__}: {exc}"})
+        (out if told else ready).put({"failed": f"{type(exc).__name__}: {exc}"})
     finally:
         for c in clients:
             c.close()
@@ -425,7 +429,9 @@ def run_produce_connections(bootstrap: str, topic: str, n: int, size: int, kwarg
     results = []
     try:
         for _ in procs:
-            ready.get(timeout=600)
+            said = ready.get(timeout=900)
+            if isinstance(said, dict):
+                raise SystemExit(f"perf: a client process failed: {said['failed']}")
         if started:
             started()
         t_go = time.monotonic()
