@@ -186,6 +186,8 @@ class SyncBatch(FileLayer):
         self.deferring = False
         pending, dirs = self._pending, sorted(self._dirs)
         self._pending, self._dirs = {}, set()
+        if not pending and not dirs:
+            return
         parents = sorted({os.path.dirname(d) or "." for d in dirs} - set(dirs))
         with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
             list(pool.map(self.fsync_path, pending.values()))

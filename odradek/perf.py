@@ -271,7 +271,8 @@ def produce_main(argv: list[str]) -> int:
     ap.add_argument("--plot", metavar="FILE", type=_plot_file, help="write throughput and latency over time to FILE (.png or .svg)")
     ap.add_argument("--connections", type=int, default=0, help="N bundled producers (one connection each) "
                     "sharing --num-records, spread over --client-processes; records/s summed (0: one producer "
-                    "in this process)")
+                    "in this process). With --local the broker admits them all (max.connections and "
+                    "max.connections.per.ip raised); a running broker needs those settings itself")
     ap.add_argument("--client-processes", type=int, default=4, help="client processes of --connections")
     _client_args(ap)
     args = ap.parse_args(argv)
@@ -749,7 +750,11 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
     if args.local:
         from odradek.local import LocalBroker
         base = tempfile.mkdtemp(prefix="odradek-perf-")
-        broker = LocalBroker(base, {}, start_timeout=240).start()
+        # --connections: all from 127.0.0.1, past the broker's max.connections.per.ip (500) and
+        # max.connections (1,000) defaults, which would reset the extra ones
+        limits = getattr(args, "connections", 0)
+        settings = {"max.connections.per.ip": limits + 50, "max.connections": limits + 50} if limits > 400 else {}
+        broker = LocalBroker(base, settings, start_timeout=240).start()
         bootstrap, pid = broker.bootstrap, broker.pid
         print(f"perf: a broker of our own on {bootstrap} (pid {pid}, data in {base})", flush=True)
     results: dict[str, list] = {c: [] for c in clients}

@@ -15,6 +15,7 @@ import pytest
 
 from odradek import Admin, Producer
 from odradek.errors import MessageTooLargeError
+from odradek.log.files import SyncBatch
 from odradek.chaos import fsync_trace
 from odradek.local import LocalBroker
 from tests.log.test_lazy_open import read
@@ -86,3 +87,49 @@ def test_a_topic_of_100_partitions_is_on_disk_before_its_creation_is_answered_an
                 p.send(TOPIC, b"x" * (2 * LIMIT), partition=PARTITIONS - 1).result(timeout=60)
     finally:
         broker.discard()
+
+
+class _Recorded(SyncBatch):
+    """A SyncBatch that notes each fsync and rename it really does, in order."""
+
+    def __init__(self):
+        super().__init__(threads=4)
+        self.done: list[tuple[str, str]] = []
+
+    def fsync_path(self, path):
+        super().fsync_path(path)
+        self.done.append(("file", path))
+
+    def rename(self, src, dst):
+        super().rename(src, dst)
+        self.done.append(("rename", dst))
+
+    def fsync_dir(self, path):
+        super().fsync_dir(path)
+        if not self.deferring:
+            self.done.append(("dir", path))
+
+
+def test_a_sync_batch_fsyncs_each_file_then_renames_it_then_fsyncs_each_directory_once_and_their_parent(tmp_path):
+    batch = _Recorded()
+    dirs = [str(tmp_path / f"t-{i}") for i in range(5)]
+    for d in dirs:
+        os.makedirs(d)
+        for name in ("partition.metadata", "leader-epoch-checkpoint"):
+            batch.write_file_atomically(os.path.join(d, name), b"first")
+            batch.write_file_atomically(os.path.join(d, name), d.encode())  # written twice: one file
+        batch.fsync_dir(d)
+        batch.fsync_dir(d)
+        assert not os.path.exists(os.path.join(d, "partition.metadata")), "in place before commit"
+    assert batch.done == []
+    batch.commit()
+    kinds = [k for k, _ in batch.done]
+    assert kinds == ["file"] * 10 + ["rename"] * 10 + ["dir"] * 6
+    synced_dirs = [p for k, p in batch.done if k == "dir"]  # each phase's order is its threads'
+    assert sorted(synced_dirs[:-1]) == sorted(dirs) and synced_dirs[-1] == str(tmp_path)  # the parent last
+    for d in dirs:
+        assert sorted(os.listdir(d)) == ["leader-epoch-checkpoint", "partition.metadata"]
+        with open(os.path.join(d, "partition.metadata"), "rb") as f:
+            assert f.read() == d.encode()
+    batch.fsync_dir(dirs[0])  # after the commit: a plain FileLayer again
+    assert batch.done[-1] == ("dir", dirs[0])
