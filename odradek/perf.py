@@ -245,10 +245,17 @@ def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
             try:
                 admin.create_topic(topic, partitions)
                 print(f"Created topic {topic} with {partitions} partitions.", flush=True)
-            except TopicAlreadyExistsError:
+            except TopicAlreadyExistsError:  # a retried request, or another client: wait for it below
                 pass
-        admin._cluster.refresh([topic])
-        return len(admin._cluster.partitions(topic) or ())
+        # a creation still under way (a retried request answered "already exists") is not in
+        # the metadata yet: wait until it is (the 10,000-partition run found no topic)
+        deadline = time.monotonic() + admin.request_timeout_ms / 1000
+        while True:
+            admin._cluster.refresh([topic])
+            found = len(admin._cluster.partitions(topic) or ())
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(1.0)
 
 
 # ---- produce ----------------------------------------------------------------------------------
@@ -751,9 +758,10 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
         from odradek.local import LocalBroker
         base = tempfile.mkdtemp(prefix="odradek-perf-")
         # --connections: all from 127.0.0.1, past the broker's max.connections.per.ip (500) and
-        # max.connections (1,000) defaults, which would reset the extra ones
-        limits = getattr(args, "connections", 0)
-        settings = {"max.connections.per.ip": limits + 50, "max.connections": limits + 50} if limits > 400 else {}
+        # max.connections (1,000) defaults, which would reset the extra ones (a producer may
+        # hold two: its bootstrap connection and its leader's)
+        limits = 2 * getattr(args, "connections", 0) + 100
+        settings = {"max.connections.per.ip": limits, "max.connections": limits} if limits > 500 else {}
         broker = LocalBroker(base, settings, start_timeout=240).start()
         bootstrap, pid = broker.bootstrap, broker.pid
         print(f"perf: a broker of our own on {bootstrap} (pid {pid}, data in {base})", flush=True)
