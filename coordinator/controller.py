@@ -9,7 +9,8 @@ share (the handler roster, leftover ``-delete`` directories) is in
 ``coordinator.controller_kit``, used by each, not inherited.
 Accepts:
   get_metadata                 -> the metadata snapshot (handlers fetch it at start)
-  get_assignment {host}        -> the partitions a log actor process hosts, with configs
+  get_assignment {host}        -> {open: [{topic, partition, topic_id}], configs: {topic: config}}:
+                                 the partitions a log actor process hosts, each topic's config once
   create_topics {body}         forwarded by a handler; answered to the client's processor
   delete_topics {body}         likewise
   alter_topic_configs {body}   likewise (the topic resources of IncrementalAlterConfigs)
@@ -84,9 +85,19 @@ class Controller(Actor):
         return snap
 
     def on_get_assignment(self, msg: Message) -> None:
+        """Each topic's configuration once (``configs``), not in every partition's entry: at
+        10,000 partitions per log actor, one ``to_properties()`` per entry cost the
+        controller ~0.7 s per log actor and made each answer ~5.6 MB (docs/BENCHMARKS.md,
+        issue 18, "4. Partitions")."""
         host = msg.get("host")
-        self.reply(msg, {"open": [self._partition_entry(t.name, p) for t in self.registry.topics.values()
-                                  for p in range(t.partitions) if self._host_of(t.name, p) == host]})
+        entries: list[dict] = []
+        configs: dict[str, dict] = {}
+        for t in self.registry.topics.values():
+            mine = [p for p in range(t.partitions) if self._host_of(t.name, p) == host]
+            if mine:
+                configs[t.name] = self.registry.log_config(t.name).to_properties()
+                entries += [{"topic": t.name, "partition": p, "topic_id": t.topic_id} for p in mine]
+        self.reply(msg, {"open": entries, "configs": configs})
 
     def _host_of(self, topic: str, partition: int) -> str:
         return log_host(topic, partition, self.log_hosts)

@@ -18,6 +18,7 @@ of descriptors (EMFILE) and the broker could not start again.
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import contextlib
 import errno
 import mmap
@@ -130,6 +131,70 @@ class FileLayer:
         self.write_file_durably(tmp, data)
         self.rename(tmp, path)
         self.fsync_dir(os.path.dirname(path) or ".")
+
+
+SYNC_THREADS = 16  # fsyncs a SyncBatch runs at once (fsync releases the GIL; the file system groups them)
+
+
+class SyncBatch(FileLayer):
+    """A ``FileLayer`` that makes many new partitions durable together (a CreateTopics of
+    1,000 partitions on one log actor): while ``deferring``, ``write_file_atomically`` writes
+    only the temp file and ``fsync_dir`` only notes the directory; ``commit()`` then fsyncs
+    every temp file (in parallel), renames each into place, fsyncs every directory noted once
+    and, last, their parents (a new directory's own entry). One partition alone costs five
+    fsyncs one after the other (``partition.metadata`` and the leader-epoch checkpoint, each
+    with its directory, and the new segment's directory); in a batch it costs its two files
+    and its directory, issued 16 at a time. After a crash before ``commit`` returns, each file
+    is absent or whole, as with ``write_file_atomically`` (temp files are removed by the
+    loader). After ``commit`` the layer is a plain ``FileLayer`` (the logs keep it).
+    Only for directories created in the batch: nothing reads a deferred file before commit.
+    """
+
+    def __init__(self, threads: int = SYNC_THREADS):
+        self.deferring = True
+        self.threads = threads
+        self._pending: dict[str, str] = {}  # final path -> its temp file, renamed by commit
+        self._dirs: set[str] = set()
+
+    def write_file_atomically(self, path: str, data: bytes) -> None:
+        if not self.deferring:
+            return super().write_file_atomically(path, data)
+        tmp = path + ".tmp"
+        fd = self.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        try:
+            self.write_all(fd, data, 0)
+        finally:
+            self.close(fd)
+        self._pending[path] = tmp
+        self._dirs.add(os.path.dirname(path) or ".")
+
+    def fsync_dir(self, path: str) -> None:
+        if not self.deferring:
+            return super().fsync_dir(path)
+        self._dirs.add(path)
+
+    def fsync_path(self, path: str) -> None:
+        fd = self.open(path, os.O_RDONLY)
+        try:
+            self.fsync(fd)
+        finally:
+            self.close(fd)
+
+    def commit(self) -> None:
+        """Make everything written durable; an ``OSError`` stops it (the caller fails the
+        whole batch). The layer stops deferring whatever happens."""
+        self.deferring = False
+        pending, dirs = self._pending, sorted(self._dirs)
+        self._pending, self._dirs = {}, set()
+        if not pending and not dirs:
+            return
+        parents = sorted({os.path.dirname(d) or "." for d in dirs} - set(dirs))
+        with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
+            list(pool.map(self.fsync_path, pending.values()))
+            for path, tmp in pending.items():
+                self.rename(tmp, path)
+            list(pool.map(self.fsync_dir, dirs))
+            list(pool.map(self.fsync_dir, parents))
 
 
 OPEN_FILES_PER_PROCESS = 1024  # the descriptor cache's size in each log actor and the fetch actor

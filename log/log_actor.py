@@ -79,7 +79,7 @@ from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
 from odradek.log.epochs import epoch_mismatch
-from odradek.log.files import FileLayer
+from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader
 from odradek.network.protocol import ErrorCode, OdradekError
@@ -198,7 +198,9 @@ class LogActor(Actor):
         # Opened lazily (see "Opening lazily" above): registered now without touching a file,
         # the internal topics first in the background order (their coordinators wait on them).
         self.unopened: dict[tuple[str, int], dict] = {}
+        configs = assignment.get("configs") or {}  # single-broker: each topic's config once
         for entry in sorted(assignment.get("open", []), key=lambda e: not e["topic"].startswith("__")):
+            entry.setdefault("config", configs.get(entry["topic"]) or {})
             self.unopened[entry["topic"], entry["partition"]] = entry
         self._order = iter(list(self.unopened))  # the background's order (a request may open one first)
         self._to_open, self._announce_opening = len(self.unopened), bool(self.unopened)
@@ -633,8 +635,7 @@ class LogActor(Actor):
         ``[[topic, partition, error code, message]]``) so the controller never reports a
         creation or deletion that did not happen."""
         failed: list = []
-        for entry in msg.get("open") or ():
-            self._attempt(failed, entry, self._open_partition)
+        self._create_durably(msg.get("open") or (), failed)
         for entry in msg.get("configure") or ():
             p = self._partition((entry["topic"], entry["partition"]))
             if p is not None:
@@ -643,6 +644,30 @@ class LogActor(Actor):
             self._attempt(failed, entry, lambda e: self._close_and_delete(
                 e["topic"], e["partition"], e["topic_id"], delete=e.get("delete", True)))
         self._tell_fetch_actor_then(lambda: self.reply(msg, {"partitions": len(self.logs), "failed": failed}))
+
+    def _create_durably(self, entries, failed: list) -> None:
+        """Open the partitions of an ``assign``. The ones whose directory does not exist yet
+        (a topic being created) are written first and made durable together before the
+        answer (``log.files.SyncBatch``: each file's contents, then each directory once,
+        then the data directory) rather than one partition's fsyncs after another's: 1,000
+        partitions took ~3 s on a quiet machine and 10-50 s under load (docs/BENCHMARKS.md,
+        issue 18). If that fails, every partition of the batch fails and is removed."""
+        batch, created = SyncBatch(), []
+        for entry in entries:
+            key = (entry["topic"], entry["partition"])
+            new = key not in self.logs and not os.path.exists(partition_dir(self.data_dir, *key))
+            self._attempt(failed, entry, lambda e: self._open_partition(e, batch if new else None))
+            if new and key in self.logs:
+                created.append(entry)
+        try:
+            batch.commit()
+        except OSError as exc:
+            text = f"making the new partitions durable failed: {exc.strerror or exc} (errno {exc.errno})"
+            log.error("%s; %d partitions removed", text, len(created))
+            for e in created:
+                failed.append([e["topic"], e["partition"], int(ErrorCode.KAFKA_STORAGE_ERROR), text])
+                self._attempt([], e, lambda e: self._close_and_delete(e["topic"], e["partition"],
+                                                                      e.get("topic_id", "")))
 
     @staticmethod
     def _attempt(failed: list, entry: dict, change) -> None:
@@ -764,16 +789,25 @@ class LogActor(Actor):
                 self._partition((part[0], part[1]))
         self._tell_fetch_actor_then(lambda: self.reply(msg, {}))
 
-    def _open_partition(self, entry: dict) -> PartitionLog:
+    def _open_partition(self, entry: dict, files: FileLayer | None = None) -> PartitionLog:
         """Open (recovering if needed) a hosted partition. Single-broker ``assign`` entries
-        carry no role: this broker leads it at epoch 0 with an ISR of one."""
+        carry no role: this broker leads it at epoch 0 with an ISR of one. ``files``: a
+        ``SyncBatch`` for a new partition created with others (``_create_durably``)."""
         key = (entry["topic"], entry["partition"])
         if key in self.logs:
             return self.logs[key]
         self.unopened.pop(key, None)  # opened now, whatever the background order
         directory = partition_dir(self.data_dir, *key)
-        self._claim_directory(key, entry.get("topic_id", ""))
-        the_log = Log(directory, LogConfig.from_properties(entry["config"]))
+        files = files or FileLayer()
+        write_id = self._claim_directory(key, entry.get("topic_id", ""))
+        the_log = Log(directory, LogConfig.from_properties(entry["config"]), files=files)
+        if write_id:  # after the load, which removes temp files (a batch's is still one until commit)
+            try:
+                files.write_file_atomically(os.path.join(directory, PARTITION_METADATA),
+                                            f"version: 0\ntopic_id: {entry['topic_id']}\n".encode())
+            except OSError:
+                the_log.abandon()
+                raise
         the_log.producers.expiration_ms = self.producer_expiration_ms
         report = the_log.recovery_report
         if getattr(report, "dropped_bytes", 0):
@@ -785,10 +819,11 @@ class LogActor(Actor):
         self._dirty.add(key)
         return p
 
-    def _claim_directory(self, key: tuple[str, int], topic_id: str) -> None:
+    def _claim_directory(self, key: tuple[str, int], topic_id: str) -> bool:
         """The directory of a partition of topic ``topic_id`` (KIP-516's ``partition.metadata``).
         One left by an earlier topic of the same name (deleted while this broker was down) is
-        thrown away, never taken for this topic's log."""
+        thrown away, never taken for this topic's log. True if ``partition.metadata`` is to
+        be written (the caller does, once the log is loaded)."""
         directory = partition_dir(self.data_dir, *key)
         path = os.path.join(directory, PARTITION_METADATA)
         found = None
@@ -802,8 +837,7 @@ class LogActor(Actor):
             _delete_dir(directory, doomed_dir(self.data_dir, *key, found))
             found = None
         os.makedirs(directory, exist_ok=True)
-        if topic_id and found is None:
-            FileLayer().write_file_atomically(path, f"version: 0\ntopic_id: {topic_id}\n".encode())
+        return bool(topic_id and found is None)
 
     def _close_and_delete(self, topic: str, partition: int, topic_id: str, delete: bool = True) -> None:
         self.unopened.pop((topic, partition), None)

@@ -239,15 +239,23 @@ def _payload(size: int) -> bytes:
 def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
-    with Admin(bootstrap) as admin:
+    # 10,000 partitions take minutes to create on a loaded machine: the default 30 s timeout failed
+    with Admin(bootstrap, request_timeout_ms=max(60000, 60 * partitions)) as admin:
         if topic not in admin.list_topics():
             try:
                 admin.create_topic(topic, partitions)
                 print(f"Created topic {topic} with {partitions} partitions.", flush=True)
-            except TopicAlreadyExistsError:
+            except TopicAlreadyExistsError:  # a retried request, or another client: wait for it below
                 pass
-        admin._cluster.refresh([topic])
-        return len(admin._cluster.partitions(topic) or ())
+        # a creation still under way (a retried request answered "already exists") is not in
+        # the metadata yet: wait until it is (the 10,000-partition run found no topic)
+        deadline = time.monotonic() + admin.request_timeout_ms / 1000
+        while True:
+            admin._cluster.refresh([topic])
+            found = len(admin._cluster.partitions(topic) or ())
+            if found or time.monotonic() > deadline:
+                return found
+            time.sleep(1.0)
 
 
 # ---- produce ----------------------------------------------------------------------------------
@@ -268,10 +276,20 @@ def produce_main(argv: list[str]) -> int:
     ap.add_argument("--no-redis", action="store_true", help="skip the Redis Streams comparison")
     ap.add_argument("--json", action="store_true", help="print the summaries as one JSON line at the end")
     ap.add_argument("--plot", metavar="FILE", type=_plot_file, help="write throughput and latency over time to FILE (.png or .svg)")
+    ap.add_argument("--connections", type=int, default=0, help="N bundled producers (one connection each) "
+                    "sharing --num-records, spread over --client-processes; records/s summed (0: one producer "
+                    "in this process). With --local the broker admits them all (max.connections and "
+                    "max.connections.per.ip raised); a running broker needs those settings itself")
+    ap.add_argument("--client-processes", type=int, default=4, help="client processes of --connections")
     _client_args(ap)
     args = ap.parse_args(argv)
     props = {"acks": "1", "linger.ms": "5", "compression.type": "lz4", **_props(args.producer_props)}
     clients = _clients(args.client)
+    if args.connections and (clients != ["odradek"] or args.keys or args.plot or args.throughput > 0):
+        raise SystemExit("perf: --connections runs the bundled client only, keyless, with no --throughput or --plot")
+    if args.connections:
+        args.no_redis = True
+        return _side_by_side(args, clients, "produce", props)
     if clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
         return _side_by_side(args, clients, "produce", props)
     _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
@@ -348,6 +366,110 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
     result["batches"], result["requests"] = counted["batches"], counted["requests"]
     if errors:
         print(f"{len(errors)} sampled records failed; first: {errors[0]}", flush=True)
+    return result
+
+
+def _connections_child(bootstrap: str, topic: str, n: int, size: int, kwargs: dict, producers: int,
+                       sample_every: int, ready, go, out) -> None:
+    """One client process of ``--connections``: ``producers`` bundled Producers (one
+    connection each to a single broker), ``n`` records dealt round robin in runs of
+    ``sample_every`` per producer; waits for ``go`` once every producer is connected."""
+    from odradek.producer import Producer
+    value = _payload(size)
+    latencies: list[float] = []
+    errors: list = []
+    monotonic = time.monotonic
+    clients: list = []
+    told = False
+    try:
+        clients = [Producer(bootstrap, **kwargs) for _ in range(producers)]
+        for h in [c.send(topic, value) for c in clients]:  # metadata and connections outside the timing
+            h.result(300)
+        ready.put(os.getpid())
+        told = True
+        go.wait()
+        start = monotonic()
+        i, k = 0, 0
+        while i < n:
+            chunk = min(n, i + sample_every)
+            send = clients[k].send
+            k = (k + 1) % producers
+            t0 = monotonic()
+            h = send(topic, value)
+            for _ in range(i + 1, chunk):
+                send(topic, value)
+            h.add_done_callback(lambda h, t0=t0: errors.append(h.exception()) if h.exception() is not None
+                                else latencies.append((monotonic() - t0) * 1000))
+            i = chunk
+        for c in clients:
+            c.flush()
+        end = monotonic()
+        batches = requests = 0
+        for c in clients:
+            m = c.metrics()
+            batches, requests = batches + m["batches"], requests + m["requests"]
+        out.put({"start": start, "end": end, "records": n, "latencies": latencies, "errors": len(errors),
+                 "first_error": str(errors[0]) if errors else None, "batches": batches, "requests": requests})
+    except BaseException as exc:  # noqa: BLE001 - reported to the parent, which fails the run
+        (out if told else ready).put({"failed": f"{type(exc).__name__}: {exc}"})
+    finally:
+        for c in clients:
+            c.close()
+
+
+def run_produce_connections(bootstrap: str, topic: str, n: int, size: int, kwargs: dict, connections: int,
+                            processes: int, sample_every: int = 100, started=None, stopped=None) -> dict:
+    """``--connections N``: N bundled producers, each its own connection, spread over
+    ``processes`` client processes (one Python process cannot drive more than ~1 core);
+    every producer connects and learns the metadata before the common start; records/s is
+    all records over the start to the last process's final flush. Latency samples (every
+    ``sample_every``-th record) are merged."""
+    import multiprocessing
+    ctx = multiprocessing.get_context("spawn")  # no fork of a process that may hold threads
+    processes = max(1, min(processes, connections))
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    shares = [connections // processes + (1 if i < connections % processes else 0) for i in range(processes)]
+    procs = [ctx.Process(target=_connections_child, daemon=True,
+                         args=(bootstrap, topic, n * share // connections, size, kwargs, share,
+                               max(1, sample_every), ready, go, out)) for share in shares]
+    for p in procs:
+        p.start()
+    results = []
+    try:
+        for _ in procs:
+            said = ready.get(timeout=900)
+            if isinstance(said, dict):
+                raise SystemExit(f"perf: a client process failed: {said['failed']}")
+        if started:
+            started()
+        t_go = time.monotonic()
+        go.set()
+        results = [out.get(timeout=3600) for _ in procs]
+        if stopped:
+            stopped()
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.kill()
+    failed = [r["failed"] for r in results if "failed" in r]
+    if failed:
+        raise SystemExit(f"perf: a client process failed: {failed[0]}")
+    total = sum(r["records"] for r in results)
+    elapsed = max(r["end"] for r in results) - t_go
+    lat = sorted(x for r in results for x in r["latencies"])
+    errors = sum(r["errors"] for r in results)
+    result = {"records": total, "seconds": elapsed, "records_per_sec": total / elapsed if elapsed else 0.0,
+              "mb_per_sec": total * size / elapsed / 2**20 if elapsed else 0.0,
+              "p50_ms": percentile(lat, 50), "p99_ms": percentile(lat, 99), "latency_samples": len(lat),
+              "errors": errors, "batches": sum(r["batches"] for r in results),
+              "requests": sum(r["requests"] for r in results), "timeline": []}
+    print(f"{total} records sent over {connections} connections from {processes} processes, "
+          f"{result['records_per_sec']:.1f} records/sec ({result['mb_per_sec']:.2f} MB/sec), "
+          f"{result['p50_ms']:.2f} ms 50th, {result['p99_ms']:.2f} ms 99th.", flush=True)
+    if errors:
+        print(f"{errors} sampled records failed; first: "
+              f"{next(r['first_error'] for r in results if r['first_error'])}", flush=True)
     return result
 
 
@@ -635,7 +757,12 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
     if args.local:
         from odradek.local import LocalBroker
         base = tempfile.mkdtemp(prefix="odradek-perf-")
-        broker = LocalBroker(base, {}, start_timeout=240).start()
+        # --connections: all from 127.0.0.1, past the broker's max.connections.per.ip (500) and
+        # max.connections (1,000) defaults, which would reset the extra ones (a producer may
+        # hold two: its bootstrap connection and its leader's)
+        limits = 2 * getattr(args, "connections", 0) + 100
+        settings = {"max.connections.per.ip": limits, "max.connections": limits} if limits > 500 else {}
+        broker = LocalBroker(base, settings, start_timeout=240).start()
         bootstrap, pid = broker.bootstrap, broker.pid
         print(f"perf: a broker of our own on {bootstrap} (pid {pid}, data in {base})", flush=True)
     results: dict[str, list] = {c: [] for c in clients}
@@ -657,7 +784,11 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
                 spent: list = []
                 started, stopped = (cpu.start, lambda: spent.append(cpu.stop())) if cpu else (None, None)
                 if what == "produce":
-                    if c == "odradek":
+                    if c == "odradek" and getattr(args, "connections", 0):
+                        r = run_produce_connections(bootstrap, topic, args.num_records, args.record_size,
+                                                    producer_kwargs(props), args.connections,
+                                                    args.client_processes, args.latency_sample, started, stopped)
+                    elif c == "odradek":
                         r = run_produce(bootstrap, topic, args.num_records, args.record_size, args.throughput,
                                         producer_kwargs(props), args.latency_sample, args.reporting_interval, started,
                                         stopped, keys=args.keys)

@@ -22,6 +22,17 @@ def test_produce_prints_kafka_style_progress_and_a_summary_with_percentiles(scri
     assert sum(len(broker.records("perf", p)) for p in range(2)) == 5001  # and the warm-up record
 
 
+def test_produce_over_several_connections_deals_the_records_across_producers_in_client_processes(scripted, capsys):
+    broker = scripted({"conns": 3})
+    code = perf.produce_main(["--bootstrap-server", broker.bootstrap, "--topic", "conns", "--num-records", "2000",
+                              "--record-size", "50", "--connections", "4", "--client-processes", "2",
+                              "--producer-props", "acks=1", "linger.ms=1"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"^2000 records sent over 4 connections from 2 processes, [\d.]+ records/sec", out, re.M), out
+    assert sum(len(broker.records("conns", p)) for p in range(3)) == 2004  # and each producer's warm-up record
+
+
 def test_e2e_measures_send_to_receipt_in_a_child_consumer(scripted, capsys):
     broker = scripted({"lat": 1})
     code = perf.e2e_main(["--bootstrap-server", broker.bootstrap, "--topic", "lat", "--num-records", "200",
