@@ -180,21 +180,31 @@ class SyncBatch(FileLayer):
         finally:
             self.close(fd)
 
-    def commit(self) -> None:
+    def commit(self, progress=None) -> None:
         """Make everything written durable; an ``OSError`` stops it (the caller fails the
-        whole batch). The layer stops deferring whatever happens."""
+        whole batch). The layer stops deferring whatever happens. ``progress(done, of)`` is
+        called as the fsyncs complete (the caller's heartbeat during long work)."""
         self.deferring = False
         pending, dirs = self._pending, sorted(self._dirs)
         self._pending, self._dirs = {}, set()
         if not pending and not dirs:
             return
         parents = sorted({os.path.dirname(d) or "." for d in dirs} - set(dirs))
+        of, done = len(pending) + len(dirs) + len(parents), 0
+
+        def each(results) -> None:
+            nonlocal done
+            for _ in results:
+                done += 1
+                if progress is not None:
+                    progress(done, of)
+
         with concurrent.futures.ThreadPoolExecutor(self.threads) as pool:
-            list(pool.map(self.fsync_path, pending.values()))
+            each(pool.map(self.fsync_path, pending.values()))
             for path, tmp in pending.items():
                 self.rename(tmp, path)
-            list(pool.map(self.fsync_dir, dirs))
-            list(pool.map(self.fsync_dir, parents))
+            each(pool.map(self.fsync_dir, dirs))
+            each(pool.map(self.fsync_dir, parents))
 
 
 OPEN_FILES_PER_PROCESS = 1024  # the descriptor cache's size in each log actor and the fetch actor

@@ -653,14 +653,19 @@ class LogActor(Actor):
         partitions took ~3 s on a quiet machine and 10-50 s under load (docs/BENCHMARKS.md,
         issue 18). If that fails, every partition of the batch fails and is removed."""
         batch, created = SyncBatch(), []
-        for entry in entries:
+        # Thousands of partitions hold the loop for a long while (5,000 per log actor: past the
+        # supervisor's 30 s liveness timeout under load, which killed the log actors and the
+        # creation was never answered): say how far it is, which is a heartbeat too.
+        total = len(entries)
+        for i, entry in enumerate(entries):
             key = (entry["topic"], entry["partition"])
             new = key not in self.logs and not os.path.exists(partition_dir(self.data_dir, *key))
             self._attempt(failed, entry, lambda e: self._open_partition(e, batch if new else None))
             if new and key in self.logs:
                 created.append(entry)
+            self.report_progress(f"creating partitions: {i + 1}/{total}")
         try:
-            batch.commit()
+            batch.commit(lambda done, of: self.report_progress(f"making new partitions durable: {done}/{of}"))
         except OSError as exc:
             text = f"making the new partitions durable failed: {exc.strerror or exc} (errno {exc.errno})"
             log.error("%s; %d partitions removed", text, len(created))
@@ -668,6 +673,7 @@ class LogActor(Actor):
                 failed.append([e["topic"], e["partition"], int(ErrorCode.KAFKA_STORAGE_ERROR), text])
                 self._attempt([], e, lambda e: self._close_and_delete(e["topic"], e["partition"],
                                                                       e.get("topic_id", "")))
+        self.report_progress(f"created {len(created)} of {total} partitions", done=True)
 
     @staticmethod
     def _attempt(failed: list, entry: dict, change) -> None:

@@ -133,3 +133,34 @@ def test_a_sync_batch_fsyncs_each_file_then_renames_it_then_fsyncs_each_director
             assert f.read() == d.encode()
     batch.fsync_dir(dirs[0])  # after the commit: a plain FileLayer again
     assert batch.done[-1] == ("dir", dirs[0])
+
+
+def test_a_sync_batch_reports_its_progress_as_the_fsyncs_complete(tmp_path):
+    batch = SyncBatch(threads=2)
+    for i in range(3):
+        d = tmp_path / f"t-{i}"
+        d.mkdir()
+        batch.write_file_atomically(str(d / "partition.metadata"), b"x")
+        batch.fsync_dir(str(d))
+    seen = []
+    batch.commit(lambda done, of: seen.append((done, of)))
+    assert seen == [(n, 7) for n in range(1, 8)]  # 3 files, 3 directories, their parent
+
+
+def test_a_creation_that_holds_the_log_actors_longer_than_the_liveness_timeout_is_answered_and_kills_nothing(tmp_path):
+    """The log actors create a topic's partitions in one callback: 5,000 each held them past
+    the supervisor's liveness timeout (30 s) under load, they were killed -9 and restarted, and
+    the creation was never answered. The creation reports its progress, which is a heartbeat.
+    Here the timeout is 2 s and each log actor creates 1,000 partitions (3-20 s on this
+    machine): seen failing before (log actors killed for silence, the creation failed)."""
+    broker = LocalBroker(str(tmp_path / "data"), {"supervisor.liveness.timeout.ms": 2000},
+                         start_timeout=120.0).start()
+    try:
+        with Admin(broker.bootstrap, request_timeout_ms=300000) as admin:
+            admin.create_topic("slow", partitions=2000)
+        restarted = {a["name"]: a["restarts"] for a in broker.status()["actors"] if a["restarts"]}
+        assert restarted == {}, restarted
+        with Producer(broker.bootstrap, acks=-1) as p:  # both log actors' partitions take a write
+            assert [p.send("slow", b"x", partition=n).result(timeout=60).offset for n in (0, 1999)] == [0, 0]
+    finally:
+        broker.discard()
