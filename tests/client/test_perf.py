@@ -63,3 +63,19 @@ def test_percentiles_pick_the_sample_at_or_above_the_rank():
     values = list(range(1, 1001))
     assert [perf.percentile(values, p) for p in (50, 99, 99.9)] == [501, 991, 1000]
     assert perf.percentile([], 99) == 0.0
+
+
+def test_consume_times_from_the_first_records_and_reports_the_start_up_apart(scripted, capsys):
+    """A client's start-up (librdkafka's is ~0.6 s from assign to its first fetch) is not its
+    throughput: records/s counts from the first batch received, the start-up is printed on
+    its own, as kafka-consumer-perf-test leaves a group's join out."""
+    broker = scripted({"cons": 1})
+    code = perf.consume_main(["--bootstrap-server", broker.bootstrap, "--topic", "cons", "--messages", "3000",
+                              "--record-size", "50", "--max-poll-records", "100", "--reporting-interval", "0",
+                              "--no-redis", "--json"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0
+    result = __import__("json").loads(lines[-1])["odradek"]
+    assert result["records"] == 3000 and result["records_per_sec"] > 0 and result["first_record_s"] >= 0
+    assert any(re.match(r"^\d+ records consumed after the first batch, [\d.]+ records/sec", ln) for ln in lines)
+    assert any(re.match(r"^first records [\d.]+ s after the start$", ln) for ln in lines)
