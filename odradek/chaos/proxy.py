@@ -19,7 +19,10 @@ Faults are rules on a link: ``set_rule(link, source, mode)`` where ``source`` is
 - ``"in"`` / ``"out"``: one-way: only source -> target (``"in"``) or target -> source
   (``"out"``) bytes pass; the other direction is swallowed.
 
-``heal()`` clears every rule. Byte counts per link are kept for the report.
+``heal()`` clears every rule and resets every connection that swallowed bytes meanwhile: its
+stream has a hole a real network would not leave (TCP retransmits, or the connection dies),
+and its receiver would wait for a frame that never completes. Byte counts per link are kept
+for the report.
 """
 from __future__ import annotations
 
@@ -63,6 +66,7 @@ class _Conn:
         self.known = link.owner is not None
         self.up = None  # (reader, writer) of the target
         self.tasks: list = []
+        self.swallowed = False  # bytes discarded by a blackhole or one-way rule
 
     def close(self) -> None:
         for t in self.tasks:
@@ -118,6 +122,8 @@ class FaultProxy:
         def clear():
             for link in self.links.values():
                 link.rules.clear()
+                for c in [c for c in link.conns if c.swallowed]:
+                    c.close()
         self._call(clear)
 
     def bytes_forwarded(self) -> dict[str, int]:
@@ -163,6 +169,7 @@ class FaultProxy:
                 if mode == "drop":
                     break
                 if mode == "blackhole" or (mode in ("in", "out") and mode != direction):
+                    conn.swallowed = True
                     continue
                 if isinstance(mode, tuple) and mode[0] == "delay":
                     await asyncio.sleep(mode[1])

@@ -112,6 +112,33 @@ def test_the_proxy_drops_connections_and_passes_one_way(echo_proxy):
     assert _roundtrip(port, client) == client
 
 
+def test_healing_resets_a_connection_whose_bytes_were_swallowed_and_keeps_the_others(echo_proxy):
+    """A blackhole discards bytes; a connection that lost some has a hole in its stream (a real
+    network retransmits or the connection dies), so healing resets it; one that lost none
+    goes on."""
+    proxy, port = echo_proxy
+    client, broker2 = _request("chaos-p0"), _request("odradek-replica-2")
+    with socket.create_connection(("127.0.0.1", port), timeout=3) as cut, \
+            socket.create_connection(("127.0.0.1", port), timeout=3) as whole:
+        cut.sendall(broker2)
+        assert cut.recv(65536) == broker2
+        whole.sendall(client)
+        assert whole.recv(65536) == client
+        proxy.set_rule("echo", 2, "blackhole")
+        cut.sendall(broker2)  # swallowed
+        time.sleep(0.3)
+        proxy.heal()
+        try:
+            got = cut.recv(65536)  # reset (or closed) at once, nothing of the swallowed request's echo
+        except socket.timeout:
+            raise AssertionError("the connection with a hole in its stream was left open") from None
+        except ConnectionResetError:
+            got = b""
+        assert got == b""
+        whole.sendall(client)
+        assert whole.recv(65536) == client
+
+
 def test_a_broker_behind_the_proxy_registers_and_advertises_the_proxys_address(zookeeper, tmp_path):
     """advertised.listeners with a port: the ZooKeeper registration (what other brokers
     dial) carries it, not the listener's bound port; a client through the proxy is served."""
