@@ -289,7 +289,9 @@ SHORT_SCHEDULE = ["kill-leader", "kill-follower", "kill-controller", "pause-lead
                    "fix of dd7ff64 the schedule healed in 4 local runs, then did not in the fresh-clone run and "
                    "once more on a quiet machine: 0 lost, 0 inconsistent, 0 divergence, but for minutes after "
                    "the last fault every broker's ZooKeeper links (through the fault proxy) time out on reads and "
-                   "replica fetches time out, so acknowledgements stall past the 180 s heal wait", strict=False)
+                   "replica fetches time out, so acknowledgements stall past the 180 s heal wait; one more run "
+                   "(after a992cd9) healed but lost 31 acknowledged writes (chaos-2: broker 3 elected with "
+                   "ISR [3] below broker 2's log end; docs/RELIABILITY.md)", strict=False)
 def test_a_short_chaos_schedule_loses_no_acknowledged_write(tmp_path):
     from odradek.chaos.runner import ChaosOptions, run
     from odradek.local import zookeeper_missing
