@@ -186,20 +186,22 @@ class ActiveController:
         if everyone or joined or gone:
             self.send_update_metadata()
 
-    def refresh_live_brokers(self) -> None:
+    def refresh_live_brokers(self, reread: bool = False) -> None:
         """Catch up with ``/brokers/ids`` now, not when the watch's event arrives: a topic
-        created just after brokers joined must see them all; and after a break in our
-        connection to ZooKeeper (the session kept), since kazoo's ChildrenWatch then re-reads
-        the children but calls nobody when the ids are the same, so a broker that registered
-        again meanwhile (a new broker epoch) would never be told its partitions. Each
-        registration is read (``_brokers_changed`` compares the epochs)."""
+        created just after brokers joined must see them all. ``reread``: read every
+        registration even if the ids are the same, after a break in our connection to
+        ZooKeeper (the session kept): kazoo's ChildrenWatch then re-reads the children but
+        calls nobody when the ids are the same, so a broker that registered again meanwhile
+        (a new broker epoch, which ``_brokers_changed`` compares) would never be told its
+        partitions."""
         if not self.active:
             return
         try:
             children = self.zk.get_children(BROKERS)
         except Exception:  # noqa: BLE001 - the watch will deliver it
             return
-        self._brokers_changed(children)
+        if reread or {int(c) for c in children} != set(self.live):
+            self._brokers_changed(children)
 
     def replicas(self, tp: tuple[str, int]) -> list[int]:
         return self.assignment[tp[0]][tp[1]]

@@ -244,7 +244,7 @@ class ClusterController(Actor):
             # (a broker that registered again meanwhile; ``ActiveController.refresh_live_brokers``)
             self.agent.refresh_broker_epochs()
             if self.controller is not None:
-                self.controller.refresh_live_brokers()
+                self.controller.refresh_live_brokers(reread=True)
 
     def _maybe_register(self) -> None:
         """Register once this broker is ready (its listener's address known), then stand for
