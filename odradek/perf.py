@@ -287,10 +287,7 @@ def produce_main(argv: list[str]) -> int:
     clients = _clients(args.client)
     if args.connections and (clients != ["odradek"] or args.keys or args.plot or args.throughput > 0):
         raise SystemExit("perf: --connections runs the bundled client only, keyless, with no --throughput or --plot")
-    if args.connections:
-        args.no_redis = True
-        return _side_by_side(args, clients, "produce", props)
-    if clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
+    if args.connections or clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
         return _side_by_side(args, clients, "produce", props)
     _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
     print(f"odradek: {args.num_records} records of {args.record_size} bytes to '{args.topic}'"
