@@ -126,7 +126,9 @@ def test_healing_resets_a_connection_whose_bytes_were_swallowed_and_keeps_the_ot
         assert whole.recv(65536) == client
         proxy.set_rule("echo", 2, "blackhole")
         cut.sendall(broker2)  # swallowed
-        time.sleep(0.3)
+        deadline = time.monotonic() + 10
+        while not any(c.swallowed for c in proxy.links["echo"].conns) and time.monotonic() < deadline:
+            time.sleep(0.01)
         proxy.heal()
         try:
             got = cut.recv(65536)  # reset (or closed) at once, nothing of the swallowed request's echo
