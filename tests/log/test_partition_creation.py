@@ -151,9 +151,9 @@ def test_a_creation_that_holds_the_log_actors_longer_than_the_liveness_timeout_i
     """The log actors create a topic's partitions in one callback: 5,000 each held them past
     the supervisor's liveness timeout (30 s) under load, they were killed -9 and restarted, and
     the creation was never answered. The creation reports its progress, which is a heartbeat.
-    Here the timeout is 2 s and each log actor creates 1,000 partitions (3-20 s on this
+    Here the timeout is 3 s and each log actor creates 1,000 partitions (3-20 s on this
     machine): seen failing before (log actors killed for silence, the creation failed)."""
-    broker = LocalBroker(str(tmp_path / "data"), {"supervisor.liveness.timeout.ms": 2000},
+    broker = LocalBroker(str(tmp_path / "data"), {"supervisor.liveness.timeout.ms": 3000},
                          start_timeout=120.0).start()
     try:
         with Admin(broker.bootstrap, request_timeout_ms=300000) as admin:
