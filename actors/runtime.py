@@ -269,11 +269,15 @@ class Actor:
         self._unanswered.pop((msg.reply_to, msg.corr), None)
         self._send_answer(msg.reply_to, REPLY, msg.corr, fields, frames)
 
-    def reply_error(self, msg: Message, code: int, message: str) -> None:
+    def reply_error(self, msg: Message, code: int, message: str, extra: dict | None = None) -> None:
+        """Answer with ``_error``; ``extra`` fields ride along for a requester that reads them."""
         if not msg.reply_to:
             return
         self._unanswered.pop((msg.reply_to, msg.corr), None)
-        self._send_answer(msg.reply_to, ERROR, msg.corr, error_fields(code, message), ())
+        fields = error_fields(code, message)
+        if extra:
+            fields.update(extra)
+        self._send_answer(msg.reply_to, ERROR, msg.corr, fields, ())
 
     def reply_to(self, reply_to: str, corr: int, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
         """Answer a request held elsewhere (a purgatory): by its reply address and corr."""

@@ -230,17 +230,23 @@ class BrokerAgent:
     def alter_isr(self, msg: Message) -> None:
         """A leader's ISR change: written only if the state node is still at the version the
         leader knows (a deposed leader's write fails), then announced to the controller. An
-        unknown outcome (``outcome_unknown``: the connection to ZooKeeper failed) is retried by
-        the leader, whose retry finds its own earlier write (``write_isr``'s read-back)."""
+        unknown outcome (REQUEST_TIMED_OUT: the connection to ZooKeeper failed) is retried by
+        the leader, whose retry finds its own earlier write (``write_isr``'s read-back). A
+        refusal (INVALID_UPDATE_VERSION) carries what the node holds (``held``: leader,
+        leader_epoch, isr, zk_version), so a leader whose earlier change landed unheard learns
+        the ISR the controller would elect from."""
         topic, partition = msg.get("topic"), msg.get("partition")
         st = PartitionState(self.broker_id, msg.get("leader_epoch"), msg.get("isr"),
                             self.seen_controller_epoch)
 
-        def written(version, problem, unknown) -> None:
+        def written(version, problem, unknown, held) -> None:
             if problem is not None:
                 why = f"{topic}-{partition}: ISR not changed: {problem}"
                 code = ErrorCode.REQUEST_TIMED_OUT if unknown else ErrorCode.INVALID_UPDATE_VERSION
-                self.outbox.post(lambda: self.outbox.reply_error(msg, code, why))
+                extra = None if held is None else {"held": {
+                    "leader": held.leader, "leader_epoch": held.leader_epoch, "isr": list(held.isr),
+                    "zk_version": held.zk_version}}
+                self.outbox.post(lambda: self.outbox.reply_error(msg, code, why, extra))
                 return
             self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", to_json([[topic, partition]]), sequence=True)
             self.outbox.post(lambda: self.outbox.reply(msg, {"zk_version": version}))
@@ -293,20 +299,22 @@ def write_isr(zk, path: str, st: PartitionState, version: int, done) -> None:
     read back, and if it already holds this leader, epoch and ISR (an earlier write that
     ZooKeeper applied but whose answer was lost with the connection, or this same write),
     the change is done at the node's version, as Kafka's leaders check. Otherwise
-    ``done(None, why, unknown)``, ``unknown`` when ZooKeeper could not be asked (the outcome
-    is not known yet). ``done`` runs on kazoo's thread."""
+    ``done(None, why, unknown, held)``: ``unknown`` when ZooKeeper could not be asked (the
+    outcome is not known yet), else ``held`` is the node's state (a PartitionState), which a
+    leader adopts when it names it at its own epoch (an earlier change of its own landed).
+    ``done`` runs on kazoo's thread."""
     def read_back(result) -> None:
         try:
             raw, stat = result.get()
             now = PartitionState.parse(raw, stat.version)
         except Exception as exc:  # noqa: BLE001 - the connection again: nothing is known
-            done(None, f"write failed and the state node could not be read back: {exc!r}", True)
+            done(None, f"write failed and the state node could not be read back: {exc!r}", True, None)
             return
         if (now.leader, now.leader_epoch, list(now.isr)) == (st.leader, st.leader_epoch, list(st.isr)):
-            done(stat.version, None, False)
+            done(stat.version, None, False, now)
         else:
             done(None, f"the state node is at version {stat.version} with leader {now.leader}, epoch "
-                       f"{now.leader_epoch}, ISR {now.isr}", False)
+                       f"{now.leader_epoch}, ISR {now.isr}", False, now)
 
     def written(result) -> None:
         try:
@@ -314,5 +322,5 @@ def write_isr(zk, path: str, st: PartitionState, version: int, done) -> None:
         except Exception:  # noqa: BLE001 - BadVersion, connection loss...: look at what is there
             zk.get_async(path).rawlink(read_back)
             return
-        done(stat.version, None, False)
+        done(stat.version, None, False, None)
     zk.set_async(path, st.data(), version=version).rawlink(written)

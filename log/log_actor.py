@@ -416,12 +416,14 @@ class LogActor(Actor):
 
     def _alter_isr(self, p: PartitionLog, isr: list[int]) -> None:
         """Ask the controller actor to record the new ISR in ZooKeeper (conditional on the
-        version this leader knows); apply it only once recorded. While its outcome is unknown
-        the change stays pending (``pending_isr``: the high watermark counts it)."""
+        version this leader knows); apply it only once recorded. While a change's outcome is
+        unknown it stays pending, and every pending change counts for the high watermark
+        (``pending_isr``, Kafka's maximal ISR) until the state node's word is known: a later
+        change never replaces an earlier one that ZooKeeper may have applied unheard."""
         if p.isr_change_in_flight:
             return
         p.isr_change_in_flight = True
-        p.pending_isr = list(isr)
+        p.pending_isr = sorted(set(p.pending_isr) | set(isr))
         epoch = p.leader_epoch
 
         def recorded(reply: Message) -> None:
@@ -429,10 +431,11 @@ class LogActor(Actor):
             if reply.is_error:
                 log.warning("%s-%d: ISR change to %s not recorded: %s", p.topic, p.partition, isr,
                             reply.error_message)
-                if reply.error_code == ErrorCode.INVALID_UPDATE_VERSION:  # refused: not written
-                    p.pending_isr = []
+                held = reply.get("held")
+                if reply.error_code == ErrorCode.INVALID_UPDATE_VERSION and held:
+                    self._adopt_held_isr(p, epoch, held)
                 return  # else unknown (ZooKeeper unreachable, no answer): still pending, retried
-            p.pending_isr = []
+            p.pending_isr = []  # written at the version we knew: no other change of ours landed
             if p.leader != self.broker_id or p.leader_epoch != epoch:
                 return
             log.info("%s-%d: ISR %s -> %s", p.topic, p.partition, p.isr, isr)
@@ -444,6 +447,23 @@ class LogActor(Actor):
         self.request(CONTROLLER, "alter_isr", {"topic": p.topic, "partition": p.partition, "leader_epoch": epoch,
                                                "isr": isr, "zk_version": p.zk_version},
                      callback=recorded, timeout=ALTER_ISR_TIMEOUT)
+
+    def _adopt_held_isr(self, p: PartitionLog, epoch: int, held: dict) -> None:
+        """A refused ISR change, with what the state node holds. At this leader and epoch, the
+        node's ISR is the one the controller elects from (an earlier change of ours landed
+        though its answer was lost): adopt it and its version, so the high watermark waits
+        for each of its replicas and the next change is written at the right version. Any
+        other leader or epoch: we are deposed, the controller's LEADER_AND_ISR will say so;
+        until then the pending changes keep counting."""
+        if (held.get("leader"), held.get("leader_epoch")) != (self.broker_id, epoch) or \
+                p.leader != self.broker_id or p.leader_epoch != epoch:
+            return
+        isr = list(held.get("isr") or [])
+        log.info("%s-%d: ISR %s -> %s as ZooKeeper holds it (version %s): an earlier change landed unheard",
+                 p.topic, p.partition, p.isr, isr, held.get("zk_version"))
+        p.isr, p.zk_version, p.pending_isr = isr, held.get("zk_version", p.zk_version), []
+        self._advance_high_watermark(p)
+        self.after_batch()
 
     def on_offset_for_leader_epoch(self, msg: Message) -> None:
         out: dict[str, list] = {}

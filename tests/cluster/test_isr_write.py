@@ -26,10 +26,10 @@ def test_an_isr_write_already_applied_by_zookeeper_is_adopted_not_refused_foreve
         zk.create(path, PartitionState(1, 4, [1], 3).data(), makepath=True)  # version 0
         expanded = PartitionState(1, 4, [1, 2], 3)
         zk.set(path, expanded.data(), version=0)  # applied; the leader never heard (version 1)
-        assert _write(zk, path, expanded, 0) == (1, None, False)  # the leader's retry, version 0
+        assert _write(zk, path, expanded, 0)[:3] == (1, None, False)  # the leader's retry, version 0
 
         shrunk = PartitionState(1, 4, [1], 3)
-        assert _write(zk, path, shrunk, 1) == (2, None, False)  # and it goes on changing the ISR
+        assert _write(zk, path, shrunk, 1)[:3] == (2, None, False)  # and it goes on changing the ISR
     finally:
         zk.delete(os.path.dirname(path), recursive=True)
         zk.stop()
@@ -42,9 +42,10 @@ def test_an_isr_write_that_lost_to_another_change_is_refused_with_what_the_node_
     try:
         zk.create(path, PartitionState(1, 4, [1, 2, 3], 3).data(), makepath=True)
         zk.set(path, PartitionState(2, 5, [2, 3], 4).data(), version=0)  # the controller moved the leader
-        version, why, unknown = _write(zk, path, PartitionState(1, 4, [1, 2], 3), 0)
+        version, why, unknown, held = _write(zk, path, PartitionState(1, 4, [1, 2], 3), 0)
         assert version is None and not unknown
         assert "leader 2, epoch 5, ISR [2, 3]" in why
+        assert (held.leader, held.leader_epoch, held.isr, held.zk_version) == (2, 5, [2, 3], 1)  # for the leader
         raw, stat = zk.get(path)
         assert PartitionState.parse(raw, stat.version).leader == 2  # nothing written over it
     finally:
