@@ -39,6 +39,7 @@ from odradek.coordinator.channel import ControllerChannel
 from odradek.coordinator.controller_kit import SEND_TIMEOUT, HandlerRoster, Outbox, remove_deleted_dirs
 from odradek.coordinator.reassignment import MOVE_CHECK_INTERVAL
 from odradek.coordinator.stray_logs import STRAY_CHECK_INTERVAL, StrayLogs
+from odradek.coordinator.zk_client import bounded_client
 from odradek.coordinator.zk_state import BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, to_json
 from odradek.network import listeners as listeners_mod
 from odradek.network.clientauth import ClientSecurity
@@ -47,12 +48,12 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.controller")
 
 REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's node may linger)
+ELECT_RETRY = 1.0  # seconds before standing again after an election ZooKeeper did not answer
 
 
 class ClusterController(Actor):
     # ---- start and stop ------------------------------------------------------------------
     def on_start(self) -> None:
-        from kazoo.client import KazooClient
         from kazoo.retry import KazooRetry
         config = self.args["config"]
         self.config = config
@@ -71,8 +72,11 @@ class ClusterController(Actor):
         # this broker -> the controller: a relayed CreateTopics sent twice would answer "exists"
         self.relay = ControllerChannel(self.post, f"broker-{self.broker_id}", security)
         hosts, _, chroot = config["zookeeper.connect"].partition("/")
-        self.zk = KazooClient(hosts=hosts, timeout=config["zookeeper.session.timeout.ms"] / 1000,
-                              connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
+        # a blocking call gives up (ConnectionLoss) within the session timeout and well within
+        # the supervisor's liveness timeout (``coordinator.zk_client``)
+        session_s = config["zookeeper.session.timeout.ms"] / 1000
+        self.zk = bounded_client(hosts, session_s, min(session_s, config["supervisor.liveness.timeout.ms"] / 3000),
+                                 connection_retry=KazooRetry(max_tries=-1, max_delay=1.0))
         self.zk.add_listener(lambda state: self.post(lambda: self._zk_state(state)))
         self._connect_zookeeper()
         if chroot:
@@ -320,15 +324,19 @@ class ClusterController(Actor):
                 else:
                     t.set_data("/controller_epoch", str(epoch).encode(), version=version)
                 results = t.commit()
-            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: the next watch event retries
-                log.warning("controller election failed: %s", exc)
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: tried again shortly
+                # not left to the watch: back in the same session, kazoo's watch of /controller
+                # calls nobody when the node is as it was (absent), and nobody would stand
+                log.warning("controller election failed: %s; standing again in %gs", exc, ELECT_RETRY)
+                self.call_later(ELECT_RETRY, self._elect)
                 return
             if isinstance(results[0], NodeExistsError):
                 return  # someone else won
             if isinstance(results[1], (BadVersionError, NodeExistsError)):
                 continue  # another candidate moved the epoch meanwhile: try again
             if any(isinstance(r, Exception) for r in results):
-                log.warning("controller election failed: %s", results)
+                log.warning("controller election failed: %s; standing again in %gs", results, ELECT_RETRY)
+                self.call_later(ELECT_RETRY, self._elect)
                 return
             log.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
             self.controller = ActiveController(

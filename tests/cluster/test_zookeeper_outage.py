@@ -118,3 +118,54 @@ def test_a_broker_that_registered_again_while_the_controller_was_cut_from_zookee
         if cluster is not None:
             cluster.stop(graceful=False)
         proxy.close()
+
+
+def test_the_controller_actors_blocking_zookeeper_calls_give_up_while_zookeeper_cannot_be_reached(zookeeper):
+    """kazoo's blocking calls wait without a limit, and one made while the connection is being
+    re-established waits until it is: the controller actor's loop stood still past the
+    supervisor's liveness timeout and was killed, 30 s at a time, in the short chaos schedule.
+    ``coordinator.zk_client`` makes them raise ConnectionLoss after the request timeout."""
+    import threading
+
+    from kazoo.exceptions import ConnectionLoss
+
+    from odradek.chaos.proxy import FaultProxy
+    from odradek.coordinator.zk_client import bounded_client
+
+    proxy = FaultProxy()
+    port = proxy.add("zk", lambda: ("127.0.0.1", zookeeper.port))
+    zk = bounded_client(f"127.0.0.1:{port}", session_timeout=30.0, request_timeout=1.0)
+    try:
+        zk.start(10)
+        assert zk.get_children("/") is not None
+        proxy.set_rule("zk", "*", "drop")  # every connection reset, every new one refused
+        deadline = time.monotonic() + 10
+        while zk.state != "SUSPENDED" and time.monotonic() < deadline:  # kazoo is reconnecting
+            time.sleep(0.05)
+        assert zk.state == "SUSPENDED"
+        outcome: list = []
+
+        def call():
+            try:
+                outcome.append(zk.get("/"))
+            except Exception as exc:  # noqa: BLE001 - what it raised is the result
+                outcome.append(exc)
+        caller = threading.Thread(target=call, daemon=True)
+        caller.start()
+        caller.join(10)
+        assert not caller.is_alive(), "a blocking call waited for ZooKeeper without a limit"
+        assert isinstance(outcome[0], ConnectionLoss), outcome
+        proxy.heal()
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline:
+            try:
+                assert zk.get_children("/") is not None  # the same session goes on
+                break
+            except ConnectionLoss:
+                time.sleep(0.2)
+        else:
+            pytest.fail("no answer from ZooKeeper after the network healed")
+    finally:
+        zk.stop()
+        zk.close()
+        proxy.close()
