@@ -948,9 +948,12 @@ class _Sender:
         now = time.monotonic()
         timeout = IDLE_WAIT if earliest is None else max(0.0, earliest - now)
         if self.retry:
+            # only a batch whose backoff is still running has a time to wake for: one due
+            # already that ``_send_ready`` kept waits for an answer (its partition's, or room in
+            # a connection's window), which wakes ``wait_any``; counting it was a busy loop
             adding = self.txn.adding if self.txn is not None else ()
-            due = [b.retry_at for b in self.retry if not (self.idem.broken and self.idem.waits_for_switch(b))
-                   and (b.topic, b.partition) not in adding]
+            due = [b.retry_at for b in self.retry if b.retry_at > now
+                   and not (self.idem.broken and self.idem.waits_for_switch(b)) and (b.topic, b.partition) not in adding]
             if due:
                 timeout = min(timeout, max(0.0, min(due) - now))
         if self.metadata_wanted:

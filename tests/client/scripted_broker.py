@@ -14,7 +14,8 @@ CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT and OFFSET_FETCH. Only 127.0.0.1, epheme
 ``close()`` stops a broker (``kill()`` too: its port then refuses connections).
 
 Faults (``broker.faults``, consumed in order by the first request they match):
-``("error", code)`` / ``("drop",)`` / ``("drop_after_append",)`` apply to the next PRODUCE;
+``("error", code)`` / ``("drop",)`` / ``("drop_after_append",)`` / ``("silent",)`` (appended,
+never answered: the connection stays open) apply to the next PRODUCE;
 ``("error", code, api)`` answers the next request of ``api`` with ``code`` (per partition
 for PRODUCE/FETCH/LIST_OFFSETS/OFFSET_COMMIT, per topic for CREATE_TOPICS, top-level
 otherwise); ``("drop", api)`` closes the connection on the next request of ``api``.
@@ -179,6 +180,8 @@ class ScriptedBroker:
             reply = self._produce(body, frame.frames, code)
             if fault == ("drop_after_append",):
                 return False
+            if fault == ("silent",):
+                return True
             if body["acks"] == 0:
                 return True
         elif api == ApiKey.FETCH:
