@@ -38,6 +38,7 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.controller")
 
 WRITE_RETRIES = 5
+REREAD_BROKERS = 1.0  # seconds before reading the registrations again when ZooKeeper did not answer
 
 
 class ActiveController:
@@ -107,7 +108,11 @@ class ActiveController:
     # ---- the controller: loading and watching --------------------------------------------------
     def load(self) -> None:
         """A new controller reads everything back, elects leaders where needed and tells every
-        broker the whole state (LEADER_AND_ISR for its replicas, UPDATE_METADATA)."""
+        broker the whole state (LEADER_AND_ISR for its replicas, UPDATE_METADATA). A topic
+        whose nodes are malformed is skipped; ZooKeeper not answering (``KazooException``)
+        fails the whole load: a controller that skipped a topic for it would manage the
+        cluster without it (the caller resigns and stands again)."""
+        from kazoo.exceptions import NoNodeError
         for name in self.zk.get_children(TOPICS):
             try:
                 raw, _ = self.zk.get(f"{TOPICS}/{name}")
@@ -122,8 +127,8 @@ class ActiveController:
                 for p in range(len(parts)):
                     raw, stat = self.zk.get(state_path(name, p))
                     self.states[(name, p)] = PartitionState.parse(raw, stat.version)
-            except Exception as exc:  # noqa: BLE001 - one broken topic must not stop the cluster
-                log.error("topic %s in ZooKeeper is unreadable, skipped: %s", name, exc)
+            except (NoNodeError, ValueError, KeyError, IndexError, TypeError) as exc:
+                log.error("topic %s in ZooKeeper is unreadable, skipped: %r", name, exc)
         self.registry.version = 0
         self.live, self.live_epochs = {}, {}
         self.zk.ChildrenWatch(BROKERS, self._watch_brokers)
@@ -143,6 +148,12 @@ class ActiveController:
         return True
 
     def _brokers_changed(self, children) -> None:
+        """``children``: the ids under /brokers/ids. Each registration is read; one that
+        vanished meanwhile (or is malformed) is a broker gone. ZooKeeper not answering is not
+        knowing: the live set is kept as it was and read again shortly, since taking the
+        brokers whose registration could not be read for dead would move their leaderships
+        and empty ISRs (every partition offline if no read answered)."""
+        from kazoo.exceptions import NoNodeError
         if not self.active:
             return
         live, epochs, endpoints = {}, {}, {}
@@ -155,8 +166,13 @@ class ActiveController:
                 live[int(child)] = tuple(endpoints[int(child)].get(self.inter_broker_name) or (d["host"], d["port"]))
                 self.racks[int(child)] = d.get("rack")
                 epochs[int(child)] = stat.czxid  # the broker epoch (KIP-380): new with each registration
-            except Exception as exc:  # noqa: BLE001 - it vanished meanwhile
-                log.info("broker %s: %s", child, exc)
+            except (NoNodeError, ValueError, KeyError, TypeError) as exc:  # vanished meanwhile, or malformed
+                log.info("broker %s: %r", child, exc)
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: nothing is known
+                log.warning("cannot read the registration of broker %s (%r): the live brokers stay %s, "
+                            "read again in %gs", child, exc, sorted(self.live), REREAD_BROKERS)
+                self._reread_brokers_later()
+                return
         gone, joined = set(self.live) - set(live), set(live) - set(self.live)
         # A broker that left and registered again between two looks (the watch saw both
         # changes at once) has a new epoch: it restarted and must be told everything again.
@@ -198,10 +214,15 @@ class ActiveController:
             return
         try:
             children = self.zk.get_children(BROKERS)
-        except Exception:  # noqa: BLE001 - the watch will deliver it
+        except Exception:  # noqa: BLE001 - ZooKeeper did not answer: read again shortly
+            self._reread_brokers_later()
             return
         if reread or {int(c) for c in children} != set(self.live):
             self._brokers_changed(children)
+
+    def _reread_brokers_later(self) -> None:
+        if self.outbox.later is not None:
+            self.outbox.later(REREAD_BROKERS, lambda: self.refresh_live_brokers(reread=True))
 
     def replicas(self, tp: tuple[str, int]) -> list[int]:
         return self.assignment[tp[0]][tp[1]]

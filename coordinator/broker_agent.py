@@ -38,6 +38,8 @@ from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
 
+REREAD_EPOCHS = 1.0  # seconds before reading the broker epochs again when ZooKeeper did not answer
+
 
 class BrokerAgent:
     """Every cluster broker's side of the controller, owned by its controller actor. Handed:
@@ -99,19 +101,30 @@ class BrokerAgent:
             return
         try:
             children = self.zk.get_children(BROKERS)
-        except Exception as exc:  # noqa: BLE001 - session trouble: the watch fires again
-            log.warning("cannot list the registered brokers: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: read again shortly
+            log.warning("cannot list the registered brokers: %r", exc)
+            self._refresh_broker_epochs_later()
             return
         self._read_broker_epochs(children)
 
+    def _refresh_broker_epochs_later(self) -> None:
+        if self.outbox.later is not None:
+            self.outbox.later(REREAD_EPOCHS, self.refresh_broker_epochs)
+
     def _read_broker_epochs(self, children) -> None:
+        """The broker epochs (czxid of each registration) the fetch actor checks replica
+        fetches against. ZooKeeper not answering is not a broker gone: the epochs stay as
+        they were (dropping one would refuse that broker's replica fetches,
+        STALE_BROKER_EPOCH) and are read again shortly."""
         epochs = {}
         for child in children:
             try:
                 stat = self.zk.exists(f"{BROKERS}/{child}")
-            except Exception as exc:  # noqa: BLE001 - session trouble: the watch fires again
-                log.warning("cannot read the registration of broker %s: %s", child, exc)
-                continue
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: nothing is known
+                log.warning("cannot read the registration of broker %s (%r): broker epochs kept, read again in %gs",
+                            child, exc, REREAD_EPOCHS)
+                self._refresh_broker_epochs_later()
+                return
             if stat is not None:
                 epochs[str(child)] = stat.czxid
         if epochs != self.broker_epochs:

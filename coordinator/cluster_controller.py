@@ -343,7 +343,13 @@ class ClusterController(Actor):
                 self.broker_id, epoch, 0 if version < 0 else results[1].version, self.config,
                 self.args["topic_defaults"], listeners_mod.inter_broker(self.config).name, self.zk, self.channel,
                 self.outbox, self._resign)
-            self.controller.load()
+            try:
+                self.controller.load()
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: a partial view must not rule
+                log.warning("the new controller could not read the cluster's state (%r): resigning, standing again "
+                            "in %gs", exc, ELECT_RETRY)
+                self._resign()
+                self.call_later(ELECT_RETRY, self._elect)
             return
 
     def _resign(self) -> None:

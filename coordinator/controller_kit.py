@@ -31,11 +31,12 @@ class Outbox:
     reply_error: Callable[..., Any]
     post: Callable[[Callable[[], Any]], None]
     members: Callable[[str], list]  # role -> the names of its running instances
+    later: Callable[[float, Callable[[], Any]], Any] | None = None  # the actor's call_later
 
     @classmethod
     def of(cls, actor) -> Outbox:
         return cls(actor.send, actor.request, actor.reply, actor.reply_error, actor.post,
-                   lambda role: actor.members.get(role, []))
+                   lambda role: actor.members.get(role, []), actor.call_later)
 
 
 class HandlerRoster:
