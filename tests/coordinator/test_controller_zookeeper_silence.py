@@ -153,3 +153,103 @@ def test_a_broker_epoch_zookeeper_does_not_answer_for_is_kept_not_dropped():
     zk.registered[2] = 202
     later.pop()()
     assert agent.broker_epochs == {"1": 101, "2": 202}
+
+
+class NodeStore:
+    """An in-memory ZooKeeper for the election: nodes by path; ``silent_on`` paths (and all
+    of them while ``silent``) raise ConnectionLoss."""
+
+    def __init__(self):
+        self.nodes: dict[str, tuple[bytes, int]] = {}  # path -> (data, version)
+        self.silent = False
+        self.silent_on: set[str] = set()
+
+    def _answer(self, path: str):
+        if self.silent or path in self.silent_on:
+            raise ConnectionLoss()
+
+    def exists(self, path):
+        self._answer(path)
+        return types.SimpleNamespace(version=self.nodes[path][1]) if path in self.nodes else None
+
+    def get(self, path):
+        self._answer(path)
+        if path not in self.nodes:
+            raise NoNodeError()
+        data, version = self.nodes[path]
+        return data, types.SimpleNamespace(version=version)
+
+    def get_children(self, path):
+        self._answer(path)
+        return []
+
+    def ChildrenWatch(self, path, fn):  # noqa: N802 - kazoo's name
+        pass
+
+    def delete(self, path):
+        self._answer(path)
+        del self.nodes[path]
+
+    def transaction(self):
+        store, ops = self, []
+
+        class Txn:
+            def create(self, path, data, ephemeral=False):
+                ops.append(("create", path, data))
+
+            def set_data(self, path, data, version=-1):
+                ops.append(("set", path, data))
+
+            def commit(self):
+                store._answer("/controller")
+                results = []
+                for op, path, data in ops:
+                    version = store.nodes[path][1] + 1 if op == "set" else 0
+                    store.nodes[path] = (data, version)
+                    results.append(path if op == "create" else types.SimpleNamespace(version=version))
+                return results
+        return Txn()
+
+
+def standing(zk: NodeStore):
+    """A registered broker's controller actor, without its runtime: timers are captured."""
+    from odradek import config as cfg
+    from odradek.coordinator.cluster_controller import ClusterController
+
+    actor = ClusterController.__new__(ClusterController)
+    actor.broker_id, actor.registered, actor.controller, actor.zk = 1, True, None, zk
+    actor.config = cfg.load(None, [])
+    actor.args = {"topic_defaults": {}}
+    actor.channel = Channel()
+    actor.timers = []
+    actor.call_later = lambda delay, fn: actor.timers.append(fn)
+    actor.outbox = Outbox(send=None, request=None, reply=None, reply_error=None, post=lambda fn: fn(),
+                          members=lambda role: [], later=actor.call_later)
+    return actor
+
+
+def test_an_election_zookeeper_did_not_answer_is_stood_again():
+    """kazoo's watch of /controller calls nobody when the connection comes back in the same
+    session with the node as it was (absent): a broker whose election failed for ZooKeeper's
+    silence never stood again, and a cluster whose every candidate failed had no controller."""
+    zk = NodeStore()
+    actor = standing(zk)
+    zk.silent = True
+    actor._elect()
+    assert actor.controller is None and len(actor.timers) == 1
+    zk.silent = False
+    actor.timers.pop()()
+    assert actor.controller is not None and zk.nodes["/controller_epoch"][0] == b"1"
+
+
+def test_a_new_controller_whose_load_zookeeper_did_not_answer_resigns_and_stands_again():
+    from odradek.coordinator.zk_state import TOPICS
+    zk = NodeStore()
+    zk.silent_on = {TOPICS}
+    actor = standing(zk)
+    actor._elect()
+    assert actor.controller is None and "/controller" not in zk.nodes  # resigned: others may stand
+    assert len(actor.timers) == 1
+    zk.silent_on = set()
+    actor.timers.pop()()
+    assert actor.controller is not None and zk.nodes["/controller_epoch"][0] == b"2"
