@@ -275,8 +275,10 @@ class ActiveController:
                 if isinstance(result[1], BadVersionError):
                     raw, stat = self.zk.get(state_path(*tp))
                     self.states[tp] = fresh = PartitionState.parse(raw, stat.version)
-                    if leader == fresh.leader or leader not in self.live:
-                        isr = [r for r in fresh.isr if r in self.live] or isr
+                    again = self._recheck(tp, leader, isr, fresh)
+                    if again is None:
+                        break
+                    leader, isr = again
                     continue
                 if isinstance(result[1], (Exception, NoNodeError)):
                     log.error("%s-%d: state write failed: %s", tp[0], tp[1], result[1])
@@ -287,6 +289,30 @@ class ActiveController:
                 log.info("%s-%d: leader %d, epoch %d, ISR %s", tp[0], tp[1], leader, new.leader_epoch, isr)
                 break
         return written
+
+    def _recheck(self, tp: tuple[str, int], leader: int, isr: list[int],
+                 fresh: PartitionState) -> tuple[int, list[int]] | None:
+        """A change computed from a state its leader changed meanwhile (an ISR it shrank or
+        grew, found by the conditional write failing), checked against the ``fresh`` state as
+        Kafka's controller re-runs an election that lost such a race: it never names a leader
+        or an ISR member the fresh ISR left out (an out-of-sync leader would truncate away
+        acknowledged records). A leader that fell out of the ISR meanwhile is chosen again
+        from the fresh ISR (None: nothing to change, the fresh leader is alive and leads)."""
+        live_isr = [r for r in fresh.isr if r in self.live]
+        unclean = self.registry.topics.get(tp[0]) is not None and \
+            self.registry.log_config(tp[0]).unclean_leader_election_enable
+        if leader == fresh.leader or leader not in self.live:
+            return leader, live_isr or isr  # the same leader, or offline: the fresh ISR's live part
+        if leader in fresh.isr or unclean:
+            return leader, [r for r in isr if r in fresh.isr] or [leader]
+        if fresh.leader in self.live and fresh.leader not in self.shutting_down:
+            log.info("%s-%d: broker %d left the ISR meanwhile (now %s): broker %d keeps leading", tp[0], tp[1],
+                     leader, fresh.isr, fresh.leader)
+            return None
+        new = self.choose_leader(tp, live_isr)
+        log.info("%s-%d: broker %d left the ISR meanwhile (now %s): choosing again: %s", tp[0], tp[1], leader,
+                 fresh.isr, "offline" if new is None else f"broker {new}")
+        return (-1, fresh.isr) if new is None else (new, live_isr if new in live_isr else [new])
 
     def _isr_changes(self, children) -> None:
         """Leaders changed ISRs: re-read those states and tell every broker."""

@@ -1,0 +1,83 @@
+"""An election that lost a race with the partition's leader (found reading the code).
+
+The controller elects from the ISR it holds; its write of the new state is conditional on the
+state node's version. When the old leader had changed the ISR meanwhile (taken a lagging
+follower out, and the controller had not yet read the notification), the write fails with
+BadVersion and the controller re-reads the node. It then wrote its old choice again with the
+fresh version: a leader the fresh ISR had left out, out of sync, which truncates away records
+the old leader acknowledged with the ISR it really had. Kafka's controller runs such an
+election again on the fresh state; so does ``ActiveController._recheck`` now. ZooKeeper is a
+stand-in holding the partition's state node with versions (the controller's collaborator)."""
+from __future__ import annotations
+
+import types
+
+from kazoo.exceptions import BadVersionError, RolledBackError
+
+from odradek.coordinator.zk_state import PartitionState, state_path
+from tests.coordinator.test_controller_zookeeper_silence import controller
+
+
+class VersionedNodes:
+    """Nodes with versions; a transaction's ``check``/``set_data`` compare them, as ZooKeeper's multi."""
+
+    def __init__(self, nodes: dict):
+        self.nodes = dict(nodes)  # path -> (data, version)
+        self.written: list[PartitionState] = []
+
+    def get(self, path):
+        data, version = self.nodes[path]
+        return data, types.SimpleNamespace(version=version)
+
+    def transaction(self):
+        store, ops = self, []
+
+        class Txn:
+            def check(self, path, version):
+                ops.append(("check", path, None, version))
+
+            def set_data(self, path, data, version=-1):
+                ops.append(("set", path, data, version))
+
+            def commit(self):
+                bad = [i for i, (_, path, _, version) in enumerate(ops)
+                       if path in store.nodes and version not in (-1, store.nodes[path][1])]
+                if bad:
+                    return [BadVersionError() if i == bad[0] else RolledBackError() for i in range(len(ops))]
+                results = []
+                for op, path, data, _ in ops:
+                    if op == "set":
+                        store.nodes[path] = (data, store.nodes[path][1] + 1)
+                        store.written.append(PartitionState.parse(data, store.nodes[path][1]))
+                    results.append(types.SimpleNamespace(version=store.nodes.get(path, (b"", 0))[1]))
+                return results
+        return Txn()
+
+
+def test_an_election_whose_choice_left_the_isr_meanwhile_chooses_again_from_the_fresh_isr():
+    c, _, _ = controller()
+    c.assignment["t"] = [[1, 2, 3]]
+    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)  # what the controller last read
+    # meanwhile leader 1 took broker 2 out of the ISR (version 8), then died
+    fresh = PartitionState(1, 4, [1, 3], 1)
+    c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
+    c.epoch_zk_version = 0
+    c.live = {2: ("127.0.0.1", 9002), 3: ("127.0.0.1", 9003)}
+    written = c.write_states({("t", 0): (2, [2, 3])})  # chosen from the old ISR: broker 2
+    assert written == [("t", 0)]
+    final = c.zk.written[-1]
+    assert (final.leader, final.isr) == (3, [3]), f"wrote leader {final.leader} with ISR {final.isr}"
+    assert final.leader_epoch == 5
+
+
+def test_a_change_that_lost_the_race_never_puts_back_a_replica_the_leader_took_out():
+    c, _, _ = controller()
+    c.assignment["t"] = [[1, 2, 3]]
+    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)
+    fresh = PartitionState(1, 4, [1, 2], 1)  # leader 1 took broker 3 out meanwhile
+    c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
+    c.epoch_zk_version = 0
+    c.live = {1: ("127.0.0.1", 9001), 2: ("127.0.0.1", 9002), 3: ("127.0.0.1", 9003)}
+    c.write_states({("t", 0): (2, [1, 2, 3])})  # a preferred-leader move computed from the old ISR
+    final = c.zk.written[-1]
+    assert final.leader == 2 and 3 not in final.isr, f"wrote leader {final.leader} with ISR {final.isr}"
