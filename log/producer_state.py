@@ -1,4 +1,4 @@
-"""Producer state of one partition: per producer id, its epoch and its last five batches.
+"""Producer state of one partition: per producer id, its epoch and its last 16 batches.
 
 Kafka's ``ProducerStateManager`` (KIP-98, KIP-360), owned by the partition's ``Log`` and so by
 its log actor (single writer, not thread-safe, no process of its own). It lets the leader
@@ -46,7 +46,11 @@ from odradek.network.protocol import ErrorCode, OdradekError
 
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_VERSION = 1
-MAX_CACHED_BATCHES = 5  # Kafka's ProducerStateEntry.NumBatchesToRetain; the producer's max in flight
+# Kafka's ProducerStateEntry.NumBatchesToRetain is 5 (its producers have at most 5 requests
+# in flight); the bundled producer stamps up to this many batches of a partition in flight
+# (odradek.producer.MAX_STAMPED), several per request, so a leader keeps more. Kafka clients
+# are served the same (a superset: more of their retries are recognised).
+MAX_CACHED_BATCHES = 16
 INT32_MAX = (1 << 31) - 1
 NO_PRODUCER_ID = -1
 DEFAULT_EXPIRATION_MS = 86400000  # Kafka's producer.id.expiration.ms

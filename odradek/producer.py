@@ -60,8 +60,8 @@ epoch is exhausted or refused). Each partition moves to the new epoch once none 
 batches is in doubt (a batch in doubt is sent again with its own stamp: if it was written it
 is recognised, not written twice); then its sequence restarts at 0 and its unwritten batches
 are stamped anew. The refused partition sends nothing new until then; the others go on.
-At most 5 batches of a partition are stamped from its oldest unresolved one on (the leader
-recognises a retry among a producer's last 5). Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
+At most 16 batches of a partition are stamped from its oldest unresolved one on (the leader
+recognises a retry among a producer's last 16). Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
 ``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
 default (None) it is then simply off.
 
@@ -126,11 +126,13 @@ _crc32 = zlib.crc32
 LEADER_ERRORS = STALE_METADATA  # retried after a metadata refresh (the leader may have moved)
 KEY_MEMO = 65536  # keys per topic whose partition the producer remembers (then it starts over)
 ACK_TIMEOUT_MARGIN_MS = 1000  # the broker's acks=all wait ends this much before our request timeout
-# Idempotence: batches of a partition stamped from its oldest unresolved one on. A leader
-# recognises a retry among a producer's last 5 batches (log.producer_state.MAX_CACHED_BATCHES),
-# so up to 5 closed batches of a partition go in its one request in flight (a flush, a commit)
-# instead of one request, and one round trip, each.
-MAX_STAMPED = 5
+# Idempotence: batches of a partition stamped from its oldest unresolved one on. An Odradek
+# leader recognises a retry among a producer's last 16 batches (log.producer_state.
+# MAX_CACHED_BATCHES; Kafka keeps 5), so up to 16 closed batches of a partition go in its one
+# request in flight instead of one request, and one round trip, each. With 5 the requests of
+# a fast producer carried a third of the batches they do without idempotence: 21% of the
+# throughput (docs/BENCHMARKS.md, "Exactly-once").
+MAX_STAMPED = 16
 
 
 def murmur2(key: bytes) -> int:
@@ -785,9 +787,9 @@ class _Idempotence:
         self.next_seq: dict[tuple, int] = {}
         # each partition's window: the batches stamped with its id and epoch (``stamp_of``) from
         # its oldest unresolved one on (resolved ones behind it stay until it is resolved). The
-        # partition's leader recognises a retry among the last 5 batches it wrote of a producer
-        # (log.producer_state), so a window never holds more than MAX_STAMPED (5): a batch in
-        # doubt is always recognised if it was written.
+        # partition's leader recognises a retry among the last batches it wrote of a producer
+        # (log.producer_state.MAX_CACHED_BATCHES), so a window never holds more than MAX_STAMPED
+        # (no more than those): a batch in doubt is always recognised if it was written.
         self.window: dict[tuple, collections.deque] = {}
         # the (producer id, epoch) a partition's window is stamped with: the current one, or an
         # older one until the partition has no batch in doubt (Kafka's producer switches each

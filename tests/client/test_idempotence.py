@@ -15,6 +15,7 @@ from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.cluster import Connection
 from odradek.log.records import encode_batch
 from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.producer import MAX_STAMPED
 
 PARTITIONS = 3
 SETTINGS = {"supervisor_max_restarts": 10000}
@@ -122,8 +123,8 @@ def test_a_retry_after_a_lost_answer_is_not_stored_twice(shared_broker):
 
 
 def test_batches_piled_up_behind_a_request_go_together_and_a_lost_answer_to_them_stores_nothing_twice(shared_broker):
-    """A partition has one request in flight; the batches closed meanwhile (up to the 5 a
-    leader recognises a retry among) go in its next request together instead of one request
+    """A partition has one request in flight; the batches closed meanwhile (up to the
+    MAX_STAMPED a leader recognises a retry among) go in its next request together instead of one request
     each. The first such request's answer is lost: its batches are retried alone and
     recognised, so every record is stored once, in order."""
     with Admin(shared_broker.bootstrap) as admin:
@@ -149,16 +150,16 @@ def test_batches_piled_up_behind_a_request_go_together_and_a_lost_answer_to_them
         for v in values:
             p.send("piled", v)
         p.flush(60)
-        assert max(per_request) > 1 and max(per_request) <= 5, per_request
+        assert max(per_request) > 1 and max(per_request) <= MAX_STAMPED, per_request
         assert p.metrics()["retries"] >= 1
     assert read_all(shared_broker.bootstrap, "piled", 1)[0] == values
 
 
 def test_a_batch_whose_answers_keep_getting_lost_is_recognised_after_later_batches_are_written(shared_broker):
-    """The partition's leader recognises a retry among the last 5 batches it wrote of a
-    producer. A batch whose answers are lost again and again while later batches of its
-    partition go on being written must not fall out of that window: the producer stamps no
-    more than 5 batches from its oldest unresolved one on. Before, the 6th later batch pushed
+    """The partition's leader recognises a retry among the last batches it wrote of a
+    producer (MAX_CACHED_BATCHES). A batch whose answers are lost again and again while later
+    batches of its partition go on being written must not fall out of that window: the
+    producer stamps no more than MAX_STAMPED from its oldest unresolved one on. Before, with 5, the 6th later batch pushed
     it out, its retry was refused OUT_OF_ORDER_SEQUENCE_NUMBER, the producer bumped its epoch
     and wrote it a second time."""
     with Admin(shared_broker.bootstrap) as admin:
@@ -179,7 +180,7 @@ def test_a_batch_whose_answers_keep_getting_lost_is_recognised_after_later_batch
             return original(layout, frame, err, node)
 
         sender._on_response = lose_the_targets_answers
-        values = [b"target"] + [b"later-%02d" % i for i in range(30)]
+        values = [b"target"] + [b"later-%02d" % i for i in range(2 * MAX_STAMPED + 10)]
         handles = [p.send("in-doubt", v) for v in values]
         p.flush(30)
         assert len(lost) == 4 and all(h.exception() is None for h in handles)

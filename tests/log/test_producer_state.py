@@ -7,7 +7,7 @@ import os
 import pytest
 
 from odradek.log.config import LogConfig
-from odradek.log.producer_state import (INT32_MAX, BatchMetadata, DuplicateSequenceError,
+from odradek.log.producer_state import (INT32_MAX, MAX_CACHED_BATCHES, BatchMetadata, DuplicateSequenceError,
                                         InvalidProducerEpochError, OutOfOrderSequenceError,
                                         ProducerStateManager, UnknownProducerIdError, decode_snapshot,
                                         encode_snapshot, last_sequence, snapshot_name)
@@ -36,13 +36,21 @@ def test_a_new_producer_starting_at_sequence_zero_is_accepted_and_recorded(state
     assert state.get(PID).batches == [BatchMetadata(0, 2, 10, 12)] and state.get(PID).last_timestamp == 5
 
 
-def test_a_retried_batch_among_the_last_five_is_a_duplicate_with_its_original_offsets(state):
-    for i in range(6):
+def test_a_retried_batch_among_the_last_cached_is_a_duplicate_with_its_original_offsets(state):
+    n = MAX_CACHED_BATCHES
+    for i in range(n + 1):
         state.update(PID, 0, i * 10, i * 10 + 9, i * 100, i * 100 + 9, 0)
-    assert state.check(PID, 0, 50, 59) == BatchMetadata(50, 59, 500, 509)
-    assert state.check(PID, 0, 10, 19) == BatchMetadata(10, 19, 100, 109)
-    with pytest.raises(OutOfOrderSequenceError):  # the sixth-last is forgotten: not the next either
+    assert state.check(PID, 0, n * 10, n * 10 + 9) == BatchMetadata(n * 10, n * 10 + 9, n * 100, n * 100 + 9)
+    assert state.check(PID, 0, 10, 19) == BatchMetadata(10, 19, 100, 109)  # the oldest one kept
+    with pytest.raises(OutOfOrderSequenceError):  # the one before is forgotten: not the next either
         state.check(PID, 0, 0, 9)
+
+
+def test_the_producer_never_stamps_more_batches_of_a_partition_than_a_leader_remembers():
+    """A retry in doubt must be recognised: the bundled producer's window of stamped batches
+    per partition fits in what a leader keeps per producer."""
+    from odradek.producer import MAX_STAMPED
+    assert MAX_STAMPED <= MAX_CACHED_BATCHES
 
 
 def test_a_gap_in_the_sequence_is_out_of_order(state):
