@@ -301,8 +301,10 @@ class ActiveController:
         live_isr = [r for r in fresh.isr if r in self.live]
         unclean = self.registry.topics.get(tp[0]) is not None and \
             self.registry.log_config(tp[0]).unclean_leader_election_enable
-        if leader == fresh.leader or leader not in self.live:
-            return leader, live_isr or isr  # the same leader, or offline: the fresh ISR's live part
+        if leader == -1:
+            return -1, list(fresh.isr)  # offline: the ISR its leader last recorded (one may come back)
+        if leader == fresh.leader:
+            return leader, live_isr or isr  # the same leader: the fresh ISR's live part
         if leader in fresh.isr or unclean:
             return leader, [r for r in isr if r in fresh.isr] or [leader]
         if fresh.leader in self.live and fresh.leader not in self.shutting_down:

@@ -81,3 +81,19 @@ def test_a_change_that_lost_the_race_never_puts_back_a_replica_the_leader_took_o
     c.write_states({("t", 0): (2, [1, 2, 3])})  # a preferred-leader move computed from the old ISR
     final = c.zk.written[-1]
     assert final.leader == 2 and 3 not in final.isr, f"wrote leader {final.leader} with ISR {final.isr}"
+
+
+def test_a_partition_put_offline_after_the_race_keeps_the_fresh_isr_not_the_old_one():
+    """Offline (no live in-sync replica) keeps the ISR so that one of them may lead when it
+    comes back; after a lost race it must be the fresh ISR: the old one still named broker 2,
+    which the leader had taken out, and 2 coming back first would have been elected."""
+    c, _, _ = controller()
+    c.assignment["t"] = [[1, 2, 3]]
+    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)
+    fresh = PartitionState(1, 4, [1, 3], 1)
+    c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
+    c.epoch_zk_version = 0
+    c.live = {}
+    c.write_states({("t", 0): (-1, [1, 2, 3])})
+    final = c.zk.written[-1]
+    assert (final.leader, final.isr) == (-1, [1, 3])
