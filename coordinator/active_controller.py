@@ -28,7 +28,7 @@ import uuid
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.coordinator.controller_kit import SEND_TIMEOUT, Outbox, all_then
+from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, Outbox, all_then
 from odradek.coordinator.reassignment import Reassignments, check_target, place_replicas
 from odradek.coordinator.topics import Topic, TopicRegistry
 from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
@@ -38,7 +38,6 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.controller")
 
 WRITE_RETRIES = 5
-REREAD_BROKERS = 1.0  # seconds before reading the registrations again when ZooKeeper did not answer
 
 
 class ActiveController:
@@ -170,8 +169,8 @@ class ActiveController:
                 log.info("broker %s: %r", child, exc)
             except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: nothing is known
                 log.warning("cannot read the registration of broker %s (%r): the live brokers stay %s, "
-                            "read again in %gs", child, exc, sorted(self.live), REREAD_BROKERS)
-                self._reread_brokers_later()
+                            "read again in %gs", child, exc, sorted(self.live), ZK_RETRY)
+                self.outbox.later(ZK_RETRY, lambda: self.refresh_live_brokers(reread=True))
                 return
         gone, joined = set(self.live) - set(live), set(live) - set(self.live)
         # A broker that left and registered again between two looks (the watch saw both
@@ -215,14 +214,10 @@ class ActiveController:
         try:
             children = self.zk.get_children(BROKERS)
         except Exception:  # noqa: BLE001 - ZooKeeper did not answer: read again shortly
-            self._reread_brokers_later()
+            self.outbox.later(ZK_RETRY, lambda: self.refresh_live_brokers(reread=True))
             return
         if reread or {int(c) for c in children} != set(self.live):
             self._brokers_changed(children)
-
-    def _reread_brokers_later(self) -> None:
-        if self.outbox.later is not None:
-            self.outbox.later(REREAD_BROKERS, lambda: self.refresh_live_brokers(reread=True))
 
     def replicas(self, tp: tuple[str, int]) -> list[int]:
         return self.assignment[tp[0]][tp[1]]

@@ -31,14 +31,12 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, REPLICA_FETCHER, log_host
-from odradek.coordinator.controller_kit import SEND_TIMEOUT, Outbox, all_then
+from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, Outbox, all_then
 from odradek.coordinator.throttles import Throttles
 from odradek.coordinator.zk_state import BROKERS, NOTIFICATIONS, PartitionState, state_path, to_json
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
-
-REREAD_EPOCHS = 1.0  # seconds before reading the broker epochs again when ZooKeeper did not answer
 
 
 class BrokerAgent:
@@ -103,13 +101,9 @@ class BrokerAgent:
             children = self.zk.get_children(BROKERS)
         except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: read again shortly
             log.warning("cannot list the registered brokers: %r", exc)
-            self._refresh_broker_epochs_later()
+            self.outbox.later(ZK_RETRY, self.refresh_broker_epochs)
             return
         self._read_broker_epochs(children)
-
-    def _refresh_broker_epochs_later(self) -> None:
-        if self.outbox.later is not None:
-            self.outbox.later(REREAD_EPOCHS, self.refresh_broker_epochs)
 
     def _read_broker_epochs(self, children) -> None:
         """The broker epochs (czxid of each registration) the fetch actor checks replica
@@ -122,8 +116,8 @@ class BrokerAgent:
                 stat = self.zk.exists(f"{BROKERS}/{child}")
             except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: nothing is known
                 log.warning("cannot read the registration of broker %s (%r): broker epochs kept, read again in %gs",
-                            child, exc, REREAD_EPOCHS)
-                self._refresh_broker_epochs_later()
+                            child, exc, ZK_RETRY)
+                self.outbox.later(ZK_RETRY, self.refresh_broker_epochs)
                 return
             if stat is not None:
                 epochs[str(child)] = stat.czxid

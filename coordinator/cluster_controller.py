@@ -36,7 +36,7 @@ from odradek.actors.runtime import Actor
 from odradek.coordinator.active_controller import WRITE_RETRIES, ActiveController
 from odradek.coordinator.broker_agent import BrokerAgent
 from odradek.coordinator.channel import ControllerChannel
-from odradek.coordinator.controller_kit import SEND_TIMEOUT, HandlerRoster, Outbox, remove_deleted_dirs
+from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, HandlerRoster, Outbox, remove_deleted_dirs
 from odradek.coordinator.reassignment import MOVE_CHECK_INTERVAL
 from odradek.coordinator.stray_logs import STRAY_CHECK_INTERVAL, StrayLogs
 from odradek.coordinator.zk_client import bounded_client
@@ -48,7 +48,6 @@ from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.controller")
 
 REGISTER_RETRY = 0.5  # seconds between attempts to register (an old session's node may linger)
-ELECT_RETRY = 1.0  # seconds before standing again after an election ZooKeeper did not answer
 
 
 class ClusterController(Actor):
@@ -325,18 +324,14 @@ class ClusterController(Actor):
                     t.set_data("/controller_epoch", str(epoch).encode(), version=version)
                 results = t.commit()
             except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: tried again shortly
-                # not left to the watch: back in the same session, kazoo's watch of /controller
-                # calls nobody when the node is as it was (absent), and nobody would stand
-                log.warning("controller election failed: %s; standing again in %gs", exc, ELECT_RETRY)
-                self.call_later(ELECT_RETRY, self._elect)
+                self._stand_again(f"controller election failed: {exc!r}")
                 return
             if isinstance(results[0], NodeExistsError):
                 return  # someone else won
             if isinstance(results[1], (BadVersionError, NodeExistsError)):
                 continue  # another candidate moved the epoch meanwhile: try again
             if any(isinstance(r, Exception) for r in results):
-                log.warning("controller election failed: %s; standing again in %gs", results, ELECT_RETRY)
-                self.call_later(ELECT_RETRY, self._elect)
+                self._stand_again(f"controller election failed: {results}")
                 return
             log.info("broker %d is the controller (epoch %d)", self.broker_id, epoch)
             self.controller = ActiveController(
@@ -346,11 +341,16 @@ class ClusterController(Actor):
             try:
                 self.controller.load()
             except Exception as exc:  # noqa: BLE001 - ZooKeeper did not answer: a partial view must not rule
-                log.warning("the new controller could not read the cluster's state (%r): resigning, standing again "
-                            "in %gs", exc, ELECT_RETRY)
                 self._resign()
-                self.call_later(ELECT_RETRY, self._elect)
+                self._stand_again(f"the new controller could not read the cluster's state ({exc!r}); resigned")
             return
+
+    def _stand_again(self, why: str) -> None:
+        """An election ZooKeeper did not answer is tried again, not left to the watch: back in
+        the same session, kazoo's watch of /controller calls nobody when the node is as it was
+        (absent), and nobody would stand."""
+        log.warning("%s; standing again in %gs", why, ZK_RETRY)
+        self.call_later(ZK_RETRY, self._elect)
 
     def _resign(self) -> None:
         """No longer the controller (session lost, or fenced): its object is dropped."""

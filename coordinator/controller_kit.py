@@ -21,6 +21,7 @@ from odradek.actors.names import HANDLER
 log = logging.getLogger("odradek.controller")
 
 SEND_TIMEOUT = 30.0  # seconds another broker or a local actor has to answer the controller
+ZK_RETRY = 1.0  # seconds before trying again what ZooKeeper did not answer (a read, an election)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +32,7 @@ class Outbox:
     reply_error: Callable[..., Any]
     post: Callable[[Callable[[], Any]], None]
     members: Callable[[str], list]  # role -> the names of its running instances
-    later: Callable[[float, Callable[[], Any]], Any] | None = None  # the actor's call_later
+    later: Callable[[float, Callable[[], Any]], Any]  # the actor's call_later
 
     @classmethod
     def of(cls, actor) -> Outbox:

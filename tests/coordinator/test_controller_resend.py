@@ -31,7 +31,7 @@ class DroppingChannel:
 def controller() -> tuple[ActiveController, DroppingChannel, list]:
     posted: list = []
     outbox = Outbox(send=None, request=None, reply=None, reply_error=None, post=posted.append,
-                    members=lambda role: [])
+                    members=lambda role: [], later=lambda delay, fn: None)
     channel = DroppingChannel()
     c = ActiveController(2, 1, 0, {"num.partitions": 1, "default.replication.factor": 1,
                                    "log.segment.bytes.min": 1024}, {}, "PLAINTEXT", None, channel, outbox,
