@@ -54,15 +54,21 @@ class VersionedNodes:
         return Txn()
 
 
-def test_an_election_whose_choice_left_the_isr_meanwhile_chooses_again_from_the_fresh_isr():
+def raced(fresh_isr: list[int], live: list[int]):
+    """A controller that last read t-0 as leader 1, ISR [1, 2, 3] (version 7), while leader 1
+    has since written ``fresh_isr`` (version 8); ``live``: the brokers it knows alive."""
     c, _, _ = controller()
     c.assignment["t"] = [[1, 2, 3]]
-    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)  # what the controller last read
-    # meanwhile leader 1 took broker 2 out of the ISR (version 8), then died
-    fresh = PartitionState(1, 4, [1, 3], 1)
+    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)
+    fresh = PartitionState(1, 4, fresh_isr, 1)
     c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
     c.epoch_zk_version = 0
-    c.live = {2: ("127.0.0.1", 9002), 3: ("127.0.0.1", 9003)}
+    c.live = {b: ("127.0.0.1", 9000 + b) for b in live}
+    return c
+
+
+def test_an_election_whose_choice_left_the_isr_meanwhile_chooses_again_from_the_fresh_isr():
+    c = raced([1, 3], live=[2, 3])  # leader 1 took broker 2 out of the ISR, then died
     written = c.write_states({("t", 0): (2, [2, 3])})  # chosen from the old ISR: broker 2
     assert written == [("t", 0)]
     final = c.zk.written[-1]
@@ -71,13 +77,7 @@ def test_an_election_whose_choice_left_the_isr_meanwhile_chooses_again_from_the_
 
 
 def test_a_change_that_lost_the_race_never_puts_back_a_replica_the_leader_took_out():
-    c, _, _ = controller()
-    c.assignment["t"] = [[1, 2, 3]]
-    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)
-    fresh = PartitionState(1, 4, [1, 2], 1)  # leader 1 took broker 3 out meanwhile
-    c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
-    c.epoch_zk_version = 0
-    c.live = {1: ("127.0.0.1", 9001), 2: ("127.0.0.1", 9002), 3: ("127.0.0.1", 9003)}
+    c = raced([1, 2], live=[1, 2, 3])  # leader 1 took broker 3 out meanwhile
     c.write_states({("t", 0): (2, [1, 2, 3])})  # a preferred-leader move computed from the old ISR
     final = c.zk.written[-1]
     assert final.leader == 2 and 3 not in final.isr, f"wrote leader {final.leader} with ISR {final.isr}"
@@ -87,13 +87,7 @@ def test_a_partition_put_offline_after_the_race_keeps_the_fresh_isr_not_the_old_
     """Offline (no live in-sync replica) keeps the ISR so that one of them may lead when it
     comes back; after a lost race it must be the fresh ISR: the old one still named broker 2,
     which the leader had taken out, and 2 coming back first would have been elected."""
-    c, _, _ = controller()
-    c.assignment["t"] = [[1, 2, 3]]
-    c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)
-    fresh = PartitionState(1, 4, [1, 3], 1)
-    c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
-    c.epoch_zk_version = 0
-    c.live = {}
+    c = raced([1, 3], live=[])
     c.write_states({("t", 0): (-1, [1, 2, 3])})
     final = c.zk.written[-1]
     assert (final.leader, final.isr) == (-1, [1, 3])
