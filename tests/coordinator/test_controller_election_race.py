@@ -7,51 +7,18 @@ BadVersion and the controller re-reads the node. It then wrote its old choice ag
 fresh version: a leader the fresh ISR had left out, out of sync, which truncates away records
 the old leader acknowledged with the ISR it really had. Kafka's controller runs such an
 election again on the fresh state; so does ``ActiveController._recheck`` now. ZooKeeper is a
-stand-in holding the partition's state node with versions (the controller's collaborator)."""
+stand-in holding the partition's state node with versions (the controller's collaborator,
+``NodeStore``)."""
 from __future__ import annotations
 
-import types
-
-from kazoo.exceptions import BadVersionError, RolledBackError
-
 from odradek.coordinator.zk_state import PartitionState, state_path
-from tests.coordinator.test_controller_zookeeper_silence import controller
+from tests.coordinator.test_controller_zookeeper_silence import NodeStore, controller
 
 
-class VersionedNodes:
-    """Nodes with versions; a transaction's ``check``/``set_data`` compare them, as ZooKeeper's multi."""
-
-    def __init__(self, nodes: dict):
-        self.nodes = dict(nodes)  # path -> (data, version)
-        self.written: list[PartitionState] = []
-
-    def get(self, path):
-        data, version = self.nodes[path]
-        return data, types.SimpleNamespace(version=version)
-
-    def transaction(self):
-        store, ops = self, []
-
-        class Txn:
-            def check(self, path, version):
-                ops.append(("check", path, None, version))
-
-            def set_data(self, path, data, version=-1):
-                ops.append(("set", path, data, version))
-
-            def commit(self):
-                bad = [i for i, (_, path, _, version) in enumerate(ops)
-                       if path in store.nodes and version not in (-1, store.nodes[path][1])]
-                if bad:
-                    return [BadVersionError() if i == bad[0] else RolledBackError() for i in range(len(ops))]
-                results = []
-                for op, path, data, _ in ops:
-                    if op == "set":
-                        store.nodes[path] = (data, store.nodes[path][1] + 1)
-                        store.written.append(PartitionState.parse(data, store.nodes[path][1]))
-                    results.append(types.SimpleNamespace(version=store.nodes.get(path, (b"", 0))[1]))
-                return results
-        return Txn()
+def last_state(c) -> PartitionState:
+    """The last partition state the controller wrote."""
+    path, data = [w for w in c.zk.written if w[0] == state_path("t", 0)][-1]
+    return PartitionState.parse(data, c.zk.nodes[path][1])
 
 
 def raced(fresh_isr: list[int], live: list[int]):
@@ -61,7 +28,7 @@ def raced(fresh_isr: list[int], live: list[int]):
     c.assignment["t"] = [[1, 2, 3]]
     c.states[("t", 0)] = PartitionState(1, 4, [1, 2, 3], 1, zk_version=7)
     fresh = PartitionState(1, 4, fresh_isr, 1)
-    c.zk = VersionedNodes({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
+    c.zk = NodeStore({"/controller_epoch": (b"1", 0), state_path("t", 0): (fresh.data(), 8)})
     c.epoch_zk_version = 0
     c.live = {b: ("127.0.0.1", 9000 + b) for b in live}
     return c
@@ -71,7 +38,7 @@ def test_an_election_whose_choice_left_the_isr_meanwhile_chooses_again_from_the_
     c = raced([1, 3], live=[2, 3])  # leader 1 took broker 2 out of the ISR, then died
     written = c.write_states({("t", 0): (2, [2, 3])})  # chosen from the old ISR: broker 2
     assert written == [("t", 0)]
-    final = c.zk.written[-1]
+    final = last_state(c)
     assert (final.leader, final.isr) == (3, [3]), f"wrote leader {final.leader} with ISR {final.isr}"
     assert final.leader_epoch == 5
 
@@ -79,7 +46,7 @@ def test_an_election_whose_choice_left_the_isr_meanwhile_chooses_again_from_the_
 def test_a_change_that_lost_the_race_never_puts_back_a_replica_the_leader_took_out():
     c = raced([1, 2], live=[1, 2, 3])  # leader 1 took broker 3 out meanwhile
     c.write_states({("t", 0): (2, [1, 2, 3])})  # a preferred-leader move computed from the old ISR
-    final = c.zk.written[-1]
+    final = last_state(c)
     assert final.leader == 2 and 3 not in final.isr, f"wrote leader {final.leader} with ISR {final.isr}"
 
 
@@ -89,5 +56,5 @@ def test_a_partition_put_offline_after_the_race_keeps_the_fresh_isr_not_the_old_
     which the leader had taken out, and 2 coming back first would have been elected."""
     c = raced([1, 3], live=[])
     c.write_states({("t", 0): (-1, [1, 2, 3])})
-    final = c.zk.written[-1]
+    final = last_state(c)
     assert (final.leader, final.isr) == (-1, [1, 3])

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 import types
 
-from kazoo.exceptions import ConnectionLoss, NoNodeError
+from kazoo.exceptions import BadVersionError, ConnectionLoss, NoNodeError, RolledBackError
 
 from odradek.coordinator.active_controller import ActiveController
 from odradek.coordinator.controller_kit import Outbox
@@ -156,13 +156,16 @@ def test_a_broker_epoch_zookeeper_does_not_answer_for_is_kept_not_dropped():
 
 
 class NodeStore:
-    """An in-memory ZooKeeper for the election: nodes by path; ``silent_on`` paths (and all
-    of them while ``silent``) raise ConnectionLoss."""
+    """An in-memory ZooKeeper: nodes by path with versions; a transaction's ``check`` and
+    versioned ``set_data`` compare them as ZooKeeper's multi does (the first failing op gets
+    BadVersionError, the others RolledBackError); ``written`` lists each (path, data) set.
+    ``silent_on`` paths (and all of them while ``silent``) raise ConnectionLoss."""
 
-    def __init__(self):
-        self.nodes: dict[str, tuple[bytes, int]] = {}  # path -> (data, version)
+    def __init__(self, nodes: dict | None = None):
+        self.nodes: dict[str, tuple[bytes, int]] = dict(nodes or {})  # path -> (data, version)
         self.silent = False
         self.silent_on: set[str] = set()
+        self.written: list[tuple[str, bytes]] = []
 
     def _answer(self, path: str):
         if self.silent or path in self.silent_on:
@@ -194,19 +197,32 @@ class NodeStore:
         store, ops = self, []
 
         class Txn:
-            def create(self, path, data, ephemeral=False):
-                ops.append(("create", path, data))
+            def create(self, path, data=b"", ephemeral=False):
+                ops.append(("create", path, data, -1))
+
+            def check(self, path, version):
+                ops.append(("check", path, None, version))
 
             def set_data(self, path, data, version=-1):
-                ops.append(("set", path, data))
+                ops.append(("set", path, data, version))
 
             def commit(self):
-                store._answer("/controller")
+                for _, path, _, _ in ops:
+                    store._answer(path)
+                bad = [i for i, (op, path, _, version) in enumerate(ops)
+                       if op != "create" and version != -1 and path in store.nodes and version != store.nodes[path][1]]
+                if bad:
+                    return [BadVersionError() if i == bad[0] else RolledBackError() for i in range(len(ops))]
                 results = []
-                for op, path, data in ops:
-                    version = store.nodes[path][1] + 1 if op == "set" else 0
-                    store.nodes[path] = (data, version)
-                    results.append(path if op == "create" else types.SimpleNamespace(version=version))
+                for op, path, data, _ in ops:
+                    if op == "create":
+                        store.nodes[path] = (data, 0)
+                        results.append(path)
+                        continue
+                    if op == "set":
+                        store.nodes[path] = (data, store.nodes[path][1] + 1)
+                        store.written.append((path, data))
+                    results.append(types.SimpleNamespace(version=store.nodes[path][1]))
                 return results
         return Txn()
 
