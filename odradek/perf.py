@@ -481,6 +481,8 @@ def consume_main(argv: list[str]) -> int:
     ap.add_argument("--partitions", type=int, default=1, help="partitions if the topic must be created")
     ap.add_argument("--fetch-size", type=int, default=1 << 20, help="max_partition_fetch_bytes")
     ap.add_argument("--max-poll-records", type=int, default=500, help="records per poll (Kafka's default)")
+    ap.add_argument("--consumer-props", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="librdkafka consumer properties for --client confluent (over perf's)")
     ap.add_argument("--timeout", type=int, default=60000, help="ms without a record before giving up")
     ap.add_argument("--reporting-interval", type=int, default=REPORT_INTERVAL_MS)
     ap.add_argument("--no-redis", action="store_true")
@@ -644,13 +646,15 @@ class _BrokerCpu:
 
 
 def _confluent_props(props: dict) -> dict:
-    """Kafka producer properties for librdkafka (same names), with perf's defaults: batch.size
-    the bundled producer's default (64 KiB), so both send batches of about the same size and
-    the broker's CPU per batch compares like with like."""
-    out = {"queue.buffering.max.messages": 1000000, "queue.buffering.max.kbytes": 1048576,
-           "batch.size": 65536, **props}
-    if out.get("compression.type") == "none":
-        out["compression.type"] = "none"
+    """Kafka producer properties for librdkafka (the same names). Nothing is changed from
+    librdkafka's defaults but its local queue (a million records, 1 GiB, so ``produce`` does
+    not block on it): ``batch.size`` stays librdkafka's 1,000,000 bytes unless given.
+    ``max.request.size`` is the bundled producer's alone and is left out: librdkafka sends one
+    batch per partition and request whatever it is told. So to compare the broker's CPU per
+    batch like with like, give both clients the same ``batch.size`` and the bundled one a
+    ``max.request.size`` smaller than a batch (one batch per request, as librdkafka sends)."""
+    out = {"queue.buffering.max.messages": 1000000, "queue.buffering.max.kbytes": 1048576, **props}
+    out.pop("max.request.size", None)
     return out
 
 
@@ -749,14 +753,20 @@ def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size
 
 
 def run_confluent_consume(bootstrap: str, topic: str, partitions: int, n: int, fetch_size: int, timeout_ms: int,
-                          report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None) -> dict:
-    """``run_consume`` through confluent-kafka: assigned partitions from the beginning."""
+                          report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None,
+                          props: dict | None = None) -> dict:
+    """``run_consume`` through confluent-kafka: assigned partitions from the beginning;
+    ``props``: librdkafka consumer properties over perf's (``--consumer-props``)."""
     from confluent_kafka import OFFSET_BEGINNING, Consumer as KafkaConsumer, TopicPartition as KTP
     stats = Stats(report_ms)
     count = nbytes = 0
+    # The local queue holds up to a million records; fetch.queue.backoff.ms 0: librdkafka (2.4+)
+    # otherwise stops fetching a partition for 1 s whenever that queue is past a threshold
+    # (queued.max.messages.kbytes, 64 MiB: ~600,000 records of 100 B), which a reader that
+    # drains 10,000 at a time hits again and again (1.0 vs 1.3-1.6 M records/s, docs/BENCHMARKS.md).
     c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "perf-unused", "enable.auto.commit": False,
                        "max.partition.fetch.bytes": fetch_size, "fetch.max.bytes": max(fetch_size, 52428800),
-                       "queued.min.messages": 1000000})
+                       "queued.min.messages": 1000000, "fetch.queue.backoff.ms": 0, **(props or {})})
     try:
         c.assign([KTP(topic, p, OFFSET_BEGINNING) for p in range(partitions)])
         if started:
@@ -838,7 +848,8 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
                                     args.max_poll_records, args.timeout, args.reporting_interval, started, stopped)
                 else:
                     r = run_confluent_consume(bootstrap, topic, args.partitions, args.messages, args.fetch_size,
-                                              args.timeout, args.reporting_interval, started, stopped)
+                                              args.timeout, args.reporting_interval, started, stopped,
+                                              _props(args.consumer_props))
                 if spent:
                     r["broker_cpu_s"] = spent[0]
                 results[c].append(r)
