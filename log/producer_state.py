@@ -205,14 +205,14 @@ class ProducerStateManager:
                 raise OutOfOrderSequenceError(
                     f"producer {pid}: the first batch of the new epoch {epoch} starts at sequence {first_seq}, not 0")
             return None
+        if in_sequence(e.last_seq, first_seq):
+            return None  # the next batch, the usual case: no retained batch can start there
         for b in e.batches:
             if b.first_seq == first_seq and b.last_seq == last_seq:
                 return b
-        if not in_sequence(e.last_seq, first_seq):
-            raise OutOfOrderSequenceError(
-                f"producer {pid} epoch {epoch}: sequence {first_seq} does not follow {e.last_seq} (a batch "
-                f"before it is missing)")
-        return None
+        raise OutOfOrderSequenceError(
+            f"producer {pid} epoch {epoch}: sequence {first_seq} does not follow {e.last_seq} (a batch "
+            f"before it is missing)")
 
     # ------------------------------------------------------------------ updates
     def update(self, pid: int, epoch: int, first_seq: int, last_seq: int, first_offset: int,
