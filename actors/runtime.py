@@ -40,6 +40,7 @@ import heapq
 import importlib
 import itertools
 import logging
+import multiprocessing
 import os
 import resource
 import signal
@@ -669,7 +670,9 @@ PR_SET_NAME = 15
 
 
 def _prctl_setup(name: str) -> None:
-    """Ask Linux to SIGTERM us if the supervisor dies (even by kill -9): no orphans; and
+    """Ask Linux to SIGTERM us if our parent dies (even by kill -9): the supervisor under
+    ``spawn``; under the fork server that server, which leaves when the supervisor dies
+    (``actors.launch``): no orphans either way; and
     name the process ``od:<actor>`` for ps -o comm, top and htop (15 bytes at most)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -691,7 +694,7 @@ def raise_fd_limit() -> None:
 
 
 def actor_main(spec: dict) -> None:
-    """Entry point of a spawned actor process. ``spec`` is plain data:
+    """Entry point of an actor process (forked from the fork server or spawned). ``spec`` is plain data:
     ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level", "rejoining"}``."""
     _prctl_setup(spec["name"])
     os.umask(PRIVATE_UMASK)
@@ -704,8 +707,13 @@ def actor_main(spec: dict) -> None:
     actor = cls(spec["name"], spec["run_dir"], spec.get("args") or {}, spec.get("supervisor"))
     actor.rejoining = bool(spec.get("rejoining"))
     if spec.get("supervisor"):
-        # Belt and braces for the parent-death signal: notice a new parent within a second.
+        # Belt and braces for the parent-death signal: notice a new parent within a second,
+        # and the supervisor's death at once by the pipe only it holds open (multiprocessing's
+        # parent sentinel): under the fork server our parent is the server, not the supervisor.
         actor.call_every(1.0, lambda: os.getppid() != parent and actor.stop())
+        supervisor = multiprocessing.parent_process()
+        if supervisor is not None and supervisor.sentinel is not None:
+            actor.watch(supervisor.sentinel, lambda _ev: actor.stop())
     try:
         actor.run()
     except KeyboardInterrupt:
