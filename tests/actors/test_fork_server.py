@@ -31,10 +31,19 @@ def running(procs):
 
 
 def wait_gone(procs, timeout=10.0):
+    """Wait for ``procs`` to leave; SIGKILL and name those still there after ``timeout`` (so
+    a failing test does not leave them holding the port, or the broker's stdout pipe that
+    ``LocalBroker``'s teardown would wait on)."""
     deadline = time.monotonic() + timeout
     while running(procs) and time.monotonic() < deadline:
         time.sleep(0.05)
-    return [(p.pid, _describe(p)) for p in running(procs)]
+    left = [(p.pid, _describe(p)) for p in running(procs)]
+    for p in running(procs):
+        try:
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return left
 
 
 def _describe(p):
@@ -152,6 +161,21 @@ def test_kill_9_of_the_fork_server_restarts_its_actors_and_a_later_kill_is_resta
     assert again and again["pid"] != victim["pid"]
     assert psutil.Process(again["pid"]).ppid() == now["supervisor"]["fork_server"]
     assert wait_for(lambda: ping(b, 3), 30)
+
+
+def test_an_actor_still_stopping_when_the_fork_server_died_is_not_replaced_before_it_exits(tree):
+    """The fork server's status pipe ends with the server; the actor it forked may still be
+    stopping (closing files). Its successor must not start (bind its mailbox, its port, open
+    its files) until it has exited."""
+    t = tree([{"role": "slow", "cls": "tests.actors.echo:SlowStop", "args": {"stop_seconds": 3.0}}])
+    server = t.client.request("supervisor", "status").fields["supervisor"]["fork_server"]
+    old = psutil.Process(t.status()["slow"]["pid"])
+    os.kill(server, signal.SIGKILL)
+    while running([old]):
+        assert t.status()["slow"]["pid"] == old.pid, "a successor started while the actor was still stopping"
+        time.sleep(0.1)
+    assert t.wait_for(lambda: t.status()["slow"]["state"] == "running" and t.status()["slow"]["pid"] != old.pid)
+    assert t.client.request("slow", "echo", {}).fields["by"] == "slow"
 
 
 def test_a_graceful_stop_leaves_no_process_and_no_socket_file(local_broker):
