@@ -1,7 +1,8 @@
 """The actor runtime: one actor per process, a mailbox, a poll loop, timers, request/reply.
 
-Concurrency model. An actor is one OS process started with multiprocessing's ``spawn``
-method. It owns one ZeroMQ context (created after the process starts), one mailbox (a PULL
+Concurrency model. An actor is one OS process, forked from the supervisor's fork server
+(which imported the actor modules once) or spawned as a fresh interpreter (``actors.launch``
+says which and why; nothing here depends on it). It owns one ZeroMQ context (created after the process starts), one mailbox (a PULL
 socket bound at ``ipc://<run_dir>/<name>.mbox``) and one PUSH socket per peer it has sent
 to. Everything runs on the process's single thread: the loop polls the mailbox, any raw
 file descriptors the actor watches (client TCP sockets, process sentinels) and a wake-up
