@@ -67,9 +67,11 @@ def forkserver_available() -> bool:
 
 
 def default_method() -> str:
+    """``$ODRADEK_ACTOR_START`` if set (an unknown value is logged and ignored), else
+    forkserver where available, else spawn."""
     method = os.environ.get(METHOD_ENV, "").strip()
     if method and method not in METHODS:
-        raise ValueError(f"{METHOD_ENV}={method!r}: expected one of {', '.join(METHODS)}")
+        log.warning("%s=%r is not one of %s; ignoring it", METHOD_ENV, method, ", ".join(METHODS))
     if method == "spawn" or not forkserver_available():
         return "spawn"
     return "forkserver"

@@ -21,6 +21,11 @@ from tests.actors.test_runtime import ECHO, ROOT
 pytestmark = pytest.mark.skipif(not forkserver_available(), reason="no fork server (or no pidfd) here")
 
 
+@pytest.fixture(autouse=True)
+def _default_start_method(monkeypatch):
+    monkeypatch.delenv("ODRADEK_ACTOR_START", raising=False)  # the fork server, unless a test says
+
+
 def running(procs):
     """Those of ``procs`` still running (a zombie waiting for a reaper has let go of everything)."""
     out = []
