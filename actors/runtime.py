@@ -2,11 +2,12 @@
 
 Concurrency model. An actor is one OS process, forked from the supervisor's fork server
 (which imported the actor modules once) or spawned as a fresh interpreter (``actors.launch``
-says which and why; nothing here depends on it). It owns one ZeroMQ context (created after the process starts), one mailbox (a PULL
-socket bound at ``ipc://<run_dir>/<name>.mbox``) and one PUSH socket per peer it has sent
-to. Everything runs on the process's single thread: the loop polls the mailbox, any raw
-file descriptors the actor watches (client TCP sockets, process sentinels) and a wake-up
-pipe for signals, then runs due timers. Nothing is shared with other processes but files.
+says which and why; nothing here depends on it). It owns one ZeroMQ context (created after
+the process starts), one mailbox (a PULL socket bound at ``ipc://<run_dir>/<name>.mbox``)
+and one PUSH socket per peer it has sent to. Everything runs on the process's single
+thread: the loop polls the mailbox, any raw file descriptors the actor watches (client TCP
+sockets, process sentinels) and a wake-up pipe for signals, then runs due timers. Nothing
+is shared with other processes but files.
 
 Lifecycle, three visible phases:
   start   ``on_start()``: open resources; then the runtime reports ``_ready`` to the
@@ -695,8 +696,9 @@ def raise_fd_limit() -> None:
 
 
 def actor_main(spec: dict) -> None:
-    """Entry point of an actor process (forked from the fork server or spawned). ``spec`` is plain data:
-    ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level", "rejoining"}``."""
+    """Entry point of an actor process (forked from the fork server, or spawned). ``spec`` is
+    plain data: ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor",
+    "log_level", "rejoining"}``."""
     _prctl_setup(spec["name"])
     os.umask(PRIVATE_UMASK)
     raise_fd_limit()

@@ -147,7 +147,7 @@ class Supervisor(Actor):
 
     def on_start(self) -> None:
         self.launcher = Launcher([spec.cls for spec in self.specs], self.start_method, socket_dir=self.run_dir)
-        self.launcher.start_server()  # it imports the actor modules while the tree gets going
+        self.launcher.start_server()  # before the first group: it imports the actor modules once
         log.info("actors start by %s", self.launcher.method)
         for spec in self.specs:
             names = [spec.instance_name(i) for i in range(spec.count)]
@@ -168,15 +168,7 @@ class Supervisor(Actor):
         spec = {"name": child.name, "cls": child.spec.cls, "run_dir": self.run_dir,
                 "args": child.spec.args, "supervisor": self.name, "log_level": self.log_level,
                 "rejoining": self.ready}
-        proc = self.launcher.Process(target=actor_main, args=(spec,), name=f"odradek-{child.name}")
-        try:
-            proc.start()
-        except (OSError, EOFError) as exc:
-            if self.launcher.method != "forkserver":
-                raise
-            self.launcher.fall_back_to_spawn(f"{type(exc).__name__}: {exc}")
-            proc = self.launcher.Process(target=actor_main, args=(spec,), name=f"odradek-{child.name}")
-            proc.start()
+        proc = self._start_process(spec)
         child.process = proc
         child.state = "starting"
         child.started_at = time.time()
@@ -187,6 +179,27 @@ class Supervisor(Actor):
         except psutil.Error:
             child.ps = None
         self.watch(proc.sentinel, lambda _ev, c=child, p=proc: self._on_exit(c, p))
+
+    def _start_process(self, spec: dict):
+        """Start one actor process. The fork server failing (it died mid-request, or a module
+        it preloads kills it at import) is tried once more, with a new server if it died;
+        failing again, every actor is spawned from then on."""
+        for attempt in (1, 2):
+            proc = self.launcher.Process(target=actor_main, args=(spec,), name=f"odradek-{spec['name']}")
+            try:
+                proc.start()
+                return proc
+            except (OSError, EOFError) as exc:
+                if self.launcher.method != "forkserver":
+                    raise
+                why = f"{type(exc).__name__}: {exc}"
+                if attempt == 1:
+                    log.warning("the fork server could not start %s (%s); trying again", spec["name"], why)
+                else:
+                    self.launcher.fall_back_to_spawn(why)
+        proc = self.launcher.Process(target=actor_main, args=(spec,), name=f"odradek-{spec['name']}")
+        proc.start()
+        return proc
 
     def _await_ready(self, names: list[str], timeout: float) -> None:
         """Block (running the mailbox) until every named child reported ready."""
