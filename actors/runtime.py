@@ -1,11 +1,13 @@
 """The actor runtime: one actor per process, a mailbox, a poll loop, timers, request/reply.
 
-Concurrency model. An actor is one OS process started with multiprocessing's ``spawn``
-method. It owns one ZeroMQ context (created after the process starts), one mailbox (a PULL
-socket bound at ``ipc://<run_dir>/<name>.mbox``) and one PUSH socket per peer it has sent
-to. Everything runs on the process's single thread: the loop polls the mailbox, any raw
-file descriptors the actor watches (client TCP sockets, process sentinels) and a wake-up
-pipe for signals, then runs due timers. Nothing is shared with other processes but files.
+Concurrency model. An actor is one OS process, forked from the supervisor's fork server
+(which imported the actor modules once) or spawned as a fresh interpreter (``actors.launch``
+says which and why; nothing here depends on it). It owns one ZeroMQ context (created after
+the process starts), one mailbox (a PULL socket bound at ``ipc://<run_dir>/<name>.mbox``)
+and one PUSH socket per peer it has sent to. Everything runs on the process's single
+thread: the loop polls the mailbox, any raw file descriptors the actor watches (client TCP
+sockets, process sentinels) and a wake-up pipe for signals, then runs due timers. Nothing
+is shared with other processes but files.
 
 Lifecycle, three visible phases:
   start   ``on_start()``: open resources; then the runtime reports ``_ready`` to the
@@ -40,6 +42,7 @@ import heapq
 import importlib
 import itertools
 import logging
+import multiprocessing
 import os
 import resource
 import signal
@@ -669,7 +672,9 @@ PR_SET_NAME = 15
 
 
 def _prctl_setup(name: str) -> None:
-    """Ask Linux to SIGTERM us if the supervisor dies (even by kill -9): no orphans; and
+    """Ask Linux to SIGTERM us if our parent dies (even by kill -9): the supervisor under
+    ``spawn``; under the fork server that server, which leaves when the supervisor dies
+    (``actors.launch``): no orphans either way; and
     name the process ``od:<actor>`` for ps -o comm, top and htop (15 bytes at most)."""
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -691,8 +696,9 @@ def raise_fd_limit() -> None:
 
 
 def actor_main(spec: dict) -> None:
-    """Entry point of a spawned actor process. ``spec`` is plain data:
-    ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor", "log_level", "rejoining"}``."""
+    """Entry point of an actor process (forked from the fork server, or spawned). ``spec`` is
+    plain data: ``{"name", "cls": "module:Class", "run_dir", "args", "supervisor",
+    "log_level", "rejoining"}``."""
     _prctl_setup(spec["name"])
     os.umask(PRIVATE_UMASK)
     raise_fd_limit()
@@ -704,8 +710,13 @@ def actor_main(spec: dict) -> None:
     actor = cls(spec["name"], spec["run_dir"], spec.get("args") or {}, spec.get("supervisor"))
     actor.rejoining = bool(spec.get("rejoining"))
     if spec.get("supervisor"):
-        # Belt and braces for the parent-death signal: notice a new parent within a second.
+        # Belt and braces for the parent-death signal: notice a new parent within a second,
+        # and the supervisor's death at once by the pipe only it holds open (multiprocessing's
+        # parent sentinel): under the fork server our parent is the server, not the supervisor.
         actor.call_every(1.0, lambda: os.getppid() != parent and actor.stop())
+        supervisor = multiprocessing.parent_process()
+        if supervisor is not None and supervisor.sentinel is not None:
+            actor.watch(supervisor.sentinel, lambda _ev: actor.stop())
     try:
         actor.run()
     except KeyboardInterrupt:

@@ -6,8 +6,10 @@ role: the spec names roles, counts and the class to run; the top layer (``odrade
 assembles the spec from the configuration.
 
 What it does:
-  * start: groups in spec order; each group's instances are spawned together and the next
-    group starts only once all of them reported ``_ready`` (``start_timeout``).
+  * start: groups in spec order; each group's instances are started together and the next
+    group starts only once all of them reported ``_ready`` (``start_timeout``). Actors are
+    forked from a fork server that has imported the spec's actor modules once, or spawned
+    as fresh interpreters (``start_method``; ``actors.launch`` has the kill paths).
   * watch: each child's process sentinel is in the poll loop, so a death is seen at once;
     psutil samples memory, CPU and open files; heartbeats carry each actor's own numbers.
     A child silent for ``liveness_timeout`` is killed and so restarted, unless the supervisor
@@ -22,8 +24,8 @@ What it does:
     the newest ones without failing a request: watchers stop routing to them and each
     sends a ``_fence`` after its last request; a retiring actor leaves after every fence.
   * stop: SIGTERM/SIGINT or ``shutdown``: groups in reverse order get ``_stop`` and
-    ``shutdown_timeout`` in all to leave; stragglers are killed; the run directory is left
-    without socket files.
+    ``shutdown_timeout`` in all to leave; stragglers are killed; the fork server is
+    stopped; the run directory is left without socket files.
 """
 from __future__ import annotations
 
@@ -40,6 +42,7 @@ from typing import Any, Callable
 
 import psutil
 
+from odradek.actors.launch import SOCKET_GLOB, Launcher
 from odradek.actors.message import Message
 from odradek.actors.names import SUPERVISOR, pool_member
 from odradek.actors.runtime import Actor, actor_main
@@ -122,7 +125,7 @@ class ShutdownRequested(Exception):
 class Supervisor(Actor):
     def __init__(self, run_dir: str, children: list[ChildSpec], policy: RestartPolicy | None = None,
                  on_ready: Callable[["Supervisor"], Any] | None = None, info: dict | None = None,
-                 log_level: str = "INFO"):
+                 log_level: str = "INFO", start_method: str | None = None):
         super().__init__(SUPERVISOR, run_dir, {}, None)
         self.specs = children
         self.policy = policy or RestartPolicy()
@@ -130,7 +133,9 @@ class Supervisor(Actor):
         self.info = info or {}
         self.log_level = log_level
         self.children: dict[str, Child] = {}
-        self.mp = multiprocessing.get_context("spawn")
+        # "forkserver" or "spawn"; None: $ODRADEK_ACTOR_START, else forkserver where available
+        self.start_method = start_method
+        self.launcher: Launcher | None = None  # made at start: a fork server is a process
         self.exit_code = 0
         self.fatal: str | None = None
         self.ready = False
@@ -141,6 +146,9 @@ class Supervisor(Actor):
     stop_signals = (signal.SIGTERM, signal.SIGINT)
 
     def on_start(self) -> None:
+        self.launcher = Launcher([spec.cls for spec in self.specs], self.start_method, socket_dir=self.run_dir)
+        self.launcher.start_server()  # before the first group: it imports the actor modules once
+        log.info("actors start by %s", self.launcher.method)
         for spec in self.specs:
             names = [spec.instance_name(i) for i in range(spec.count)]
             for name in names:
@@ -160,8 +168,7 @@ class Supervisor(Actor):
         spec = {"name": child.name, "cls": child.spec.cls, "run_dir": self.run_dir,
                 "args": child.spec.args, "supervisor": self.name, "log_level": self.log_level,
                 "rejoining": self.ready}
-        proc = self.mp.Process(target=actor_main, args=(spec,), name=f"odradek-{child.name}")
-        proc.start()
+        proc = self._start_process(spec)
         child.process = proc
         child.state = "starting"
         child.started_at = time.time()
@@ -172,6 +179,27 @@ class Supervisor(Actor):
         except psutil.Error:
             child.ps = None
         self.watch(proc.sentinel, lambda _ev, c=child, p=proc: self._on_exit(c, p))
+
+    def _start_process(self, spec: dict):
+        """Start one actor process. The fork server failing (it died mid-request, or a module
+        it preloads kills it at import) is tried once more, with a new server if it died;
+        failing again, every actor is spawned from then on."""
+        for attempt in (1, 2):
+            proc = self.launcher.Process(target=actor_main, args=(spec,), name=f"odradek-{spec['name']}")
+            try:
+                proc.start()
+                return proc
+            except (OSError, EOFError) as exc:
+                if self.launcher.method != "forkserver":
+                    raise
+                why = f"{type(exc).__name__}: {exc}"
+                if attempt == 1:
+                    log.warning("the fork server could not start %s (%s); trying again", spec["name"], why)
+                else:
+                    self.launcher.fall_back_to_spawn(why)
+        proc = self.launcher.Process(target=actor_main, args=(spec,), name=f"odradek-{spec['name']}")
+        proc.start()
+        return proc
 
     def _await_ready(self, names: list[str], timeout: float) -> None:
         """Block (running the mailbox) until every named child reported ready."""
@@ -341,8 +369,10 @@ class Supervisor(Actor):
                          "processed": hb.get("processed"), "open": hb.get("open"),
                          "backlog": hb.get("backlog", 0), "progress": hb.get("progress", ""),
                          "uptime": round(time.time() - child.started_at, 1) if child.started_at else None})
+        launcher = self.launcher
         return {"supervisor": {"pid": os.getpid(), "state": "running" if self.ready else "starting",
-                               **self.info},
+                               "actor_start": launcher.method if launcher else None,
+                               "fork_server": launcher.server_pid if launcher else None, **self.info},
                 "actors": [r for r in rows if r["state"] != "stopped"]}
 
     def on_shutdown(self, msg: Message) -> None:
@@ -456,6 +486,8 @@ class Supervisor(Actor):
             if child.process is not None and child.process.is_alive():
                 child.process.kill()
                 child.process.join(1.0)
+        if self.launcher is not None:
+            self.launcher.close()
         clear_run_dir(self.run_dir, keep_pidfile=False)
         log.info("actor tree stopped")
 
@@ -519,7 +551,8 @@ def claim_private_dir(path: str) -> None:
 
 
 def clear_run_dir(run_dir: str, keep_pidfile: bool = True) -> None:
-    for path in glob.glob(os.path.join(run_dir, "*.mbox")) + glob.glob(os.path.join(run_dir, "*.sock")):
+    for path in (glob.glob(os.path.join(run_dir, "*.mbox")) + glob.glob(os.path.join(run_dir, "*.sock"))
+                 + glob.glob(os.path.join(run_dir, SOCKET_GLOB))):
         try:
             os.unlink(path)
         except FileNotFoundError:

@@ -4,7 +4,7 @@
 127.0.0.1, port 0 unless told otherwise), waits for its ``odradek ready on HOST:PORT`` line,
 and always leaves nothing behind: ``stop()`` sends SIGTERM and, if the broker does not exit,
 SIGKILLs its whole process group and every actor it had. ``kill()`` simulates a crash
-(SIGKILL of the supervisor and of every actor). The same object can be started again on
+(SIGKILL of the supervisor, its fork server and every actor: ``children()`` lists them all). The same object can be started again on
 the same data directory. Used by the tests' fixtures and the benchmarks; the thread that
 reads the broker's stdout is the only thread it starts.
 """

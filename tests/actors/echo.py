@@ -1,5 +1,6 @@
 """Small actors used by the runtime's tests (they run in real spawned processes)."""
 import os
+import time
 
 from odradek.actors.runtime import Actor
 
@@ -41,3 +42,10 @@ class Crasher(Actor):
 
     def on_start(self):
         self.call_later(0.05, lambda: os._exit(7))
+
+
+class SlowStop(Echo):
+    """Takes ``stop_seconds`` to stop, as a log actor closing many partitions does."""
+
+    def on_stop(self):
+        time.sleep(float(self.args.get("stop_seconds", 2.0)))
