@@ -18,7 +18,10 @@ Accepts (addresses and message parts: ``odradek.actors.names``):
                         the throttled replicas of partitions led here (the topic's
                         ``leader.replication.throttled.replicas``, out of the ISR); what
                         they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
-                        over it they get no data until the rate has caught up
+                        over it they get no data until the rate has caught up. In cluster
+                        mode replica fetches wait for the first ``throttle`` after a start (at
+                        most ``THROTTLE_WAIT``): a restarted fetch actor knows no throttled
+                        replica, and served a move's copy at full speed until told
 A partition a log actor has not opened yet (it opens them lazily after a start: ``opening``
 in its first ``bounds`` and in its ``get_bounds`` answer) is opened on demand: a fetch or
 list-offsets touching one asks ``open_partitions`` of that log actor and is served once the
@@ -72,6 +75,7 @@ log = logging.getLogger("odradek.fetch")
 
 MAX_WAIT_MS = 60_000  # a longer max_wait_ms is capped, as a request must not hold forever
 ANSWER_MARGIN_MS = 1_000  # and the wait ends this long before the processor's request.timeout.ms
+THROTTLE_WAIT = 2.0  # seconds replica fetches wait for the broker agent's first word on throttles
 
 
 class FetchRequest:
@@ -108,11 +112,15 @@ class FetchActor(Actor):
         self.broker_epochs: dict[int, int] = {}  # live broker id -> the czxid of its registration
         self.served_bytes = 0
         self.refused_replica_fetches = 0
-        if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
-            self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
         self.quota = Quota(int((self.args.get("config") or {}).get("leader.replication.throttled.rate", UNLIMITED)),
                            time.monotonic())
         self.throttled: set[tuple[str, int, int]] = set()  # (topic, partition, replica)
+        # replica fetches held until the throttles are known (None: known, or no replicas here)
+        self.before_throttles: list[Message] | None = None
+        if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
+            self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
+            self.before_throttles = []
+            self.call_later(THROTTLE_WAIT, self._serve_held_replica_fetches)
 
     def on_stop(self) -> None:
         for reader in self.readers.values():
@@ -192,6 +200,16 @@ class FetchActor(Actor):
         self.quota.set_rate(int(msg.get("rate") or UNLIMITED), time.monotonic())
         self.throttled = {(t, p, r) for t, p, r in msg.get("parts") or ()}
         self.reply(msg, {})
+        self._serve_held_replica_fetches()
+
+    def _serve_held_replica_fetches(self) -> None:
+        """The throttles are known (or ``THROTTLE_WAIT`` passed without a word: serve anyway)."""
+        held, self.before_throttles = self.before_throttles, None
+        for msg in held or ():
+            try:
+                self.on_fetch(msg)
+            except OdradekError as exc:
+                self.reply_error(msg, exc.code, exc.message)
 
     def on_fetch(self, msg: Message) -> None:
         body = msg.get("body") or {}
@@ -206,6 +224,9 @@ class FetchActor(Actor):
         replica = _int(body, "replica_id", -1, lo=-1)
         if replica >= 0:
             self._check_broker_epoch(replica, body.get("broker_epoch"))
+            if self.before_throttles is not None:
+                self.before_throttles.append(msg)
+                return
         isolation = body.get("isolation_level", 0)
         if isolation not in (0, 1):
             raise OdradekError(f"isolation_level {isolation!r}: 0 (read_uncommitted) or 1 (read_committed)",
