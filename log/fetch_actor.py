@@ -309,6 +309,7 @@ class FetchActor(Actor):
         raise OdradekError(f"a fetch as replica {replica} refused: broker {replica} {why}; only a live "
                            f"broker's replica fetcher may fetch as a replica (consumers use replica_id -1)",
                            ErrorCode.STALE_BROKER_EPOCH)
+
     def _count_out(self, replica: int, topics: dict, records: dict) -> None:
         """Bytes served per topic: to consumers (Kafka's BytesOut) or to followers
         (ReplicationBytesOut); and the records served to consumers."""
