@@ -1,10 +1,7 @@
 """Actors forked from the preloaded fork server (``odradek.actors.launch``): every kill path
 leaves nothing behind, and the supervisor still restarts what dies."""
-import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import psutil
@@ -16,7 +13,7 @@ from odradek.local import LocalBroker, free_port_is
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey
 
-from tests.actors.test_runtime import ECHO, ROOT
+from tests.actors.test_runtime import ECHO, run_tree
 
 pytestmark = pytest.mark.skipif(not forkserver_available(), reason="no fork server (or no pidfd) here")
 
@@ -228,10 +225,8 @@ def test_spawn_remains_available_as_the_start_method(tree, monkeypatch):
 def test_a_module_that_kills_the_fork_server_at_import_falls_back_to_spawn_and_is_named(tmp_path):
     """The fork server imports every actor module first; one raising anything but ImportError
     kills it. The supervisor then spawns, and the broken actor fails as it would have."""
-    spec = json.dumps({"children": [ECHO, {"role": "broken", "cls": "tests.actors.broken:Broken"}],
-                       "policy": {"max_restarts": 1, "restart_window": 30, "backoff_initial": 0.01}})
-    proc = subprocess.run([sys.executable, "-m", "tests.actors.tree", spec, str(tmp_path / "run")], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+    proc = run_tree([ECHO, {"role": "broken", "cls": "tests.actors.broken:Broken"}], tmp_path / "run",
+                    {"max_restarts": 1, "restart_window": 30, "backoff_initial": 0.01})
     assert proc.returncode == 1
     assert "spawning actors from now on" in proc.stderr
     assert "broken died 2 times" in proc.stderr and "broken at import, on purpose" in proc.stderr

@@ -18,6 +18,13 @@ from odradek.network.protocol import ErrorCode, OdradekError
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def run_tree(children, run_dir, policy=None) -> subprocess.CompletedProcess:
+    """A supervisor tree in a subprocess, run until it exits by itself (within 60 s)."""
+    spec = json.dumps({"children": children, "policy": policy or {}})
+    return subprocess.run([sys.executable, "-m", "tests.actors.tree", spec, str(run_dir)], cwd=ROOT,
+                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+
+
 class Tree:
     """A supervisor tree in a subprocess; always stopped in teardown."""
 
@@ -135,10 +142,8 @@ def test_a_killed_child_is_restarted_and_status_shows_the_restart(tree):
 
 
 def test_a_child_that_keeps_dying_shuts_the_tree_down_naming_it(tmp_path):
-    spec = json.dumps({"children": [ECHO, {"role": "crasher", "cls": "tests.actors.echo:Crasher"}],
-                       "policy": {"max_restarts": 2, "restart_window": 30, "backoff_initial": 0.01}})
-    proc = subprocess.run([sys.executable, "-m", "tests.actors.tree", spec, str(tmp_path / "run")], cwd=ROOT,
-                          env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True, timeout=60)
+    proc = run_tree([ECHO, {"role": "crasher", "cls": "tests.actors.echo:Crasher"}], tmp_path / "run",
+                    {"max_restarts": 2, "restart_window": 30, "backoff_initial": 0.01})
     assert proc.returncode == 1
     assert "crasher died 3 times" in proc.stderr
     assert not [f for f in os.listdir(tmp_path / "run") if f.endswith(".mbox")]
@@ -154,9 +159,7 @@ def test_sigterm_stops_every_child_and_leaves_no_socket_file(tree):
 
 def test_a_second_supervisor_on_the_same_run_dir_is_refused(tree, tmp_path):
     t = tree([ECHO])
-    proc = subprocess.run([sys.executable, "-m", "tests.actors.tree", json.dumps({"children": [ECHO]}), t.run_dir],
-                          cwd=ROOT, env=dict(os.environ, PYTHONPATH=ROOT), capture_output=True, text=True,
-                          timeout=60)
+    proc = run_tree([ECHO], t.run_dir)
     assert proc.returncode != 0 and "another broker" in proc.stderr
     assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
 
