@@ -104,6 +104,11 @@ WRITE_TIMEOUT = 30.0
 READ_BYTES = 1 << 20
 MARKER_TIMEOUT = 30.0  # seconds a log actor (or another broker) has to write markers before the coordinator retries
 MARKER_RETRY = 0.5
+# seconds a finished transaction's COMPLETE record waits for its id's next record (the next
+# transaction's first AddPartitionsToTxn), which replaces it: one write per transaction saved
+# for a producer committing often. Safe to lose: a coordinator that loads PREPARE_COMMIT/ABORT
+# writes the markers again and then COMPLETE, as after a crash between the two records.
+COMPLETE_DEFER = 1.0
 # markers are answered once replicated to the ISR (as Kafka appends them with acks=all), before
 # the coordinator's own request timeout
 MARKERS_ACKS_ALL = {"acks": -1, "timeout_ms": int((MARKER_TIMEOUT - 5) * 1000)}
@@ -202,6 +207,7 @@ class TxnCoordinator(Actor):
         self.txns = TransactionManager(self.next_producer_id, int(config.get("transaction.max.timeout.ms", 900000)))
         self.waiting_end: dict[str, list[Message]] = {}  # EndTxn requests answered when markers land
         self.markers_in_flight: set[str] = set()
+        self.complete_due: dict[str, tuple] = {}  # txn id -> (Transaction, Timer): its COMPLETE record, deferred
         self.aborted_by_timeout = 0
         self.snapshot: dict = {"topics": {}}
         self.snapshot_ms = 0  # wall-clock ms when it was adopted
@@ -370,6 +376,9 @@ class TxnCoordinator(Actor):
             else:
                 self._create_state_topic(lambda: self._persist(t, then, fail, attempt), fail)
             return
+        due = self.complete_due.pop(t.txn_id, None)
+        if due is not None:
+            due[1].cancel()  # this record replaces the deferred COMPLETE one
         key, value = t.to_record()
         partition = self._partition_of(t.txn_id)
 
@@ -976,12 +985,20 @@ class TxnCoordinator(Actor):
             return
         t = self.txns.markers_written(t.txn_id, written, _now_ms())
         if t.state in COMPLETE:
-            log.info("transaction %r %s", t.txn_id, t.state.value)
-
             for msg in self.waiting_end.pop(t.txn_id, ()):
                 self.reply(msg, {"body": {"error_code": 0}})
-            # the COMPLETE record, not waited for: the markers are what makes the outcome
-            # durable; if this record is lost, a restart finds PREPARE and writes them again
+            log.debug("transaction %r %s", t.txn_id, t.state.value)
+            # The COMPLETE record, not waited for: the markers are what makes the outcome
+            # durable; if this record is lost, a restart finds PREPARE and writes them again.
+            # Deferred: the id's next record (its next transaction) replaces it.
+            self.complete_due[t.txn_id] = (t, self.call_later(COMPLETE_DEFER, lambda: self._write_complete(t)))
+
+    def _write_complete(self, t: Transaction) -> None:
+        due = self.complete_due.get(t.txn_id)
+        if due is None or due[0] is not t:
+            return
+        del self.complete_due[t.txn_id]
+        if self._current(t) and t.state in COMPLETE:
             self._persist(t, lambda: None, lambda _exc: None)
 
     def _abort_timed_out(self) -> None:

@@ -540,6 +540,13 @@ class _Transactions:
         self.adding: set = set()
         self.add_errors: dict = {}
         self._to_add: list = []  # asked for, not yet in a request
+        # The early path: the caller's thread writes a partition's AddPartitionsToTxn itself
+        # when the adder is idle (the adder, woken while the caller holds the GIL, would send
+        # it only when the caller blocks: after the transaction's sends). ``_add_conn``, the
+        # adder's own connection to the coordinator, is touched by one thread at a time: the
+        # caller only to write while nothing is being added, the adder otherwise.
+        self._add_conn: Connection | None = None
+        self._early: tuple | None = None  # (corr, partitions, answers) written by the caller, for the adder
         self.offsets_sent = False  # send_offsets_to_transaction() in the current transaction
         self._lock = threading.Lock()
         self._add_changed = threading.Condition(self._lock)
@@ -656,7 +663,18 @@ class _Transactions:
         if tp in self.partitions:
             return
         with self._lock:
+            idle = not self.adding and self._early is None
             self._want(tp)
+            conn = self._add_conn
+            if idle and conn is not None and conn.connected and self._to_add == [tp]:
+                answers: list = []
+                try:
+                    corr = conn.send(ApiKey.ADD_PARTITIONS_TO_TXN, self._add_body([tp]),
+                                     callback=lambda frame, err: answers.append((frame, err)))
+                except OdradekError:
+                    return  # the adder sends it its usual way
+                self._to_add = []
+                self._early = (corr, [tp], answers)
 
     def _want(self, tp: tuple) -> None:
         """Lock held: ask for ``tp`` unless it is added, being added or refused."""
@@ -680,25 +698,79 @@ class _Transactions:
             self._want(tp)  # a batch opened before a refusal was forgotten (begin) or none asked yet
             return None
 
+    def _add_body(self, tps: list) -> dict:
+        topics: dict[str, list] = {}
+        for topic, partition in tps:
+            topics.setdefault(topic, []).append(partition)
+        return {**self._ids(), "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+
+    @staticmethod
+    def _add_codes(answer: dict) -> list:
+        return [r["partition_error_code"] for t in answer.get("results") or () for r in t["results"]]
+
+    def _early_answer(self, early: tuple) -> bool:
+        """Adder thread: wait for the answer to the request the caller wrote; True if it
+        added the partitions, False to send them again the usual way (an error, a lost
+        connection, a coordinator that moved: ``_request`` retries and follows it)."""
+        corr, _, answers = early
+        conn = self._add_conn
+        deadline = time.monotonic() + self.p.request_timeout_ms / 1000
+        while not answers and conn.connected and time.monotonic() < deadline:
+            conn.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        if not answers:
+            conn.close("AddPartitionsToTxn unanswered")
+            return False
+        frame, err = answers[0]
+        return err is None and not any(self._add_codes(frame.header["body"]))
+
+    def _connect_adder(self) -> None:
+        """Adder thread, after an AddPartitionsToTxn succeeded: its own connection to the
+        coordinator (again, if the coordinator moved or the connection dropped)."""
+        address = self.coordinator.address
+        conn = self._add_conn
+        if address is None or (conn is not None and conn.connected and (conn.host, conn.port) == address):
+            return
+        if conn is not None:
+            conn.close("the transaction coordinator moved")
+        conn = Connection(address[0], address[1], self.p._cluster.client_id, self.p.request_timeout_ms,
+                          security=self.p._cluster.security)
+        try:
+            conn.connect()
+        except OdradekError:
+            conn = None
+        with self._lock:
+            self._add_conn = conn
+
     def _add_loop(self) -> None:
         """The adder thread: AddPartitionsToTxn for the partitions asked for (all those asked
-        meanwhile in one request), then wakes the sender."""
+        meanwhile in one request), or the answer to the one the caller wrote (``_early``),
+        then wakes the sender."""
         while True:
             with self._lock:
-                while not self._to_add and not self._closing:
+                while not self._to_add and self._early is None and not self._closing:
                     self._add_changed.wait()
                 if self._closing:
                     return
+                early = self._early
                 new, self._to_add = sorted(set(self._to_add)), []
-            topics: dict[str, list] = {}
-            for topic, partition in new:
-                topics.setdefault(topic, []).append(partition)
+            if early is not None:
+                if self._early_answer(early):
+                    with self._lock:
+                        self.partitions.update(early[1])
+                        self.adding.difference_update(early[1])
+                        self._early = None
+                        self._add_changed.notify_all()
+                    self.p._acc.wake()
+                    if new:
+                        with self._lock:
+                            self._to_add[:0] = new
+                    continue
+                new = sorted(set(new) | set(early[1]))
             error = None
             try:
-                self._request(ApiKey.ADD_PARTITIONS_TO_TXN,
-                              {**self._ids(), "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]},
-                              "AddPartitionsToTxn", None,
-                              lambda a: [r["partition_error_code"] for t in a.get("results") or () for r in t["results"]])
+                self._request(ApiKey.ADD_PARTITIONS_TO_TXN, self._add_body(new), "AddPartitionsToTxn", None,
+                              self._add_codes)
+                self._connect_adder()
             except OdradekError as exc:
                 error = exc
             except Exception as exc:  # noqa: BLE001 - a bug must fail the batches, not hang them
@@ -710,6 +782,7 @@ class _Transactions:
                 else:
                     self.add_errors.update((tp, error) for tp in new)
                 self.adding.difference_update(new)
+                self._early = None
                 self._add_changed.notify_all()
             self.p._acc.wake()  # the sender sends (or fails) the batches that waited
 
@@ -728,6 +801,9 @@ class _Transactions:
         with self._lock:
             self._closing = True
             self._add_changed.notify_all()
+        self._adder.join(5)
+        if self._add_conn is not None:
+            self._add_conn.close()
 
     def send_offsets(self, offsets, group_metadata, timeout: float | None) -> None:
         self._raise_if_fatal()
