@@ -247,6 +247,18 @@ class Actor:
             self._complete(corr, Message(ERROR, corr, None, error_fields(exc.code, exc.message)))
         return corr
 
+    def expect(self, callback: Callable[[Message], Any], to: str, type_: str, timeout: float | None = 30.0) -> int:
+        """A request another actor sends on our behalf (a message chained to one of ours, sent
+        once that one succeeded): ``callback(reply)`` as for ``request``, REQUEST_TIMED_OUT
+        after ``timeout`` if it never comes. Returns the corr to chain it with;
+        ``cancel_request`` forgets it if it will not be sent."""
+        corr = next(self._corr)
+        timer = None
+        if timeout is not None:
+            timer = self.call_later(timeout, lambda: self._expire(corr, to, type_, timeout))
+        self._waiting[corr] = (callback, timer)
+        return corr
+
     def _expire(self, corr: int, to: str, type_: str, timeout: float) -> None:
         if corr in self._waiting:
             self._complete(corr, Message(ERROR, corr, None, error_fields(

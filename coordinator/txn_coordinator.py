@@ -365,16 +365,18 @@ class TxnCoordinator(Actor):
         return self.txns.txns.get(t.txn_id) is t
 
     # ---- durable state: __transaction_state ------------------------------------------------
-    def _persist(self, t: Transaction, then, fail, attempt: int = 0) -> None:
+    def _persist(self, t: Transaction, then, fail, attempt: int = 0, chain: list | None = None) -> None:
         """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
         could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE, or
-        NOT_COORDINATOR once leadership moved)."""
+        NOT_COORDINATOR once leadership moved). ``chain``: messages (``[to, type, fields,
+        corr]``, their answers ``expect``-ed here) the log actor sends once the record is
+        stored, none if it is not (``fail`` then forgets them)."""
         if not self.partitions:
             if self.cluster_mode:
                 self.on_create_state_topic(None)
                 fail(OdradekError(f"{STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
             else:
-                self._create_state_topic(lambda: self._persist(t, then, fail, attempt), fail)
+                self._create_state_topic(lambda: self._persist(t, then, fail, attempt, chain), fail)
             return
         due = self.complete_due.pop(t.txn_id, None)
         if due is not None:
@@ -392,7 +394,7 @@ class TxnCoordinator(Actor):
                     code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
             if code in (ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.NOT_LEADER_OR_FOLLOWER) and attempt < 50 \
                     and partition in self.owned:
-                self.call_later(0.1, lambda: self._persist(t, then, fail, attempt + 1))  # a partition being opened
+                self.call_later(0.1, lambda: self._persist(t, then, fail, attempt + 1, chain))  # a partition being opened
                 return
             if code:
                 log.warning("%s: writing %r failed: %s", STATE_TOPIC, t.txn_id, why)
@@ -403,9 +405,11 @@ class TxnCoordinator(Actor):
             else:
                 then()
 
-        self.request(self._state_host(partition), "produce",
-                     {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, partition, 0]]},
-                     [encode_batch([(key, value)])], callback=answered, timeout=WRITE_TIMEOUT)
+        fields = {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, partition, 0]]}
+        if chain:
+            fields["then"] = chain
+        self.request(self._state_host(partition), "produce", fields, [encode_batch([(key, value)])],
+                     callback=answered, timeout=WRITE_TIMEOUT)
 
     def _create_state_topic(self, then, fail) -> None:
         """Single broker: one partition, created with the first transaction record."""
@@ -642,9 +646,20 @@ class TxnCoordinator(Actor):
         self.waiting_end.setdefault(txn_id, []).append(msg)
 
         def failed(exc: OdradekError) -> None:  # the PREPARE record is not stored: markers wait for a retry
+            for corr in chain:
+                self.cancel_request(corr[3])
+            if chain:
+                self.markers_in_flight.discard(txn_id)
             for waiting in self.waiting_end.pop(txn_id, ()):
                 self.reply_error(waiting, exc.code, exc.message)
-        self._persist(t, lambda: self._write_markers(t), failed)
+        # The markers this broker's log actors write go with the PREPARE record: its log actor
+        # sends them once it is stored (one hop less). Otherwise (markers for other brokers,
+        # partitions without a leader now), they go once the record's answer came.
+        chain: list = []
+        if self._write_markers(t, chain):
+            self._persist(t, lambda: None, failed, chain=chain)
+        else:
+            self._persist(t, lambda: self._write_markers(t), failed)
 
     # ---- markers -------------------------------------------------------------------------
     def _route_markers(self, t: Transaction, commit: bool) -> tuple[dict, dict, list, bool]:
@@ -695,21 +710,26 @@ class TxnCoordinator(Actor):
                     [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
         return local, remote, nothing, unrouted
 
-    def _write_markers(self, t: Transaction) -> None:
+    def _write_markers(self, t: Transaction, chain: list | None = None) -> bool:
         """Send the pending markers of ``t`` to the log actors hosting its partitions here and
         to the leaders of the others; when all landed the transaction completes and waiting
-        EndTxn requests are answered. What failed is retried after ``MARKER_RETRY``."""
+        EndTxn requests are answered. What failed is retried after ``MARKER_RETRY``.
+        With ``chain`` (before the PREPARE record is stored): only if every marker goes to an
+        actor of this broker, their messages are put in ``chain`` for the record's log actor
+        to send, and True is returned; else nothing is done and False returned."""
         if t.txn_id in self.markers_in_flight or not self._current(t) or t.state not in PREPARING:
-            return
+            return False
         commit = t.state == TxnState.PREPARE_COMMIT
         local, remote, nothing, unrouted = self._route_markers(t, commit)
+        if chain is not None and (remote or nothing or unrouted or not local):
+            return False
         if nothing:
             self._markers_done(t, nothing)
             if not self._current(t) or t.state not in PREPARING:
                 return
         if not local and not remote:
             self.call_later(MARKER_RETRY, lambda: self._write_markers(t))  # leaders unknown for now
-            return
+            return False
         self.markers_in_flight.add(t.txn_id)
         left = {"n": len(local) + len(remote), "written": [], "failed": False,
                 "offsets_unrouted": unrouted}
@@ -759,12 +779,13 @@ class TxnCoordinator(Actor):
 
         for host, markers in local.items():
             if host == GROUP_COORDINATOR:
-                self.request(host, "txn_offsets_end", {"producer_id": t.producer_id, "offsets": markers,
-                                                       "commit": commit}, callback=local_answered,
-                             timeout=MARKER_TIMEOUT)
+                type_, fields = "txn_offsets_end", {"producer_id": t.producer_id, "offsets": markers, "commit": commit}
             else:
-                self.request(host, "write_markers", {"markers": markers, **MARKERS_ACKS_ALL},
-                             callback=local_answered, timeout=MARKER_TIMEOUT)
+                type_, fields = "write_markers", {"markers": markers, **MARKERS_ACKS_ALL}
+            if chain is None:
+                self.request(host, type_, fields, callback=local_answered, timeout=MARKER_TIMEOUT)
+            else:
+                chain.append([host, type_, fields, self.expect(local_answered, host, type_, MARKER_TIMEOUT)])
 
         def remote_answered(broker: int, body: dict | None, error: OdradekError | None) -> None:
             if error is not None:
@@ -780,6 +801,7 @@ class TxnCoordinator(Actor):
         for broker, request in remote.items():
             self._send_remote(broker, {"producer_id": t.producer_id, "commit": commit, **request},
                               lambda body, error, b=broker: remote_answered(b, body, error))
+        return True
 
     def _send_remote(self, broker: int, request: dict, done: Callable) -> None:
         """WRITE_TXN_MARKERS to ``broker`` with this broker's identity (its id and the epoch of

@@ -553,7 +553,7 @@ class LogActor(Actor):
             timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
             delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
             return
-        self.reply(msg, delayed.body())
+        self._answers.append((msg, delayed.body()))  # in after_batch, once the fetch actor knows the new LSO
 
     def on_describe_producers(self, msg: Message) -> None:
         out = []
@@ -914,6 +914,31 @@ class LogActor(Actor):
         answers, self._answers = self._answers, []
         for msg, fields in answers:
             self.reply(msg, fields)
+            if msg.fields and msg.fields.get("then"):
+                self._send_chained(msg, fields)
+
+    def _send_chained(self, msg: Message, answer: dict) -> None:
+        """A produce with ``then: [[to, type, fields, corr], ...]`` (the transaction
+        coordinator's PREPARE record and the transaction's markers): once every partition of
+        it is written (and, acks=all, replicated), send those messages on the requester's
+        behalf, answered to it under its ``corr``: one hop less than its answer and its next
+        request. Nothing is sent if a partition failed (the requester forgets them)."""
+        try:
+            ok = all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
+        except (KeyError, TypeError):
+            ok = False
+        if not ok or not msg.reply_to:
+            return
+        for item in msg.fields["then"]:
+            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
+                    and isinstance(item[1], str) and isinstance(item[2], dict) and isinstance(item[3], int)):
+                log.error("%s: dropping a malformed chained message from %s: %r", self.name, msg.reply_to, item)
+                continue
+            to, type_, fields, corr = item
+            try:
+                self.send(to, type_, fields, corr=corr, reply_to=msg.reply_to)
+            except MailboxFull:  # the requester's timeout retries it
+                log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, type_, to)
 
     # ---- timers ------------------------------------------------------------------------
     def _each(self, what: str, fn, changes_bounds: bool = True, keys: list | None = None, start: int = 0) -> None:
