@@ -1,8 +1,8 @@
 """The fetch actor: serves reads of every partition, with long polls, without touching a byte.
 
 Process: ``fetch`` (one). It owns a read-only ``LogReader`` per partition, kept current by
-the ``bounds`` the log actors push after every batch of appends, and a purgatory of fetches
-waiting for data. It answers a fetch with *file regions* (path, position, length), which the
+the ``bounds`` the log actors push after every batch of appends to a partition it *watches*,
+and a purgatory of fetches waiting for data. It answers a fetch with *file regions* (path, position, length), which the
 client's processor sends with ``os.sendfile``: no record byte passes through this actor or
 any other process shared by every connection.
 Accepts (addresses and message parts: ``odradek.actors.names``):
@@ -22,11 +22,16 @@ Accepts (addresses and message parts: ``odradek.actors.names``):
                         mode replica fetches wait for the first ``throttle`` after a start (at
                         most ``THROTTLE_WAIT``): a restarted fetch actor knows no throttled
                         replica, and served a move's copy at full speed until told
-A partition a log actor has not opened yet (it opens them lazily after a start: ``opening``
-in its first ``bounds`` and in its ``get_bounds`` answer) is opened on demand: a fetch or
-list-offsets touching one asks ``open_partitions`` of that log actor and is served once the
-bounds are here.
-Sends: get_bounds to every log actor when it (re)starts; open_partitions (above); replica_progress {parts:
+Watching: a log actor tells the fetch actor of appends (and markers, high-watermark moves)
+only for the partitions it watches, a lease of ``WATCH_LEASE`` seconds asked for with
+``watch``: a fetch or list-offsets touching a partition not watched (or still opening in its
+log actor after a start: ``opening`` in its first ``bounds`` and ``get_bounds`` answer) asks
+``watch`` of that log actor and is served once the fresh bounds are here (one round trip, the
+first time); one touching a lease with less than half left renews it on the way. A producer
+writing to partitions nobody reads (a transaction's ``__transaction_state`` record, a topic
+without consumers yet) costs no message to this actor per append. Leases are forgotten when
+a log actor restarts (it has none).
+Sends: get_bounds to every log actor when it (re)starts; watch (above); replica_progress {parts:
 [ReplicaProgress]} to the leader's log actor when a follower fetched; get_broker_epochs to the
 controller (cluster mode).
 Transactions: a ``read_committed`` fetch (``isolation_level`` 1) of a consumer reads up to the
@@ -61,7 +66,7 @@ import os
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.runtime import Actor
+from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.errors import OffsetOutOfRangeError
 from odradek.actors.names import CONTROLLER, LOG, LogBounds, partition_dir
@@ -76,6 +81,11 @@ log = logging.getLogger("odradek.fetch")
 MAX_WAIT_MS = 60_000  # a longer max_wait_ms is capped, as a request must not hold forever
 ANSWER_MARGIN_MS = 1_000  # and the wait ends this long before the processor's request.timeout.ms
 THROTTLE_WAIT = 2.0  # seconds replica fetches wait for the broker agent's first word on throttles
+# Seconds a log actor tells us of a partition's appends once asked (``watch``); renewed when
+# less than half is left, so a fetch held for MAX_WAIT_MS never outlives its lease.
+WATCH_LEASE = 150.0
+WATCH_MARGIN = 1.0  # our end of a lease is this much before the log actor's (it starts later)
+assert WATCH_LEASE / 2 > MAX_WAIT_MS / 1000 + WATCH_MARGIN
 
 
 class FetchRequest:
@@ -109,6 +119,7 @@ class FetchActor(Actor):
         self.txn_indexes: dict[tuple[str, int], tuple[int, TxnIndex]] = {}  # (file size, index) per partition
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
         self.opening: dict[tuple[str, int], str] = {}  # not yet opened by its log actor (named) after a start
+        self.watch_until: dict[tuple[str, int], float] = {}  # partition -> when its watch lease ends (monotonic)
         self.broker_epochs: dict[int, int] = {}  # live broker id -> the czxid of its registration
         self.served_bytes = 0
         self.refused_replica_fetches = 0
@@ -133,6 +144,7 @@ class FetchActor(Actor):
     # ---- bounds from the log actors ----------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
         if role == LOG:  # after our own restart, or a log actor's: learn every partition
+            self.watch_until.clear()  # a restarted log actor watches nothing
             for host in members:
                 self.request(host, "get_bounds", callback=self._bounds_reply, timeout=30.0)
 
@@ -156,6 +168,7 @@ class FetchActor(Actor):
             self.roles.pop((topic, partition), None)
             self.stable.pop((topic, partition), None)
             self.txn_indexes.pop((topic, partition), None)
+            self.watch_until.pop((topic, partition), None)
             if reader is not None:
                 reader.close()
         touched, new_roles = [], False
@@ -231,7 +244,7 @@ class FetchActor(Actor):
         if isolation not in (0, 1):
             raise OdradekError(f"isolation_level {isolation!r}: 0 (read_uncommitted) or 1 (read_committed)",
                                ErrorCode.INVALID_REQUEST)
-        if self._opened_first(msg, [(p[0], p[1]) for p in parts], self.on_fetch):
+        if self._fresh_first(msg, [(p[0], p[1]) for p in parts], self.on_fetch):
             return
         req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica,
                            committed=isolation == 1 and replica < 0)
@@ -244,31 +257,57 @@ class FetchActor(Actor):
         for topic, partition, *_ in parts:
             self.waiting.setdefault((topic, partition), set()).add(req)
 
-    def _opened_first(self, msg: Message, keys, serve) -> bool:
-        """True if some of ``keys`` are still opening in their log actor (after its start):
-        it is asked to open them now, and ``serve(msg)`` runs again once it has (their
-        bounds are here by then). Never answered UNKNOWN_TOPIC_OR_PARTITION meanwhile."""
-        keys = [k for k in keys if k in self.opening]
-        if not keys:
+    def _fresh_first(self, msg: Message, keys, serve) -> bool:
+        """True if some of ``keys`` are not watched (or still opening in their log actor
+        after its start): their log actors are asked to ``watch`` them (opening them), and
+        ``serve(msg)`` runs again once they answered (the fresh bounds are here by then).
+        Leases with less than half left are renewed on the way, without waiting. Never
+        answered UNKNOWN_TOPIC_OR_PARTITION for a partition still opening."""
+        now = time.monotonic()
+        need: dict[str, list] = {}
+        renew: dict[str, list] = {}
+        for key in set(keys):
+            host = self.opening.get(key)
+            if host is not None:
+                need.setdefault(host, []).append(key)
+                continue
+            role = self.roles.get(key)
+            if role is None:
+                continue  # not here: answered as such
+            left = self.watch_until.get(key, 0.0) - now
+            if left <= 0:
+                need.setdefault(role[2], []).append(key)
+            elif left < WATCH_LEASE / 2:
+                renew.setdefault(role[2], []).append(key)
+        for host, wanted in renew.items():
+            try:
+                self.send(host, "watch", {"parts": [list(k) for k in wanted], "seconds": WATCH_LEASE})
+            except MailboxFull:
+                continue  # asked again by the next fetch; the lease still holds
+            for key in wanted:
+                self.watch_until[key] = now + WATCH_LEASE - WATCH_MARGIN
+        if not need:
             return False
-        by_host: dict[str, list] = {}
-        for key in keys:
-            by_host.setdefault(self.opening[key], []).append(list(key))
-        left = [len(by_host)]
+        left = [len(need)]
 
-        def opened(_reply: Message) -> None:
+        def watched(reply: Message, host: str, wanted: list) -> None:
+            # Not watched (the log actor down, a timeout): serve what we know, ask again in a second.
+            until = now + (WATCH_LEASE - WATCH_MARGIN if not reply.is_error else 1.0)
+            for key in wanted:  # opened, or failed to (offline): not asked again either way
+                self.opening.pop(key, None)
+                if key in self.roles:
+                    self.watch_until[key] = until
             left[0] -= 1
             if left[0]:
                 return
-            for key in keys:  # opened, or failed to (offline): not asked again either way
-                self.opening.pop(key, None)
             try:
                 serve(msg)
             except OdradekError as exc:
                 self.reply_error(msg, exc.code, exc.message)
 
-        for host, wanted in by_host.items():
-            self.request(host, "open_partitions", {"parts": wanted}, callback=opened, timeout=60.0)
+        for host, wanted in need.items():
+            self.request(host, "watch", {"parts": [list(k) for k in wanted], "seconds": WATCH_LEASE},
+                         callback=lambda reply, host=host, wanted=wanted: watched(reply, host, wanted), timeout=60.0)
         return True
 
     def _try(self, req: FetchRequest, final: bool) -> bool:
@@ -422,7 +461,7 @@ class FetchActor(Actor):
         body = msg.get("body") or {}
         keys = [(t.get("name"), p.get("index")) for t in body.get("topics") or [] if isinstance(t, dict)
                 for p in t.get("partitions") or [] if isinstance(p, dict)]
-        if self._opened_first(msg, keys, self.on_list_offsets):
+        if self._fresh_first(msg, keys, self.on_list_offsets):
             return
         topics = []
         committed = body.get("isolation_level") == 1  # read_committed: "latest" is the last stable offset

@@ -35,14 +35,18 @@ Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKe
 it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
 messages, every partition that changed (``bounds {parts: [PartitionBounds], closed, host}``:
 its ``LogBounds``, leader epoch, role and last stable offset): that is how long-poll fetches
-learn that data arrived.
+learn that data arrived. Appends, markers and high-watermark moves are told only for the
+partitions the fetch actor *watches* (it serves them: a lease it renews with each fetch or
+list-offsets, ``watch``); a partition nobody reads costs no message per append. Every other
+change (a role, an opening or closing, a truncation, retention) is always told.
 Producer ids: a batch whose producer id its partition does not know yet must carry the tag
 of an id a transaction coordinator handed out (``log.producer_ids``), else
 INVALID_PRODUCER_ID_MAPPING; the sequence checks are the ``Log``'s (``log.producer_state``);
 a retried batch is answered with its first append's offsets.
-  open_partitions {parts: [[topic, partition]]}   from the fetch actor: open these now (a
-                                    fetch or list-offsets waits for them); answered {} once
-                                    the fetch actor has their bounds
+  watch {parts: [[topic, partition]], seconds}   from the fetch actor, which serves these
+                                    partitions: tell it their appends for ``seconds``, opening
+                                    any still waiting to open (a fetch or list-offsets waits
+                                    for them); their bounds go at once, then the answer {}
 Opening lazily: ``on_start`` asks the controller for the assignment and registers every
 partition as not yet open (``unopened``: no file is touched), so the actor, and the broker,
 is ready at once whatever the partition count and however many need recovery after a
@@ -53,7 +57,7 @@ request touching a partition not open yet opens it first (``_partition``), bound
 one partition's recovery: nothing is refused NOT_LEADER_OR_FOLLOWER or
 UNKNOWN_TOPIC_OR_PARTITION for a partition that exists but is still opening. The fetch
 actor learns the still-opening set (``opening`` in the first ``bounds`` push and in the
-``get_bounds`` answer) and asks ``open_partitions`` before serving a fetch or list-offsets
+``get_bounds`` answer) and asks ``watch`` before serving a fetch or list-offsets
 that touches one; every partition's bounds reach it when it opens. In cluster mode the
 assignment entry's role (leader, epoch, ISR) is applied as each partition opens. A
 partition that fails to open stays offline, logged. ``stats`` counts ``opening``; timers
@@ -191,6 +195,7 @@ class LogActor(Actor):
             log.warning("producer-id key not loaded yet (%s): loaded when a producer id needs checking", exc)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._dirty: set[tuple[str, int]] = set()
+        self._watched: dict[tuple[str, int], float] = {}  # partition -> when the fetch actor's lease ends
         self._closed: list[tuple[str, int]] = []
         self._answers: list[tuple[Message, dict]] = []
         self.appends = 0
@@ -288,7 +293,7 @@ class LogActor(Actor):
             info = p.log.append(batch, leader_epoch=p.leader_epoch, crc_checked=True)  # the handler checked the CRC
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
-        self._dirty.add((topic, partition))
+        self._data_changed((topic, partition))
         if not info.duplicate:  # an idempotent producer's retry is answered with the first append's offsets
             self.appends += 1
             self.metrics.inc("bytes_in", (topic,), info.size)
@@ -373,7 +378,7 @@ class LogActor(Actor):
                 hw = min(hw, f.log_end_offset)
         if hw > p.log.high_watermark:
             p.log.high_watermark = hw
-            self._dirty.add((p.topic, p.partition))
+            self._data_changed((p.topic, p.partition))
         if p.waiting:
             self._complete_waiting(p)
 
@@ -535,7 +540,7 @@ class LogActor(Actor):
                                        f"min.insync.replicas is {p.log.config.min_insync_replicas}",
                                        ErrorCode.NOT_ENOUGH_REPLICAS)
                 info = p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
-                self._dirty.add((topic, partition))
+                self._data_changed((topic, partition))
                 self._advance_high_watermark(p)
                 row = {"topic": topic, "partition": partition, "error_code": 0}
                 results.append(row)
@@ -806,14 +811,29 @@ class LogActor(Actor):
                                  f"{time.monotonic() - self._opening_began:.1f}s", done=True)
             self._to_open = 0
 
-    def on_open_partitions(self, msg: Message) -> None:
-        """From the fetch actor: a fetch or list-offsets needs these partitions, still waiting
-        for the background opening; open them now, tell the fetch actor their bounds, then
-        answer (so its retry finds them)."""
+    def on_watch(self, msg: Message) -> None:
+        """From the fetch actor: it serves these partitions (a fetch, a list-offsets); tell it
+        their appends for ``seconds`` (its lease, renewed while it serves them), opening any
+        still waiting for the background opening. Their bounds go now, in ``after_batch``,
+        then the answer (the same pipe: it has them when its retry runs)."""
+        seconds = msg.get("seconds")
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 < seconds <= 3600:
+            raise OdradekError(f"seconds must be in (0, 3600], got {seconds!r}", ErrorCode.INVALID_REQUEST)
+        until = time.monotonic() + seconds
         for part in msg.get("parts") or ():
             if isinstance(part, (list, tuple)) and len(part) == 2:
-                self._partition((part[0], part[1]))
-        self._tell_fetch_actor_then(lambda: self.reply(msg, {}))
+                key = (part[0], part[1])
+                if self._partition(key) is not None:
+                    self._watched[key] = until
+                    self._dirty.add(key)
+        if msg.reply_to:
+            self._answers.append((msg, {}))
+
+    def _data_changed(self, key: tuple[str, int]) -> None:
+        """An append, a marker or a high-watermark move: the fetch actor hears of it if it
+        watches the partition (``on_watch``); else it asks when it next serves it."""
+        if self._watched.get(key, 0.0) > time.monotonic():
+            self._dirty.add(key)
 
     def _open_partition(self, entry: dict, files: FileLayer | None = None) -> PartitionLog:
         """Open (recovering if needed) a hosted partition. Single-broker ``assign`` entries
@@ -873,6 +893,7 @@ class LogActor(Actor):
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             p.log.close()
         self._dirty.discard((topic, partition))
+        self._watched.pop((topic, partition), None)
         self._closed.append((topic, partition))
         directory = partition_dir(self.data_dir, topic, partition)
         if delete and os.path.isdir(directory):

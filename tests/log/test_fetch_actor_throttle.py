@@ -27,7 +27,7 @@ def started_fetch_actor(tmp_path, cluster: bool = True):
     actor.broker_epochs = {2: 1002}
     served, replies = [], []
     # where a fetch starts being served: record it, with the throttles in force at that moment
-    actor._opened_first = lambda msg, keys, serve: served.append((msg, set(actor.throttled), actor.quota.rate)) or True
+    actor._fresh_first = lambda msg, keys, serve: served.append((msg, set(actor.throttled), actor.quota.rate)) or True
     actor.reply = lambda msg, fields: replies.append((msg, fields))
     return actor, timers, served, replies
 

@@ -27,6 +27,7 @@ class LeaderUnderTest(LogActor):
         self.name, self.broker_id, self.lag_max_ms = "log-0", broker_id, 30000
         self.logs, self.unopened = {}, {}
         self._dirty, self._closed, self._answers, self._announce_opening = set(), [], [], False
+        self._watched = {}
         self.metrics = Metrics()
         self.asked: list[tuple[dict, object]] = []  # (alter_isr fields, callback)
 
