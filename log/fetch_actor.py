@@ -73,7 +73,7 @@ from odradek.actors.names import CONTROLLER, LOG, LogBounds, partition_dir
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogReader
-from odradek.log.throttle import UNLIMITED, Quota
+from odradek.log.throttle import BURST_SECONDS, UNLIMITED, Quota
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.fetch")
@@ -126,6 +126,7 @@ class FetchActor(Actor):
         self.quota = Quota(int((self.args.get("config") or {}).get("leader.replication.throttled.rate", UNLIMITED)),
                            time.monotonic())
         self.throttled: set[tuple[str, int, int]] = set()  # (topic, partition, replica)
+        self.first_throttle = True  # the next throttle word is the first since this start
         # replica fetches held until the throttles are known (None: known, or no replicas here)
         self.before_throttles: list[Message] | None = None
         if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
@@ -211,6 +212,9 @@ class FetchActor(Actor):
     # ---- fetch -------------------------------------------------------------------------
     def on_throttle(self, msg: Message) -> None:
         self.quota.set_rate(int(msg.get("rate") or UNLIMITED), time.monotonic())
+        if self.first_throttle:  # after a start: what the predecessor owed is not known, assume a full burst
+            self.first_throttle = False
+            self.quota.owe(BURST_SECONDS)
         self.throttled = {(t, p, r) for t, p, r in msg.get("parts") or ()}
         self.reply(msg, {})
         self._serve_held_replica_fetches()

@@ -28,6 +28,13 @@ class Quota:
         self.rate = int(rate)
         self.budget = min(self.budget, self.rate * BURST_SECONDS)
 
+    def owe(self, seconds: float) -> None:
+        """Start in debt, as if the last ``seconds`` had been spent at the rate: a restarted
+        actor lost its predecessor's debt (a fetch may take the budget below zero), and
+        starting from nothing served that fetch's bytes again for free."""
+        if self.limited:
+            self.budget = min(self.budget, -self.rate * seconds)
+
     def _refill(self, now: float) -> None:
         if self.limited:
             self.budget = min(self.budget + (now - self.updated) * self.rate, self.rate * BURST_SECONDS)
