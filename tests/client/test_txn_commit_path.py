@@ -212,3 +212,21 @@ def test_a_coordinator_killed_before_the_complete_record_writes_the_markers_agai
         assert read_committed(b.bootstrap, topic, 2) == [b"one", b"two"]
     finally:
         b.discard()
+
+
+def test_perf_txn_commits_every_1000_records_with_each_client_and_reports_commit_latency(broker, capsys):
+    """``odradek perf txn`` (the goal's benchmark): each client's own send loop, the
+    transactional and the idempotent run of the same records, one JSON line each."""
+    import json
+
+    from odradek.bench import txn
+    assert txn.main(["--bootstrap-server", broker.bootstrap, "--client", "odradek,confluent", "--num-records", "3000",
+                     "--runs", "1", "--baseline", "--json"]) == 0
+    runs = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line.startswith("{")]
+    assert sorted((r["client"], r["transactional"]) for r in runs) == [
+        ("confluent", False), ("confluent", True), ("odradek", False), ("odradek", True)]
+    for r in runs:
+        assert r["records_per_s"] > 0
+        assert r["commits"] == (3 if r["transactional"] else 0)
+        if r["transactional"]:
+            assert 0 < r["commit_p50_ms"] <= r["commit_p99_ms"]
