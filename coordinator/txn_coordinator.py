@@ -726,7 +726,7 @@ class TxnCoordinator(Actor):
         if nothing:
             self._markers_done(t, nothing)
             if not self._current(t) or t.state not in PREPARING:
-                return
+                return False
         if not local and not remote:
             self.call_later(MARKER_RETRY, lambda: self._write_markers(t))  # leaders unknown for now
             return False

@@ -801,7 +801,7 @@ class _Transactions:
         with self._lock:
             self._closing = True
             self._add_changed.notify_all()
-        self._adder.join(5)
+        self._adder.join(1.0)  # idle, it returns at once; one stuck in a retry must not hold close()
         if self._add_conn is not None:
             self._add_conn.close()
 
