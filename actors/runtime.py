@@ -236,11 +236,7 @@ class Actor:
         or with a REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr.
         If the peer's queue is full the callback runs at once, before this returns, with a
         REQUEST_TIMED_OUT error."""
-        corr = next(self._corr)
-        timer = None
-        if timeout is not None:
-            timer = self.call_later(timeout, lambda: self._expire(corr, to, type_, timeout))
-        self._waiting[corr] = (callback or _ignore, timer)
+        corr = self.expect(callback or _ignore, to, type_, timeout)
         try:
             self.send(to, type_, fields, frames, corr=corr, reply_to=self.name)
         except MailboxFull as exc:

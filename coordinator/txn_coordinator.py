@@ -644,6 +644,10 @@ class TxnCoordinator(Actor):
             self.reply(msg, {"body": {"error_code": 0}})
             return
         self.waiting_end.setdefault(txn_id, []).append(msg)
+        # The markers this broker's log actors write go with the PREPARE record: its log actor
+        # sends them once it is stored (one hop less). Otherwise (markers for other brokers,
+        # partitions without a leader now), they go once the record's answer came.
+        chain: list = []
 
         def failed(exc: OdradekError) -> None:  # the PREPARE record is not stored: markers wait for a retry
             for corr in chain:
@@ -652,10 +656,6 @@ class TxnCoordinator(Actor):
                 self.markers_in_flight.discard(txn_id)
             for waiting in self.waiting_end.pop(txn_id, ()):
                 self.reply_error(waiting, exc.code, exc.message)
-        # The markers this broker's log actors write go with the PREPARE record: its log actor
-        # sends them once it is stored (one hop less). Otherwise (markers for other brokers,
-        # partitions without a leader now), they go once the record's answer came.
-        chain: list = []
         if self._write_markers(t, chain):
             self._persist(t, lambda: None, failed, chain=chain)
         else:

@@ -285,7 +285,7 @@ class FetchActor(Actor):
                 renew.setdefault(role[2], []).append(key)
         for host, wanted in renew.items():
             try:
-                self.send(host, "watch", {"parts": [list(k) for k in wanted], "seconds": WATCH_LEASE})
+                self.send(host, "watch", _watch_fields(wanted))
             except MailboxFull:
                 continue  # asked again by the next fetch; the lease still holds
             for key in wanted:
@@ -294,7 +294,7 @@ class FetchActor(Actor):
             return False
         left = [len(need)]
 
-        def watched(reply: Message, host: str, wanted: list) -> None:
+        def watched(reply: Message, wanted: list) -> None:
             # Not watched (the log actor down, a timeout): serve what we know, ask again in a second.
             until = now + (WATCH_LEASE - WATCH_MARGIN if not reply.is_error else 1.0)
             for key in wanted:  # opened, or failed to (offline): not asked again either way
@@ -310,8 +310,8 @@ class FetchActor(Actor):
                 self.reply_error(msg, exc.code, exc.message)
 
         for host, wanted in need.items():
-            self.request(host, "watch", {"parts": [list(k) for k in wanted], "seconds": WATCH_LEASE},
-                         callback=lambda reply, host=host, wanted=wanted: watched(reply, host, wanted), timeout=60.0)
+            self.request(host, "watch", _watch_fields(wanted),
+                         callback=lambda reply, wanted=wanted: watched(reply, wanted), timeout=60.0)
         return True
 
     def _try(self, req: FetchRequest, final: bool) -> bool:
@@ -498,6 +498,10 @@ class FetchActor(Actor):
             if found is not None and found.offset < b.high_watermark:
                 entry.update(timestamp=found.timestamp, offset=max(found.offset, b.log_start_offset))
         return entry
+
+
+def _watch_fields(keys: list) -> dict:
+    return {"parts": [list(k) for k in keys], "seconds": WATCH_LEASE}
 
 
 def _fail(entry: dict, code: int, message: str) -> dict:

@@ -759,11 +759,9 @@ class _Transactions:
                         self.partitions.update(early[1])
                         self.adding.difference_update(early[1])
                         self._early = None
+                        self._to_add[:0] = new  # asked meanwhile: the next turn sends them
                         self._add_changed.notify_all()
                     self.p._acc.wake()
-                    if new:
-                        with self._lock:
-                            self._to_add[:0] = new
                     continue
                 new = sorted(set(new) | set(early[1]))
             error = None

@@ -8,7 +8,6 @@ COMPLETE record (the markers are written again, the records are read once)."""
 from __future__ import annotations
 
 import multiprocessing
-import socket
 import sys
 import time
 import uuid
@@ -19,6 +18,7 @@ from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.cluster import Cluster
 from odradek.local import LocalBroker
 from odradek.transactions import describe
+from tests.client.test_transactions import free_port
 
 STATE_TOPIC = "__transaction_state"
 
@@ -110,17 +110,11 @@ def test_the_partition_is_added_while_the_callers_thread_still_holds_the_gil(bro
     assert read_committed(broker.bootstrap, topic, 2) == [b"first", b"second"]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_a_lost_coordinator_connection_sends_the_partition_again_the_usual_way(tmp_path):
     """The broker is killed -9 and restarted between two transactions: the caller writes the
     second one's AddPartitionsToTxn into a dead connection; the adder sends it again (finding
     the coordinator, retrying while it loads) and the commit goes through, each record once."""
-    port = _free_port()
+    port = free_port()
     b = LocalBroker(str(tmp_path / "b"), {"shutdown.timeout.ms": 10000, "listeners": f"PLAINTEXT://127.0.0.1:{port}"},
                     start_timeout=240).start()
     try:
@@ -179,7 +173,7 @@ def test_a_coordinator_killed_before_the_complete_record_writes_the_markers_agai
     """kill -9 right after a commit returned (its CompleteCommit record still deferred): the
     restarted coordinator loads PrepareCommit, writes the markers again and completes; the
     producer's next transaction goes through and every record is read exactly once."""
-    port = _free_port()
+    port = free_port()
     b = LocalBroker(str(tmp_path / "b"), {"shutdown.timeout.ms": 10000, "listeners": f"PLAINTEXT://127.0.0.1:{port}"},
                     start_timeout=240).start()
     try:
