@@ -56,10 +56,14 @@ def make_topic(bootstrap: str, partitions: int = 1) -> str:
     return name
 
 
-def produce(bootstrap: str, topic: str, values: list, partition: int | None = None) -> None:
+def produce(bootstrap: str, topic: str, values: list, partition: int | None = None, spread: int = 0) -> None:
+    """``values`` to ``partition``, or round-robin over partitions 0..spread-1, or where librdkafka's
+    partitioner puts them (which, on a loaded machine, can be one partition for all of them)."""
     p = KafkaProducer({"bootstrap.servers": bootstrap, "linger.ms": 5})
-    for v in values:
-        if partition is None:
+    for i, v in enumerate(values):
+        if spread:
+            p.produce(topic, value=v, partition=i % spread)
+        elif partition is None:
             p.produce(topic, value=v)
         else:
             p.produce(topic, value=v, partition=partition)
@@ -110,7 +114,8 @@ def test_every_group_api_a_kafka_client_sends_is_advertised_by_api_versions():
 
 def test_confluent_consumer_group_commits_and_a_new_consumer_resumes_from_the_commit(bootstrap, group):
     topic = make_topic(bootstrap, 3)
-    produce(bootstrap, topic, [b"a%d" % i for i in range(60)])
+    # every partition gets records, so each has a position to commit (an empty one has none)
+    produce(bootstrap, topic, [b"a%d" % i for i in range(60)], spread=3)
     c = consumer(bootstrap, group)
     c.subscribe([topic])
     first = poll_values(c, 60)
@@ -380,7 +385,7 @@ def test_a_classic_group_survives_its_coordinators_restart_without_a_rebalance(t
         revoked = []
         c = consumer(bootstrap, group)
         c.subscribe([topic], on_revoke=lambda cons, ps: revoked.append(ps))
-        produce(bootstrap, topic, [b"p%d" % i for i in range(20)])
+        produce(bootstrap, topic, [b"p%d" % i for i in range(20)], spread=2)
         assert len(poll_values(c, 20)) == 20
         c.commit(asynchronous=False)
         old_pid = b.actor("group_coordinator")["pid"]
