@@ -305,6 +305,17 @@ class Actor:
         except MailboxFull:
             log.error("%s: could not answer %s (corr %d): its mailbox is full", self.name, to, corr)
 
+    def answer_chained(self, msg: Message, fields: dict | None = None) -> list:
+        """``msg``'s answer as a chained message (``[to, type, fields, corr]``) for another
+        actor to send on our behalf once it did its part (a log actor, once a record is
+        stored): one hop less than that actor answering us and us answering. Call
+        ``answered_elsewhere(msg)`` once it is sent, or answer ``msg`` as usual if it is not."""
+        return [msg.reply_to, REPLY, fields or {}, msg.corr]
+
+    def answered_elsewhere(self, msg: Message) -> None:
+        """``msg`` was answered by another actor on our behalf: it is no longer open here."""
+        self._unanswered.pop((msg.reply_to, msg.corr), None)
+
     def forward(self, msg: Message, to: str, type_: str | None = None, fields: dict | None = None,
                 frames: Sequence[Any] | None = None) -> None:
         """Pass a request on: the next actor answers the original requester directly."""

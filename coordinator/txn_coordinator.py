@@ -369,7 +369,8 @@ class TxnCoordinator(Actor):
         """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
         could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE, or
         NOT_COORDINATOR once leadership moved). ``chain``: messages (``[to, type, fields,
-        corr]``, their answers ``expect``-ed here) the log actor sends once the record is
+        corr]``: requests whose answers are ``expect``-ed here, or the answer to one of our
+        requesters, ``answer_chained``) the log actor sends once the record is
         stored, none if it is not (``fail`` then forgets them)."""
         if not self.partitions:
             if self.cluster_mode:
@@ -505,10 +506,20 @@ class TxnCoordinator(Actor):
         except OdradekError as exc:
             self.reply_error(msg, exc.code, exc.message)
 
-    def _answer_stored(self, msg: Message, t: Transaction, body: dict) -> None:
-        """Answer ``msg`` with ``body`` once ``t``'s record is stored."""
-        self._persist(t, lambda: self.reply(msg, {"body": body}),
-                      lambda exc: self.reply_error(msg, exc.code, exc.message))
+    def _answer_stored(self, msg: Message, t: Transaction, body: dict,
+                       failed: Callable[[OdradekError], None] | None = None) -> None:
+        """Answer ``msg`` with ``body`` once ``t``'s record is stored: the record's log actor
+        sends that answer itself, chained to the write (one hop less on the way back to the
+        client). If the record is not stored, nothing was sent: ``failed(exc)`` answers
+        (by default with the error)."""
+        if failed is None:
+            def failed(exc: OdradekError) -> None:
+                self.reply_error(msg, exc.code, exc.message)
+        if not msg.reply_to:
+            self._persist(t, lambda: None, failed)
+            return
+        self._persist(t, lambda: self.answered_elsewhere(msg), failed,
+                      chain=[self.answer_chained(msg, {"body": body})])
 
     def init_producer_id(self, msg: Message, body: dict) -> None:
         txn_id = body.get("transactional_id")
@@ -562,8 +573,7 @@ class TxnCoordinator(Actor):
         if before == (t.state, t.partitions):
             self.reply(msg, {"body": answer(0)})  # nothing new to store
             return
-        self._persist(t, lambda: self.reply(msg, {"body": answer(0)}),
-                      lambda exc: self.reply(msg, {"body": answer(int(exc.code))}))
+        self._answer_stored(msg, t, answer(0), lambda exc: self.reply(msg, {"body": answer(int(exc.code))}))
 
     def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")

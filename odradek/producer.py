@@ -427,11 +427,11 @@ class Producer:
         except TimeoutError:
             pass
         self._acc.close()
-        if self._txn is not None:
-            self._txn.close()
         self._sender.stop(deadline)
         self._acc.wake()
         self._thread.join()
+        if self._txn is not None:  # after the sender: it reads the early AddPartitionsToTxn's answer
+            self._txn.close()
         self._acc.release()
         self._cluster.close()
 
@@ -540,13 +540,18 @@ class _Transactions:
         self.adding: set = set()
         self.add_errors: dict = {}
         self._to_add: list = []  # asked for, not yet in a request
+        # Transactions begun: an AddPartitionsToTxn answered after its transaction ended (an
+        # abort that gave up waiting for it) adds nothing to the next one.
+        self.generation = 0
         # The early path: the caller's thread writes a partition's AddPartitionsToTxn itself
         # when the adder is idle (the adder, woken while the caller holds the GIL, would send
-        # it only when the caller blocks: after the transaction's sends). ``_add_conn``, the
-        # adder's own connection to the coordinator, is touched by one thread at a time: the
-        # caller only to write while nothing is being added, the adder otherwise.
+        # it only when the caller blocks: after the transaction's sends), and the sender reads
+        # its answer (``settle_early``) when it next looks for batches to send: at the flush,
+        # one thread wakes where two did. ``_add_conn``, the adder's own connection to the
+        # coordinator, is touched by one thread at a time: the caller only to write while
+        # nothing is being added, the sender while ``_early`` is set, the adder otherwise.
         self._add_conn: Connection | None = None
-        self._early: tuple | None = None  # (corr, partitions, answers) written by the caller, for the adder
+        self._early: tuple | None = None  # (partitions, answers, deadline, generation): the caller's, for the sender
         self.offsets_sent = False  # send_offsets_to_transaction() in the current transaction
         self._lock = threading.Lock()
         self._add_changed = threading.Condition(self._lock)
@@ -649,6 +654,7 @@ class _Transactions:
         with self._lock:
             self.partitions = set()
             self.add_errors = {}
+            self.generation += 1
         self.abortable = None
         self.offsets_sent = False
         self.state = "IN_TRANSACTION"
@@ -656,25 +662,31 @@ class _Transactions:
     # ---- AddPartitionsToTxn, while the partition's first batch fills --------------------------
     def partition_opened(self, topic: str, partition: int) -> None:
         """A batch opened (a caller's thread, the accumulator's lock held): the partition is
-        added to the transaction by the ``_adder`` thread now, while the batch fills, instead
-        of by the sender before it sends the batch (one round trip off each transaction).
-        The sender still sends none of its batches before the coordinator stored it."""
+        added to the transaction now, while the batch fills, instead of by the sender before
+        it sends the batch (one round trip off each transaction). With nothing else being
+        added, this thread writes the request itself (the sender takes its answer); else the
+        adder thread sends it. The sender sends none of the partition's batches before the
+        coordinator stored it."""
         tp = (topic, partition)
         if tp in self.partitions:
             return
         with self._lock:
-            idle = not self.adding and self._early is None
-            self._want(tp)
+            if tp in self.partitions or tp in self.adding or tp in self.add_errors:
+                return
             conn = self._add_conn
-            if idle and conn is not None and conn.connected and self._to_add == [tp]:
+            if not self.adding and self._early is None and conn is not None and conn.connected:
                 answers: list = []
                 try:
-                    corr = conn.send(ApiKey.ADD_PARTITIONS_TO_TXN, self._add_body([tp]),
-                                     callback=lambda frame, err: answers.append((frame, err)))
+                    conn.send(ApiKey.ADD_PARTITIONS_TO_TXN, self._add_body([tp]),
+                              callback=lambda frame, err: answers.append((frame, err)))
                 except OdradekError:
-                    return  # the adder sends it its usual way
-                self._to_add = []
-                self._early = (corr, [tp], answers)
+                    pass  # the adder sends it its usual way
+                else:
+                    self.adding.add(tp)  # not in _to_add: the adder is not woken for nothing
+                    self._early = ([tp], answers, time.monotonic() + self.p.request_timeout_ms / 1000,
+                                   self.generation)
+                    return
+            self._want(tp)
 
     def _want(self, tp: tuple) -> None:
         """Lock held: ask for ``tp`` unless it is added, being added or refused."""
@@ -708,20 +720,40 @@ class _Transactions:
     def _add_codes(answer: dict) -> list:
         return [r["partition_error_code"] for t in answer.get("results") or () for r in t["results"]]
 
-    def _early_answer(self, early: tuple) -> bool:
-        """Adder thread: wait for the answer to the request the caller wrote; True if it
-        added the partitions, False to send them again the usual way (an error, a lost
-        connection, a coordinator that moved: ``_request`` retries and follows it)."""
-        corr, _, answers = early
+    def early_conn(self) -> Connection | None:
+        """Sender thread: the connection whose answer it waits for besides its own (the
+        early AddPartitionsToTxn's), or None."""
+        return self._add_conn if self._early is not None else None
+
+    def settle_early(self) -> None:
+        """Sender thread: take the answer to the AddPartitionsToTxn the caller wrote, if it
+        came (read without blocking) or will never come (the connection lost, or no answer
+        within request_timeout_ms). Added, the partitions' batches may go; refused, they are
+        asked again the usual way, by the adder (``_request`` retries, follows a coordinator
+        that moved, and records a refusal that stands)."""
+        early = self._early
+        if early is None:
+            return
+        tps, answers, deadline, generation = early
         conn = self._add_conn
-        deadline = time.monotonic() + self.p.request_timeout_ms / 1000
-        while not answers and conn.connected and time.monotonic() < deadline:
-            conn.wait(min(1.0, max(0.0, deadline - time.monotonic())))
+        if not answers and conn.connected:
+            conn.read()
         if not answers:
-            conn.close("AddPartitionsToTxn unanswered")
-            return False
+            if conn.connected and time.monotonic() < deadline:
+                return
+            conn.close("AddPartitionsToTxn unanswered")  # fails it: its callback records why
         frame, err = answers[0]
-        return err is None and not any(self._add_codes(frame.header["body"]))
+        added = err is None and not any(self._add_codes(frame.header["body"]))
+        with self._lock:
+            self._early = None
+            if generation != self.generation:
+                self.adding.difference_update(tps)  # its transaction ended: the sender asks anew if need be
+            elif added:
+                self.partitions.update(tps)
+                self.adding.difference_update(tps)
+            else:
+                self._to_add[:0] = tps  # still in ``adding``: asked once
+            self._add_changed.notify_all()  # the adder (partitions asked meanwhile), _adds_settled
 
     def _connect_adder(self) -> None:
         """Adder thread, after an AddPartitionsToTxn succeeded: its own connection to the
@@ -743,27 +775,16 @@ class _Transactions:
 
     def _add_loop(self) -> None:
         """The adder thread: AddPartitionsToTxn for the partitions asked for (all those asked
-        meanwhile in one request), or the answer to the one the caller wrote (``_early``),
+        meanwhile in one request, once the caller's early one is answered: one at a time),
         then wakes the sender."""
         while True:
             with self._lock:
-                while not self._to_add and self._early is None and not self._closing:
+                while (not self._to_add or self._early is not None) and not self._closing:
                     self._add_changed.wait()
                 if self._closing:
                     return
-                early = self._early
                 new, self._to_add = sorted(set(self._to_add)), []
-            if early is not None:
-                if self._early_answer(early):
-                    with self._lock:
-                        self.partitions.update(early[1])
-                        self.adding.difference_update(early[1])
-                        self._early = None
-                        self._to_add[:0] = new  # asked meanwhile: the next turn sends them
-                        self._add_changed.notify_all()
-                    self.p._acc.wake()
-                    continue
-                new = sorted(set(new) | set(early[1]))
+                generation = self.generation
             error = None
             try:
                 self._request(ApiKey.ADD_PARTITIONS_TO_TXN, self._add_body(new), "AddPartitionsToTxn", None,
@@ -775,12 +796,13 @@ class _Transactions:
                 log.exception("AddPartitionsToTxn failed")
                 error = error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"AddPartitionsToTxn failed: {exc!r}")
             with self._lock:
-                if error is None:
+                if generation != self.generation:
+                    pass  # its transaction ended meanwhile: the sender asks anew if need be
+                elif error is None:
                     self.partitions.update(new)
                 else:
                     self.add_errors.update((tp, error) for tp in new)
                 self.adding.difference_update(new)
-                self._early = None
                 self._add_changed.notify_all()
             self.p._acc.wake()  # the sender sends (or fails) the batches that waited
 
@@ -1003,6 +1025,8 @@ class _Sender:
                 cluster = self.cluster
                 if (self.metadata_wanted or cluster.stale()) and not cluster.refresh_due():
                     self._refresh_metadata()
+                if self.txn is not None:
+                    self.txn.settle_early()
                 self._send_ready()
                 if self.stopping:
                     if not self.retry and not any(c.in_flight for c in self.conns.values()):
@@ -1034,7 +1058,11 @@ class _Sender:
                 timeout = min(timeout, max(0.0, min(due) - now))
         if self.metadata_wanted:
             timeout = min(timeout, self.cluster.refresh_due(now))
-        self.acc.sleep(list(self.conns.values()), now, timeout, seen)
+        conns = list(self.conns.values())
+        early = self.txn.early_conn() if self.txn is not None else None
+        if early is not None:
+            conns.append(early)  # its answer lets the partition's batches go
+        self.acc.sleep(conns, now, timeout, seen)
 
     # ---- sending ------------------------------------------------------------------------------------
     def _send_ready(self) -> None:

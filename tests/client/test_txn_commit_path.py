@@ -135,6 +135,38 @@ def test_a_lost_coordinator_connection_sends_the_partition_again_the_usual_way(t
         b.discard()
 
 
+def test_an_add_partitions_answer_that_comes_after_its_transaction_ended_adds_nothing_to_the_next(broker):
+    """An abort gives up waiting for an AddPartitionsToTxn after its timeout; that request's
+    answer, read once the next transaction began, must not count the partition as added to
+    it: its records would be written without the coordinator knowing them (no marker, a last
+    stable offset stuck). The answer is put where the sender reads it, marked with the
+    previous transaction; the partition is then added again, and the commit is read."""
+    import types
+    topic = new_topic(broker.bootstrap)
+    tp = (topic, 0)
+    with Producer(broker.bootstrap, transactional_id=f"stale-{topic}") as p:
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.send(topic, b"first")
+        p.commit_transaction(30)
+        p.begin_transaction()
+        tx = p._txn
+        ok = types.SimpleNamespace(header={"body": {"results": [
+            {"name": topic, "results": [{"partition_index": 0, "partition_error_code": 0}]}]}})
+        with tx._lock:
+            tx.adding.add(tp)
+            tx._early = ([tp], [(ok, None)], time.monotonic() + 30, tx.generation - 1)
+        p._acc.wake()  # the sender takes it
+        deadline = time.monotonic() + 10
+        while tx._early is not None and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert tx._early is None
+        assert tp not in tx.partitions and tp not in tx.adding
+        p.send(topic, b"second")
+        p.commit_transaction(30)
+    assert read_committed(broker.bootstrap, topic, 2) == [b"first", b"second"]
+
+
 def state_log_end(bootstrap: str) -> int:
     tp = TopicPartition(STATE_TOPIC, 0)
     with Consumer(bootstrap) as c:
