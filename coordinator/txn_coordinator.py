@@ -666,7 +666,7 @@ class TxnCoordinator(Actor):
                 self.markers_in_flight.discard(txn_id)
             for waiting in self.waiting_end.pop(txn_id, ()):
                 self.reply_error(waiting, exc.code, exc.message)
-        if self._write_markers(t, chain):
+        if self._write_markers(t, chain, msg):
             self._persist(t, lambda: None, failed, chain=chain)
         else:
             self._persist(t, lambda: self._write_markers(t), failed)
@@ -720,13 +720,15 @@ class TxnCoordinator(Actor):
                     [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
         return local, remote, nothing, unrouted
 
-    def _write_markers(self, t: Transaction, chain: list | None = None) -> bool:
+    def _write_markers(self, t: Transaction, chain: list | None = None, end: Message | None = None) -> bool:
         """Send the pending markers of ``t`` to the log actors hosting its partitions here and
         to the leaders of the others; when all landed the transaction completes and waiting
         EndTxn requests are answered. What failed is retried after ``MARKER_RETRY``.
         With ``chain`` (before the PREPARE record is stored): only if every marker goes to an
         actor of this broker, their messages are put in ``chain`` for the record's log actor
-        to send, and True is returned; else nothing is done and False returned."""
+        to send, and True is returned; else nothing is done and False returned. If then the
+        markers go to one log actor and ``end`` (the EndTxn request) is all that waits, that
+        log actor answers it once they are written (one hop less)."""
         if t.txn_id in self.markers_in_flight or not self._current(t) or t.state not in PREPARING:
             return False
         commit = t.state == TxnState.PREPARE_COMMIT
@@ -784,14 +786,29 @@ class TxnCoordinator(Actor):
                 if reply.get("error_code"):
                     log.info("transaction %r: offsets not stored: %s", t.txn_id, reply.get("message"))
             else:
-                parts_done(reply.get("parts"), None)
+                parts = reply.get("parts")
+                if answer_with is not None and parts and all(part[2] == 0 for part in parts):
+                    # its log actor answered the EndTxn (the rule of log_actor._send_chained)
+                    waiting = self.waiting_end.get(t.txn_id)
+                    if waiting is not None and answer_with in waiting:
+                        waiting.remove(answer_with)
+                        if not waiting:
+                            del self.waiting_end[t.txn_id]
+                    self.answered_elsewhere(answer_with)
+                parts_done(parts, None)
             one_done()
 
+        answer_with = None  # the EndTxn the markers' log actor answers (then not we)
+        if chain is not None and end is not None and len(local) == 1 and GROUP_COORDINATOR not in local \
+                and end.reply_to and self.waiting_end.get(t.txn_id) == [end]:
+            answer_with = end
         for host, markers in local.items():
             if host == GROUP_COORDINATOR:
                 type_, fields = "txn_offsets_end", {"producer_id": t.producer_id, "offsets": markers, "commit": commit}
             else:
                 type_, fields = "write_markers", {"markers": markers, **MARKERS_ACKS_ALL}
+                if answer_with is not None:
+                    fields["then"] = [self.answer_chained(answer_with, {"body": {"error_code": 0}})]
             if chain is None:
                 self.request(host, type_, fields, callback=local_answered, timeout=MARKER_TIMEOUT)
             else:

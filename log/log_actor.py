@@ -939,14 +939,19 @@ class LogActor(Actor):
                 self._send_chained(msg, fields)
 
     def _send_chained(self, msg: Message, answer: dict) -> None:
-        """A produce with ``then: [[to, type, fields, corr], ...]`` (the transaction
-        coordinator's PREPARE record and the transaction's markers): once every partition of
-        it is written (and, acks=all, replicated), send those messages on the requester's
-        behalf, answered to it under its ``corr``: one hop less than its answer and its next
-        request. Nothing is sent if a partition failed (the requester forgets them)."""
+        """A produce or write_markers with ``then: [[to, type, fields, corr], ...]`` (the
+        transaction coordinator's records and markers): once every partition of it is written
+        (and, acks=all, replicated), send those messages on the requester's behalf, answered
+        to it under its ``corr`` (its next requests: the markers after the PREPARE record), or
+        its answers to its own requesters (``Actor.answer_chained``): one hop less than its
+        answer and its next message. Nothing is sent if a partition failed (the requester
+        forgets them, or answers itself)."""
         try:
-            ok = all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
-        except (KeyError, TypeError):
+            if "parts" in answer:  # write_markers: [[topic, partition, code, message]]
+                ok = bool(answer["parts"]) and all(part[2] == 0 for part in answer["parts"])
+            else:
+                ok = all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
+        except (KeyError, TypeError, IndexError):
             ok = False
         if not ok or not msg.reply_to:
             return

@@ -71,6 +71,31 @@ def test_an_expected_answer_completes_like_a_requested_one_and_a_cancelled_one_i
     assert got == [reply] and timers == [30.0, 30.0]
 
 
+def test_written_markers_send_the_end_txn_answer_they_carry_and_failed_ones_do_not():
+    """write_markers with ``then``: the EndTxn answer the coordinator chained (one hop less)
+    goes to the processor only if every marker was written; else the coordinator answers."""
+    end_answer = ["processor-0", "_reply", {"body": {"error_code": 0}}, 77]
+    for parts, expected in (([["t", 0, 0, ""], ["t", 1, 0, ""]], [("processor-0", "_reply", end_answer[2], 77,
+                                                                   "txn_coordinator")]),
+                            ([["t", 0, 0, ""], ["t", 1, 7, "timed out"]], []), ([], [])):
+        actor, sent, replies = log_actor()
+        msg = Message("write_markers", 9, "txn_coordinator", {**MARKERS[2], "then": [end_answer]})
+        actor._answers.append((msg, {"parts": parts}))
+        actor.after_batch()
+        assert replies == [(msg, {"parts": parts})] and sent == expected
+
+
+def test_the_coordinator_hands_its_answer_to_the_chain_and_forgets_it_only_once_sent():
+    actor = Actor("txn_coordinator", "/nonexistent")
+    msg = Message("txn_request", 5, "processor-1", {})
+    actor._unanswered[("processor-1", 5)] = "txn_request"
+    assert actor.answer_chained(msg, {"body": {"error_code": 0}}) == ["processor-1", "_reply",
+                                                                      {"body": {"error_code": 0}}, 5]
+    assert ("processor-1", 5) in actor._unanswered  # not sent yet: still ours to answer
+    actor.answered_elsewhere(msg)
+    assert actor._unanswered == {}
+
+
 class _Timer:
     def cancel(self) -> None:
         pass
