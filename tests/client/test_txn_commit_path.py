@@ -10,6 +10,7 @@ from __future__ import annotations
 import multiprocessing
 import sys
 import time
+import types
 import uuid
 
 import pytest
@@ -141,7 +142,6 @@ def test_an_add_partitions_answer_that_comes_after_its_transaction_ended_adds_no
     it: its records would be written without the coordinator knowing them (no marker, a last
     stable offset stuck). The answer is put where the sender reads it, marked with the
     previous transaction; the partition is then added again, and the commit is read."""
-    import types
     topic = new_topic(broker.bootstrap)
     tp = (topic, 0)
     with Producer(broker.bootstrap, transactional_id=f"stale-{topic}") as p:
