@@ -111,6 +111,7 @@ MARKER_RETRY = 0.5
 COMPLETE_DEFER = 1.0
 # markers are answered once replicated to the ISR (as Kafka appends them with acks=all), before
 # the coordinator's own request timeout
+PARKED_APIS = (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN)  # see TxnCoordinator.parked
 MARKERS_ACKS_ALL = {"acks": -1, "timeout_ms": int((MARKER_TIMEOUT - 5) * 1000)}
 METADATA_REFRESH = 1.0  # seconds between metadata polls in cluster mode (leadership of __transaction_state)
 LOAD_RETRY = 0.1  # seconds between get_bounds attempts while the log actor does not lead the partition yet
@@ -207,6 +208,11 @@ class TxnCoordinator(Actor):
         self.txns = TransactionManager(self.next_producer_id, int(config.get("transaction.max.timeout.ms", 900000)))
         self.waiting_end: dict[str, list[Message]] = {}  # EndTxn requests answered when markers land
         self.markers_in_flight: set[str] = set()
+        # AddPartitionsToTxn / AddOffsetsToTxn for an id whose markers are in flight, handled
+        # once they land (``_release_parked``): the EndTxn answer may reach the client before
+        # the markers' answer reaches us (it is chained to the markers), and its next
+        # transaction must not be refused CONCURRENT_TRANSACTIONS for that.
+        self.parked: dict[str, list[Message]] = {}
         self.complete_due: dict[str, tuple] = {}  # txn id -> (Transaction, Timer): its COMPLETE record, deferred
         self.aborted_by_timeout = 0
         self.snapshot: dict = {"topics": {}}
@@ -357,6 +363,7 @@ class TxnCoordinator(Actor):
                 self.reply_error(waiting, ErrorCode.NOT_COORDINATOR,
                                  f"transactional id {txn_id!r}: broker {self.broker_id} no longer coordinates it "
                                  f"({STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
+            self._release_parked(txn_id)
         log.info("%s-%d unloaded (another broker leads it): %d transactional ids dropped", STATE_TOPIC,
                  partition, len(gone))
 
@@ -482,6 +489,11 @@ class TxnCoordinator(Actor):
         try:
             if not isinstance(body, dict):
                 raise OdradekError("the request body must be a map", ErrorCode.INVALID_REQUEST)
+            if api in PARKED_APIS and self.markers_in_flight:
+                txn_id = body.get("transactional_id")
+                if isinstance(txn_id, str) and txn_id in self.markers_in_flight:
+                    self.parked.setdefault(txn_id, []).append(msg)
+                    return
             if api == ApiKey.INIT_PRODUCER_ID:
                 self.init_producer_id(msg, body)
             elif api == ApiKey.ADD_PARTITIONS_TO_TXN:
@@ -666,6 +678,7 @@ class TxnCoordinator(Actor):
                 self.markers_in_flight.discard(txn_id)
             for waiting in self.waiting_end.pop(txn_id, ()):
                 self.reply_error(waiting, exc.code, exc.message)
+            self._release_parked(txn_id)
         if self._write_markers(t, chain, msg):
             self._persist(t, lambda: None, failed, chain=chain)
         else:
@@ -767,15 +780,15 @@ class TxnCoordinator(Actor):
             if left["n"]:
                 return
             self.markers_in_flight.discard(t.txn_id)
-            if not self._current(t):
-                return
-            # the offsets' pseudo-partition is done once every group's offsets are stored
-            written = [w for w in left["written"] if w[0] != OFFSETS_TOPIC]
-            if not left["failed"] and not left["offsets_unrouted"] and (OFFSETS_TOPIC, 0) in t.pending_markers:
-                written.append((OFFSETS_TOPIC, 0))
-            self._markers_done(t, written)
-            if t.state in PREPARING:
-                self.call_later(MARKER_RETRY, lambda: self._write_markers(t))
+            if self._current(t):
+                # the offsets' pseudo-partition is done once every group's offsets are stored
+                written = [w for w in left["written"] if w[0] != OFFSETS_TOPIC]
+                if not left["failed"] and not left["offsets_unrouted"] and (OFFSETS_TOPIC, 0) in t.pending_markers:
+                    written.append((OFFSETS_TOPIC, 0))
+                self._markers_done(t, written)
+                if t.state in PREPARING:
+                    self.call_later(MARKER_RETRY, lambda: self._write_markers(t))
+            self._release_parked(t.txn_id)
 
         def local_answered(reply: Message) -> None:
             if reply.is_error:
@@ -1028,6 +1041,13 @@ class TxnCoordinator(Actor):
             self.request(GROUP_COORDINATOR, "txn_offsets_end", {"producer_id": producer_id, "offsets": offsets,
                                                                 "commit": commit},
                          callback=groups_answered, timeout=MARKER_TIMEOUT)
+
+    def _release_parked(self, txn_id: str) -> None:
+        """``txn_id``'s markers are no longer in flight: the requests parked meanwhile are
+        handled now (refused CONCURRENT_TRANSACTIONS if the markers are still to be retried,
+        NOT_COORDINATOR if the id went to another broker)."""
+        for msg in self.parked.pop(txn_id, ()):
+            self.on_txn_request(msg)
 
     def _markers_done(self, t: Transaction, written) -> None:
         if not self._current(t):
