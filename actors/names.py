@@ -31,6 +31,9 @@ is a Python call (~1 us), which that path does not pay per message. Who sends wh
     controller -> fetch  throttle {rate, parts: [ThrottledReplica]}
 
 The group and transaction coordinators ask ``get_bounds`` too, to read their internal topics.
+A produce or write_markers from the transaction coordinator may carry ``then: [[to, type,
+fields, corr]]``: messages the log actor sends on its behalf once the answer says every
+partition was written (``chain_sent``: the one rule both sides read).
 Every actor module's opening lists the messages it accepts and sends.
 """
 from __future__ import annotations
@@ -162,3 +165,15 @@ class ThrottledReplica(NamedTuple):
     topic: str
     partition: int
     replica: int
+
+
+def chain_sent(answer: dict) -> bool:
+    """Whether a log actor's answer to a produce or write_markers carrying ``then`` means it
+    sent those chained messages: every partition written (a write_markers answer is ``{parts:
+    [[topic, partition, code, message]]}``, at least one; a produce's, Kafka's ``{body}``)."""
+    try:
+        if "parts" in answer:
+            return bool(answer["parts"]) and all(part[2] == 0 for part in answer["parts"])
+        return all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
+    except (KeyError, TypeError, IndexError):
+        return False

@@ -85,7 +85,8 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, PartitionBounds, log_host, partition_dir
+from odradek.actors.names import (CONTROLLER, GROUP_COORDINATOR, PartitionBounds, chain_sent, log_host,
+                                  partition_dir)
 from odradek.actors.runtime import Actor
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
@@ -799,16 +800,14 @@ class TxnCoordinator(Actor):
                 if reply.get("error_code"):
                     log.info("transaction %r: offsets not stored: %s", t.txn_id, reply.get("message"))
             else:
-                parts = reply.get("parts")
-                if answer_with is not None and parts and all(part[2] == 0 for part in parts):
-                    # its log actor answered the EndTxn (the rule of log_actor._send_chained)
+                if answer_with is not None and chain_sent(reply.fields):  # its log actor answered the EndTxn
                     waiting = self.waiting_end.get(t.txn_id)
                     if waiting is not None and answer_with in waiting:
                         waiting.remove(answer_with)
                         if not waiting:
                             del self.waiting_end[t.txn_id]
                     self.answered_elsewhere(answer_with)
-                parts_done(parts, None)
+                parts_done(reply.get("parts"), None)
             one_done()
 
         answer_with = None  # the EndTxn the markers' log actor answers (then not we)

@@ -78,7 +78,7 @@ import struct
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, FETCH_ACTOR, partition_dir
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, chain_sent, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
@@ -946,14 +946,7 @@ class LogActor(Actor):
         its answers to its own requesters (``Actor.answer_chained``): one hop less than its
         answer and its next message. Nothing is sent if a partition failed (the requester
         forgets them, or answers itself)."""
-        try:
-            if "parts" in answer:  # write_markers: [[topic, partition, code, message]]
-                ok = bool(answer["parts"]) and all(part[2] == 0 for part in answer["parts"])
-            else:
-                ok = all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
-        except (KeyError, TypeError, IndexError):
-            ok = False
-        if not ok or not msg.reply_to:
+        if not chain_sent(answer) or not msg.reply_to:
             return
         for item in msg.fields["then"]:
             if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)

@@ -671,7 +671,7 @@ class _Transactions:
         if tp in self.partitions:
             return
         with self._lock:
-            if tp in self.partitions or tp in self.adding or tp in self.add_errors:
+            if self._asked(tp):
                 return
             conn = self._add_conn
             if not self.adding and self._early is None and conn is not None and conn.connected:
@@ -688,9 +688,13 @@ class _Transactions:
                     return
             self._want(tp)
 
+    def _asked(self, tp: tuple) -> bool:
+        """Lock held: ``tp`` is added, being added or refused."""
+        return tp in self.partitions or tp in self.adding or tp in self.add_errors
+
     def _want(self, tp: tuple) -> None:
         """Lock held: ask for ``tp`` unless it is added, being added or refused."""
-        if tp in self.partitions or tp in self.adding or tp in self.add_errors:
+        if self._asked(tp):
             return
         self.adding.add(tp)
         self._to_add.append(tp)
