@@ -222,8 +222,10 @@ class Member:
                                      stderr=subprocess.DEVNULL)
 
     def lines(self) -> list[str]:
+        """The complete lines printed so far (a line being written is read on the next call)."""
         with open(self.out.name) as f:
-            return f.read().splitlines()
+            text = f.read()
+        return text[:text.rfind("\n") + 1].splitlines()
 
     def values(self) -> set:
         return {line.split()[3] for line in self.lines() if line.startswith("GOT ")}
