@@ -132,7 +132,9 @@ class LogBounds(NamedTuple):
 
 class PartitionBounds(NamedTuple):
     """A partition as its log actor last saw it: its ``LogBounds`` (fields 2 to 7), the leader
-    epoch, whether this broker leads it, its replica set, and its last stable offset."""
+    epoch, whether this broker leads it, its replica set, its last stable offset, and (leading)
+    the log end its leader epoch began at, which the high watermark must reach before "latest"
+    is answered (``log.log_actor.PartitionLog.high_watermark_floor``)."""
 
     topic: str
     partition: int
@@ -146,6 +148,7 @@ class PartitionBounds(NamedTuple):
     leader: bool
     replicas: list = ()
     last_stable_offset: int | None = None  # None: the high watermark
+    high_watermark_floor: int = -1  # -1: following, or nothing to wait for
 
     @property
     def bounds(self) -> LogBounds:

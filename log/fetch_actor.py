@@ -116,6 +116,9 @@ class FetchActor(Actor):
         self.readers: dict[tuple[str, int], LogReader] = {}
         self.roles: dict[tuple[str, int], tuple] = {}  # leader epoch, leading here, log actor, replicas
         self.stable: dict[tuple[str, int], int] = {}  # last stable offsets (read_committed reads up to them)
+        # partitions led here whose high watermark has not reached its floor yet (a new leader):
+        # partition -> the floor (``PartitionBounds.high_watermark_floor``)
+        self.unsettled: dict[tuple[str, int], int] = {}
         self.txn_indexes: dict[tuple[str, int], tuple[int, TxnIndex]] = {}  # (file size, index) per partition
         self.waiting: dict[tuple[str, int], set[FetchRequest]] = {}
         self.opening: dict[tuple[str, int], str] = {}  # not yet opened by its log actor (named) after a start
@@ -168,17 +171,22 @@ class FetchActor(Actor):
             reader = self.readers.pop((topic, partition), None)
             self.roles.pop((topic, partition), None)
             self.stable.pop((topic, partition), None)
+            self.unsettled.pop((topic, partition), None)
             self.txn_indexes.pop((topic, partition), None)
             self.watch_until.pop((topic, partition), None)
             if reader is not None:
                 reader.close()
         touched, new_roles = [], False
         # each part a PartitionBounds, unpacked by position (no constructor per part per batch)
-        for topic, partition, *bounds, leader_epoch, leader, replicas, last_stable_offset in parts:
+        for topic, partition, *bounds, leader_epoch, leader, replicas, last_stable_offset, floor in parts:
             key = (topic, partition)
             self.opening.pop(key, None)
             bounds = LogBounds(*bounds)
             self.stable[key] = bounds.high_watermark if last_stable_offset is None else last_stable_offset
+            if floor > bounds.high_watermark:
+                self.unsettled[key] = floor
+            else:
+                self.unsettled.pop(key, None)
             role = (leader_epoch, leader, host, tuple(replicas))
             new_roles |= self.roles.get(key) != role
             self.roles[key] = role
@@ -488,7 +496,10 @@ class FetchActor(Actor):
         if not isinstance(ts, int) or isinstance(ts, bool) or ts < EARLIEST_TIMESTAMP:
             return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1, -2 or a time in ms, got {ts!r}")
         b = reader.bounds
+        floor = self.unsettled.get((topic, partition))
         if ts == LATEST_TIMESTAMP:
+            if floor is not None:
+                return _unsettled(entry, topic, partition, b.high_watermark, floor)
             entry["offset"] = min(self.stable.get((topic, partition), b.high_watermark), b.high_watermark) \
                 if committed else b.high_watermark
         elif ts == EARLIEST_TIMESTAMP:
@@ -497,11 +508,22 @@ class FetchActor(Actor):
             found = reader.offset_for_time(ts)
             if found is not None and found.offset < b.high_watermark:
                 entry.update(timestamp=found.timestamp, offset=max(found.offset, b.log_start_offset))
+            elif floor is not None:  # it may lie between the high watermark and the floor
+                return _unsettled(entry, topic, partition, b.high_watermark, floor)
         return entry
 
 
 def _watch_fields(keys: list) -> dict:
     return {"parts": [list(k) for k in keys], "seconds": WATCH_LEASE}
+
+
+def _unsettled(entry: dict, topic: str, partition: int, high_watermark: int, floor: int) -> dict:
+    """KIP-207: a new leader's high watermark may still trail records its predecessor
+    acknowledged; answering it would move "latest" backwards. Retriable: it catches up as
+    soon as the followers fetch from the new leader."""
+    return _fail(entry, ErrorCode.OFFSET_NOT_AVAILABLE,
+                 f"{topic}-{partition}: this new leader's high watermark {high_watermark} has not reached "
+                 f"{floor}, where its leader epoch began; retry")
 
 
 def _fail(entry: dict, code: int, message: str) -> dict:

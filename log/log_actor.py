@@ -139,7 +139,7 @@ class Follower:
 class PartitionLog:
     """One hosted partition: its log and its replica state."""
     __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
-                 "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr")
+                 "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr", "high_watermark_floor")
 
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Log):
         self.topic, self.partition, self.topic_id, self.log = topic, partition, topic_id, log_
@@ -154,6 +154,12 @@ class PartitionLog:
         # it too (Kafka's "maximal ISR"), so a write ZooKeeper applied whose answer was lost can
         # never let an acknowledged record miss a replica the controller may elect.
         self.pending_isr: list[int] = []
+        # Leading: the log end when this leader took its epoch (or this actor reopened it). Every
+        # record acknowledged before lies below it, and this leader's high watermark (a follower's
+        # until now, or the last checkpoint's) may lie below them: until it reaches the floor,
+        # "latest" is not answered (KIP-207's OFFSET_NOT_AVAILABLE), never an offset that went
+        # back. -1 when following.
+        self.high_watermark_floor = -1
 
 
 class DelayedProduce:
@@ -750,6 +756,7 @@ class LogActor(Actor):
             if not was_leader or epoch != p.leader_epoch:
                 p.followers = {r: Follower(now) for r in p.replicas if r != self.broker_id}
                 p.log.leader_epochs.assign(epoch, p.log.log_end_offset)
+                p.high_watermark_floor = p.log.log_end_offset
                 log.info("%s-%d: leader at epoch %d, ISR %s, log end %d, high watermark %d", p.topic, p.partition,
                          epoch, p.isr, p.log.log_end_offset, p.log.high_watermark)
             else:
@@ -762,6 +769,7 @@ class LogActor(Actor):
                 log.info("%s-%d: follower of broker %d at epoch %d", p.topic, p.partition, leader, epoch)
             p.leader, p.leader_epoch = leader, epoch
             p.followers = {}
+            p.high_watermark_floor = -1
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                            f"{p.topic}-{p.partition}: leadership moved to broker {leader} before "
@@ -913,7 +921,7 @@ class LogActor(Actor):
         """The partition's ``PartitionBounds``, built as a plain list (after every batch of
         appends: no per-message constructor); its fields in that order."""
         return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id, p.replicas,
-                p.log.last_stable_offset]
+                p.log.last_stable_offset, p.high_watermark_floor]
 
     def _take_changes(self) -> dict:
         parts = [self._bounds(self.logs[key]) for key in self._dirty if key in self.logs]

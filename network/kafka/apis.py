@@ -28,7 +28,7 @@ from typing import Callable
 from odradek.log import kafka_batch, records
 from odradek.log.errors import CorruptRecordError
 from odradek.network.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
-from odradek.network.protocol import ApiKey
+from odradek.network.protocol import ApiKey, ErrorCode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -398,9 +398,17 @@ def list_offsets_to_internal(version: int, request: dict) -> tuple[dict, list]:
 def list_offsets_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
     body = reply.get("body") or {}
     return {"topics": [{"name": t["name"], "partitions": [
-        {"partition_index": p["index"], "error_code": p.get("error_code", 0), "timestamp": p.get("timestamp", -1),
+        {"partition_index": p["index"], "error_code": _list_offsets_code(version, p.get("error_code", 0)),
+         "timestamp": p.get("timestamp", -1),
          "offset": p.get("offset", -1), "leader_epoch": p.get("leader_epoch", -1)} for p in t["partitions"]]}
         for t in body.get("topics") or ()]}
+
+
+def _list_offsets_code(version: int, code: int) -> int:
+    """OFFSET_NOT_AVAILABLE (a new leader's high watermark still below its epoch's start,
+    KIP-207) is an answer of version 5 on; older clients get LEADER_NOT_AVAILABLE, which
+    they retry too, as from Kafka's broker."""
+    return int(ErrorCode.LEADER_NOT_AVAILABLE) if code == ErrorCode.OFFSET_NOT_AVAILABLE and version < 5 else code
 
 
 def list_offsets_error(version: int, request: dict, code: int, message: str) -> dict:

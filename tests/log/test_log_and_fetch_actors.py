@@ -77,6 +77,7 @@ def test_a_log_actors_bounds_read_as_partition_bounds_by_name(storage):
     assert (part.partition, part.log_start_offset, part.log_end_offset, part.high_watermark) == (0, 0, 3, 3)
     assert part.bounds.log_end_offset == 3 and part.leader and part.leader_epoch == 0
     assert part.last_stable_offset == 3
+    assert part.high_watermark_floor == 0  # led alone since it was empty: nothing to wait for
 
 
 def test_a_torn_batch_and_a_partition_of_another_host_are_refused_and_nothing_is_written(storage):
