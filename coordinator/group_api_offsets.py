@@ -122,7 +122,8 @@ class OffsetsApi:
                             del wanted[tp]
             then()
 
-        self.request(FETCH_ACTOR, "list_offsets", {"body": body}, callback=checked, timeout=WRITE_TIMEOUT)
+        self.request(FETCH_ACTOR, "list_offsets", {"body": body, "readable": True}, callback=checked,
+                     timeout=WRITE_TIMEOUT)
 
     def _write_commit(self, msg: Message, gid: str, wanted: dict, results: dict) -> None:
         if not wanted:

@@ -7,10 +7,14 @@ client's processor sends with ``os.sendfile``: no record byte passes through thi
 any other process shared by every connection.
 Accepts (addresses and message parts: ``odradek.actors.names``):
   fetch {body}          (from a handler; answered straight to the client's processor)
-  list_offsets {body}   likewise
+  list_offsets {body}   likewise; "latest" from a new leader whose high watermark has not
+                        reached its floor yet is OFFSET_NOT_AVAILABLE (KIP-207). From the
+                        group coordinator also {readable: true}: "latest" is then the highest
+                        offset a consumer may have read (the floor, in that window)
   bounds {parts: [PartitionBounds], closed, host}   one-way, from log actors (a part: the
                         partition's LogBounds, the leader epoch, whether this broker leads the
-                        partition, its replica set and its last stable offset)
+                        partition, its replica set, its last stable offset and its high
+                        watermark's floor)
   broker_epochs {epochs: {"<id>": czxid}}   from the broker agent (cluster mode): the live
                         brokers and their broker epochs, whenever ``/brokers/ids`` changes
                         (asked for with ``get_broker_epochs`` at start)
@@ -135,7 +139,7 @@ class FetchActor(Actor):
         if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
             self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
             self.before_throttles = []
-            self.call_later(THROTTLE_WAIT, self._serve_held_replica_fetches)
+            self.call_later(THROTTLE_WAIT, self._no_throttle_word)
 
     def on_stop(self) -> None:
         for reader in self.readers.values():
@@ -226,6 +230,12 @@ class FetchActor(Actor):
         self.throttled = {(t, p, r) for t, p, r in msg.get("parts") or ()}
         self.reply(msg, {})
         self._serve_held_replica_fetches()
+
+    def _no_throttle_word(self) -> None:
+        if self.before_throttles is not None:
+            log.warning("no word on replication throttles from the controller in %.0fs: serving %d held replica "
+                        "fetches unthrottled until it comes", THROTTLE_WAIT, len(self.before_throttles))
+            self._serve_held_replica_fetches()
 
     def _serve_held_replica_fetches(self) -> None:
         """The throttles are known (or ``THROTTLE_WAIT`` passed without a word: serve anyway)."""
@@ -477,15 +487,19 @@ class FetchActor(Actor):
             return
         topics = []
         committed = body.get("isolation_level") == 1  # read_committed: "latest" is the last stable offset
+        readable = msg.get("readable") is True  # the group coordinator's check of a commit (never a client's)
         for t in body.get("topics") or []:
             parts = []
             for p in t.get("partitions") or []:
                 parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP),
-                                              p.get("current_leader_epoch", -1), committed))
+                                              p.get("current_leader_epoch", -1), committed, readable))
             topics.append({"name": t.get("name"), "partitions": parts})
         self.reply(msg, {"body": {"topics": topics}})
 
-    def _offset_for(self, topic, partition, ts, epoch=-1, committed: bool = False) -> dict:
+    def _offset_for(self, topic, partition, ts, epoch=-1, committed: bool = False, readable: bool = False) -> dict:
+        """ListOffsets of one partition. ``readable``: "latest" is the highest offset a consumer
+        may have read, which for a new leader whose high watermark has not reached its floor yet
+        is the floor (its predecessor may have let them read that far) instead of an error."""
         entry = {"index": partition, "error_code": 0, "timestamp": -1, "offset": -1}
         reader = self.readers.get((topic, partition))
         if reader is None:
@@ -498,6 +512,9 @@ class FetchActor(Actor):
         b = reader.bounds
         floor = self.unsettled.get((topic, partition))
         if ts == LATEST_TIMESTAMP:
+            if floor is not None and readable:
+                entry["offset"] = floor
+                return entry
             if floor is not None:
                 return _unsettled(entry, topic, partition, b.high_watermark, floor)
             entry["offset"] = min(self.stable.get((topic, partition), b.high_watermark), b.high_watermark) \

@@ -66,6 +66,9 @@ def test_a_new_leader_answers_latest_only_once_its_high_watermark_reached_its_ep
         f"a new leader answered 'latest' {latest['offset']} below records acknowledged at its predecessor"
     assert "high watermark 7 has not reached 10" in latest["error_message"]
     assert fetch._offset_for("t", 0, EARLIEST) == {"index": 0, "error_code": 0, "timestamp": -1, "offset": 0}
+    # the group coordinator's check of a commit: consumers may have read up to the floor
+    assert fetch._offset_for("t", 0, LATEST, readable=True) == {"index": 0, "error_code": 0, "timestamp": -1,
+                                                                  "offset": 10}
     progress(logs, 1, 10)  # the follower fetched from the new leader: the high watermark catches up
     push_bounds(logs, p, fetch)
     assert p.log.high_watermark == 10
