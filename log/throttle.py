@@ -5,7 +5,9 @@ Pure and clock-driven (the caller passes ``now``, in seconds), shared by the fol
 (``log.fetch_actor``: ``leader.replication.throttled.rate``). Like Kafka's replication quota,
 traffic is measured after the fact: a fetch may take the budget below zero, and throttled
 replicas then wait until the rate has paid it back, so over any few seconds the bytes moved
-stay within about one fetch of ``rate`` x time.
+stay within about one fetch of ``rate`` x time, plus what an idle spell saved up before them
+(at most ``BURST_SECONDS`` of the rate: replicas that stopped fetching a while catch up in
+one burst, as Kafka's windowed quota lets them).
 """
 from __future__ import annotations
 
