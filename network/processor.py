@@ -9,7 +9,9 @@ Runs in its own process (actor ``processor-<i>``). It owns:
 Messages it accepts:
   * from handlers (or any actor a handler forwarded to): ``_reply {body, files?}`` +
     payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
-  * ``_members`` for the handler role (from the supervisor): re-pin connections;
+  * ``_members`` for the handler role (from the supervisor): re-pin connections; for the
+    fetch actor's: when it died or came back, fail the fetches and list-offsets in flight
+    (``FETCH_ACTOR_APIS``: a handler forwarded them there, and they died with it);
   * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}, listeners: {name: n}}``;
   * ``shed_idle`` (request, from the acceptor): ``{closed: bool}``.
 It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
@@ -22,7 +24,9 @@ per pair of actors), and responses are written in request order (an early answer
 its slot). When the pinned handler leaves the pool the connection sends nothing more until
 its requests there are answered, then re-pins. If the handler *died*, its requests fail at
 once with NETWORK_EXCEPTION (retriable: the outcome is unknown, as when a connection drops);
-late answers to them are ignored.
+late answers to them are ignored. Requests forwarded to the fetch actor are failed the same
+way when it dies or comes back (a follower would otherwise wait out its fetch timeout,
+``replica.lag.time.max.ms`` by default, and leave the ISR).
 
 Limits and back-pressure (docs/ARCHITECTURE.md, "Limits and back-pressure"): back-pressure
 is always "stop reading", never growth.
@@ -84,7 +88,7 @@ import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.metrics import BoundedLabels
-from odradek.actors.names import ACCEPTOR, HANDLER, socket_path
+from odradek.actors.names import ACCEPTOR, FETCH_ACTOR, HANDLER, socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.log import kafka_batch, records
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
@@ -99,6 +103,7 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
+FETCH_ACTOR_APIS = frozenset((ApiKey.FETCH, ApiKey.LIST_OFFSETS))  # what handlers forward to the fetch actor
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
@@ -290,6 +295,7 @@ class Processor(Actor):
         self._inflight: dict[int, InFlight] = {}
         self._paused = False
         self._handlers: list[str] = []
+        self._fetch_members: list[str] | None = None  # the running fetch actor, as the supervisor last said
         self._pinned: collections.Counter[str] = collections.Counter()
         self._rr = 0
         self._dirty: set[Connection] = set()
@@ -1113,6 +1119,9 @@ class Processor(Actor):
 
     # ---- handler membership and pinning ------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
+        if role == FETCH_ACTOR:
+            self._fetch_actor_changed(members)
+            return
         if role != HANDLER:
             return
         old = self._handlers
@@ -1131,6 +1140,20 @@ class Processor(Actor):
                 self._pump(conn)
         if any(name not in old for name in members):
             self._rebalance()
+
+    def _fetch_actor_changed(self, members: list[str]) -> None:
+        """The fetch actor died (``members`` empty) or is running again: what it held died with
+        it, and what was forwarded to it meanwhile may have been lost, so every fetch and
+        list-offsets in flight fails now (retriable) instead of at request.timeout.ms."""
+        known, self._fetch_members = self._fetch_members, list(members)
+        if known is None or known == self._fetch_members:
+            return  # the first word (nothing lost), or nothing changed
+        lost = [rec for rec in self._inflight.values() if rec.slot[2] in FETCH_ACTOR_APIS]
+        if lost:
+            log.warning("%s: the fetch actor %s; failing %d fetches and list-offsets in flight", self.name,
+                        "is back" if members else "died", len(lost))
+        for rec in lost:
+            self._fail(rec, DIED_CODE, "the fetch actor restarted while serving this request; ask again")
 
     def _drain_handler(self, name: str) -> None:
         """A retiring handler: finish what it holds, then move its connections."""

@@ -41,8 +41,9 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec(CONTROLLER, controller, count=1, args=args, drain=cluster),
         ChildSpec(LOG, "odradek.log.log_actor:LogActor", count=config["num.log.threads"], args=args,
                   watchers=(FETCH_ACTOR,), pool=True),
+        # the broker agent re-tells it its throttles; processors fail the fetches it held when it dies
         ChildSpec(FETCH_ACTOR, "odradek.log.fetch_actor:FetchActor", count=1, args=args,
-                  watchers=(CONTROLLER,) if cluster else ()),  # the broker agent re-tells it its throttles
+                  watchers=(PROCESSOR, CONTROLLER) if cluster else (PROCESSOR,)),
         *replication,
         ChildSpec(GROUP_COORDINATOR, "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
         ChildSpec(TXN_COORDINATOR, "odradek.coordinator.txn_coordinator:TxnCoordinator", count=1, args=args),

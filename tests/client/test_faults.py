@@ -143,3 +143,43 @@ def test_acknowledged_records_survive_kill_9_of_the_whole_broker_and_a_restart(s
         t.join(90)
     assert restarted, "the broker did not come back"
     check(acked, failed, read_everything(restarted[0].bootstrap, "crash", len(acked)), "kill -9 of the broker")
+
+
+def test_a_long_poll_held_by_a_fetch_actor_killed_9_is_failed_at_once_and_the_consumer_fetches_again(start_broker):
+    """A fetch held in the fetch actor's purgatory dies with it. Before, nobody answered it:
+    the processor failed it at request.timeout.ms (30 s), and meanwhile the consumer (or a
+    follower, whose fetch timeout is replica.lag.time.max.ms: it left the ISR) read nothing.
+    Now the processor fails every fetch in flight when the supervisor says the fetch actor
+    died (NETWORK_EXCEPTION, retriable) and the consumer fetches again from its successor."""
+    broker = start_broker(request_timeout_ms=30000)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("held", partitions=1)
+    tp = TopicPartition("held", 0)
+    got: list = []
+    stop = threading.Event()
+    with Consumer(broker.bootstrap, auto_offset_reset="latest", fetch_max_wait_ms=25000,
+                  request_timeout_ms=60000) as consumer:
+        consumer.assign([tp])
+        assert consumer.position(tp) == 0
+
+        def poll() -> None:
+            while not stop.is_set() and not got:
+                got.extend(consumer.poll(timeout_ms=500))
+
+        poller = threading.Thread(target=poll, daemon=True)
+        poller.start()
+        time.sleep(1.0)  # its fetch is in the purgatory now, for up to 25 s
+        old = broker.actor_process("fetch").pid
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and broker.actor("fetch").get("pid") in (None, 0, old):
+            time.sleep(0.1)
+        with Producer(broker.bootstrap) as producer:
+            producer.send("held", b"after the kill").result(10)
+        sent = time.monotonic()
+        poller.join(20)
+        stop.set()
+        waited = time.monotonic() - sent
+    assert [r.value for r in got] == [b"after the kill"], "the consumer never read the record sent after the kill"
+    assert waited < 10, (f"the record sent after the fetch actor's kill was read {waited:.1f} s later: the consumer's "
+                         f"fetch held by the dead actor was not failed, it waited out a timeout")
