@@ -249,11 +249,11 @@ def test_a_move_cancelled_mid_flight_returns_to_its_replicas_and_its_leader_thro
         assert 0.8 * held <= before <= 1.2 * held, f"{before:.0f} B/s under {len(leaders)} x {rate} B/s"
         for b in leaders:  # each leader's fetch actor restarts knowing nothing: it must learn its list again
             kill_actor(cluster, b, "fetch")
-        # Measured from the restarts on: the follower's fetches lost with the killed actors stall
-        # it for a fetch timeout, the restarted leaders' unused rate is saved up meanwhile (at most
-        # BURST_SECONDS of it, after they start owing that much) and goes in one burst when it
-        # fetches again. Over any window from a restart on the leaders keep to their rate; one
-        # that starts at the burst (as this one did before) sees up to a second's worth more.
+        # Measured from the restarts on: the follower's fetches held by the killed actors fail and
+        # it fetches again after its backoff; the restarted leaders' unused rate is saved up
+        # meanwhile (at most BURST_SECONDS of it, after they start owing that much) and goes in
+        # one burst when it does. Over any window from a restart on the leaders keep to their
+        # rate; one that starts at the burst (as this one did before) sees up to a second's more.
         t0, first = time.monotonic(), fetcher_stats(cluster, 4)["throttle"]
         cluster.wait_for(lambda: fetcher_stats(cluster, 4)["throttle"]["bytes"] > first["bytes"] + 100_000, 60,
                          "the copy going on")
