@@ -96,8 +96,13 @@ class LeaderEpochCache:
             raise ValueError(f"leader epoch {epoch} cannot start at negative offset {start_offset}")
         cut = bisect.bisect_left(self._starts, start_offset)
         if cut < len(self._starts):
-            log.warning("%s: epoch %d at offset %d replaces entries %s", self.path, epoch,
-                        start_offset, self.entries[cut:])
+            replaced = self.entries[cut:]
+            # One epoch that started where this one does never got a record (a leader epoch
+            # bumped again before any append: every step of a reassignment): expected, as in
+            # Kafka's cache; anything else dropped a tail that held data, worth a warning.
+            quiet = len(replaced) == 1 and replaced[0].start_offset == start_offset
+            (log.debug if quiet else log.warning)("%s: epoch %d at offset %d replaces entries %s", self.path,
+                                                  epoch, start_offset, replaced)
             del self._epochs[cut:], self._starts[cut:]
         self._epochs.append(epoch)
         self._starts.append(start_offset)

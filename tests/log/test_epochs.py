@@ -83,6 +83,19 @@ def test_assign_below_the_previous_start_replaces_the_stale_tail(tmp_path):
         cache.assign(8, -1)
 
 
+def test_only_replacing_entries_that_held_data_is_warned_of(tmp_path, caplog):
+    """A leader epoch bumped again before any append (each step of a reassignment) replaces
+    one entry at the same offset: expected, not a warning (it was one at every step)."""
+    cache = cache_with(tmp_path, (1, 0), (3, 10))
+    with caplog.at_level(logging.WARNING, logger="odradek.log"):
+        assert cache.assign(4, 10)
+    assert cache.entries == [(1, 0), (4, 10)] and not caplog.records
+    cache.assign(5, 20)
+    with caplog.at_level(logging.WARNING, logger="odradek.log"):
+        assert cache.assign(6, 15)  # epoch 5 started at 20, past this one's start: its data is gone
+    assert cache.entries == [(1, 0), (4, 10), (6, 15)] and "replaces entries" in caplog.text
+
+
 def test_truncate_from_end_drops_entries_starting_at_or_after_the_new_end(tmp_path):
     cache = cache_with(tmp_path, (1, 0), (3, 10), (5, 20))
     cache.truncate_from_end(40)
