@@ -512,11 +512,11 @@ class FetchActor(Actor):
         b = reader.bounds
         floor = self.unsettled.get((topic, partition))
         if ts == LATEST_TIMESTAMP:
-            if floor is not None and readable:
+            if floor is not None:
+                if not readable:
+                    return _unsettled(entry, topic, partition, b.high_watermark, floor)
                 entry["offset"] = floor
                 return entry
-            if floor is not None:
-                return _unsettled(entry, topic, partition, b.high_watermark, floor)
             entry["offset"] = min(self.stable.get((topic, partition), b.high_watermark), b.high_watermark) \
                 if committed else b.high_watermark
         elif ts == EARLIEST_TIMESTAMP:

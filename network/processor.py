@@ -82,7 +82,7 @@ import socket
 import ssl
 import struct
 import time
-from typing import Any
+from typing import Any, Callable
 
 import zmq
 
@@ -1148,12 +1148,19 @@ class Processor(Actor):
         known, self._fetch_members = self._fetch_members, list(members)
         if known is None or known == self._fetch_members:
             return  # the first word (nothing lost), or nothing changed
-        lost = [rec for rec in self._inflight.values() if rec.slot[2] in FETCH_ACTOR_APIS]
+        lost = self._fail_inflight(lambda rec: rec.slot[2] in FETCH_ACTOR_APIS,
+                                   "the fetch actor restarted while serving this request; ask again")
         if lost:
-            log.warning("%s: the fetch actor %s; failing %d fetches and list-offsets in flight", self.name,
-                        "is back" if members else "died", len(lost))
-        for rec in lost:
-            self._fail(rec, DIED_CODE, "the fetch actor restarted while serving this request; ask again")
+            log.warning("%s: the fetch actor %s; failed %d fetches and list-offsets in flight", self.name,
+                        "is back" if members else "died", lost)
+
+    def _fail_inflight(self, lost: Callable[[InFlight], bool], message: str) -> int:
+        """Fail the requests in flight that ``lost`` picks (an actor holding them died) with
+        NETWORK_EXCEPTION, retriable; their late answers are ignored. How many."""
+        recs = [rec for rec in self._inflight.values() if lost(rec)]
+        for rec in recs:
+            self._fail(rec, DIED_CODE, message)
+        return len(recs)
 
     def _drain_handler(self, name: str) -> None:
         """A retiring handler: finish what it holds, then move its connections."""
@@ -1162,10 +1169,9 @@ class Processor(Actor):
                 self._mark_move(conn)
 
     def _handler_died(self, name: str) -> None:
-        log.warning("%s: %s died; failing its %d in-flight requests", self.name, name,
-                    sum(1 for r in self._inflight.values() if r.handler == name))
-        for rec in [r for r in self._inflight.values() if r.handler == name]:
-            self._fail(rec, DIED_CODE, f"{name} died while handling this request; its outcome is unknown")
+        failed = self._fail_inflight(lambda rec: rec.handler == name,
+                                     f"{name} died while handling this request; its outcome is unknown")
+        log.warning("%s: %s died; failed its %d in-flight requests", self.name, name, failed)
         for conn in list(self.conns.values()):
             if conn.handler == name:
                 self._mark_move(conn)
