@@ -113,6 +113,12 @@ COMPLETE_DEFER = 1.0
 # markers are answered once replicated to the ISR (as Kafka appends them with acks=all), before
 # the coordinator's own request timeout
 PARKED_APIS = (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN)  # see TxnCoordinator.parked
+# ... and, while an EndTxn's records are being checked (``TxnCoordinator.checking``), every
+# request that could change the transaction
+CHECK_PARKED_APIS = PARKED_APIS + (ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT, ApiKey.INIT_PRODUCER_ID)
+# milliseconds a log actor waits for the batches an EndTxn with ``expect`` names (they were
+# sent just before it, on another connection) before the coordinator answers "not yet"
+TXN_CHECK_WAIT_MS = 2000
 MARKERS_ACKS_ALL = {"acks": -1, "timeout_ms": int((MARKER_TIMEOUT - 5) * 1000)}
 METADATA_REFRESH = 1.0  # seconds between metadata polls in cluster mode (leadership of __transaction_state)
 LOAD_RETRY = 0.1  # seconds between get_bounds attempts while the log actor does not lead the partition yet
@@ -214,6 +220,10 @@ class TxnCoordinator(Actor):
         # the markers' answer reaches us (it is chained to the markers), and its next
         # transaction must not be refused CONCURRENT_TRANSACTIONS for that.
         self.parked: dict[str, list[Message]] = {}
+        # EndTxn requests with ``expect`` whose records the partitions' log actors are checking
+        # (txn id -> [the request, answers still due, first problem]); the id's other requests
+        # are parked meanwhile
+        self.checking: dict[str, list] = {}
         self.complete_due: dict[str, tuple] = {}  # txn id -> (Transaction, Timer): its COMPLETE record, deferred
         self.aborted_by_timeout = 0
         self.snapshot: dict = {"topics": {}}
@@ -360,6 +370,11 @@ class TxnCoordinator(Actor):
         for txn_id in gone:
             del self.txns.txns[txn_id]
             self.markers_in_flight.discard(txn_id)
+            checking = self.checking.pop(txn_id, None)
+            if checking is not None:
+                self.reply_error(checking[0], ErrorCode.NOT_COORDINATOR,
+                                 f"transactional id {txn_id!r}: broker {self.broker_id} no longer coordinates it "
+                                 f"({STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
             for waiting in self.waiting_end.pop(txn_id, ()):
                 self.reply_error(waiting, ErrorCode.NOT_COORDINATOR,
                                  f"transactional id {txn_id!r}: broker {self.broker_id} no longer coordinates it "
@@ -490,9 +505,13 @@ class TxnCoordinator(Actor):
         try:
             if not isinstance(body, dict):
                 raise OdradekError("the request body must be a map", ErrorCode.INVALID_REQUEST)
-            if api in PARKED_APIS and self.markers_in_flight:
+            if api in CHECK_PARKED_APIS and (self.markers_in_flight or self.checking or self.parked):
+                # An id's requests are handled in the order they came: once one is parked, so
+                # is every later one (a pipelined EndTxn follows its AddPartitionsToTxn on the
+                # same connection, and must not overtake it)
                 txn_id = body.get("transactional_id")
-                if isinstance(txn_id, str) and txn_id in self.markers_in_flight:
+                if isinstance(txn_id, str) and (txn_id in self.checking or txn_id in self.parked or (
+                        txn_id in self.markers_in_flight and api in PARKED_APIS)):
                     self.parked.setdefault(txn_id, []).append(msg)
                     return
             if api == ApiKey.INIT_PRODUCER_ID:
@@ -520,7 +539,7 @@ class TxnCoordinator(Actor):
             self.reply_error(msg, exc.code, exc.message)
 
     def _answer_stored(self, msg: Message, t: Transaction, body: dict,
-                       failed: Callable[[OdradekError], None] | None = None) -> None:
+                       failed: Callable[[OdradekError], None] | None = None, words: list = ()) -> None:
         """Answer ``msg`` with ``body`` once ``t``'s record is stored: the record's log actor
         sends that answer itself, chained to the write (one hop less on the way back to the
         client). If the record is not stored, nothing was sent: ``failed(exc)`` answers
@@ -529,10 +548,10 @@ class TxnCoordinator(Actor):
             def failed(exc: OdradekError) -> None:
                 self.reply_error(msg, exc.code, exc.message)
         if not msg.reply_to:
-            self._persist(t, lambda: None, failed)
+            self._persist(t, lambda: None, failed, chain=list(words))
             return
         self._persist(t, lambda: self.answered_elsewhere(msg), failed,
-                      chain=[self.answer_chained(msg, {"body": body})])
+                      chain=[*words, self.answer_chained(msg, {"body": body})])
 
     def init_producer_id(self, msg: Message, body: dict) -> None:
         txn_id = body.get("transactional_id")
@@ -586,7 +605,23 @@ class TxnCoordinator(Actor):
         if before == (t.state, t.partitions):
             self.reply(msg, {"body": answer(0)})  # nothing new to store
             return
-        self._answer_stored(msg, t, answer(0), lambda exc: self.reply(msg, {"body": answer(int(exc.code))}))
+        added = t.partitions if before is None or before[0] != TxnState.ONGOING else t.partitions - before[1]
+        self._answer_stored(msg, t, answer(0), lambda exc: self.reply(msg, {"body": answer(int(exc.code))}),
+                            self._added_words(t, added))
+
+    def _added_words(self, t: Transaction, added) -> list:
+        """``txn_added`` for the log actors of this broker leading ``added`` partitions, sent by
+        the record's log actor once it is stored: a batch the producer sent before it had the
+        answer (``txn_unverified``) waits there for this word (docs/TRANSACTIONS.md)."""
+        per_host: dict[str, list] = {}
+        for topic, partition in added:
+            if topic == OFFSETS_TOPIC:
+                continue
+            if self.cluster_mode and topic_leaders(self.snapshot, topic).get(partition) != self.broker_id:
+                continue
+            per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(
+                [topic, partition, t.producer_id, t.epoch])
+        return [[host, "txn_added", {"parts": parts}, 0] for host, parts in per_host.items()]
 
     def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = _str(body, "transactional_id"), _int(body, "producer_id"), _int(body, "producer_epoch")
@@ -662,6 +697,84 @@ class TxnCoordinator(Actor):
         if not isinstance(committed, bool):
             raise OdradekError("committed must be true or false", ErrorCode.INVALID_REQUEST)
         self._check_owner(txn_id)
+        expect = body.get("expect")
+        if expect is not None and committed:
+            checks = self._checks_for(txn_id, pid, epoch, expect)
+            if checks:
+                self._check_then_end(msg, txn_id, pid, epoch, checks)
+                return
+        self._end(msg, txn_id, pid, epoch, committed)
+
+    # ---- EndTxn sent before the produce answers (the bundled producer's ``expect``) -----------
+    def _checks_for(self, txn_id: str, pid: int, epoch: int, expect) -> dict:
+        """``expect``: ``[[topic, partition, last_seq]]``, the partitions whose produce answers
+        the client had not received when it sent EndTxn, each with the last sequence it sent
+        there. Returns ``{log host: [[topic, partition, pid, epoch, last_seq]]}`` to check
+        before committing, {} if the transaction is not open (the usual EndTxn path answers:
+        a retry, a fenced producer). Every partition must be in the transaction and led by
+        this broker (else CONCURRENT_TRANSACTIONS: the client waits for its answers and ends
+        the transaction again without ``expect``)."""
+        t = self.txns.txns.get(txn_id)
+        if t is None or t.producer_id != pid or t.epoch != epoch:
+            return {}  # the usual path refuses it (fenced, unknown id)
+        if t.state != TxnState.ONGOING:  # never "a retried commit": the client sent batches of an open one
+            raise OdradekError(f"transactional id {txn_id!r}: no open transaction to commit (state "
+                               f"{t.state.value}); its partitions were not added", ErrorCode.INVALID_TXN_STATE)
+        if not isinstance(expect, list) or len(expect) > len(t.partitions):
+            raise OdradekError("expect must be a list of [topic, partition, last_seq], one per partition of the "
+                               "transaction at most", ErrorCode.INVALID_REQUEST)
+        by_host: dict = {}
+        for entry in expect:
+            if not (isinstance(entry, list) and len(entry) == 3 and isinstance(entry[0], str)
+                    and all(isinstance(v, int) and not isinstance(v, bool) for v in entry[1:])):
+                raise OdradekError(f"malformed expect entry {entry!r}: [topic, partition, last_seq]",
+                                   ErrorCode.INVALID_REQUEST)
+            topic, partition, last_seq = entry
+            if (topic, partition) not in t.partitions:
+                raise OdradekError(f"transactional id {txn_id!r}: {topic}-{partition} is not in the transaction "
+                                   f"(AddPartitionsToTxn first)", ErrorCode.INVALID_TXN_STATE)
+            leader = topic_leaders(self.snapshot, topic).get(partition) if self.cluster_mode else self.broker_id
+            if leader != self.broker_id:
+                raise OdradekError(f"{topic}-{partition} is led by another broker: its records cannot be checked "
+                                   f"here; end the transaction again once they are acknowledged",
+                                   ErrorCode.CONCURRENT_TRANSACTIONS)
+            by_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(
+                [topic, partition, pid, epoch, last_seq])
+        return by_host
+
+    def _check_then_end(self, msg: Message, txn_id: str, pid: int, epoch: int, by_host: dict) -> None:
+        """Ask each partition's log actor whether the client's batches are written there (and
+        replicated), then commit as any EndTxn; the id's other requests wait meanwhile. A
+        partition that does not confirm in time fails the EndTxn (CONCURRENT_TRANSACTIONS),
+        the transaction staying open."""
+        state = self.checking[txn_id] = [msg, len(by_host), None]
+
+        def answered(reply: Message) -> None:
+            if reply.is_error:
+                state[2] = state[2] or reply.error_message
+            else:
+                for topic, partition, code, message in reply.get("parts") or ():
+                    if code:
+                        state[2] = state[2] or message or f"{topic}-{partition}: {ErrorCode.of(code).name}"
+            state[1] -= 1
+            if state[1] or self.checking.get(txn_id) is not state:
+                return
+            del self.checking[txn_id]
+            try:
+                if state[2]:
+                    raise OdradekError(f"transactional id {txn_id!r} not committed, its records are not all "
+                                       f"stored yet: {state[2]}; end it again once they are acknowledged",
+                                       ErrorCode.CONCURRENT_TRANSACTIONS)
+                self._end(msg, txn_id, pid, epoch, True)
+            except OdradekError as exc:
+                self.reply_error(msg, exc.code, exc.message)
+            self._release_parked(txn_id)
+
+        for host, parts in by_host.items():
+            self.request(host, "txn_check", {"parts": parts, "wait_ms": TXN_CHECK_WAIT_MS}, callback=answered,
+                         timeout=TXN_CHECK_WAIT_MS / 1000 + 5)
+
+    def _end(self, msg: Message, txn_id: str, pid: int, epoch: int, committed: bool) -> None:
         t = self.txns.end_txn(txn_id, pid, epoch, committed, _now_ms())
         if t.state in COMPLETE:
             self.reply(msg, {"body": {"error_code": 0}})

@@ -85,7 +85,7 @@ from odradek.log.config import LogConfig
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
-from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, BatchHeader
+from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT, BatchHeader
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.log")
@@ -93,6 +93,10 @@ log = logging.getLogger("odradek.log")
 CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
+MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
+TXN_HOLD = 2.0  # seconds a batch sent before its partition's AddPartitionsToTxn was stored waits for the word
+_ATTRIBUTES = struct.Struct(">h")  # at byte 21 of a batch
+_EPOCH = struct.Struct(">h")  # at byte 51
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
@@ -139,7 +143,8 @@ class Follower:
 class PartitionLog:
     """One hosted partition: its log and its replica state."""
     __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
-                 "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr", "high_watermark_floor")
+                 "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr", "high_watermark_floor",
+                 "txn_checks", "txn_added", "held")
 
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Log):
         self.topic, self.partition, self.topic_id, self.log = topic, partition, topic_id, log_
@@ -160,6 +165,12 @@ class PartitionLog:
         # "latest" is not answered (KIP-207's OFFSET_NOT_AVAILABLE), never an offset that went
         # back. -1 when following.
         self.high_watermark_floor = -1
+        self.txn_checks: list = []  # [(producer id, epoch, last sequence, DelayedTxnCheck, row)] waiting here
+        # the coordinator's word that a producer's open transaction holds this partition
+        # (``txn_added``: producer id -> epoch), and the batches sent before that word came
+        # (``held``: [HeldAppend]); docs/TRANSACTIONS.md, "The commit path"
+        self.txn_added: dict[int, int] = {}
+        self.held: list = []
 
 
 class DelayedProduce:
@@ -184,6 +195,27 @@ class DelayedMarkers(DelayedProduce):
     def body(self) -> dict:
         return {"parts": [[e["topic"], e["partition"], e["error_code"], e.get("error_message", "")]
                           for e in self.results]}
+
+
+class HeldAppend:
+    """A transactional batch whose producer sent it before knowing the partition is in its
+    transaction (``txn_unverified``): appended once the coordinator's ``txn_added`` comes,
+    refused (retriable) after ``TXN_HOLD``. ``entry`` is its row of the produce's answer."""
+    __slots__ = ("pid", "epoch", "batch", "delayed", "entry", "timer")
+
+    def __init__(self, pid: int, epoch: int, batch, delayed: DelayedProduce, entry: dict):
+        self.pid, self.epoch, self.batch, self.delayed, self.entry = pid, epoch, batch, delayed, entry
+        self.timer = None
+
+
+class DelayedTxnCheck:
+    """A ``txn_check`` (the transaction coordinator's, before it commits a transaction the
+    client ended without waiting for its produce answers) waiting for some of its partitions.
+    ``rows``: ``[topic, partition, code, message]`` each, answered together."""
+    __slots__ = ("msg", "rows", "pending", "timer")
+
+    def __init__(self, msg: Message):
+        self.msg, self.rows, self.pending, self.timer = msg, [], 0, None
 
 
 class LogActor(Actor):
@@ -269,7 +301,13 @@ class LogActor(Actor):
         delayed = DelayedProduce(msg, results) if acks == -1 and msg.reply_to else None
         for topic, partition, code, message in fields.get("errors") or ():
             results.setdefault(topic, []).append(_error(partition, code, message))
+        unverified = delayed is not None and fields.get("txn_unverified") is True
         for topic, partition, frame in fields["parts"]:
+            if unverified:
+                entry = self._hold_unverified(topic, partition, frames[frame], delayed)
+                if entry is not None:
+                    results.setdefault(topic, []).append(entry)
+                    continue
             results.setdefault(topic, []).append(self._append(topic, partition, frames[frame], acks, delayed))
         if not msg.reply_to:  # acks=0 produces come one-way: nobody waits for an answer
             return
@@ -305,6 +343,8 @@ class LogActor(Actor):
             self.metrics.inc("bytes_in", (topic,), info.size)
             self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
         self._advance_high_watermark(p)
+        if p.txn_checks:
+            self._settle_txn_checks(p)
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
                  "log_append_time_ms": append_time, "log_start_offset": info.log_start_offset}
@@ -312,6 +352,74 @@ class LogActor(Actor):
             delayed.waiting_on.append(p)
             p.waiting.append((info.last_offset + 1, delayed, entry))
         return entry
+
+    # ---- transactional batches sent before their partition joined the transaction -----------
+    def _hold_unverified(self, topic: str, partition: int, batch, delayed: DelayedProduce) -> dict | None:
+        """A produce marked ``txn_unverified``: its producer sent it without waiting for the
+        answer to the partition's AddPartitionsToTxn. A transactional batch that would open
+        its producer's transaction here is appended only once the coordinator said the
+        partition is in that transaction (``txn_added``, sent when the coordinator stored
+        it): were it appended before and the partition never stored, no marker would ever
+        close it (a hanging transaction, KIP-890). Returns the answer row, filled in later,
+        if the batch is held; None to append it now."""
+        p = self._partition((topic, partition))
+        if p is None or p.leader != self.broker_id or len(batch) < HEADER_SIZE:
+            return None  # the usual append answers
+        mv = memoryview(batch)
+        pid = _PRODUCER_ID.unpack_from(mv, OFFSET_PRODUCER_ID)[0]
+        epoch = _EPOCH.unpack_from(mv, OFFSET_PRODUCER_ID + 8)[0]
+        if pid < 0 or not _ATTRIBUTES.unpack_from(mv, 21)[0] & TRANSACTIONAL_BIT or p.txn_added.get(pid) == epoch:
+            return None
+        e = p.log.producers.get(pid)
+        if e is not None and e.txn_first_offset >= 0 and e.epoch == epoch and not any(h.pid == pid for h in p.held):
+            return None  # its transaction is open here already: the coordinator stored the partition
+        entry = {"index": partition, "error_code": 0}
+        held = HeldAppend(pid, epoch, batch, delayed, entry)
+        held.timer = self.call_later(TXN_HOLD, lambda: self._release_held(p, [held], (
+            ErrorCode.CONCURRENT_TRANSACTIONS, f"{topic}-{partition}: the transaction coordinator has not said yet "
+                                               f"that this partition is in producer {pid}'s transaction; retry")))
+        p.held.append(held)
+        delayed.waiting_on.append(p)
+        return entry
+
+    def on_txn_added(self, msg: Message) -> None:
+        """The transaction coordinator stored partitions in a producer's transaction
+        (``parts``: [[topic, partition, pid, epoch]]; sent by the record's log actor once
+        stored). Batches held for it are appended now, in the order they came. One-way."""
+        self.answered_elsewhere(msg)  # nobody waits for an answer
+        for entry in msg.get("parts") or ():
+            try:
+                topic, partition, pid, epoch = entry
+                p = self._partition((topic, partition))
+            except (TypeError, ValueError):
+                log.warning("%s: malformed txn_added entry %r", self.name, entry)
+                continue
+            if p is None or p.leader != self.broker_id:
+                continue
+            p.txn_added[int(pid)] = int(epoch)
+            mine = [h for h in p.held if h.pid == pid and h.epoch == epoch]
+            if mine:
+                self._release_held(p, mine)
+
+    def _release_held(self, p: PartitionLog, items: list, error: tuple | None = None) -> None:
+        """Append ``items`` (held batches of ``p``, in order), or fail them with ``error``;
+        answer each produce that waits for nothing more."""
+        for held in items:
+            if held not in p.held:
+                continue  # released already (the word and its timer crossed)
+            p.held.remove(held)
+            if held.timer is not None:
+                held.timer.cancel()
+            delayed = held.delayed
+            delayed.waiting_on.remove(p)
+            if error is not None:
+                held.entry.update(error_code=int(error[0]), error_message=error[1])
+            else:
+                held.entry.update(self._append(p.topic, p.partition, held.batch, -1, delayed))
+            if not delayed.waiting_on:
+                if delayed.timer is not None:
+                    delayed.timer.cancel()
+                self._answers.append((delayed.msg, delayed.body()))
 
     def _check_producer_ids(self, p: PartitionLog, batch) -> None:
         """Never trust a claimed producer id: one this partition does not know yet must carry
@@ -339,7 +447,12 @@ class LogActor(Actor):
 
     def _expire_produce(self, delayed: DelayedProduce) -> None:
         """The produce's timeout passed: its unreplicated partitions fail REQUEST_TIMED_OUT."""
-        for p in delayed.waiting_on:
+        for p in set(delayed.waiting_on):
+            for held in [h for h in p.held if h.delayed is delayed]:
+                p.held.remove(held)
+                held.timer.cancel()
+                held.entry.update(error_code=int(ErrorCode.REQUEST_TIMED_OUT),
+                                  error_message=f"{p.topic}-{p.partition}: not in the producer's transaction in time")
             for _, d, entry in p.waiting:
                 if d is delayed:
                     entry.update(error_code=int(ErrorCode.REQUEST_TIMED_OUT),
@@ -407,6 +520,8 @@ class LogActor(Actor):
                     offset >= self._epoch_start(p):
                 self._alter_isr(p, sorted(set(p.isr) | {replica}))
             self._advance_high_watermark(p)
+            if p.txn_checks:
+                self._settle_txn_checks(p)
 
     def _epoch_start(self, p: PartitionLog) -> int:
         """Where the current leader epoch began: the end of the one before it."""
@@ -546,6 +661,7 @@ class LogActor(Actor):
                                        f"min.insync.replicas is {p.log.config.min_insync_replicas}",
                                        ErrorCode.NOT_ENOUGH_REPLICAS)
                 info = p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
+                p.txn_added.pop(int(pid), None)  # that transaction is over here
                 self._data_changed((topic, partition))
                 self._advance_high_watermark(p)
                 row = {"topic": topic, "partition": partition, "error_code": 0}
@@ -565,6 +681,92 @@ class LogActor(Actor):
             delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
             return
         self._answers.append((msg, delayed.body()))  # in after_batch, once the fetch actor knows the new LSO
+
+    def on_txn_check(self, msg: Message) -> None:
+        """The transaction coordinator asks, before it commits a transaction whose client sent
+        EndTxn without waiting for its produce answers (``expect``, docs/TRANSACTIONS.md):
+        are producer ``pid``'s batches at ``epoch`` through sequence ``last_seq`` written here,
+        in its open transaction, and replicated as acks=all requires? ``parts``:
+        ``[[topic, partition, pid, epoch, last_seq]]``; answered ``{parts: [[topic, partition,
+        code, message]]}`` once each is (0), or refused, or after ``wait_ms`` (the produce may
+        still be on its way: CONCURRENT_TRANSACTIONS then, the client ends it again once its
+        records are acknowledged)."""
+        check = DelayedTxnCheck(msg)
+        for entry in msg.get("parts") or ():
+            try:
+                topic, partition, pid, epoch, last_seq = entry
+                pid, epoch, last_seq = int(pid), int(epoch), int(last_seq)
+            except (TypeError, ValueError) as exc:
+                check.rows.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed check {entry!r}: {exc}"])
+                continue
+            row = [topic, partition, 0, ""]
+            check.rows.append(row)
+            p = self._partition((topic, partition))
+            if p is None or p.leader != self.broker_id:
+                row[2:] = [int(ErrorCode.NOT_LEADER_OR_FOLLOWER), f"{topic}-{partition}: broker {self.broker_id} "
+                                                                  f"is not its leader"]
+                continue
+            verdict = self._txn_verdict(p, pid, epoch, last_seq)
+            if verdict is None:
+                check.pending += 1
+                p.txn_checks.append((pid, epoch, last_seq, check, row))
+            else:
+                row[2:] = verdict
+        if not check.pending:
+            self.reply(msg, {"parts": check.rows})
+            return
+        wait_ms = msg.get("wait_ms")
+        wait_ms = wait_ms if isinstance(wait_ms, int) and 0 <= wait_ms <= MAX_TXN_CHECK_WAIT_MS else MAX_TXN_CHECK_WAIT_MS
+        check.timer = self.call_later(wait_ms / 1000, lambda: self._expire_txn_check(check))
+
+    def _txn_verdict(self, p: PartitionLog, pid: int, epoch: int, last_seq: int) -> list | None:
+        """``[0, ""]`` if the check holds, ``[code, message]`` if it never will, None to wait."""
+        e = p.log.producers.get(pid)
+        if e is not None and e.epoch > epoch:
+            return [int(ErrorCode.INVALID_PRODUCER_EPOCH), f"{p.topic}-{p.partition}: producer {pid} is at epoch "
+                                                           f"{e.epoch} here, not {epoch}"]
+        if e is None or e.epoch != epoch or e.last_seq != last_seq:
+            return None  # its batches are still on their way
+        if e.txn_first_offset < 0:
+            return [int(ErrorCode.INVALID_TXN_STATE), f"{p.topic}-{p.partition}: producer {pid} has no open "
+                                                      f"transaction here (it was ended)"]
+        if p.log.high_watermark <= e.window[-1] or len(p.isr) < p.log.config.min_insync_replicas:
+            return None  # written, not yet replicated to the ISR
+        return [0, ""]
+
+    def _settle_txn_checks(self, p: PartitionLog) -> None:
+        """After an append or a follower's progress: answer the checks that hold now."""
+        left = []
+        for item in p.txn_checks:
+            pid, epoch, last_seq, check, row = item
+            verdict = self._txn_verdict(p, pid, epoch, last_seq)
+            if verdict is None:
+                left.append(item)
+                continue
+            row[2:] = verdict
+            check.pending -= 1
+            if not check.pending:
+                check.timer.cancel()
+                self.reply(check.msg, {"parts": check.rows})
+        p.txn_checks = left
+
+    def _expire_txn_check(self, check: DelayedTxnCheck) -> None:
+        for p in self.logs.values():
+            if not p.txn_checks:
+                continue
+            mine = [item for item in p.txn_checks if item[3] is check]
+            if not mine:
+                continue
+            p.txn_checks = [item for item in p.txn_checks if item[3] is not check]
+            for pid, epoch, last_seq, _, row in mine:
+                e = p.log.producers.get(pid)
+                row[2:] = [int(ErrorCode.CONCURRENT_TRANSACTIONS),
+                           f"{p.topic}-{p.partition}: producer {pid} epoch {epoch} not written through sequence "
+                           f"{last_seq} and replicated in time (here: "
+                           + ("nothing of it" if e is None else f"epoch {e.epoch}, last sequence {e.last_seq}")
+                           + f", high watermark {p.log.high_watermark})"]
+        check.pending = 0
+        self.reply(check.msg, {"parts": check.rows})
 
     def on_describe_producers(self, msg: Message) -> None:
         out = []
@@ -770,6 +972,10 @@ class LogActor(Actor):
             p.leader, p.leader_epoch = leader, epoch
             p.followers = {}
             p.high_watermark_floor = -1
+            p.txn_added.clear()
+            if p.held:
+                self._release_held(p, list(p.held), (ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                                     f"{p.topic}-{p.partition}: leadership moved to broker {leader}"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                            f"{p.topic}-{p.partition}: leadership moved to broker {leader} before "
@@ -897,6 +1103,8 @@ class LogActor(Actor):
         self.unopened.pop((topic, partition), None)
         p = self.logs.pop((topic, partition), None)
         if p is not None:
+            if p.held:
+                self._release_held(p, list(p.held), (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             p.log.close()

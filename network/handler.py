@@ -268,15 +268,17 @@ class RequestHandler(Actor):
             for host, (parts, frames) in per_host.items():
                 self.send(host, "produce", {"acks": 0, "parts": parts}, frames)
             return
+        base = {"acks": acks, "timeout_ms": timeout}
+        if acks == -1 and body.get("txn_unverified") is True:
+            base["txn_unverified"] = True  # docs/TRANSACTIONS.md, "The commit path"
         if len(per_host) <= 1:
             if not per_host:
                 self.reply(msg, {"body": _partition_body(errors, [], PRODUCE_ERROR)})
                 return
             host, (parts, frames) = next(iter(per_host.items()))
-            self.forward(msg, host, "produce", {"acks": acks, "timeout_ms": timeout, "parts": parts,
-                                                "errors": errors}, frames)
+            self.forward(msg, host, "produce", {**base, "parts": parts, "errors": errors}, frames)
             return
-        self._gather(msg, [(host, "produce", {"acks": acks, "timeout_ms": timeout, "parts": parts}, frames)
+        self._gather(msg, [(host, "produce", {**base, "parts": parts}, frames)
                            for host, (parts, frames) in per_host.items()], errors, PRODUCE_ERROR)
 
     def _route(self, msg: Message, topics: list) -> tuple[dict, list]:

@@ -210,6 +210,11 @@ class RecordAccumulator:
             self._close_lingering(time.monotonic(), force=True)
             return [b.future for b in self._incomplete]
 
+    def drained(self) -> bool:
+        """No batch open, none closed and not yet taken by the sender (``drain``)."""
+        with self.lock:
+            return not self._ready and not self._open
+
     def close(self) -> None:
         """No new batches: a caller blocked on ``buffer_memory`` gives up; the sender wakes."""
         with self.lock:

@@ -73,8 +73,14 @@ thread (the *adder*) adds the partition to the transaction (AddPartitionsToTxn; 
 opened meanwhile go in one request) while the batch fills, and the sender sends none of the
 partition's batches before the coordinator stored it (Kafka's producer adds partitions at
 ``send`` as well); batches carry the transactional bit. The caller's thread sends
-AddOffsetsToTxn/TxnOffsetCommit and EndTxn (after a flush and once no AddPartitionsToTxn is
-in flight). A fenced
+AddOffsetsToTxn/TxnOffsetCommit. A commit does not wait for the produce answers before it
+ends the transaction: the sender writes EndTxn right behind the transaction's last batches,
+naming each partition's last sequence not yet acknowledged (``expect``), and the
+coordinator commits once those partitions' log actors confirm the batches are written and
+replicated (one round trip less a transaction; docs/TRANSACTIONS.md). Where that cannot
+be checked (a partition led by another broker than the coordinator) or is refused, the
+commit falls back to Kafka's order: a flush, then EndTxn once no AddPartitionsToTxn is in
+flight. An abort always takes that order. A fenced
 producer (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) is fatal: every later call raises
 ``ProducerFencedError``; a failed record makes ``commit_transaction`` raise
 ``TransactionAbortableError``. A transactional producer never bumps its epoch itself.
@@ -516,6 +522,21 @@ TXN_FATAL = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorC
              ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, ErrorCode.INVALID_TRANSACTION_TIMEOUT)
 
 
+class _PipelinedEnd:
+    """A commit whose EndTxn the sender writes behind the transaction's last batches (see the
+    module doc). The caller waits for ``ready``: set by the sender once it wrote EndTxn
+    (``sent``; the caller then owns the coordinator connection and reads the answer into
+    ``answers``) or decided against it (``fallback`` says why: the usual commit follows)."""
+    __slots__ = ("generation", "ready", "sent", "fallback", "answers")
+
+    def __init__(self, generation: int):
+        self.generation = generation
+        self.ready = threading.Event()
+        self.sent = False
+        self.fallback = ""
+        self.answers: list = []
+
+
 class _Transactions:
     """A transactional producer's state (Kafka's TransactionManager, simplified): READY ->
     IN_TRANSACTION -> READY, or FATAL for good. The caller's thread talks to the
@@ -553,6 +574,7 @@ class _Transactions:
         self._add_conn: Connection | None = None
         self._early: tuple | None = None  # (partitions, answers, deadline, generation): the caller's, for the sender
         self.offsets_sent = False  # send_offsets_to_transaction() in the current transaction
+        self._end: _PipelinedEnd | None = None  # a commit the sender is to end (``send_end``)
         self._lock = threading.Lock()
         self._add_changed = threading.Condition(self._lock)
         self._closing = False
@@ -724,13 +746,26 @@ class _Transactions:
     def _add_codes(answer: dict) -> list:
         return [r["partition_error_code"] for t in answer.get("results") or () for r in t["results"]]
 
+    def may_go_unverified(self, tp: tuple, cluster: Cluster) -> bool:
+        """Sender thread: may a batch of ``tp`` go before the answer to the AddPartitionsToTxn
+        the caller wrote for it? Yes if that request is out and the partition's leader is the
+        coordinator's broker: the batch goes marked ``txn_unverified``, and the leader appends
+        it only once the coordinator told it the partition is stored in the transaction (one
+        round trip off a transaction's commit; docs/TRANSACTIONS.md)."""
+        early, conn = self._early, self._add_conn
+        if early is None or tp not in early[0] or conn is None or not conn.connected:
+            return False
+        return cluster.address(cluster.leader(*tp)) == (conn.host, conn.port)
+
     def early_conn(self) -> Connection | None:
         """Sender thread: the connection whose answer it waits for besides its own (the
-        early AddPartitionsToTxn's), or None."""
-        return self._add_conn if self._early is not None else None
+        early AddPartitionsToTxn's), or None (also while a pipelined commit's caller reads it)."""
+        end = self._end
+        return self._add_conn if self._early is not None and (end is None or not end.sent) else None
 
-    def settle_early(self) -> None:
-        """Sender thread: take the answer to the AddPartitionsToTxn the caller wrote, if it
+    def settle_early(self, reader: bool = False) -> None:
+        """Sender thread (or ``reader``: a pipelined commit's caller, who owns the connection
+        then): take the answer to the AddPartitionsToTxn the caller wrote, if it
         came (read without blocking) or will never come (the connection lost, or no answer
         within request_timeout_ms). Added, the partitions' batches may go; refused, they are
         asked again the usual way, by the adder (``_request`` retries, follows a coordinator
@@ -738,6 +773,9 @@ class _Transactions:
         early = self._early
         if early is None:
             return
+        end = self._end
+        if end is not None and end.sent and not reader:
+            return  # a pipelined commit's caller reads the connection now, and settles this answer
         tps, answers, deadline, generation = early
         conn = self._add_conn
         if not answers and conn.connected:
@@ -856,6 +894,9 @@ class _Transactions:
         what = "commit_transaction()" if commit else "abort_transaction()"
         if self.state != "IN_TRANSACTION":
             raise ValueError(f"{what} without an open transaction (state {self.state})")
+        if commit and self.abortable is None and self._commit_pipelined(timeout):
+            self.state = "READY"
+            return
         try:
             self.p.flush(timeout)
         except TimeoutError:
@@ -874,6 +915,101 @@ class _Transactions:
         if touched:  # a transaction that wrote nothing has nothing to end at the coordinator
             self._request(ApiKey.END_TXN, {**self._ids(), "committed": commit}, "EndTxn", timeout)
         self.state = "READY"
+
+    # ---- the pipelined commit ----------------------------------------------------------------
+    def _commit_pipelined(self, timeout: float | None) -> bool:
+        """Commit with EndTxn written by the sender right behind the last batches (see the
+        module doc). True once committed; False if the usual commit must follow (nothing
+        sent that needs checking, no connection to the coordinator, a partition led
+        elsewhere, or the coordinator could not confirm the records: it then left the
+        transaction open). Raises a fatal error as the usual path does."""
+        with self._lock:
+            conn = self._add_conn
+            if not (self.partitions or self.adding) or conn is None or not conn.connected or self._end is not None:
+                return False
+        deadline = time.monotonic() + (self.p.request_timeout_ms / 1000 if timeout is None else timeout)
+        pending = self.p._acc.flush_futures()
+        with self._lock:
+            end = self._end = _PipelinedEnd(self.generation)
+        self.p._acc.wake()
+        try:
+            if not end.ready.wait(max(0.0, deadline - time.monotonic())) or not end.sent:
+                return False
+            while not end.answers and conn.connected and time.monotonic() < deadline:
+                conn.poll(min(deadline - time.monotonic(), 1.0))
+            self.settle_early(reader=True)  # its answer came first, on the same connection
+        finally:
+            with self._lock:
+                self._end = None
+        if not end.answers:
+            return False  # connection lost or no answer: the usual EndTxn finds out (a retried commit is answered again)
+        frame, err = end.answers[0]
+        if err is not None:
+            if err.code in TXN_FATAL:
+                raise self._classify(err, "EndTxn")
+            log.debug("transactional id %r: commit with the batches in flight refused (%s); committing again "
+                      "after their acknowledgements", self.txn_id, err)
+            return False
+        # The coordinator committed: every batch is written and replicated. Their answers are
+        # on their way; flush() semantics: return once every record is resolved.
+        done, not_done = concurrent.futures.wait(pending, max(0.0, deadline - time.monotonic()))
+        failed = [f for f in done if f.exception() is not None]
+        if failed:
+            log.warning("transactional id %r committed (the coordinator found every batch written), yet %d batch(es) "
+                        "reported a failure: %s", self.txn_id, len(failed), failed[0].exception())
+        if not_done:
+            raise TimeoutError(f"commit_transaction: committed, but {len(not_done)} batches still unacknowledged "
+                               f"after {timeout}s")
+        return True
+
+    def send_end(self, sender: "_Sender") -> None:
+        """Sender thread, after sending, while a pipelined commit waits: once every batch of
+        the transaction was sent at least once (and its partitions were added), write EndTxn
+        on the coordinator connection with each partition's last sequence still unacknowledged,
+        and hand the connection to the caller; or decide for the usual commit."""
+        end = self._end
+        if end is None or end.ready.is_set():
+            return
+        if end.generation != self.generation:
+            end.fallback = "the transaction ended"
+            end.ready.set()
+            return
+        early = self._early
+        if self.adding.difference(early[0] if early is not None else ()):
+            return  # the adder's AddPartitionsToTxn (another connection) must be answered before EndTxn
+        # The caller's own AddPartitionsToTxn may be in flight: it went on the connection EndTxn
+        # takes, so the coordinator handles it first.
+        if any(b.stamp is None for b in sender.retry) or not sender.acc.drained():
+            return  # batches not sent yet (limits, backoff, closed just now): asked again on the next turn
+        idem, cluster, conn = sender.idem, sender.cluster, self._add_conn
+        current = (idem.producer_id, idem.epoch)
+        expect = []
+        for (topic, partition), window in idem.window.items():
+            if not window or all(b.future.done() for b in window):
+                continue
+            last = window[-1]
+            pid, epoch, seq = last.stamp
+            if (pid, epoch) != current:
+                end.fallback = f"{topic}-{partition} is switching producer epoch"
+                break
+            leader = cluster.leader(topic, partition)
+            if conn is None or cluster.address(leader) != (conn.host, conn.port):
+                end.fallback = f"{topic}-{partition} is led by another broker than the coordinator"
+                break
+            expect.append([topic, partition, (seq + last.count - 1) & 0x7FFFFFFF])
+        else:
+            if not expect:
+                end.fallback = "every batch is acknowledged already"
+            elif not conn.connected:
+                end.fallback = "no connection to the coordinator"
+        if not end.fallback:
+            try:
+                conn.send(ApiKey.END_TXN, {**self._ids(), "committed": True, "expect": expect},
+                          callback=lambda frame, err: end.answers.append((frame, err)))
+                end.sent = True
+            except OdradekError as exc:
+                end.fallback = f"EndTxn not sent: {exc}"
+        end.ready.set()
 
 
 class _Idempotence:
@@ -1029,9 +1165,12 @@ class _Sender:
                 cluster = self.cluster
                 if (self.metadata_wanted or cluster.stale()) and not cluster.refresh_due():
                     self._refresh_metadata()
-                if self.txn is not None:
-                    self.txn.settle_early()
+                txn = self.txn
+                if txn is not None:
+                    txn.settle_early()
                 self._send_ready()
+                if txn is not None and txn._end is not None:
+                    txn.send_end(self)
                 if self.stopping:
                     if not self.retry and not any(c.in_flight for c in self.conns.values()):
                         break
@@ -1102,6 +1241,8 @@ class _Sender:
                 continue
             if txn is not None and tp not in txn.partitions:
                 added = txn.add_state(tp)
+                if added is None and txn.may_go_unverified(tp, cluster):
+                    added = True  # the partition's leader holds it until the coordinator stored the partition
                 if added is None:  # AddPartitionsToTxn in flight: the adder wakes us
                     held.add(tp)
                     waiting.append(batch)
@@ -1223,6 +1364,9 @@ class _Sender:
             layout.append(((topic, partition), bs))
         body = {"acks": self.acks, "timeout_ms": self.ack_timeout_ms,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        txn = self.txn
+        if txn is not None and any(tp not in txn.partitions for tp, _ in layout):
+            body["txn_unverified"] = True  # sent before AddPartitionsToTxn's answer (may_go_unverified)
         for b in group:
             b.attempts += 1
             b.unwritten = False
