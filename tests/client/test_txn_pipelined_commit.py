@@ -140,6 +140,46 @@ def test_a_check_that_cannot_hold_leaves_the_transaction_open_and_the_commit_fal
     assert read_committed(broker.bootstrap, topic, 101) == [b"first"] + [b"%d" % i for i in range(100)]
 
 
+def test_a_refused_check_writes_nothing_and_the_transaction_can_still_be_aborted(broker, monkeypatch):
+    """The PREPARE record travels with the check (the log actor sends it only once every
+    batch is confirmed). Refused, nothing may have been written: the transaction is open
+    again, an abort aborts it, and read_committed never sees its records."""
+    from odradek.consumer import Consumer
+    from odradek.types import TopicPartition
+    topic = new_topic(broker.bootstrap)
+    original = Connection.send
+
+    def lying(self, api, body, frames=(), callback=None, **kw):
+        if api == ApiKey.END_TXN and body.get("expect"):
+            body = {**body, "expect": [[t, p, s + 1] for t, p, s in body["expect"]]}
+        return original(self, api, body, frames, callback, **kw)
+
+    monkeypatch.setattr(Connection, "send", lying)
+    txn_id = f"refused-{topic}"
+    with Producer(broker.bootstrap, transactional_id=txn_id, linger_ms=200) as p:
+        p.init_transactions(30)
+        p.begin_transaction()
+        p.send(topic, b"kept")
+        p.commit_transaction(30)  # the usual way: it opens the connection to the coordinator
+        p.begin_transaction()
+        for i in range(10):
+            p.send(topic, b"dropped-%d" % i)
+        assert p._txn._commit_pipelined(30) is False  # refused: not committed
+        p.abort_transaction(30)
+        cluster = Cluster(broker.bootstrap, "test-describe")
+        try:
+            assert describe(cluster, txn_id)[1].get("transaction_state") == "CompleteAbort"
+        finally:
+            cluster.close()
+    assert read_committed(broker.bootstrap, topic, 1) == [b"kept"]
+    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as c:  # read_uncommitted: all of it
+        c.assign([TopicPartition(topic, 0)])
+        seen, deadline = [], time.monotonic() + 20
+        while len(seen) < 11 and time.monotonic() < deadline:
+            seen += [r.value for r in c.poll(200)]
+    assert seen == [b"kept"] + [b"dropped-%d" % i for i in range(10)]
+
+
 def test_a_fenced_producer_is_fenced_by_its_pipelined_commit(broker):
     topic = new_topic(broker.bootstrap)
     txn_id = f"zombie-{topic}"
