@@ -213,12 +213,6 @@ class TransactionManager:
         self._prepare(t, commit, now)
         return t
 
-    def reopen(self, t: Transaction) -> None:
-        """Undo ``end_txn``'s commit of an open transaction whose PREPARE record was never
-        sent (its records were not confirmed): open again, as before."""
-        t.state = TxnState.ONGOING
-        t.pending_markers = set()
-
     def _prepare(self, t: Transaction, commit: bool, now: int) -> None:
         t.state = TxnState.PREPARE_COMMIT if commit else TxnState.PREPARE_ABORT
         t.pending_markers = set(t.partitions)

@@ -388,8 +388,7 @@ class TxnCoordinator(Actor):
         return self.txns.txns.get(t.txn_id) is t
 
     # ---- durable state: __transaction_state ------------------------------------------------
-    def _persist(self, t: Transaction, then, fail, attempt: int = 0, chain: list | None = None,
-                 via: list | None = None) -> None:
+    def _persist(self, t: Transaction, then, fail, attempt: int = 0, chain: list | None = None) -> None:
         """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
         could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE, or
         NOT_COORDINATOR once leadership moved). ``chain``: messages (``[to, type, fields,
@@ -433,11 +432,8 @@ class TxnCoordinator(Actor):
         fields = {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, partition, 0]]}
         if chain:
             fields["then"] = chain
-        host, frames = self._state_host(partition), [encode_batch([(key, value)])]
-        if via is not None:  # another actor sends it, chained to its own part (``expect``-ed here)
-            via.append([host, "produce", fields, self.expect(answered, host, "produce", WRITE_TIMEOUT), frames])
-            return
-        self.request(host, "produce", fields, frames, callback=answered, timeout=WRITE_TIMEOUT)
+        self.request(self._state_host(partition), "produce", fields, [encode_batch([(key, value)])],
+                     callback=answered, timeout=WRITE_TIMEOUT)
 
     def _create_state_topic(self, then, fail) -> None:
         """Single broker: one partition, created with the first transaction record."""
@@ -751,8 +747,6 @@ class TxnCoordinator(Actor):
         replicated), then commit as any EndTxn; the id's other requests wait meanwhile. A
         partition that does not confirm in time fails the EndTxn (CONCURRENT_TRANSACTIONS),
         the transaction staying open."""
-        if len(by_host) == 1 and self._check_with_prepare(msg, txn_id, pid, epoch, *next(iter(by_host.items()))):
-            return
         state = self.checking[txn_id] = [msg, len(by_host), None]
 
         def answered(reply: Message) -> None:
@@ -780,43 +774,6 @@ class TxnCoordinator(Actor):
             self.request(host, "txn_check", {"parts": parts, "wait_ms": TXN_CHECK_WAIT_MS}, callback=answered,
                          timeout=TXN_CHECK_WAIT_MS / 1000 + 5)
 
-    def _check_with_prepare(self, msg: Message, txn_id: str, pid: int, epoch: int, host: str, parts: list) -> bool:
-        """The usual case, one log actor to ask: the PREPARE record goes with the question,
-        chained (that log actor sends it to the record's log actor once it confirmed the
-        batches: one hop and one coordinator turn less). Refused, nothing was sent: the
-        transaction is open again and EndTxn refused. No answer (that log actor died, or
-        not in time): it may have sent the record, whose own answer then decides, as for
-        any EndTxn. False if the record cannot go that way (the state topic not there)."""
-        if not self.partitions:
-            return False
-        via: list = []
-        t, chain = self._end(msg, txn_id, pid, epoch, True, via)
-        state = self.checking[txn_id] = [msg, 1, None]
-
-        def answered(reply: Message) -> None:
-            if self.checking.get(txn_id) is not state:
-                return
-            del self.checking[txn_id]
-            if reply.is_error:
-                log.info("transactional id %r: no answer to the check of its records (%s); its PREPARE record's "
-                         "answer decides", txn_id, reply.error_message)
-            elif not chain_sent(reply.fields):
-                why = next((m or f"{tp}-{p}: {ErrorCode.of(c).name}" for tp, p, c, m in reply.get("parts") or ()
-                            if c), "refused")
-                self._forget_chained(via + chain)
-                if chain:
-                    self.markers_in_flight.discard(txn_id)
-                self.txns.reopen(t)
-                for waiting in self.waiting_end.pop(txn_id, ()):
-                    self.reply_error(waiting, ErrorCode.CONCURRENT_TRANSACTIONS,
-                                     f"transactional id {txn_id!r} not committed, its records are not all stored "
-                                     f"yet: {why}; end it again once they are acknowledged")
-            self._release_parked(txn_id)
-
-        self.request(host, "txn_check", {"parts": parts, "wait_ms": TXN_CHECK_WAIT_MS, "then": via},
-                     callback=answered, timeout=TXN_CHECK_WAIT_MS / 1000 + 5)
-        return True
-
     def _forget_chained(self, chain: list) -> None:
         """Chained messages that will not be sent: forget the requests among them (an answer
         to our requester carries the requester's correlation id, not one of ours)."""
@@ -824,15 +781,11 @@ class TxnCoordinator(Actor):
             if item[1] != REPLY:
                 self.cancel_request(item[3])
 
-    def _end(self, msg: Message, txn_id: str, pid: int, epoch: int, committed: bool,
-             via: list | None = None) -> tuple[Transaction, list]:
-        """EndTxn: PREPARE record, markers, answer. ``via``: the record's write is put there
-        (a chained message) for another actor to send, not sent. Returns the transaction and
-        the messages chained to its record (the markers, maybe the answer)."""
+    def _end(self, msg: Message, txn_id: str, pid: int, epoch: int, committed: bool) -> None:
         t = self.txns.end_txn(txn_id, pid, epoch, committed, _now_ms())
         if t.state in COMPLETE:
             self.reply(msg, {"body": {"error_code": 0}})
-            return t, []
+            return
         self.waiting_end.setdefault(txn_id, []).append(msg)
         # The markers this broker's log actors write go with the PREPARE record: its log actor
         # sends them once it is stored (one hop less). Otherwise (markers for other brokers,
@@ -847,10 +800,9 @@ class TxnCoordinator(Actor):
                 self.reply_error(waiting, exc.code, exc.message)
             self._release_parked(txn_id)
         if self._write_markers(t, chain, msg):
-            self._persist(t, lambda: None, failed, chain=chain, via=via)
+            self._persist(t, lambda: None, failed, chain=chain)
         else:
-            self._persist(t, lambda: self._write_markers(t), failed, via=via)
-        return t, chain
+            self._persist(t, lambda: self._write_markers(t), failed)
 
     # ---- markers -------------------------------------------------------------------------
     def _route_markers(self, t: Transaction, commit: bool) -> tuple[dict, dict, list, bool]:

@@ -713,7 +713,7 @@ class LogActor(Actor):
             else:
                 row[2:] = verdict
         if not check.pending:
-            self._answer_txn_check(check)
+            self.reply(msg, {"parts": check.rows})
             return
         wait_ms = msg.get("wait_ms")
         wait_ms = wait_ms if isinstance(wait_ms, int) and 0 <= wait_ms <= MAX_TXN_CHECK_WAIT_MS else MAX_TXN_CHECK_WAIT_MS
@@ -747,16 +747,8 @@ class LogActor(Actor):
             check.pending -= 1
             if not check.pending:
                 check.timer.cancel()
-                self._answer_txn_check(check)
+                self.reply(check.msg, {"parts": check.rows})
         p.txn_checks = left
-
-    def _answer_txn_check(self, check: DelayedTxnCheck) -> None:
-        """Every partition confirmed: the check's chained messages (the coordinator's PREPARE
-        record) go first, then the answer; any refused: the answer alone."""
-        answer = {"parts": check.rows}
-        if check.msg.fields and check.msg.fields.get("then"):
-            self._send_chained(check.msg, answer)
-        self.reply(check.msg, answer)
 
     def _expire_txn_check(self, check: DelayedTxnCheck) -> None:
         for p in self.logs.values():
@@ -774,7 +766,7 @@ class LogActor(Actor):
                            + ("nothing of it" if e is None else f"epoch {e.epoch}, last sequence {e.last_seq}")
                            + f", high watermark {p.log.high_watermark})"]
         check.pending = 0
-        self._answer_txn_check(check)
+        self.reply(check.msg, {"parts": check.rows})
 
     def on_describe_producers(self, msg: Message) -> None:
         out = []
@@ -1163,8 +1155,8 @@ class LogActor(Actor):
                 self._send_chained(msg, fields)
 
     def _send_chained(self, msg: Message, answer: dict) -> None:
-        """A produce, write_markers or txn_check with ``then: [[to, type, fields, corr(, frames)],
-        ...]`` (the transaction coordinator's records and markers): once every partition of it is written
+        """A produce or write_markers with ``then: [[to, type, fields, corr], ...]`` (the
+        transaction coordinator's records and markers): once every partition of it is written
         (and, acks=all, replicated), send those messages on the requester's behalf, answered
         to it under its ``corr`` (its next requests: the markers after the PREPARE record), or
         its answers to its own requesters (``Actor.answer_chained``): one hop less than its
@@ -1173,15 +1165,13 @@ class LogActor(Actor):
         if not chain_sent(answer) or not msg.reply_to:
             return
         for item in msg.fields["then"]:
-            if not (isinstance(item, list) and len(item) in (4, 5) and isinstance(item[0], str)
-                    and isinstance(item[1], str) and isinstance(item[2], dict) and isinstance(item[3], int)
-                    and (len(item) == 4 or (isinstance(item[4], list)
-                                            and all(isinstance(f, bytes) for f in item[4])))):
+            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
+                    and isinstance(item[1], str) and isinstance(item[2], dict) and isinstance(item[3], int)):
                 log.error("%s: dropping a malformed chained message from %s: %r", self.name, msg.reply_to, item)
                 continue
-            to, type_, fields, corr = item[:4]
+            to, type_, fields, corr = item
             try:
-                self.send(to, type_, fields, item[4] if len(item) == 5 else (), corr=corr, reply_to=msg.reply_to)
+                self.send(to, type_, fields, corr=corr, reply_to=msg.reply_to)
             except MailboxFull:  # the requester's timeout retries it
                 log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, type_, to)
 

@@ -141,9 +141,8 @@ def test_a_check_that_cannot_hold_leaves_the_transaction_open_and_the_commit_fal
 
 
 def test_a_refused_check_writes_nothing_and_the_transaction_can_still_be_aborted(broker, monkeypatch):
-    """The PREPARE record travels with the check (the log actor sends it only once every
-    batch is confirmed). Refused, nothing may have been written: the transaction is open
-    again, an abort aborts it, and read_committed never sees its records."""
+    """A refused check leaves the transaction open, nothing of it committed: an abort then
+    aborts it, and read_committed never sees its records."""
     from odradek.consumer import Consumer
     from odradek.types import TopicPartition
     topic = new_topic(broker.bootstrap)
