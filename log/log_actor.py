@@ -716,7 +716,8 @@ class LogActor(Actor):
             self.reply(msg, {"parts": check.rows})
             return
         wait_ms = msg.get("wait_ms")
-        wait_ms = wait_ms if isinstance(wait_ms, int) and 0 <= wait_ms <= MAX_TXN_CHECK_WAIT_MS else MAX_TXN_CHECK_WAIT_MS
+        if not (isinstance(wait_ms, int) and 0 <= wait_ms <= MAX_TXN_CHECK_WAIT_MS):
+            wait_ms = MAX_TXN_CHECK_WAIT_MS
         check.timer = self.call_later(wait_ms / 1000, lambda: self._expire_txn_check(check))
 
     def _txn_verdict(self, p: PartitionLog, pid: int, epoch: int, last_seq: int) -> list | None:
@@ -1104,7 +1105,8 @@ class LogActor(Actor):
         p = self.logs.pop((topic, partition), None)
         if p is not None:
             if p.held:
-                self._release_held(p, list(p.held), (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
+                self._release_held(p, list(p.held),
+                                   (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             p.log.close()

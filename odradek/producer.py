@@ -942,7 +942,7 @@ class _Transactions:
             with self._lock:
                 self._end = None
         if not end.answers:
-            return False  # connection lost or no answer: the usual EndTxn finds out (a retried commit is answered again)
+            return False  # connection lost, or no answer: the usual EndTxn finds out (a retried commit is answered)
         frame, err = end.answers[0]
         if err is not None:
             if err.code in TXN_FATAL:

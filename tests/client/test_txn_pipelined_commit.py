@@ -7,43 +7,25 @@ cannot hold leaves the transaction open and the commit falls back to the usual o
 fenced producer is still fenced."""
 from __future__ import annotations
 
+import contextlib
 import time
-import uuid
 
 import pytest
 
-from odradek import Admin, Producer
+from odradek import Producer
 from odradek.cluster import Cluster, Connection
 from odradek.coordinator.txn_coordinator import TXN_CHECK_WAIT_MS
 from odradek.errors import ProducerFencedError
-from odradek.local import LocalBroker
 from odradek.log.log_actor import TXN_HOLD
 from odradek.network.protocol import ApiKey, ErrorCode
 from odradek.transactions import describe
-from tests.client.test_txn_commit_path import read_committed
-
-
-@pytest.fixture(scope="module")
-def broker(tmp_path_factory):
-    b = LocalBroker(str(tmp_path_factory.mktemp("txn-pipelined")), {"shutdown.timeout.ms": 10000},
-                    start_timeout=240).start()
-    try:
-        yield b
-    finally:
-        b.discard()
-
-
-def new_topic(bootstrap: str) -> str:
-    name = f"t-{uuid.uuid4().hex[:10]}"
-    with Admin(bootstrap) as admin:
-        admin.create_topic(name, partitions=1)
-    return name
+from tests.client.test_txn_commit_path import new_topic, read_committed
 
 
 @pytest.fixture
 def wire(monkeypatch):
-    """Every EndTxn a connection writes and every answer it reads: ``[(time, api, body,
-    answer error code or None)]`` in order (produce answers as api PRODUCE)."""
+    """Every EndTxn a connection writes and every EndTxn or produce answer it reads, in order:
+    ``(time, "sent" | "answer", api, body of a sent one, error code of an answer or None)``."""
     seen: list = []
     original = Connection.send
 
@@ -62,16 +44,12 @@ def wire(monkeypatch):
     return seen
 
 
-def test_end_txn_leaves_before_the_produce_answers_and_every_record_is_read_once(broker, wire):
+def test_end_txn_leaves_before_the_produce_answers_and_every_record_is_read_once(shared_broker, wire):
     """Without the pipelined commit, EndTxn is sent only once every produce answer came. (The
     producer's first transaction opens its connection to the coordinator: it commits the
     usual way.)"""
-    topic = new_topic(broker.bootstrap)
-    with Producer(broker.bootstrap, transactional_id=f"pipe-{topic}", linger_ms=200) as p:
-        p.init_transactions(30)
-        p.begin_transaction()
-        p.send(topic, b"first")
-        p.commit_transaction(30)
+    topic = new_topic(shared_broker.bootstrap)
+    with warmed_producer(shared_broker.bootstrap, f"pipe-{topic}", topic, b"first") as p:
         wire.clear()
         for t in range(20):
             p.begin_transaction()
@@ -95,57 +73,33 @@ def test_end_txn_leaves_before_the_produce_answers_and_every_record_is_read_once
     # sequences: the first record has 0, then 300 records a transaction
     expected = [e[3]["expect"][0][2] for e in wire if e[1] == "sent"]
     assert expected == [300 * (n + 1) for n in range(20)]
-    values = read_committed(broker.bootstrap, topic, 6001)
+    values = read_committed(shared_broker.bootstrap, topic, 6001)
     assert values == [b"first"] + [b"%d-%d" % (t, i) for t in range(20) for i in range(300)]
 
 
-def test_a_check_that_cannot_hold_leaves_the_transaction_open_and_the_commit_falls_back(broker, wire, monkeypatch):
-    """EndTxn names a sequence one past what was sent: the partition's log actor never sees
-    it, the coordinator answers CONCURRENT_TRANSACTIONS after its wait, the transaction is
-    still open meanwhile, and the producer commits it the usual way once its records are
-    acknowledged: each record read once."""
-    topic = new_topic(broker.bootstrap)
-    original = Connection.send  # the wire fixture's
-
-    def lying(self, api, body, frames=(), callback=None, **kw):
-        if api == ApiKey.END_TXN and body.get("expect"):
-            body = {**body, "expect": [[t, p, s + 1] for t, p, s in body["expect"]]}
-        return original(self, api, body, frames, callback, **kw)
-
-    monkeypatch.setattr(Connection, "send", lying)
-    txn_id = f"lie-{topic}"
-    with Producer(broker.bootstrap, transactional_id=txn_id, linger_ms=200) as p:
+@contextlib.contextmanager
+def warmed_producer(bootstrap: str, txn_id: str, topic: str, first: bytes):
+    """A transactional producer past its first transaction (``first`` committed the usual
+    way: that one opens its connection to the coordinator, which the pipelined commit uses)."""
+    with Producer(bootstrap, transactional_id=txn_id, linger_ms=200) as p:
         p.init_transactions(30)
         p.begin_transaction()
-        p.send(topic, b"first")
-        p.commit_transaction(30)  # the usual way: it opens the connection to the coordinator
-        wire.clear()
-        p.begin_transaction()
-        for i in range(100):
-            p.send(topic, b"%d" % i)
-        started = time.monotonic()
+        p.send(topic, first)
         p.commit_transaction(30)
-        took = time.monotonic() - started
-        cluster = Cluster(broker.bootstrap, "test-describe")
-        try:
-            states = [describe(cluster, txn_id)[1].get("transaction_state")]
-        finally:
-            cluster.close()
-    ends = [(e[1], e[3], e[4]) for e in wire if e[2] == ApiKey.END_TXN]
-    assert [e[0] for e in ends] == ["sent", "answer", "sent", "answer"], ends
-    assert "expect" in ends[0][1] and ends[1][2] == ErrorCode.CONCURRENT_TRANSACTIONS
-    assert "expect" not in ends[2][1] and ends[3][2] is None
-    assert took >= TXN_CHECK_WAIT_MS / 1000 * 0.9
-    assert states == ["CompleteCommit"]
-    assert read_committed(broker.bootstrap, topic, 101) == [b"first"] + [b"%d" % i for i in range(100)]
+        yield p
 
 
-def test_a_refused_check_writes_nothing_and_the_transaction_can_still_be_aborted(broker, monkeypatch):
-    """A refused check leaves the transaction open, nothing of it committed: an abort then
-    aborts it, and read_committed never sees its records."""
-    from odradek.consumer import Consumer
-    from odradek.types import TopicPartition
-    topic = new_topic(broker.bootstrap)
+def txn_state(bootstrap: str, txn_id: str) -> str:
+    cluster = Cluster(bootstrap, "test-describe")
+    try:
+        return describe(cluster, txn_id)[1].get("transaction_state")
+    finally:
+        cluster.close()
+
+
+@pytest.fixture
+def lying_expect(wire, monkeypatch):
+    """EndTxn's ``expect`` names one sequence past what was sent (after ``wire`` records it)."""
     original = Connection.send
 
     def lying(self, api, body, frames=(), callback=None, **kw):
@@ -154,24 +108,49 @@ def test_a_refused_check_writes_nothing_and_the_transaction_can_still_be_aborted
         return original(self, api, body, frames, callback, **kw)
 
     monkeypatch.setattr(Connection, "send", lying)
-    txn_id = f"refused-{topic}"
-    with Producer(broker.bootstrap, transactional_id=txn_id, linger_ms=200) as p:
-        p.init_transactions(30)
+
+
+def test_a_check_that_cannot_hold_leaves_the_transaction_open_and_the_commit_falls_back(shared_broker, wire, lying_expect):
+    """EndTxn names a sequence one past what was sent: the partition's log actor never sees
+    it, the coordinator answers CONCURRENT_TRANSACTIONS after its wait, the transaction is
+    still open meanwhile, and the producer commits it the usual way once its records are
+    acknowledged: each record read once."""
+    topic = new_topic(shared_broker.bootstrap)
+    txn_id = f"lie-{topic}"
+    with warmed_producer(shared_broker.bootstrap, txn_id, topic, b"first") as p:
+        wire.clear()
         p.begin_transaction()
-        p.send(topic, b"kept")
-        p.commit_transaction(30)  # the usual way: it opens the connection to the coordinator
+        for i in range(100):
+            p.send(topic, b"%d" % i)
+        started = time.monotonic()
+        p.commit_transaction(30)
+        took = time.monotonic() - started
+        states = [txn_state(shared_broker.bootstrap, txn_id)]
+    ends = [(e[1], e[3], e[4]) for e in wire if e[2] == ApiKey.END_TXN]
+    assert [e[0] for e in ends] == ["sent", "answer", "sent", "answer"], ends
+    assert "expect" in ends[0][1] and ends[1][2] == ErrorCode.CONCURRENT_TRANSACTIONS
+    assert "expect" not in ends[2][1] and ends[3][2] is None
+    assert took >= TXN_CHECK_WAIT_MS / 1000 * 0.9
+    assert states == ["CompleteCommit"]
+    assert read_committed(shared_broker.bootstrap, topic, 101) == [b"first"] + [b"%d" % i for i in range(100)]
+
+
+def test_a_refused_check_writes_nothing_and_the_transaction_can_still_be_aborted(shared_broker, lying_expect):
+    """A refused check leaves the transaction open, nothing of it committed: an abort then
+    aborts it, and read_committed never sees its records."""
+    from odradek.consumer import Consumer
+    from odradek.types import TopicPartition
+    topic = new_topic(shared_broker.bootstrap)
+    txn_id = f"refused-{topic}"
+    with warmed_producer(shared_broker.bootstrap, txn_id, topic, b"kept") as p:
         p.begin_transaction()
         for i in range(10):
             p.send(topic, b"dropped-%d" % i)
         assert p._txn._commit_pipelined(30) is False  # refused: not committed
         p.abort_transaction(30)
-        cluster = Cluster(broker.bootstrap, "test-describe")
-        try:
-            assert describe(cluster, txn_id)[1].get("transaction_state") == "CompleteAbort"
-        finally:
-            cluster.close()
-    assert read_committed(broker.bootstrap, topic, 1) == [b"kept"]
-    with Consumer(broker.bootstrap, auto_offset_reset="earliest") as c:  # read_uncommitted: all of it
+        assert txn_state(shared_broker.bootstrap, txn_id) == "CompleteAbort"
+    assert read_committed(shared_broker.bootstrap, topic, 1) == [b"kept"]
+    with Consumer(shared_broker.bootstrap, auto_offset_reset="earliest") as c:  # read_uncommitted: all of it
         c.assign([TopicPartition(topic, 0)])
         seen, deadline = [], time.monotonic() + 20
         while len(seen) < 11 and time.monotonic() < deadline:
@@ -179,28 +158,21 @@ def test_a_refused_check_writes_nothing_and_the_transaction_can_still_be_aborted
     assert seen == [b"kept"] + [b"dropped-%d" % i for i in range(10)]
 
 
-def test_a_fenced_producer_is_fenced_by_its_pipelined_commit(broker):
-    topic = new_topic(broker.bootstrap)
+def test_a_fenced_producer_is_fenced_by_its_pipelined_commit(shared_broker):
+    topic = new_topic(shared_broker.bootstrap)
     txn_id = f"zombie-{topic}"
-    zombie = Producer(broker.bootstrap, transactional_id=txn_id, linger_ms=200)
-    try:
-        zombie.init_transactions(30)
-        zombie.begin_transaction()
-        zombie.send(topic, b"zombie-0")
-        zombie.commit_transaction(30)
+    with warmed_producer(shared_broker.bootstrap, txn_id, topic, b"zombie-0") as zombie:
         zombie.begin_transaction()
         for i in range(50):
             zombie.send(topic, b"zombie-%d" % (i + 1))
-        with Producer(broker.bootstrap, transactional_id=txn_id) as successor:
+        with Producer(shared_broker.bootstrap, transactional_id=txn_id) as successor:
             successor.init_transactions(30)  # fences the zombie, aborts its open transaction
             with pytest.raises(ProducerFencedError):
                 zombie.commit_transaction(30)
             successor.begin_transaction()
             successor.send(topic, b"successor")
             successor.commit_transaction(30)
-    finally:
-        zombie.close(5)
-    assert read_committed(broker.bootstrap, topic, 2) == [b"zombie-0", b"successor"]
+    assert read_committed(shared_broker.bootstrap, topic, 2) == [b"zombie-0", b"successor"]
 
 
 # ---- a batch sent before its partition's AddPartitionsToTxn was answered (``txn_unverified``) ----
@@ -221,15 +193,15 @@ def _produce(conn: Connection, topic: str, batch: bytes, unverified: bool) -> di
     return conn.request(ApiKey.PRODUCE, body, [batch], timeout=15).header["body"]["topics"][0]["partitions"][0]
 
 
-def test_a_batch_sent_before_its_partition_joined_the_transaction_is_appended_only_once_it_has(broker):
+def test_a_batch_sent_before_its_partition_joined_the_transaction_is_appended_only_once_it_has(shared_broker):
     """Never a hanging transaction: a transactional batch marked ``txn_unverified`` whose
     partition the coordinator has not stored in the producer's transaction is not appended
     (refused, retriable, after the hold); once AddPartitionsToTxn stored it, the same batch is
     appended. Without the hold it would be written at once, in a transaction no marker would
     ever close."""
-    topic = new_topic(broker.bootstrap)
+    topic = new_topic(shared_broker.bootstrap)
     txn_id = f"held-{topic}"
-    cluster = Cluster(broker.bootstrap, "test-held")
+    cluster = Cluster(shared_broker.bootstrap, "test-held")
     try:
         coordinator = cluster.request(ApiKey.FIND_COORDINATOR, {"key": txn_id, "key_type": 1}).header["body"]
         conn = Connection(coordinator["host"], coordinator["port"])
@@ -260,4 +232,4 @@ def test_a_batch_sent_before_its_partition_joined_the_transaction_is_appended_on
         conn.close()
     finally:
         cluster.close()
-    assert read_committed(broker.bootstrap, topic, 2) == [b"a", b"b"]
+    assert read_committed(shared_broker.bootstrap, topic, 2) == [b"a", b"b"]
