@@ -116,6 +116,11 @@ TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OF
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
               ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
+# The APIs a handler forwards to another actor that then answers the processor itself: when
+# that actor dies (or comes back), the processors fail those in flight at once (retriable)
+# instead of at request.timeout.ms (network/processor.py, ``_forwarded_to_changed``).
+FORWARDED_TO = {FETCH_ACTOR: frozenset((ApiKey.FETCH, ApiKey.LIST_OFFSETS)), TXN_COORDINATOR: frozenset(TXN_APIS),
+                GROUP_COORDINATOR: frozenset(GROUP_APIS)}
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
 

@@ -10,8 +10,8 @@ Messages it accepts:
   * from handlers (or any actor a handler forwarded to): ``_reply {body, files?}`` +
     payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
   * ``_members`` for the handler role (from the supervisor): re-pin connections; for the
-    fetch actor's: when it died or came back, fail the fetches and list-offsets in flight
-    (``FETCH_ACTOR_APIS``: a handler forwarded them there, and they died with it);
+    fetch actor's and the coordinators': when one died or came back, fail the requests in
+    flight a handler forwarded there (``handler.FORWARDED_TO``: they died with it);
   * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}, listeners: {name: n}}``;
   * ``shed_idle`` (request, from the acceptor): ``{closed: bool}``.
 It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
@@ -24,9 +24,11 @@ per pair of actors), and responses are written in request order (an early answer
 its slot). When the pinned handler leaves the pool the connection sends nothing more until
 its requests there are answered, then re-pins. If the handler *died*, its requests fail at
 once with NETWORK_EXCEPTION (retriable: the outcome is unknown, as when a connection drops);
-late answers to them are ignored. Requests forwarded to the fetch actor are failed the same
-way when it dies or comes back (a follower would otherwise wait out its fetch timeout,
-``replica.lag.time.max.ms`` by default, and leave the ISR).
+late answers to them are ignored. Requests forwarded to the fetch actor or a coordinator are
+failed the same way when it dies or comes back (a follower would otherwise wait out its
+fetch timeout, ``replica.lag.time.max.ms`` by default, and leave the ISR; a JoinGroup held in
+the group coordinator's purgatory or an EndTxn its coordinator was completing, the client's
+request timeout), with COORDINATOR_NOT_AVAILABLE for a coordinator's.
 
 Limits and back-pressure (docs/ARCHITECTURE.md, "Limits and back-pressure"): back-pressure
 is always "stop reading", never growth.
@@ -88,11 +90,12 @@ import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.metrics import BoundedLabels
-from odradek.actors.names import ACCEPTOR, FETCH_ACTOR, HANDLER, socket_path
+from odradek.actors.names import ACCEPTOR, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.log import kafka_batch, records
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
+from odradek.network.handler import FORWARDED_TO
 from odradek.network.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
@@ -103,7 +106,16 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
-FETCH_ACTOR_APIS = frozenset((ApiKey.FETCH, ApiKey.LIST_OFFSETS))  # what handlers forward to the fetch actor
+# How a request in flight at an actor that died fails (the APIs: handler.FORWARDED_TO). Both
+# retriable; on COORDINATOR_NOT_AVAILABLE Kafka's clients and the bundled one look the
+# coordinator up again.
+DIED_AT = {
+    FETCH_ACTOR: (DIED_CODE, "the fetch actor restarted while serving this request; ask again"),
+    TXN_COORDINATOR: (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the transaction coordinator restarted while serving "
+                                                           "this request; its outcome is unknown: retry"),
+    GROUP_COORDINATOR: (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator restarted while serving this "
+                                                             "request; retry"),
+}
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
@@ -295,7 +307,7 @@ class Processor(Actor):
         self._inflight: dict[int, InFlight] = {}
         self._paused = False
         self._handlers: list[str] = []
-        self._fetch_members: list[str] | None = None  # the running fetch actor, as the supervisor last said
+        self._forwarded_members: dict[str, list[str]] = {}  # fetch actor, coordinators: as the supervisor last said
         self._pinned: collections.Counter[str] = collections.Counter()
         self._rr = 0
         self._dirty: set[Connection] = set()
@@ -1119,8 +1131,8 @@ class Processor(Actor):
 
     # ---- handler membership and pinning ------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        if role == FETCH_ACTOR:
-            self._fetch_actor_changed(members)
+        if role in DIED_AT:
+            self._forwarded_to_changed(role, members)
             return
         if role != HANDLER:
             return
@@ -1141,25 +1153,26 @@ class Processor(Actor):
         if any(name not in old for name in members):
             self._rebalance()
 
-    def _fetch_actor_changed(self, members: list[str]) -> None:
-        """The fetch actor died (``members`` empty) or is running again: what it held died with
-        it, and what was forwarded to it meanwhile may have been lost, so every fetch and
-        list-offsets in flight fails now (retriable) instead of at request.timeout.ms."""
-        known, self._fetch_members = self._fetch_members, list(members)
-        if known is None or known == self._fetch_members:
+    def _forwarded_to_changed(self, role: str, members: list[str]) -> None:
+        """The fetch actor or a coordinator died (``members`` empty) or is running again: what
+        it held died with it, and what was forwarded to it meanwhile may have been lost, so
+        every request in flight that handlers forward there (``FORWARDED_TO``) fails now,
+        retriable (``DIED_AT``), instead of at request.timeout.ms."""
+        known, self._forwarded_members[role] = self._forwarded_members.get(role), list(members)
+        if known is None or known == members:
             return  # the first word (nothing lost), or nothing changed
-        lost = self._fail_inflight(lambda rec: rec.slot[2] in FETCH_ACTOR_APIS,
-                                   "the fetch actor restarted while serving this request; ask again")
+        apis, (code, message) = FORWARDED_TO[role], DIED_AT[role]
+        lost = self._fail_inflight(lambda rec: rec.slot[2] in apis, message, code)
         if lost:
-            log.warning("%s: the fetch actor %s; failed %d fetches and list-offsets in flight", self.name,
+            log.warning("%s: %s %s; failed %d requests in flight there", self.name, role,
                         "is back" if members else "died", lost)
 
-    def _fail_inflight(self, lost: Callable[[InFlight], bool], message: str) -> int:
+    def _fail_inflight(self, lost: Callable[[InFlight], bool], message: str, code: ErrorCode = DIED_CODE) -> int:
         """Fail the requests in flight that ``lost`` picks (an actor holding them died) with
-        NETWORK_EXCEPTION, retriable; their late answers are ignored. How many."""
+        ``code`` (retriable); their late answers are ignored. How many."""
         recs = [rec for rec in self._inflight.values() if lost(rec)]
         for rec in recs:
-            self._fail(rec, DIED_CODE, message)
+            self._fail(rec, code, message)
         return len(recs)
 
     def _drain_handler(self, name: str) -> None:

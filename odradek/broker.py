@@ -45,8 +45,11 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec(FETCH_ACTOR, "odradek.log.fetch_actor:FetchActor", count=1, args=args,
                   watchers=(PROCESSOR, CONTROLLER) if cluster else (PROCESSOR,)),
         *replication,
-        ChildSpec(GROUP_COORDINATOR, "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args),
-        ChildSpec(TXN_COORDINATOR, "odradek.coordinator.txn_coordinator:TxnCoordinator", count=1, args=args),
+        # processors fail what a coordinator held when it dies, as for the fetch actor
+        ChildSpec(GROUP_COORDINATOR, "odradek.coordinator.group_coordinator:GroupCoordinator", count=1, args=args,
+                  watchers=(PROCESSOR,)),
+        ChildSpec(TXN_COORDINATOR, "odradek.coordinator.txn_coordinator:TxnCoordinator", count=1, args=args,
+                  watchers=(PROCESSOR,)),
         ChildSpec(HANDLER, "odradek.network.handler:RequestHandler", count=config["num.io.threads"], args=args,
                   watchers=(PROCESSOR, CONTROLLER), scalable=True, min_count=1, max_count=64),
         ChildSpec(PROCESSOR, "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,

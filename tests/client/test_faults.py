@@ -183,3 +183,73 @@ def test_a_long_poll_held_by_a_fetch_actor_killed_9_is_failed_at_once_and_the_co
     assert [r.value for r in got] == [b"after the kill"], "the consumer never read the record sent after the kill"
     assert waited < 10, (f"the record sent after the fetch actor's kill was read {waited:.1f} s later: the consumer's "
                          f"fetch held by the dead actor was not failed, it waited out a timeout")
+
+
+def _killed_while_held(broker, actor: str, api: int, body: dict, before=None) -> tuple[float, int]:
+    """Send ``api`` (held by ``actor``: a JoinGroup in the group coordinator's purgatory, an
+    EndTxn its coordinator is completing), kill -9 ``actor`` 0.5 s later, and return how long
+    the answer took and its error code."""
+    from odradek.cluster import Connection
+    from odradek.network.protocol import OdradekError
+    conn = Connection(broker.host, broker.port, request_timeout_ms=60000)
+    conn.connect()
+    try:
+        if before is not None:
+            before(conn)
+        victim = broker.actor_process(actor).pid
+        killer = threading.Timer(0.5, lambda: os.kill(victim, signal.SIGKILL))
+        killer.start()
+        started = time.monotonic()
+        try:
+            body = conn.request(api, body, timeout=25).header["body"]
+            code = body.get("error_code", 0)
+        except OdradekError as exc:
+            code = exc.code
+        killer.join()
+        return time.monotonic() - started, code
+    finally:
+        conn.close()
+
+
+def test_a_join_group_held_by_a_group_coordinator_killed_9_is_failed_at_once(start_broker):
+    """A JoinGroup held in the group coordinator's purgatory (an empty group waits
+    group.initial.rebalance.delay.ms for more members) died with it; nobody answered it until
+    the request timeout (30 s). Now the processor fails it when the supervisor says the
+    coordinator died: COORDINATOR_NOT_AVAILABLE, and the client looks the coordinator up again."""
+    from odradek.network.protocol import ApiKey, ErrorCode
+    broker = start_broker(request_timeout_ms=30000, group_initial_rebalance_delay_ms=20000)
+    join = {"group_id": "held", "member_id": "", "group_instance_id": None, "session_timeout_ms": 30000,
+            "rebalance_timeout_ms": 30000, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]}
+
+    def member_id(conn) -> None:  # the first JoinGroup is answered MEMBER_ID_REQUIRED with one (KIP-394)
+        answers: list = []
+        conn.send(ApiKey.JOIN_GROUP, join, callback=lambda frame, err: answers.append((frame, err)))
+        while not answers:
+            conn.poll(1.0)
+        assert answers[0][1].code == ErrorCode.MEMBER_ID_REQUIRED
+        join["member_id"] = answers[0][0].header["body"]["member_id"]
+
+    took, code = _killed_while_held(broker, "group_coordinator", ApiKey.JOIN_GROUP, join, before=member_id)
+    assert code == ErrorCode.COORDINATOR_NOT_AVAILABLE, code
+    assert took < 10, f"the JoinGroup held by the killed coordinator was answered {took:.1f} s later"
+
+
+def test_an_end_txn_held_by_a_transaction_coordinator_killed_9_is_failed_at_once(start_broker):
+    """An EndTxn the transaction coordinator holds (here: checking records that never come)
+    died with it, unanswered until the request timeout. Now: COORDINATOR_NOT_AVAILABLE at once
+    (retriable: the client ends the transaction again at the restarted coordinator)."""
+    from odradek.network.protocol import ApiKey, ErrorCode
+    broker = start_broker(request_timeout_ms=30000)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("txn-held", partitions=1)
+    end = {"transactional_id": "held", "committed": True, "expect": [["txn-held", 0, 99]]}
+
+    def begin(conn) -> None:  # fills in the EndTxn's producer id and epoch
+        init = conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "held", "transaction_timeout_ms": 60000,
+                                                      "producer_id": -1, "producer_epoch": -1}).header["body"]
+        end.update(producer_id=init["producer_id"], producer_epoch=init["producer_epoch"])
+        conn.request(ApiKey.ADD_PARTITIONS_TO_TXN, {**end, "topics": [{"name": "txn-held", "partitions": [0]}]})
+
+    took, code = _killed_while_held(broker, "txn_coordinator", ApiKey.END_TXN, end, before=begin)
+    assert code == ErrorCode.COORDINATOR_NOT_AVAILABLE, code
+    assert took < 1.9, f"the EndTxn held by the killed coordinator was answered {took:.1f} s later"
