@@ -70,9 +70,11 @@ transactional id's producer id and epoch from the coordinator (fencing older ins
 ``send`` works only between ``begin_transaction`` and ``commit_transaction`` /
 ``abort_transaction``; when a partition's first batch of the transaction opens, a third
 thread (the *adder*) adds the partition to the transaction (AddPartitionsToTxn; partitions
-opened meanwhile go in one request) while the batch fills, and the sender sends none of the
-partition's batches before the coordinator stored it (Kafka's producer adds partitions at
-``send`` as well); batches carry the transactional bit. The caller's thread sends
+opened meanwhile go in one request) while the batch fills; the sender sends the partition's
+batches once the coordinator stored it (Kafka's producer adds partitions at ``send`` as
+well), or, when the partition's leader is the coordinator's broker, before the answer,
+marked ``txn_unverified``: the leader appends them only once the coordinator told it the
+partition is stored. Batches carry the transactional bit. The caller's thread sends
 AddOffsetsToTxn/TxnOffsetCommit. A commit does not wait for the produce answers before it
 ends the transaction: the sender writes EndTxn right behind the transaction's last batches,
 naming each partition's last sequence not yet acknowledged (``expect``), and the
@@ -542,7 +544,8 @@ class _Transactions:
     IN_TRANSACTION -> READY, or FATAL for good. The caller's thread talks to the
     coordinator (blocking requests); the adder thread (``_add_loop``) adds each partition
     to the transaction when its first batch opens, and the sender holds the partition's
-    batches until then (``add_state``). Requests go to the
+    batches until then (``add_state``; ``may_go_unverified`` for the exception), and ends a
+    commit itself right behind the last batches (``send_end``). Requests go to the
     transactional id's coordinator (FIND_COORDINATOR key_type 1: the leader of its
     ``__transaction_state`` partition), TxnOffsetCommit to the group's coordinator, as
     Kafka's producer does; both are found again when they move."""
