@@ -52,7 +52,7 @@ from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
 from odradek.network.fields import BadRequest, field
 from odradek.network.guard import ACL_APIS, Guard
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, parse_listener
+from odradek.network.protocol import GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, parse_listener
 
 log = logging.getLogger("odradek.handler")
 
@@ -110,17 +110,6 @@ CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_RE
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
 DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
-TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN,
-            ApiKey.TXN_OFFSET_COMMIT, ApiKey.WRITE_TXN_MARKERS, ApiKey.LIST_TRANSACTIONS,
-            ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.DESCRIBE_PRODUCERS)
-GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
-              ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
-              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
-# The APIs a handler forwards to another actor that then answers the processor itself: when
-# that actor dies (or comes back), the processors fail those in flight at once (retriable)
-# instead of at request.timeout.ms (network/processor.py, ``_forwarded_to_changed``).
-FORWARDED_TO = {FETCH_ACTOR: frozenset((ApiKey.FETCH, ApiKey.LIST_OFFSETS)), TXN_COORDINATOR: frozenset(TXN_APIS),
-                GROUP_COORDINATOR: frozenset(GROUP_APIS)}
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 ACKS = (0, 1, -1)
 

@@ -11,7 +11,7 @@ Messages it accepts:
     payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
   * ``_members`` for the handler role (from the supervisor): re-pin connections; for the
     fetch actor's and the coordinators': when one died or came back, fail the requests in
-    flight a handler forwarded there (``handler.FORWARDED_TO``: they died with it);
+    flight a handler forwarded there (``FORWARDED_TO``: they died with it);
   * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}, listeners: {name: n}}``;
   * ``shed_idle`` (request, from the acceptor): ``{closed: bool}``.
 It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
@@ -95,8 +95,7 @@ from odradek.actors.runtime import Actor, MailboxFull, make_private
 from odradek.log import kafka_batch, records
 from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
 from odradek.network.kafka import framing as kafka_framing
-from odradek.network.handler import FORWARDED_TO
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.network.protocol import FETCH_ACTOR_APIS, GROUP_APIS, TXN_APIS, ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
 
@@ -106,9 +105,13 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
-# How a request in flight at an actor that died fails (the APIs: handler.FORWARDED_TO). Both
-# retriable; on COORDINATOR_NOT_AVAILABLE Kafka's clients and the bundled one look the
-# coordinator up again.
+# The APIs a handler forwards to another actor that then answers the processor itself: when
+# that actor dies (or comes back), those in flight fail at once, retriable, instead of at
+# request.timeout.ms (``_forwarded_to_changed``).
+FORWARDED_TO = {FETCH_ACTOR: frozenset(FETCH_ACTOR_APIS), TXN_COORDINATOR: frozenset(TXN_APIS),
+                GROUP_COORDINATOR: frozenset(GROUP_APIS)}
+# How they fail. Both retriable; on COORDINATOR_NOT_AVAILABLE Kafka's clients and the bundled
+# one look the coordinator up again.
 DIED_AT = {
     FETCH_ACTOR: (DIED_CODE, "the fetch actor restarted while serving this request; ask again"),
     TXN_COORDINATOR: (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the transaction coordinator restarted while serving "

@@ -69,6 +69,17 @@ class ApiKey(enum.IntEnum):
     PING = 1000
 
 
+# The APIs handlers pass on to the transaction and the group coordinator (each answers the
+# processor itself); network/processor.py fails those in flight when that coordinator dies.
+TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN,
+            ApiKey.TXN_OFFSET_COMMIT, ApiKey.WRITE_TXN_MARKERS, ApiKey.LIST_TRANSACTIONS,
+            ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.DESCRIBE_PRODUCERS)
+GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
+              ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
+              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
+FETCH_ACTOR_APIS = (ApiKey.FETCH, ApiKey.LIST_OFFSETS)  # ... and to the fetch actor
+
+
 class ErrorCode(enum.IntEnum):
     """The closed set of errors. Each member carries a one-line meaning and whether a client
     may retry the same request (``retriable``). Kafka's numbers and meanings."""
