@@ -615,9 +615,7 @@ class TxnCoordinator(Actor):
         answer (``txn_unverified``) waits there for this word (docs/TRANSACTIONS.md)."""
         per_host: dict[str, list] = {}
         for topic, partition in added:
-            if topic == OFFSETS_TOPIC:
-                continue
-            if self.cluster_mode and topic_leaders(self.snapshot, topic).get(partition) != self.broker_id:
+            if topic == OFFSETS_TOPIC or not self._leads_here(topic, partition):
                 continue
             per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(
                 [topic, partition, t.producer_id, t.epoch])
@@ -733,8 +731,7 @@ class TxnCoordinator(Actor):
             if (topic, partition) not in t.partitions:
                 raise OdradekError(f"transactional id {txn_id!r}: {topic}-{partition} is not in the transaction "
                                    f"(AddPartitionsToTxn first)", ErrorCode.INVALID_TXN_STATE)
-            leader = topic_leaders(self.snapshot, topic).get(partition) if self.cluster_mode else self.broker_id
-            if leader != self.broker_id:
+            if not self._leads_here(topic, partition):
                 raise OdradekError(f"{topic}-{partition} is led by another broker: its records cannot be checked "
                                    f"here; end the transaction again once they are acknowledged",
                                    ErrorCode.CONCURRENT_TRANSACTIONS)
@@ -773,6 +770,10 @@ class TxnCoordinator(Actor):
         for host, parts in by_host.items():
             self.request(host, "txn_check", {"parts": parts, "wait_ms": TXN_CHECK_WAIT_MS}, callback=answered,
                          timeout=TXN_CHECK_WAIT_MS / 1000 + 5)
+
+    def _leads_here(self, topic: str, partition: int) -> bool:
+        """This broker leads the partition (by the latest metadata): its log actor is ours."""
+        return not self.cluster_mode or topic_leaders(self.snapshot, topic).get(partition) == self.broker_id
 
     def _forget_chained(self, chain: list) -> None:
         """Chained messages that will not be sent: forget the requests among them (an answer

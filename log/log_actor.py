@@ -85,7 +85,7 @@ from odradek.log.config import LogConfig
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
-from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, TRANSACTIONAL_BIT, BatchHeader
+from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, TRANSACTIONAL_BIT, BatchHeader
 from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.log")
@@ -95,8 +95,8 @@ ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
 TXN_HOLD = 2.0  # seconds a batch sent before its partition's AddPartitionsToTxn was stored waits for the word
-_ATTRIBUTES = struct.Struct(">h")  # at byte 21 of a batch
-_EPOCH = struct.Struct(">h")  # at byte 51
+_ATTRIBUTES = struct.Struct(">h")  # at OFFSET_ATTRIBUTES
+_EPOCH = struct.Struct(">h")  # right after the producer id
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 _BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
 _PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
@@ -211,11 +211,12 @@ class HeldAppend:
 class DelayedTxnCheck:
     """A ``txn_check`` (the transaction coordinator's, before it commits a transaction the
     client ended without waiting for its produce answers) waiting for some of its partitions.
-    ``rows``: ``[topic, partition, code, message]`` each, answered together."""
-    __slots__ = ("msg", "rows", "pending", "timer")
+    ``rows``: ``[topic, partition, code, message]`` each, answered together; ``waiting_on``:
+    the partitions it still waits in."""
+    __slots__ = ("msg", "rows", "waiting_on", "timer")
 
     def __init__(self, msg: Message):
-        self.msg, self.rows, self.pending, self.timer = msg, [], 0, None
+        self.msg, self.rows, self.waiting_on, self.timer = msg, [], [], None
 
 
 class LogActor(Actor):
@@ -343,8 +344,6 @@ class LogActor(Actor):
             self.metrics.inc("bytes_in", (topic,), info.size)
             self.metrics.inc("records_in", (topic,), info.last_offset - info.base_offset + 1)
         self._advance_high_watermark(p)
-        if p.txn_checks:
-            self._settle_txn_checks(p)
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
                  "log_append_time_ms": append_time, "log_start_offset": info.log_start_offset}
@@ -368,7 +367,8 @@ class LogActor(Actor):
         mv = memoryview(batch)
         pid = _PRODUCER_ID.unpack_from(mv, OFFSET_PRODUCER_ID)[0]
         epoch = _EPOCH.unpack_from(mv, OFFSET_PRODUCER_ID + 8)[0]
-        if pid < 0 or not _ATTRIBUTES.unpack_from(mv, 21)[0] & TRANSACTIONAL_BIT or p.txn_added.get(pid) == epoch:
+        if pid < 0 or not _ATTRIBUTES.unpack_from(mv, OFFSET_ATTRIBUTES)[0] & TRANSACTIONAL_BIT \
+                or p.txn_added.get(pid) == epoch:
             return None
         e = p.log.producers.get(pid)
         if e is not None and e.txn_first_offset >= 0 and e.epoch == epoch and not any(h.pid == pid for h in p.held):
@@ -485,7 +485,9 @@ class LogActor(Actor):
 
     # ---- replication: the leader's side ---------------------------------------------------
     def _advance_high_watermark(self, p: PartitionLog) -> None:
-        """High watermark = the smallest log end of the ISR (never moves back)."""
+        """High watermark = the smallest log end of the ISR (never moves back); then the
+        acks=all produces and the transaction checks it lets through (after every append,
+        marker and follower fetch)."""
         if p.leader != self.broker_id:
             return
         hw = p.log.log_end_offset
@@ -500,6 +502,8 @@ class LogActor(Actor):
             self._data_changed((p.topic, p.partition))
         if p.waiting:
             self._complete_waiting(p)
+        if p.txn_checks:
+            self._settle_txn_checks(p)
 
     def on_replica_progress(self, msg: Message) -> None:
         """A follower's fetch offset (the fetch actor checked who it is) is its log end. An
@@ -520,8 +524,6 @@ class LogActor(Actor):
                     offset >= self._epoch_start(p):
                 self._alter_isr(p, sorted(set(p.isr) | {replica}))
             self._advance_high_watermark(p)
-            if p.txn_checks:
-                self._settle_txn_checks(p)
 
     def _epoch_start(self, p: PartitionLog) -> int:
         """Where the current leader epoch began: the end of the one before it."""
@@ -708,11 +710,11 @@ class LogActor(Actor):
                 continue
             verdict = self._txn_verdict(p, pid, epoch, last_seq)
             if verdict is None:
-                check.pending += 1
+                check.waiting_on.append(p)
                 p.txn_checks.append((pid, epoch, last_seq, check, row))
             else:
                 row[2:] = verdict
-        if not check.pending:
+        if not check.waiting_on:
             self.reply(msg, {"parts": check.rows})
             return
         wait_ms = msg.get("wait_ms")
@@ -745,19 +747,15 @@ class LogActor(Actor):
                 left.append(item)
                 continue
             row[2:] = verdict
-            check.pending -= 1
-            if not check.pending:
+            check.waiting_on.remove(p)
+            if not check.waiting_on:
                 check.timer.cancel()
                 self.reply(check.msg, {"parts": check.rows})
         p.txn_checks = left
 
     def _expire_txn_check(self, check: DelayedTxnCheck) -> None:
-        for p in self.logs.values():
-            if not p.txn_checks:
-                continue
+        for p in set(check.waiting_on):
             mine = [item for item in p.txn_checks if item[3] is check]
-            if not mine:
-                continue
             p.txn_checks = [item for item in p.txn_checks if item[3] is not check]
             for pid, epoch, last_seq, _, row in mine:
                 e = p.log.producers.get(pid)
@@ -766,7 +764,7 @@ class LogActor(Actor):
                            f"{last_seq} and replicated in time (here: "
                            + ("nothing of it" if e is None else f"epoch {e.epoch}, last sequence {e.last_seq}")
                            + f", high watermark {p.log.high_watermark})"]
-        check.pending = 0
+        check.waiting_on.clear()
         self.reply(check.msg, {"parts": check.rows})
 
     def on_describe_producers(self, msg: Message) -> None:

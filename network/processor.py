@@ -105,19 +105,18 @@ RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share o
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
 DIED_CODE = ErrorCode.NETWORK_EXCEPTION
-# The APIs a handler forwards to another actor that then answers the processor itself: when
-# that actor dies (or comes back), those in flight fail at once, retriable, instead of at
-# request.timeout.ms (``_forwarded_to_changed``).
-FORWARDED_TO = {FETCH_ACTOR: frozenset(FETCH_ACTOR_APIS), TXN_COORDINATOR: frozenset(TXN_APIS),
-                GROUP_COORDINATOR: frozenset(GROUP_APIS)}
-# How they fail. Both retriable; on COORDINATOR_NOT_AVAILABLE Kafka's clients and the bundled
-# one look the coordinator up again.
-DIED_AT = {
-    FETCH_ACTOR: (DIED_CODE, "the fetch actor restarted while serving this request; ask again"),
-    TXN_COORDINATOR: (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the transaction coordinator restarted while serving "
-                                                           "this request; its outcome is unknown: retry"),
-    GROUP_COORDINATOR: (ErrorCode.COORDINATOR_NOT_AVAILABLE, "the group coordinator restarted while serving this "
-                                                             "request; retry"),
+# The APIs a handler forwards to another actor that then answers the processor itself, by
+# that actor's role: when it dies (or comes back), those in flight fail at once with the
+# code given (retriable; on COORDINATOR_NOT_AVAILABLE Kafka's clients and the bundled one
+# look the coordinator up again) instead of at request.timeout.ms (``_forwarded_to_changed``).
+FORWARDED_TO = {
+    FETCH_ACTOR: (frozenset(FETCH_ACTOR_APIS), DIED_CODE,
+                  "the fetch actor restarted while serving this request; ask again"),
+    TXN_COORDINATOR: (frozenset(TXN_APIS), ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                      "the transaction coordinator restarted while serving this request; its outcome is unknown: "
+                      "retry"),
+    GROUP_COORDINATOR: (frozenset(GROUP_APIS), ErrorCode.COORDINATOR_NOT_AVAILABLE,
+                        "the group coordinator restarted while serving this request; retry"),
 }
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
@@ -1134,7 +1133,7 @@ class Processor(Actor):
 
     # ---- handler membership and pinning ------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
-        if role in DIED_AT:
+        if role in FORWARDED_TO:
             self._forwarded_to_changed(role, members)
             return
         if role != HANDLER:
@@ -1159,12 +1158,12 @@ class Processor(Actor):
     def _forwarded_to_changed(self, role: str, members: list[str]) -> None:
         """The fetch actor or a coordinator died (``members`` empty) or is running again: what
         it held died with it, and what was forwarded to it meanwhile may have been lost, so
-        every request in flight that handlers forward there (``FORWARDED_TO``) fails now,
-        retriable (``DIED_AT``), instead of at request.timeout.ms."""
+        every request in flight that handlers forward there fails now, retriable
+        (``FORWARDED_TO``), instead of at request.timeout.ms."""
         known, self._forwarded_members[role] = self._forwarded_members.get(role), list(members)
         if known is None or known == members:
             return  # the first word (nothing lost), or nothing changed
-        apis, (code, message) = FORWARDED_TO[role], DIED_AT[role]
+        apis, code, message = FORWARDED_TO[role]
         lost = self._fail_inflight(lambda rec: rec.slot[2] in apis, message, code)
         if lost:
             log.warning("%s: %s %s; failed %d requests in flight there", self.name, role,

@@ -110,6 +110,7 @@ import msgpack
 
 from odradek.accumulator import Batch, FutureRecordMetadata, RecordAccumulator
 from odradek.log import records as fmt
+from odradek.log.producer_state import last_sequence
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection
@@ -526,15 +527,15 @@ TXN_FATAL = (ErrorCode.PRODUCER_FENCED, ErrorCode.INVALID_PRODUCER_EPOCH, ErrorC
 
 class _PipelinedEnd:
     """A commit whose EndTxn the sender writes behind the transaction's last batches (see the
-    module doc). The caller waits for ``ready``: set by the sender once it wrote EndTxn
-    (``sent``; the caller then owns the coordinator connection and reads the answer into
-    ``answers``) or decided against it (``fallback`` says why: the usual commit follows)."""
-    __slots__ = ("generation", "ready", "sent", "fallback", "answers")
+    module doc). The caller waits for ``ready``: set by the sender once it wrote EndTxn on
+    ``conn`` (the caller then owns that connection and reads the answer into ``answers``) or
+    decided against it (``fallback`` says why: the usual commit follows)."""
+    __slots__ = ("generation", "ready", "conn", "fallback", "answers")
 
     def __init__(self, generation: int):
         self.generation = generation
         self.ready = threading.Event()
-        self.sent = False
+        self.conn: Connection | None = None
         self.fallback = ""
         self.answers: list = []
 
@@ -755,16 +756,19 @@ class _Transactions:
         coordinator's broker: the batch goes marked ``txn_unverified``, and the leader appends
         it only once the coordinator told it the partition is stored in the transaction (one
         round trip off a transaction's commit; docs/TRANSACTIONS.md)."""
-        early, conn = self._early, self._add_conn
-        if early is None or tp not in early[0] or conn is None or not conn.connected:
-            return False
-        return cluster.address(cluster.leader(*tp)) == (conn.host, conn.port)
+        early = self._early
+        return early is not None and tp in early[0] and self._led_by_coordinator(tp, cluster)
+
+    def _led_by_coordinator(self, tp: tuple, cluster: Cluster) -> bool:
+        """Is ``tp``'s leader the broker the coordinator connection goes to (connected)?"""
+        conn = self._add_conn
+        return conn is not None and conn.connected and cluster.address(cluster.leader(*tp)) == (conn.host, conn.port)
 
     def early_conn(self) -> Connection | None:
         """Sender thread: the connection whose answer it waits for besides its own (the
         early AddPartitionsToTxn's), or None (also while a pipelined commit's caller reads it)."""
         end = self._end
-        return self._add_conn if self._early is not None and (end is None or not end.sent) else None
+        return self._add_conn if self._early is not None and (end is None or end.conn is None) else None
 
     def settle_early(self, reader: bool = False) -> None:
         """Sender thread (or ``reader``: a pipelined commit's caller, who owns the connection
@@ -777,7 +781,7 @@ class _Transactions:
         if early is None:
             return
         end = self._end
-        if end is not None and end.sent and not reader:
+        if end is not None and end.conn is not None and not reader:
             return  # a pipelined commit's caller reads the connection now, and settles this answer
         tps, answers, deadline, generation = early
         conn = self._add_conn
@@ -936,8 +940,11 @@ class _Transactions:
             end = self._end = _PipelinedEnd(self.generation)
         self.p._acc.wake()
         try:
-            if not end.ready.wait(max(0.0, deadline - time.monotonic())) or not end.sent:
+            if not end.ready.wait(max(0.0, deadline - time.monotonic())) or end.conn is None:
+                log.debug("transactional id %r: committing in Kafka's order: %s", self.txn_id,
+                          end.fallback or "EndTxn not written in time")
                 return False
+            conn = end.conn
             while not end.answers and conn.connected and time.monotonic() < deadline:
                 conn.poll(min(deadline - time.monotonic(), 1.0))
             self.settle_early(reader=True)  # its answer came first, on the same connection
@@ -984,7 +991,7 @@ class _Transactions:
         # takes, so the coordinator handles it first.
         if any(b.stamp is None for b in sender.retry) or not sender.acc.drained():
             return  # batches not sent yet (limits, backoff, closed just now): asked again on the next turn
-        idem, cluster, conn = sender.idem, sender.cluster, self._add_conn
+        idem, cluster = sender.idem, sender.cluster
         current = (idem.producer_id, idem.epoch)
         expect = []
         for (topic, partition), window in idem.window.items():
@@ -995,21 +1002,18 @@ class _Transactions:
             if (pid, epoch) != current:
                 end.fallback = f"{topic}-{partition} is switching producer epoch"
                 break
-            leader = cluster.leader(topic, partition)
-            if conn is None or cluster.address(leader) != (conn.host, conn.port):
-                end.fallback = f"{topic}-{partition} is led by another broker than the coordinator"
+            if not self._led_by_coordinator((topic, partition), cluster):
+                end.fallback = f"{topic}-{partition} is not led by the coordinator's broker (or no connection to it)"
                 break
-            expect.append([topic, partition, (seq + last.count - 1) & 0x7FFFFFFF])
-        else:
-            if not expect:
-                end.fallback = "every batch is acknowledged already"
-            elif not conn.connected:
-                end.fallback = "no connection to the coordinator"
+            expect.append([topic, partition, last_sequence(seq, last.count - 1)])
+        if not end.fallback and not expect:
+            end.fallback = "every batch is acknowledged already"
         if not end.fallback:
+            conn = self._add_conn
             try:
                 conn.send(ApiKey.END_TXN, {**self._ids(), "committed": True, "expect": expect},
                           callback=lambda frame, err: end.answers.append((frame, err)))
-                end.sent = True
+                end.conn = conn
             except OdradekError as exc:
                 end.fallback = f"EndTxn not sent: {exc}"
         end.ready.set()
