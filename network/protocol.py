@@ -79,6 +79,19 @@ GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFS
               ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
 FETCH_ACTOR_APIS = (ApiKey.FETCH, ApiKey.LIST_OFFSETS)  # ... and to the fetch actor
 
+# Internal topics: the broker's own state, written only by the coordinators that own them
+# (through their log actors, never through a handler). Handlers refuse every client write,
+# delete and alter of them (INVALID_TOPIC_EXCEPTION, as Kafka does); this is the one place
+# that names them.
+OFFSETS_TOPIC = "__consumer_offsets"  # the group coordinator's groups and committed offsets
+TXN_STATE_TOPIC = "__transaction_state"  # the transaction coordinator's transactions
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC})
+
+
+def is_internal_topic(name) -> bool:
+    """True for a topic only the broker may write, delete or alter."""
+    return name in INTERNAL_TOPICS
+
 
 class ErrorCode(enum.IntEnum):
     """The closed set of errors. Each member carries a one-line meaning and whether a client
