@@ -52,7 +52,8 @@ from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
 from odradek.network.fields import BadRequest, field
 from odradek.network.guard import ACL_APIS, Guard
-from odradek.network.protocol import GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, parse_listener
+from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, is_internal_topic,
+                                      parse_listener)
 
 log = logging.getLogger("odradek.handler")
 
@@ -111,6 +112,15 @@ THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.thr
 DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
+TOPIC_CHANGE_TIMEOUT = 120.0  # seconds the controller has for a topic change (it may open thousands of partitions)
+# The topic changes a client may not make to an internal topic: API -> (the request's list of
+# topics, the answer's list of results, the change in words). Produce and DeleteRecords are
+# refused per partition, IncrementalAlterConfigs per resource.
+TOPIC_CHANGES = {
+    ApiKey.CREATE_TOPICS: ("topics", "topics", "create"),
+    ApiKey.DELETE_TOPICS: ("topics", "topics", "delete"),
+    ApiKey.CREATE_PARTITIONS: ("topics", "results", "add partitions to"),
+}
 ACKS = (0, 1, -1)
 
 
@@ -144,7 +154,7 @@ class RequestHandler(Actor):
         self.metadata_version = -1
         self.log_hosts = int(self.args.get("log_hosts", 1))
         self.dispatch: dict[int, Callable[[Message, dict], None]] = {
-            ApiKey.PRODUCE: self.produce,
+            ApiKey.PRODUCE: self.produce_from_client,
             ApiKey.FETCH: self.to_fetch_actor,
             ApiKey.LIST_OFFSETS: self.to_fetch_actor,
             ApiKey.CREATE_TOPICS: self.to_controller,
@@ -233,7 +243,7 @@ class RequestHandler(Actor):
                 errors.append([name, index, int(ErrorCode.TOPIC_AUTHORIZATION_FAILED), denied[name]])
         body = {**body, "topics": kept}
         if api == ApiKey.PRODUCE:
-            self.produce(msg, body, errors)
+            self.produce_from_client(msg, body, errors)
             return
         if not kept:
             self.reply(msg, {"body": {"error_code": 0, **_partition_body(errors, [], FETCH_ERROR)}})
@@ -249,6 +259,13 @@ class RequestHandler(Actor):
             out["body"] = {**out["body"], "topics": list(out["body"].get("topics") or []) + extra}
             self.reply(msg, out, reply.frames)
         self.request(FETCH_ACTOR, "fetch", {"body": body}, callback=merged, timeout=GATHER_TIMEOUT + 30)
+
+    def produce_from_client(self, msg: Message, body: dict, denied: list | None = None) -> None:
+        """Produce's entry: the partitions of internal topics are refused here, before the
+        produce path (INVALID_TOPIC_EXCEPTION, as Kafka's ReplicaManager): only their
+        coordinators write them, through their log actors."""
+        body, refused = _without_internal_partitions(body, "append to")
+        self.produce(msg, body, refused + list(denied or ()))
 
     def produce(self, msg: Message, body: dict, denied: list | None = None) -> None:
         """``denied``: the partitions of topics the principal may not write, already failed."""
@@ -332,8 +349,9 @@ class RequestHandler(Actor):
                          callback=lambda r, parts=fields["parts"]: merge(r, parts))
 
     def delete_records(self, msg: Message, body: dict) -> None:
+        body, refused = _without_internal_partitions(body, "delete records of")
         self._to_log_actors(msg, body, "delete_records", lambda t, i, p: DeleteRecordsPart(t, i, p.get("offset")),
-                            DELETE_RECORDS_ERROR)
+                            DELETE_RECORDS_ERROR, refused)
 
     def offset_for_leader_epoch(self, msg: Message, body: dict) -> None:
         """A follower asks where a leader epoch ended: the log actors hosting the partitions answer."""
@@ -342,11 +360,12 @@ class RequestHandler(Actor):
                                                        p.get("leader_epoch", -1)), EPOCH_ERROR)
 
     def _to_log_actors(self, msg: Message, body: dict, type_: str, part_of: Callable[[str, int, dict], tuple],
-                       blank: dict) -> None:
+                       blank: dict, refused: list | None = None) -> None:
         """Send each log actor ``type_ {parts: [part_of(topic, partition, p)]}`` for the
-        request's partitions it hosts; answer with the merged per-partition entries."""
+        request's partitions it hosts; answer with the merged per-partition entries (and the
+        ``refused`` ones, already failed)."""
         per_host: dict[str, list] = {}
-        errors: list[list] = []
+        errors: list[list] = list(refused or ())
         for t in field(body, "topics", list):
             name = t.get("name") if isinstance(t, dict) else None
             for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
@@ -362,7 +381,8 @@ class RequestHandler(Actor):
         self._gather(msg, [(host, type_, {"parts": parts}, ()) for host, parts in per_host.items()], errors, blank)
 
     def to_controller_actor(self, msg: Message, body: dict) -> None:
-        self.forward(msg, CONTROLLER, "broker_request", {"api": msg.get("api"), "body": body}, ())
+        api = msg.get("api")
+        self._change_topics(msg, body, "broker_request", lambda b: {"api": api, "body": b})
 
     def to_fetch_actor(self, msg: Message, body: dict) -> None:
         self.forward(msg, FETCH_ACTOR, "fetch" if msg.get("api") == ApiKey.FETCH else "list_offsets",
@@ -417,7 +437,37 @@ class RequestHandler(Actor):
 
     def to_controller(self, msg: Message, body: dict) -> None:
         kind = "create_topics" if msg.get("api") == ApiKey.CREATE_TOPICS else "delete_topics"
-        self.forward(msg, CONTROLLER, kind, {"body": body}, ())
+        self._change_topics(msg, body, kind, lambda b: {"body": b})
+
+    def _change_topics(self, msg: Message, body: dict, type_: str, fields_of: Callable[[dict], dict]) -> None:
+        """Forward a request to the controller; a topic change (``TOPIC_CHANGES``) that names
+        internal topics has their entries refused here (INVALID_TOPIC_EXCEPTION), merged into
+        the controller's answer for the others. Every client's path to the controller (Kafka
+        and native APIs, the CLI, the console) comes through here; the coordinators create
+        their topics by asking the controller directly."""
+        change = TOPIC_CHANGES.get(msg.get("api"))
+        items = body.get(change[0]) if change else None
+        internal = [n for n in map(_topic_name, items) if is_internal_topic(n)] if isinstance(items, list) else []
+        if not internal:
+            self.forward(msg, CONTROLLER, type_, fields_of(body), ())
+            return
+        key, results, words = change
+        refused = [{"name": n, "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
+                    "error_message": _internal_topic_refusal(n, words)} for n in dict.fromkeys(internal)]
+        rest = [i for i in items if not is_internal_topic(_topic_name(i))]
+        if not rest:
+            self.reply(msg, {"body": {results: refused}})
+            return
+
+        def merged(reply: Message) -> None:
+            if reply.is_error:
+                self.reply_error(msg, reply.error_code, reply.error_message)
+                return
+            answer = dict(reply.fields["body"])
+            answer[results] = list(answer.get(results) or ()) + refused
+            self.reply(msg, {**reply.fields, "body": answer})
+
+        self.request(CONTROLLER, type_, fields_of({**body, key: rest}), callback=merged, timeout=TOPIC_CHANGE_TIMEOUT)
 
     # ---- APIs ----------------------------------------------------------------------------
     def ping(self, msg: Message, body: dict) -> None:
@@ -446,6 +496,11 @@ class RequestHandler(Actor):
             meta = self.topics.get(name)
             if meta is not None:
                 topics.append(self._topic_metadata(name, meta))
+                continue
+            if is_internal_topic(name):  # created by its coordinator when first needed, never by a Metadata
+                topics.append({"name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
+                               "error_message": f"internal topic '{name}' does not exist yet: the broker creates it "
+                                                f"when its coordinator first needs it", "partitions": []})
                 continue
             if self._auto_create(body) and not (self.guard.allowed(fields, "Create", "Topic", name) or
                                                 self.guard.allowed(fields, "Create", "Cluster", "kafka-cluster")):
@@ -480,7 +535,7 @@ class RequestHandler(Actor):
                 entry.update(error_code=int(ErrorCode.LEADER_NOT_AVAILABLE),
                              error_message=f"{name}-{i} has no live in-sync replica to lead it")
             partitions.append(entry)
-        return {"name": name, "error_code": 0, "is_internal": name.startswith("__"), "topic_id": meta["id"],
+        return {"name": name, "error_code": 0, "is_internal": is_internal_topic(name), "topic_id": meta["id"],
                 "partitions": partitions}
 
     def _metadata(self, msg: Message, topics: list) -> None:
@@ -533,15 +588,19 @@ class RequestHandler(Actor):
         self._ask_status(answer)
 
     def incremental_alter_configs(self, msg: Message, body: dict) -> None:
-        topics = _topic_resources(body)
+        resources = _topic_resources(body)
+        internal = [{"type": "topic", "name": r.get("name"), "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
+                     "error_message": _internal_topic_refusal(r.get("name"), "alter the configs of")}
+                    for r in resources if is_internal_topic(r.get("name"))]
+        topics = [r for r in resources if not is_internal_topic(r.get("name"))]
         for res in topics:  # APPEND / SUBTRACT (Kafka's list ops) become a SET of the resulting list
             self._resolve_list_ops(res)
         if topics:  # the controller owns topic configs; broker ones are handled here
             def merged(reply: Message) -> None:
-                rest = {**body, "resources": [r for r in body["resources"] if r not in topics]}
-                done = reply.fields["body"]["resources"] if not reply.is_error else [
+                rest = {**body, "resources": [r for r in body["resources"] if r not in resources]}
+                done = internal + (reply.fields["body"]["resources"] if not reply.is_error else [
                     {"type": "topic", "name": r.get("name"), "error_code": reply.error_code,
-                     "error_message": reply.error_message} for r in topics]
+                     "error_message": reply.error_message} for r in topics])
                 if not rest["resources"]:
                     self.reply(msg, {"body": {"resources": done}})
                 else:
@@ -550,7 +609,7 @@ class RequestHandler(Actor):
                                                                       "validate_only": body.get("validate_only")}},
                          callback=merged, timeout=GATHER_TIMEOUT)
             return
-        self._alter_broker(msg, body, [])
+        self._alter_broker(msg, body, internal)  # it answers the broker resources (topic ones: ``internal``)
 
     def _alter_broker(self, msg: Message, body: dict, done: list) -> None:
         resources = self._broker_resources(body)
@@ -702,6 +761,36 @@ def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] |
     except OdradekError as exc:
         return exc.code, f"{topic}-{partition}: {exc.message}"
     return None
+
+
+def _topic_name(item):
+    """The topic an item of a topic change names: a name, or a map with one."""
+    return item.get("name") if isinstance(item, dict) else item
+
+
+def _internal_topic_refusal(name: str, change: str) -> str:
+    return (f"cannot {change} internal topic '{name}': it holds the broker's own state (groups' offsets or "
+            f"transactions), which only its coordinator writes")
+
+
+def _without_internal_partitions(body: dict, change: str) -> tuple[dict, list]:
+    """A Produce's or DeleteRecords' body without its internal topics, and a PartError
+    (INVALID_TOPIC_EXCEPTION) for each of their partitions. A body of another shape is
+    returned as it is, for the API's own checks to refuse."""
+    topics = body.get("topics")
+    if not isinstance(topics, list) or not any(isinstance(t, dict) and is_internal_topic(t.get("name"))
+                                               for t in topics):
+        return body, []
+    kept, refused = [], []
+    for t in topics:
+        if not (isinstance(t, dict) and is_internal_topic(t.get("name"))):
+            kept.append(t)
+            continue
+        for p in t.get("partitions") if isinstance(t.get("partitions"), list) else ():
+            index = p.get("index") if isinstance(p, dict) else None
+            refused.append(PartError(t["name"], index, int(ErrorCode.INVALID_TOPIC_EXCEPTION),
+                                     _internal_topic_refusal(t["name"], change)))
+    return {**body, "topics": kept}, refused
 
 
 def _topic_resources(body: dict) -> list[dict]:

@@ -90,7 +90,7 @@ INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC})
 
 def is_internal_topic(name) -> bool:
     """True for a topic only the broker may write, delete or alter."""
-    return name in INTERNAL_TOPICS
+    return isinstance(name, str) and name in INTERNAL_TOPICS
 
 
 class ErrorCode(enum.IntEnum):
