@@ -20,10 +20,10 @@ from odradek.actors.names import CONTROLLER, log_host
 from odradek.coordinator.classic_group import ClassicGroup
 from odradek.coordinator.group import ConsumerGroup
 from odradek.coordinator.group_requests import wall_ms
-from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
+from odradek.coordinator.offsets import led_partitions, offsets_leaders, partition_for
 from odradek.coordinator.offsets_replay import OffsetsReplay, bounds_of
 from odradek.network.kafka.groups import kafka_topic_id
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 
@@ -56,9 +56,15 @@ class Leadership:
                 if bounds is None:
                     self._ask_bounds(ld)
                     continue
-                ld.begin(bounds, self.data_dir)
-                while not ld.replay_some(None):
-                    pass
+                try:
+                    ld.begin(bounds, self.data_dir)
+                    while not ld.replay_some(None):
+                        pass
+                except (OdradekError, OSError) as exc:  # the files changed under the reader: again, in the background
+                    log.error("loading %s-%d at start failed (%s); loading in the background", OFFSETS_TOPIC, p, exc)
+                    ld.restart()
+                    self._ask_bounds(ld)
+                    continue
                 self._install(ld)
 
     def _start_load(self, partition: int, epoch: int) -> None:
@@ -102,17 +108,27 @@ class Leadership:
 
     def _install(self, ld: OffsetsReplay) -> None:
         """A replayed partition: its groups and offsets join memory; it is served from now."""
-        ld.close()
         del self.loading[ld.partition]
         now, wall, view = self._now(), wall_ms(), ld.view
         self.offsets.update(view.offsets)
         for gid, rec in view.groups.items():
-            if isinstance(rec["group"], dict) and "classic" in rec["group"]:
-                self.classic[gid] = ClassicGroup.from_record(gid, rec["group"]["classic"], now, self.classic_config)
-            else:
-                self.groups[gid] = ConsumerGroup.from_record(gid, rec["group"], now, self.group_config)
-            if rec.get("empty_since_ms") is not None:
-                self.empty_since[gid] = rec["empty_since_ms"]
+            empty_since = rec.get("empty_since_ms")
+            try:
+                if type(empty_since) not in (int, type(None)):
+                    raise ValueError(f"empty_since_ms {empty_since!r} is not a time")
+                if "classic" in rec["group"]:
+                    group = ClassicGroup.from_record(gid, rec["group"]["classic"], now, self.classic_config)
+                else:
+                    group = ConsumerGroup.from_record(gid, rec["group"], now, self.group_config)
+            except Exception as exc:  # a record this coordinator cannot rebuild (issue 27): not fatal
+                ld.skip(view.group_at.get(gid, -1), f"group '{gid}' cannot be rebuilt from its record "
+                                                    f"({type(exc).__name__}: {exc}); it starts empty, its "
+                                                    f"committed offsets are kept")
+                continue
+            (self.classic if isinstance(group, ClassicGroup) else self.groups)[gid] = group
+            if empty_since is not None:
+                self.empty_since[gid] = empty_since
+        ld.close()
         for gid in view.offsets:
             self.empty_since.setdefault(gid, wall)
         self.owned[ld.partition] = ld.token

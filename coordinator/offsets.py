@@ -23,7 +23,8 @@ import zlib
 
 import msgpack
 
-OFFSETS_TOPIC = "__consumer_offsets"
+from odradek.network.protocol import OFFSETS_TOPIC
+
 OFFSET_KEY, GROUP_KEY = "o", "g"
 
 
@@ -95,34 +96,48 @@ class OffsetsView:
     def __init__(self):
         self.offsets: dict[str, dict[tuple[str, int], Committed]] = {}
         self.groups: dict[str, dict] = {}  # group -> {"group": ..., "empty_since_ms": ...}
+        self.group_at: dict[str, int] = {}  # group -> the offset of its record in ``groups``
 
-    def apply(self, key: bytes | None, value: bytes | None) -> None:
-        """One record, in log order. Unreadable records are skipped (returns quietly)."""
+    def apply(self, key: bytes | None, value: bytes | None, offset: int = -1) -> str | None:
+        """One record, in log order. An unreadable record is not applied: the reason is
+        returned, for the replay to log (None: applied)."""
         try:
             k = msgpack.unpackb(key, raw=False, use_list=True) if key else None
-        except Exception:
-            return
-        if not isinstance(k, list) or not k:
-            return
-        v = None
-        if value is not None:
-            try:
-                v = msgpack.unpackb(value, raw=False, use_list=True, strict_map_key=False)
-            except Exception:
-                return
-        if k[0] == OFFSET_KEY and len(k) == 4:
-            group, topic, partition = k[1], k[2], k[3]
-            if v is None:
-                committed = self.offsets.get(group)
-                if committed is not None:
-                    committed.pop((topic, partition), None)
-                    if not committed:
-                        del self.offsets[group]
-            else:
-                self.offsets.setdefault(group, {})[(topic, partition)] = Committed(
-                    v["offset"], v.get("leader_epoch", -1), v.get("metadata", ""), v.get("commit_ms", 0))
-        elif k[0] == GROUP_KEY and len(k) == 2:
-            if v is None:
-                self.groups.pop(k[1], None)
-            else:
-                self.groups[k[1]] = v
+            v = None if value is None else msgpack.unpackb(value, raw=False, use_list=True, strict_map_key=False)
+        except Exception as exc:  # msgpack raises several types for malformed input
+            return f"not msgpack ({type(exc).__name__})"
+        if not isinstance(k, list) or not k or k[0] not in (OFFSET_KEY, GROUP_KEY):
+            return f"key {k!r:.80} is neither a committed offset's nor a group's"
+        if k[0] == OFFSET_KEY:
+            return self._apply_offset(k, v)
+        if len(k) != 2 or not isinstance(k[1], str):
+            return f"group key {k!r:.80} is not ['g', group]"
+        if v is None:
+            self.groups.pop(k[1], None)
+            self.group_at.pop(k[1], None)
+        elif not isinstance(v, dict) or not isinstance(v.get("group"), dict):
+            return f"group '{k[1]}': value {v!r:.80} is not a group record"
+        else:
+            self.groups[k[1]] = v
+            self.group_at[k[1]] = offset
+        return None
+
+    def _apply_offset(self, k: list, v) -> str | None:
+        if len(k) != 4 or not isinstance(k[1], str) or not isinstance(k[2], str) or type(k[3]) is not int:
+            return f"offset key {k!r:.80} is not ['o', group, topic, partition]"
+        group, topic, partition = k[1], k[2], k[3]
+        if v is None:
+            committed = self.offsets.get(group)
+            if committed is not None:
+                committed.pop((topic, partition), None)
+                if not committed:
+                    del self.offsets[group]
+            return None
+        offset = v.get("offset") if isinstance(v, dict) else None
+        if type(offset) is not int:
+            return f"group '{group}' {topic}-{partition}: value {v!r:.80} is not a committed offset"
+        epoch, metadata, when = v.get("leader_epoch"), v.get("metadata"), v.get("commit_ms")
+        c = Committed(offset, epoch if type(epoch) is int else -1, metadata if isinstance(metadata, str) else "",
+                      when if type(when) is int else 0)
+        self.offsets.setdefault(group, {})[(topic, partition)] = c
+        return None

@@ -86,8 +86,8 @@ class Transaction:
             t.groups = set(map(str, v["groups"]))
             t.started_ms = int(v["started_ms"])
             t.offsets = {str(g): [list(o) for o in offs] for g, offs in (v.get("offsets") or {}).items()}
-        except (KeyError, TypeError, ValueError, UnicodeDecodeError, msgpack.UnpackException) as exc:
-            raise ValueError(f"not a transaction record: {exc}") from None
+        except (KeyError, TypeError, ValueError, AttributeError, UnicodeDecodeError, msgpack.UnpackException) as exc:
+            raise ValueError(f"not a transaction record ({type(exc).__name__}: {exc})") from None
         if t.state in PREPARING:  # the markers may not all be written: write them again
             t.pending_markers = set(t.partitions)
         return t

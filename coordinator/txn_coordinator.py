@@ -85,24 +85,20 @@ import time
 from typing import Callable
 
 from odradek.actors.message import REPLY, Message
-from odradek.actors.names import (CONTROLLER, GROUP_COORDINATOR, PartitionBounds, chain_sent, log_host,
-                                  partition_dir)
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, LogBounds, PartitionBounds, chain_sent, log_host
 from odradek.actors.runtime import Actor
+from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
-from odradek.log.reader import LogBounds, LogReader
-from odradek.log.records import decode_batch, encode_batch, iter_batches
+from odradek.log.records import encode_batch
 from odradek.log import producer_ids
 from odradek.network.client import BrokerConnection
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 
-OFFSETS_TOPIC = "__consumer_offsets"
-STATE_TOPIC = "__transaction_state"
 WRITE_TIMEOUT = 30.0
-READ_BYTES = 1 << 20
 MARKER_TIMEOUT = 30.0  # seconds a log actor (or another broker) has to write markers before the coordinator retries
 MARKER_RETRY = 0.5
 # seconds a finished transaction's COMPLETE record waits for its id's next record (the next
@@ -253,9 +249,9 @@ class TxnCoordinator(Actor):
         if not isinstance(version, int) or version < self.metadata_version:
             return
         self.metadata_version, self.snapshot, self.snapshot_ms = version, snapshot, _now_ms()
-        led = {p: epoch for p, (leader, epoch) in enumerate(offsets_leaders(snapshot, self.broker_id, STATE_TOPIC))
-               if leader == self.broker_id}
-        self.partitions = len(offsets_leaders(snapshot, self.broker_id, STATE_TOPIC))
+        leaders = offsets_leaders(snapshot, self.broker_id, TXN_STATE_TOPIC)
+        led = {p: epoch for p, (leader, epoch) in enumerate(leaders) if leader == self.broker_id}
+        self.partitions = len(leaders)
         for p in list(self.owned) + list(self.loading):
             if p not in led:
                 self._unload(p)
@@ -271,7 +267,7 @@ class TxnCoordinator(Actor):
         return partition_for(txn_id, self.partitions) if self.partitions else 0
 
     def _state_host(self, partition: int) -> str:
-        return log_host(STATE_TOPIC, partition, self.log_hosts)
+        return log_host(TXN_STATE_TOPIC, partition, self.log_hosts)
 
     def _check_owner(self, txn_id: str) -> None:
         """Raise unless ``txn_id``'s transactions are coordinated (and loaded) here."""
@@ -279,15 +275,15 @@ class TxnCoordinator(Actor):
             if not self.cluster_mode:
                 return  # single broker: created with the first transaction record
             self.on_create_state_topic(None)
-            raise OdradekError(f"{STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
+            raise OdradekError(f"{TXN_STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
         p = self._partition_of(txn_id)
         if p in self.owned:
             return
         if p in self.loading:
-            raise OdradekError(f"{STATE_TOPIC}-{p} (transactional id {txn_id!r}) is being loaded; retry",
+            raise OdradekError(f"{TXN_STATE_TOPIC}-{p} (transactional id {txn_id!r}) is being loaded; retry",
                                ErrorCode.COORDINATOR_LOAD_IN_PROGRESS)
-        leader = topic_leaders(self.snapshot, STATE_TOPIC).get(p, -1)
-        raise OdradekError(f"transactional id {txn_id!r} is coordinated by the leader of {STATE_TOPIC}-{p} "
+        leader = topic_leaders(self.snapshot, TXN_STATE_TOPIC).get(p, -1)
+        raise OdradekError(f"transactional id {txn_id!r} is coordinated by the leader of {TXN_STATE_TOPIC}-{p} "
                            f"({'none now' if leader < 0 else f'broker {leader}'}), not broker {self.broker_id}: "
                            f"FindCoordinator (key_type 1) and retry", ErrorCode.NOT_COORDINATOR)
 
@@ -304,7 +300,7 @@ class TxnCoordinator(Actor):
                     self._install(partition, bounds)
                     return
                 time.sleep(LOAD_RETRY)
-            raise OdradekError(f"{STATE_TOPIC}-{partition} is not open on {self._state_host(partition)}",
+            raise OdradekError(f"{TXN_STATE_TOPIC}-{partition} is not open on {self._state_host(partition)}",
                                ErrorCode.COORDINATOR_NOT_AVAILABLE)
 
         def answered(reply: Message) -> None:
@@ -325,38 +321,29 @@ class TxnCoordinator(Actor):
     def _bounds_in(reply: Message, partition: int) -> LogBounds | None:
         for part in reply.get("parts") or ():
             part = PartitionBounds(*part)
-            if (part.topic, part.partition) == (STATE_TOPIC, partition) and part.leader:
+            if (part.topic, part.partition) == (TXN_STATE_TOPIC, partition) and part.leader:
                 return part.bounds
         return None
 
     def _install(self, partition: int, bounds: LogBounds) -> None:
         loaded = []
-        if bounds.log_start_offset < bounds.log_end_offset:
-            reader = LogReader(partition_dir(self.data_dir, STATE_TOPIC, partition), bounds)
-            try:
-                offset = bounds.log_start_offset
-                while offset < bounds.log_end_offset:
-                    result = reader.read(offset, READ_BYTES, upper_bound=bounds.log_end_offset)
-                    if not result.slices:
-                        break
-                    data = result.read_bytes()
-                    for pos, h in iter_batches(data):
-                        for r in decode_batch(memoryview(data)[pos:pos + h.size]):
-                            if r.offset >= offset and r.key is not None and r.value is not None:
-                                try:
-                                    loaded.append(Transaction.from_record(r.key, r.value))
-                                except ValueError as exc:
-                                    log.warning("%s-%d: record at %d skipped: %s", STATE_TOPIC, partition,
-                                                r.offset, exc)
-                        offset = max(offset, h.next_offset)
-            finally:
-                reader.close()
+        files = InternalReplay(self.data_dir, TXN_STATE_TOPIC, partition, bounds)
+        try:
+            for r in files.records():
+                if r.key is None or r.value is None:
+                    continue  # a tombstone: no state of its own
+                try:
+                    loaded.append(Transaction.from_record(r.key, r.value))
+                except ValueError as exc:
+                    files.skip(r.offset, str(exc))
+        finally:
+            files.close()
         latest = {t.txn_id: t for t in loaded}  # the last record of each id wins (compacted topic)
         epoch = self.loading.pop(partition)
         self.owned[partition] = epoch
         for t in latest.values():
             self.txns.load(t)
-        log.info("%s-%d loaded (leader epoch %d): %d transactional ids from %d records", STATE_TOPIC, partition,
+        log.info("%s-%d loaded (leader epoch %d): %d transactional ids from %d records", TXN_STATE_TOPIC, partition,
                  epoch, len(latest), len(loaded))
         for t in latest.values():
             if t.state in PREPARING:
@@ -374,13 +361,13 @@ class TxnCoordinator(Actor):
             if checking is not None:
                 self.reply_error(checking[0], ErrorCode.NOT_COORDINATOR,
                                  f"transactional id {txn_id!r}: broker {self.broker_id} no longer coordinates it "
-                                 f"({STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
+                                 f"({TXN_STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
             for waiting in self.waiting_end.pop(txn_id, ()):
                 self.reply_error(waiting, ErrorCode.NOT_COORDINATOR,
                                  f"transactional id {txn_id!r}: broker {self.broker_id} no longer coordinates it "
-                                 f"({STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
+                                 f"({TXN_STATE_TOPIC}-{partition} moved); FindCoordinator and retry")
             self._release_parked(txn_id)
-        log.info("%s-%d unloaded (another broker leads it): %d transactional ids dropped", STATE_TOPIC,
+        log.info("%s-%d unloaded (another broker leads it): %d transactional ids dropped", TXN_STATE_TOPIC,
                  partition, len(gone))
 
     def _current(self, t: Transaction) -> bool:
@@ -398,7 +385,7 @@ class TxnCoordinator(Actor):
         if not self.partitions:
             if self.cluster_mode:
                 self.on_create_state_topic(None)
-                fail(OdradekError(f"{STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                fail(OdradekError(f"{TXN_STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
             else:
                 self._create_state_topic(lambda: self._persist(t, then, fail, attempt, chain), fail)
             return
@@ -421,7 +408,7 @@ class TxnCoordinator(Actor):
                 self.call_later(0.1, lambda: self._persist(t, then, fail, attempt + 1, chain))  # a partition being opened
                 return
             if code:
-                log.warning("%s: writing %r failed: %s", STATE_TOPIC, t.txn_id, why)
+                log.warning("%s: writing %r failed: %s", TXN_STATE_TOPIC, t.txn_id, why)
                 lost = code in (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.FENCED_LEADER_EPOCH) \
                     or partition not in self.owned
                 fail(OdradekError(f"the transaction state could not be stored ({why}); retry",
@@ -429,7 +416,7 @@ class TxnCoordinator(Actor):
             else:
                 then()
 
-        fields = {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[STATE_TOPIC, partition, 0]]}
+        fields = {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[TXN_STATE_TOPIC, partition, 0]]}
         if chain:
             fields["then"] = chain
         self.request(self._state_host(partition), "produce", fields, [encode_batch([(key, value)])],
@@ -442,15 +429,15 @@ class TxnCoordinator(Actor):
             code = reply.error_code if reply.is_error else result.get("error_code")
             if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
                 why = reply.error_message if reply.is_error else result.get("error_message")
-                fail(OdradekError(f"cannot create {STATE_TOPIC} ({why}); retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                fail(OdradekError(f"cannot create {TXN_STATE_TOPIC} ({why}); retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
                 return
-            log.info("created %s", STATE_TOPIC)
+            log.info("created %s", TXN_STATE_TOPIC)
             self.partitions = max(self.partitions, 1)
             self.owned.setdefault(0, 0)
             self.call_later(0.2, then)  # the log actor opens the partition meanwhile (a write before gets retried)
 
         self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
-            "name": STATE_TOPIC, "num_partitions": 1, "replication_factor": 1,
+            "name": TXN_STATE_TOPIC, "num_partitions": 1, "replication_factor": 1,
             "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
 
     def on_create_state_topic(self, msg: Message | None) -> None:
@@ -467,14 +454,14 @@ class TxnCoordinator(Actor):
             result = {} if reply.is_error else reply.fields["body"]["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
             if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
-                log.info("cannot create %s yet: %s", STATE_TOPIC,
+                log.info("cannot create %s yet: %s", TXN_STATE_TOPIC,
                          reply.error_message if reply.is_error else result.get("error_message"))
                 return
-            log.info("created %s (%d partitions, replication factor %d)", STATE_TOPIC, n, rf)
+            log.info("created %s (%d partitions, replication factor %d)", TXN_STATE_TOPIC, n, rf)
             self._refresh_metadata()
 
         self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
-            "name": STATE_TOPIC, "num_partitions": n, "replication_factor": rf,
+            "name": TXN_STATE_TOPIC, "num_partitions": n, "replication_factor": rf,
             "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
 
     def on_stop(self) -> None:
@@ -666,7 +653,7 @@ class TxnCoordinator(Actor):
         Kafka keeps the pending offsets with the group), but here the transaction holds them:
         a broker that does not coordinate ``txn_id`` passes the request on to the one that
         does and relays its answer. False if that broker is not known now."""
-        leader = topic_leaders(self.snapshot, STATE_TOPIC).get(self._partition_of(txn_id), -1)
+        leader = topic_leaders(self.snapshot, TXN_STATE_TOPIC).get(self._partition_of(txn_id), -1)
         address = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
         if not self.cluster_mode or leader == self.broker_id or not address or not address[1]:
             return False

@@ -30,8 +30,7 @@ ROLES = ("network", "log", "coordinator")
 SHARED_LIBRARIES = {
     ("coordinator/channel.py", "odradek.network.client"): "the controller's connection to other brokers",
     ("log/replica_fetcher.py", "odradek.network.client"): "a follower's connection to its leader",
-    ("coordinator/offsets_replay.py", "odradek.log.reader"): "replays __consumer_offsets from its files, read-only",
-    ("coordinator/txn_coordinator.py", "odradek.log.reader"): "replays __transaction_state from its files, read-only",
+    ("coordinator/internal_replay.py", "odradek.log.reader"): "replays an internal topic from its files, read-only",
     ("coordinator/group_api_offsets.py", "odradek.log.reader"): "LATEST_TIMESTAMP, ListOffsets' -1",
     ("coordinator/txn_coordinator.py", "odradek.log.producer_ids"): "the producer-id tag the log actors check",
     ("coordinator/throttles.py", "odradek.log.throttle"): "UNLIMITED, the throttle rate's default",

@@ -1,0 +1,125 @@
+"""Issue 27, item 1: a record a coordinator cannot read in its internal topic is logged
+(topic, partition, offset, why) and skipped, never fatal. The files of ``__consumer_offsets``
+and ``__transaction_state`` are poisoned directly (no client can write them any more: see
+tests/security/test_internal_topics.py) with well-framed batches the log accepts but the
+coordinators cannot read; the broker restarts ready, every group keeps its committed offsets,
+and the transactional ids their state. Before the fix the group coordinator's replay raised
+on the first of them and the broker never became ready."""
+from __future__ import annotations
+
+import os
+
+import msgpack
+from confluent_kafka import Consumer as CKConsumer
+from confluent_kafka import Producer as CKProducer
+from confluent_kafka import TopicPartition as CKTopicPartition
+
+from odradek import Admin, Producer
+from odradek.actors.names import partition_dir
+from odradek.coordinator.offsets import partition_for
+from odradek.log.records import HEADER_SIZE, OFFSET_CRC, BatchHeader, crc_of, encode_batch
+from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC
+
+GROUPS = [f"group-{i}" for i in range(12)]
+
+
+def _commit(bootstrap: str, group: str, offset: int) -> None:
+    c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        c.commit(offsets=[CKTopicPartition("data", 0, offset)], asynchronous=False)
+    finally:
+        c.close()
+
+
+def _committed(bootstrap: str, group: str) -> int:
+    c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
+    try:
+        return c.committed([CKTopicPartition("data", 0)], timeout=30)[0].offset
+    finally:
+        c.close()
+
+
+def _undecodable(base_offset: int, epoch: int) -> bytes:
+    """A batch with a sound header and CRC whose records are not msgpack."""
+    batch = bytearray(encode_batch([(b"k" * 8, b"v" * 32)], compression=None, base_offset=base_offset,
+                                   partition_leader_epoch=epoch))
+    batch[HEADER_SIZE:] = b"\xc1" * (len(batch) - HEADER_SIZE)
+    batch[OFFSET_CRC:OFFSET_CRC + 4] = crc_of(batch, 0, len(batch)).to_bytes(4, "big")
+    return bytes(batch)
+
+
+def _append_poison(directory: str, records: list) -> int:
+    """Append, at the end of the partition's active segment, one batch per record and an
+    undecodable batch (the log's own recovery accepts them: their framing and CRCs are
+    sound). Returns the offset of the first."""
+    active = os.path.join(directory, max(n for n in os.listdir(directory) if n.endswith(".log")))
+    with open(active, "r+b") as f:
+        data = f.read()
+        pos, next_offset, epoch = 0, int(os.path.basename(active)[:20]), 0
+        while pos + HEADER_SIZE <= len(data):
+            h = BatchHeader.read(data, pos)
+            if h.batch_length <= 0:
+                break
+            pos, next_offset, epoch = pos + h.size, h.next_offset, h.partition_leader_epoch
+        first = next_offset
+        f.seek(pos)
+        f.truncate()
+        for record in records:
+            f.write(encode_batch([record], compression=None, base_offset=next_offset, partition_leader_epoch=epoch))
+            next_offset += 1
+        f.write(_undecodable(next_offset, epoch))
+    return first
+
+
+def test_unreadable_records_in_the_internal_topics_are_skipped_and_the_broker_restarts_ready(start_broker,
+                                                                                              tmp_path):
+    data = str(tmp_path / "data")
+    broker = start_broker(data)
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("data", partitions=1)
+    with Producer(broker.bootstrap) as producer:
+        for i in range(20):
+            producer.send("data", b"%d" % i, partition=0)
+        producer.flush()
+    for i, group in enumerate(GROUPS):
+        _commit(broker.bootstrap, group, i + 1)
+    txn = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "poisoned-txn"})
+    txn.init_transactions(30)
+    txn.begin_transaction()
+    txn.produce("data", b"in a transaction", partition=0)
+    txn.commit_transaction(30)
+    with Admin(broker.bootstrap) as admin:
+        partitions = len(admin.describe_topic(OFFSETS_TOPIC).partitions)
+    broker.stop()
+
+    victim = GROUPS[0]
+    target = partition_for(victim, partitions)
+    key = msgpack.packb(["o", victim, "data", 0])
+    poisoned_at = _append_poison(partition_dir(data, OFFSETS_TOPIC, target), [
+        (b"\xc1 not msgpack", b"\xc1"),  # a key that is not msgpack
+        (key, msgpack.packb("not a map")),  # the victim's commit, unreadable
+        (key, msgpack.packb({"offset": "7"})),  # an offset that is not a number
+        (msgpack.packb(["o", [victim], "data", 0]), msgpack.packb({"offset": 3})),  # a key of the wrong shape
+        (msgpack.packb(["g", victim]), msgpack.packb({"group": {"classic": 5}})),  # a group it cannot rebuild
+        (msgpack.packb(["g", "ghost"]), msgpack.packb({"group": {"members": "x"}, "empty_since_ms": "soon"})),
+    ])
+    _append_poison(partition_dir(data, TXN_STATE_TOPIC, 0), [
+        (b"poisoned-txn", b"\xc1 not msgpack"),
+        (b"poisoned-txn", msgpack.packb({"pid": 1, "epoch": 0, "timeout_ms": 1, "updated_ms": 0, "state": 0,
+                                         "partitions": [], "groups": [], "started_ms": 0, "offsets": [1]})),
+        (b"\xff\xfe", msgpack.packb({"pid": "x"})),
+    ])
+
+    broker = start_broker(data)  # raises unless the broker becomes ready
+    log = open(broker.stderr_path, errors="replace").read()
+    assert f"{OFFSETS_TOPIC}-{target}: offset {poisoned_at} cannot be read, skipped" in log, broker.stderr_tail()
+    assert f"{TXN_STATE_TOPIC}-0: offset" in log, broker.stderr_tail()
+    for i, group in enumerate(GROUPS):  # the victim's last good commit too
+        assert _committed(broker.bootstrap, group) == i + 1, group
+    _commit(broker.bootstrap, victim, 15)  # the coordinator serves the poisoned partition
+    assert _committed(broker.bootstrap, victim) == 15
+    txn = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "poisoned-txn"})
+    txn.init_transactions(30)  # its state was read back (a new epoch of the same id)
+    txn.begin_transaction()
+    txn.produce("data", b"again", partition=0)
+    txn.commit_transaction(30)
