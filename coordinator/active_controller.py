@@ -33,7 +33,7 @@ from odradek.coordinator.reassignment import Reassignments, check_target, place_
 from odradek.coordinator.topics import Topic, TopicRegistry
 from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
                                           state_path, to_json, topic_data)
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.controller")
 
@@ -485,7 +485,7 @@ class ActiveController:
                 if not isinstance(req, dict):
                     raise OdradekError("each topic must be a map", ErrorCode.INVALID_REQUEST)
                 rf = req.get("replication_factor")
-                if name in ("__consumer_offsets", "__transaction_state") and isinstance(rf, int):
+                if is_internal_topic(name) and isinstance(rf, int):
                     rf = max(1, min(rf, len(self.live)))  # capped at the live brokers
                 parts, rf, configs = self.registry.validate_create(name, req.get("num_partitions"), rf,
                                                                    req.get("configs"))

@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import re2
 
 from odradek.coordinator import assignors
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 
 TP = tuple[str, int]
 
@@ -143,7 +143,7 @@ class Member:
     def subscribes(self, topic: str) -> bool:
         if topic in self.subscribed_topic_names:
             return True
-        if self.subscribed_topic_regex and not topic.startswith("__"):
+        if self.subscribed_topic_regex and not is_internal_topic(topic):
             return subscription_regex(self.subscribed_topic_regex).fullmatch(topic) is not None
         return False
 

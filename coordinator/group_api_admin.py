@@ -14,11 +14,9 @@ from odradek.actors.names import TXN_COORDINATOR
 from odradek.coordinator.group import EMPTY, GroupError
 from odradek.coordinator.group_requests import GROUP_ID, group_id
 from odradek.coordinator.group_writes import group_write_error
-from odradek.coordinator.offsets import OFFSETS_TOPIC, group_record, offset_record, offsets_leaders, partition_for
+from odradek.coordinator.offsets import group_record, offset_record, offsets_leaders, partition_for
 from odradek.network.fields import BadRequest, field
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-
-TXN_STATE_TOPIC = "__transaction_state"  # the transaction coordinator's (coordinator/txn_coordinator.py)
+from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 
 class AdminApi:
     """The group coordinator's administrative APIs (a mixin of ``GroupCoordinator``)."""

@@ -15,11 +15,11 @@ from odradek.actors.names import FETCH_ACTOR
 from odradek.coordinator.group import GroupError
 from odradek.coordinator.group_requests import group_id, wall_ms
 from odradek.coordinator.group_writes import WRITE_TIMEOUT, commit_error
-from odradek.coordinator.offsets import OFFSETS_TOPIC, Committed, group_record, offset_record
+from odradek.coordinator.offsets import Committed, group_record, offset_record
 from odradek.coordinator.offsets import expired as expired_offsets
 from odradek.log.reader import LATEST_TIMESTAMP
 from odradek.network.fields import BadRequest, field
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 

@@ -112,10 +112,10 @@ from odradek.coordinator.group_leadership import Leadership
 from odradek.coordinator.group_purgatory import Held, Purgatory
 from odradek.coordinator.group_requests import group_id
 from odradek.coordinator.group_writes import Writes
-from odradek.coordinator.offsets import OFFSETS_TOPIC, Committed
+from odradek.coordinator.offsets import Committed
 from odradek.coordinator.offsets_replay import OffsetsReplay
 from odradek.network.fields import BadRequest
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 

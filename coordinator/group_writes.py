@@ -12,9 +12,9 @@ import logging
 from odradek.actors.message import Message
 from odradek.actors.names import ProducePart
 from odradek.coordinator.group import ConsumerGroup
-from odradek.coordinator.offsets import OFFSETS_TOPIC, group_record, partition_for
+from odradek.coordinator.offsets import group_record, partition_for
 from odradek.log.records import encode_batch
-from odradek.network.protocol import ErrorCode
+from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode
 
 log = logging.getLogger("odradek.groups")
 

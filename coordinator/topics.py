@@ -6,7 +6,8 @@ Pure state plus one durable file. Single writer: only the controller actor holds
 the directory, so a crash leaves either the old or the new metadata, never a mix.
 
 Topic names follow Kafka's rule: 1 to 249 characters of ``[a-zA-Z0-9._-]``, not ``.`` or
-``..``. Names starting with ``__`` are internal (``__consumer_offsets``).
+``..``. The internal topics (``network.protocol.INTERNAL_TOPICS``) are created here too, at
+their coordinators' request; clients cannot create, delete or alter them (the handlers refuse).
 """
 from __future__ import annotations
 
@@ -41,10 +42,6 @@ def check_topic_name(name) -> None:
         bad = sorted({c for c in name if not LEGAL_NAME.fullmatch(c)})
         raise OdradekError(f"topic name '{name}' contains {''.join(bad)!r}: only ASCII letters, digits, "
                            f"'.', '_' and '-' are allowed", ErrorCode.INVALID_TOPIC_EXCEPTION)
-
-
-def is_internal(name: str) -> bool:
-    return name.startswith("__")
 
 
 @dataclasses.dataclass

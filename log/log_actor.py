@@ -86,7 +86,7 @@ from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, TRANSACTIONAL_BIT, BatchHeader
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.log")
 
@@ -243,7 +243,7 @@ class LogActor(Actor):
         # the internal topics first in the background order (their coordinators wait on them).
         self.unopened: dict[tuple[str, int], dict] = {}
         configs = assignment.get("configs") or {}  # single-broker: each topic's config once
-        for entry in sorted(assignment.get("open", []), key=lambda e: not e["topic"].startswith("__")):
+        for entry in sorted(assignment.get("open", []), key=lambda e: not is_internal_topic(e["topic"])):
             entry.setdefault("config", configs.get(entry["topic"]) or {})
             self.unopened[entry["topic"], entry["partition"]] = entry
         self._order = iter(list(self.unopened))  # the background's order (a request may open one first)
@@ -1120,7 +1120,7 @@ class LogActor(Actor):
         """Every open partition's bounds, and (``opening``) the ones still waiting to open: the
         fetch actor asks for those on demand. The internal topics' partitions are opened
         first: the coordinators asking load them at once."""
-        for key in [k for k in self.unopened if k[0].startswith("__")]:
+        for key in [k for k in self.unopened if is_internal_topic(k[0])]:
             self._partition(key)
         self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name,
                          "opening": [list(k) for k in self.unopened]})
