@@ -35,11 +35,17 @@ is always "stop reading", never growth.
   * At ``queued.max.requests`` requests in flight the processor stops reading every socket
     until the count falls below; a connection whose handler is being changed stops reading
     on its own.
-  * Bytes: a request's announced size is *reserved* from the processor's
-    ``queued.max.request.bytes`` once its size prefix is in (buffers still grow only with
-    bytes received) and returned when it is answered; a connection whose next request does
-    not fit stops being read until enough is returned (first come, first served). A request
-    larger than the whole budget is let through alone.
+  * Bytes: what a connection has *sent* is charged to the processor's
+    ``queued.max.request.bytes`` as it is received (never what a size prefix announces: a
+    prefix and nothing more costs its few bytes and delays no one), and a request's bytes
+    stay charged until it is answered. A read takes at most what is left of the budget; when
+    nothing is, a connection that wants to read waits, unread, until some comes back (first
+    come, first served), except one: the first refused in the middle of a frame may read
+    the rest of that frame past the budget (the *overdraft*), so a frame larger than what
+    is left still arrives whole and two half-received frames cannot wait on each other.
+    Held in all: the budget plus one frame.
+  * Before SASL authentication a frame announcing more than ``sasl.server.max.receive.size``
+    (512 KiB, Kafka's name and default) closes the connection at once, logged.
   * Per connection: at ``PIPELINE_MAX`` requests awaiting their answers, or
     ``ANSWER_BYTES_MAX`` bytes of answers the client has not read, its requests are no
     longer read until it reads its answers.
@@ -119,6 +125,7 @@ FORWARDED_TO = {
                         "the group coordinator restarted while serving this request; retry"),
 }
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
+DEFAULT_SASL_MAX_RECEIVE = 524288  # sasl.server.max.receive.size: a frame before authentication, at most
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
 CLIENT_IDS_MAX = 100  # client ids counted by name at a time; the others count as "(other)"
@@ -253,7 +260,7 @@ class Connection:
         self.closing = False  # write what is due, then close
         self.closed = False
         self.requests = 0
-        self.reserved = 0  # bytes of queued.max.request.bytes reserved for the request being read
+        self.reserved = 0  # bytes received and not yet handed on, charged to queued.max.request.bytes
         self.starved = False  # waiting for the processor's byte budget; not read meanwhile
         self.started: float | None = None  # when the request being read began to arrive
         self.wq_bytes = 0  # answer bytes in wq (file regions aside)
@@ -288,7 +295,7 @@ class InFlight:
         self.conn, self.slot, self.handler, self.sent = conn, slot, handler, sent
         self.corr = 0
         self.done = False
-        self.reserved = reserved  # bytes of the budget returned when answered
+        self.reserved = reserved  # the request's bytes, charged to the budget until it is answered
 
 
 class Processor(Actor):
@@ -300,8 +307,10 @@ class Processor(Actor):
         self.max_inflight = int(config.get("queued.max.requests", 500))
         self.request_timeout = config.get("request.timeout.ms", 30000) / 1000
         self.budget = int(config.get("queued.max.request.bytes", DEFAULT_REQUEST_BYTES))
-        self.reserved = 0  # bytes reserved for requests being read or at handlers
+        self.sasl_max_receive = int(config.get("sasl.server.max.receive.size", DEFAULT_SASL_MAX_RECEIVE))
+        self.reserved = 0  # bytes received and not yet answered: of requests being read or at handlers
         self._starved: collections.deque[Connection] = collections.deque()
+        self._overdraft: Connection | None = None  # the one connection reading past the budget (its frame's rest)
         self._regrant = False
         self._draining = False  # stopping: no new request goes to a handler
         self.conns: dict[int, Connection] = {}
@@ -507,8 +516,12 @@ class Processor(Actor):
                         conn.principal or "unauthenticated")
 
     def _read(self, conn: Connection) -> None:
+        allowed = self._allowance(conn)
+        if allowed <= 0:
+            self._starve(conn)
+            return
         try:
-            data = conn.sock.recv(RECV_SIZE)
+            data = conn.sock.recv(min(RECV_SIZE, allowed))
             if conn.tls:  # records already decrypted wait in OpenSSL, not in the kernel: poll won't say
                 while conn.sock.pending() and len(data) < RECV_SIZE * 4:
                     data += conn.sock.recv(RECV_SIZE)
@@ -634,27 +647,48 @@ class Processor(Actor):
     def _pump(self, conn: Connection) -> None:
         """Send the connection's decoded requests to its handler while it may."""
         decoder = conn.decoder
-        while self._can_dispatch(conn) and self._reserve(conn):
+        while self._can_dispatch(conn):
+            if conn.principal is None and self._over_sasl_cap(conn):
+                return
+            before = decoder.buffered
             try:
                 frame = decoder.next()
-            except codec.BadRequest as exc:
-                self._answer_bad(conn, exc)
-                continue
+            except codec.BadRequest as exc:  # read whole: its frame is done with too
+                frame = exc
             except codec.FrameError as exc:
                 self._reject(conn, exc)
                 break
             if frame is None:
                 break
+            if conn is self._overdraft:
+                self._end_overdraft()
+            if isinstance(frame, codec.BadRequest):
+                self._answer_bad(conn, frame)
+                continue
             conn.last_active = conn.started = self.clock()
-            self._send_request(conn, frame)
+            self._send_request(conn, frame, before - decoder.buffered)
         if not decoder.buffered:
             conn.started = None
+        self._settle(conn)
         self._set_events(conn, self._wanted(conn))
+
+    def _over_sasl_cap(self, conn: Connection) -> bool:
+        """Before authentication: a frame announcing more than sasl.server.max.receive.size
+        closes the connection at once (as Kafka's SaslServerAuthenticator does), said in the log."""
+        size = conn.decoder.head_size()
+        if size is None or size - 4 <= self.sasl_max_receive:
+            return False
+        self.counters["sasl_receive_too_large"] += 1
+        self._audit("sasl_receive", conn, f"a frame of {size - 4} bytes before authentication on listener "
+                                          f"{conn.listener}, over sasl.server.max.receive.size "
+                                          f"({self.sasl_max_receive}); connection closed")
+        self._close(conn, "frame over sasl.server.max.receive.size before authentication")
+        return True
 
     def _can_dispatch(self, conn: Connection) -> bool:
         return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
                 and not conn.muted
-                and not self._draining and not conn.starved and len(conn.slots) < PIPELINE_MAX
+                and not self._draining and len(conn.slots) < PIPELINE_MAX
                 and conn.wq_bytes < ANSWER_BYTES_MAX)
 
     def _held_back(self, conn: Connection) -> bool:
@@ -667,24 +701,43 @@ class Processor(Actor):
             conn.started = self.clock()
 
     # ---- the byte budget (queued.max.request.bytes) -------------------------------------
-    def _reserve(self, conn: Connection) -> bool:
-        """Reserve the next request's announced size before reading more of it; False (and
-        the connection waits in line, unread) when it does not fit."""
+    def _allowance(self, conn: Connection) -> int:
+        """Bytes ``conn`` may read now: what is left of the budget; when nothing is, the rest
+        of its frame if it is in the middle of one and no other connection holds the overdraft
+        (it takes it), else 0."""
+        if conn is not self._overdraft:
+            free = self.budget - self.reserved
+            if free > 0:
+                return free
+            if self._overdraft is not None or not conn.decoder.buffered:
+                return 0
+            self._overdraft = conn
+            self.counters["overdraft"] += 1
         size = conn.decoder.head_size()
-        if conn.reserved or size is None or size > self.max_request + 4:
-            return True  # nothing to reserve yet, already done, or refused unbuffered
-        if self.reserved and (self.reserved + size > self.budget or self._starved):
-            conn.starved = True
-            self._starved.append(conn)
-            self.counters["starved"] += 1
-            return False
-        self.reserved += size
-        conn.reserved = size
-        return True
+        return codec.PREFIX if size is None else max(size - conn.decoder.buffered, 1)
 
-    def _take_reservation(self, conn: Connection) -> int:
-        size, conn.reserved = conn.reserved, 0
-        return size
+    def _starve(self, conn: Connection) -> None:
+        """Nothing left for ``conn`` to read into: it is not read until budget comes back."""
+        conn.starved = True
+        self._starved.append(conn)
+        self.counters["starved"] += 1
+        self._set_events(conn, self._wanted(conn))
+
+    def _end_overdraft(self) -> None:
+        self._overdraft = None
+        if self._starved:
+            self._regrant = True
+            self._schedule_flush()
+
+    def _settle(self, conn: Connection) -> None:
+        """Charge the budget with what ``conn`` holds received and not yet handed on (nothing
+        once it is closing: its bytes are dropped with it)."""
+        held = 0 if conn.closing or conn.closed else conn.decoder.buffered
+        change, conn.reserved = held - conn.reserved, held
+        if change > 0:
+            self.reserved += change
+        else:
+            self._release(-change)
 
     def _release(self, size: int) -> None:
         if size:
@@ -694,25 +747,30 @@ class Processor(Actor):
                 self._schedule_flush()
 
     def _grant(self) -> None:
-        """Budget came back: let waiting connections read again, in the order they waited."""
+        """Budget came back, or the overdraft is free: the connections waiting read again, in
+        the order they waited, each what is left when its turn comes (``_allowance``; one left
+        with nothing waits again). With the budget still spent, only the first waiting in the
+        middle of a frame, to take the overdraft."""
         self._regrant = False
-        while self._starved:
-            conn = self._starved[0]
-            if conn.closed:
-                self._starved.popleft()
-                continue
-            size = conn.decoder.head_size() or 0
-            if self.reserved and self.reserved + size > self.budget:
+        if self.reserved >= self.budget:
+            if self._overdraft is not None:
                 return
-            self._starved.popleft()
+            waiting = [c for c in self._starved if not c.closed and c.decoder.buffered][:1]
+            for conn in waiting:
+                self._starved.remove(conn)
+        else:
+            waiting, self._starved = list(self._starved), collections.deque()
+        for conn in waiting:
+            if conn.closed or not conn.starved:
+                continue
             conn.starved = False
-            self.reserved += size
-            conn.reserved = size
             self._restart_deadline(conn)  # it waited on us, not the other way round
-            self._pump(conn)
+            self._set_events(conn, self._wanted(conn))
+            if conn.tls and conn.sock.pending():  # decrypted already: poll would not say
+                self._read(conn)
 
     def _wanted(self, conn: Connection) -> int:
-        events = zmq.POLLIN if self._can_dispatch(conn) else 0
+        events = zmq.POLLIN if self._can_dispatch(conn) and not conn.starved else 0
         return events | zmq.POLLOUT if conn.wq else events
 
     def _set_events(self, conn: Connection, events: int) -> None:
@@ -725,7 +783,9 @@ class Processor(Actor):
             self.unwatch(conn.fd)
 
     # ---- requests out, answers back ----------------------------------------------------
-    def _send_request(self, conn: Connection, frame: codec.Frame) -> None:
+    def _send_request(self, conn: Connection, frame: codec.Frame, size: int) -> None:
+        """Hand a decoded request on (or answer it here); ``size``: its bytes on the wire,
+        charged to the budget until it is answered."""
         h = frame.header
         if conn.kafka is None and (conn.principal is None or h["api"] in SASL_APIS):
             h = self._native_gate(conn, h) or h
@@ -733,13 +793,11 @@ class Processor(Actor):
             slot = [h["corr"], None]
             conn.slots.append(slot)
             conn.closing = f"authentication failed: {h['close']}"
-            self._release(self._take_reservation(conn))
             self.call_later(self.auth_delay, functools.partial(self._answer_late, conn, slot, h["answer"]))
             return
         if "answer" in h:  # a Kafka request answered without a handler (ApiVersions, ...)
             conn.slots.append([h["corr"], h["answer"]])
             conn.requests += 1
-            self._release(self._take_reservation(conn))
             self._answered(conn)
             return
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
@@ -758,13 +816,13 @@ class Processor(Actor):
             except MailboxFull:
                 self.counters["dropped_acks0"] += 1
             conn.requests += 1
-            self._release(self._take_reservation(conn))
             return
         slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
                 _replica_id(h["body"]) >= 0]  # no quota: a follower's fetch (or failed here, ``_fail``)
         conn.slots.append(slot)
         conn.requests += 1
-        rec = InFlight(conn, slot, conn.handler, self.clock(), self._take_reservation(conn))
+        rec = InFlight(conn, slot, conn.handler, self.clock(), size)
+        self.reserved += size
         conn.at_handler += 1
         rec.corr = self.request(conn.handler, "request", fields, frame.frames,
                                 callback=functools.partial(self._on_answer, rec), timeout=None)
@@ -1053,7 +1111,9 @@ class Processor(Actor):
         self.counters["rejected"] += 1
         log.info("%s: %s sent a bad request (%s): %s", self.name, conn.who(), exc.code.name, exc.message)
         conn.closing = f"bad request: {exc.message}"
-        self._release(self._take_reservation(conn))
+        if conn is self._overdraft:
+            self._end_overdraft()
+        self._settle(conn)
         if exc.corr is not None:
             conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
         self._mark_dirty(conn)
@@ -1063,7 +1123,6 @@ class Processor(Actor):
         connection goes on."""
         self.counters["rejected"] += 1
         log.info("%s: %s sent a bad request (%s): %s", self.name, conn.who(), exc.code.name, exc.message)
-        self._release(self._take_reservation(conn))
         conn.last_active = self.clock()
         conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
         self._mark_dirty(conn)
@@ -1085,7 +1144,9 @@ class Processor(Actor):
         if conn.handler is not None:
             self._pinned[conn.handler] -= 1
         self._client_labels.release(conn.client_label)
-        self._release(self._take_reservation(conn))
+        if conn is self._overdraft:
+            self._end_overdraft()
+        self._settle(conn)
         if conn.starved:
             self._regrant = True
             self._schedule_flush()

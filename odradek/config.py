@@ -127,6 +127,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("failed.authentication.delay.ms", int, 100,
             "A failed authentication is answered (and its connection closed) this long after it arrived, "
             "which slows password guessing.", _between(0, 60000)),
+    Setting("sasl.server.max.receive.size", int, 524288,
+            "Largest frame, in bytes, a connection on a SASL listener may send before it has authenticated "
+            "(Kafka's name and default, 512 KiB); a larger one closes the connection at once, logged.",
+            _at_least(1024)),
     Setting("authorizer", bool, False, "Check every request against the ACLs (`odradek acls`); the principal "
             "is the SASL user (`User:name`), the TLS certificate subject, or `User:ANONYMOUS`."),
     Setting("super.users", str, "", "Principals allowed everything, `;`-separated (`User:admin;User:broker`)."),

@@ -1,0 +1,259 @@
+"""A few bytes must not stall anyone (issue 27, item 2).
+
+A connection that announced a frame just under ``socket.request.max.bytes`` and sent nothing
+more used to reserve its processor's whole ``queued.max.request.bytes`` until
+``request.timeout.ms``: ten of them (54 bytes each) kept every other client of the processor
+waiting for minutes, and before SASL six 16-byte prefixes delayed a sign-in. Memory is now
+charged for bytes received, not announced (docs/ARCHITECTURE.md, "Limits and back-pressure"),
+and before authentication a frame over ``sasl.server.max.receive.size`` closes the
+connection at once. Real brokers, real sockets, the bundled client and kafka-python.
+"""
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import time
+import uuid
+
+import kafka
+import pytest
+
+from odradek import Admin, Consumer, Producer
+from odradek.network import secstore
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey
+from odradek.types import TopicPartition
+
+from tests.network.helpers import connect, raw_socket, wait_until
+from tests.network.test_limits import announce, rss, stats
+from tests.security.fixtures import listeners_of
+
+MiB = 1 << 20
+MAX_REQUEST = 104857600  # socket.request.max.bytes, the default
+BOUND = 1.0  # seconds any one request of a well-behaved client may take meanwhile (generous: a loaded machine)
+STALLERS = 10
+
+
+def kafka_prefix(size: int, api: int = ApiKey.PRODUCE, version: int = 7) -> bytes:
+    """The first 16 bytes of a Kafka request announcing ``size`` bytes after its size field:
+    the size, api key, version, correlation id, a client id's length and its first 2 bytes."""
+    return struct.pack(">ihhih", size, api, version, 1, 8) + b"st"
+
+
+def stall(broker, count: int = STALLERS, host: str | None = None, port: int | None = None,
+          prefix=None) -> list[socket.socket]:
+    """``count`` connections, each announcing a frame just under socket.request.max.bytes
+    (half in the native framing, half in Kafka's) and sending nothing more."""
+    socks = []
+    for i in range(count):
+        s = socket.create_connection((host or broker.host, port or broker.port), timeout=10)
+        data = prefix(i) if prefix else (announce(MAX_REQUEST - 1000) if i % 2 else kafka_prefix(MAX_REQUEST - 1000))
+        s.sendall(data)
+        socks.append(s)
+    return socks
+
+
+def wait_read(broker, nbytes: int, name: str = "processor-0") -> None:
+    wait_until(lambda: stats(broker, name).get("bytes_in", 0) >= nbytes, what="the processor to read the stallers")
+
+
+def timed(fn, *args, **kw):
+    began = time.monotonic()
+    out = fn(*args, **kw)
+    return time.monotonic() - began, out
+
+
+def test_connections_announcing_large_frames_and_sending_nothing_delay_no_bundled_client(start_broker):
+    """Ten stallers (each one 54 or 16 bytes) and a bundled client already connected, one
+    connecting after them, a producer and a consumer: each request within BOUND."""
+    broker = start_broker(num_network_threads=1)
+    topic = f"stall-{uuid.uuid4().hex[:8]}"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    before = connect(broker)
+    before.request(ApiKey.PING, {"warm": 1})
+    socks = stall(broker)
+    try:
+        wait_read(broker, 5 * (len(announce(1)) + 16))
+        times = {}
+        times["PING, connected before"], _ = timed(before.request, ApiKey.PING, {"n": 1}, timeout=10)
+        with connect(broker) as after:
+            times["PING, connected after"], _ = timed(after.request, ApiKey.PING, {"n": 2}, timeout=10)
+        with Producer(broker.bootstrap, linger_ms=0, request_timeout_ms=10000) as producer:
+            sends = [timed(lambda i=i: producer.send(topic, b"v%d" % i).get(10))[0] for i in range(20)]
+        times["produce (slowest of 20)"] = max(sends[1:])  # the first also looks the topic up
+        with Consumer(broker.bootstrap, auto_offset_reset="earliest") as consumer:
+            consumer.assign([TopicPartition(topic, 0)])
+            got, began = [], time.monotonic()
+            while len(got) < 20 and time.monotonic() - began < 10:
+                got += consumer.poll(100)
+            times["consume 20"] = time.monotonic() - began
+        assert [r.value for r in got] == [b"v%d" % i for i in range(20)]
+        print("bundled client beside 10 stallers, seconds:", {k: round(v, 3) for k, v in times.items()})
+        slow = {k: round(v, 3) for k, v in times.items() if v > BOUND}
+        assert not slow, f"requests waited behind connections that sent a few bytes: {slow}"
+    finally:
+        before.close()
+        for s in socks:
+            s.close()
+
+
+def test_connections_announcing_large_frames_and_sending_nothing_delay_no_kafka_client(start_broker):
+    """The same with kafka-python: each produce acknowledged, and the records fetched, within BOUND."""
+    broker = start_broker(num_network_threads=1)
+    topic = f"stall-{uuid.uuid4().hex[:8]}"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    socks = stall(broker)
+    producer = consumer = None
+    try:
+        wait_read(broker, 5 * (len(announce(1)) + 16))
+        began = time.monotonic()
+        producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, linger_ms=0,
+                                       request_timeout_ms=10000, max_block_ms=10000)
+        producer.send(topic, b"first").get(timeout=10)
+        times = {"first produce (bootstrap, metadata)": time.monotonic() - began}
+        sends = [timed(lambda i=i: producer.send(topic, b"v%d" % i).get(timeout=10))[0] for i in range(20)]
+        times["produce (slowest of 20)"] = max(sends)
+        consumer = kafka.KafkaConsumer(bootstrap_servers=broker.bootstrap, auto_offset_reset="earliest",
+                                       enable_auto_commit=False, request_timeout_ms=10000, fetch_max_wait_ms=100)
+        consumer.assign([kafka.TopicPartition(topic, 0)])
+        got, began = [], time.monotonic()
+        while len(got) < 21 and time.monotonic() - began < 15:
+            for records in consumer.poll(100).values():
+                got += [r.value for r in records]
+        times["consume 21 (bootstrap, metadata, fetch)"] = time.monotonic() - began
+        assert got == [b"first"] + [b"v%d" % i for i in range(20)]
+        print("kafka-python beside 10 stallers, seconds:", {k: round(v, 3) for k, v in times.items()})
+        # a new client's bootstrap is several round trips: BOUND each, counted generously
+        bounds = {k: BOUND if "slowest" in k else 3 * BOUND for k in times}
+        slow = {k: round(v, 3) for k, v in times.items() if v > bounds[k]}
+        assert not slow, f"requests waited behind connections that sent a few bytes: {slow}"
+    finally:
+        if producer is not None:
+            producer.close(timeout=5)
+        if consumer is not None:
+            consumer.close()
+        for s in socks:
+            s.close()
+
+
+def test_stalled_connections_hold_only_what_they_sent_and_the_budget_bounds_the_total(start_broker):
+    """Twenty connections each send 4 MiB of a 50 MiB frame and stall: the processor holds at
+    most ``queued.max.request.bytes`` (8 MiB here) plus the rest of one frame (the one
+    connection let past the budget to finish its frame: here what it sent), and a small
+    request of another client is not read until a stalled one goes (its bytes filled the
+    budget: sending is what it takes, not announcing)."""
+    budget = 8 * MiB
+    broker = start_broker(num_network_threads=1, queued_max_request_bytes=budget)
+    before = rss(broker)
+    chunk = b"x" * (4 * MiB)
+    socks = []
+    try:
+        for _ in range(20):
+            s = raw_socket(broker)
+            s.setblocking(False)
+            data = announce(50 * MiB) + chunk
+            sent = 0
+            deadline = time.monotonic() + 2
+            while sent < len(data) and time.monotonic() < deadline:  # what the kernel takes
+                try:
+                    sent += s.send(data[sent:])
+                except BlockingIOError:
+                    time.sleep(0.01)
+            socks.append(s)
+        time.sleep(1.0)
+        held = stats(broker)
+        grown = rss(broker) - before
+        print(f"20 stalled connections x 4 MiB sent: processor holds {held.get('reserved_bytes', 0)} bytes "
+              f"(read {held.get('bytes_in', 0)}), RSS grew {grown / MiB:.1f} MiB")
+        assert held.get("reserved_bytes", 0) <= budget + 4 * MiB + 64 * 1024
+        assert grown < budget + 4 * MiB + 32 * MiB, f"processor grew by {grown >> 20} MiB"
+    finally:
+        for s in socks:
+            s.close()
+    wait_until(lambda: stats(broker).get("reserved_bytes") == 0, what="the budget to return")
+
+
+# ---- before SASL authentication ------------------------------------------------------------
+USERS = {"admin": "admin-secret"}
+
+
+@pytest.fixture(scope="module")
+def sasl_broker(tmp_path_factory):
+    """A SASL_PLAINTEXT listener (SCRAM) beside a PLAINTEXT one, one processor, and a budget
+    of 1 MiB, so that two announcements under the SASL cap would have taken all of it."""
+    from tests.conftest import BrokerProcess
+    data = str(tmp_path_factory.mktemp("sasl-stall"))
+    users = secstore.Users(os.path.abspath(data))
+    for name, password in USERS.items():
+        users.add(name, password, iterations=4096)
+    broker = BrokerProcess(data, {"listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+                                  "sasl.enabled.mechanisms": "SCRAM-SHA-256", "num.network.threads": 1,
+                                  "queued.max.request.bytes": MiB}).start()
+    try:
+        broker.listeners = listeners_of(broker)
+        yield broker
+    finally:
+        broker.discard()
+
+
+def sign_in(broker) -> BrokerConnection:
+    host, port, _ = broker.listeners["SASL_PLAINTEXT"]
+    conn = BrokerConnection(host, int(port), client_id="admin", request_timeout_ms=15000,
+                            security_protocol="SASL_PLAINTEXT", sasl_mechanism="SCRAM-SHA-256",
+                            sasl_plain_username="admin", sasl_plain_password=USERS["admin"])
+    conn.connect(timeout=15)
+    return conn
+
+
+def closed_within(sock: socket.socket, seconds: float) -> bool:
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except socket.timeout:
+        return False
+
+
+@pytest.mark.parametrize("size", [MAX_REQUEST - 1000, 500_000], ids=["just-under-the-max", "under-the-sasl-cap"])
+def test_sixteen_byte_prefixes_do_not_delay_a_sasl_sign_in(sasl_broker, size):
+    host, port, _ = sasl_broker.listeners["SASL_PLAINTEXT"]
+    socks = stall(sasl_broker, 6, host, int(port), prefix=lambda i: kafka_prefix(size, ApiKey.SASL_HANDSHAKE, 1))
+    try:
+        time.sleep(0.5)  # read by the processor (one whose stats would count the bytes: it is the same one)
+        took, conn = timed(sign_in, sasl_broker)
+        with conn:
+            ping, _ = timed(conn.request, ApiKey.PING, {"signed": "in"}, timeout=10)
+        print(f"SASL sign-in beside 6 prefixes announcing {size} bytes: {took:.3f} s, then a PING {ping:.3f} s")
+        assert took < BOUND and ping < BOUND, f"sign-in took {took:.3f} s, a PING {ping:.3f} s"
+    finally:
+        for s in socks:
+            s.close()
+
+
+@pytest.mark.parametrize("framing", ["kafka", "native"])
+def test_a_frame_over_the_sasl_cap_before_authentication_closes_the_connection_at_once(sasl_broker, framing):
+    host, port, _ = sasl_broker.listeners["SASL_PLAINTEXT"]
+    over = 524288 + 1  # sasl.server.max.receive.size, Kafka's default, + 1
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    try:
+        sock.sendall(kafka_prefix(over, ApiKey.SASL_HANDSHAKE, 1) if framing == "kafka" else announce(over))
+        assert closed_within(sock, 3.0), "a frame over sasl.server.max.receive.size before authentication was kept"
+    finally:
+        sock.close()
+    with open(sasl_broker.stderr_path, errors="replace") as f:
+        wait_until(lambda: "sasl.server.max.receive.size" in f.read(), timeout=10,
+                   what="a log line naming sasl.server.max.receive.size")
+    under = socket.create_connection((host, int(port)), timeout=10)  # under the cap: kept, waiting for the rest
+    try:
+        under.sendall(kafka_prefix(500_000, ApiKey.SASL_HANDSHAKE, 1) if framing == "kafka" else announce(500_000))
+        assert not closed_within(under, 1.0)
+    finally:
+        under.close()
+    with sign_in(sasl_broker) as conn:  # the cap is for the unauthenticated: signed in, the usual max applies
+        assert conn.request(ApiKey.PING, {}, [b"p" * (1 << 20)]).frames[0].nbytes == 1 << 20
