@@ -36,6 +36,26 @@ class InvalidRecordError(OdradekError):
     code = ErrorCode.INVALID_RECORD
 
 
+class RecordErrors(InvalidRecordError):
+    """Some records of a produced batch are refused (KIP-467): the batch fails with
+    INVALID_RECORD and ``record_errors`` lists ``(index in the batch, message)`` for each."""
+
+    def __init__(self, message: str, record_errors: list):
+        super().__init__(message)
+        self.record_errors = record_errors
+
+    @classmethod
+    def keyless(cls, where: str, indexes: list) -> "RecordErrors":
+        why = "a compacted topic cannot accept a record without a key"
+        return cls(f"{where}: {len(indexes)} record(s) refused, {why} (records {_first(indexes)})",
+                   [(i, why) for i in indexes])
+
+
+def _first(indexes: list, shown: int = 10) -> str:
+    more = f", ... {len(indexes) - shown} more" if len(indexes) > shown else ""
+    return ", ".join(map(str, indexes[:shown])) + more
+
+
 class InvalidTimestampError(OdradekError):
     """A produced batch's timestamp is out of range (negative, other than -1 for none)."""
 

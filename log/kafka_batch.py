@@ -20,7 +20,8 @@ from typing import Sequence
 import cramjam
 import crc32c as _crc32c
 
-from odradek.log.errors import CorruptRecordError
+from odradek.log import inflate
+from odradek.log.errors import CorruptRecordError, InvalidRecordError, RecordErrors
 
 MAGIC = 2
 HEADER = struct.Struct(">qiibIhiqqqhii")
@@ -37,8 +38,6 @@ TRANSACTIONAL_BIT = 0x10
 CONTROL_BIT = 0x20
 DELETE_HORIZON_BIT = 0x40
 KNOWN_ATTRIBUTE_BITS = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT | DELETE_HORIZON_BIT
-MAX_DECOMPRESSED = 1 << 30
-_XERIAL = b"\x82SNAPPY\x00"
 _U32 = struct.Struct(">I")
 
 
@@ -71,58 +70,31 @@ def check_header(h, where: str) -> None:
 
 # ----------------------------------------------------------------------------- decoding
 
-def _payload(buf, h) -> bytes:
-    data = bytes(memoryview(buf)[HEADER_SIZE:h.batch_length + LOG_OVERHEAD])
+def _payload(buf, h, limit: int) -> bytes:
+    data = memoryview(buf)[HEADER_SIZE:h.batch_length + LOG_OVERHEAD]
     codec = h.attributes & COMPRESSION_MASK
-    try:
-        if codec == 0:
-            return data
-        if codec == 1:
-            return bytes(cramjam.gzip.decompress(data))
-        if codec == 2:
-            return _snappy(data)
-        if codec == 3:
-            return bytes(cramjam.lz4.decompress(data))
-        return bytes(cramjam.zstd.decompress(data))
-    except CorruptRecordError:
-        raise
-    except Exception as exc:  # cramjam raises its own DecompressionError and friends
-        raise CorruptRecordError(f"{CODECS[codec]} payload does not decompress: {exc}") from None
+    return bytes(data) if codec == 0 else inflate.inflate(CODECS[codec], data, limit)
 
 
-def _snappy(data: bytes) -> bytes:
-    """Raw snappy (librdkafka) or the Java client's xerial framing (8-byte magic, two
-    versions, then [u32 length, block] chunks)."""
-    if not data.startswith(_XERIAL):
-        return bytes(cramjam.snappy.decompress_raw(data))
-    out, pos = bytearray(), 16
-    while pos < len(data):
-        (n,) = _U32.unpack_from(data, pos)
-        out += cramjam.snappy.decompress_raw(data[pos + 4:pos + 4 + n])
-        pos += 4 + n
-        if len(out) > MAX_DECOMPRESSED:
-            raise CorruptRecordError("snappy payload decompresses beyond 1 GiB")
-    return bytes(out)
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """A zigzag varint at ``pos``: (value, next position)."""
+def _varint(data, pos: int, size: int = 10, error=CorruptRecordError) -> tuple[int, int]:
+    """The zigzag varint at ``pos``, at most ``size`` bytes (Kafka's varint 5, varlong 10):
+    (value, next position). Too long, past the end or beyond its width raises ``error``."""
     shift = result = 0
-    while True:
+    for pos in range(pos, pos + size):
         if pos >= len(data):
-            raise CorruptRecordError("record runs past the end of the batch")
+            raise error("record runs past the end of the batch")
         b = data[pos]
-        pos += 1
         result |= (b & 0x7F) << shift
         if not b & 0x80:
-            return (result >> 1) ^ -(result & 1), pos
+            if result >> (64 if size == 10 else 32):
+                raise error(f"varint overflows {64 if size == 10 else 32} bits")
+            return (result >> 1) ^ -(result & 1), pos + 1
         shift += 7
-        if shift > 63:
-            raise CorruptRecordError("varint longer than 10 bytes")
+    raise error(f"varint longer than {size} bytes")
 
 
-def _bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
-    n, pos = _varint(data, pos)
+def _bytes(data, pos: int) -> tuple[bytes | None, int]:
+    n, pos = _varint(data, pos, 5)
     if n < 0:
         return None, pos
     if pos + n > len(data):
@@ -130,24 +102,25 @@ def _bytes(data: bytes, pos: int) -> tuple[bytes | None, int]:
     return data[pos:pos + n], pos + n
 
 
-def decode(buf, h, record_type) -> list:
+def decode(buf, h, record_type, limit: int = inflate.DEFAULT_LIMIT) -> list:
     """Decode the records of the magic-2 batch ``buf`` (header ``h``) into ``record_type``
-    values ``(offset, timestamp, key, value, headers)``. Headers keys are str, values bytes."""
-    data = _payload(buf, h)
+    values ``(offset, timestamp, key, value, headers)``. Headers keys are str, values bytes.
+    Compressed records inflate to at most ``limit`` bytes (``inflate.InflateLimitError``)."""
+    data = _payload(buf, h, limit)
     out = []
     pos = 0
     append_time = h.attributes & TIMESTAMP_TYPE_BIT
     for _ in range(h.record_count):
-        length, pos = _varint(data, pos)
+        length, pos = _varint(data, pos, 5)
         end = pos + length
         if length < 0 or end > len(data):
             raise CorruptRecordError("record length runs past the end of the batch")
         pos += 1  # attributes (unused)
         ts_delta, pos = _varint(data, pos)
-        off_delta, pos = _varint(data, pos)
+        off_delta, pos = _varint(data, pos, 5)
         key, pos = _bytes(data, pos)
         value, pos = _bytes(data, pos)
-        count, pos = _varint(data, pos)
+        count, pos = _varint(data, pos, 5)
         headers = []
         for _ in range(max(count, 0)):
             hk, pos = _bytes(data, pos)
@@ -160,6 +133,150 @@ def decode(buf, h, record_type) -> list:
     if pos != len(data):
         raise CorruptRecordError(f"{len(data) - pos} bytes after the batch's {h.record_count} records")
     return out
+
+
+# ----------------------------------------------------------------------------- validation
+
+_PREFIX = 26  # the most bytes before a record's key: length 5, attributes 1, timestamp 10, offset 5, key length 5
+_FIELD = 5  # a 32-bit varint: a value or header length, a header count
+
+
+def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
+    """Yield ``(offset delta, timestamp delta, has key)`` for each record of the magic-2
+    batch ``buf`` (header ``h``), checking the records' structure as Kafka's DefaultRecord
+    reader does, without keeping a key, value or header: varints no longer and no wider than
+    their type, record and key lengths not negative, each record exactly the length it
+    declares, exactly ``recordCount`` records and no byte after them. Compressed records are
+    read a window at a time from ``inflate.chunks`` (at most ``limit`` bytes in all), so
+    memory stays at a chunk whatever the batch claims. Raises ``InvalidRecordError``
+    (INVALID_RECORD; Kafka's InvalidRecordException), or from decompression
+    ``CorruptRecordError`` / ``inflate.InflateLimitError``."""
+    payload = memoryview(buf)[HEADER_SIZE:h.batch_length + LOG_OVERHEAD]
+    codec = h.attributes & COMPRESSION_MASK
+    more = None if codec == 0 else inflate.chunks(CODECS[codec], payload, limit)
+    data, base, pos = (payload, 0, 0) if more is None else (b"", 0, 0)
+    n = h.record_count
+    index = 0
+    try:
+        while index < n:
+            if more is not None and len(data) - pos < _PREFIX:
+                data, base, pos = _window(more, data, base, pos, _PREFIX)
+            b = data[pos]  # the record's length: one byte below 64 (zigzag), else the general reader
+            if b < 0x80:
+                length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                length, pos = _varint(data, pos, 5, InvalidRecordError)
+            if length < 0:
+                raise InvalidRecordError(f"record {index} has a negative length {length}")
+            start = base + pos
+            pos += 1  # attributes: unused in magic 2
+            b = data[pos]
+            if b < 0x80:
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                ts_delta, pos = _varint(data, pos, 10, InvalidRecordError)
+            b = data[pos]
+            if b < 0x80:
+                off_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                off_delta, pos = _varint(data, pos, 5, InvalidRecordError)
+            b = data[pos]
+            if b < 0x80:
+                key_len, pos = (b >> 1) ^ -(b & 1), pos + 1
+            else:
+                key_len, pos = _varint(data, pos, 5, InvalidRecordError)
+            if key_len > 0:
+                pos += key_len
+                if pos > len(data):
+                    data, base, pos = _skip(more, data, base, pos)
+            if more is not None and len(data) - pos < _FIELD:
+                data, base, pos = _window(more, data, base, pos, _FIELD)
+            value_len, pos = _varint(data, pos, 5, InvalidRecordError)
+            if value_len > 0:
+                pos += value_len
+                if pos > len(data):
+                    data, base, pos = _skip(more, data, base, pos)
+            if more is not None and len(data) - pos < _FIELD:
+                data, base, pos = _window(more, data, base, pos, _FIELD)
+            count, pos = _varint(data, pos, 5, InvalidRecordError)
+            if count:
+                if count < 0 or count > length:
+                    raise InvalidRecordError(f"record {index} has an invalid header count {count}")
+                data, base, pos = _headers(more, data, base, pos, count, index)
+            if base + pos - start != length:
+                raise InvalidRecordError(f"record {index} declares {length} bytes but its fields take "
+                                         f"{base + pos - start}")
+            yield off_delta, ts_delta, key_len >= 0
+            index += 1
+    except IndexError:
+        raise InvalidRecordError(f"{where}: recordCount says {n} records; the records end in record {index} "
+                                 f"(Kafka: incorrect declared batch size, premature EOF)") from None
+    if pos < len(data) or (more is not None and any(more)):
+        raise InvalidRecordError(f"{where}: bytes remain after the batch's {n} records (Kafka: incorrect "
+                                 f"declared batch size, records still remaining)")
+
+
+def _headers(more, data, base: int, pos: int, count: int, index: int):
+    for _ in range(count):
+        for key in (True, False):
+            if more is not None and len(data) - pos < _FIELD:
+                data, base, pos = _window(more, data, base, pos, _FIELD)
+            size, pos = _varint(data, pos, 5, InvalidRecordError)
+            if key and size < 0:
+                raise InvalidRecordError(f"record {index} has a header key of negative size {size}")
+            if size > 0:
+                pos += size
+                if pos > len(data):
+                    data, base, pos = _skip(more, data, base, pos)
+    return data, base, pos
+
+
+def _window(more, data, base: int, pos: int, need: int):
+    """A window of the inflated records holding at least ``need`` bytes from ``pos`` (fewer
+    at the end): ``(data, base, pos)``, ``base`` being where ``data`` starts in the records."""
+    parts = [data[pos:]]
+    have = len(parts[0])
+    for piece in more:
+        parts.append(piece)
+        have += len(piece)
+        if have >= need:
+            break
+    return b"".join(parts), base + pos, 0
+
+
+def _skip(more, data, base: int, pos: int):
+    """Past the end of the window (``pos > len(data)``): drop the inflated bytes up to ``pos``."""
+    if more is None:
+        raise IndexError(pos)  # the record runs past the batch
+    gone = pos - len(data)
+    base += len(data)
+    for piece in more:
+        if len(piece) > gone:
+            return piece, base, gone
+        gone -= len(piece)
+        base += len(piece)
+    if gone:
+        raise IndexError(pos)
+    return b"", base, 0
+
+
+def check_records(buf, h, *, compacted: bool = False, limit: int = inflate.DEFAULT_LIMIT,
+                  where: str = "batch") -> None:
+    """LogValidator's record checks on a client's magic-2 batch: the structure (``walk``),
+    offset deltas 0 .. recordCount-1 in order, and on a compacted topic a key on every
+    record. Records without a key are listed by index (KIP-467) in the ``RecordErrors``
+    raised (INVALID_RECORD): the batch fails and the client learns which records did it."""
+    keyless = []
+    expect = 0
+    for off_delta, _ts, has_key in walk(buf, h, limit, where):
+        if off_delta != expect:
+            raise InvalidRecordError(f"{where}: record {expect} has offset delta {off_delta} (a producer numbers "
+                                     f"its records 0 to recordCount - 1)")
+        if compacted and not has_key:
+            keyless.append(expect)
+        expect += 1
+    if keyless:
+        raise RecordErrors.keyless(where, keyless)
 
 
 # ----------------------------------------------------------------------------- encoding

@@ -1,0 +1,167 @@
+"""Bounded, streaming decompression of one batch's records: the only place the project inflates.
+
+Layer 1 (pure, no I/O; stdlib, lz4, cramjam). Every path that reads records inside a compressed
+batch comes here (produce validation, the timestamp lookup, the cleaner, dump-log, the
+consumers), so a compression bomb costs each of them at most the bound, never what the batch
+claims. ``chunks`` yields the decompressed bytes ``CHUNK`` at a time and raises
+``InflateLimitError`` as soon as more than ``limit`` bytes come out; ``inflate`` joins them for
+a reader that wants the whole payload.
+
+How each codec is bounded (docs/FORMAT.md, "Compressed records"):
+
+- gzip (Kafka codec 1): ``zlib.decompressobj`` with ``max_length``: streaming, ``CHUNK`` at a time.
+- lz4 frame (Kafka codec 3): ``lz4.frame.LZ4FrameDecompressor`` with ``max_length``: the same.
+- snappy (Kafka codec 2): raw snappy and each xerial chunk state their inflated size up front;
+  it is checked against the bound before anything is inflated (snappy cannot expand a byte by
+  more than about 22).
+- zstd (Kafka codec 4): cramjam has no incremental zstd reader, so the frame is inflated into a
+  lazily mapped buffer of ``limit`` bytes: it fails when the buffer is full, having touched at
+  most ``limit`` bytes of memory.
+- lz4 block (Odradek's native batch): the block states its inflated size up front; checked
+  first.
+
+Errors: ``InflateLimitError`` (MESSAGE_TOO_LARGE) when the bound is hit, ``CorruptRecordError``
+(CORRUPT_MESSAGE) when the bytes do not decompress. The caller adds which batch it was.
+"""
+from __future__ import annotations
+
+import mmap
+import struct
+import zlib
+from typing import Iterator
+
+import cramjam
+import lz4.block
+import lz4.frame
+
+from odradek.log.errors import CorruptRecordError, RecordTooLargeError
+
+CHUNK = 64 << 10  # decompressed bytes produced per step by the streaming codecs
+INFLATE_FACTOR = 64  # a produced batch may inflate to this many times the topic's max.message.bytes
+DEFAULT_LIMIT = INFLATE_FACTOR * (1 << 20)  # 64 MiB: readers that do not know the topic's setting
+
+GZIP, SNAPPY, LZ4_FRAME, ZSTD = "gzip", "snappy", "lz4", "zstd"
+LZ4_BLOCK = "lz4-block"  # Odradek's native batch: one lz4 block with a little-endian u32 size prefix
+LZ4_MAX_RATIO = 255  # lz4 cannot expand a block by more than this (plus a small constant)
+_XERIAL = b"\x82SNAPPY\x00"
+_U32 = struct.Struct(">I")
+_LZ4_SIZE = struct.Struct("<I")
+
+
+class InflateLimitError(RecordTooLargeError):
+    """A batch's records inflate beyond the bound (MESSAGE_TOO_LARGE)."""
+
+
+def limit_for(max_message_bytes: int) -> int:
+    """The inflated size a batch of a topic with this ``max.message.bytes`` may reach."""
+    return INFLATE_FACTOR * max(max_message_bytes, 1 << 20)
+
+
+def chunks(codec: str, data, limit: int = DEFAULT_LIMIT) -> Iterator:
+    """The decompressed bytes of ``data`` (one batch's records, compressed with ``codec``),
+    as successive buffers; ``InflateLimitError`` once more than ``limit`` bytes came out."""
+    total = 0
+    try:
+        for piece in _CODECS[codec](data, limit):
+            total += len(piece)
+            if total > limit:
+                raise InflateLimitError(_too_big(codec, limit))
+            yield piece
+    except (CorruptRecordError, RecordTooLargeError):
+        raise
+    except Exception as exc:  # zlib.error, lz4's RuntimeError, cramjam's DecompressionError
+        raise CorruptRecordError(f"{codec} records do not decompress: {exc}") from None
+
+
+def inflate(codec: str, data, limit: int = DEFAULT_LIMIT) -> bytes:
+    """The whole decompressed payload (at most ``limit`` bytes)."""
+    return b"".join(chunks(codec, data, limit))
+
+
+def _too_big(codec: str, limit: int) -> str:
+    return f"{codec} records inflate beyond {limit} bytes, the bound for one batch (docs/FORMAT.md)"
+
+
+def _gzip(data, limit: int) -> Iterator[bytes]:
+    """One or more gzip members (Java's GZIPInputStream reads concatenated members too)."""
+    rest = bytes(data)
+    while True:
+        d = zlib.decompressobj(zlib.MAX_WBITS | 16)
+        pending = rest
+        while not d.eof:
+            out = d.decompress(pending, CHUNK)
+            pending = d.unconsumed_tail
+            if out:
+                yield out
+            elif not pending:
+                raise CorruptRecordError("gzip records are truncated")
+        rest = d.unused_data
+        if not rest:
+            return
+
+
+def _lz4_frame(data, limit: int) -> Iterator[bytes]:
+    rest = bytes(data)
+    while rest:
+        d = lz4.frame.LZ4FrameDecompressor()
+        out = d.decompress(rest, CHUNK)
+        while True:
+            if out:
+                yield out
+            if d.eof:
+                break
+            if d.needs_input:
+                raise CorruptRecordError("lz4 records are truncated")
+            out = d.decompress(b"", CHUNK)
+        rest = d.unused_data
+
+
+def _snappy(data, limit: int) -> Iterator[bytes]:
+    """Raw snappy (librdkafka) or the Java client's xerial framing (8-byte magic, two
+    versions, then [u32 length, raw block] chunks)."""
+    data = bytes(data)
+    if not data.startswith(_XERIAL):
+        yield _snappy_block(data, limit)
+        return
+    pos = 16
+    while pos < len(data):
+        if pos + 4 > len(data):
+            raise CorruptRecordError("snappy chunk length is truncated")
+        (n,) = _U32.unpack_from(data, pos)
+        yield _snappy_block(data[pos + 4:pos + 4 + n], limit)
+        pos += 4 + n
+
+
+def _snappy_block(block: bytes, limit: int) -> bytes:
+    if cramjam.snappy.decompress_raw_len(block) > limit:
+        raise InflateLimitError(_too_big(SNAPPY, limit))
+    return bytes(cramjam.snappy.decompress_raw(block))
+
+
+def _zstd(data, limit: int) -> Iterator:
+    out = mmap.mmap(-1, limit + 1)  # pages are committed only as they are written
+    try:
+        try:
+            n = cramjam.zstd.decompress_into(bytes(data), out)
+        except cramjam.DecompressionError as exc:
+            if "whole buffer" in str(exc):  # the output buffer is full: beyond the bound
+                raise InflateLimitError(_too_big(ZSTD, limit)) from None
+            raise
+        for at in range(0, n, CHUNK):
+            yield out[at:min(at + CHUNK, n)]
+    finally:
+        out.close()
+
+
+def _lz4_block(data, limit: int) -> Iterator[bytes]:
+    if len(data) < _LZ4_SIZE.size:
+        raise CorruptRecordError("lz4 block shorter than its size prefix")
+    size = _LZ4_SIZE.unpack_from(data)[0]
+    if size > LZ4_MAX_RATIO * len(data) + 64:
+        raise CorruptRecordError(f"lz4 block claims {size} bytes from {len(data)}: impossible")
+    if size > limit:
+        raise InflateLimitError(_too_big(LZ4_BLOCK, limit))
+    yield lz4.block.decompress(data)
+
+
+_CODECS = {GZIP: _gzip, SNAPPY: _snappy, LZ4_FRAME: _lz4_frame, ZSTD: _zstd, LZ4_BLOCK: _lz4_block}
