@@ -187,7 +187,8 @@ def _replica(body: dict) -> bool:
 INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN,
                 ApiKey.WRITE_TXN_MARKERS)
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
-        ApiKey.METADATA)  # Metadata filters its answer instead
+        ApiKey.METADATA,  # Metadata filters its answer instead
+        ApiKey.DESCRIBE_CLUSTER)  # Kafka's too: the brokers and the controller, to anyone signed in
 
 
 def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
@@ -216,8 +217,11 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
         return _configs(body, "AlterConfigs")
     if api == ApiKey.OFFSET_COMMIT:
         return [("Read", "Group", str(body.get("group_id")))] + [("Read", "Topic", n) for n in _names(body)]
-    if api == ApiKey.OFFSET_FETCH:
-        return [("Describe", "Group", str(body.get("group_id")))] + [("Describe", "Topic", n) for n in _names(body)]
+    if api == ApiKey.OFFSET_FETCH:  # v8+ (librdkafka 2.x, Kafka 3 clients) asks for several groups at once
+        groups = body.get("groups") if isinstance(body.get("groups"), list) else [body]
+        return [need for g in groups if isinstance(g, dict)
+                for need in [("Describe", "Group", str(g.get("group_id")))] +
+                [("Describe", "Topic", n) for n in _names(g)]]
     if api in (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.LEAVE_GROUP) or api in (11, 12, 14):  # Join, Heartbeat, Sync
         return [("Read", "Group", str(body.get("group_id")))]
     if api == ApiKey.FIND_COORDINATOR:

@@ -423,7 +423,8 @@ def consumer_heartbeat_to_internal(version: int, request: dict) -> tuple[dict, l
             "subscribed_topic_regex": request.get("subscribed_topic_regex"),
             "server_assignor": request.get("server_assignor"),
             "topic_partitions": None if owned is None else
-            [{"topic_id": t["topic_id"].hex, "partitions": list(t["partitions"])} for t in owned],
+            [{"topic_id": (t["topic_id"] or uuid.UUID(int=0)).hex, "partitions": list(t["partitions"])}
+             for t in owned],  # kio reads the zero uuid as None
             "topic_ids": True}, []
 
 
