@@ -77,7 +77,8 @@ class MetricsActor(Actor):
             log.info("admin.listener is empty: no metrics, health or console over HTTP")
             return
         from odradek.observe.console import make_app  # bottle and templates: only when serving
-        app = make_app(self)
+        from odradek.observe.hostcheck import HostCheck, known_names
+        app = HostCheck(make_app(self), known_names(self.config, address[0]))  # no DNS rebinding
         try:
             self.server = make_server(address[0], address[1], app, server_class=_ThreadingServer,
                                       handler_class=_QuietHandler)
