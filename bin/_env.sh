@@ -114,3 +114,10 @@ ensure_kcat() {
     command -v kcat >/dev/null 2>&1 && return 0
     apt_install "the Kafka tool tests in tests/kafka" kcat
 }
+
+# tests/observability check /metrics with `promtool check metrics` and scrape a broker with a
+# real Prometheus: both from Debian's prometheus package (its service is not started).
+ensure_promtool() {
+    command -v promtool >/dev/null 2>&1 && command -v prometheus >/dev/null 2>&1 && return 0
+    apt_install "the metrics tests in tests/observability" prometheus
+}

@@ -124,7 +124,7 @@ PARTITION_COLUMNS: dict[str, Spec] = {
     "high_watermark": Spec("odradek_high_watermark", "gauge", "The last committed offset + 1 (what consumers see).",
                            ("topic", "partition"), "Partition HighWatermark"),
     "leader": Spec("odradek_partition_leader", "gauge", "1 if this broker leads the partition.",
-                   ("topic", "partition"), "", total="odradek_leader_count",
+                   ("topic", "partition"), "", total="odradek_leaders",
                    per_topic="odradek_topic_leaders", per_topic_help="Partitions of the topic this broker leads."),
     "under_replicated": Spec("odradek_partition_under_replicated", "gauge",
                              "1 if this broker leads the partition and its ISR is smaller than its replicas.",
@@ -155,7 +155,7 @@ GROUP_PARTITION: dict[str, Spec] = {
 
 # Derived by the collector from the above and from the supervisor's ``status``.
 DERIVED: dict[str, Spec] = {
-    "partitions": Spec("odradek_partition_count", "gauge", "Partitions (replicas) this broker hosts.", (),
+    "partitions": Spec("odradek_partitions", "gauge", "Partitions (replicas) this broker hosts.", (),
                        "ReplicaManager PartitionCount"),
     "topic_partitions": Spec("odradek_topic_partitions", "gauge", "Partitions of the topic this broker hosts.",
                              ("topic",)),
@@ -173,6 +173,18 @@ DERIVED: dict[str, Spec] = {
                       ("actor", "role")),
     "actor_cpu": Spec("odradek_actor_cpu_ratio", "gauge",
                       "CPU used by the actor's process over the last second (1 = one core).", ("actor", "role")),
+    "actor_cpu_seconds": Spec("odradek_actor_cpu_seconds", "counter",
+                              "CPU time (user + system) the actor's current process has used since it started "
+                              "(a restart starts it again from 0, as Prometheus expects of a counter).",
+                              ("actor", "role"), "process_cpu_seconds_total, per process"),
+    "actor_start_time": Spec("odradek_actor_start_time_seconds", "gauge",
+                             "When the actor's current process started, in seconds since the epoch.",
+                             ("actor", "role"), "process_start_time_seconds, per process"),
+    "actor_open_fds": Spec("odradek_actor_open_fds", "gauge", "File descriptors the actor's process holds open.",
+                           ("actor", "role"), "process_open_fds, per process"),
+    "build_info": Spec("odradek_build_info", "gauge",
+                       "Always 1; the labels say which Odradek and which Python this broker runs.",
+                       ("version", "python"), "app-info (kafka.server:type=app-info) version"),
     "scrape_answered": Spec("odradek_scrape_actor_answered", "gauge",
                             "1 if the actor answered this scrape's metrics request in time.", ("actor",)),
     "scrape_duration": Spec("odradek_scrape_duration_seconds", "gauge", "How long gathering this scrape took."),

@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import platform
+from importlib.metadata import PackageNotFoundError, version
 from typing import Callable, Iterable, Iterator
 
 from prometheus_client import generate_latest
@@ -47,6 +49,9 @@ class Snapshot:
     status: dict
     answers: dict[str, dict | None]
     seconds: float = 0.0
+    processes: dict[str, tuple[float, float]] = dataclasses.field(default_factory=dict)
+    """actor name -> (CPU seconds, start time) of its process, read where /proc can be read
+    (``MetricsActor.gather``)."""
 
 
 def _label(name: str, value) -> str:
@@ -205,7 +210,7 @@ def families(snap: Snapshot, partition_level: bool = False, cache: LabelCache | 
             sums.add(answer)
     cache = cache if cache is not None else LabelCache()
     text = text if text is not None else PartitionLines()
-    yield from _counted(sums, cache)
+    yield from _counted(sums, cache, _zeros(snap, sums))
     yield from _gauges(sums)
     yield from _partitions(sums, partition_level, cache, text)
     yield from _groups(sums, partition_level, cache)
@@ -216,15 +221,45 @@ def families(snap: Snapshot, partition_level: bool = False, cache: LabelCache | 
         answered.add_metric([name], 1 if answer is not None else 0)
     yield answered
     yield GaugeMetricFamily(DERIVED["scrape_duration"].name, DERIVED["scrape_duration"].help, value=snap.seconds)
+    info = DERIVED["build_info"]
+    yield _one(info, BUILD)
     cache.rotate()
+
+
+def _build() -> list[str]:
+    """``odradek_build_info``'s labels: this package's version and Python's."""
+    try:
+        mine = version("odradek")
+    except PackageNotFoundError:  # run from a checkout that was never installed
+        mine = "unknown"
+    return [mine, platform.python_version()]
+
+
+BUILD = _build()
+
+
+def _one(spec: Spec, labels: list[str]) -> GaugeMetricFamily:
+    fam = GaugeMetricFamily(spec.name, spec.help, labels=list(spec.labels))
+    fam.add_metric(labels, 1)
+    return fam
+
+
+def _zeros(snap: Snapshot, sums: _Sums) -> dict[tuple, list]:
+    """Label values whose counters are exported at 0 before they first move (so a dashboard
+    shows 0, not "No data"), by the counter's label names: the counters without labels (ISR
+    shrinks and expands), every topic hosted here, every listener of the broker."""
+    listeners = (snap.status.get("supervisor") or {}).get("listeners") or {}
+    return {(): [()], ("topic",): sorted({(labels[0],) for labels, _ in sums.partitions}),
+            ("listener",): [(name,) for name in sorted(listeners)]}
 
 
 _LE = [floatToGoString(b / 1000) for b in BUCKETS_MS] + ["+Inf"]
 
 
-def _counted(sums: _Sums, cache: "LabelCache") -> Iterator:
+def _counted(sums: _Sums, cache: "LabelCache", zeros: dict[tuple, list]) -> Iterator:
     """Counters and histograms, pre-rendered (a histogram is 22 lines per API and label
-    set: most of a small broker's scrape)."""
+    set: most of a small broker's scrape); a counter at 0 for each of ``zeros``' label
+    values it has not counted yet."""
     for key, spec in COUNTED.items():
         names = tuple(spec.labels)
         rows = []
@@ -241,7 +276,10 @@ def _counted(sums: _Sums, cache: "LabelCache") -> Iterator:
                 rows.append(("_count", names, values, labelstr, running))
                 rows.append(("_sum", names, values, labelstr, total_ms / 1000))
         else:
-            for labels, value in sorted(sums.counters.get(key, {}).items(), key=str):
+            counted = sums.counters.get(key, {})
+            if names in zeros:
+                counted = {**dict.fromkeys(zeros[names], 0), **counted}
+            for labels, value in sorted(counted.items(), key=str):
                 values = tuple(_labels(spec, labels))
                 rows.append(("_total", names, values, cache.get(names, values), value))
         yield Prerendered(spec.name, spec.help, spec.type, rows)
@@ -340,6 +378,10 @@ def _actors(snap: Snapshot) -> Iterator:
     yield family("actor_backlog", lambda r: r.get("backlog"))
     yield family("actor_rss", lambda r: r.get("rss"))
     yield family("actor_cpu", lambda r: None if r.get("cpu") is None else r["cpu"] / 100)
+    processes = snap.processes
+    yield family("actor_cpu_seconds", lambda r: processes[r["name"]][0] if r["name"] in processes else None)
+    yield family("actor_start_time", lambda r: processes[r["name"]][1] if r["name"] in processes else None)
+    yield family("actor_open_fds", lambda r: r.get("fds"))
 
 
 class _Fixed:

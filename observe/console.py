@@ -23,6 +23,7 @@ use an SSL one with the broker's own TLS settings. Any POST from another origin 
 """
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import threading
@@ -43,6 +44,7 @@ VIEWS = os.path.join(HERE, "views")
 STATIC = os.path.join(HERE, "static")
 BROWSE_LIMIT = 100  # records shown by the message browser at most
 BROWSE_TIMEOUT = 3.0  # seconds the browser polls for records
+GZIP_LEVEL = 1  # /metrics compressed when asked: level 1 is ~6x smaller text for a few ms (Prometheus asks)
 
 
 class Clients:
@@ -163,6 +165,21 @@ def render(value: bytes | None, fmt: str) -> str:
     return text
 
 
+def accepts_gzip(header: str) -> bool:
+    """True if an ``Accept-Encoding`` header accepts gzip (``gzip``, ``*``; not ``q=0``)."""
+    for item in header.split(","):
+        coding, _, params = item.strip().partition(";")
+        if coding.strip().lower() in ("gzip", "*"):
+            q = params.strip().lower()
+            if q.startswith("q="):
+                try:
+                    return float(q[2:]) > 0
+                except ValueError:
+                    return False
+            return True
+    return False
+
+
 OPEN_PATHS = ("/metrics", "/health/", "/static/", "/login")  # served without a session
 
 
@@ -259,6 +276,10 @@ def make_app(actor) -> bottle.Bottle:
             bottle.response.content_type = "text/plain; charset=utf-8"
             return f"odradek: metrics not gathered: {exc}\n"
         bottle.response.content_type = CONTENT_TYPE_LATEST
+        bottle.response.set_header("Vary", "Accept-Encoding")
+        if accepts_gzip(bottle.request.get_header("Accept-Encoding", "")):
+            bottle.response.set_header("Content-Encoding", "gzip")
+            return gzip.compress(text, compresslevel=GZIP_LEVEL)
         return text
 
     @app.get("/health/live")

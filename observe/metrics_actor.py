@@ -30,6 +30,8 @@ import threading
 import time
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+import psutil
+
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
@@ -66,18 +68,50 @@ class _QuietHandler(WSGIRequestHandler):
         log.debug("%s %s", self.address_string(), format % args)
 
 
+class ProcessTimes:
+    """CPU seconds and start time of each actor's process, by pid from the supervisor's
+    table (``psutil``; a process object kept while it runs: ``is_running`` compares its start
+    time, so a reused pid is not taken for the actor's). HTTP threads of scrapes, one at a time."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._procs: dict[int, psutil.Process] = {}
+
+    def read(self, rows) -> dict[str, tuple[float, float]]:
+        out = {}
+        with self._lock:
+            live = {}
+            for row in rows:
+                pid = row.get("pid")
+                if not pid or row.get("state") != "running":
+                    continue
+                try:
+                    proc = self._procs.get(pid)
+                    if proc is None or not proc.is_running():
+                        proc = psutil.Process(pid)
+                    times = proc.cpu_times()
+                    out[row["name"]] = (times.user + times.system, proc.create_time())
+                    live[pid] = proc
+                except psutil.Error:  # gone since the table was made: no sample this scrape
+                    continue
+            self._procs = live
+        return out
+
+
 class MetricsActor(Actor):
     def on_start(self) -> None:
         self.config = self.args.get("config", {})
         self.server = None
         self.host = self.port = None
         self._last_status: dict | None = None  # used when the supervisor is too busy to answer a scrape
+        self._processes = ProcessTimes()
         address = admin_address(self.config)
         if address is None:
             log.info("admin.listener is empty: no metrics, health or console over HTTP")
             return
         from odradek.observe.console import make_app  # bottle and templates: only when serving
-        app = make_app(self)
+        from odradek.observe.hostcheck import HostCheck, known_names
+        app = HostCheck(make_app(self), known_names(self.config, address[0]))  # no DNS rebinding
         try:
             self.server = make_server(address[0], address[1], app, server_class=_ThreadingServer,
                                       handler_class=_QuietHandler)
@@ -118,8 +152,11 @@ class MetricsActor(Actor):
                                f"actor's loop are too busy)") from None
 
     def gather(self, timeout: float = GATHER_TIMEOUT) -> Snapshot:
-        """Every actor's metrics and the supervisor's table, gathered by message."""
-        return self.on_loop(functools.partial(self._gather, timeout), timeout * 2 + 1.0)
+        """Every actor's metrics and the supervisor's table, gathered by message, and each
+        actor's process times (read here, on the HTTP thread: /proc, not the loop)."""
+        snap = self.on_loop(functools.partial(self._gather, timeout), timeout * 2 + 1.0)
+        snap.processes = self._processes.read(snap.status.get("actors") or ())
+        return snap
 
     def status(self, timeout: float = 2.0) -> dict:
         """The supervisor's ``status`` (the actor tree, the broker's address)."""

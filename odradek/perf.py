@@ -1826,7 +1826,7 @@ def _scrape_time(args) -> dict:
         while time.monotonic() < settle:
             try:
                 with urllib.request.urlopen(url, timeout=30) as r:
-                    if _sample(r.read().decode(), "odradek_partition_count") >= args.partitions:
+                    if _sample(r.read().decode(), "odradek_partitions") >= args.partitions:
                         break
             except OSError:
                 pass

@@ -15,14 +15,15 @@ FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-ne
 
 
 @contextlib.contextmanager
-def headless_chromium():
-    """A selenium WebDriver on a fresh, empty profile; quit and removed afterwards."""
+def headless_chromium(*flags: str):
+    """A selenium WebDriver on a fresh, empty profile (with ``flags`` besides FLAGS); quit
+    and removed afterwards."""
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
     profile = tempfile.mkdtemp(prefix="odradek-chromium-")
     options = webdriver.ChromeOptions()
     options.binary_location = CHROMIUM
-    for flag in FLAGS:
+    for flag in FLAGS + flags:
         options.add_argument(flag)
     options.add_argument(f"--user-data-dir={profile}")
     driver = webdriver.Chrome(service=Service(executable_path=CHROMEDRIVER), options=options)

@@ -69,8 +69,8 @@ def test_lag_is_the_high_watermark_minus_the_committed_offset_and_totals_add_up(
     assert s[("odradek_consumer_group_topic_lag", (("group", "g"), ("topic", "t")))] == 60
     assert s[("odradek_log_size_bytes", (("partition", "1"), ("topic", "t")))] == 500
     assert s[("odradek_under_replicated_partitions", ())] == 2
-    assert s[("odradek_leader_count", ())] == 2
-    assert s[("odradek_partition_count", ())] == 3
+    assert s[("odradek_leaders", ())] == 2
+    assert s[("odradek_partitions", ())] == 3
     assert s[("odradek_consumer_group_members", (("group", "g"), ("state", "stable")))] == 2
     assert s[("odradek_scrape_actor_answered", (("actor", "fetch"),))] == 0
 
@@ -84,7 +84,7 @@ def test_by_default_partitions_are_summed_per_topic_and_no_partition_series_is_e
     assert s[("odradek_topic_leaders", (("topic", "u"),))] == 0
     assert s[("odradek_topic_under_replicated_partitions", (("topic", "t"),))] == 2
     assert s[("odradek_consumer_group_topic_lag", (("group", "g"), ("topic", "t")))] == 60
-    assert s[("odradek_leader_count", ())] == 2
+    assert s[("odradek_leaders", ())] == 2
 
 
 @pytest.mark.parametrize("partition_level", [False, True])

@@ -154,7 +154,7 @@ def test_per_partition_series_when_asked_for_and_their_sums_per_topic(start_brok
     assert value(samples, "odradek_topic_log_size_bytes", topic="lagging") == sum(
         value(samples, "odradek_log_size_bytes", topic="lagging", partition=p) for p in (0, 1)) > 100 * 50
     assert value(samples, "odradek_consumer_group_topic_lag", group="lag-group", topic="lagging") == 35
-    assert value(samples, "odradek_leader_count") == value(samples, "odradek_partition_count") >= 2
+    assert value(samples, "odradek_leaders") == value(samples, "odradek_partitions") >= 2
     names = {name for name, _ in samples}
     assert {s.name for s in PARTITION_COLUMNS.values()} <= names
 
