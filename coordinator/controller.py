@@ -210,7 +210,7 @@ class Controller(Actor):
             self._create_partitions(msg, body)
         elif api == ApiKey.ELECT_LEADERS:
             tps = body.get("topic_partitions")
-            named = [(t["name"], p) for t in self.registry.topics.values() for p in range(t.partitions)] \
+            named = [(t.name, p) for t in self.registry.topics.values() for p in range(t.partitions)] \
                 if tps is None else [(t.get("topic"), p) for t in tps for p in t.get("partitions") or ()]
             self.reply(msg, {"body": {"error_code": 0, "partitions": [
                 {"topic": t, "partition": p, "error_code": int(ErrorCode.ELECTION_NOT_NEEDED),

@@ -50,7 +50,7 @@ from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HA
 from odradek.actors.runtime import Actor
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
-from odradek.network.fields import BadRequest, field
+from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
 from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, is_internal_topic,
                                       parse_listener)
@@ -106,6 +106,21 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
                    ApiKey.ELECT_LEADERS, ApiKey.CREATE_PARTITIONS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
                    ApiKey.LIST_PARTITION_REASSIGNMENTS)
+
+# The shapes of the bodies the handler passes on to actors that read them as given (the
+# controllers, the log actors): a body of another shape is answered INVALID_REQUEST naming the
+# field, never an actor's TypeError (network/fields.py, check_shape).
+PARTITIONS = [{"name": str, "partitions": [dict]}]
+BODY_SHAPES = {
+    ApiKey.ELECT_LEADERS: {"topic_partitions": (None, [{"topic": str, "partitions": [int]}])},
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: {"topics": [{"name": str, "partitions": [
+        {"partition_index": int, "replicas": (None, [int])}]}]},
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: {"topics": (None, [{"name": str, "partition_indexes": [int]}])},
+    ApiKey.CREATE_PARTITIONS: {"topics": [{"name": str, "count": int, "assignments": (None, list)}]},
+    ApiKey.DELETE_RECORDS: {"topics": PARTITIONS},
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: {"topics": PARTITIONS},
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [{"configs": (None, list)}]},  # each config: checked per resource
+}
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
@@ -210,6 +225,8 @@ class RequestHandler(Actor):
                                f"got {version!r}", ErrorCode.UNSUPPORTED_VERSION)
         if not isinstance(body, dict):
             raise BadRequest(f"{ApiKey(api).name}: the request body must be a map")
+        if api in BODY_SHAPES:
+            check_shape(body, BODY_SHAPES[api])
         picked_up = time.time()
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
