@@ -460,18 +460,22 @@ class RequestHandler(Actor):
         """Forward a request to the controller; a topic change (``TOPIC_CHANGES``) that names
         internal topics has their entries refused here (INVALID_TOPIC_EXCEPTION), merged into
         the controller's answer for the others. Every client's path to the controller (Kafka
-        and native APIs, the CLI, the console) comes through here; the coordinators create
-        their topics by asking the controller directly."""
-        change = TOPIC_CHANGES.get(msg.get("api"))
+        and native APIs, the CLI, the console) comes through here; the coordinators ask their
+        own broker's controller directly (in a cluster it relays to the controller's broker,
+        through a handler there: a creation as its coordinator asks for it passes)."""
+        api = msg.get("api")
+        change = TOPIC_CHANGES.get(api)
         items = body.get(change[0]) if change else None
-        internal = [n for n in map(_topic_name, items) if is_internal_topic(n)] if isinstance(items, list) else []
-        if not internal:
+        names = [_topic_name(i) for i in items if _refused_change(api, i)] if isinstance(items, list) else []
+        if not names:
             self.forward(msg, CONTROLLER, type_, fields_of(body), ())
             return
         key, results, words = change
+        how = " but as its coordinator does (cleanup.policy=compact, no other config but segment.bytes)" \
+            if api == ApiKey.CREATE_TOPICS else ""
         refused = [{"name": n, "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
-                    "error_message": _internal_topic_refusal(n, words)} for n in dict.fromkeys(internal)]
-        rest = [i for i in items if not is_internal_topic(_topic_name(i))]
+                    "error_message": _internal_topic_refusal(n, words) + how} for n in dict.fromkeys(names)]
+        rest = [i for i in items if not _refused_change(api, i)]
         if not rest:
             self.reply(msg, {"body": {results: refused}})
             return
@@ -783,6 +787,20 @@ def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] |
 def _topic_name(item):
     """The topic an item of a topic change names: a name, or a map with one."""
     return item.get("name") if isinstance(item, dict) else item
+
+
+def _refused_change(api: int, item) -> bool:
+    """Whether an item of a topic change names an internal topic a client may not change:
+    any change but a creation as its coordinator asks for it (compacted, no other config but
+    segment.bytes, no assignment). A client may create it so: the same topic its coordinator
+    would make; it gets no say in how its state is kept."""
+    if not is_internal_topic(_topic_name(item)):
+        return False
+    if api != ApiKey.CREATE_TOPICS:
+        return True
+    configs = item.get("configs")
+    return not (isinstance(configs, dict) and configs.get("cleanup.policy") == "compact"
+                and set(configs) <= {"cleanup.policy", "segment.bytes"} and not item.get("assignments"))
 
 
 def _internal_topic_refusal(name: str, change: str) -> str:
