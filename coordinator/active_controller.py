@@ -702,8 +702,8 @@ class ActiveController:
 
     def elect_leaders(self, msg: Message, body: dict) -> None:
         """ELECT_LEADERS (preferred): move each partition's leadership to its first replica."""
-        wanted = body.get("topic_partitions")
-        tps = [tp for tp in self.states] if not wanted else [
+        wanted = body.get("topic_partitions")  # null: every partition (Kafka's); [] none
+        tps = [tp for tp in self.states] if wanted is None else [
             (t["topic"], p) for t in wanted for p in t.get("partitions") or []]
         results, changes = [], {}
         for tp in tps:

@@ -144,9 +144,13 @@ class Controller(Actor):
             name = result["name"]
             if result["error_code"] or name not in problems:
                 continue
-            topic = self.registry.delete(name)
-            closed += [(name, p, topic.topic_id) for p in range(topic.partitions)]
             code, text = problems[name]
+            try:
+                topic = self.registry.delete(name)
+            except OdradekError as exc:  # answered all the same: a client is never left waiting
+                text += f"; and it could not be removed from the metadata: {exc.message} (delete it)"
+            else:
+                closed += [(name, p, topic.topic_id) for p in range(topic.partitions)]
             log.error("creating topic %s failed, undone: %s", name, text)
             result.clear()
             result.update(name=name, error_code=code, error_message=f"topic '{name}' was not created: {text}")
@@ -210,7 +214,7 @@ class Controller(Actor):
             self._create_partitions(msg, body)
         elif api == ApiKey.ELECT_LEADERS:
             tps = body.get("topic_partitions")
-            named = [(t["name"], p) for t in self.registry.topics.values() for p in range(t.partitions)] \
+            named = [(t.name, p) for t in self.registry.topics.values() for p in range(t.partitions)] \
                 if tps is None else [(t.get("topic"), p) for t in tps for p in t.get("partitions") or ()]
             self.reply(msg, {"body": {"error_code": 0, "partitions": [
                 {"topic": t, "partition": p, "error_code": int(ErrorCode.ELECTION_NOT_NEEDED),

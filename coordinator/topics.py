@@ -3,7 +3,11 @@
 Pure state plus one durable file. Single writer: only the controller actor holds a
 ``TopicRegistry`` and changes it; everyone else receives copies by message. The file
 (``<log.dirs>/meta/topics.json``) is replaced atomically: temp file, fsync, rename, fsync of
-the directory, so a crash leaves either the old or the new metadata, never a mix.
+the directory, so a crash leaves either the old or the new metadata, never a mix. Beside it a reserve (``topics.json.reserve``, preallocated, at
+least twice the file) is given up when the disk is full, so that a change that frees space
+(a deletion, the undoing of a creation whose partitions could not be opened) can still be
+saved; a creation or an alter on a full disk is refused, and the reserve is taken again on a
+later save.
 
 Topic names follow Kafka's rule: 1 to 249 characters of ``[a-zA-Z0-9._-]``, not ``.`` or
 ``..``. The internal topics (``network.protocol.INTERNAL_TOPICS``) are created here too, at
@@ -12,7 +16,9 @@ their coordinators' request; clients cannot create, delete or alter them (the ha
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
+import logging
 import os
 import re
 import time
@@ -23,6 +29,9 @@ from odradek.log.errors import InvalidConfigError
 from odradek.log.files import FileLayer
 from odradek.network.protocol import ErrorCode, OdradekError
 
+log = logging.getLogger("odradek.controller")
+
+RESERVE_MIN = 64 << 10  # bytes kept for the metadata's own rewrites on a full disk (at least 2x the file)
 LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")  # always fullmatch: "$" would let "abc\n" through
 MAX_NAME_LENGTH = 249
 MAX_PARTITIONS = 10000
@@ -81,6 +90,8 @@ class TopicRegistry:
             with open(self.path) as f:
                 data = json.load(f)
         except FileNotFoundError:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            self._keep_reserve(0)
             return
         except (OSError, ValueError) as exc:
             raise OdradekError(f"topic metadata {self.path} is unreadable ({exc}); restore it from a backup "
@@ -88,26 +99,58 @@ class TopicRegistry:
         self.version = int(data.get("version", 0))
         for t in data.get("topics", []):
             self.topics[t["name"]] = Topic(**t)
+        self._keep_reserve(os.path.getsize(self.path))
 
-    def _commit(self, undo) -> None:
+    def _commit(self, undo, frees_space: bool = False) -> None:
         """Bump the version and save; if the save fails (a full disk), ``undo()`` the change
-        in memory and refuse it with KAFKA_STORAGE_ERROR: memory never runs ahead of the file."""
+        in memory and refuse it with KAFKA_STORAGE_ERROR: memory never runs ahead of the file.
+        A change that ``frees_space`` may use the reserve."""
         self.version += 1
         try:
-            self._save()
+            self._save(frees_space)
         except OSError as exc:
             self.version -= 1
             undo()
             raise OdradekError(f"could not write the topic metadata {self.path}: {exc.strerror or exc}; "
                                f"nothing was changed", ErrorCode.KAFKA_STORAGE_ERROR) from None
 
-    def _save(self) -> None:
+    def _save(self, frees_space: bool = False) -> None:
         if self.path is None:
             return
         os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        data = {"format": FILE_VERSION, "version": self.version,
-                "topics": [t.to_dict() for t in self.topics.values()]}
-        FileLayer().write_file_atomically(self.path, json.dumps(data, indent=1, sort_keys=True).encode())
+        data = json.dumps({"format": FILE_VERSION, "version": self.version,
+                           "topics": [t.to_dict() for t in self.topics.values()]}, indent=1, sort_keys=True).encode()
+        try:
+            FileLayer().write_file_atomically(self.path, data)
+        except OSError as exc:
+            if exc.errno != errno.ENOSPC or not frees_space or not self._give_up_reserve():
+                raise
+            log.warning("%s: the disk is full; the reserve beside it was given up for this change", self.path)
+            FileLayer().write_file_atomically(self.path, data)
+        self._keep_reserve(len(data))
+
+    def _keep_reserve(self, size: int) -> None:
+        """Preallocate the reserve to at least twice the file (best effort: a full disk leaves
+        it smaller until a later save)."""
+        want, path = max(RESERVE_MIN, 2 * size), self.path + ".reserve"
+        try:
+            if os.path.exists(path) and os.path.getsize(path) >= want:
+                return
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
+            try:
+                os.posix_fallocate(fd, 0, want)
+            finally:
+                os.close(fd)
+        except OSError as exc:
+            log.warning("%s: cannot keep %d bytes in reserve (%s); a deletion on a full disk may fail",
+                        path, want, exc.strerror or exc)
+
+    def _give_up_reserve(self) -> bool:
+        try:
+            os.unlink(self.path + ".reserve")
+            return True
+        except FileNotFoundError:
+            return False
 
     # ---- reads -----------------------------------------------------------------------
     def get(self, name: str) -> Topic:
@@ -168,9 +211,10 @@ class TopicRegistry:
         return topic
 
     def delete(self, name: str) -> Topic:
+        """Remove ``name`` (saved even on a full disk, with the reserve: it frees space)."""
         topic = self.get(name)
         del self.topics[name]
-        self._commit(lambda: self.topics.__setitem__(name, topic))
+        self._commit(lambda: self.topics.__setitem__(name, topic), frees_space=True)
         return topic
 
     def alter_configs(self, name: str, ops: list) -> Topic:

@@ -1107,7 +1107,10 @@ class LogActor(Actor):
                                    (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
-            p.log.close()
+            if delete:  # its files go: no checkpoint or marker to write first (a full disk refused them)
+                p.log.abandon()
+            else:
+                p.log.close()
         self._dirty.discard((topic, partition))
         self._watched.pop((topic, partition), None)
         self._closed.append((topic, partition))

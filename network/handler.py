@@ -50,7 +50,7 @@ from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HA
 from odradek.actors.runtime import Actor
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
-from odradek.network.fields import BadRequest, field
+from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
 from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, is_internal_topic,
                                       parse_listener)
@@ -106,6 +106,21 @@ SUPPORTED: dict[ApiKey, tuple[int, int]] = {
 CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_REPLICA, ApiKey.CONTROLLED_SHUTDOWN,
                    ApiKey.ELECT_LEADERS, ApiKey.CREATE_PARTITIONS, ApiKey.ALTER_PARTITION_REASSIGNMENTS,
                    ApiKey.LIST_PARTITION_REASSIGNMENTS)
+
+# The shapes of the bodies the handler passes on to actors that read them as given (the
+# controllers, the log actors): a body of another shape is answered INVALID_REQUEST naming the
+# field, never an actor's TypeError (network/fields.py, check_shape).
+PARTITIONS = [{"name": str, "partitions": [dict]}]
+BODY_SHAPES = {
+    ApiKey.ELECT_LEADERS: {"topic_partitions": (None, [{"topic": str, "partitions": [int]}])},
+    ApiKey.ALTER_PARTITION_REASSIGNMENTS: {"topics": [{"name": str, "partitions": [
+        {"partition_index": int, "replicas": (None, [int])}]}]},
+    ApiKey.LIST_PARTITION_REASSIGNMENTS: {"topics": (None, [{"name": str, "partition_indexes": [int]}])},
+    ApiKey.CREATE_PARTITIONS: {"topics": [{"name": str, "count": int, "assignments": (None, list)}]},
+    ApiKey.DELETE_RECORDS: {"topics": PARTITIONS},
+    ApiKey.OFFSET_FOR_LEADER_EPOCH: {"topics": PARTITIONS},
+    ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [{"configs": (None, list)}]},  # each config: checked per resource
+}
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
@@ -210,6 +225,8 @@ class RequestHandler(Actor):
                                f"got {version!r}", ErrorCode.UNSUPPORTED_VERSION)
         if not isinstance(body, dict):
             raise BadRequest(f"{ApiKey(api).name}: the request body must be a map")
+        if api in BODY_SHAPES:
+            check_shape(body, BODY_SHAPES[api])
         picked_up = time.time()
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
@@ -443,18 +460,22 @@ class RequestHandler(Actor):
         """Forward a request to the controller; a topic change (``TOPIC_CHANGES``) that names
         internal topics has their entries refused here (INVALID_TOPIC_EXCEPTION), merged into
         the controller's answer for the others. Every client's path to the controller (Kafka
-        and native APIs, the CLI, the console) comes through here; the coordinators create
-        their topics by asking the controller directly."""
-        change = TOPIC_CHANGES.get(msg.get("api"))
+        and native APIs, the CLI, the console) comes through here; the coordinators ask their
+        own broker's controller directly (in a cluster it relays to the controller's broker,
+        through a handler there: a creation as its coordinator asks for it passes)."""
+        api = msg.get("api")
+        change = TOPIC_CHANGES.get(api)
         items = body.get(change[0]) if change else None
-        internal = [n for n in map(_topic_name, items) if is_internal_topic(n)] if isinstance(items, list) else []
-        if not internal:
+        names = [_topic_name(i) for i in items if _refused_change(api, i)] if isinstance(items, list) else []
+        if not names:
             self.forward(msg, CONTROLLER, type_, fields_of(body), ())
             return
         key, results, words = change
+        how = " but as its coordinator does (cleanup.policy=compact, no other config but segment.bytes)" \
+            if api == ApiKey.CREATE_TOPICS else ""
         refused = [{"name": n, "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
-                    "error_message": _internal_topic_refusal(n, words)} for n in dict.fromkeys(internal)]
-        rest = [i for i in items if not is_internal_topic(_topic_name(i))]
+                    "error_message": _internal_topic_refusal(n, words) + how} for n in dict.fromkeys(names)]
+        rest = [i for i in items if not _refused_change(api, i)]
         if not rest:
             self.reply(msg, {"body": {results: refused}})
             return
@@ -766,6 +787,20 @@ def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] |
 def _topic_name(item):
     """The topic an item of a topic change names: a name, or a map with one."""
     return item.get("name") if isinstance(item, dict) else item
+
+
+def _refused_change(api: int, item) -> bool:
+    """Whether an item of a topic change names an internal topic a client may not change:
+    any change but a creation as its coordinator asks for it (compacted, no other config but
+    segment.bytes, no assignment). A client may create it so: the same topic its coordinator
+    would make; it gets no say in how its state is kept."""
+    if not is_internal_topic(_topic_name(item)):
+        return False
+    if api != ApiKey.CREATE_TOPICS:
+        return True
+    configs = item.get("configs")
+    return not (isinstance(configs, dict) and configs.get("cleanup.policy") == "compact"
+                and set(configs) <= {"cleanup.policy", "segment.bytes"} and not item.get("assignments"))
 
 
 def _internal_topic_refusal(name: str, change: str) -> str:

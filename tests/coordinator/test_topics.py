@@ -113,7 +113,7 @@ def test_a_name_with_a_newline_anywhere_is_refused(name):
 def test_a_metadata_write_that_fails_changes_nothing_and_says_storage_error(tmp_path):
     r = registry(tmp_path)
     r.create("kept")
-    r._save = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+    r._save = lambda *_: (_ for _ in ()).throw(OSError(28, "No space left on device"))
     for change in (lambda: r.create("new"), lambda: r.delete("kept"),
                    lambda: r.alter_configs("kept", [{"name": "retention.ms", "value": "5"}])):
         with pytest.raises(OdradekError) as err:

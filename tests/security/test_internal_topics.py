@@ -104,9 +104,12 @@ def test_no_client_can_write_delete_or_alter_an_internal_topic_and_offsets_survi
     assert _error_code(ka.alter_configs([legacy])[legacy]) == INVALID_TOPIC
     grow = ka.create_partitions([NewPartitions(OFFSETS_TOPIC, partitions + 7)])[OFFSETS_TOPIC]
     assert _error_code(grow) == INVALID_TOPIC
+    # a creation with a client's settings (here: not compacted, so committed offsets would expire)
     created = ka.create_topics([NewTopic(TXN_STATE_TOPIC, 1, 1), NewTopic("allowed", 1, 1)])
     assert _error_code(created[TXN_STATE_TOPIC]) == INVALID_TOPIC
     assert _error_code(created["allowed"]) == 0  # the other topic of the request is created
+    hostile = NewTopic(TXN_STATE_TOPIC, 1, 1, config={"cleanup.policy": "compact", "retention.ms": "1"})
+    assert _error_code(ka.create_topics([hostile])[TXN_STATE_TOPIC]) == INVALID_TOPIC
     deleted = ka.delete_records([CKTopicPartition(OFFSETS_TOPIC, target, 0)])
     assert _error_code(next(iter(deleted.values()))) == INVALID_TOPIC
 
