@@ -32,9 +32,11 @@ request timeout), with COORDINATOR_NOT_AVAILABLE for a coordinator's.
 
 Limits and back-pressure (docs/ARCHITECTURE.md, "Limits and back-pressure"): back-pressure
 is always "stop reading", never growth.
-  * At ``queued.max.requests`` requests in flight the processor stops reading every socket
-    until the count falls below; a connection whose handler is being changed stops reading
-    on its own.
+  * At ``queued.max.requests`` requests in flight the processor stops reading every
+    connection with ``PAUSED_PIPELINE`` or more requests awaiting their answers until the
+    count falls below (those with fewer go on: a few connections pipelining long polls must
+    not stop everyone else); a connection whose handler is being changed stops reading on
+    its own.
   * Bytes: what a connection has *sent* is charged to the processor's
     ``queued.max.request.bytes`` as it is received (never what a size prefix announces: a
     prefix and nothing more costs its few bytes and delays no one), and a request's bytes
@@ -127,6 +129,7 @@ FORWARDED_TO = {
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 DEFAULT_SASL_MAX_RECEIVE = 524288  # sasl.server.max.receive.size: a frame before authentication, at most
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
+PAUSED_PIPELINE = 2  # at queued.max.requests, a connection with fewer awaiting their answers is still read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
 CLIENT_IDS_MAX = 100  # client ids counted by name at a time; the others count as "(other)"
 CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
@@ -686,7 +689,7 @@ class Processor(Actor):
         return True
 
     def _can_dispatch(self, conn: Connection) -> bool:
-        return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+        return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused_for(conn)
                 and not conn.muted
                 and not self._draining and len(conn.slots) < PIPELINE_MAX
                 and conn.wq_bytes < ANSWER_BYTES_MAX)
@@ -694,7 +697,13 @@ class Processor(Actor):
     def _held_back(self, conn: Connection) -> bool:
         """Not read for the processor's reasons (not the client's): its request's deadline
         does not run meanwhile, and restarts when reading does (``_restart_deadline``)."""
-        return self._paused or conn.starved or conn.repin or conn.handler is None or conn.muted
+        return self._paused_for(conn) or conn.starved or conn.repin or conn.handler is None or conn.muted
+
+    def _paused_for(self, conn: Connection) -> bool:
+        """At queued.max.requests: the connections with requests awaiting answers (those making
+        the load) are not read; one with fewer than ``PAUSED_PIPELINE`` still is, so a client
+        that waits for its answers is never held behind others' pipelined long polls."""
+        return self._paused and len(conn.slots) >= PAUSED_PIPELINE
 
     def _restart_deadline(self, conn: Connection) -> None:
         if conn.started is not None:

@@ -25,7 +25,7 @@ from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey
 from odradek.types import TopicPartition
 
-from tests.network.helpers import connect, raw_socket, wait_until
+from tests.network.helpers import connect, raw_request, raw_socket, wait_until
 from tests.network.test_limits import announce, rss, stats
 from tests.security.fixtures import listeners_of
 
@@ -257,3 +257,40 @@ def test_a_frame_over_the_sasl_cap_before_authentication_closes_the_connection_a
         under.close()
     with sign_in(sasl_broker) as conn:  # the cap is for the unauthenticated: signed in, the usual max applies
         assert conn.request(ApiKey.PING, {}, [b"p" * (1 << 20)]).frames[0].nbytes == 1 << 20
+
+
+def test_pipelined_long_polls_filling_queued_max_requests_delay_no_other_client(start_broker):
+    """Five connections pipelining 100 long-poll fetches each (500 small requests, about
+    60 KB, parked for up to request.timeout.ms) reach queued.max.requests: the processor
+    stopped reading every socket, and every other client waited until the fetches expired
+    (found with this item). Only the connections holding requests in flight stop now."""
+    broker = start_broker(num_network_threads=1)
+    topic = f"stall-{uuid.uuid4().hex[:8]}"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    body = {"replica_id": -1, "max_wait_ms": 30000, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+            "topics": [{"name": topic, "partitions": [{"index": 0, "fetch_offset": 0, "current_leader_epoch": -1,
+                                                       "partition_max_bytes": 1 << 20}]}]}
+    pollers = [raw_socket(broker) for _ in range(5)]
+    try:
+        for s in pollers:
+            s.sendall(b"".join(raw_request(ApiKey.FETCH, corr, body) for corr in range(100)))
+        wait_until(lambda: stats(broker).get("in_flight", 0) >= 500, what="500 fetches in flight")
+        times = {}
+        with connect(broker) as other:
+            times["PING"], _ = timed(other.request, ApiKey.PING, {"n": 1}, timeout=10)
+        with Producer(broker.bootstrap, linger_ms=0, request_timeout_ms=10000) as producer:
+            producer.send(topic, b"first").get(10)
+            times["produce (slowest of 10)"] = max(timed(lambda: producer.send(topic, b"v").get(10))[0]
+                                                   for _ in range(10))
+        print("beside 500 long polls, seconds:", {k: round(v, 3) for k, v in times.items()})
+        slow = {k: round(v, 3) for k, v in times.items() if v > BOUND}
+        assert not slow, f"requests waited behind other connections' long polls: {slow}"
+        more = raw_socket(broker)  # the cap still holds for those that pipeline: a sixth gets 2 in
+        pollers.append(more)
+        more.sendall(b"".join(raw_request(ApiKey.FETCH, corr, body) for corr in range(100)))
+        time.sleep(1.0)
+        assert stats(broker)["in_flight"] <= 500 + 2
+    finally:
+        for s in pollers:
+            s.close()
