@@ -71,9 +71,11 @@ Security (docs/SECURITY.md): each connection arrives with its listener's name (t
 the acceptor sends with the descriptor) and gets that listener's security protocol. On SSL
 and SASL_SSL the socket is wrapped with ``network.tls`` and the TLS handshake runs
 non-blocking in this loop (it must finish within ``request.timeout.ms``). On
-SASL_PLAINTEXT and SASL_SSL nothing but ApiVersions, SaslHandshake and SaslAuthenticate
-is served before authentication (a Kafka connection that sends anything else is closed, as
-Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
+SASL_PLAINTEXT and SASL_SSL a connection must authenticate within ``request.timeout.ms`` of
+its arrival (else it is closed, as a TLS handshake must finish in that time), sends no frame
+over ``sasl.server.max.receive.size`` meanwhile, and is served nothing but ApiVersions,
+SaslHandshake and SaslAuthenticate (a Kafka connection that sends anything else is closed,
+as Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
 those itself (``network.sasl``; credentials from ``network.secstore``). A failed
 authentication is answered after ``failed.authentication.delay.ms`` and the connection
 closed. Every request carries its connection's ``principal`` (``User:name``, the
@@ -242,7 +244,7 @@ class Connection:
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
                  "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "listener", "tls",
-                 "handshaking", "principal", "sasl", "client", "client_label", "muted")
+                 "handshaking", "principal", "sasl", "client", "client_label", "muted", "auth_by")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -279,6 +281,7 @@ class Connection:
         self.client = ""  # the client id of its last request (log lines, metrics, quotas)
         self.client_label: str | None = None  # what its requests count under (Processor._client_labels)
         self.muted = 0.0  # throttled by a quota (KIP-219): not read or dispatched until this clock time
+        self.auth_by: float | None = None  # on a SASL listener: closed if not authenticated by this clock time
 
     def who(self) -> str:
         """The peer and, once a request said it, the client id: what a log line names."""
@@ -444,6 +447,7 @@ class Processor(Actor):
         if spec.sasl:
             conn.principal = None
             conn.sasl = sasl.Session(self.mechanisms, self.users.lookup)
+            conn.auth_by = self.clock() + self.request_timeout
         conn.callback = functools.partial(self._on_socket, conn)
         self.conns[conn.fd] = conn
         self.counters["accepted"] += 1
@@ -1182,6 +1186,11 @@ class Processor(Actor):
                 log.info("%s: %s did not send its request whole within request.timeout.ms; closing",
                          self.name, conn.who())
                 self._close(conn, "request not whole within request.timeout.ms")
+            elif conn.principal is None and conn.auth_by is not None and now > conn.auth_by and not conn.closing:
+                self.counters["unauthenticated_closed"] += 1
+                self._audit("authentication", conn, f"not authenticated within request.timeout.ms of connecting "
+                                                    f"on listener {conn.listener}; connection closed")
+                self._close(conn, "not authenticated within request.timeout.ms")
         expired = [rec for rec in self._inflight.values() if now - rec.sent > self.request_timeout]
         for rec in expired:
             self._fail(rec, ErrorCode.REQUEST_TIMED_OUT,

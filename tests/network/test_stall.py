@@ -294,3 +294,27 @@ def test_pipelined_long_polls_filling_queued_max_requests_delay_no_other_client(
     finally:
         for s in pollers:
             s.close()
+
+
+def test_a_connection_not_authenticated_within_request_timeout_is_closed(start_broker, tmp_path):
+    """A SASL connection that has not signed in request.timeout.ms after it arrived is closed,
+    logged (it holds a connection slot of its address meanwhile); one that signed in stays."""
+    data = str(tmp_path / "auth-deadline")
+    os.makedirs(data)
+    secstore.Users(os.path.abspath(data)).add("admin", USERS["admin"], iterations=4096)
+    broker = start_broker(data, listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+                          sasl_enabled_mechanisms="SCRAM-SHA-256", request_timeout_ms=1500)
+    broker.listeners = listeners_of(broker)
+    host, port, _ = broker.listeners["SASL_PLAINTEXT"]
+    silent = socket.create_connection((host, int(port)), timeout=10)
+    began = time.monotonic()
+    try:
+        with sign_in(broker) as signed:
+            assert closed_within(silent, 10.0), "an unauthenticated connection was kept"
+            took = time.monotonic() - began
+            assert 1.4 < took < 6, took
+            assert signed.request(ApiKey.PING, {"still": "here"}).body == {"still": "here"}
+    finally:
+        silent.close()
+    with open(broker.stderr_path, errors="replace") as f:
+        assert "not authenticated within request.timeout.ms" in f.read()
