@@ -25,7 +25,7 @@ from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey
 from odradek.types import TopicPartition
 
-from tests.network.helpers import connect, raw_request, raw_socket, wait_until
+from tests.network.helpers import connect, raw_request, raw_socket, read_responses, wait_until
 from tests.network.test_limits import announce, rss, stats
 from tests.security.fixtures import listeners_of
 
@@ -174,6 +174,32 @@ def test_stalled_connections_hold_only_what_they_sent_and_the_budget_bounds_the_
         for s in socks:
             s.close()
     wait_until(lambda: stats(broker).get("reserved_bytes") == 0, what="the budget to return")
+
+
+
+def test_two_half_received_frames_that_together_pass_the_budget_both_arrive(start_broker):
+    """Budget 1 MiB; two clients each send 700 KiB of an 800 KiB PING, then the rest. Charged
+    as received, the second fills the budget and the first cannot read its rest: without the
+    overdraft (one connection may finish its frame past the budget) both would wait for ever.
+    (A guard of the design, not a regression test: the old reservations never got here.)"""
+    broker = start_broker(num_network_threads=1, queued_max_request_bytes=MiB)
+    payload = b"h" * (800 << 10)
+    socks = [raw_socket(broker) for _ in range(2)]
+    try:
+        wires = [raw_request(ApiKey.PING, corr, {}, [payload]) for corr in (1, 2)]
+        for s, wire in zip(socks, wires):
+            s.sendall(wire[:700 << 10])
+        wait_until(lambda: stats(broker).get("reserved_bytes", 0) >= MiB, what="the budget to fill")
+        for s, wire in zip(socks, wires):
+            s.sendall(wire[700 << 10:])
+        for corr, s in zip((1, 2), socks):
+            [resp], closed = read_responses(s, 1, timeout=10)
+            assert resp.corr == corr and bytes(resp.frames[0]) == payload
+        assert stats(broker).get("overdraft", 0) >= 1
+        wait_until(lambda: stats(broker).get("reserved_bytes") == 0, what="the budget to return")
+    finally:
+        for s in socks:
+            s.close()
 
 
 # ---- before SASL authentication ------------------------------------------------------------
