@@ -41,8 +41,8 @@ is always "stop reading", never growth.
     ``queued.max.request.bytes`` as it is received (never what a size prefix announces: a
     prefix and nothing more costs its few bytes and delays no one), and a request's bytes
     stay charged until it is answered. A read takes at most what is left of the budget; when
-    nothing is, a connection that wants to read waits, unread, until some comes back (first
-    come, first served), except one: the first refused in the middle of a frame may read
+    nothing is, a connection that wants to read waits, unread, until some comes back (then
+    every one waiting is watched again and each reads what is left at its turn), except one: the first refused in the middle of a frame may read
     the rest of that frame past the budget (the *overdraft*), so a frame larger than what
     is left still arrives whole and two half-received frames cannot wait on each other.
     Held in all: the budget plus one frame.
@@ -760,10 +760,10 @@ class Processor(Actor):
                 self._schedule_flush()
 
     def _grant(self) -> None:
-        """Budget came back, or the overdraft is free: the connections waiting read again, in
-        the order they waited, each what is left when its turn comes (``_allowance``; one left
-        with nothing waits again). With the budget still spent, only the first waiting in the
-        middle of a frame, to take the overdraft."""
+        """Budget came back, or the overdraft is free: the connections waiting are watched
+        again, and each reads what is left when the poller gets to it (``_allowance``; one
+        left with nothing waits again, at the back). With the budget still spent, only the
+        first waiting in the middle of a frame, to take the overdraft."""
         self._regrant = False
         if self.reserved >= self.budget:
             if self._overdraft is not None:
