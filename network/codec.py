@@ -26,8 +26,10 @@ answered and the stream stays usable.
 
 Memory grows with bytes received, never with bytes announced: a frame's buffer is extended
 as its bytes arrive. ``head_size()`` tells the reader how large the frame being received
-will be once its size prefix is in, so the reader can reserve that much of its budget
-before it reads more (a connection-level rule any decoder with a size prefix can follow).
+will be once its size prefix is in, and ``buffered`` how much of it has come: the processor
+charges its byte budget with ``buffered`` and lets one connection read the rest of its
+frame past the budget (a connection-level rule any decoder with a size prefix can follow);
+nothing is ever set aside for a size merely announced.
 """
 from __future__ import annotations
 

@@ -32,15 +32,17 @@ request timeout), with COORDINATOR_NOT_AVAILABLE for a coordinator's.
 
 Limits and back-pressure (docs/ARCHITECTURE.md, "Limits and back-pressure"): back-pressure
 is always "stop reading", never growth.
-  * At ``queued.max.requests`` requests in flight the processor stops reading every socket
-    until the count falls below; a connection whose handler is being changed stops reading
-    on its own.
+  * At ``queued.max.requests`` requests in flight the processor stops reading every
+    connection with ``PAUSED_PIPELINE`` or more requests awaiting their answers until the
+    count falls below (those with fewer go on: a few connections pipelining long polls must
+    not stop everyone else); a connection whose handler is being changed stops reading on
+    its own.
   * Bytes: what a connection has *sent* is charged to the processor's
     ``queued.max.request.bytes`` as it is received (never what a size prefix announces: a
     prefix and nothing more costs its few bytes and delays no one), and a request's bytes
     stay charged until it is answered. A read takes at most what is left of the budget; when
-    nothing is, a connection that wants to read waits, unread, until some comes back (first
-    come, first served), except one: the first refused in the middle of a frame may read
+    nothing is, a connection that wants to read waits, unread, until some comes back (then
+    every one waiting is watched again and each reads what is left at its turn), except one: the first refused in the middle of a frame may read
     the rest of that frame past the budget (the *overdraft*), so a frame larger than what
     is left still arrives whole and two half-received frames cannot wait on each other.
     Held in all: the budget plus one frame.
@@ -69,9 +71,11 @@ Security (docs/SECURITY.md): each connection arrives with its listener's name (t
 the acceptor sends with the descriptor) and gets that listener's security protocol. On SSL
 and SASL_SSL the socket is wrapped with ``network.tls`` and the TLS handshake runs
 non-blocking in this loop (it must finish within ``request.timeout.ms``). On
-SASL_PLAINTEXT and SASL_SSL nothing but ApiVersions, SaslHandshake and SaslAuthenticate
-is served before authentication (a Kafka connection that sends anything else is closed, as
-Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
+SASL_PLAINTEXT and SASL_SSL a connection must authenticate within ``request.timeout.ms`` of
+its arrival (else it is closed, as a TLS handshake must finish in that time), sends no frame
+over ``sasl.server.max.receive.size`` meanwhile, and is served nothing but ApiVersions,
+SaslHandshake and SaslAuthenticate (a Kafka connection that sends anything else is closed,
+as Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
 those itself (``network.sasl``; credentials from ``network.secstore``). A failed
 authentication is answered after ``failed.authentication.delay.ms`` and the connection
 closed. Every request carries its connection's ``principal`` (``User:name``, the
@@ -127,6 +131,7 @@ FORWARDED_TO = {
 DEFAULT_REQUEST_BYTES = 104857600  # queued.max.request.bytes
 DEFAULT_SASL_MAX_RECEIVE = 524288  # sasl.server.max.receive.size: a frame before authentication, at most
 PIPELINE_MAX = 100  # requests of one connection awaiting their answers before it is not read
+PAUSED_PIPELINE = 2  # at queued.max.requests, a connection with fewer awaiting their answers is still read
 ANSWER_BYTES_MAX = 8 << 20  # unread answer bytes of one connection before it is not read
 CLIENT_IDS_MAX = 100  # client ids counted by name at a time; the others count as "(other)"
 CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
@@ -239,7 +244,7 @@ class Connection:
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
                  "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "listener", "tls",
-                 "handshaking", "principal", "sasl", "client", "client_label", "muted")
+                 "handshaking", "principal", "sasl", "client", "client_label", "muted", "auth_by")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -276,6 +281,7 @@ class Connection:
         self.client = ""  # the client id of its last request (log lines, metrics, quotas)
         self.client_label: str | None = None  # what its requests count under (Processor._client_labels)
         self.muted = 0.0  # throttled by a quota (KIP-219): not read or dispatched until this clock time
+        self.auth_by: float | None = None  # on a SASL listener: closed if not authenticated by this clock time
 
     def who(self) -> str:
         """The peer and, once a request said it, the client id: what a log line names."""
@@ -441,6 +447,7 @@ class Processor(Actor):
         if spec.sasl:
             conn.principal = None
             conn.sasl = sasl.Session(self.mechanisms, self.users.lookup)
+            conn.auth_by = self.clock() + self.request_timeout
         conn.callback = functools.partial(self._on_socket, conn)
         self.conns[conn.fd] = conn
         self.counters["accepted"] += 1
@@ -686,7 +693,7 @@ class Processor(Actor):
         return True
 
     def _can_dispatch(self, conn: Connection) -> bool:
-        return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused
+        return (conn.handler is not None and not conn.repin and not conn.closing and not self._paused_for(conn)
                 and not conn.muted
                 and not self._draining and len(conn.slots) < PIPELINE_MAX
                 and conn.wq_bytes < ANSWER_BYTES_MAX)
@@ -694,7 +701,13 @@ class Processor(Actor):
     def _held_back(self, conn: Connection) -> bool:
         """Not read for the processor's reasons (not the client's): its request's deadline
         does not run meanwhile, and restarts when reading does (``_restart_deadline``)."""
-        return self._paused or conn.starved or conn.repin or conn.handler is None or conn.muted
+        return self._paused_for(conn) or conn.starved or conn.repin or conn.handler is None or conn.muted
+
+    def _paused_for(self, conn: Connection) -> bool:
+        """At queued.max.requests: the connections with requests awaiting answers (those making
+        the load) are not read; one with fewer than ``PAUSED_PIPELINE`` still is, so a client
+        that waits for its answers is never held behind others' pipelined long polls."""
+        return self._paused and len(conn.slots) >= PAUSED_PIPELINE
 
     def _restart_deadline(self, conn: Connection) -> None:
         if conn.started is not None:
@@ -747,10 +760,10 @@ class Processor(Actor):
                 self._schedule_flush()
 
     def _grant(self) -> None:
-        """Budget came back, or the overdraft is free: the connections waiting read again, in
-        the order they waited, each what is left when its turn comes (``_allowance``; one left
-        with nothing waits again). With the budget still spent, only the first waiting in the
-        middle of a frame, to take the overdraft."""
+        """Budget came back, or the overdraft is free: the connections waiting are watched
+        again, and each reads what is left when the poller gets to it (``_allowance``; one
+        left with nothing waits again, at the back). With the budget still spent, only the
+        first waiting in the middle of a frame, to take the overdraft."""
         self._regrant = False
         if self.reserved >= self.budget:
             if self._overdraft is not None:
@@ -1173,6 +1186,11 @@ class Processor(Actor):
                 log.info("%s: %s did not send its request whole within request.timeout.ms; closing",
                          self.name, conn.who())
                 self._close(conn, "request not whole within request.timeout.ms")
+            elif conn.principal is None and conn.auth_by is not None and now > conn.auth_by and not conn.closing:
+                self.counters["unauthenticated_closed"] += 1
+                self._audit("authentication", conn, f"not authenticated within request.timeout.ms of connecting "
+                                                    f"on listener {conn.listener}; connection closed")
+                self._close(conn, "not authenticated within request.timeout.ms")
         expired = [rec for rec in self._inflight.values() if now - rec.sent > self.request_timeout]
         for rec in expired:
             self._fail(rec, ErrorCode.REQUEST_TIMED_OUT,

@@ -170,8 +170,9 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("connections.max.idle.ms", int, 600000, "A connection silent this long is closed.", _at_least(100)),
     Setting("queued.max.requests", int, 500,
             "Requests one processor keeps in flight before it stops reading its sockets.", _at_least(1)),
-    Setting("queued.max.request.bytes", int, 104857600, "Bytes of requests one processor holds (being received "
-            "or awaiting their answers) before it stops reading connections starting another.", _at_least(1024)),
+    Setting("queued.max.request.bytes", int, 104857600, "Bytes of requests one processor holds (received, never "
+            "merely announced, and not yet answered) before it stops reading its connections; one of them may "
+            "still finish the frame it is in the middle of.", _at_least(1024)),
     Setting("request.timeout.ms", int, 30000,
             "A request still unanswered after this long gets REQUEST_TIMED_OUT from its processor; a connection "
             "whose request has not arrived whole this long after its first byte is closed.", _at_least(100)),

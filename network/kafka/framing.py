@@ -76,8 +76,9 @@ class Decoder:
 
     def head_size(self) -> int | None:
         """Bytes (size prefix included) the request at the head of the stream announces, or
-        None while its size prefix has not arrived (the processor reserves this much of
-        ``queued.max.request.bytes`` before reading the rest)."""
+        None while its size prefix has not arrived (the processor refuses it by this before
+        SASL authentication, and may let one connection read its rest past its byte budget;
+        nothing is set aside for it)."""
         if len(self._buf) - self._pos < 4:
             return None
         return max(_I32.unpack_from(self._buf, self._pos)[0], 0) + 4

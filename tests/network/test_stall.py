@@ -25,7 +25,7 @@ from odradek.network.client import BrokerConnection
 from odradek.network.protocol import ApiKey
 from odradek.types import TopicPartition
 
-from tests.network.helpers import connect, raw_socket, wait_until
+from tests.network.helpers import connect, raw_request, raw_socket, read_responses, wait_until
 from tests.network.test_limits import announce, rss, stats
 from tests.security.fixtures import listeners_of
 
@@ -55,6 +55,7 @@ def stall(broker, count: int = STALLERS, host: str | None = None, port: int | No
 
 
 def wait_read(broker, nbytes: int, name: str = "processor-0") -> None:
+    """Until the processor has read ``nbytes`` in all (its ``bytes_in``)."""
     wait_until(lambda: stats(broker, name).get("bytes_in", 0) >= nbytes, what="the processor to read the stallers")
 
 
@@ -65,7 +66,7 @@ def timed(fn, *args, **kw):
 
 
 def test_connections_announcing_large_frames_and_sending_nothing_delay_no_bundled_client(start_broker):
-    """Ten stallers (each one 54 or 16 bytes) and a bundled client already connected, one
+    """Ten stallers (each 55 or 16 bytes) and a bundled client already connected, one
     connecting after them, a producer and a consumer: each request within BOUND."""
     broker = start_broker(num_network_threads=1)
     topic = f"stall-{uuid.uuid4().hex[:8]}"
@@ -73,9 +74,10 @@ def test_connections_announcing_large_frames_and_sending_nothing_delay_no_bundle
         admin.create_topic(topic)
     before = connect(broker)
     before.request(ApiKey.PING, {"warm": 1})
+    read = stats(broker).get("bytes_in", 0)
     socks = stall(broker)
     try:
-        wait_read(broker, 5 * (len(announce(1)) + 16))
+        wait_read(broker, read + 5 * (len(announce(1)) + 16))
         times = {}
         times["PING, connected before"], _ = timed(before.request, ApiKey.PING, {"n": 1}, timeout=10)
         with connect(broker) as after:
@@ -105,10 +107,11 @@ def test_connections_announcing_large_frames_and_sending_nothing_delay_no_kafka_
     topic = f"stall-{uuid.uuid4().hex[:8]}"
     with Admin(broker.bootstrap) as admin:
         admin.create_topic(topic)
+    read = stats(broker).get("bytes_in", 0)
     socks = stall(broker)
     producer = consumer = None
     try:
-        wait_read(broker, 5 * (len(announce(1)) + 16))
+        wait_read(broker, read + 5 * (len(announce(1)) + 16))
         began = time.monotonic()
         producer = kafka.KafkaProducer(bootstrap_servers=broker.bootstrap, enable_idempotence=False, linger_ms=0,
                                        request_timeout_ms=10000, max_block_ms=10000)
@@ -142,9 +145,8 @@ def test_connections_announcing_large_frames_and_sending_nothing_delay_no_kafka_
 def test_stalled_connections_hold_only_what_they_sent_and_the_budget_bounds_the_total(start_broker):
     """Twenty connections each send 4 MiB of a 50 MiB frame and stall: the processor holds at
     most ``queued.max.request.bytes`` (8 MiB here) plus the rest of one frame (the one
-    connection let past the budget to finish its frame: here what it sent), and a small
-    request of another client is not read until a stalled one goes (its bytes filled the
-    budget: sending is what it takes, not announcing)."""
+    connection let past the budget to finish its frame: here what it sent), and its RSS grows
+    by about that much, not by what was sent (80 MiB) or announced (1,000 MiB)."""
     budget = 8 * MiB
     broker = start_broker(num_network_threads=1, queued_max_request_bytes=budget)
     before = rss(broker)
@@ -174,6 +176,31 @@ def test_stalled_connections_hold_only_what_they_sent_and_the_budget_bounds_the_
         for s in socks:
             s.close()
     wait_until(lambda: stats(broker).get("reserved_bytes") == 0, what="the budget to return")
+
+
+def test_two_half_received_frames_that_together_pass_the_budget_both_arrive(start_broker):
+    """Budget 1 MiB; two clients each send 700 KiB of an 800 KiB PING, then the rest. Charged
+    as received, the second fills the budget and the first cannot read its rest: without the
+    overdraft (one connection may finish its frame past the budget) both would wait for ever.
+    (A guard of the design, not a regression test: the old reservations never got here.)"""
+    broker = start_broker(num_network_threads=1, queued_max_request_bytes=MiB)
+    payload = b"h" * (800 << 10)
+    socks = [raw_socket(broker) for _ in range(2)]
+    try:
+        wires = [raw_request(ApiKey.PING, corr, {}, [payload]) for corr in (1, 2)]
+        for s, wire in zip(socks, wires):
+            s.sendall(wire[:700 << 10])
+        wait_until(lambda: stats(broker).get("reserved_bytes", 0) >= MiB, what="the budget to fill")
+        for s, wire in zip(socks, wires):
+            s.sendall(wire[700 << 10:])
+        for corr, s in zip((1, 2), socks):
+            [resp], closed = read_responses(s, 1, timeout=10)
+            assert resp.corr == corr and bytes(resp.frames[0]) == payload
+        assert stats(broker).get("overdraft", 0) >= 1
+        wait_until(lambda: stats(broker).get("reserved_bytes") == 0, what="the budget to return")
+    finally:
+        for s in socks:
+            s.close()
 
 
 # ---- before SASL authentication ------------------------------------------------------------
@@ -223,9 +250,10 @@ def closed_within(sock: socket.socket, seconds: float) -> bool:
 @pytest.mark.parametrize("size", [MAX_REQUEST - 1000, 500_000], ids=["just-under-the-max", "under-the-sasl-cap"])
 def test_sixteen_byte_prefixes_do_not_delay_a_sasl_sign_in(sasl_broker, size):
     host, port, _ = sasl_broker.listeners["SASL_PLAINTEXT"]
+    read = stats(sasl_broker).get("bytes_in", 0)
     socks = stall(sasl_broker, 6, host, int(port), prefix=lambda i: kafka_prefix(size, ApiKey.SASL_HANDSHAKE, 1))
     try:
-        time.sleep(0.5)  # read by the processor (one whose stats would count the bytes: it is the same one)
+        wait_read(sasl_broker, read + 6 * 16)
         took, conn = timed(sign_in, sasl_broker)
         with conn:
             ping, _ = timed(conn.request, ApiKey.PING, {"signed": "in"}, timeout=10)
@@ -257,3 +285,64 @@ def test_a_frame_over_the_sasl_cap_before_authentication_closes_the_connection_a
         under.close()
     with sign_in(sasl_broker) as conn:  # the cap is for the unauthenticated: signed in, the usual max applies
         assert conn.request(ApiKey.PING, {}, [b"p" * (1 << 20)]).frames[0].nbytes == 1 << 20
+
+
+def test_pipelined_long_polls_filling_queued_max_requests_delay_no_other_client(start_broker):
+    """Five connections pipelining 100 long-poll fetches each (500 small requests, about
+    60 KB, parked for up to request.timeout.ms) reach queued.max.requests: the processor
+    stopped reading every socket, and every other client waited until the fetches expired
+    (found with this item). Only the connections holding requests in flight stop now."""
+    broker = start_broker(num_network_threads=1)
+    topic = f"stall-{uuid.uuid4().hex[:8]}"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    body = {"replica_id": -1, "max_wait_ms": 30000, "min_bytes": 1, "max_bytes": 1 << 20, "isolation_level": 0,
+            "topics": [{"name": topic, "partitions": [{"index": 0, "fetch_offset": 0, "current_leader_epoch": -1,
+                                                       "partition_max_bytes": 1 << 20}]}]}
+    pollers = [raw_socket(broker) for _ in range(5)]
+    try:
+        for s in pollers:
+            s.sendall(b"".join(raw_request(ApiKey.FETCH, corr, body) for corr in range(100)))
+        wait_until(lambda: stats(broker).get("in_flight", 0) >= 500, what="500 fetches in flight")
+        times = {}
+        with connect(broker) as other:
+            times["PING"], _ = timed(other.request, ApiKey.PING, {"n": 1}, timeout=10)
+        with Producer(broker.bootstrap, linger_ms=0, request_timeout_ms=10000) as producer:
+            producer.send(topic, b"first").get(10)
+            times["produce (slowest of 10)"] = max(timed(lambda: producer.send(topic, b"v").get(10))[0]
+                                                   for _ in range(10))
+        print("beside 500 long polls, seconds:", {k: round(v, 3) for k, v in times.items()})
+        slow = {k: round(v, 3) for k, v in times.items() if v > BOUND}
+        assert not slow, f"requests waited behind other connections' long polls: {slow}"
+        more = raw_socket(broker)  # the cap still holds for those that pipeline: a sixth gets 2 in
+        pollers.append(more)
+        more.sendall(b"".join(raw_request(ApiKey.FETCH, corr, body) for corr in range(100)))
+        time.sleep(1.0)
+        assert stats(broker)["in_flight"] <= 500 + 2
+    finally:
+        for s in pollers:
+            s.close()
+
+
+def test_a_connection_not_authenticated_within_request_timeout_is_closed(start_broker, tmp_path):
+    """A SASL connection that has not signed in request.timeout.ms after it arrived is closed,
+    logged (it holds a connection slot of its address meanwhile); one that signed in stays."""
+    data = str(tmp_path / "auth-deadline")
+    os.makedirs(data)
+    secstore.Users(os.path.abspath(data)).add("admin", USERS["admin"], iterations=4096)
+    broker = start_broker(data, listeners="PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
+                          sasl_enabled_mechanisms="SCRAM-SHA-256", request_timeout_ms=1500)
+    broker.listeners = listeners_of(broker)
+    host, port, _ = broker.listeners["SASL_PLAINTEXT"]
+    silent = socket.create_connection((host, int(port)), timeout=10)
+    began = time.monotonic()
+    try:
+        with sign_in(broker) as signed:
+            assert closed_within(silent, 10.0), "an unauthenticated connection was kept"
+            took = time.monotonic() - began
+            assert 1.4 < took < 6, took
+            assert signed.request(ApiKey.PING, {"still": "here"}).body == {"still": "here"}
+    finally:
+        silent.close()
+    with open(broker.stderr_path, errors="replace") as f:
+        assert "not authenticated within request.timeout.ms" in f.read()
