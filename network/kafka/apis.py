@@ -26,7 +26,7 @@ import struct
 from typing import Callable
 
 from odradek.log import kafka_batch, records
-from odradek.log.errors import CorruptRecordError
+from odradek.log.errors import CorruptRecordError, RecordTooLargeError
 from odradek.network.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -322,7 +322,7 @@ def as_kafka_records(view: memoryview) -> bytes | memoryview:
             try:
                 batch = view[pos:end]
                 out.append(kafka_batch.from_native(batch, h, records.decode_batch(batch, verify_crc=False)))
-            except CorruptRecordError:
+            except (CorruptRecordError, RecordTooLargeError):  # unreadable, or beyond the inflate bound
                 break
         pos = end
     if plain:
