@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 from odradek.log import index as ix
 from odradek.log.errors import StorageError
+from odradek.network.protocol import OdradekError
 from odradek.log.index import IndexPolicy
 from odradek.log.log import Log
 from odradek.log.segment import CLEANED_SUFFIX, SWAP_SUFFIX
@@ -102,9 +103,20 @@ def _latest_offsets(segments: list[LogSegment]) -> dict:
         for h, raw in _batches(seg):
             if h.is_control:
                 continue
-            for r in decode_batch(raw):
+            for r in _records(h, raw):
                 latest[r.key] = r.offset
     return latest
+
+
+def _records(h: BatchHeader, raw) -> list:
+    """The batch's records, compressed ones inflated within the bound (log/inflate.py: a
+    batch written before produce validation may be a compression bomb). An error names the
+    batch; the log actor logs it with the partition and the pass is abandoned."""
+    try:
+        return decode_batch(raw)
+    except OdradekError as exc:
+        raise type(exc)(f"batch at offset {h.base_offset}: {exc.message}; the partition is not compacted "
+                        f"while it is there") from None
 
 
 def _clean_segment(lg: Log, seg: LogSegment, latest: dict, now: int, result: CleanResult) -> None:
@@ -114,7 +126,7 @@ def _clean_segment(lg: Log, seg: LogSegment, latest: dict, now: int, result: Cle
         if h.is_control:
             out.append((h, bytes(raw)))
             continue
-        records = decode_batch(raw)
+        records = _records(h, raw)
         keep = [r for r in records
                 if latest.get(r.key) == r.offset and not (r.value is None and drop_tombstones)]
         removed += len(records) - len(keep)

@@ -522,7 +522,10 @@ class FetchActor(Actor):
         elif ts == EARLIEST_TIMESTAMP:
             entry["offset"] = b.log_start_offset
         else:
-            found = reader.offset_for_time(ts)
+            try:  # one batch's offsets and timestamps, streamed and bounded (records.record_times)
+                found = reader.offset_for_time(ts)
+            except OdradekError as exc:  # an unreadable batch, or one inflating beyond the bound
+                return _fail(entry, exc.code, f"{topic}-{partition}: {exc.message}")
             if found is not None and found.offset < b.high_watermark:
                 entry.update(timestamp=found.timestamp, offset=max(found.offset, b.log_start_offset))
             elif floor is not None:  # it may lie between the high watermark and the floor

@@ -25,6 +25,7 @@ Errors: ``InflateLimitError`` (MESSAGE_TOO_LARGE) when the bound is hit, ``Corru
 """
 from __future__ import annotations
 
+import io
 import mmap
 import struct
 import zlib
@@ -74,8 +75,12 @@ def chunks(codec: str, data, limit: int = DEFAULT_LIMIT) -> Iterator:
 
 
 def inflate(codec: str, data, limit: int = DEFAULT_LIMIT) -> bytes:
-    """The whole decompressed payload (at most ``limit`` bytes)."""
-    return b"".join(chunks(codec, data, limit))
+    """The whole decompressed payload (at most ``limit`` bytes). Gathered in a ``BytesIO``,
+    whose ``getvalue`` hands its buffer over: the peak is the payload, not twice it."""
+    out = io.BytesIO()
+    for piece in chunks(codec, data, limit):
+        out.write(piece)
+    return out.getvalue()
 
 
 def _too_big(codec: str, limit: int) -> str:

@@ -143,7 +143,8 @@ _FIELD = 5  # a 32-bit varint: a value or header length, a header count
 
 def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
     """Yield ``(offset delta, timestamp delta, has key)`` for each record of the magic-2
-    batch ``buf`` (header ``h``), checking the records' structure as Kafka's DefaultRecord
+    batch ``buf`` (header ``h``) as soon as its key length is read (a caller that stops there
+    inflates nothing more), checking the records' structure as Kafka's DefaultRecord
     reader does, without keeping a key, value or header: varints no longer and no wider than
     their type, record and key lengths not negative, each record exactly the length it
     declares, exactly ``recordCount`` records and no byte after them. Compressed records are
@@ -185,6 +186,8 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
                 key_len, pos = (b >> 1) ^ -(b & 1), pos + 1
             else:
                 key_len, pos = _varint(data, pos, 5, InvalidRecordError)
+            # yielded before the key and value are read past: a lookup that stops here inflates no further
+            yield off_delta, ts_delta, key_len >= 0
             if key_len > 0:
                 pos += key_len
                 if pos > len(data):
@@ -206,7 +209,6 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
             if base + pos - start != length:
                 raise InvalidRecordError(f"record {index} declares {length} bytes but its fields take "
                                          f"{base + pos - start}")
-            yield off_delta, ts_delta, key_len >= 0
             index += 1
     except IndexError:
         raise InvalidRecordError(f"{where}: recordCount says {n} records; the records end in record {index} "

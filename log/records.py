@@ -446,6 +446,32 @@ def _entries(data, h: BatchHeader) -> list:
     return entries
 
 
+def record_times(buf, h: BatchHeader, limit: int = inflate.DEFAULT_LIMIT) -> Iterator[tuple[int, int]]:
+    """``(offset, timestamp)`` of each record of the batch ``buf`` (header ``h``), in order,
+    without building a key, value or header (the timestamp lookup). A Kafka batch is walked a
+    window at a time (``kafka_batch.walk``: memory stays at a window whatever the batch
+    holds); a native one is read by msgpack's streaming unpacker over its payload (inflated
+    to at most ``limit`` bytes). Raises ``CorruptRecordError``, ``InvalidRecordError`` or
+    ``inflate.InflateLimitError``."""
+    base, first_ts = h.base_offset, h.first_timestamp
+    append_time = h.max_timestamp if h.log_append_time else None
+    if h.magic == kafka_batch.MAGIC:
+        for offset_delta, ts_delta, _ in kafka_batch.walk(buf, h, limit):
+            yield base + offset_delta, first_ts + ts_delta if append_time is None else append_time
+        return
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(limit, h.size))
+    unpacker.feed(_payload(buf, h, limit))
+    try:
+        for _ in range(unpacker.read_array_header()):
+            if unpacker.read_array_header() != 5:
+                raise ValueError("a record entry is not 5 fields")
+            offset_delta, ts_delta = unpacker.unpack(), unpacker.unpack()
+            unpacker.skip(), unpacker.skip(), unpacker.skip()  # key, value, headers
+            yield base + offset_delta, first_ts + ts_delta if append_time is None else append_time
+    except (ValueError, TypeError, msgpack.OutOfData, msgpack.UnpackException) as e:
+        raise CorruptRecordError(f"records do not decode: {type(e).__name__}") from None
+
+
 def decode_batch(buf, verify_crc: bool = True, limit: int = inflate.DEFAULT_LIMIT) -> list[Record]:
     """Decode the one batch in ``buf`` into records (client and compactor side). Compressed
     records inflate to at most ``limit`` bytes (``inflate.InflateLimitError`` beyond)."""

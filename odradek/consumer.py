@@ -50,10 +50,9 @@ import zlib
 from operator import add
 from typing import Iterable, NamedTuple, Optional
 
-import lz4.block
 import msgpack
 
-from odradek.log import kafka_batch
+from odradek.log import inflate, kafka_batch
 from odradek.log import records as fmt
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
@@ -110,12 +109,14 @@ def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: in
     n = h.record_count
     try:
         data = view[pos + _HEADER_SIZE:end]
-        if h.attributes & fmt.COMPRESSION_MASK:
-            data = lz4.block.decompress(data)
+        if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (log/inflate.py)
+            data = inflate.inflate(inflate.LZ4_BLOCK, data)
         rows = _unpackb(data, use_list=False, raw=False)
         if len(rows) != n:
             raise ValueError(f"{len(rows)} records, header says {n}")
         ods, tds, keys, values, headers = zip(*rows)
+    except OdradekError as exc:  # beyond the bound, or not lz4
+        raise _unreadable(exc, topic, partition, h) from None
     except Exception as exc:  # lz4, msgpack and unpacking errors all mean a corrupt batch
         raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: batch at offset {h.base_offset} "
                         f"does not decode ({type(exc).__name__}: {exc})") from None
@@ -143,12 +144,17 @@ def _decode_kafka(view, pos: int, h, topic: str, partition: int, min_offset: int
                         f"at offset {h.base_offset}")
     try:
         rows = kafka_batch.decode(batch, h, fmt.Record)
-    except fmt.CorruptRecordError as exc:
-        raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: Kafka batch at offset "
-                        f"{h.base_offset} does not decode ({exc})") from None
+    except OdradekError as exc:  # corrupt, or inflating beyond the bound (log/inflate.py)
+        raise _unreadable(exc, topic, partition, h) from None
     return [_new_record((topic, partition, r.offset, r.timestamp, r.key, r.value,
                          tuple((k, v) for k, v in r.headers)))
             for r in rows if r.offset >= min_offset]
+
+
+def _unreadable(exc: OdradekError, topic: str, partition: int, h) -> Exception:
+    """The consumer's error for a batch that does not decode: its code, naming the batch."""
+    return error_for(exc.code, f"{topic}-{partition}: batch at offset {h.base_offset} does not decode: "
+                     f"{exc.message}")
 
 
 class AbortedTransactions:
@@ -461,6 +467,7 @@ class Consumer:
             p.clear()  # drop what follows too; a later poll refetches from this position
             p.fetch_offset = p.position
             self._errors.append(exc)
+            return  # the position stays at the batch: poll raises until the application seeks past it
         if not p.leftover:
             p.position = max(p.position, h.base_offset + h.last_offset_delta + 1)
 

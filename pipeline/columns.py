@@ -17,11 +17,11 @@ import array
 import itertools
 from operator import add, itemgetter
 
-import lz4.block
 import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from odradek.log import inflate
 from odradek.log import records as fmt
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.pipeline.broker import check_crc
@@ -116,13 +116,15 @@ def _rows(view, pos: int, h, name: str) -> tuple:
     """The batch's records as msgpack decodes them: ``(offset delta, ts delta, key, value, headers)``."""
     try:
         data = view[pos + fmt.HEADER_SIZE:pos + h.size]
-        if h.attributes & fmt.COMPRESSION_MASK:
-            data = lz4.block.decompress(data)
+        if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (log/inflate.py)
+            data = inflate.inflate(inflate.LZ4_BLOCK, data)
         rows = _unpackb(data, use_list=False, raw=False)
         if type(rows) is not tuple or len(rows) != h.record_count or len(rows[0]) != 5:
             raise ValueError(f"not {h.record_count} records of 5 fields")
         return rows
-    except Exception as exc:  # lz4, msgpack and shape errors all mean a corrupt batch
+    except OdradekError as exc:  # beyond the bound, or not lz4
+        raise OdradekError(f"{name}: batch at offset {h.base_offset}: {exc.message}", exc.code) from None
+    except Exception as exc:  # msgpack and shape errors mean a corrupt batch
         raise OdradekError(f"{name}: batch at offset {h.base_offset} does not decode "
                            f"({type(exc).__name__}: {exc})", ErrorCode.CORRUPT_MESSAGE) from None
 

@@ -26,7 +26,7 @@ import struct
 from typing import Callable
 
 from odradek.log import kafka_batch, records
-from odradek.log.errors import CorruptRecordError
+from odradek.log.errors import CorruptRecordError, RecordTooLargeError
 from odradek.network.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -222,13 +222,22 @@ def encode_produce(version: int, topics: list, throttle_ms: int = 0) -> list:
                 _I64.pack(p.get("base_offset", -1)) + _I64.pack(-1 if append_time is None else append_time)
             if version >= 5:
                 fixed += _I64.pack(p.get("log_start_offset", -1))
-            if version >= 8:
-                fixed += _array_len(0, flex) + _nullable_string(p.get("error_message"), flex)  # record_errors: none
+            if version >= 8:  # record_errors (KIP-467: which records of the batch were refused), error_message
+                fixed += _record_errors(p.get("record_errors") or (), flex) + \
+                    _nullable_string(p.get("error_message"), flex)
             out.append(fixed + b"\x00" if flex else fixed)
         if flex:
             out.append(b"\x00")
     out.append(_I32.pack(throttle_ms) + b"\x00" if flex else _I32.pack(throttle_ms))  # throttle_time_ms (+ tagged fields)
     return [b"".join(out)]
+
+
+def _record_errors(errors, flex: bool) -> bytes:
+    """ProduceResponse's RecordErrors: [batch_index int32, batch_index_error_message nullable string]."""
+    out = [_array_len(len(errors), flex)]
+    for index, message in errors:
+        out.append(_I32.pack(index) + _nullable_string(message, flex) + (b"\x00" if flex else b""))
+    return b"".join(out)
 
 
 register(Api(ApiKey.PRODUCE, 3, 9, produce_to_internal, produce_from_internal, produce_error,
@@ -313,7 +322,7 @@ def as_kafka_records(view: memoryview) -> bytes | memoryview:
             try:
                 batch = view[pos:end]
                 out.append(kafka_batch.from_native(batch, h, records.decode_batch(batch, verify_crc=False)))
-            except CorruptRecordError:
+            except (CorruptRecordError, RecordTooLargeError):  # unreadable, or beyond the inflate bound
                 break
         pos = end
     if plain:

@@ -124,7 +124,7 @@ def test_keyless_native_records_on_a_compacted_topic_are_listed_by_index():
     validate_produced(native)
 
 
-BOMB_MIB = 256  # the one record's value, in MiB: four times the default bound
+BOMB_MIB = 192  # the one record's value, in MiB: three times the default bound; every codec packs it below 1 MiB
 
 
 def bomb(codec: str) -> bytearray:
@@ -140,7 +140,7 @@ def bomb(codec: str) -> bytearray:
         for piece in (prefix, *[zeros] * BOMB_MIB, varint(0)):
             c.compress(piece)
         return batch(bytes(c.finish()), 1, codec, compress=False)
-    c = zlib.compressobj(1, zlib.DEFLATED, 31) if codec == "gzip" else lz4.frame.LZ4FrameCompressor()
+    c = zlib.compressobj(9, zlib.DEFLATED, 31) if codec == "gzip" else lz4.frame.LZ4FrameCompressor()
     out = [c.begin()] if codec == "lz4" else []
     for piece in (prefix, *[zeros] * BOMB_MIB, varint(0)):
         out.append(c.compress(piece))
@@ -194,3 +194,36 @@ def test_decoded_records_match_what_was_encoded_with_headers():
     b = kafka_batch.encode(recs, base_offset=0, first_timestamp=1000, max_timestamp=1002, compression="gzip")
     validate_produced(b, compacted=True)
     assert [r.value for r in decode_batch(b)] == [b"", b"v", b"vv"]
+
+
+def test_the_cleaner_stops_at_a_bomb_naming_its_offset_with_bounded_memory(tmp_path):
+    """A compacted partition holding a bomb written before validation: the pass fails, naming
+    the batch and the bound (the log actor logs it with the partition), in a process whose
+    peak stays far below what the bomb claims."""
+    path = tmp_path / "bomb"
+    path.write_bytes(bomb("gzip"))
+    script = f"""
+import resource
+from odradek.log import cleaner, inflate
+from odradek.log.config import LogConfig
+from odradek.log.log import Log
+from odradek.log.records import encode_batch
+lg = Log({str(tmp_path / "t-0")!r}, LogConfig(cleanup_policy="compact", min_cleanable_dirty_ratio=0.0))
+lg.append(bytearray(encode_batch([(b"k", b"old")])))
+lg.append(bytearray(open({str(path)!r}, "rb").read()))
+lg.append(bytearray(encode_batch([(b"k", b"new")])))
+lg.roll()
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    cleaner.clean(lg, force=True)
+    print("cleaned")
+except inflate.InflateLimitError as exc:
+    print(exc.message)
+print((resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - base) >> 10)
+lg.close()
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr + done.stdout
+    message, grown_mib = done.stdout.splitlines()
+    assert "batch at offset 1" in message and f"beyond {inflate.DEFAULT_LIMIT} bytes" in message, message
+    assert int(grown_mib) < 64 + 96, f"the cleaner's peak grew by {grown_mib} MiB"
