@@ -10,9 +10,9 @@ the handlers read ACLs (authorization) and write both (CreateAcls, DeleteAcls,
 AlterUserScramCredentials), and ``odradek users`` / ``odradek acls`` write them on a
 stopped (or running) broker's data directory. Writers take an exclusive ``flock`` on the
 file's ``.lock`` and replace the file atomically (temp file, fsync, rename), so readers
-never see half a file. A reader re-reads when the file's (mtime, size, inode) changed: a
-change made by any writer reaches every process of the broker at its next check (at most
-``CHECK_INTERVAL`` later), which is how a running broker learns of it.
+never see half a file. A reader re-reads when the file's (mtime, size, inode, mode, owner)
+changed: a change made by any writer reaches every process of the broker at its next check
+(at most ``CHECK_INTERVAL`` later), which is how a running broker learns of it.
 
 Trust. Whoever can write these files is the broker's super user. Writers create the data
 and security directories 0700 and the files 0600 whatever the umask (``private_dir``), and
@@ -104,7 +104,7 @@ class JsonStore:
                 self._stamp, self._data = (), self.default()
                 self.version += 1
             return
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid)  # a chown/chmod is a change too
         if stamp != self._stamp and stamp != self._refused:
             problem = untrusted(self.path, st) or untrusted(os.path.dirname(self.path))
             if problem:

@@ -93,6 +93,22 @@ def test_users_refuses_a_security_directory_another_user_owns(tmp_path):
     assert not os.path.exists(data / "security" / "users.json")
 
 
+def test_a_store_refuses_an_untrusted_file_keeps_what_it_had_and_reads_it_once_it_is_fixed(tmp_path):
+    users = secstore.Users(str(tmp_path / "data"))
+    users.add("alice", "pw", iterations=4096)
+    assert users.lookup("alice", "SCRAM-SHA-256") is not None
+    with open(users.path) as f:
+        planted = json.load(f)
+    planted["mallory"] = planted["alice"]
+    with open(users.path, "w") as f:  # others may write it: whatever it says now is nobody's word
+        json.dump(planted, f)
+    os.chmod(users.path, 0o666)
+    later = time.monotonic() + 1
+    assert users.data(later).get("mallory") is None and users.lookup("alice", "SCRAM-SHA-256") is not None
+    os.chmod(users.path, 0o600)  # the operator checked it and fixed its mode: read again
+    assert users.data(later + 1).get("mallory") is not None
+
+
 # ---- the broker's start ------------------------------------------------------------------------------
 
 def _serve_refuses(data) -> str:
