@@ -3,7 +3,8 @@ kafka-python, aiokafka, kcat and the bundled client sign in with SASL/SCRAM on o
 (``authorizer`` on) whose users have exactly what Kafka's documentation says a role needs:
 
 - a consumer in a group: Read on the topic and Read on the group (prefixed, or literal);
-- an (idempotent) producer: Write on the topic (Kafka 3's KIP-679: no IdempotentWrite);
+- an (idempotent) producer: Write on the topic (Kafka 3's KIP-679: no IdempotentWrite; with
+  no Write on any topic, its InitProducerId is refused CLUSTER_AUTHORIZATION_FAILED);
 - a transactional producer: Write on the topic and Write on its transactional id.
 
 Each works with each client, and a user missing one of those grants gets the right error:
@@ -48,6 +49,7 @@ GRANTS = {
     "consumer-without-topic": [READ_GROUPS],
     "producer": [WRITE_TOPIC],
     "producer-without-topic": [("Topic", "Prefixed", "other-", "Write")],
+    "producer-without-any-write": [READ_TOPIC],
     "transactional": [WRITE_TOPIC, ("TransactionalId", "Prefixed", "tx-", "Write")],
     "transactional-without-id": [WRITE_TOPIC],
 }
@@ -174,8 +176,12 @@ class Confluent:
             if transactional_id:
                 p.commit_transaction(TIMEOUT)
             return "OK" if out else "no delivery report"
-        except confluent_kafka.KafkaException as exc:
-            return exc.args[0].name()
+        except (confluent_kafka.KafkaException, SystemError) as exc:
+            # a fatal error (an idempotent producer refused its producer id) is raised by
+            # produce(), chained under a SystemError when it came while a callback ran
+            while not isinstance(exc, confluent_kafka.KafkaException) and exc.__context__ is not None:
+                exc = exc.__context__
+            return exc.args[0].name() if isinstance(exc, confluent_kafka.KafkaException) else repr(exc)
 
 
 def _kafka_python_security(user):
@@ -184,6 +190,12 @@ def _kafka_python_security(user):
 
 
 def _kafka_error_name(exc) -> str:
+    """The Kafka error name of a kafka-python/aiokafka error; kafka-python wraps a code its
+    transaction manager does not expect in a plain KafkaError ('... [Error 31] ...')."""
+    import kafka.errors
+    found = re.search(r"\[Error (\d+)\]", str(exc))
+    if type(exc).__name__ == "KafkaError" and found:
+        return kafka.errors.for_code(int(found.group(1))).message
     return getattr(exc, "message", None) or type(exc).__name__
 
 
@@ -288,11 +300,13 @@ class AioKafka:
 # kcat prints librdkafka's text for a code ("Broker: Group authorization failed"), or the
 # broker's own error message when it gave one ("... is not allowed to Describe Group 'g-1'")
 KCAT_ERRORS = {"Group authorization failed": "GROUP_AUTHORIZATION_FAILED",
+               "Cluster authorization failed": "CLUSTER_AUTHORIZATION_FAILED",
                "Topic authorization failed": "TOPIC_AUTHORIZATION_FAILED",
                "Transactional Id authorization failed": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}
 KCAT_MESSAGES = {re.compile(r"is not allowed to \w+ Group '"): "GROUP_AUTHORIZATION_FAILED",
                  re.compile(r"is not allowed to \w+ Topic '"): "TOPIC_AUTHORIZATION_FAILED",
-                 re.compile(r"is not allowed to \w+ TransactionalId '"): "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}
+                 re.compile(r"is not allowed to \w+ TransactionalId '"): "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+                 re.compile(r"is not allowed to \w+ Cluster '"): "CLUSTER_AUTHORIZATION_FAILED"}
 
 
 def _kcat(address, user, *args, stdin=b""):
@@ -354,7 +368,10 @@ CLIENTS = {"bundled": Bundled, "confluent-kafka": Confluent, "kafka-python": Kaf
 
 CONSUMERS = [("consumer", "OK"), ("consumer-without-group", "GROUP_AUTHORIZATION_FAILED"),
              ("consumer-without-topic", "TOPIC_AUTHORIZATION_FAILED")]
-PRODUCERS = [("producer", "OK"), ("producer-without-topic", "TOPIC_AUTHORIZATION_FAILED")]
+# Write on some topic is what Kafka 3 asks of an idempotent producer's InitProducerId (KIP-679;
+# or IdempotentWrite on the cluster): without any, CLUSTER_AUTHORIZATION_FAILED
+PRODUCERS = [("producer", "OK"), ("producer-without-topic", "TOPIC_AUTHORIZATION_FAILED"),
+             ("producer-without-any-write", "CLUSTER_AUTHORIZATION_FAILED")]
 TRANSACTIONAL = [("transactional", "OK"), ("transactional-without-id", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")]
 
 
