@@ -71,9 +71,9 @@ def broker(tmp_path_factory):
         host, port, _ = listeners_of(b)["SASL_PLAINTEXT"]
         warm_kafka(host, port)
         b.address = f"{host}:{port}"
-        with Admin(b.address, **_bundled_security("admin")) as admin:
+        with Admin(b.address, **_python_security("admin")) as admin:
             admin.create_topic(TOPIC)
-        with Producer(b.address, linger_ms=0, **_bundled_security("admin")) as p:
+        with Producer(b.address, linger_ms=0, **_python_security("admin")) as p:
             for i in range(3):
                 p.send(TOPIC, b"seed-%d" % i).get(timeout=TIMEOUT)
         yield b
@@ -88,7 +88,8 @@ def _group(client: str) -> str:
 # ---- each client, as a consumer in a group, an idempotent producer, a transactional producer -------
 # Each returns "OK" or the Kafka error name the client reported.
 
-def _bundled_security(user):
+def _python_security(user):
+    """The bundled client's, kafka-python's and aiokafka's options (the same names)."""
     return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": MECHANISM, "sasl_plain_username": user,
             "sasl_plain_password": PASSWORD(user)}
 
@@ -98,7 +99,7 @@ class Bundled:
     def consume(address, user, group):
         try:
             with Consumer(address, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False,
-                          **_bundled_security(user)) as c:
+                          **_python_security(user)) as c:
                 c.subscribe([TOPIC])
                 deadline = time.monotonic() + TIMEOUT
                 while time.monotonic() < deadline:
@@ -114,7 +115,7 @@ class Bundled:
         try:
             with Producer(address, linger_ms=0, enable_idempotence=True, transactional_id=transactional_id,
                           delivery_timeout_ms=int(TIMEOUT * 1000), max_block_ms=int(TIMEOUT * 1000),
-                          **_bundled_security(user)) as p:
+                          **_python_security(user)) as p:
                 if transactional_id:
                     p.init_transactions()
                     p.begin_transaction()
@@ -184,11 +185,6 @@ class Confluent:
             return exc.args[0].name() if isinstance(exc, confluent_kafka.KafkaException) else repr(exc)
 
 
-def _kafka_python_security(user):
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": MECHANISM, "sasl_plain_username": user,
-            "sasl_plain_password": PASSWORD(user)}
-
-
 def _kafka_error_name(exc) -> str:
     """The Kafka error name of a kafka-python/aiokafka error; kafka-python wraps a code its
     transaction manager does not expect in a plain KafkaError ('... [Error 31] ...')."""
@@ -205,7 +201,7 @@ class KafkaPython:
         import kafka
         import kafka.errors
         c = kafka.KafkaConsumer(TOPIC, bootstrap_servers=address, group_id=group, auto_offset_reset="earliest",
-                                enable_auto_commit=False, **_kafka_python_security(user))
+                                enable_auto_commit=False, **_python_security(user))
         try:
             deadline = time.monotonic() + TIMEOUT
             while time.monotonic() < deadline:
@@ -229,7 +225,7 @@ class KafkaPython:
         try:
             p = kafka.KafkaProducer(bootstrap_servers=address, enable_idempotence=True, acks="all",
                                     transactional_id=transactional_id, max_block_ms=int(TIMEOUT * 1000),
-                                    **_kafka_python_security(user))
+                                    **_python_security(user))
         except kafka.errors.KafkaError as exc:
             return _kafka_error_name(exc)
         try:
@@ -255,7 +251,7 @@ class AioKafka:
         async def run():
             c = aiokafka.AIOKafkaConsumer(TOPIC, bootstrap_servers=address, group_id=group,
                                           auto_offset_reset="earliest", enable_auto_commit=False,
-                                          **_kafka_python_security(user))
+                                          **_python_security(user))
             await c.start()
             try:
                 await asyncio.wait_for(c.getone(), TIMEOUT)
@@ -278,7 +274,7 @@ class AioKafka:
         async def run():
             p = aiokafka.AIOKafkaProducer(bootstrap_servers=address, enable_idempotence=True,
                                           transactional_id=transactional_id, request_timeout_ms=int(TIMEOUT * 1000),
-                                          **_kafka_python_security(user))
+                                          **_python_security(user))
             await p.start()
             try:
                 if transactional_id:
