@@ -183,6 +183,9 @@ class Confluent:
             while not isinstance(exc, confluent_kafka.KafkaException) and exc.__context__ is not None:
                 exc = exc.__context__
             return exc.args[0].name() if isinstance(exc, confluent_kafka.KafkaException) else repr(exc)
+        finally:
+            p.purge()
+            del p  # the traceback holds this frame: without this the producer outlives the test, retrying
 
 
 def _kafka_error_name(exc) -> str:
