@@ -85,6 +85,36 @@ def make_private(path: str) -> None:
     os.chmod(path, 0o600)
 
 
+def private_dir(path: str, what: str = "data directory") -> None:
+    """Make ``path`` this user's alone whatever the umask: create it (and its missing parents)
+    with mode 0700; narrow an existing one of this user's to 0700 (saying so if others could
+    write to it: whatever they put there belongs to them, which the security store refuses);
+    refuse one that is not a directory or belongs to another user (OdradekError)."""
+    path = os.path.abspath(path)
+    missing = []
+    at = path
+    while not os.path.lexists(at):
+        missing.append(at)
+        at = os.path.dirname(at)
+    for p in reversed(missing):
+        try:
+            os.mkdir(p, 0o700)
+        except FileExistsError:  # another command made it meanwhile: checked below
+            continue
+        os.chmod(p, 0o700)  # mkdir's mode was narrowed by the umask only, never widened
+    st = os.stat(path)
+    if not os.path.isdir(path):
+        raise OdradekError(f"{what} {path} exists and is not a directory", ErrorCode.INVALID_CONFIG)
+    if st.st_uid != os.geteuid():
+        raise OdradekError(f"{what} {path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()}); "
+                           f"run as its owner, or give log.dirs a directory of your own", ErrorCode.INVALID_CONFIG)
+    mode = st.st_mode & 0o777
+    if mode != 0o700:
+        if mode & 0o022:
+            log.warning("%s %s had mode %04o (others could write to it); narrowing it to 0700", what, path, mode)
+        os.chmod(path, 0o700)
+
+
 def import_object(path: str) -> Any:
     """``"package.module:Name"`` -> the object."""
     module, _, attr = path.partition(":")

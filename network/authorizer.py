@@ -154,6 +154,28 @@ class Authorizer:
             self._cache[key] = decision
         return decision
 
+    def authorize_any(self, principal: str, host: str, operation: str, resource: str) -> bool:
+        """Kafka's authorizeByResourceType: may the principal do ``operation`` on at least one
+        resource of the type? Some Allow of it (literal or prefixed) that no Deny of the
+        principal covers: a Deny on the literal ``*``, on that name, or on a prefix of it."""
+        if principal in self.super_users:
+            return True
+        literal, prefixed = self._literal.get(resource) or {}, self._prefixed.get(resource) or {}
+        if not literal and not prefixed:
+            return self.allow_if_no_acl
+
+        def mine(acls, permission):
+            return any(a.permission == permission and a.principal in (principal, "User:*") and a.host in ("*", host)
+                       and a.operation in (operation, "All") for a in acls)
+        denied_prefixes = [n for n, acls in prefixed.items() if mine(acls, "Deny")]
+        if mine(literal.get(WILDCARD, ()), "Deny"):
+            return False
+        for name, acls in literal.items():
+            if mine(acls, "Allow") and not mine(acls, "Deny") and not any(name.startswith(d) for d in denied_prefixes):
+                return True
+        return any(mine(acls, "Allow") and not any(name.startswith(d) for d in denied_prefixes)
+                   for name, acls in prefixed.items())
+
     def _decide(self, principal: str, host: str, operation: str, resource: str, name: str) -> bool:
         acls = self.matching(resource, name)
         if not acls:
@@ -184,6 +206,7 @@ def _replica(body: dict) -> bool:
     return isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
 
 
+IDEMPOTENT = ("IdempotentWrite", "Cluster", CLUSTER)  # or Write on any topic (KIP-679)
 INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN,
                 ApiKey.WRITE_TXN_MARKERS)
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
@@ -228,10 +251,10 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
         kind = "TransactionalId" if body.get("key_type") == 1 else "Group"
         return [("Describe", kind, str(k)) for k in body.get("keys") or [body.get("key")]]
     if api == ApiKey.INIT_PRODUCER_ID:
-        # without a transactional id nothing: the id alone writes nothing (each produce still
-        # needs Write on its topic; Kafka 3 grants it to anyone with Write on some topic, KIP-679)
+        # an idempotent producer: IdempotentWrite on the cluster, or (Kafka 3, KIP-679) Write on
+        # some topic, which the guard asks ``Authorizer.authorize_any`` when this is refused
         txn = body.get("transactional_id")
-        return [("Write", "TransactionalId", str(txn))] if txn is not None else []
+        return [("Write", "TransactionalId", str(txn))] if txn is not None else [IDEMPOTENT]
     if api in (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN, ApiKey.END_TXN, ApiKey.TXN_OFFSET_COMMIT):
         need = [("Write", "TransactionalId", str(body.get("transactional_id")))]
         if api == ApiKey.ADD_PARTITIONS_TO_TXN:

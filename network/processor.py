@@ -336,7 +336,7 @@ class Processor(Actor):
         self._client_labels = BoundedLabels(self.metrics, "client_requests", CLIENT_IDS_MAX, CLIENT_ID_LABEL_MAX)
         self.listeners = {l.name: l for l in listeners_mod.of_config(config)}
         self.tls_context = tls.server_context(config) if any(l.tls for l in self.listeners.values()) else None
-        self.mechanisms = [m.strip() for m in config.get("sasl.enabled.mechanisms", "PLAIN").split(",")]
+        self.mechanisms = [m.strip() for m in config.get("sasl.enabled.mechanisms", sasl.DEFAULT_ENABLED).split(",")]
         self.auth_delay = config.get("failed.authentication.delay.ms", 100) / 1000
         self.users = secstore.Users(self.args.get("data_dir") or ".", config)  # ZooKeeper's in cluster mode
         self._audit_at = collections.defaultdict(float)  # (what, ip) -> last logged, for rate-limiting
@@ -446,7 +446,7 @@ class Processor(Actor):
             conn.started = self.clock()  # the handshake must finish within request.timeout.ms
         if spec.sasl:
             conn.principal = None
-            conn.sasl = sasl.Session(self.mechanisms, self.users.lookup)
+            conn.sasl = sasl.Session(self.mechanisms, self.users.lookup, self.users.fake_credential)
             conn.auth_by = self.clock() + self.request_timeout
         conn.callback = functools.partial(self._on_socket, conn)
         self.conns[conn.fd] = conn

@@ -7,9 +7,14 @@ Credentials are never kept in clear: ``scram_credential`` derives Kafka's SCRAM 
 HMAC(SaltedPassword, "Server Key")). A PLAIN password is checked by deriving its StoredKey
 with the user's SCRAM-SHA-512 (else SCRAM-SHA-256) salt and comparing in constant time.
 
-Server side: ``server(mechanism, lookup)`` returns an object whose ``step(token) -> bytes``
+Server side: ``server(mechanism, lookup, fake)`` returns an object whose ``step(token) -> bytes``
 consumes the client's token and returns the server's; ``done`` and ``user`` tell the outcome;
-a failure raises ``AuthenticationFailed`` whose message never carries a secret.
+a failure raises ``AuthenticationFailed`` whose message never carries a secret. A user that
+does not exist is answered as one that does (RFC 5802 section 9): ``fake(user, mechanism)``
+gives a credential derived from the server's secret (``fake_credential``: the same salt and
+iteration count at every try, keys no password derives), so SCRAM's first answer carries a
+salt either way and the exchange fails at its last step, as for a wrong password; PLAIN
+checks the password against it too, so both take the same time.
 """
 from __future__ import annotations
 
@@ -20,12 +25,14 @@ import os
 from typing import Callable
 
 MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+DEFAULT_ENABLED = "SCRAM-SHA-256,SCRAM-SHA-512"  # PLAIN is opt-in: it sends the password itself
 SCRAM = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MIN_ITERATIONS = 4096
 DEFAULT_ITERATIONS = 8192
 MAX_TOKEN = 8192  # longest client token accepted (Kafka's defaults are smaller than that in practice)
 
 Lookup = Callable[[str, str], "dict | None"]  # (user, mechanism) -> credential or None
+Fake = Callable[[str, str], dict]  # (user, mechanism) -> a credential for a user that does not exist
 
 
 class AuthenticationFailed(Exception):
@@ -61,17 +68,29 @@ def scram_credential(mechanism: str, password: str, iterations: int = DEFAULT_IT
     return {"salt": _b64(salt), "iterations": iterations, "stored_key": _b64(stored), "server_key": _b64(server)}
 
 
+def fake_credential(secret: bytes, user: str, mechanism: str, iterations: int = DEFAULT_ITERATIONS) -> dict:
+    """What a user that does not exist is answered with: salt and keys derived from the server's
+    ``secret`` and the name (stable, unlike a random one a prober could compare across tries);
+    no password derives the keys (that would take a preimage of the hash)."""
+    digest = SCRAM[mechanism]
+
+    def derive(label: str) -> bytes:
+        return hmac.new(secret, f"{label}\0{mechanism}\0{user}".encode("utf-8", "replace"), digest).digest()
+    return {"salt": _b64(derive("salt")[:32]), "iterations": iterations, "stored_key": _b64(derive("stored")),
+            "server_key": _b64(derive("server"))}
+
+
 def check_password(credential: dict, mechanism: str, password: str) -> bool:
     """True if ``password`` derives ``credential``'s StoredKey (constant-time comparison)."""
     _ck, stored, _sk = _keys(SCRAM[mechanism], password, _unb64(credential["salt"]), int(credential["iterations"]))
     return hmac.compare_digest(stored, _unb64(credential["stored_key"]))
 
 
-def server(mechanism: str, lookup: Lookup):
+def server(mechanism: str, lookup: Lookup, fake: Fake | None = None):
     if mechanism == "PLAIN":
-        return PlainServer(lookup)
+        return PlainServer(lookup, fake)
     if mechanism in SCRAM:
-        return ScramServer(mechanism, lookup)
+        return ScramServer(mechanism, lookup, fake=fake)
     raise ValueError(f"unsupported SASL mechanism {mechanism!r}")
 
 
@@ -80,8 +99,8 @@ class PlainServer:
 
     mechanism = "PLAIN"
 
-    def __init__(self, lookup: Lookup):
-        self.lookup = lookup
+    def __init__(self, lookup: Lookup, fake: Fake | None = None):
+        self.lookup, self.fake = lookup, fake
         self.done = False
         self.user: str | None = None
 
@@ -101,6 +120,9 @@ class PlainServer:
                     break
                 self.done, self.user = True, user
                 return b""
+        else:
+            if self.fake is not None:  # no such user: spend the time a check takes all the same
+                check_password(self.fake(user, "SCRAM-SHA-512"), "SCRAM-SHA-512", password)
         raise AuthenticationFailed(f"authentication failed for user '{user}': invalid credentials")
 
 
@@ -125,10 +147,10 @@ class ScramServer:
     client-final (proof) -> server-final (signature). Channel binding is not offered
     (gs2 header 'n' or 'y'), as Kafka."""
 
-    def __init__(self, mechanism: str, lookup: Lookup, nonce: bytes | None = None):
+    def __init__(self, mechanism: str, lookup: Lookup, nonce: bytes | None = None, fake: Fake | None = None):
         self.mechanism = mechanism
         self.digest = SCRAM[mechanism]
-        self.lookup = lookup
+        self.lookup, self.fake = lookup, fake
         self.done = False
         self.user: str | None = None
         self._nonce = nonce
@@ -159,12 +181,18 @@ class ScramServer:
         if authzid and _saslname(authzid[2:] if authzid.startswith("a=") else authzid) != user:
             raise AuthenticationFailed(f"user '{user}' may not act as another user")
         cred = self.lookup(user, self.mechanism)
+        if cred is None and self.fake is not None:
+            cred = self.fake(user, self.mechanism)  # fails at the proof, as a wrong password does
         if cred is None:
             raise AuthenticationFailed(f"authentication failed for user '{user}': invalid credentials")
         self.user, self._cred = user, cred
         nonce = attrs["r"] + _b64(self._nonce or os.urandom(24)).rstrip("=")
         self._server_first = f"r={nonce},s={cred['salt']},i={int(cred['iterations'])}"
         self._client_first_bare, self._combined = bare, nonce
+        # librdkafka before 2.6.1 (kcat's, Debian's) sends its own nonce again before the
+        # combined one (librdkafka#4895); Kafka accepts that since 3.8.1 (the nonce ends
+        # with this exchange's), and so does this server, in that exact form only
+        self._client_nonce = attrs["r"]
         self._state = "final"
         return self._server_first.encode()
 
@@ -172,7 +200,7 @@ class ScramServer:
         self._state = "over"
         without_proof, sep, proof = text.rpartition(",p=")
         attrs = _attrs(without_proof)
-        if not sep or attrs.get("r") != self._combined or "c" not in attrs:
+        if not sep or attrs.get("r") not in (self._combined, self._client_nonce + self._combined) or "c" not in attrs:
             raise AuthenticationFailed("SCRAM client-final does not carry this exchange's nonce and a proof")
         auth = f"{self._client_first_bare},{self._server_first},{without_proof}".encode()
         stored = _unb64(self._cred["stored_key"])
@@ -239,9 +267,9 @@ class Session:
     raises ``AuthenticationFailed`` (the connection is then answered after
     ``failed.authentication.delay.ms`` and closed) or ``IllegalState``."""
 
-    def __init__(self, enabled: list[str], lookup: Lookup):
+    def __init__(self, enabled: list[str], lookup: Lookup, fake: Fake | None = None):
         self.enabled = [m for m in enabled if m in MECHANISMS]
-        self.lookup = lookup
+        self.lookup, self.fake = lookup, fake
         self.server = None
         self.principal: str | None = None  # "User:<name>" once authenticated
 
@@ -251,7 +279,7 @@ class Session:
         if mechanism not in self.enabled:
             return ("UNSUPPORTED_SASL_MECHANISM", f"SASL mechanism {mechanism!r} is not enabled here; "
                     f"enabled: {', '.join(self.enabled)} (sasl.enabled.mechanisms)")
-        self.server = server(mechanism, self.lookup)
+        self.server = server(mechanism, self.lookup, self.fake)
         return None
 
     def authenticate(self, token: bytes) -> bytes:

@@ -10,25 +10,72 @@ the handlers read ACLs (authorization) and write both (CreateAcls, DeleteAcls,
 AlterUserScramCredentials), and ``odradek users`` / ``odradek acls`` write them on a
 stopped (or running) broker's data directory. Writers take an exclusive ``flock`` on the
 file's ``.lock`` and replace the file atomically (temp file, fsync, rename), so readers
-never see half a file. A reader re-reads when the file's (mtime, size, inode) changed: a
-change made by any writer reaches every process of the broker at its next check (at most
-``CHECK_INTERVAL`` later), which is how a running broker learns of it.
+never see half a file. A reader re-reads when the file's (mtime, size, inode, mode, owner)
+changed: a change made by any writer reaches every process of the broker at its next check
+(at most ``CHECK_INTERVAL`` later), which is how a running broker learns of it.
+
+Trust. Whoever can write these files is the broker's super user. Writers create the data
+and security directories 0700 and the files 0600 whatever the umask (``private_dir``), and
+a file or directory that belongs to another user or that group or others may write is
+refused: ``check`` at the broker's start (it does not start, saying why), and at every
+re-read (the content read before is kept, and the refusal logged), and by writers (which
+would otherwise copy a planted file's content into their own).
 """
 from __future__ import annotations
 
+import base64
+import collections
 import fcntl
 import json
+import logging
 import os
 import time
 from typing import Any, Callable
 
+from odradek.actors.runtime import private_dir
 from odradek.network import sasl
+from odradek.network.protocol import ErrorCode, OdradekError
 
+log = logging.getLogger("odradek.security")
 CHECK_INTERVAL = 0.2  # seconds between stat() calls of a reader
+FILES = ("users.json", "acls.json", "quotas.json", "secret.json")
 
 
 def security_dir(data_dir: str) -> str:
     return os.path.join(data_dir, "security")
+
+
+def untrusted(path: str, st: os.stat_result | None = None) -> str | None:
+    """Why the security file or directory ``path`` cannot be trusted, or None."""
+    st = st or os.stat(path)
+    if st.st_uid != os.geteuid():
+        return (f"{path} belongs to uid {st.st_uid}, not to the broker's user (uid {os.geteuid()}): "
+                f"whoever owns it chooses the users and ACLs")
+    if st.st_mode & 0o022:
+        return f"{path} has mode {st.st_mode & 0o777:04o}: group or others may write it and choose the users and ACLs"
+    return None
+
+
+def check(data_dir: str) -> None:
+    """At the start of a broker (single-broker mode): the security directory and its files must
+    be this user's and writable by nobody else (OdradekError, naming the first that is not and
+    what to do); files merely readable by others (the salts and keys) are narrowed to 0600."""
+    directory = security_dir(data_dir)
+    paths = [directory] + [os.path.join(directory, f) for f in FILES]
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        problem = untrusted(path, st)
+        if problem:
+            raise OdradekError(f"refusing to start: {problem}; check its content, then chown it to this user and "
+                               f"chmod it {'700' if path == directory else '600'}, or remove it",
+                               ErrorCode.INVALID_CONFIG)
+        private = 0o700 if path == directory else 0o600
+        if st.st_mode & 0o777 != private:
+            log.warning("%s had mode %04o; narrowing it to %04o", path, st.st_mode & 0o777, private)
+            os.chmod(path, private)
 
 
 class JsonStore:
@@ -38,6 +85,7 @@ class JsonStore:
         self._stamp: tuple | None = None
         self._data: Any = default()
         self._checked = 0.0
+        self._refused: tuple | None = None  # the stamp of the untrusted file last refused
         self.version = 0  # bumped whenever the content was (re)loaded
 
     def data(self, now: float | None = None) -> Any:
@@ -56,8 +104,13 @@ class JsonStore:
                 self._stamp, self._data = (), self.default()
                 self.version += 1
             return
-        stamp = (st.st_mtime_ns, st.st_size, st.st_ino)
-        if stamp != self._stamp:
+        stamp = (st.st_mtime_ns, st.st_size, st.st_ino, st.st_mode, st.st_uid)  # a chown/chmod is a change too
+        if stamp != self._stamp and stamp != self._refused:
+            problem = untrusted(self.path, st) or untrusted(os.path.dirname(self.path))
+            if problem:
+                self._refused = stamp
+                log.error("refusing to read %s: %s; what was read before stays in force", self.path, problem)
+                return
             with open(self.path) as f:
                 self._data = json.load(f)
             self._stamp = stamp
@@ -65,11 +118,16 @@ class JsonStore:
 
     def update(self, change: Callable[[Any], Any]) -> Any:
         """Apply ``change(data) -> result`` under the file's lock and write the result durably."""
-        os.makedirs(os.path.dirname(self.path), mode=0o700, exist_ok=True)
+        directory = os.path.dirname(self.path)
+        private_dir(os.path.dirname(directory))  # the data directory
+        private_dir(directory, "security directory")
         fd = os.open(self.path + ".lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             try:
+                problem = untrusted(self.path)
+                if problem:
+                    raise OdradekError(f"refusing to write {self.path}: {problem}", ErrorCode.INVALID_CONFIG)
                 with open(self.path) as f:
                     data = json.load(f)
             except FileNotFoundError:
@@ -172,11 +230,32 @@ class Users:
 
     def __init__(self, data_dir: str, config: dict | None = None):
         self.store = _store(config or {}, data_dir, "users.json", "/config/users", dict)
+        # the server's secret the credentials of users that do not exist derive from (shared by
+        # the brokers of a cluster, as the users are: a prober must see the same from each)
+        self.secret = _store(config or {}, data_dir, "secret.json", "/config/odradek-secret", dict)
         self.path = self.store.path
         self.data, self.update = self.store.data, self.store.update
+        self._iterations: tuple[int, dict] = (-1, {})  # (users' version, mechanism -> iterations)
 
     def lookup(self, user: str, mechanism: str) -> dict | None:
         return (self.data().get(user) or {}).get(mechanism)
+
+    def fake_credential(self, user: str, mechanism: str) -> dict:
+        """For a user that does not exist: a credential stable for the name, with the iteration
+        count most users of the mechanism have (the default when there are none), so SCRAM's first
+        answer looks like a real user's (``sasl.fake_credential``)."""
+        secret = self.secret.data().get("secret")
+        if secret is None:  # made once, by whichever process needs it first (under the store's lock)
+            secret = self.secret.update(lambda d: d.setdefault("secret", base64.b64encode(os.urandom(32)).decode()))
+        users = self.data()
+        if self._iterations[0] != self.store.version:
+            counts: dict = {}
+            for creds in users.values():
+                for m, c in creds.items():
+                    counts.setdefault(m, collections.Counter())[int(c["iterations"])] += 1
+            self._iterations = (self.store.version, {m: c.most_common(1)[0][0] for m, c in counts.items()})
+        return sasl.fake_credential(base64.b64decode(secret), user, mechanism,
+                                    self._iterations[1].get(mechanism, sasl.DEFAULT_ITERATIONS))
 
     def add(self, user: str, password: str, mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"),
             iterations: int = sasl.DEFAULT_ITERATIONS) -> None:

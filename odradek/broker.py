@@ -113,13 +113,29 @@ def raise_open_files_limit() -> tuple[int, int]:
     return resource.getrlimit(resource.RLIMIT_NOFILE)
 
 
+def check_security(config: dict) -> None:
+    """Before anything starts: the data directory is made private (0700, this user's), the
+    security files must be this user's and writable by nobody else (else OdradekError: the
+    broker does not start), and PLAIN on a listener without TLS is warned about."""
+    from odradek.actors.runtime import private_dir
+    from odradek.network import listeners as listeners_mod, secstore
+    private_dir(cfg.data_dir(config))
+    if not cluster_mode(config):
+        secstore.check(cfg.data_dir(config))
+    if "PLAIN" in [m.strip() for m in config["sasl.enabled.mechanisms"].split(",")]:
+        for l in listeners_mod.of_config(config):
+            if l.sasl and not l.tls:
+                log.warning("SASL PLAIN is enabled on listener %s (%s): passwords cross the network in clear; "
+                            "use SASL_SSL, or SCRAM only (sasl.enabled.mechanisms)", l.name, l.protocol)
+
+
 def serve(config: dict) -> int:
     """Run a broker in this process until SIGTERM/SIGINT; returns the exit code."""
     import os
     from odradek.actors.runtime import PRIVATE_UMASK
     os.umask(PRIVATE_UMASK)  # data, run directory and sockets are this user's alone (children inherit it)
     raise_open_files_limit()
-    os.makedirs(cfg.data_dir(config), mode=0o700, exist_ok=True)
+    check_security(config)
     sup = build(config)
     code = run_supervisor(sup)
     if sup.fatal:

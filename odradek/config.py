@@ -118,9 +118,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "without a certificate the CA signed is refused), `requested` (checked when given) or `none`. On an "
             "SSL listener the principal is `User:<certificate subject>`, e.g. `User:CN=alice,O=example`.",
             _one_of("required", "requested", "none")),
-    Setting("sasl.enabled.mechanisms", str, "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",
+    Setting("sasl.enabled.mechanisms", str, "SCRAM-SHA-256,SCRAM-SHA-512",
             "SASL mechanisms offered on SASL_PLAINTEXT/SASL_SSL listeners (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512); "
-            "users and their credentials are managed with `odradek users`.",
+            "users and their credentials are managed with `odradek users`. PLAIN is opt-in: it sends the "
+            "password itself, in clear on a SASL_PLAINTEXT listener (the broker warns at start).",
             lambda v: None if v and all(m.strip() in ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
                                         for m in v.split(",")) else
             "must list PLAIN, SCRAM-SHA-256 and/or SCRAM-SHA-512"),

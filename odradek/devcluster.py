@@ -25,6 +25,7 @@ import time
 
 import psutil
 
+from odradek.actors.runtime import private_dir
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek import config as cfg
 from odradek.local import LocalCluster, four_letter, stop_pid
@@ -95,7 +96,7 @@ def up(args) -> int:
         os.unlink(_state_path(directory))
     settings = _settings(args.set)
     cfg.load(None, [f"{k}={v}" for k, v in settings.items()])  # a bad setting fails here, once
-    os.makedirs(directory, exist_ok=True)
+    private_dir(directory, "cluster directory")  # its brokers' data and ZooKeeper's: this user's alone
     cluster = LocalCluster(directory, args.brokers, settings, chroot=CHROOT, detached=True, first_port=args.port)
     began = time.monotonic()
     cluster.report = lambda text: print(f"[{time.monotonic() - began:5.1f}s] {text}", file=sys.stderr, flush=True)

@@ -48,7 +48,8 @@ HEARTBEAT_GRACE = 5.0  # seconds past its hold time after which a heartbeat coun
 COORDINATOR_ERRORS = frozenset({ErrorCode.NOT_COORDINATOR, ErrorCode.COORDINATOR_NOT_AVAILABLE,
                                 ErrorCode.COORDINATOR_LOAD_IN_PROGRESS})
 FATAL = (ErrorCode.FENCED_INSTANCE_ID, ErrorCode.GROUP_MAX_SIZE_REACHED, ErrorCode.INVALID_GROUP_ID,
-         ErrorCode.UNSUPPORTED_ASSIGNOR, ErrorCode.INVALID_SESSION_TIMEOUT, ErrorCode.INVALID_REQUEST)
+         ErrorCode.UNSUPPORTED_ASSIGNOR, ErrorCode.INVALID_SESSION_TIMEOUT, ErrorCode.INVALID_REQUEST,
+         ErrorCode.GROUP_AUTHORIZATION_FAILED)  # no Read on the group: poll says so (Kafka's consumer too)
 
 
 def _tp_entries(tps) -> list:

@@ -29,6 +29,11 @@ READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
 CONSOLE = re.compile(r"odradek console on (\S+) ")
 
 
+def _private_opener(path: str, flags: int) -> int:
+    """The broker's output files: its user's alone whatever the umask (they carry its audit lines)."""
+    return os.open(path, flags, 0o600)
+
+
 class LocalBroker:
     def __init__(self, data_dir: str, settings: dict | None = None, start_timeout: float = 60.0,
                  detached: bool = False, env: dict | None = None):
@@ -61,14 +66,14 @@ class LocalBroker:
         tail of the broker's stderr if it exits or stays silent."""
         os.makedirs(self.data_dir, exist_ok=True)
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.env)
-        self._stderr = open(self.stderr_path, "ab")
+        self._stderr = open(self.stderr_path, "ab", opener=_private_opener)
         began = time.perf_counter()
         self.host = self.port = None
         self.paused = []
         ready = threading.Event()
         cmd = [sys.executable, "-m", "odradek", "serve", *self.set_args]
         if self.detached:
-            with open(self.stdout_path, "ab") as out:
+            with open(self.stdout_path, "ab", opener=_private_opener) as out:
                 seen = out.tell()
                 self.proc = subprocess.Popen(cmd, stdout=out, stderr=self._stderr, stdin=subprocess.DEVNULL,
                                              cwd=self.data_dir, env=env, start_new_session=True)

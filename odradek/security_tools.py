@@ -18,6 +18,7 @@ import os
 import sys
 
 from odradek import config as cfg
+from odradek.actors.runtime import private_dir
 from odradek.network import authorizer as az
 from odradek.network import sasl, secstore
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
@@ -72,9 +73,18 @@ def _password(args) -> str:
     return args.password
 
 
+def _private_data_dir(config: dict) -> str:
+    """The data directory these commands read or write, made private (0700) whatever the umask:
+    whoever could replace its ``security/`` would choose the broker's users and ACLs."""
+    data_dir = cfg.data_dir(config)
+    if not config["zookeeper.connect"]:
+        private_dir(data_dir)
+    return data_dir
+
+
 def cmd_users(args) -> int:
     config = cfg.load(args.config, args.set)
-    store = secstore.Users(cfg.data_dir(config), config)  # ZooKeeper's /config/users with zookeeper.connect
+    store = secstore.Users(_private_data_dir(config), config)  # ZooKeeper's /config/users with zookeeper.connect
     if args.add:
         try:
             store.add(args.add, _password(args), tuple(args.mechanism or sasl.SCRAM), args.iterations)
@@ -98,7 +108,7 @@ def cmd_quotas(args) -> int:
     every processor (and, for ips, the acceptor) re-reads them when they change."""
     from odradek.network.quotas import DEFAULT, ENTITY_KEYS
     config = cfg.load(args.config, args.set)
-    store = secstore.Quotas(cfg.data_dir(config), config)
+    store = secstore.Quotas(_private_data_dir(config), config)
     name = DEFAULT if getattr(args, "entity_default", False) else args.entity_name
     keys = ENTITY_KEYS[args.entity_type]
     if args.alter:
@@ -215,6 +225,7 @@ def _call(args, api: int, body: dict) -> dict:
     if not config["zookeeper.connect"] and not os.path.isdir(data_dir):
         raise OdradekError(f"data directory {data_dir} does not exist (pass --bootstrap-server, or the "
                            f"--config/--set log.dirs the broker uses)", ErrorCode.INVALID_CONFIG)
+    _private_data_dir(config)
     guard = Guard({"zookeeper.connect": config["zookeeper.connect"]}, data_dir)
     try:
         return guard.serve(api, body)

@@ -90,6 +90,7 @@ def secure_broker(tmp_path_factory, certs):
         "ssl.certfile": certs["broker"] + ".pem", "ssl.keyfile": certs["broker"] + ".key",
         "ssl.cafile": certs["ca"] + ".pem", "ssl.client.auth": "requested",
         "failed.authentication.delay.ms": DELAY_MS, "shutdown.timeout.ms": 10000,
+        "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512",  # PLAIN is opt-in; its tests use it
     }
     broker = LocalBroker(data, settings, start_timeout=240).start()
     try:

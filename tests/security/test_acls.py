@@ -33,7 +33,8 @@ def acl_broker(tmp_path_factory):
         users.add(name, password, iterations=4096)
     broker = LocalBroker(data, {"listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
                                 "authorizer": True, "super.users": "User:admin",
-                                "failed.authentication.delay.ms": DELAY_MS, "shutdown.timeout.ms": 10000},
+                                "failed.authentication.delay.ms": DELAY_MS, "shutdown.timeout.ms": 10000,
+                                "sasl.enabled.mechanisms": "PLAIN,SCRAM-SHA-256,SCRAM-SHA-512"},  # PLAIN: opt-in
                          start_timeout=240).start()
     try:
         broker.listeners = listeners_of(broker)

@@ -66,8 +66,10 @@ def test_the_api_table_asks_what_kafka_asks():
 def test_the_transaction_apis_need_write_on_their_transactional_id_and_an_idempotent_producer_nothing_more():
     """The bundled producer is idempotent by default: its InitProducerId must not need Alter on
     the cluster (what an API missing from the table needs), or every producer with Write on
-    its topic is refused."""
-    assert requirements(ApiKey.INIT_PRODUCER_ID, {"transactional_id": None}) == []
+    its topic is refused: IdempotentWrite on the cluster, or Write on some topic (KIP-679,
+    ``test_an_idempotent_producer_needs_write_on_some_topic``)."""
+    assert requirements(ApiKey.INIT_PRODUCER_ID, {"transactional_id": None}) == [
+        ("IdempotentWrite", "Cluster", "kafka-cluster")]
     assert requirements(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "tx"}) == [("Write", "TransactionalId", "tx")]
     assert requirements(ApiKey.ADD_PARTITIONS_TO_TXN, {"transactional_id": "tx", "topics": [{"name": "t"}]}) == [
         ("Write", "TransactionalId", "tx"), ("Write", "Topic", "t")]
@@ -92,3 +94,24 @@ def test_a_decision_with_a_thousand_acls_takes_microseconds():
     per_call = (time.perf_counter() - began) / 10000
     assert auth.authorize("User:u7", "h", "Write", "Topic", "topic-7")
     assert per_call < 50e-6, per_call
+
+
+def test_an_idempotent_producer_needs_write_on_some_topic():
+    """Kafka 3's InitProducerId without a transactional id (KIP-679): IdempotentWrite on the
+    cluster, or Write on any topic (authorizeByResourceType): an Allow of Write (or All) on a
+    literal name or a prefix that no Deny of the principal covers."""
+    def acl(principal, pattern, name, operation="Write", permission="Allow"):
+        return Acl.make(principal, "Topic", name, operation, permission, pattern)
+    auth = Authorizer([acl("User:a", "Prefixed", "orders-"), acl("User:b", "Literal", "t", "Read"),
+                       acl("User:c", "Literal", "t", "All"), acl("User:d", "Prefixed", "x-"),
+                       acl("User:d", "Prefixed", "x", permission="Deny"), acl("User:e", "Literal", "t"),
+                       acl("User:e", "Literal", "*", permission="Deny"), acl("User:*", "Literal", "w", "Read")],
+                      super_users=["User:admin"])
+    assert auth.authorize_any("User:a", "1.2.3.4", "Write", "Topic")
+    assert not auth.authorize_any("User:b", "1.2.3.4", "Write", "Topic")  # Read is not Write
+    assert auth.authorize_any("User:c", "1.2.3.4", "Write", "Topic")  # All is
+    assert not auth.authorize_any("User:d", "1.2.3.4", "Write", "Topic")  # its Deny prefix covers its Allow
+    assert not auth.authorize_any("User:e", "1.2.3.4", "Write", "Topic")  # Deny on every topic
+    assert not auth.authorize_any("User:nobody", "1.2.3.4", "Write", "Topic")
+    assert auth.authorize_any("User:admin", "1.2.3.4", "Write", "Topic")
+    assert Authorizer([], allow_if_no_acl=True).authorize_any("User:x", "h", "Write", "Topic")

@@ -1,0 +1,397 @@
+"""The ACL matrix with each real client (issue 27 item 7): confluent-kafka (librdkafka),
+kafka-python, aiokafka, kcat and the bundled client sign in with SASL/SCRAM on one broker
+(``authorizer`` on) whose users have exactly what Kafka's documentation says a role needs:
+
+- a consumer in a group: Read on the topic and Read on the group (prefixed, or literal);
+- an (idempotent) producer: Write on the topic (Kafka 3's KIP-679: no IdempotentWrite; with
+  no Write on any topic, its InitProducerId is refused CLUSTER_AUTHORIZATION_FAILED);
+- a transactional producer: Write on the topic and Write on its transactional id.
+
+Each works with each client, and a user missing one of those grants gets the right error:
+GROUP_AUTHORIZATION_FAILED, TOPIC_AUTHORIZATION_FAILED or TRANSACTIONAL_ID_AUTHORIZATION_FAILED.
+One broker for the module; the ACLs are written to its data directory before it starts.
+kcat's librdkafka (2.0.2) repeats its nonce in SCRAM's last message, which the broker
+accepts as Kafka does since 3.8.1 (librdkafka#4895): without that, kcat could not sign in."""
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import subprocess
+import threading
+import time
+import uuid
+
+import pytest
+
+from odradek import Admin, Consumer, Producer
+from odradek.local import LocalBroker
+from odradek.network import secstore
+from odradek.network.protocol import OdradekError
+from tests.security.fixtures import listeners_of, warm_kafka
+
+MECHANISM = "SCRAM-SHA-256"
+TOPIC = f"m-{uuid.uuid4().hex[:8]}"
+# groups granted by name to 'consumer' (the others by the prefix 'g-'), one per client (each commits)
+LITERAL_GROUPS = {c: f"literal-{c}-{uuid.uuid4().hex[:6]}" for c in ("bundled", "confluent-kafka", "kafka-python")}
+TIMEOUT = 30.0  # seconds a client gets to succeed or to see its error
+
+
+def _acl(user, resource, pattern, name, operation):
+    return [f"User:{user}", "*", resource, pattern, name, operation, "Allow"]
+
+
+READ_TOPIC, WRITE_TOPIC = ("Topic", "Prefixed", "m-", "Read"), ("Topic", "Prefixed", "m-", "Write")
+READ_GROUPS = ("Group", "Prefixed", "g-", "Read")
+GRANTS = {
+    "consumer": [READ_TOPIC, READ_GROUPS, *(("Group", "Literal", g, "Read") for g in LITERAL_GROUPS.values())],
+    "consumer-without-group": [READ_TOPIC],
+    "consumer-without-topic": [READ_GROUPS],
+    "producer": [WRITE_TOPIC],
+    "producer-without-topic": [("Topic", "Prefixed", "other-", "Write")],
+    "producer-without-any-write": [READ_TOPIC],
+    "transactional": [WRITE_TOPIC, ("TransactionalId", "Prefixed", "tx-", "Write")],
+    "transactional-without-id": [WRITE_TOPIC],
+}
+PASSWORD = "pw-{}".format
+
+
+@pytest.fixture(scope="module")
+def broker(tmp_path_factory):
+    data = os.path.abspath(str(tmp_path_factory.mktemp("acl-matrix")))
+    users = secstore.Users(data)
+    for user in ["admin", *GRANTS]:
+        users.add(user, PASSWORD(user), mechanisms=(MECHANISM,), iterations=4096)
+    secstore.Acls(data).add([_acl(user, *grant) for user, grants in GRANTS.items() for grant in grants])
+    b = LocalBroker(data, {"listeners": "SASL_PLAINTEXT://127.0.0.1:0", "authorizer": True, "super.users": "User:admin",
+                           "sasl.enabled.mechanisms": MECHANISM, "group.initial.rebalance.delay.ms": 0,
+                           "failed.authentication.delay.ms": 50, "shutdown.timeout.ms": 10000},
+                    start_timeout=240).start()
+    try:
+        host, port, _ = listeners_of(b)["SASL_PLAINTEXT"]
+        warm_kafka(host, port)
+        b.address = f"{host}:{port}"
+        with Admin(b.address, **_python_security("admin")) as admin:
+            admin.create_topic(TOPIC)
+        with Producer(b.address, linger_ms=0, **_python_security("admin")) as p:
+            for i in range(3):
+                p.send(TOPIC, b"seed-%d" % i).get(timeout=TIMEOUT)
+        yield b
+    finally:
+        b.discard()
+
+
+def _group(client: str) -> str:
+    return f"g-{client}-{uuid.uuid4().hex[:6]}"
+
+
+# ---- each client, as a consumer in a group, an idempotent producer, a transactional producer -------
+# Each returns "OK" or the Kafka error name the client reported.
+
+def _python_security(user):
+    """The bundled client's, kafka-python's and aiokafka's options (the same names)."""
+    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": MECHANISM, "sasl_plain_username": user,
+            "sasl_plain_password": PASSWORD(user)}
+
+
+class Bundled:
+    @staticmethod
+    def consume(address, user, group):
+        try:
+            with Consumer(address, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False,
+                          **_python_security(user)) as c:
+                c.subscribe([TOPIC])
+                deadline = time.monotonic() + TIMEOUT
+                while time.monotonic() < deadline:
+                    if c.poll(500):
+                        c.commit()
+                        return "OK"
+                return "no record"
+        except OdradekError as exc:
+            return exc.code.name
+
+    @staticmethod
+    def produce(address, user, transactional_id=None):
+        try:
+            with Producer(address, linger_ms=0, enable_idempotence=True, transactional_id=transactional_id,
+                          delivery_timeout_ms=int(TIMEOUT * 1000), max_block_ms=int(TIMEOUT * 1000),
+                          **_python_security(user)) as p:
+                if transactional_id:
+                    p.init_transactions()
+                    p.begin_transaction()
+                p.send(TOPIC, b"bundled").get(timeout=TIMEOUT)
+                if transactional_id:
+                    p.commit_transaction()
+            return "OK"
+        except OdradekError as exc:
+            return exc.code.name
+
+
+def _librdkafka_security(user):
+    return {"security.protocol": "SASL_PLAINTEXT", "sasl.mechanism": MECHANISM, "sasl.username": user,
+            "sasl.password": PASSWORD(user)}
+
+
+class Confluent:
+    @staticmethod
+    def consume(address, user, group):
+        import confluent_kafka
+        c = confluent_kafka.Consumer({"bootstrap.servers": address, "group.id": group, "auto.offset.reset": "earliest",
+                                      "enable.auto.commit": False, **_librdkafka_security(user)})
+        try:
+            c.subscribe([TOPIC])
+            deadline = time.monotonic() + TIMEOUT
+            while time.monotonic() < deadline:
+                msg = c.poll(0.5)
+                if msg is None:
+                    continue
+                if msg.error():
+                    if msg.error().code() == confluent_kafka.KafkaError._PARTITION_EOF:
+                        continue
+                    return msg.error().name()
+                c.commit(asynchronous=False)
+                return "OK"
+            return "no record"
+        except confluent_kafka.KafkaException as exc:
+            return exc.args[0].name()
+        finally:
+            c.close()
+
+    @staticmethod
+    def produce(address, user, transactional_id=None):
+        import confluent_kafka
+        conf = {"bootstrap.servers": address, "enable.idempotence": True, "message.timeout.ms": int(TIMEOUT * 1000),
+                **_librdkafka_security(user)}
+        if transactional_id:
+            conf["transactional.id"] = transactional_id
+        p = confluent_kafka.Producer(conf)
+        out = []
+        try:
+            if transactional_id:
+                p.init_transactions(TIMEOUT)
+                p.begin_transaction()
+            p.produce(TOPIC, b"librdkafka", on_delivery=lambda err, msg: out.append(err))
+            p.flush(TIMEOUT)
+            if out and out[0] is not None:
+                return out[0].name()
+            if transactional_id:
+                p.commit_transaction(TIMEOUT)
+            return "OK" if out else "no delivery report"
+        except (confluent_kafka.KafkaException, SystemError) as exc:
+            # a fatal error (an idempotent producer refused its producer id) is raised by
+            # produce(), chained under a SystemError when it came while a callback ran
+            while not isinstance(exc, confluent_kafka.KafkaException) and exc.__context__ is not None:
+                exc = exc.__context__
+            return exc.args[0].name() if isinstance(exc, confluent_kafka.KafkaException) else repr(exc)
+        finally:
+            p.purge()
+            del p  # the traceback holds this frame: without this the producer outlives the test, retrying
+
+
+def _kafka_error_name(exc) -> str:
+    """The Kafka error name of a kafka-python/aiokafka error; kafka-python wraps a code its
+    transaction manager does not expect in a plain KafkaError ('... [Error 31] ...')."""
+    import kafka.errors
+    found = re.search(r"\[Error (\d+)\]", str(exc))
+    if type(exc).__name__ == "KafkaError" and found:
+        return kafka.errors.for_code(int(found.group(1))).message
+    return getattr(exc, "message", None) or type(exc).__name__
+
+
+class KafkaPython:
+    @staticmethod
+    def consume(address, user, group):
+        import kafka
+        import kafka.errors
+        c = kafka.KafkaConsumer(TOPIC, bootstrap_servers=address, group_id=group, auto_offset_reset="earliest",
+                                enable_auto_commit=False, **_python_security(user))
+        try:
+            deadline = time.monotonic() + TIMEOUT
+            while time.monotonic() < deadline:
+                if any(c.poll(timeout_ms=500).values()):
+                    c.commit()
+                    return "OK"
+                # kafka-python logs a topic its Metadata answer refused ("not authorized for this
+                # client") and keeps polling; what the broker answered is kept here
+                if TOPIC in c._client.cluster.unauthorized_topics:
+                    return "TOPIC_AUTHORIZATION_FAILED"
+            return "no record"
+        except kafka.errors.KafkaError as exc:
+            return _kafka_error_name(exc)
+        finally:
+            c.close()
+
+    @staticmethod
+    def produce(address, user, transactional_id=None):
+        import kafka
+        import kafka.errors
+        try:
+            p = kafka.KafkaProducer(bootstrap_servers=address, enable_idempotence=True, acks="all",
+                                    transactional_id=transactional_id, max_block_ms=int(TIMEOUT * 1000),
+                                    **_python_security(user))
+        except kafka.errors.KafkaError as exc:
+            return _kafka_error_name(exc)
+        try:
+            if transactional_id:
+                p.init_transactions()
+                p.begin_transaction()
+            p.send(TOPIC, b"kafka-python").get(timeout=TIMEOUT)
+            if transactional_id:
+                p.commit_transaction()
+            return "OK"
+        except kafka.errors.KafkaError as exc:
+            return _kafka_error_name(exc)
+        finally:
+            p.close(timeout=5)
+
+
+class AioKafka:
+    @staticmethod
+    def consume(address, user, group):
+        import aiokafka
+        import aiokafka.errors
+
+        async def run():
+            c = aiokafka.AIOKafkaConsumer(TOPIC, bootstrap_servers=address, group_id=group,
+                                          auto_offset_reset="earliest", enable_auto_commit=False,
+                                          **_python_security(user))
+            await c.start()
+            try:
+                await asyncio.wait_for(c.getone(), TIMEOUT)
+                await c.commit()
+                return "OK"
+            finally:
+                await c.stop()
+        try:
+            return asyncio.run(run())
+        except aiokafka.errors.KafkaError as exc:
+            return _kafka_error_name(exc)
+        except asyncio.TimeoutError:
+            return "no record"
+
+    @staticmethod
+    def produce(address, user, transactional_id=None):
+        import aiokafka
+        import aiokafka.errors
+
+        async def run():
+            p = aiokafka.AIOKafkaProducer(bootstrap_servers=address, enable_idempotence=True,
+                                          transactional_id=transactional_id, request_timeout_ms=int(TIMEOUT * 1000),
+                                          **_python_security(user))
+            await p.start()
+            try:
+                if transactional_id:
+                    async with p.transaction():
+                        await p.send_and_wait(TOPIC, b"aiokafka")
+                else:
+                    await p.send_and_wait(TOPIC, b"aiokafka")
+                return "OK"
+            finally:
+                await p.stop()
+        try:
+            return asyncio.run(asyncio.wait_for(run(), TIMEOUT))
+        except aiokafka.errors.KafkaError as exc:
+            return _kafka_error_name(exc)
+        except asyncio.TimeoutError:
+            return "timed out"
+
+
+# kcat prints librdkafka's text for a code ("Broker: Group authorization failed"), or the
+# broker's own error message when it gave one ("... is not allowed to Describe Group 'g-1'")
+KCAT_ERRORS = {"Group authorization failed": "GROUP_AUTHORIZATION_FAILED",
+               "Cluster authorization failed": "CLUSTER_AUTHORIZATION_FAILED",
+               "Topic authorization failed": "TOPIC_AUTHORIZATION_FAILED",
+               "Transactional Id authorization failed": "TRANSACTIONAL_ID_AUTHORIZATION_FAILED"}
+KCAT_MESSAGES = {re.compile(r"is not allowed to \w+ Group '"): "GROUP_AUTHORIZATION_FAILED",
+                 re.compile(r"is not allowed to \w+ Topic '"): "TOPIC_AUTHORIZATION_FAILED",
+                 re.compile(r"is not allowed to \w+ TransactionalId '"): "TRANSACTIONAL_ID_AUTHORIZATION_FAILED",
+                 re.compile(r"is not allowed to \w+ Cluster '"): "CLUSTER_AUTHORIZATION_FAILED"}
+
+
+def _kcat(address, user, *args, stdin=b""):
+    """kcat's exit code (None if it was stopped), output and errors. A consumer that sees only
+    errors keeps trying: it is stopped at the first error the matrix knows, or at TIMEOUT."""
+    cmd = ["kcat", "-b", address, "-X", "security.protocol=SASL_PLAINTEXT", "-X", f"sasl.mechanisms={MECHANISM}",
+           "-X", f"sasl.username={user}", "-X", f"sasl.password={PASSWORD(user)}", *args]
+    proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc.stdin.write(stdin)
+    proc.stdin.close()
+    err = []
+    reader = threading.Thread(target=lambda: err.extend(proc.stderr), daemon=True)
+    reader.start()
+    deadline = time.monotonic() + TIMEOUT
+    while proc.poll() is None and time.monotonic() < deadline and not _kcat_known(b"".join(err).decode(errors="replace")):
+        time.sleep(0.1)
+    code = proc.poll()
+    if code is None:
+        proc.kill()
+    proc.wait()
+    reader.join(5)
+    return code, proc.stdout.read().decode(errors="replace"), b"".join(err).decode(errors="replace")
+
+
+def _kcat_known(stderr: str) -> bool:
+    return not _kcat_error(stderr).startswith("kcat said")
+
+
+def _kcat_error(stderr: str) -> str:
+    for text, name in KCAT_ERRORS.items():
+        if text in stderr:
+            return name
+    for pattern, name in KCAT_MESSAGES.items():
+        if pattern.search(stderr):
+            return name
+    return f"kcat said: {stderr[-300:]!r}"
+
+
+class Kcat:
+    @staticmethod
+    def consume(address, user, group):
+        code, out, err = _kcat(address, user, "-G", group, "-X", "auto.offset.reset=earliest",
+                               "-X", "enable.auto.commit=true", "-c", "1", "-f", "%s\\n", TOPIC)
+        if code == 0 and re.search(r"seed-\d", out):
+            return "OK"
+        return _kcat_error(err)
+
+    @staticmethod
+    def produce(address, user, transactional_id=None):
+        # kcat 1.7: with transactional.id, all its input in one transaction, committed at its end
+        mode = ["-X", f"transactional.id={transactional_id}"] if transactional_id else \
+            ["-X", "enable.idempotence=true"]
+        code, _out, err = _kcat(address, user, "-P", "-t", TOPIC, "-m", str(int(TIMEOUT)), *mode, stdin=b"kcat\n")
+        return "OK" if code == 0 and "ERROR" not in err else _kcat_error(err)
+
+
+CLIENTS = {"bundled": Bundled, "confluent-kafka": Confluent, "kafka-python": KafkaPython, "aiokafka": AioKafka,
+           "kcat": Kcat}
+
+CONSUMERS = [("consumer", "OK"), ("consumer-without-group", "GROUP_AUTHORIZATION_FAILED"),
+             ("consumer-without-topic", "TOPIC_AUTHORIZATION_FAILED")]
+# Write on some topic is what Kafka 3 asks of an idempotent producer's InitProducerId (KIP-679;
+# or IdempotentWrite on the cluster): without any, CLUSTER_AUTHORIZATION_FAILED
+PRODUCERS = [("producer", "OK"), ("producer-without-topic", "TOPIC_AUTHORIZATION_FAILED"),
+             ("producer-without-any-write", "CLUSTER_AUTHORIZATION_FAILED")]
+TRANSACTIONAL = [("transactional", "OK"), ("transactional-without-id", "TRANSACTIONAL_ID_AUTHORIZATION_FAILED")]
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("user,expected", CONSUMERS)
+def test_a_consumer_in_a_group(broker, client, user, expected):
+    assert CLIENTS[client].consume(broker.address, user, _group(client)) == expected
+
+
+@pytest.mark.parametrize("client", LITERAL_GROUPS)
+def test_a_consumer_whose_group_is_granted_by_its_literal_name(broker, client):
+    assert CLIENTS[client].consume(broker.address, "consumer", LITERAL_GROUPS[client]) == "OK"
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("user,expected", PRODUCERS)
+def test_an_idempotent_producer(broker, client, user, expected):
+    assert CLIENTS[client].produce(broker.address, user) == expected
+
+
+@pytest.mark.parametrize("client", CLIENTS)
+@pytest.mark.parametrize("user,expected", TRANSACTIONAL)
+def test_a_transactional_producer(broker, client, user, expected):
+    assert CLIENTS[client].produce(broker.address, user, f"tx-{client}-{uuid.uuid4().hex[:6]}") == expected
