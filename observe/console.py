@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import logging
 import os
 import threading
 import time
@@ -34,10 +35,12 @@ import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.network import listeners as listeners_mod
-from odradek.network.protocol import OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
+
+log = logging.getLogger("odradek.console")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 VIEWS = os.path.join(HERE, "views")
@@ -180,6 +183,34 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
+REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                     ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
+
+
+def broker_error(exc: OdradekError) -> bottle.HTTPError:
+    """The HTTP answer to a page whose broker request failed: 404 for a topic or group that
+    does not exist, 403 for what the broker's ACLs refused, 503 for what may pass (the broker
+    busy or moving), else 502 (the broker refused the console's request), each with the
+    broker's message."""
+    if exc.code in NOT_FOUND:
+        return bottle.HTTPError(404, f"Not found: {exc.message}")
+    if exc.code in REFUSED:
+        return bottle.HTTPError(403, f"The broker refused: {exc.message}")
+    log.warning("console: %s %s: the broker answered %s", bottle.request.method, bottle.request.path, exc)
+    return bottle.HTTPError(503 if exc.code.retriable else 502, f"The broker answered: {exc.message}")
+
+
+def number(value: str | None, what: str, default: int) -> int:
+    """An integer from a form or a query (``default`` when empty), else 400 naming ``what``."""
+    if value is None or not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise bottle.HTTPError(400, f"{what} must be a whole number, not {value[:100]!r}") from None
+
+
 OPEN_PATHS = ("/metrics", "/health/", "/static/", "/login")  # served without a session
 
 
@@ -199,18 +230,20 @@ def make_app(actor) -> bottle.Bottle:
             if request.method == "POST" and not same_origin(request.headers, request.get_header("Host", "")):
                 raise bottle.HTTPError(403, "Refused: this form was sent from another site (cross-site request).")
             request.environ["odradek.session"] = None
-            if request.path.startswith(OPEN_PATHS) or not signin.required():
+            if not request.path.startswith(OPEN_PATHS) and signin.required():
+                session = signin.find(request.get_cookie(COOKIE))
+                if session is None:
+                    if request.method == "GET" and not request.path.startswith("/api/"):
+                        bottle.redirect("/login?next=" + quote(request.fullpath))
+                    raise bottle.HTTPError(401, "Sign in first (/login).")
+                if request.method == "POST" and not signin.csrf_ok(session, request.forms.get("csrf")):
+                    raise bottle.HTTPError(403, "Refused: the form's CSRF token is missing or stale; reload the "
+                                                "page and send it again.")
+                request.environ["odradek.session"] = session
+            try:
                 return callback(*args, **kwargs)
-            session = signin.find(request.get_cookie(COOKIE))
-            if session is None:
-                if request.method == "GET" and not request.path.startswith("/api/"):
-                    bottle.redirect("/login?next=" + quote(request.fullpath))
-                raise bottle.HTTPError(401, "Sign in first (/login).")
-            if request.method == "POST" and not signin.csrf_ok(session, request.forms.get("csrf")):
-                raise bottle.HTTPError(403, "Refused: the form's CSRF token is missing or stale; reload the page "
-                                            "and send it again.")
-            request.environ["odradek.session"] = session
-            return callback(*args, **kwargs)
+            except OdradekError as exc:  # the broker's answer, not a bug here: its status, no traceback
+                raise broker_error(exc) from None
         return gated
     app.install(gate)
 
@@ -352,11 +385,12 @@ def make_app(actor) -> bottle.Bottle:
         if not (may("Create", "Topic", name) or may("Create", "Cluster", "kafka-cluster")):
             need("Create", "Topic", name)
         try:
-            clients_now().admin().create_topic(name, partitions=int(form.get("partitions") or 1),
-                                         replication_factor=int(form.get("replication_factor") or 1))
+            clients_now().admin().create_topic(name, partitions=number(form.get("partitions"), "partitions", 1),
+                                               replication_factor=number(form.get("replication_factor"),
+                                                                         "replication factor", 1))
         except Exception as exc:
             return view("topics", title="Topics", topics=described(), message=f"Could not create {name!r}: {exc}")
-        bottle.redirect(f"/topics/{name}")
+        bottle.redirect(f"/topics/{quote(name)}")
 
     @app.post("/topics/<name>/delete")
     def delete_topic(name):
@@ -365,7 +399,7 @@ def make_app(actor) -> bottle.Bottle:
             return view("topics", title="Topics", topics=described(),
                         message=f"Not deleted: type the topic's name ({name}) to confirm.")
         clients_now().admin().delete_topic(name)
-        bottle.redirect(f"/topics?msg=Deleted+{name}")
+        bottle.redirect(f"/topics?msg={quote(f'Deleted {name}')}")
 
     @app.get("/topics/<name>")
     def topic(name):
@@ -385,14 +419,14 @@ def make_app(actor) -> bottle.Bottle:
             msg = f"Set {key}={value}"
         except Exception as exc:
             msg = f"Could not set {key}: {exc}"
-        bottle.redirect(f"/topics/{name}?msg={bottle.html_quote(msg)}")
+        bottle.redirect(f"/topics/{quote(name)}?msg={quote(msg)}")  # the page escapes it as it shows it
 
     @app.get("/topics/<name>/messages")
     def messages(name):
         need("Read", "Topic", name)
         clients = clients_now()
         q = bottle.request.query
-        partition = int(q.get("partition") or 0)
+        partition = number(q.get("partition"), "partition", 0)
         fmt = q.get("format") or "text"
         key_filter = q.get("key", "")
         records, error = _browse(clients, name, partition, q.get("offset", ""), q.get("timestamp", ""), key_filter)
