@@ -29,13 +29,14 @@ import logging
 import os
 import threading
 import time
-from urllib.parse import quote
+from typing import NamedTuple
+from urllib.parse import quote, urlencode
 
 import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.network import listeners as listeners_mod
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
@@ -370,13 +371,18 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/topics")
     def topics():
-        return view("topics", title="Topics", topics=described(), message=bottle.request.query.get("msg", ""))
+        return topics_page(bottle.request.query.getunicode("msg") or "")
 
-    def described() -> list:
-        """The topics the user may Describe, described."""
-        admin = clients_now().admin()
-        names = [n for n in sorted(admin.list_topics(include_internal=True)) if may("Describe", "Topic", n)]
-        return [admin.describe_topic(n, configs=False) for n in names]
+    def topics_page(message: str) -> str:
+        """The topic list the user may Describe, with sizes and record counts, filtered by the
+        query's search (``q``), internal topics only with ``internal=1``."""
+        q = bottle.request.query
+        search, internal = (q.getunicode("q") or "").strip(), q.get("internal") == "1"
+        rows, hidden = _topic_rows(clients_now().admin(), actor.gather(), search, internal,
+                                   lambda name: may("Describe", "Topic", name))
+        return view("topics", title="Topics", topics=rows, hidden=hidden, search=search, internal=internal,
+                    message=message, size=human_bytes, show_internal="/topics?" + urlencode({"internal": 1,
+                                                                                              "q": search}))
 
     @app.post("/topics")
     def create_topic():
@@ -389,15 +395,17 @@ def make_app(actor) -> bottle.Bottle:
                                                replication_factor=number(form.get("replication_factor"),
                                                                          "replication factor", 1))
         except Exception as exc:
-            return view("topics", title="Topics", topics=described(), message=f"Could not create {name!r}: {exc}")
+            return topics_page(f"Could not create {name!r}: {exc}")
         bottle.redirect(f"/topics/{quote(name)}")
 
     @app.post("/topics/<name>/delete")
     def delete_topic(name):
         need("Delete", "Topic", name)
+        if is_internal_topic(name):
+            raise bottle.HTTPError(403, f"{name} is an internal topic: the broker keeps it (every group's offsets "
+                                        f"or every open transaction live there); it cannot be deleted.")
         if bottle.request.forms.get("confirm") != name:
-            return view("topics", title="Topics", topics=described(),
-                        message=f"Not deleted: type the topic's name ({name}) to confirm.")
+            return topics_page(f"Not deleted: type the topic's name ({name}) to confirm.")
         clients_now().admin().delete_topic(name)
         bottle.redirect(f"/topics?msg={quote(f'Deleted {name}')}")
 
@@ -441,8 +449,12 @@ def make_app(actor) -> bottle.Bottle:
             listed = clients_now().groups().list()
         except OdradekError as exc:  # the broker refused or did not answer
             raise bottle.HTTPError(503, f"Groups cannot be listed: {exc}") from None
-        return view("groups", title="Consumer groups",
-                    groups=[g for g in listed if may("Describe", "Group", g["group_id"])])
+        search = (bottle.request.query.getunicode("q") or "").strip()
+        numbers = _group_numbers(actor.gather())
+        rows = [{"members": 0 if g.get("group_state", "").lower() in ("empty", "dead") else "-", **g,
+                 **numbers.get(g["group_id"], {})} for g in listed
+                if may("Describe", "Group", g["group_id"]) and search.lower() in g["group_id"].lower()]
+        return view("groups", title="Consumer groups", groups=rows, search=search)
 
     @app.get("/groups/<group>")
     def group(group):
@@ -471,6 +483,70 @@ def _viewer():
 def _local(path: str | None) -> str:
     """Where to go after signing in: a path of this console only (no open redirect)."""
     return path if path and path.startswith("/") and not path.startswith("//") and "\\" not in path else "/topics"
+
+
+class TopicRow(NamedTuple):
+    name: str
+    partitions: int
+    replicas: int
+    internal: bool
+    size: int | None  # bytes of its partitions hosted on this broker (None: none here)
+    records: int | None  # high watermark - log start, summed: offsets, so compacted gaps count
+
+
+def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[TopicRow], int]:
+    """The topics ``shown(name)`` allows whose name contains ``search`` (any case), internal
+    ones only if ``internal``, from one metadata request (every topic) and the log actors'
+    partition rows; and how many internal topics were left out."""
+    body = admin._cluster.refresh(None)  # one Metadata request for all: describe_topic would be one per topic
+    totals: dict[str, list] = {}
+    for answer in snap.answers.values():
+        for name, labels, value in (answer or {}).get("gauges") or ():
+            if name == "partition":
+                row = dict(zip(PARTITION_COLUMNS, value))
+                t = totals.setdefault(labels[0], [0, 0])
+                t[0] += row["log_size"]
+                t[1] += row["high_watermark"] - row["log_start_offset"]
+    rows, hidden, search = [], 0, search.lower()
+    for t in sorted(body.get("topics", []), key=lambda t: t["name"]):
+        name = t["name"]
+        if t.get("error_code") or not shown(name) or search not in name.lower():
+            continue
+        is_internal = bool(t.get("is_internal")) or is_internal_topic(name)
+        if is_internal and not internal:
+            hidden += 1
+            continue
+        parts = t.get("partitions") or []
+        size, records = totals.get(name, (None, None))
+        rows.append(TopicRow(name, len(parts), len(parts[0].get("replicas") or ()) if parts else 0, is_internal,
+                             size, records))
+    return rows, hidden
+
+
+def _group_numbers(snap) -> dict[str, dict]:
+    """group -> {"members", "lag", "topics"} as this broker knows them (the groups it
+    coordinates; lag where it also hosts the partitions: all of them on one broker)."""
+    out: dict[str, dict] = {}
+    for fam in families(snap):
+        if fam.name == "odradek_consumer_group_members":
+            for sample in fam.samples:
+                out.setdefault(sample.labels["group"], {})["members"] = int(sample.value)
+        elif fam.name == "odradek_consumer_group_topic_lag":
+            for sample in fam.samples:
+                g = out.setdefault(sample.labels["group"], {})
+                g["lag"] = g.get("lag", 0) + int(sample.value)
+                g.setdefault("topics", []).append(sample.labels["topic"])
+    return out
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
 
 
 def _partition_gauges(snap, topic: str) -> dict:
