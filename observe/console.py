@@ -23,6 +23,7 @@ use an SSL one with the broker's own TLS settings. Any POST from another origin 
 """
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
 import logging
@@ -37,6 +38,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.network import listeners as listeners_mod
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
+from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
@@ -46,8 +48,6 @@ log = logging.getLogger("odradek.console")
 HERE = os.path.dirname(os.path.abspath(__file__))
 VIEWS = os.path.join(HERE, "views")
 STATIC = os.path.join(HERE, "static")
-BROWSE_LIMIT = 100  # records shown by the message browser at most
-BROWSE_TIMEOUT = 3.0  # seconds the browser polls for records
 GZIP_LEVEL = 1  # /metrics compressed when asked: level 1 is ~6x smaller text for a few ms (Prometheus asks)
 
 
@@ -433,15 +433,33 @@ def make_app(actor) -> bottle.Bottle:
     def messages(name):
         need("Read", "Topic", name)
         clients = clients_now()
+        count = len(clients.admin().describe_topic(name, configs=False).partitions)  # a 404 if there is no topic
         q = bottle.request.query
-        partition = number(q.get("partition"), "partition", 0)
-        fmt = q.get("format") or "text"
-        key_filter = q.get("key", "")
-        records, error = _browse(clients, name, partition, q.get("offset", ""), q.get("timestamp", ""), key_filter)
-        return view("messages", title=f"Messages of {name}", topic=name, partition=partition,
-                    offset=q.get("offset", ""), timestamp=q.get("timestamp", ""), fmt=fmt, key=key_filter,
-                    records=records, error=error, render=render,
-                    partitions=len(clients.admin().describe_topic(name, configs=False).partitions))
+        chosen = q.get("partition") or "all"
+        partitions = list(range(count)) if chosen == "all" else [number(chosen, "partition", 0)]
+        if not all(0 <= p < count for p in partitions):
+            raise bottle.HTTPError(404, f"Not found: topic '{name}' has no partition {chosen} (it has {count})")
+        newest = q.get("order", "newest") != "oldest"
+        fmt, key = q.get("format") or "text", q.getunicode("key") or ""
+        try:
+            cursor = parse_cursor(q.get("cursor", ""))
+        except ValueError as exc:
+            raise bottle.HTTPError(400, f"bad cursor: {exc}") from None
+        offset, timestamp = q.get("offset", ""), q.get("timestamp", "")
+        consumer = clients.consumer()
+        try:
+            page = browse(consumer, name, partitions, newest=newest, cursor=cursor,
+                          offset=number(offset, "offset", None), timestamp=number(timestamp, "timestamp", None),
+                          key=key)
+        finally:
+            consumer.close()
+        here = {k: v for k, v in (("partition", chosen), ("order", "newest" if newest else "oldest"),
+                                  ("format", fmt), ("key", key)) if v}
+        return view("messages", title=f"Messages of {name}", topic=name, partition=chosen, partitions=count,
+                    newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, records=page.records,
+                    error=page.error, render=render, when=human_time,
+                    next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
+                    first_url=f"?{urlencode(here)}")
 
     @app.get("/groups")
     def groups():
@@ -539,6 +557,15 @@ def _group_numbers(snap) -> dict[str, dict]:
     return out
 
 
+def human_time(ms: int) -> str:
+    """A record's timestamp as the page first shows it (UTC; the page's script then shows it
+    in the reader's own zone)."""
+    if ms is None or ms < 0:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] \
+        + " UTC"
+
+
 def human_bytes(n: int | None) -> str:
     if n is None:
         return "-"
@@ -558,35 +585,3 @@ def _partition_gauges(snap, topic: str) -> dict:
             if name == "partition" and labels[0] == topic:
                 out[labels[1]] = dict(zip(PARTITION_COLUMNS, value))
     return out
-
-
-def _browse(clients: Clients, topic: str, partition: int, offset: str, timestamp: str, key_filter: str):
-    """Up to BROWSE_LIMIT records of one partition from an offset (default: the start) or
-    a timestamp (ms), keeping those whose key contains ``key_filter``."""
-    from odradek.types import TopicPartition
-    tp = TopicPartition(topic, partition)
-    consumer = clients.consumer()
-    try:
-        consumer.assign([tp])
-        if timestamp.strip():
-            start = consumer.offsets_for_times({tp: int(timestamp)}).get(tp, -1)
-            if start < 0:
-                return [], f"no record at or after timestamp {timestamp}"
-        elif offset.strip():
-            start = int(offset)
-        else:
-            start = consumer.beginning_offsets([tp])[tp]
-        consumer.seek(tp, start)
-        out, deadline = [], time.monotonic() + BROWSE_TIMEOUT
-        end = consumer.end_offsets([tp])[tp]
-        while len(out) < BROWSE_LIMIT and time.monotonic() < deadline and consumer.position(tp) < end:
-            for r in consumer.poll(timeout_ms=200, max_records=BROWSE_LIMIT):
-                if not key_filter or key_filter.encode() in (r.key or b""):
-                    out.append(r)
-        return out[:BROWSE_LIMIT], ""
-    except ValueError as exc:
-        return [], f"bad offset or timestamp: {exc}"
-    except Exception as exc:
-        return [], str(exc)
-    finally:
-        consumer.close()
