@@ -184,6 +184,7 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift"}
 NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
 REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                      ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
@@ -472,12 +473,65 @@ def make_app(actor) -> bottle.Bottle:
         rows = [{"members": 0 if g.get("group_state", "").lower() in ("empty", "dead") else "-", **g,
                  **numbers.get(g["group_id"], {})} for g in listed
                 if may("Describe", "Group", g["group_id"]) and search.lower() in g["group_id"].lower()]
-        return view("groups", title="Consumer groups", groups=rows, search=search)
+        return view("groups", title="Consumer groups", groups=rows, search=search,
+                    message=bottle.request.query.getunicode("msg") or "")
 
     @app.get("/groups/<group>")
     def group(group):
         need("Describe", "Group", group)
-        return view("group", title=f"Group {group}", group=clients_now().groups().describe(group))
+        return group_page(group, bottle.request.query.getunicode("msg") or "")
+
+    def group_page(group: str, message: str, preview: dict | None = None, form: dict | None = None) -> str:
+        described = clients_now().groups().describe(group)
+        topics = sorted({r["topic"] for r in described["partitions"]})
+        return view("group", title=f"Group {group}", group=described, topics=topics, message=message,
+                    preview=preview, form=form or {}, when=human_time)
+
+    @app.post("/groups/<group>/reset")
+    def reset(group):
+        """Reset a group's committed offsets: first a dry run showing each partition's current
+        and new offset, then, from that page's "Apply" form, the same reset executed (the
+        group must have no members, as Kafka's tool requires)."""
+        need("Read", "Group", group)  # OffsetCommit's ACLs: Read on the group and on each topic
+        f = bottle.request.forms
+        form = {"topic": f.getunicode("topic") or "", "to": f.get("to") or "", "value": f.getunicode("value") or ""}
+        topics = [form["topic"]] if form["topic"] else None
+        to = RESET_TARGETS.get(form["to"])
+        if to is None:
+            raise bottle.HTTPError(400, f"reset to {form['to'][:40]!r}: one of {', '.join(RESET_TARGETS)}")
+        value = number(form["value"], "the timestamp or shift", None) if to in ("datetime", "shift") else None
+        if to in ("datetime", "shift") and value is None:
+            raise bottle.HTTPError(400, f"reset to {form['to']} needs a value (ms since the epoch, or +/- records)")
+        execute = f.get("execute") == "1"
+        admin = clients_now().groups()
+        try:
+            plan = admin.reset_offsets(group, topics, to=to, value=value, execute=False)
+            for name in sorted({tp.topic for tp in plan}):
+                need("Read", "Topic", name)
+            if execute:
+                plan = admin.reset_offsets(group, topics, to=to, value=value, execute=True)
+        except (OdradekError, ValueError) as exc:  # an active group, a topic that is not there: say so
+            return group_page(group, f"Not reset: {exc}", form=form)
+        if execute:
+            moved = sum(1 for old, new in plan.values() if old != new)
+            bottle.redirect(f"/groups/{quote(group)}?msg=" + quote(f"Reset {len(plan)} partition(s) to "
+                                                                   f"{form['to']}: {moved} moved"))
+        rows = [(tp.topic, tp.partition, old, new) for tp, (old, new) in plan.items()]
+        return group_page(group, "Dry run: nothing committed yet. Apply to commit these offsets.",
+                          preview=rows, form=form)
+
+    @app.post("/groups/<group>/delete")
+    def delete_group(group):
+        need("Delete", "Group", group)
+        if bottle.request.forms.getunicode("confirm") != group:
+            return group_page(group, f"Not deleted: type the group's name ({group}) to confirm.")
+        try:
+            clients_now().groups().delete(group)
+        except OdradekError as exc:  # NON_EMPTY_GROUP: its consumers still run
+            if exc.code in NOT_FOUND:
+                raise
+            return group_page(group, f"Not deleted: {exc}")
+        bottle.redirect("/groups?msg=" + quote(f"Deleted group {group}"))
 
     @app.get("/charts")
     def charts():

@@ -1,4 +1,7 @@
 % rebase("layout.tpl", title=title, user=user, csrf=csrf)
+% if message:
+<p class="message">{{message}}</p>
+% end
 <form method="get" action="/groups" id="search-groups" class="inline search">
 <input name="q" value="{{search}}" placeholder="search groups" type="search"><button type="submit">Search</button></form>
 <table id="groups"><tr><th>group</th><th>state</th><th class="num">members</th><th class="num">lag</th><th>topics</th></tr>
