@@ -23,27 +23,31 @@ use an SSL one with the broker's own TLS settings. Any POST from another origin 
 """
 from __future__ import annotations
 
+import datetime
 import gzip
 import json
+import logging
 import os
 import threading
 import time
-from urllib.parse import quote
+from typing import NamedTuple
+from urllib.parse import quote, urlencode
 
 import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.network import listeners as listeners_mod
-from odradek.network.protocol import OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
+from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
 
+log = logging.getLogger("odradek.console")
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 VIEWS = os.path.join(HERE, "views")
 STATIC = os.path.join(HERE, "static")
-BROWSE_LIMIT = 100  # records shown by the message browser at most
-BROWSE_TIMEOUT = 3.0  # seconds the browser polls for records
 GZIP_LEVEL = 1  # /metrics compressed when asked: level 1 is ~6x smaller text for a few ms (Prometheus asks)
 
 
@@ -180,6 +184,35 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift"}
+NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
+REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
+                     ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
+
+
+def broker_error(exc: OdradekError) -> bottle.HTTPError:
+    """The HTTP answer to a page whose broker request failed: 404 for a topic or group that
+    does not exist, 403 for what the broker's ACLs refused, 503 for what may pass (the broker
+    busy or moving), else 502 (the broker refused the console's request), each with the
+    broker's message."""
+    if exc.code in NOT_FOUND:
+        return bottle.HTTPError(404, f"Not found: {exc.message}")
+    if exc.code in REFUSED:
+        return bottle.HTTPError(403, f"The broker refused: {exc.message}")
+    log.warning("console: %s %s: the broker answered %s", bottle.request.method, bottle.request.path, exc)
+    return bottle.HTTPError(503 if exc.code.retriable else 502, f"The broker answered: {exc.message}")
+
+
+def number(value: str | None, what: str, default: int) -> int:
+    """An integer from a form or a query (``default`` when empty), else 400 naming ``what``."""
+    if value is None or not value.strip():
+        return default
+    try:
+        return int(value)
+    except ValueError:
+        raise bottle.HTTPError(400, f"{what} must be a whole number, not {value[:100]!r}") from None
+
+
 OPEN_PATHS = ("/metrics", "/health/", "/static/", "/login")  # served without a session
 
 
@@ -199,18 +232,20 @@ def make_app(actor) -> bottle.Bottle:
             if request.method == "POST" and not same_origin(request.headers, request.get_header("Host", "")):
                 raise bottle.HTTPError(403, "Refused: this form was sent from another site (cross-site request).")
             request.environ["odradek.session"] = None
-            if request.path.startswith(OPEN_PATHS) or not signin.required():
+            if not request.path.startswith(OPEN_PATHS) and signin.required():
+                session = signin.find(request.get_cookie(COOKIE))
+                if session is None:
+                    if request.method == "GET" and not request.path.startswith("/api/"):
+                        bottle.redirect("/login?next=" + quote(request.fullpath))
+                    raise bottle.HTTPError(401, "Sign in first (/login).")
+                if request.method == "POST" and not signin.csrf_ok(session, request.forms.get("csrf")):
+                    raise bottle.HTTPError(403, "Refused: the form's CSRF token is missing or stale; reload the "
+                                                "page and send it again.")
+                request.environ["odradek.session"] = session
+            try:
                 return callback(*args, **kwargs)
-            session = signin.find(request.get_cookie(COOKIE))
-            if session is None:
-                if request.method == "GET" and not request.path.startswith("/api/"):
-                    bottle.redirect("/login?next=" + quote(request.fullpath))
-                raise bottle.HTTPError(401, "Sign in first (/login).")
-            if request.method == "POST" and not signin.csrf_ok(session, request.forms.get("csrf")):
-                raise bottle.HTTPError(403, "Refused: the form's CSRF token is missing or stale; reload the page "
-                                            "and send it again.")
-            request.environ["odradek.session"] = session
-            return callback(*args, **kwargs)
+            except OdradekError as exc:  # the broker's answer, not a bug here: its status, no traceback
+                raise broker_error(exc) from None
         return gated
     app.install(gate)
 
@@ -337,13 +372,18 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/topics")
     def topics():
-        return view("topics", title="Topics", topics=described(), message=bottle.request.query.get("msg", ""))
+        return topics_page(bottle.request.query.getunicode("msg") or "")
 
-    def described() -> list:
-        """The topics the user may Describe, described."""
-        admin = clients_now().admin()
-        names = [n for n in sorted(admin.list_topics(include_internal=True)) if may("Describe", "Topic", n)]
-        return [admin.describe_topic(n, configs=False) for n in names]
+    def topics_page(message: str) -> str:
+        """The topic list the user may Describe, with sizes and record counts, filtered by the
+        query's search (``q``), internal topics only with ``internal=1``."""
+        q = bottle.request.query
+        search, internal = (q.getunicode("q") or "").strip(), q.get("internal") == "1"
+        rows, hidden = _topic_rows(clients_now().admin(), actor.gather(), search, internal,
+                                   lambda name: may("Describe", "Topic", name))
+        return view("topics", title="Topics", topics=rows, hidden=hidden, search=search, internal=internal,
+                    message=message, size=human_bytes, show_internal="/topics?" + urlencode({"internal": 1,
+                                                                                              "q": search}))
 
     @app.post("/topics")
     def create_topic():
@@ -352,20 +392,23 @@ def make_app(actor) -> bottle.Bottle:
         if not (may("Create", "Topic", name) or may("Create", "Cluster", "kafka-cluster")):
             need("Create", "Topic", name)
         try:
-            clients_now().admin().create_topic(name, partitions=int(form.get("partitions") or 1),
-                                         replication_factor=int(form.get("replication_factor") or 1))
+            clients_now().admin().create_topic(name, partitions=number(form.get("partitions"), "partitions", 1),
+                                               replication_factor=number(form.get("replication_factor"),
+                                                                         "replication factor", 1))
         except Exception as exc:
-            return view("topics", title="Topics", topics=described(), message=f"Could not create {name!r}: {exc}")
-        bottle.redirect(f"/topics/{name}")
+            return topics_page(f"Could not create {name!r}: {exc}")
+        bottle.redirect(f"/topics/{quote(name)}")
 
     @app.post("/topics/<name>/delete")
     def delete_topic(name):
         need("Delete", "Topic", name)
+        if is_internal_topic(name):
+            raise bottle.HTTPError(403, f"{name} is an internal topic: the broker keeps it (every group's offsets "
+                                        f"or every open transaction live there); it cannot be deleted.")
         if bottle.request.forms.get("confirm") != name:
-            return view("topics", title="Topics", topics=described(),
-                        message=f"Not deleted: type the topic's name ({name}) to confirm.")
+            return topics_page(f"Not deleted: type the topic's name ({name}) to confirm.")
         clients_now().admin().delete_topic(name)
-        bottle.redirect(f"/topics?msg=Deleted+{name}")
+        bottle.redirect(f"/topics?msg={quote(f'Deleted {name}')}")
 
     @app.get("/topics/<name>")
     def topic(name):
@@ -385,21 +428,39 @@ def make_app(actor) -> bottle.Bottle:
             msg = f"Set {key}={value}"
         except Exception as exc:
             msg = f"Could not set {key}: {exc}"
-        bottle.redirect(f"/topics/{name}?msg={bottle.html_quote(msg)}")
+        bottle.redirect(f"/topics/{quote(name)}?msg={quote(msg)}")  # the page escapes it as it shows it
 
     @app.get("/topics/<name>/messages")
     def messages(name):
         need("Read", "Topic", name)
         clients = clients_now()
+        count = len(clients.admin().describe_topic(name, configs=False).partitions)  # a 404 if there is no topic
         q = bottle.request.query
-        partition = int(q.get("partition") or 0)
-        fmt = q.get("format") or "text"
-        key_filter = q.get("key", "")
-        records, error = _browse(clients, name, partition, q.get("offset", ""), q.get("timestamp", ""), key_filter)
-        return view("messages", title=f"Messages of {name}", topic=name, partition=partition,
-                    offset=q.get("offset", ""), timestamp=q.get("timestamp", ""), fmt=fmt, key=key_filter,
-                    records=records, error=error, render=render,
-                    partitions=len(clients.admin().describe_topic(name, configs=False).partitions))
+        chosen = q.get("partition") or "all"
+        partitions = list(range(count)) if chosen == "all" else [number(chosen, "partition", 0)]
+        if not all(0 <= p < count for p in partitions):
+            raise bottle.HTTPError(404, f"Not found: topic '{name}' has no partition {chosen} (it has {count})")
+        newest = q.get("order", "newest") != "oldest"
+        fmt, key = q.get("format") or "text", q.getunicode("key") or ""
+        try:
+            cursor = parse_cursor(q.get("cursor", ""))
+        except ValueError as exc:
+            raise bottle.HTTPError(400, f"bad cursor: {exc}") from None
+        offset, timestamp = q.get("offset", ""), q.get("timestamp", "")
+        consumer = clients.consumer()
+        try:
+            page = browse(consumer, name, partitions, newest=newest, cursor=cursor,
+                          offset=number(offset, "offset", None), timestamp=number(timestamp, "timestamp", None),
+                          key=key)
+        finally:
+            consumer.close()
+        here = {k: v for k, v in (("partition", chosen), ("order", "newest" if newest else "oldest"),
+                                  ("format", fmt), ("key", key)) if v}
+        return view("messages", title=f"Messages of {name}", topic=name, partition=chosen, partitions=count,
+                    newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, records=page.records,
+                    error=page.error, render=render, when=human_time,
+                    next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
+                    first_url=f"?{urlencode(here)}")
 
     @app.get("/groups")
     def groups():
@@ -407,13 +468,70 @@ def make_app(actor) -> bottle.Bottle:
             listed = clients_now().groups().list()
         except OdradekError as exc:  # the broker refused or did not answer
             raise bottle.HTTPError(503, f"Groups cannot be listed: {exc}") from None
-        return view("groups", title="Consumer groups",
-                    groups=[g for g in listed if may("Describe", "Group", g["group_id"])])
+        search = (bottle.request.query.getunicode("q") or "").strip()
+        numbers = _group_numbers(actor.gather())
+        rows = [{"members": 0 if g.get("group_state", "").lower() in ("empty", "dead") else "-", **g,
+                 **numbers.get(g["group_id"], {})} for g in listed
+                if may("Describe", "Group", g["group_id"]) and search.lower() in g["group_id"].lower()]
+        return view("groups", title="Consumer groups", groups=rows, search=search,
+                    message=bottle.request.query.getunicode("msg") or "")
 
     @app.get("/groups/<group>")
     def group(group):
         need("Describe", "Group", group)
-        return view("group", title=f"Group {group}", group=clients_now().groups().describe(group))
+        return group_page(group, bottle.request.query.getunicode("msg") or "")
+
+    def group_page(group: str, message: str, preview: dict | None = None, form: dict | None = None) -> str:
+        described = clients_now().groups().describe(group)
+        topics = sorted({r["topic"] for r in described["partitions"]})
+        return view("group", title=f"Group {group}", group=described, topics=topics, message=message,
+                    preview=preview, form=form or {}, when=human_time)
+
+    @app.post("/groups/<group>/reset")
+    def reset(group):
+        """Reset a group's committed offsets: first a dry run showing each partition's current
+        and new offset, then, from that page's "Apply" form, the same reset executed (the
+        group must have no members, as Kafka's tool requires)."""
+        need("Read", "Group", group)  # OffsetCommit's ACLs: Read on the group and on each topic
+        f = bottle.request.forms
+        form = {"topic": f.getunicode("topic") or "", "to": f.get("to") or "", "value": f.getunicode("value") or ""}
+        topics = [form["topic"]] if form["topic"] else None
+        to = RESET_TARGETS.get(form["to"])
+        if to is None:
+            raise bottle.HTTPError(400, f"reset to {form['to'][:40]!r}: one of {', '.join(RESET_TARGETS)}")
+        value = number(form["value"], "the timestamp or shift", None) if to in ("datetime", "shift") else None
+        if to in ("datetime", "shift") and value is None:
+            raise bottle.HTTPError(400, f"reset to {form['to']} needs a value (ms since the epoch, or +/- records)")
+        execute = f.get("execute") == "1"
+        admin = clients_now().groups()
+        try:
+            plan = admin.reset_offsets(group, topics, to=to, value=value, execute=False)
+            for name in sorted({tp.topic for tp in plan}):
+                need("Read", "Topic", name)
+            if execute:
+                plan = admin.reset_offsets(group, topics, to=to, value=value, execute=True)
+        except (OdradekError, ValueError) as exc:  # an active group, a topic that is not there: say so
+            return group_page(group, f"Not reset: {exc}", form=form)
+        if execute:
+            moved = sum(1 for old, new in plan.values() if old != new)
+            bottle.redirect(f"/groups/{quote(group)}?msg=" + quote(f"Reset {len(plan)} partition(s) to "
+                                                                   f"{form['to']}: {moved} moved"))
+        rows = [(tp.topic, tp.partition, old, new) for tp, (old, new) in plan.items()]
+        return group_page(group, "Dry run: nothing committed yet. Apply to commit these offsets.",
+                          preview=rows, form=form)
+
+    @app.post("/groups/<group>/delete")
+    def delete_group(group):
+        need("Delete", "Group", group)
+        if bottle.request.forms.getunicode("confirm") != group:
+            return group_page(group, f"Not deleted: type the group's name ({group}) to confirm.")
+        try:
+            clients_now().groups().delete(group)
+        except OdradekError as exc:  # NON_EMPTY_GROUP: its consumers still run
+            if exc.code in NOT_FOUND:
+                raise
+            return group_page(group, f"Not deleted: {exc}")
+        bottle.redirect("/groups?msg=" + quote(f"Deleted group {group}"))
 
     @app.get("/charts")
     def charts():
@@ -439,6 +557,79 @@ def _local(path: str | None) -> str:
     return path if path and path.startswith("/") and not path.startswith("//") and "\\" not in path else "/topics"
 
 
+class TopicRow(NamedTuple):
+    name: str
+    partitions: int
+    replicas: int
+    internal: bool
+    size: int | None  # bytes of its partitions hosted on this broker (None: none here)
+    records: int | None  # high watermark - log start, summed: offsets, so compacted gaps count
+
+
+def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[TopicRow], int]:
+    """The topics ``shown(name)`` allows whose name contains ``search`` (any case), internal
+    ones only if ``internal``, from one metadata request (every topic) and the log actors'
+    partition rows; and how many internal topics were left out."""
+    body = admin._cluster.refresh(None)  # one Metadata request for all: describe_topic would be one per topic
+    totals: dict[str, list] = {}
+    for answer in snap.answers.values():
+        for name, labels, value in (answer or {}).get("gauges") or ():
+            if name == "partition":
+                row = dict(zip(PARTITION_COLUMNS, value))
+                t = totals.setdefault(labels[0], [0, 0])
+                t[0] += row["log_size"]
+                t[1] += row["high_watermark"] - row["log_start_offset"]
+    rows, hidden, search = [], 0, search.lower()
+    for t in sorted(body.get("topics", []), key=lambda t: t["name"]):
+        name = t["name"]
+        if t.get("error_code") or not shown(name) or search not in name.lower():
+            continue
+        is_internal = bool(t.get("is_internal")) or is_internal_topic(name)
+        if is_internal and not internal:
+            hidden += 1
+            continue
+        parts = t.get("partitions") or []
+        size, records = totals.get(name, (None, None))
+        rows.append(TopicRow(name, len(parts), len(parts[0].get("replicas") or ()) if parts else 0, is_internal,
+                             size, records))
+    return rows, hidden
+
+
+def _group_numbers(snap) -> dict[str, dict]:
+    """group -> {"members", "lag", "topics"} as this broker knows them (the groups it
+    coordinates; lag where it also hosts the partitions: all of them on one broker)."""
+    out: dict[str, dict] = {}
+    for fam in families(snap):
+        if fam.name == "odradek_consumer_group_members":
+            for sample in fam.samples:
+                out.setdefault(sample.labels["group"], {})["members"] = int(sample.value)
+        elif fam.name == "odradek_consumer_group_topic_lag":
+            for sample in fam.samples:
+                g = out.setdefault(sample.labels["group"], {})
+                g["lag"] = g.get("lag", 0) + int(sample.value)
+                g.setdefault("topics", []).append(sample.labels["topic"])
+    return out
+
+
+def human_time(ms: int) -> str:
+    """A record's timestamp as the page first shows it (UTC; the page's script then shows it
+    in the reader's own zone)."""
+    if ms is None or ms < 0:
+        return "-"
+    return datetime.datetime.fromtimestamp(ms / 1000, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] \
+        + " UTC"
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(n)
+
+
 def _partition_gauges(snap, topic: str) -> dict:
     """partition -> {log_size, log_segments, log_end_offset, high_watermark, ...} of
     ``topic``, from the log actors' partition rows (whatever ``metrics.partition.level`` says)."""
@@ -448,35 +639,3 @@ def _partition_gauges(snap, topic: str) -> dict:
             if name == "partition" and labels[0] == topic:
                 out[labels[1]] = dict(zip(PARTITION_COLUMNS, value))
     return out
-
-
-def _browse(clients: Clients, topic: str, partition: int, offset: str, timestamp: str, key_filter: str):
-    """Up to BROWSE_LIMIT records of one partition from an offset (default: the start) or
-    a timestamp (ms), keeping those whose key contains ``key_filter``."""
-    from odradek.types import TopicPartition
-    tp = TopicPartition(topic, partition)
-    consumer = clients.consumer()
-    try:
-        consumer.assign([tp])
-        if timestamp.strip():
-            start = consumer.offsets_for_times({tp: int(timestamp)}).get(tp, -1)
-            if start < 0:
-                return [], f"no record at or after timestamp {timestamp}"
-        elif offset.strip():
-            start = int(offset)
-        else:
-            start = consumer.beginning_offsets([tp])[tp]
-        consumer.seek(tp, start)
-        out, deadline = [], time.monotonic() + BROWSE_TIMEOUT
-        end = consumer.end_offsets([tp])[tp]
-        while len(out) < BROWSE_LIMIT and time.monotonic() < deadline and consumer.position(tp) < end:
-            for r in consumer.poll(timeout_ms=200, max_records=BROWSE_LIMIT):
-                if not key_filter or key_filter.encode() in (r.key or b""):
-                    out.append(r)
-        return out[:BROWSE_LIMIT], ""
-    except ValueError as exc:
-        return [], f"bad offset or timestamp: {exc}"
-    except Exception as exc:
-        return [], str(exc)
-    finally:
-        consumer.close()

@@ -2,11 +2,11 @@
 
 Process: ``metrics`` (one per broker, started last, after the acceptor, so stopped first).
 Owns: the admin listener (``admin.listener``; empty turns the actor's HTTP side off) and
-an HTTP server thread that serves ``/metrics`` (Prometheus text, through
-``prometheus_client``), ``/health/live``, ``/health/ready`` and the console
+an HTTP server (waitress: an event loop and ``HTTP_THREADS`` workers) that serves ``/metrics``
+(Prometheus text, through ``prometheus_client``), ``/health/live``, ``/health/ready`` and the console
 (``observe.console``).
 
-Threads. The HTTP server runs on threads of its own (one per request) and never touches
+Threads. The HTTP server runs on threads of its own (its loop, its workers) and never touches
 this actor's ZeroMQ sockets or state: what needs the broker is handed to the actor's loop
 with ``post()`` and awaited on a ``concurrent.futures.Future`` with a timeout. The loop
 never blocks on HTTP. The console's pages talk to the broker as a client (``Admin``,
@@ -25,12 +25,11 @@ from __future__ import annotations
 import concurrent.futures
 import functools
 import logging
-import socketserver
 import threading
 import time
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 import psutil
+import waitress
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
@@ -41,6 +40,13 @@ log = logging.getLogger("odradek.metrics")
 
 GATHER_TIMEOUT = 0.8  # seconds an actor has to answer a scrape (a scrape must answer within 1 s)
 LIVE_TIMEOUT = 2.0  # seconds the loop has to run a posted callback for /health/live
+HTTP_THREADS = 8  # requests served at once (a message browser page may take BROWSE_TIMEOUT); more wait
+# waitress (not wsgiref, which Python's documentation says was not reviewed for security): its
+# event loop reads each request whole before a worker thread sees it, so a slow client holds
+# a connection slot (at most connection_limit, closed after channel_timeout idle), never a worker
+HTTP_SETTINGS = dict(threads=HTTP_THREADS, connection_limit=100, channel_timeout=30,
+                     max_request_header_size=64 * 1024, max_request_body_size=1024 * 1024,  # forms are small
+                     asyncore_use_poll=True, ident="odradek", expose_tracebacks=False)
 
 
 def admin_address(config: dict) -> tuple[str, int] | None:
@@ -56,16 +62,6 @@ def admin_address(config: dict) -> tuple[str, int] | None:
         port = kafka_port + int(port[1:]) if kafka_port else 0
         return host, (port if port <= 65535 else 0)
     return host, int(port)
-
-
-class _ThreadingServer(socketserver.ThreadingMixIn, WSGIServer):
-    daemon_threads = True
-    allow_reuse_address = True
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args) -> None:  # one line per request would flood the log
-        log.debug("%s %s", self.address_string(), format % args)
 
 
 class ProcessTimes:
@@ -113,20 +109,22 @@ class MetricsActor(Actor):
         from odradek.observe.hostcheck import HostCheck, known_names
         app = HostCheck(make_app(self), known_names(self.config, address[0]))  # no DNS rebinding
         try:
-            self.server = make_server(address[0], address[1], app, server_class=_ThreadingServer,
-                                      handler_class=_QuietHandler)
+            server = waitress.create_server(app, host=address[0], port=address[1], **HTTP_SETTINGS)
         except OSError as exc:  # the broker serves clients all the same; say why there is no console
             log.error("admin.listener %s:%d cannot be bound (%s): no metrics, health or console over HTTP; "
-                      "set admin.listener to a free address, or empty to turn it off", *address, exc.strerror)
+                      "set admin.listener to a free address, or empty to turn it off", *address,
+                      exc.strerror or exc)
             return
-        self.host, self.port = address[0], self.server.server_port
-        threading.Thread(target=self.server.serve_forever, name="admin-http", daemon=True).start()
+        self.server = server
+        port = getattr(server, "effective_port", None)  # one address; several (localhost: ::1 and 127.0.0.1) else
+        self.host, self.port = address[0], port if port is not None else server.effective_listen[0][1]
+        threading.Thread(target=server.run, name="admin-http", daemon=True).start()
         log.info("metrics, health and console on http://%s:%d/", self.host, self.port)
 
     def on_stop(self) -> None:
         if self.server is not None:
-            self.server.shutdown()
-            self.server.server_close()
+            self.server.task_dispatcher.shutdown(timeout=2)  # its worker threads (a page may be waiting)
+            self.server.close()  # the listening socket(s)
 
     def ready_fields(self) -> dict:
         return {"admin_host": self.host, "admin_port": self.port}

@@ -1,11 +1,16 @@
 % rebase("layout.tpl", title=title, user=user, csrf=csrf)
 <form method="get" class="inline" id="browse">
 partition <select name="partition">
+<option value="all" {{"selected" if partition == "all" else ""}}>all</option>
 % for i in range(partitions):
-<option value="{{i}}" {{"selected" if i == partition else ""}}>{{i}}</option>
+<option value="{{i}}" {{"selected" if str(i) == partition else ""}}>{{i}}</option>
 % end
 </select>
-<input name="offset" value="{{offset}}" placeholder="from offset (default: start)">
+<select name="order">
+<option value="newest" {{"selected" if newest else ""}}>newest first</option>
+<option value="oldest" {{"" if newest else "selected"}}>oldest first</option>
+</select>
+<input name="offset" value="{{offset}}" placeholder="from offset">
 <input name="timestamp" value="{{timestamp}}" placeholder="or from timestamp (ms)">
 <input name="key" value="{{key}}" placeholder="key contains">
 <select name="format">
@@ -16,10 +21,17 @@ partition <select name="partition">
 % if error:
 <p class="message">{{error}}</p>
 % end
-<table id="records"><tr><th>offset</th><th>timestamp</th><th>key</th><th>value</th><th>headers</th></tr>
+<table id="records"><tr><th>partition</th><th>offset</th><th>timestamp</th><th>key</th><th>value</th><th>headers</th></tr>
 % for r in records:
-<tr><td>{{r.offset}}</td><td>{{r.timestamp}}</td><td><pre>{{render(r.key, fmt)}}</pre></td>
+<tr><td>{{r.partition}}</td><td>{{r.offset}}</td>
+<td><time data-ms="{{r.timestamp}}" class="ts">{{when(r.timestamp)}}</time></td><td><pre>{{render(r.key, fmt)}}</pre></td>
 <td><pre>{{render(r.value, fmt)}}</pre></td><td>{{", ".join(k for k, _ in r.headers)}}</td></tr>
 % end
 </table>
-<p>{{len(records)}} record(s) shown.</p>
+<p id="pager">{{len(records)}} record(s) shown.
+<a href="{{first_url}}" id="first-page">{{"newest" if newest else "oldest"}}</a>
+% if next_url:
+<a href="{{next_url}}" id="next-page">{{"older" if newest else "newer"}} &rarr;</a>
+% end
+</p>
+<script src="/static/time.js"></script>

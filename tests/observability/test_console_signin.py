@@ -208,8 +208,15 @@ def test_the_acls_decide_the_consoles_actions_too(acl_broker):
     status, _, _ = alice.call("POST", "/topics/alice-orders/configs", {"key": "retention.ms", "value": "1000",
                                                                        "csrf": token})
     assert status == 403
+    # alice may Describe the group alice-listed-1, not Read (reset offsets) nor Delete it
+    status, _, body = alice.call("POST", "/groups/alice-listed-1/reset", {"to": "earliest", "csrf": token})
+    assert status == 403 and "may not Read Group 'alice-listed-1'" in body
+    status, _, body = alice.call("POST", "/groups/alice-listed-1/delete", {"confirm": "alice-listed-1", "csrf": token})
+    assert status == 403 and "may not Delete Group 'alice-listed-1'" in body
     with Admin(acl_broker.sasl_bootstrap, **acl_broker.admin_options) as admin:
         assert "alice-orders" in admin.list_topics() and "payroll-2" not in admin.list_topics()
+    with GroupAdmin(acl_broker.sasl_bootstrap, **acl_broker.admin_options) as groups:
+        assert "alice-listed-1" in {g["group_id"] for g in groups.list()}
 
 
 def test_signing_out_ends_the_session(acl_broker):
