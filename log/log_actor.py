@@ -365,7 +365,8 @@ class LogActor(Actor):
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         self._data_changed((topic, partition))
-        self._unsynced.add((topic, partition))
+        if self.flush_before_ack:
+            self._unsynced.add((topic, partition))
         if not info.duplicate:  # an idempotent producer's retry is answered with the first append's offsets
             self.appends += 1
             self.metrics.inc("bytes_in", (topic,), info.size)
@@ -736,7 +737,8 @@ class LogActor(Actor):
                 info = p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
                 p.txn_added.pop(int(pid), None)  # that transaction is over here
                 self._data_changed((topic, partition))
-                self._unsynced.add((topic, partition))
+                if self.flush_before_ack:
+                    self._unsynced.add((topic, partition))
                 self._advance_high_watermark(p)
                 row = {"topic": topic, "partition": partition, "error_code": 0}
                 results.append(row)
