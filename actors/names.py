@@ -156,12 +156,14 @@ class PartitionBounds(NamedTuple):
 
 
 class ReplicaProgress(NamedTuple):
-    """A follower (``replica``, its broker id) fetched from ``offset``: its log end."""
+    """A follower (``replica``, its broker id) fetched from ``offset``: its log end, of which
+    ``fsynced`` is on its disk (left out when the fetch did not say: the whole log end)."""
 
     topic: str
     partition: int
     replica: int
     offset: int
+    fsynced: int | None = None
 
 
 class ThrottledReplica(NamedTuple):

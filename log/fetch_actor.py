@@ -271,7 +271,7 @@ class FetchActor(Actor):
         req = FetchRequest(msg, parts, _int(body, "min_bytes", 1), _int(body, "max_bytes", 52428800, lo=1), replica,
                            committed=isolation == 1 and replica < 0)
         if replica >= 0:
-            self._tell_progress(replica, parts)
+            self._tell_progress(replica, parts, body)
         if self._try(req, final=max_wait == 0):
             return
         req.since = time.monotonic()
@@ -384,9 +384,13 @@ class FetchActor(Actor):
     def metric_gauges(self) -> list:
         return [["delayed_fetches", [], sum(len(w) for w in self.waiting.values())]]
 
-    def _tell_progress(self, replica: int, parts) -> None:
-        """A follower's fetch offset is its log end: the leader's log actor needs it now. Only
-        an offset this leader could have served counts, from a replica of the partition."""
+    def _tell_progress(self, replica: int, parts, body: dict) -> None:
+        """A follower's fetch offset is its log end: the leader's log actor needs it now, with
+        the follower's ``fsynced_offset`` when the fetch says it (Odradek's replica fetcher
+        does; a Kafka Fetch cannot, and then the whole log end is vouched for). Only an offset
+        this leader could have served counts, from a replica of the partition."""
+        fsynced = {(t.get("name"), q.get("index")): q["fsynced_offset"] for t in body.get("topics") or ()
+                   for q in t.get("partitions") or () if "fsynced_offset" in q}
         per_host: dict[str, list] = {}
         for topic, partition, offset, _max, epoch in parts:
             key = (topic, partition)
@@ -396,7 +400,9 @@ class FetchActor(Actor):
             b = reader.bounds
             if isinstance(offset, int) and not isinstance(offset, bool) and \
                     b.log_start_offset <= offset <= b.log_end_offset:
-                per_host.setdefault(role[2], []).append([topic, partition, replica, offset])  # a ReplicaProgress
+                synced = fsynced.get(key)
+                per_host.setdefault(role[2], []).append(  # a ReplicaProgress
+                    [topic, partition, replica, offset] if synced is None else [topic, partition, replica, offset, synced])
         for host, progress in per_host.items():
             self.send(host, "replica_progress", {"parts": progress})
 

@@ -114,6 +114,8 @@ class Log:
         self._log_start_offset = 0
         self._recovery_point = 0
         self._high_watermark = 0
+        self._durable_end = 0  # offsets below it are fsynced (the .log files; group commit or flush)
+        self._truncations = 0  # a sync begun before a truncation vouches for nothing after it
         self._unflushed = 0
         self._last_flush_ms = self._now()
         self._unflushed_segments: list[LogSegment] = []
@@ -131,9 +133,13 @@ class Log:
         self._update_epochs(self.leader_epochs.truncate_from_start, self._log_start_offset)
         try:
             self._rebuild_producer_state()
+            self._sync_recovered()
         except OSError as e:
             self.abandon()
             raise _storage(f"loading the producer state of {directory}", e) from None
+        except StorageError:
+            self.abandon()
+            raise
         self.recovery_report.seconds = time.monotonic() - started
         log.info("%s: %s", directory, self.recovery_report.summary())
 
@@ -157,6 +163,12 @@ class Log:
     @high_watermark.setter
     def high_watermark(self, offset: int) -> None:
         self._high_watermark = min(max(offset, self._log_start_offset), self._log_end_offset)
+
+    @property
+    def durable_end(self) -> int:
+        """Offsets below this are on the disk: the ``.log`` bytes holding them were fsynced
+        (by ``flush`` or a group commit, ``begin_sync``/``end_sync``). <= log end."""
+        return self._durable_end
 
     @property
     def latest_epoch(self) -> int:
@@ -622,7 +634,51 @@ class Log:
         self._unflushed_segments.clear()
         self._unflushed = 0
         self._last_flush_ms = self._now()
-        self._recovery_point = self._log_end_offset
+        self._recovery_point = self._durable_end = self._log_end_offset
+
+    # ------------------------------------------------------------------ group commit
+    def begin_sync(self) -> "SyncJob | None":
+        """What one fsync of everything appended since the last one needs (group commit: the
+        log actor runs ``SyncJob.run`` on a thread while appends go on, then ``end_sync`` on its
+        loop); None if the log end is durable already. The job holds its own duplicates of the
+        descriptors, so a roll or a close meanwhile cannot pull a file from under it. Raises
+        StorageError if a descriptor cannot be had."""
+        if self._closed or self._durable_end >= self._log_end_offset:
+            return None
+        segments = [s for s in self._unflushed_segments if not s.closed] + [self._segments[-1]]
+        fds: list[int] = []
+        try:
+            for seg in segments:
+                with seg.log_fd() as fd:
+                    fds.append(os.dup(fd))
+        except OSError as e:
+            for fd in fds:
+                os.close(fd)
+            raise _storage(f"syncing {self.dir}", e) from None
+        # a segment rolled since the last sync: its name must be durable too (its directory)
+        return SyncJob(self._files, fds, self.dir if len(segments) > 1 else None, self._log_end_offset,
+                       self._truncations, segments[:-1])
+
+    def end_sync(self, job: "SyncJob") -> None:
+        """On the log's thread, after ``job.run()`` returned: what it fsynced is durable (unless
+        the log was truncated meanwhile: then bytes past the cut may be new ones, written after
+        the fsync began, and the next sync covers them)."""
+        if job.truncations != self._truncations:
+            return
+        self._durable_end = max(self._durable_end, min(job.end, self._log_end_offset))
+        if job.segments:
+            self._unflushed_segments = [s for s in self._unflushed_segments if s not in job.segments]
+
+    def _sync_recovered(self) -> None:
+        """After an unclean start, what recovery kept past the recovery point may be in the
+        page cache only (a kill -9 leaves it there): fsync it now, so that ``durable_end``,
+        the log end from here on, is true."""
+        if self._recovery_point < self._log_end_offset:
+            self._unflushed_segments = [s for s, nxt in zip(self._segments, self._bases[1:])
+                                        if nxt > self._recovery_point]
+            self.flush()
+        else:
+            self._durable_end = self._log_end_offset
 
     def checkpoint(self) -> None:
         """Write log start offset, recovery point and high watermark atomically (and the
@@ -657,6 +713,8 @@ class Log:
         self._update_epochs(self.leader_epochs.truncate_from_end, self._log_end_offset)
         self._recovery_point = min(self._recovery_point, self._log_end_offset)
         self._high_watermark = min(self._high_watermark, self._log_end_offset)
+        self._durable_end = min(self._durable_end, self._log_end_offset)  # the cut was fsynced
+        self._truncations += 1
         self._generation += 1
         self.checkpoint()
         try:
@@ -696,7 +754,8 @@ class Log:
             self._truncate_fully(offset)
         except OSError as e:
             raise _storage(f"truncate fully and start at {offset}", e) from None
-        self._recovery_point = self._high_watermark = offset
+        self._recovery_point = self._high_watermark = self._durable_end = offset
+        self._truncations += 1
         self._generation += 1
         self.checkpoint()
 
@@ -972,12 +1031,40 @@ class Log:
                 f"hw={self._high_watermark}, segments={len(self._segments)})")
 
 
+class SyncJob:
+    """One group commit of a log (``Log.begin_sync``): ``run`` fsyncs its descriptors (and the
+    directory when a segment rolled), on any thread, then closes them; ``error`` is the
+    ``StorageError`` it met, if any. ``end``: the log end it makes durable."""
+    __slots__ = ("files", "fds", "directory", "end", "truncations", "segments", "error")
+
+    def __init__(self, files: FileLayer, fds: list, directory: str | None, end: int, truncations: int,
+                 segments: list):
+        self.files, self.fds, self.directory, self.end = files, fds, directory, end
+        self.truncations, self.segments, self.error = truncations, segments, None
+
+    def run(self) -> "SyncJob":
+        try:
+            for fd in self.fds:
+                self.files.fsync(fd)
+            if self.directory is not None:
+                self.files.fsync_dir(self.directory)
+        except OSError as e:
+            self.error = _storage("fsync", e)
+        finally:
+            for fd in self.fds:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        return self
+
+
 def _writable(buf) -> bool:
     if isinstance(buf, bytearray):
         return True
     return isinstance(buf, memoryview) and not buf.readonly and buf.contiguous
 
 
-__all__ = ["AppendInfo", "Log", "LogSegment", "ReadResult", "LogBounds", "OdradekError",
+__all__ = ["AppendInfo", "Log", "LogSegment", "SyncJob", "ReadResult", "LogBounds", "OdradekError",
            "CLEAN_SHUTDOWN", "CHECKPOINT", "SEGMENT_RE", "LOG_SUFFIX", "INDEX_SUFFIX",
            "TIMEINDEX_SUFFIX", "DELETED_SUFFIX", "CLEANED_SUFFIX", "SWAP_SUFFIX", "TMP_SUFFIX"]

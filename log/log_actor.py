@@ -91,6 +91,7 @@ from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 log = logging.getLogger("odradek.log")
 
 CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
+SYNC_THREADS = 4  # group commits in flight at once, of different partitions (each mostly waits in fsync)
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
@@ -122,29 +123,33 @@ def doomed_dir(data_dir: str, topic: str, partition: int, unique: str) -> str:
 
 
 class Follower:
-    """What the leader knows of one follower: its log end (the offset of its last fetch) and
-    when it was last caught up (Kafka's lastCaughtUpTimeMs rule)."""
-    __slots__ = ("log_end_offset", "caught_up_ms", "last_fetch_ms", "leader_end_at_last_fetch")
+    """What the leader knows of one follower: its log end (the offset of its last fetch), how
+    much of it the follower has fsynced (it says so in the fetch: ``fsynced_offset``; a fetch
+    that does not say, as Kafka's cannot, vouches for its whole log end) and when it was last
+    caught up (Kafka's lastCaughtUpTimeMs rule)."""
+    __slots__ = ("log_end_offset", "fsynced_offset", "caught_up_ms", "last_fetch_ms", "leader_end_at_last_fetch")
 
     def __init__(self, now_ms: int):
         self.log_end_offset = -1  # unknown until it fetches
+        self.fsynced_offset = -1
         self.caught_up_ms = now_ms
         self.last_fetch_ms = now_ms
         self.leader_end_at_last_fetch = -1
 
-    def fetched(self, offset: int, leader_end: int, now_ms: int) -> None:
+    def fetched(self, offset: int, leader_end: int, now_ms: int, fsynced: int | None = None) -> None:
         if offset >= leader_end:
             self.caught_up_ms = now_ms
         elif offset >= self.leader_end_at_last_fetch:
             self.caught_up_ms = max(self.caught_up_ms, self.last_fetch_ms)
         self.log_end_offset, self.last_fetch_ms, self.leader_end_at_last_fetch = offset, now_ms, leader_end
+        self.fsynced_offset = offset if fsynced is None else min(fsynced, offset)
 
 
 class PartitionLog:
     """One hosted partition: its log and its replica state."""
     __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
                  "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr", "high_watermark_floor",
-                 "txn_checks", "txn_added", "held")
+                 "txn_checks", "txn_added", "held", "on_synced")
 
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Log):
         self.topic, self.partition, self.topic_id, self.log = topic, partition, topic_id, log_
@@ -171,6 +176,9 @@ class PartitionLog:
         # (``held``: [HeldAppend]); docs/TRANSACTIONS.md, "The commit path"
         self.txn_added: dict[int, int] = {}
         self.held: list = []
+        # [(offset, callback(error))]: run once the log is fsynced past ``offset`` (or with the
+        # error of a failed fsync): acks=1 produces, a follower's replicate answer
+        self.on_synced: list = []
 
 
 class DelayedProduce:
@@ -220,6 +228,11 @@ class DelayedTxnCheck:
 
 
 class LogActor(Actor):
+    # set in on_start (the group commit: ``_start_syncs``); these defaults are an actor without one
+    flush_before_ack = False
+    _sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
+    _unsynced: set = frozenset()
+
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
         config = self.args["config"]
@@ -234,10 +247,18 @@ class LogActor(Actor):
             log.warning("producer-id key not loaded yet (%s): loaded when a producer id needs checking", exc)
         self.logs: dict[tuple[str, int], PartitionLog] = {}
         self._dirty: set[tuple[str, int]] = set()
-        self._watched: dict[tuple[str, int], float] = {}  # partition -> when the fetch actor's lease ends
+        self._leases: dict[tuple[str, int], float] = {}  # partition -> when the fetch actor's lease ends
         self._closed: list[tuple[str, int]] = []
         self._answers: list[tuple[Message, dict]] = []
         self.appends = 0
+        # Durable by default (docs/RELIABILITY.md, "Durable by default"): an acknowledged record
+        # is fsynced first (acks=1: on the leader; acks=all: on every in-sync replica). False is
+        # Kafka's way: acknowledged from the page cache.
+        self.flush_before_ack = bool(config.get("log.flush.before.ack", True))
+        self._unsynced: set[tuple[str, int]] = set()  # appended since their last sync began
+        self._syncing: set[tuple[str, int]] = set()  # a sync in flight (one per partition)
+        self._sync_pool = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync") \
+            if self.flush_before_ack else None
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
         # Opened lazily (see "Opening lazily" above): registered now without touching a file,
         # the internal topics first in the background order (their coordinators wait on them).
@@ -268,6 +289,8 @@ class LogActor(Actor):
             except OdradekError as exc:
                 log.error("closing %s-%d: %s", p.topic, p.partition, exc.message)
 
+        if self._sync_pool is not None:
+            self._sync_pool.shutdown(wait=True)  # no fsync left running on a file being closed
         with concurrent.futures.ThreadPoolExecutor(max_workers=CLOSE_THREADS) as pool:
             list(pool.map(close, self.logs.values()))
 
@@ -299,10 +322,11 @@ class LogActor(Actor):
         fields, frames = msg.fields, msg.frames
         acks = fields.get("acks", 1)
         results: dict[str, list] = {}
-        delayed = DelayedProduce(msg, results) if acks == -1 and msg.reply_to else None
+        delayed = DelayedProduce(msg, results) if msg.reply_to and (
+            acks == -1 or (acks == 1 and self.flush_before_ack)) else None
         for topic, partition, code, message in fields.get("errors") or ():
             results.setdefault(topic, []).append(_error(partition, code, message))
-        unverified = delayed is not None and fields.get("txn_unverified") is True
+        unverified = delayed is not None and acks == -1 and fields.get("txn_unverified") is True
         for topic, partition, frame in fields["parts"]:
             if unverified:
                 entry = self._hold_unverified(topic, partition, frames[frame], delayed)
@@ -313,6 +337,8 @@ class LogActor(Actor):
         if not msg.reply_to:  # acks=0 produces come one-way: nobody waits for an answer
             return
         if delayed is not None and delayed.waiting_on:
+            if acks == 1:  # waits for the leader's fsync only: answered by _produce_synced
+                return
             timeout = fields.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
             timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
             delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
@@ -339,6 +365,8 @@ class LogActor(Actor):
         except OdradekError as exc:
             return _error(partition, exc.code, f"{topic}-{partition}: {exc.message}")
         self._data_changed((topic, partition))
+        if self.flush_before_ack:
+            self._unsynced.add((topic, partition))
         if not info.duplicate:  # an idempotent producer's retry is answered with the first append's offsets
             self.appends += 1
             self.metrics.inc("bytes_in", (topic,), info.size)
@@ -347,10 +375,23 @@ class LogActor(Actor):
         append_time = info.append_time_ms if p.log.config.log_append_time else -1
         entry = {"index": partition, "error_code": 0, "base_offset": info.base_offset,
                  "log_append_time_ms": append_time, "log_start_offset": info.log_start_offset}
-        if delayed is not None and p.log.high_watermark <= info.last_offset:
+        if delayed is not None and acks == 1:
+            if p.log.durable_end <= info.last_offset:  # acks=1 waits for the leader's fsync
+                delayed.waiting_on.append(p)
+                p.on_synced.append((info.last_offset + 1, lambda error: self._produce_synced(p, delayed, entry, error)))
+        elif delayed is not None and p.log.high_watermark <= info.last_offset:
             delayed.waiting_on.append(p)
             p.waiting.append((info.last_offset + 1, delayed, entry))
         return entry
+
+    def _produce_synced(self, p: PartitionLog, delayed: DelayedProduce, entry: dict, error) -> None:
+        """An acks=1 produce's batch is on the leader's disk (or its fsync failed: ``error``)."""
+        if error is not None:
+            entry.update(error_code=int(error.code), error_message=f"{p.topic}-{p.partition}: {error.message}",
+                         base_offset=-1)
+        delayed.waiting_on.remove(p)
+        if not delayed.waiting_on:
+            self._answers.append((delayed.msg, delayed.body()))
 
     # ---- transactional batches sent before their partition joined the transaction -----------
     def _hold_unverified(self, topic: str, partition: int, batch, delayed: DelayedProduce) -> dict | None:
@@ -487,16 +528,19 @@ class LogActor(Actor):
     def _advance_high_watermark(self, p: PartitionLog) -> None:
         """High watermark = the smallest log end of the ISR (never moves back); then the
         acks=all produces and the transaction checks it lets through (after every append,
-        marker and follower fetch)."""
+        marker, follower fetch and fsync). With ``log.flush.before.ack`` (the default) a
+        replica's log end counts only as far as that replica has fsynced it: this leader's
+        ``durable_end``, each follower's ``fsynced_offset``."""
         if p.leader != self.broker_id:
             return
-        hw = p.log.log_end_offset
+        durable = self.flush_before_ack
+        hw = p.log.durable_end if durable else p.log.log_end_offset
         for r in set(p.isr).union(p.pending_isr):
             if r != self.broker_id:
                 f = p.followers.get(r)
                 if f is None or f.log_end_offset < 0:
                     return  # a follower we have not heard from yet holds it where it is
-                hw = min(hw, f.log_end_offset)
+                hw = min(hw, f.fsynced_offset if durable else f.log_end_offset)
         if hw > p.log.high_watermark:
             p.log.high_watermark = hw
             self._data_changed((p.topic, p.partition))
@@ -506,12 +550,13 @@ class LogActor(Actor):
             self._settle_txn_checks(p)
 
     def on_replica_progress(self, msg: Message) -> None:
-        """A follower's fetch offset (the fetch actor checked who it is) is its log end. An
+        """A follower's fetch offset (the fetch actor checked who it is) is its log end, and
+        its ``fsynced`` offset (optional fifth field) how much of that is on its disk. An
         offset beyond our log end, or below our log start, is not progress: nobody can have
         fetched what this leader does not have, and believing it would let a follower into
         the ISR, and past the high watermark, without the data."""
         now = _now_ms()
-        for topic, partition, replica, offset in msg.get("parts") or ():
+        for topic, partition, replica, offset, *fsynced in msg.get("parts") or ():
             p = self._partition((topic, partition))
             if p is None or p.leader != self.broker_id:
                 continue
@@ -519,7 +564,10 @@ class LogActor(Actor):
             if f is None or not isinstance(offset, int) or \
                     not p.log.log_start_offset <= offset <= p.log.log_end_offset:
                 continue
-            f.fetched(offset, p.log.log_end_offset, now)
+            synced = fsynced[0] if fsynced else None
+            if synced is not None and (not isinstance(synced, int) or isinstance(synced, bool)):
+                continue
+            f.fetched(offset, p.log.log_end_offset, now, synced)
             if replica not in p.isr and offset >= p.log.high_watermark and \
                     offset >= self._epoch_start(p):
                 self._alter_isr(p, sorted(set(p.isr) | {replica}))
@@ -628,18 +676,42 @@ class LogActor(Actor):
 
     def _per_partition(self, msg: Message, fn) -> None:
         """Run ``fn(*part)`` (it returns the partition) for each part; reply ``[topic, partition,
-        error_code, log_end_offset]`` each."""
-        out = []
+        error_code, log_end_offset, fsynced_offset]`` each: the offset below which this
+        follower's log is on its disk, the one its next fetch tells the leader. With
+        ``log.flush.before.ack`` the reply waits until every partition's log end is fsynced
+        (the group commit after this batch of messages), so it is the log end; without, a
+        follower vouches for its log end as Kafka's does."""
+        out, waits = [], []
         for part in msg.get("parts") or ():
             topic, partition = part[0], part[1]
             try:
                 p = fn(*part)
-                out.append([topic, partition, 0, p.log.log_end_offset])
+                row = [topic, partition, 0, p.log.log_end_offset, p.log.log_end_offset]
+                out.append(row)
                 self._dirty.add((topic, partition))
+                if self.flush_before_ack and p.log.durable_end < p.log.log_end_offset:
+                    row[4] = p.log.durable_end
+                    waits.append((p, row))
             except OdradekError as exc:
-                out.append([topic, partition, int(exc.code), -1])
+                out.append([topic, partition, int(exc.code), -1, -1])
                 log.warning("%s-%d: %s", topic, partition, exc.message)
-        self.reply(msg, {"parts": out})
+        if not waits:
+            self.reply(msg, {"parts": out})
+            return
+        left = [len(waits)]
+
+        def synced(p: PartitionLog, row: list, error) -> None:
+            if error is not None:
+                row[2], row[4] = int(error.code), -1
+            else:
+                row[4] = min(p.log.durable_end, row[3])
+            left[0] -= 1
+            if not left[0]:
+                self._answers.append((msg, {"parts": out}))
+
+        for p, row in waits:
+            self._unsynced.add((p.topic, p.partition))
+            p.on_synced.append((row[3], lambda error, p=p, row=row: synced(p, row, error)))
 
     def on_write_markers(self, msg: Message) -> None:
         """Transaction markers from the transaction coordinator (WriteTxnMarkers): a control
@@ -665,6 +737,8 @@ class LogActor(Actor):
                 info = p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
                 p.txn_added.pop(int(pid), None)  # that transaction is over here
                 self._data_changed((topic, partition))
+                if self.flush_before_ack:
+                    self._unsynced.add((topic, partition))
                 self._advance_high_watermark(p)
                 row = {"topic": topic, "partition": partition, "error_code": 0}
                 results.append(row)
@@ -1037,7 +1111,7 @@ class LogActor(Actor):
             if isinstance(part, (list, tuple)) and len(part) == 2:
                 key = (part[0], part[1])
                 if self._partition(key) is not None:
-                    self._watched[key] = until
+                    self._leases[key] = until
                     self._dirty.add(key)
         if msg.reply_to:
             self._answers.append((msg, {}))
@@ -1045,7 +1119,7 @@ class LogActor(Actor):
     def _data_changed(self, key: tuple[str, int]) -> None:
         """An append, a marker or a high-watermark move: the fetch actor hears of it if it
         watches the partition (``on_watch``); else it asks when it next serves it."""
-        if self._watched.get(key, 0.0) > time.monotonic():
+        if self._leases.get(key, 0.0) > time.monotonic():
             self._dirty.add(key)
 
     def _open_partition(self, entry: dict, files: FileLayer | None = None) -> PartitionLog:
@@ -1107,12 +1181,13 @@ class LogActor(Actor):
                                    (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
+            self._run_synced(p, OdradekError(f"{topic}-{partition} was closed", ErrorCode.NOT_LEADER_OR_FOLLOWER))
             if delete:  # its files go: no checkpoint or marker to write first (a full disk refused them)
                 p.log.abandon()
             else:
                 p.log.close()
         self._dirty.discard((topic, partition))
-        self._watched.pop((topic, partition), None)
+        self._leases.pop((topic, partition), None)
         self._closed.append((topic, partition))
         directory = partition_dir(self.data_dir, topic, partition)
         if delete and os.path.isdir(directory):
@@ -1144,7 +1219,62 @@ class LogActor(Actor):
             self._announce_opening = False
         return changes
 
+    # ---- group commit ------------------------------------------------------------------
+    def _start_syncs(self) -> None:
+        """One fsync per partition appended to since its last one began (group commit): it
+        covers every batch appended until it starts, on a thread of ``_sync_pool`` while this
+        loop goes on appending; a partition with a sync in flight waits for it to end
+        (``_synced``), and the next one covers all that came meanwhile."""
+        for key in [k for k in self._unsynced if k not in self._syncing]:
+            self._unsynced.discard(key)
+            p = self.logs.get(key)
+            if p is None:
+                continue
+            try:
+                job = p.log.begin_sync()
+            except OdradekError as exc:
+                self._run_synced(p, exc)
+                continue
+            if job is None:
+                self._run_synced(p)
+                continue
+            self._syncing.add(key)
+            self._sync_pool.submit(job.run).add_done_callback(
+                lambda future, p=p, job=job: self.post(lambda: self._synced(p, job)))
+
+    def _synced(self, p: PartitionLog, job) -> None:
+        """On the loop, a sync ended: the log's durable end moves, and what waited for it goes
+        (acks=1 answers, a follower's replicate answer, the leader's high watermark)."""
+        key = (p.topic, p.partition)
+        self._syncing.discard(key)
+        if self.logs.get(key) is not p:
+            return  # closed meanwhile (its waiters were answered then)
+        if job.error is not None:
+            log.error("%s-%d: %s; the batches it held are not acknowledged", p.topic, p.partition, job.error.message)
+            self._run_synced(p, job.error)
+        else:
+            p.log.end_sync(job)
+            self._run_synced(p)
+            self._advance_high_watermark(p)
+        if p.log.durable_end < p.log.log_end_offset:
+            self._unsynced.add(key)
+        self.after_batch()
+
+    def _run_synced(self, p: PartitionLog, error: OdradekError | None = None) -> None:
+        """Run the ``on_synced`` callbacks the durable end has passed (every one, with ``error``)."""
+        if not p.on_synced:
+            return
+        end, keep = p.log.durable_end, []
+        for offset, callback in p.on_synced:
+            if error is None and offset > end:
+                keep.append((offset, callback))
+            else:
+                callback(error)
+        p.on_synced = keep
+
     def after_batch(self) -> None:
+        if self._unsynced and self._sync_pool is not None:
+            self._start_syncs()
         if self._dirty or self._closed or self._announce_opening:
             dirty, closed, announce = set(self._dirty), list(self._closed), self._announce_opening
             try:

@@ -97,13 +97,17 @@ def setting(config: dict, name: str, default: int) -> int:
 
 
 def fetch_body(replica_id: int, config: dict, parts, broker_epoch: int = -1) -> dict:
-    """The FETCH body for ``parts`` = ``[(topic, partition, fetch_offset, leader_epoch)]``;
-    ``broker_epoch`` (the czxid of this broker's registration) proves ``replica_id``."""
+    """The FETCH body for ``parts`` = ``[(topic, partition, fetch_offset, leader_epoch,
+    fsynced_offset)]``; ``broker_epoch`` (the czxid of this broker's registration) proves
+    ``replica_id``. ``fsynced_offset`` (not in Kafka's Fetch): how much of the log below
+    ``fetch_offset`` this follower has on its disk, all the leader counts towards its high
+    watermark under ``log.flush.before.ack`` (docs/REPLICATION.md)."""
     topics: dict[str, list] = {}
     part_max = setting(config, "replica.fetch.max.bytes", 1048576)
-    for topic, partition, offset, epoch in parts:
+    for topic, partition, offset, epoch, fsynced in parts:
         topics.setdefault(topic, []).append({"index": partition, "fetch_offset": offset,
-                                             "partition_max_bytes": part_max, "current_leader_epoch": epoch})
+                                             "partition_max_bytes": part_max, "current_leader_epoch": epoch,
+                                             "fsynced_offset": fsynced})
     return {"replica_id": replica_id, "broker_epoch": broker_epoch,
             "max_wait_ms": setting(config, "replica.fetch.wait.max.ms", 500),
             "min_bytes": setting(config, "replica.fetch.min.bytes", 1),
@@ -280,6 +284,13 @@ def group_by_host(items, hosts: int, key=lambda item: (item[0], item[1])) -> dic
     return out
 
 
+def _synced(fsynced: list, end: int) -> int:
+    """The log actor's ``fsynced_offset`` (the fifth field of its answer), at most ``end``;
+    -1 (nothing vouched for) when it is missing or not an offset."""
+    value = fsynced[0] if fsynced else -1
+    return min(value, end) if isinstance(value, int) and not isinstance(value, bool) else -1
+
+
 # ---- the worker thread ---------------------------------------------------------------------
 class LeaderSession:
     """One leader's fetch session. The worker thread runs requests one at a time on its own
@@ -351,7 +362,7 @@ class LeaderSession:
 class Followed:
     """What the fetcher knows of one followed partition."""
 
-    __slots__ = ("topic", "partition", "leader", "leader_epoch", "state", "gen", "fetch_offset",
+    __slots__ = ("topic", "partition", "leader", "leader_epoch", "state", "gen", "fetch_offset", "fsynced_offset",
                  "high_watermark", "log_start_offset", "retry_at", "why", "out_of_range", "failed_truncations",
                  "bytes", "batches")
 
@@ -360,6 +371,7 @@ class Followed:
         self.state = TRUNCATE
         self.gen = 0  # bumped whenever in-flight answers about this partition become stale
         self.fetch_offset = -1
+        self.fsynced_offset = -1  # how much of the log below fetch_offset is on the disk (the log actor says)
         self.high_watermark = -1  # as last told to the log actor
         self.log_start_offset = -1
         self.retry_at = 0.0
@@ -678,7 +690,7 @@ class ReplicaFetcher(Actor):
             self._kick(s)
             return
         sent = dict(sent)
-        for t, q, code, end in reply.get("parts") or ():
+        for t, q, code, end, *fsynced in reply.get("parts") or ():
             p = self._still(t, q, sent.pop((t, q), -1), TRUNCATING)
             if p is None:
                 continue
@@ -691,6 +703,7 @@ class ReplicaFetcher(Actor):
                 continue
             self.truncations += 1
             p.state, p.why, p.fetch_offset, p.retry_at, p.failed_truncations = FETCHING, "", end, 0.0, 0
+            p.fsynced_offset = _synced(fsynced, end)
             p.high_watermark = p.log_start_offset = -1  # tell the log actor the leader's again
             log.info("%s-%d: fetching from broker %d at offset %d (leader epoch %d)", t, q, p.leader, end,
                      p.leader_epoch)
@@ -716,7 +729,8 @@ class ReplicaFetcher(Actor):
         s.fetches += 1
         sent = [(p.topic, p.partition, p.gen, p.fetch_offset) for p in parts]
         body = fetch_body(self.broker_id, self.config,
-                          [(p.topic, p.partition, p.fetch_offset, p.leader_epoch) for p in parts], self.broker_epoch)
+                          [(p.topic, p.partition, p.fetch_offset, p.leader_epoch, p.fsynced_offset) for p in parts],
+                          self.broker_epoch)
         s.submit(ApiKey.FETCH, body, self.fetch_timeout,
                  lambda body, frames, err, s=s, sent=sent: self._on_fetch(s, sent, body, frames, err))
 
@@ -795,13 +809,13 @@ class ReplicaFetcher(Actor):
                 if p is not None:
                     self._retry_truncation(p, f"replicate: {reply.error_message}")
         else:
-            for t, q, code, end in reply.get("parts") or ():
+            for t, q, code, end, *fsynced in reply.get("parts") or ():
                 g, data, action = sent.get((t, q), (-1, None, None))
                 p = self._still(t, q, g, FETCHING)
                 if p is None:
                     continue
                 if code == 0 and isinstance(end, int) and end >= 0:
-                    p.fetch_offset = end
+                    p.fetch_offset, p.fsynced_offset = end, _synced(fsynced, end)
                     p.high_watermark, p.log_start_offset = data.high_watermark, data.log_start_offset
                     p.why = ""
                     if action.kind == APPEND:

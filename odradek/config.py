@@ -222,6 +222,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
     Setting("log.flush.interval.messages", int, (1 << 63) - 1,
             "Topic default for `flush.messages`: fsync after this many records (1 = every append).", _at_least(1)),
     Setting("log.flush.interval.ms", int, (1 << 63) - 1, "Topic default for `flush.ms`.", _at_least(0)),
+    Setting("log.flush.before.ack", bool, True,
+            "Acknowledge a write only once it is fsynced: acks=1 on the leader's disk, acks=all on the disk "
+            "of every in-sync replica (one fsync covers every batch appended meanwhile: group commit). "
+            "false is Kafka's way: acknowledged from the page cache, so a power cut of every in-sync replica "
+            "at once loses what they had not fsynced (docs/RELIABILITY.md). Same on every broker."),
     Setting("log.flush.scheduler.interval.ms", int, 1000, "How often log actors check `flush.ms`.", _at_least(10)),
     Setting("log.flush.offset.checkpoint.interval.ms", int, 60000,
             "How often log actors write the recovery-point and high-watermark checkpoints.", _at_least(100)),

@@ -22,6 +22,9 @@ Faults (``FAULTS``; each picks its broker from the live cluster state when it st
   last fsync (``chaos.fsync_trace``, when the runner started the brokers with it; else to
   the recovery point in ``partition.checkpoint``, a harsher model), random garbage appended,
   later segments removed (docs/RELIABILITY.md: the model);
+- ``power-cut``: the same, for every broker at once (frozen first, so none outlives
+  another): every partition's last in-sync replicas lose what they had not fsynced, which
+  loses nothing acknowledged with ``log.flush.before.ack`` (the default); restart at heal;
 - ``slow-disk``: the broker's log actors (the only writers of its files) are stopped
   80 ms of every 100 ms: every write, flush and read of its partitions stalls;
 - ``full-disk``: the broker's data directory is a tmpfs the runner mounted; filled to the
@@ -46,8 +49,8 @@ import psutil
 from odradek.chaos.replicas import partition_dir, segment_bases
 
 FAULTS = ["kill-leader", "kill-follower", "kill-controller", "kill-repeat", "pause-leader", "partition-brokers",
-          "partition-oneway", "partition-zk", "partition-clients", "delay", "drop", "power-loss", "slow-disk",
-          "full-disk", "zk-restart", "clock-jump"]
+          "partition-oneway", "partition-zk", "partition-clients", "delay", "drop", "power-loss", "power-cut",
+          "slow-disk", "full-disk", "zk-restart", "clock-jump"]
 # faults that can run at the same time as another on the same broker
 COMBINABLE = {"partition-zk", "partition-clients", "delay", "slow-disk", "zk-restart", "pause-leader", "kill-leader"}
 
@@ -153,6 +156,11 @@ class Nemesis:
     def make(self, name: str, broker: int | None = None) -> Fault:
         if name == "zk-restart":
             return Fault(name, None, self.cluster.zk.kill, self._zk_start)
+        if name == "power-cut":
+            if not self.fsync_traces:
+                raise RuntimeError("power-cut needs brokers started with the fsync trace")
+            return Fault(name, None, self._power_cut, lambda: [self._restart(b) for b in self.cluster.ids],
+                         "every broker")
         if name == "full-disk" and not self.full_disk:
             raise RuntimeError("full-disk needs a broker on a tmpfs (run as root, or leave the fault out)")
         if name == "clock-jump" and not self.clock_files:
@@ -232,6 +240,11 @@ class Nemesis:
             cut = power_loss(broker.data_dir, self.rng)
         self.history.add("power_loss", broker=b, files=len(cut), bytes_lost=sum(n for _, n in cut))
 
+    def _power_cut(self) -> None:
+        cut = power_cut_all(self.cluster, self.fsync_traces, self.rng)
+        self.history.add("power_loss", broker=None, files=sum(len(c) for c in cut.values()),
+                         bytes_lost=sum(n for c in cut.values() for _, n in c))
+
     def _slow_disk(self, b: int) -> Fault:
         stop = threading.Event()
 
@@ -284,6 +297,24 @@ class Nemesis:
         with open(self.clock_files[b] + ".tmp", "w") as f:
             f.write(f"+{self.clock_offsets[b]}s\n")
         os.replace(self.clock_files[b] + ".tmp", self.clock_files[b])
+
+
+def power_cut_all(cluster, traces: dict, rng: random.Random) -> dict[int, list[tuple[str, int]]]:
+    """Every running broker loses power at once: all their processes frozen, then killed, then
+    each broker's segments cut to what it had fsynced (``chaos.fsync_trace``, from ``traces``:
+    broker id -> its trace directory). ``{broker: [(file, bytes cut)]}``."""
+    from odradek.chaos.fsync_trace import cut_to_fsynced
+    live = [i for i in cluster.ids if cluster.broker(i).running]
+    procs = []
+    for i in live:
+        try:
+            procs += [psutil.Process(cluster.broker(i).pid), *cluster.broker(i).children()]
+        except psutil.NoSuchProcess:
+            pass
+    _signal_all(procs, "suspend")
+    for i in live:
+        cluster.broker(i).kill()
+    return {i: cut_to_fsynced(cluster.broker(i).data_dir, traces[i], rng) for i in live}
 
 
 def _signal_all(procs, how: str) -> None:
@@ -347,4 +378,4 @@ def _recovery_point(directory: str) -> int | None:
         return 0 if segment_bases(directory) else None
 
 
-__all__ = ["FAULTS", "Nemesis", "power_loss", "partition_dir"]
+__all__ = ["FAULTS", "Nemesis", "power_loss", "power_cut_all", "partition_dir"]

@@ -19,16 +19,18 @@ import shutil
 import tempfile
 import time
 
-import psutil
-
 from odradek.chaos import fsync_trace
+from odradek.chaos.nemesis import power_cut_all
 from odradek.chaos.replicas import high_watermarks
-from odradek.chaos.runner import CLUSTER_SETTINGS, ChaosOptions, create_topic, wait_healed
+from odradek.chaos.runner import CLUSTER_SETTINGS, ChaosOptions, compare_replicas, create_topic, wait_healed
 from odradek.chaos.workload import History, Workload, read_everything
 
 
 def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers: int = 3, partitions: int = 3,
-              producers: int = 2, seed: int = 0, work_dir: str | None = None, log=print) -> dict:
+              producers: int = 2, seed: int = 0, work_dir: str | None = None, log=print,
+              settings: dict | None = None) -> dict:
+    """``settings``: broker settings over the battery's (``{"log.flush.before.ack": False}``
+    for Kafka's acknowledgement)."""
     from odradek.local import LocalCluster, LocalZooKeeper
     work = work_dir or tempfile.mkdtemp(prefix="odradek-powercut-")
     rng = random.Random(seed)
@@ -36,9 +38,10 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
     try:
         zk = LocalZooKeeper(os.path.join(work, "zookeeper")).start()
         traces = {i: os.path.join(work, f"fsyncs-{i}") for i in range(1, brokers + 1)}
-        cluster = LocalCluster(work, brokers, CLUSTER_SETTINGS, zk=zk, chroot="/odradek", start_timeout=180,
+        cluster = LocalCluster(work, brokers, {**CLUSTER_SETTINGS, **(settings or {})}, zk=zk, chroot="/odradek", start_timeout=180,
                                broker_env={i: fsync_trace.env(d) for i, d in traces.items()})
-        log(f"power cut: {brokers} brokers in {work}, flush.messages={flush_messages or 'default'}")
+        log(f"power cut: {brokers} brokers in {work}, flush.messages={flush_messages or 'default'}, "
+            f"settings {settings or {}}")
         cluster.start()
         cluster.wait_ready(60)
         topic = "powercut"
@@ -51,18 +54,10 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
         t0, acked0 = time.monotonic(), _acked(history)
         time.sleep(seconds)
         elapsed, acked = time.monotonic() - t0, _acked(history)
-        frozen = [p for i in cluster.ids for p in [psutil.Process(cluster.broker(i).pid), *cluster.broker(i).children()]]
-        for p in frozen:  # the power goes: every broker at once (frozen first, then killed)
-            try:
-                p.suspend()
-            except psutil.NoSuchProcess:
-                pass
-        for i in cluster.ids:
-            cluster.broker(i).kill()
+        cut = power_cut_all(cluster, traces, rng)  # the power goes: every broker at once
         load._stop_producing.set()  # no new sends; the unfinished ones finish after the restart
         cut_at = history.now()
         before_cut = {e["value"] for e in history.snapshot() if e["type"] == "ack"}
-        cut = {i: fsync_trace.cut_to_fsynced(cluster.broker(i).data_dir, traces[i], rng) for i in cluster.ids}
         log(f"power cut at {cut_at:.1f}s: {len(before_cut)} acknowledged; bytes cut per broker "
             f"{ {i: sum(n for _, n in c) for i, c in cut.items()} }")
         for i in cluster.ids:
@@ -71,10 +66,12 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
         load.stop_producers()
         ends = high_watermarks(cluster.bootstrap, topic, range(partitions))
         final = {v for _, _, v in read_everything(cluster.bootstrap, topic, partitions, ends)}
+        divergence = compare_replicas(cluster, topic, partitions, ends)
         events = history.snapshot()
         all_acked = {e["value"] for e in events if e["type"] == "ack"}
         result = {
-            "flush_messages": flush_messages, "seconds": round(elapsed, 1),
+            "flush_messages": flush_messages, "settings": settings or {}, "seed": seed,
+            "seconds": round(elapsed, 1),
             "acked_per_s": round((acked - acked0) / elapsed, 1),
             "acked_before_cut": len(before_cut), "acked": len(all_acked),
             "lost": len(all_acked - final), "lost_acked_before_cut": len(before_cut - final),
@@ -82,6 +79,7 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
             "bytes_cut": {i: sum(n for _, n in c) for i, c in cut.items()},
             "files_cut": {i: len(c) for i, c in cut.items()},
             "high_watermarks": ends,
+            "replica_divergence": len(divergence), "divergence_examples": divergence[:5],
         }
         log(f"power cut: {result}")
         return result

@@ -61,7 +61,12 @@ class ChaosOptions:
     work_dir: str | None = None  # brokers' data; a temporary directory (removed) by default
     keep: bool = False  # keep work_dir
     flush_messages: int | None = None  # topic flush.messages (1: fsync before every ack)
+    ack_before_fsync: bool = False  # log.flush.before.ack=false: Kafka's acknowledgement from the page cache
     log: object = print
+
+    @property
+    def cluster_settings(self) -> dict:
+        return {**CLUSTER_SETTINGS, "log.flush.before.ack": False} if self.ack_before_fsync else CLUSTER_SETTINGS
 
 
 def run(opts: ChaosOptions) -> dict:
@@ -104,8 +109,8 @@ def run(opts: ChaosOptions) -> dict:
                 full_disk[victim] = where
         # a loaded machine can take a minute to start a broker's actor tree: 180 s before
         # a restart counts as failed
-        cluster = LocalCluster(work, opts.brokers, CLUSTER_SETTINGS, zk=zk, chroot="/odradek", start_timeout=180,
-                               broker_settings=broker_settings, broker_env=env)
+        cluster = LocalCluster(work, opts.brokers, opts.cluster_settings, zk=zk, chroot="/odradek",
+                               start_timeout=180, broker_settings=broker_settings, broker_env=env)
         cluster_ref.append(cluster)
         say(f"chaos: starting ZooKeeper and {opts.brokers} brokers in {work}")
         cluster.start()

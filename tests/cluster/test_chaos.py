@@ -263,21 +263,25 @@ def test_a_power_cut_keeps_what_was_fsynced_and_drops_the_segments_after_the_cut
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_a_power_cut_of_every_broker_loses_acknowledged_writes_unless_each_is_fsynced_before_its_ack(tmp_path):
+def test_a_power_cut_of_every_broker_loses_no_acknowledged_write_unless_acks_come_before_fsync(tmp_path):
     """Power loss hitting the last in-sync replicas (every broker at once, RF 3,
-    min.insync.replicas 2, acks=all): with the default flush policy the page cache is all
-    an acknowledgement stands on, and the cut takes acknowledged records; with
-    flush.messages=1 every replica fsyncs an append before it counts, and none is lost."""
+    min.insync.replicas 2, acks=all, Kafka's flush defaults). By default
+    (``log.flush.before.ack``) every in-sync replica fsyncs a record before it counts towards
+    the high watermark, and the cut loses nothing acknowledged, nor makes replicas diverge;
+    with Kafka's acknowledgement (``log.flush.before.ack=false``) the page cache is all an
+    acknowledgement stands on, and the cut takes acknowledged records."""
     from odradek.chaos.powercut import power_cut
     from odradek.local import zookeeper_missing
     if zookeeper_missing():
         pytest.fail(zookeeper_missing(), pytrace=False)
-    default = power_cut(5, None, work_dir=str(tmp_path / "default"))
-    print(default)
-    assert default["acked_before_cut"] > 100 and default["lost_acked_before_cut"] > 0, default
-    synced = power_cut(5, 1, work_dir=str(tmp_path / "flush-1"))
-    print(synced)
-    assert synced["acked_before_cut"] > 100 and synced["lost"] == 0, synced
+    durable = power_cut(5, None, seed=3, work_dir=str(tmp_path / "durable"))
+    print(durable)
+    assert durable["acked_before_cut"] > 100, durable
+    assert (durable["lost"], durable["replica_divergence"]) == (0, 0), durable
+    kafka = power_cut(5, None, seed=3, work_dir=str(tmp_path / "kafka"), settings={"log.flush.before.ack": False})
+    print(kafka)
+    assert kafka["acked_before_cut"] > 100 and kafka["lost_acked_before_cut"] > 0, kafka
+    assert kafka["replica_divergence"] == 0, kafka
 
 
 # ---- the battery -----------------------------------------------------------------------------

@@ -27,9 +27,12 @@ class LeaderUnderTest(LogActor):
         self.name, self.broker_id, self.lag_max_ms = "log-0", broker_id, 30000
         self.logs, self.unopened = {}, {}
         self._dirty, self._closed, self._answers, self._announce_opening = set(), [], [], False
-        self._watched = {}
+        self._leases = {}
         self.metrics = Metrics()
         self.asked: list[tuple[dict, object]] = []  # (alter_isr fields, callback)
+        # Kafka's acknowledgement (log ends, not fsynced ones): these tests are about the ISR;
+        # tests/log/test_durable_acks.py runs this leader with log.flush.before.ack
+        self.flush_before_ack, self._sync_pool, self._unsynced, self._syncing = False, None, set(), set()
 
     def request(self, to, type_, fields=None, frames=(), callback=None, timeout=None):
         assert (to, type_) == ("controller", "alter_isr")

@@ -30,17 +30,20 @@ def data(records=b"", code=0, hw=-1, lso=-1, message="") -> rf.PartitionData:
 def test_fetch_body_carries_the_replica_id_its_broker_epoch_the_replica_settings_and_each_partitions_epoch():
     config = {"replica.fetch.wait.max.ms": 250, "replica.fetch.min.bytes": 7, "replica.fetch.max.bytes": 4096,
               "replica.fetch.response.max.bytes": 65536}
-    body = rf.fetch_body(3, config, [("a", 0, 10, 5), ("b", 2, 0, 1), ("a", 1, 4, 5)], broker_epoch=77)
+    body = rf.fetch_body(3, config, [("a", 0, 10, 5, 10), ("b", 2, 0, 1, 0), ("a", 1, 4, 5, 3)], broker_epoch=77)
     assert body == {"replica_id": 3, "broker_epoch": 77, "max_wait_ms": 250, "min_bytes": 7, "max_bytes": 65536, "topics": [
         {"name": "a", "partitions": [
-            {"index": 0, "fetch_offset": 10, "partition_max_bytes": 4096, "current_leader_epoch": 5},
-            {"index": 1, "fetch_offset": 4, "partition_max_bytes": 4096, "current_leader_epoch": 5}]},
+            {"index": 0, "fetch_offset": 10, "partition_max_bytes": 4096, "current_leader_epoch": 5,
+             "fsynced_offset": 10},
+            {"index": 1, "fetch_offset": 4, "partition_max_bytes": 4096, "current_leader_epoch": 5,
+             "fsynced_offset": 3}]},
         {"name": "b", "partitions": [
-            {"index": 2, "fetch_offset": 0, "partition_max_bytes": 4096, "current_leader_epoch": 1}]}]}
+            {"index": 2, "fetch_offset": 0, "partition_max_bytes": 4096, "current_leader_epoch": 1,
+             "fsynced_offset": 0}]}]}
 
 
 def test_fetch_body_falls_back_to_kafkas_defaults():
-    body = rf.fetch_body(1, {}, [("a", 0, 0, 0)])
+    body = rf.fetch_body(1, {}, [("a", 0, 0, 0, 0)])
     assert (body["max_wait_ms"], body["min_bytes"], body["max_bytes"]) == (500, 1, 10485760)
     assert body["topics"][0]["partitions"][0]["partition_max_bytes"] == 1048576
 

@@ -27,7 +27,7 @@ def log_actor():
     actor.logs, actor.unopened = {KEY: object()}, {}
     actor._partition = lambda key: actor.logs.get(key)
     actor._dirty, actor._closed, actor._answers, actor._announce_opening = set(), [], [], False
-    actor._watched = {}
+    actor._leases = {}
     return actor
 
 

@@ -1,0 +1,252 @@
+"""Durable by default (issue 33, ``log.flush.before.ack``): an acknowledged record is fsynced
+first. acks=1: on the leader's disk; acks=all: on the disk of every in-sync replica, so the
+high watermark counts the leader only up to what it has fsynced (``Log.durable_end``) and each
+follower only up to the ``fsynced_offset`` its fetch reports. One fsync (a group commit on a
+thread of the log actor) covers every batch appended before it began.
+
+The log actor runs in the test's process (no runtime), with a real log on disk and a real
+thread pool for its fsyncs; the disk's fsync is held by hand (``HeldFsync``), so "not yet on
+the disk" is a state the test can look at. ``log.flush.before.ack=false`` (Kafka's way) is
+checked against the same actor."""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+import pytest
+
+from odradek.actors.message import Message
+from odradek.log.config import LogConfig
+from odradek.log.files import FileLayer
+from odradek.log.log import Log
+from odradek.log.log_actor import PartitionLog
+from odradek.log.records import encode_batch
+from tests.log.test_isr_changes import LeaderUnderTest
+
+
+class HeldFsync(FileLayer):
+    """A disk whose group commits (the fsyncs on the log actor's threads) wait until
+    ``release()``: a slow disk, held. ``synced`` counts them."""
+
+    def __init__(self):
+        self.gate = threading.Event()
+        self.synced = 0
+
+    def fsync(self, fd: int) -> None:
+        if threading.current_thread() is threading.main_thread():
+            return super().fsync(fd)  # the log's own (checkpoints): not the group commit
+        assert self.gate.wait(10), "the fsync was never released"
+        super().fsync(fd)
+        self.synced += 1
+
+    def release(self) -> None:
+        self.gate.set()
+
+
+class Actor(LeaderUnderTest):
+    """A log actor with its group commit on: real fsync threads, ``post`` queued to the test."""
+
+    def __init__(self, broker_id: int, durable: bool = True):
+        super().__init__(broker_id)
+        self.flush_before_ack = durable
+        self._sync_pool = concurrent.futures.ThreadPoolExecutor(2) if durable else None
+        self.posted: list = []
+        self.appends, self._pid_key = 0, None
+        self.replies: list[tuple[Message, dict]] = []
+
+    def post(self, callback) -> None:
+        self.posted.append(callback)
+
+    def call_later(self, delay, callback):
+        return concurrent.futures.Future()  # a produce's timeout: never due here (cancel() works)
+
+    def reply(self, msg, fields=None, frames=()):
+        self.replies.append((msg, fields))
+
+    def settle(self) -> None:
+        """Wait for the fsyncs begun, then run their completions on 'the loop' (this thread)."""
+        self._sync_pool.shutdown(wait=True)
+        self._sync_pool = concurrent.futures.ThreadPoolExecutor(2)
+        while self.posted:
+            self.posted.pop(0)()
+
+
+@pytest.fixture
+def make(tmp_path):
+    made = []
+
+    def make(isr, broker_id=2, durable=True, leader=2):
+        files = HeldFsync()
+        actor = Actor(broker_id, durable)
+        p = PartitionLog("t", 0, "id", Log(str(tmp_path / f"t-0-{len(made)}"), LogConfig(), files=files))
+        actor.logs[("t", 0)] = p
+        actor._become(p, {"leader": leader, "leader_epoch": 1, "isr": isr, "replicas": [1, 2, 3], "zk_version": 1})
+        made.append((actor, p, files))
+        return actor, p, files
+
+    yield make
+    for actor, p, files in made:
+        files.release()
+        if actor._sync_pool is not None:
+            actor._sync_pool.shutdown(wait=True)
+        p.log.close()
+
+
+def produce(actor, acks: int, n: int = 10, corr: int = 1) -> Message:
+    msg = Message("produce", corr, "client", {"acks": acks, "timeout_ms": 30000, "parts": [["t", 0, 0]]},
+                  [encode_batch([(None, b"v")] * n)])
+    actor.on_produce(msg)
+    actor.after_batch()
+    return msg
+
+
+def answered(actor, msg) -> dict | None:
+    for m, fields in actor.replies:
+        if m is msg:
+            return fields["body"]["topics"][0]["partitions"][0]
+    return None
+
+
+def test_the_leaders_high_watermark_does_not_pass_a_batch_it_has_not_fsynced(make):
+    actor, p, files = make(isr=[2])  # the leader is the whole ISR: acks=all needs its disk only
+    msg = produce(actor, acks=-1)
+    assert p.log.log_end_offset == 10
+    assert (p.log.durable_end, p.log.high_watermark) == (0, 0), "counted a batch the disk does not have"
+    assert answered(actor, msg) is None, "acknowledged acks=all before the leader's fsync"
+    files.release()
+    actor.settle()
+    assert (p.log.durable_end, p.log.high_watermark) == (10, 10)
+    assert answered(actor, msg)["error_code"] == 0
+
+
+def test_one_fsync_covers_every_batch_appended_while_the_previous_one_ran(make):
+    actor, p, files = make(isr=[2])
+    first = produce(actor, acks=-1, corr=1)  # its fsync begins, and is held
+    later = [produce(actor, acks=-1, corr=c) for c in range(2, 6)]  # appended meanwhile, not held up
+    assert p.log.log_end_offset == 50 and answered(actor, first) is None
+    files.release()
+    actor.settle()  # the first fsync ends: 10 on the disk; the next one begins for the other 40
+    assert p.log.durable_end == 10 and answered(actor, first)["error_code"] == 0
+    assert all(answered(actor, m) is None for m in later)
+    actor.settle()
+    assert p.log.durable_end == 50 and all(answered(actor, m)["error_code"] == 0 for m in later)
+    assert files.synced == 2, "one fsync for the first batch, one for the four appended during it"
+
+
+def test_acks_1_waits_for_the_leaders_fsync(make):
+    actor, p, files = make(isr=[1, 2])  # a follower that never fetches: acks=1 does not wait for it
+    msg = produce(actor, acks=1)
+    assert answered(actor, msg) is None, "acks=1 acknowledged before the leader's fsync"
+    files.release()
+    actor.settle()
+    entry = answered(actor, msg)
+    assert (entry["error_code"], entry["base_offset"], p.log.high_watermark) == (0, 0, 0)
+
+
+def test_a_followers_reported_fsynced_offset_bounds_the_high_watermark(make):
+    actor, p, files = make(isr=[1, 2])
+    files.release()
+    msg = produce(actor, acks=-1)
+    actor.settle()
+    assert p.log.durable_end == 10
+    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10, 4]]}))
+    assert p.log.high_watermark == 4, "counted the follower's log end past what it has fsynced"
+    assert answered(actor, msg) is None
+    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10, 10]]}))
+    actor.after_batch()
+    assert p.log.high_watermark == 10 and answered(actor, msg)["error_code"] == 0
+
+
+def test_a_fetch_that_does_not_say_what_it_fsynced_vouches_for_its_log_end(make):
+    """Kafka's Fetch has no such field: a follower speaking it is taken at its log end."""
+    actor, p, files = make(isr=[1, 2])
+    files.release()
+    produce(actor, acks=-1)
+    actor.settle()
+    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10]]}))
+    assert p.log.high_watermark == 10
+
+
+def test_an_fsynced_offset_that_is_not_an_offset_is_not_progress(make):
+    actor, p, files = make(isr=[1, 2])
+    files.release()
+    produce(actor, acks=-1)
+    actor.settle()
+    for bad in ("10", True, 10.0):
+        actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10, bad]]}))
+        assert p.log.high_watermark == 0, bad
+
+
+def test_kafkas_setting_acknowledges_before_any_fsync(make):
+    actor, p, files = make(isr=[2], durable=False)  # log.flush.before.ack=false
+    one, every = produce(actor, acks=1, corr=1), produce(actor, acks=-1, corr=2)
+    assert answered(actor, one)["error_code"] == 0 and answered(actor, every)["error_code"] == 0
+    assert p.log.high_watermark == 20
+    assert (files.synced, p.log.durable_end) == (0, 0), "Kafka's way fsyncs nothing before acknowledging"
+
+
+def test_a_follower_answers_replicate_once_its_append_is_fsynced_and_says_so(make):
+    actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)  # broker 2 follows broker 1
+    msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
+                  [encode_batch([(None, b"v")] * 10)])
+    actor.on_replicate(msg)
+    actor.after_batch()
+    assert p.log.log_end_offset == 10 and not actor.replies, "answered before its fsync"
+    files.release()
+    actor.settle()
+    ((_, fields),) = actor.replies
+    assert fields == {"parts": [["t", 0, 0, 10, 10]]}  # log end 10, fsynced through 10
+
+
+def test_a_failed_fsync_acknowledges_nothing(make):
+    actor, p, files = make(isr=[2])
+
+    def fail(fd):
+        raise OSError(5, "Input/output error")
+    files.fsync = fail
+    msg = produce(actor, acks=1)
+    actor.settle()
+    entry = answered(actor, msg)
+    assert entry["error_code"] == 56 and "fsync failed" in entry["error_message"]  # KAFKA_STORAGE_ERROR
+    assert (p.log.durable_end, p.log.high_watermark) == (0, 0)
+    del files.fsync  # the disk heals: the log closes
+
+
+def test_a_sync_begun_before_a_truncation_does_not_vouch_for_what_came_after(tmp_path):
+    lg = Log(str(tmp_path / "t-0"), LogConfig())
+    try:
+        lg.append(encode_batch([(None, b"v")] * 5))
+        lg.append(encode_batch([(None, b"v")] * 5))
+        job = lg.begin_sync()
+        lg.truncate_to(5)  # a follower's truncation (fsynced), then new bytes, not fsynced by the job
+        lg.append(encode_batch([(None, b"w")] * 10))
+        job.run()
+        lg.end_sync(job)
+        assert lg.durable_end == 0, "a sync begun before the truncation vouched for bytes written after it"
+        lg.end_sync(lg.begin_sync().run())
+        assert lg.durable_end == 15
+    finally:
+        lg.close()
+
+
+def test_after_an_unclean_stop_what_recovery_kept_is_fsynced_before_it_counts(tmp_path):
+    """A kill -9 leaves appended bytes in the page cache only: the reopened log fsyncs them
+    before its durable end (which the high watermark follows) includes them."""
+    class Counting(FileLayer):
+        def __init__(self):
+            self.synced = []
+
+        def fsync(self, fd):
+            super().fsync(fd)
+            self.synced.append(fd)
+
+    lg = Log(str(tmp_path / "t-0"), LogConfig())
+    lg.append(encode_batch([(None, b"v")] * 10))
+    lg.abandon()  # no flush, no clean-shutdown marker
+    files = Counting()
+    again = Log(str(tmp_path / "t-0"), LogConfig(), files=files)
+    try:
+        assert again.log_end_offset == again.durable_end == 10
+        assert files.synced, "the recovered segment was not fsynced"
+    finally:
+        again.close()
