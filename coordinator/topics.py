@@ -194,7 +194,7 @@ class TopicRegistry:
         if not isinstance(configs, dict):
             raise OdradekError("configs must be a map of name to value", ErrorCode.INVALID_CONFIG)
         try:
-            parsed = LogConfig.from_properties({**self.defaults, **configs}).to_properties()
+            parsed = LogConfig.normalized({**self.defaults, **configs})  # Kafka's unimplemented ones kept too
         except InvalidConfigError as exc:
             raise OdradekError(exc.message, ErrorCode.INVALID_CONFIG) from None
         if "segment.bytes" in configs and parsed["segment.bytes"] < self.min_segment_bytes:

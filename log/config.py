@@ -9,10 +9,13 @@ strings, as they come from TOML ``--set`` overrides) and raises ``InvalidConfigE
 from __future__ import annotations
 
 import dataclasses
+import logging
 import re
 from dataclasses import dataclass, field
 
 from odradek.log.errors import InvalidConfigError
+
+log = logging.getLogger("odradek.config")
 
 LONG_MAX = (1 << 63) - 1
 INT_MAX = (1 << 31) - 1
@@ -22,6 +25,51 @@ def _key(name: str, minimum: int | float | None = None, maximum: int | float | N
          choices: tuple | None = None, pattern: str | None = None, form: str | None = None):
     return {"key": name, "min": minimum, "max": maximum, "choices": choices, "pattern": pattern, "form": form}
 
+
+# Every topic-level config of Kafka 3.0 to 3.9 (Kafka's generated docs, topic_config.html):
+# name -> (type, minimum, maximum, choices, one more value allowed outside the range). The
+# ones LogConfig has no field for are accepted as Kafka accepts them: checked against this,
+# stored with the topic, reported by DescribeConfigs, and without effect here (``accepted``
+# logs a warning naming them); DEPRECATED_TOPIC_CONFIGS are Kafka's deprecated ones.
+KAFKA_TOPIC_CONFIGS = {
+    'cleanup.policy': ('list', None, None, ('compact', 'delete'), None),
+    'compression.gzip.level': ('int', 1, 9, None, -1),
+    'compression.lz4.level': ('int', 1, 17, None, None),
+    'compression.type': ('string', None, None, ('uncompressed', 'zstd', 'lz4', 'snappy', 'gzip', 'producer'), None),
+    'compression.zstd.level': ('int', -131072, 22, None, None),
+    'delete.retention.ms': ('long', 0, None, None, None),
+    'file.delete.delay.ms': ('long', 0, None, None, None),
+    'flush.messages': ('long', 1, None, None, None),
+    'flush.ms': ('long', 0, None, None, None),
+    'follower.replication.throttled.replicas': ('list', None, None, None, None),
+    'index.interval.bytes': ('int', 0, None, None, None),
+    'leader.replication.throttled.replicas': ('list', None, None, None, None),
+    'local.retention.bytes': ('long', -2, None, None, None),
+    'local.retention.ms': ('long', -2, None, None, None),
+    'max.compaction.lag.ms': ('long', 1, None, None, None),
+    'max.message.bytes': ('int', 0, None, None, None),
+    'message.downconversion.enable': ('boolean', None, None, None, None),
+    'message.format.version': ('string', None, None, None, None),
+    'message.timestamp.after.max.ms': ('long', 0, None, None, None),
+    'message.timestamp.before.max.ms': ('long', 0, None, None, None),
+    'message.timestamp.difference.max.ms': ('long', 0, None, None, None),
+    'message.timestamp.type': ('string', None, None, ('CreateTime', 'LogAppendTime'), None),
+    'min.cleanable.dirty.ratio': ('double', 0.0, 1.0, None, None),
+    'min.compaction.lag.ms': ('long', 0, None, None, None),
+    'min.insync.replicas': ('int', 1, None, None, None),
+    'preallocate': ('boolean', None, None, None, None),
+    'remote.log.copy.disable': ('boolean', None, None, None, None),
+    'remote.log.delete.on.disable': ('boolean', None, None, None, None),
+    'remote.storage.enable': ('boolean', None, None, None, None),
+    'retention.bytes': ('long', None, None, None, None),
+    'retention.ms': ('long', -1, None, None, None),
+    'segment.bytes': ('int', 14, None, None, None),
+    'segment.index.bytes': ('int', 4, None, None, None),
+    'segment.jitter.ms': ('long', 0, None, None, None),
+    'segment.ms': ('long', 1, None, None, None),
+    'unclean.leader.election.enable': ('boolean', None, None, None, None),
+}
+DEPRECATED_TOPIC_CONFIGS = frozenset({"message.format.version", "message.timestamp.difference.max.ms"})
 
 # Kafka's throttled replica lists: "*" (every replica), or partition:broker pairs, comma-separated
 THROTTLED_REPLICAS = r"\*|(\d+:\d+(,\d+:\d+)*)?"
@@ -91,16 +139,59 @@ class LogConfig:
         for key, raw in props.items():
             f = by_key.get(key)
             if f is None:
-                raise InvalidConfigError(f"unknown log config key {key!r}")
+                kafka_value(key, raw, KAFKA_TOPIC_CONFIGS, "log config key")  # Kafka's, without effect here
+                continue
             values[f.name] = _parse(key, f, raw)
         cfg = dataclasses.replace(base or cls(), **values)
         cfg.check()
         return cfg
 
+    @classmethod
+    def normalized(cls, props: dict) -> dict:
+        """Every setting of ``props`` over the defaults, checked, as stored with a topic:
+        ``to_properties()`` plus Kafka's topic configs that LogConfig does not implement
+        (as Kafka spells their values; each one named in a warning)."""
+        out = cls.from_properties(props).to_properties()
+        for key, raw in props.items():
+            if key not in out:
+                out[key] = kafka_value(key, raw, KAFKA_TOPIC_CONFIGS, "log config key")
+                log.warning("topic config %r = %r is accepted as Kafka does%s, but has no effect in Odradek", key,
+                            out[key], " (deprecated in Kafka)" if key in DEPRECATED_TOPIC_CONFIGS else "")
+        return out
+
     def check(self) -> None:
         """Raise ``InvalidConfigError`` for the first out-of-range setting."""
         for f in dataclasses.fields(self):
             _check_range(f.metadata, getattr(self, f.name))
+
+
+def kafka_value(key: str, raw, table: dict, what: str = "config") -> str:
+    """``raw`` checked as Kafka checks config ``key`` (its ``table`` entry: type, range,
+    choices), as a string; InvalidConfigError for an unknown key or a bad value."""
+    spec = table.get(key)
+    if spec is None:
+        raise InvalidConfigError(f"unknown {what} {key!r}")
+    kind, low, high, choices, also = spec
+    text = ("true" if raw else "false") if isinstance(raw, bool) else str(raw).strip()
+    try:
+        if kind == "boolean":
+            if text.lower() not in ("true", "false"):
+                raise ValueError(raw)
+            return text.lower()
+        if kind in ("int", "long", "short", "double"):
+            value = float(text) if kind == "double" else int(text)
+            if value != also and ((low is not None and value < low) or (high is not None and value > high)):
+                bounds = f"from {low}" + (f" to {high}" if high is not None else "") + \
+                    (f" (or {also})" if also is not None else "")
+                raise InvalidConfigError(f"{key}: {raw!r} is not {bounds}")
+            return text
+    except (TypeError, ValueError):
+        raise InvalidConfigError(f"{key}: {raw!r} is not a valid {kind}") from None
+    items = [v.strip() for v in text.split(",")] if kind == "list" else [text]
+    if choices is not None and any(v not in choices for v in items if v or kind != "list"):
+        raise InvalidConfigError(f"{key}: {raw!r} is not {'a list of ' if kind == 'list' else ''}"
+                                 f"{', '.join(choices)}")
+    return text
 
 
 def _parse(key: str, f: dataclasses.Field, raw):

@@ -27,6 +27,9 @@ Accepts (addresses and message parts: ``odradek.actors.names``):
                  acks, timeout_ms}  from the transaction coordinator: a commit or abort
                                     marker (control batch) per partition led here, answered
                                     (acks -1) once replicated to the ISR
+  describe_log_dirs {topics: [[topic, [partition]]] | null}   from a handler (DESCRIBE_LOG_DIRS):
+                                    -> {parts: [[topic, partition, size, offset_lag]]}, every
+                                    hosted partition asked for, led or followed
   describe_producers {parts: [[topic, partition]]}   from the transaction coordinator
                                     (DESCRIBE_PRODUCERS): -> {parts: [[topic, partition, code,
                                     message, [[producer_id, epoch, last_sequence,
@@ -86,6 +89,7 @@ from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, TRANSACTIONAL_BIT, BatchHeader
+from odradek.log.segment import LOG_SUFFIX
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.log")
@@ -861,6 +865,26 @@ class LogActor(Actor):
                 out.append([entry[0], entry[1], int(exc.code), exc.message, []])
         self.reply(msg, {"parts": out})
 
+    def on_describe_log_dirs(self, msg: Message) -> None:
+        """DESCRIBE_LOG_DIRS: each hosted partition (``topics`` null: all; else
+        ``[[topic, [partition]]]``) as ``[topic, partition, size of its segments in bytes,
+        offset lag]``; the lag is Kafka's for a current log (how far the log end trails the
+        high watermark). A partition still waiting to open is measured from its segment
+        files, without opening it (lag 0)."""
+        wanted = msg.get("topics")
+        if wanted is None:
+            keys = list(self.logs) + list(self.unopened)
+        else:
+            keys = [(t, i) for t, parts in wanted for i in parts if (t, i) in self.logs or (t, i) in self.unopened]
+        out = []
+        for key in keys:
+            p = self.logs.get(key)
+            if p is not None:
+                out.append([*key, p.log.size, max(0, p.log.high_watermark - p.log.log_end_offset)])
+            else:
+                out.append([*key, _files_size(partition_dir(self.data_dir, *key)), 0])
+        self.reply(msg, {"parts": out})
+
     def on_follower_state(self, msg: Message) -> None:
         out = []
         for topic, partition in msg.get("parts") or ():
@@ -1353,6 +1377,15 @@ def _delete_dir(directory: str, doomed: str) -> None:
         shutil.rmtree(directory)
         return
     shutil.rmtree(doomed, ignore_errors=True)
+
+
+def _files_size(directory: str) -> int:
+    """The bytes of a partition directory's segment files (0 if it is missing)."""
+    try:
+        with os.scandir(directory) as entries:
+            return sum(e.stat().st_size for e in entries if e.name.endswith(LOG_SUFFIX) and e.is_file())
+    except OSError:
+        return 0
 
 
 def _now_ms() -> int:

@@ -276,7 +276,8 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
         return [("Delete", "Group", str(g)) for g in body.get("groups_names") or []]
     if api == ApiKey.LIST_GROUPS:  # Kafka's: filtered, not refused (the handler keeps the groups one may Describe)
         return []
-    if api == ApiKey.DESCRIBE_ACLS or api == ApiKey.LIST_PARTITION_REASSIGNMENTS:
+    if api in (ApiKey.DESCRIBE_ACLS, ApiKey.LIST_PARTITION_REASSIGNMENTS, ApiKey.DESCRIBE_LOG_DIRS,
+               ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS):
         return [("Describe", "Cluster", CLUSTER)]
     if api in INTER_BROKER:
         return [("ClusterAction", "Cluster", CLUSTER)]

@@ -51,6 +51,7 @@ class ApiKey(enum.IntEnum):
     DELETE_ACLS = 31
     DESCRIBE_CONFIGS = 32
     ALTER_CONFIGS = 33
+    DESCRIBE_LOG_DIRS = 35
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
@@ -58,6 +59,8 @@ class ApiKey(enum.IntEnum):
     INCREMENTAL_ALTER_CONFIGS = 44
     ALTER_PARTITION_REASSIGNMENTS = 45
     LIST_PARTITION_REASSIGNMENTS = 46
+    DESCRIBE_USER_SCRAM_CREDENTIALS = 50
+    ALTER_USER_SCRAM_CREDENTIALS = 51
     DESCRIBE_CLUSTER = 60
     DESCRIBE_PRODUCERS = 61
     DESCRIBE_TRANSACTIONS = 65
@@ -180,6 +183,9 @@ class ErrorCode(enum.IntEnum):
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     THROTTLING_QUOTA_EXCEEDED = (89, True, "There is a throttling quota violation.")
     PRODUCER_FENCED = (90, False, "There is a newer producer with the same transactionalId which fences the current one.")
+    RESOURCE_NOT_FOUND = (91, False, "A request illegally referred to a resource that does not exist.")
+    DUPLICATE_RESOURCE = (92, False, "A request illegally referred to the same resource twice.")
+    UNACCEPTABLE_CREDENTIAL = (93, False, "Requested credential would not meet criteria for acceptability.")
     INVALID_UPDATE_VERSION = (95, False, "The given update version was invalid.")
     UNKNOWN_TOPIC_ID = (100, True, "This server does not host this topic ID.")
     TRANSACTIONAL_ID_NOT_FOUND = (105, False, "The transactionalId could not be found.")

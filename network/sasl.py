@@ -28,6 +28,7 @@ MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 DEFAULT_ENABLED = "SCRAM-SHA-256,SCRAM-SHA-512"  # PLAIN is opt-in: it sends the password itself
 SCRAM = {"SCRAM-SHA-256": "sha256", "SCRAM-SHA-512": "sha512"}
 MIN_ITERATIONS = 4096
+MAX_ITERATIONS = 16384  # Kafka's bound for a credential set through AlterUserScramCredentials (KIP-554)
 DEFAULT_ITERATIONS = 8192
 MAX_TOKEN = 8192  # longest client token accepted (Kafka's defaults are smaller than that in practice)
 
@@ -50,7 +51,11 @@ def _unb64(text: str) -> bytes:
 
 def _keys(digest: str, password: str, salt: bytes, iterations: int) -> tuple[bytes, bytes, bytes]:
     """(ClientKey, StoredKey, ServerKey) of a password."""
-    salted = hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, iterations)
+    return _salted_keys(digest, hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, iterations))
+
+
+def _salted_keys(digest: str, salted: bytes) -> tuple[bytes, bytes, bytes]:
+    """(ClientKey, StoredKey, ServerKey) of a SaltedPassword (RFC 5802)."""
     client_key = hmac.new(salted, b"Client Key", digest).digest()
     server_key = hmac.new(salted, b"Server Key", digest).digest()
     return client_key, hashlib.new(digest, client_key).digest(), server_key
@@ -64,7 +69,17 @@ def scram_credential(mechanism: str, password: str, iterations: int = DEFAULT_IT
     if iterations < MIN_ITERATIONS:
         raise ValueError(f"iterations must be at least {MIN_ITERATIONS}, got {iterations}")
     salt = salt or os.urandom(32)
-    _ck, stored, server = _keys(SCRAM[mechanism], password, salt, iterations)
+    digest = SCRAM[mechanism]
+    return salted_credential(mechanism, hashlib.pbkdf2_hmac(digest, password.encode("utf-8"), salt, iterations),
+                             salt, iterations)
+
+
+def salted_credential(mechanism: str, salted_password: bytes, salt: bytes, iterations: int) -> dict:
+    """The stored form from a SaltedPassword a client computed (KIP-554's
+    AlterUserScramCredentials: the password itself never reaches the broker)."""
+    if mechanism not in SCRAM:
+        raise ValueError(f"{mechanism!r} is not a SCRAM mechanism ({', '.join(SCRAM)})")
+    _ck, stored, server = _salted_keys(SCRAM[mechanism], salted_password)
     return {"salt": _b64(salt), "iterations": iterations, "stored_key": _b64(stored), "server_key": _b64(server)}
 
 

@@ -20,7 +20,7 @@ import json
 import logging
 import sys
 
-from odradek.network.protocol import OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError
 from odradek import config as cfg
 
 
@@ -44,10 +44,34 @@ def _bootstrap(args) -> str:
 # ---- serve / status --------------------------------------------------------------------
 def cmd_serve(args) -> int:
     config = _load(args)
+    _check_listeners_free(config)
     logging.basicConfig(level=config["log.level"], stream=sys.stderr,
                         format="%(asctime)s %(levelname)s [supervisor] %(message)s")
     from odradek.broker import serve
     return serve(config)
+
+
+def _check_listeners_free(config: dict) -> None:
+    """A listener's address already taken (another broker, any program) stops ``serve`` at
+    once with one line, before any actor starts (the acceptor would fail to bind, restart and
+    fail again until the supervisor gave up)."""
+    import errno
+    import socket
+    from odradek.network import listeners
+    for listener in listeners.of_config(config):
+        if listener.port == 0:
+            continue
+        sock = socket.socket(socket.AF_INET6 if ":" in listener.host else socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the acceptor binds
+            sock.bind((listener.host, listener.port))
+        except OSError as exc:
+            why = "is already in use (another broker or program listens there)" if exc.errno == errno.EADDRINUSE \
+                else f"cannot be bound: {exc.strerror}"
+            raise OdradekError(f"listener {listener.name} {listener.host}:{listener.port} {why}; choose another "
+                               f"with --set listeners=...", ErrorCode.INVALID_CONFIG) from None
+        finally:
+            sock.close()
 
 
 def _fmt_bytes(n) -> str:
@@ -104,7 +128,8 @@ def cmd_configs(args) -> int:
     from odradek.network.protocol import ApiKey
     host, port = parse_bootstrap(_bootstrap(args))[0]
     entity = args.entity_name if args.entity_name is not None else "0"
-    conn = BrokerConnection(host, port, client_id="odradek-configs")
+    from odradek.client_properties import options_of
+    conn = BrokerConnection(host, port, client_id="odradek-configs", **options_of(args))
     try:
         if args.alter:
             pairs = list(args.add_config or []) + list(args.pairs or [])
@@ -158,6 +183,15 @@ PERF_TESTS = {
 
 def cmd_perf(args, rest: list[str]) -> int:
     from odradek.actors.runtime import import_object
+    if args.what is None:  # `odradek perf --help`, or no test named
+        print("usage: odradek perf {" + ",".join(PERF_TESTS) + "} [--help] [options of that test]\n\n"
+              "benchmarks (docs/BENCHMARKS.md); `odradek perf TEST --help` lists a test's options:",
+              file=sys.stdout if {"-h", "--help"} & set(rest) else sys.stderr)
+        asked = bool({"-h", "--help"} & set(rest))
+        for name, (target, wants_bootstrap) in PERF_TESTS.items():
+            print(f"  {name:<11}{'(a running broker: --bootstrap-server HOST:PORT)' if wants_bootstrap else ''}".rstrip(),
+                  file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     target, wants_bootstrap = PERF_TESTS[args.what]
     if wants_bootstrap and not any(a.startswith("--bootstrap-server") for a in rest):
         rest = ["--bootstrap-server", _bootstrap(args)] + rest
@@ -192,6 +226,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--entity-name", help="broker id (default 0); user, client id or IP address "
                                          "('<default>' for all)")
     p.add_argument("--entity-default", action="store_true", help="the users', clients' or ips' default quota")
+    from odradek.client_properties import add_arguments
+    add_arguments(p)
     p.add_argument("--add-config", action="append", metavar="K=V[,K=V]")
     p.add_argument("pairs", nargs="*", metavar="KEY=VALUE", help="shorthand for --add-config")
     p.set_defaults(func=cmd_configs)
@@ -200,7 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("perf", help="benchmarks: " + ", ".join(PERF_TESTS) + " (each takes --help)",
                        add_help=False)
     _config_args(p)
-    p.add_argument("what", choices=list(PERF_TESTS))
+    p.add_argument("what", nargs="?", choices=list(PERF_TESTS))
     p.set_defaults(func=None)
 
     import importlib.util
@@ -228,15 +264,23 @@ def main(argv: list[str] | None = None) -> int:
     args, rest = parser.parse_known_args(argv)
     try:
         if args.command == "perf":
-            return cmd_perf(args, rest)
-        if rest:
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        return args.func(args)
+            code = cmd_perf(args, rest)
+        else:
+            if rest:
+                parser.error(f"unrecognized arguments: {' '.join(rest)}")
+            code = args.func(args)
+        sys.stdout.flush()  # here, so a closed pipe is seen below rather than at exit
+        return code
     except OdradekError as exc:
         print(f"odradek: {exc.message} ({exc.code.name})", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:  # `odradek ... | head`: the reader left; end quietly, as Kafka's tools do
+        import os
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())  # Python's own flush at exit must not fail again
+        return 1
 
 
 if __name__ == "__main__":

@@ -4,6 +4,9 @@ Every setting is declared once in ``SETTINGS`` (type, default, meaning, checks);
 lists the same table and a test keeps the two in step. Loading is strict: an unknown key, a
 value of the wrong type or out of range stops start-up with a message naming the setting.
 
+Kafka's other broker configs (``odradek.kafka_configs``: every name of Kafka 3.0 to 3.9) are
+accepted, checked as Kafka checks them, with a warning: they have no effect here.
+
 TOML accepts both spellings Kafka users reach for::
 
     "log.dirs" = "/var/lib/odradek"      # a quoted flat key
@@ -17,12 +20,20 @@ from __future__ import annotations
 import dataclasses
 import difflib
 import hashlib
+import logging
 import os
 import tomllib
 from typing import Any, Callable
 
+from odradek.kafka_configs import BROKER_CONFIGS as KAFKA_BROKER_CONFIGS
+from odradek.kafka_configs import DEPRECATED as KAFKA_DEPRECATED
+from odradek.log.config import kafka_value
+from odradek.log.errors import InvalidConfigError
 from odradek.network import listeners as _listeners
 from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
+
+
+log = logging.getLogger("odradek.config")
 
 
 class ConfigError(OdradekError):
@@ -415,6 +426,14 @@ def coerce(name: str, value: Any, from_text: bool = False) -> Any:
     if setting is None and _listener_setting(name):
         setting = _listener_setting(name)[1]
     if setting is None:
+        if name in KAFKA_BROKER_CONFIGS:  # Kafka's, not implemented here: checked as Kafka does, kept, no effect
+            try:
+                value = kafka_value(name, value, KAFKA_BROKER_CONFIGS, "setting")
+            except InvalidConfigError as exc:
+                raise ConfigError(f"setting {exc.message}") from None
+            log.warning("setting %r is accepted as Kafka does%s, but has no effect in Odradek (docs/CONFIG.md)", name,
+                        " (deprecated in Kafka)" if name in KAFKA_DEPRECATED else "")
+            return value
         raise _unknown(name)
     if from_text and isinstance(value, str) and setting.type is not str:
         text = value.strip()

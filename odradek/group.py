@@ -614,7 +614,11 @@ class GroupAdmin:
 
     def list(self) -> list[dict]:
         """Every group of the cluster: each broker lists those it coordinates (Kafka's way);
-        a broker that cannot be reached is skipped as long as one answers."""
+        a broker that cannot be reached is skipped as long as one answers. States are spelled
+        as Kafka spells them for both kinds of group (``kafka_state``)."""
+        return [{**g, "group_state": kafka_state(g.get("group_state"))} for g in self._list()]
+
+    def _list(self) -> list[dict]:
         self.cluster.refresh([])
         brokers = sorted(self.cluster.brokers.values())
         if len(brokers) <= 1:
@@ -659,6 +663,7 @@ class GroupAdmin:
         d = self._describe(group)
         if d.get("error_code"):
             raise error_for(d["error_code"], d.get("error_message"))
+        d = {**d, "group_state": kafka_state(d.get("group_state"))}
         committed = self.committed(group)
         owner = {}
         topics = set()
@@ -668,11 +673,14 @@ class GroupAdmin:
             topics |= set(m.get("subscribed_topic_names") or ())
         meta = self.cluster.refresh(sorted(topics | {tp.topic for tp in committed}) or None)
         tps = set(committed) | set(owner)
+        existing = set()  # offsets of a deleted topic stay committed: shown, without log end or lag
         for t in meta.get("topics", []):
-            if t["name"] in topics and not t.get("error_code"):
-                tps |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
-        ends = self.offsets(sorted(tps), -1)
-        stable = self.offsets(sorted(tps), -1, isolation_level=1)
+            if not t.get("error_code"):
+                existing |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
+                if t["name"] in topics:
+                    tps |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
+        ends = self.offsets(sorted(tps & existing), -1)
+        stable = self.offsets(sorted(tps & existing), -1, isolation_level=1)
         rows = []
         for tp in sorted(tps):
             m = owner.get(tp)
@@ -689,7 +697,8 @@ class GroupAdmin:
     def reset_offsets(self, group: str, topics: list[str] | None, *, to: str, value=None,
                       execute: bool = False) -> dict:
         """New committed offsets for an inactive group. ``to``: "earliest", "latest",
-        "datetime" (``value`` in ms since the epoch) or "shift" (``value``: +/- N).
+        "datetime" (``value`` in ms since the epoch), "shift" (``value``: +/- N), "offset"
+        (``value``: N, within each log's bounds) or "current" (the committed offsets).
         Without ``execute`` nothing is committed (a dry run, as Kafka's tool)."""
         d = self._describe(group)
         if not d.get("error_code") and d.get("members"):
@@ -717,6 +726,10 @@ class GroupAdmin:
             new = {tp: (off if off >= 0 else latest[tp]) for tp, off in found.items()}
         elif to == "shift":
             new = {tp: min(max(committed.get(tp, earliest[tp]) + int(value), earliest[tp]), latest[tp]) for tp in tps}
+        elif to == "offset":  # Kafka's --to-offset: the same offset everywhere, kept inside each log
+            new = {tp: min(max(int(value), earliest[tp]), latest[tp]) for tp in tps}
+        elif to == "current":  # Kafka's --to-current: the committed offset (the log end where none)
+            new = {tp: committed.get(tp, latest[tp]) for tp in tps}
         else:
             raise ValueError(f"unknown reset target {to!r}")
         if execute:
@@ -742,3 +755,14 @@ class GroupAdmin:
     def _describe(self, group: str) -> dict:
         return self._group_body(group, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]},
                                 item_codes=lambda b: [g.get("error_code", 0) for g in b.get("groups", [])])["groups"][0]
+
+
+# KIP-848 groups' states as the coordinator names them -> Kafka's spelling (ConsumerGroupState);
+# classic groups' states (Empty, PreparingRebalance, CompletingRebalance, Stable, Dead) already are
+KAFKA_STATES = {"empty": "Empty", "assigning": "Assigning", "reconciling": "Reconciling", "stable": "Stable",
+                "dead": "Dead"}
+
+
+def kafka_state(state):
+    return KAFKA_STATES.get(state, state) if isinstance(state, str) else state
+

@@ -32,6 +32,7 @@ import json
 import random
 import sys
 
+from odradek import client_properties
 from odradek.coordinator.reassignment import assign_replicas, assign_replicas_rack_aware
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
@@ -46,6 +47,7 @@ def add_parser(sub, config_args, bootstrap) -> None:
                                         "decommission a broker (like kafka-reassign-partitions)")
     config_args(p)
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p)
     g = p.add_mutually_exclusive_group(required=True)
     for action in ("generate", "execute", "verify", "cancel", "list"):
         g.add_argument(f"--{action}", action="store_true")
@@ -146,7 +148,8 @@ def throttled_replicas(plan: dict, current: dict) -> dict[str, dict[str, str]]:
 # ---- the command -----------------------------------------------------------------------------------
 def run(args, bootstrap: str) -> int:
     from odradek.admin import Admin
-    with Admin(bootstrap, client_id="odradek-reassign", request_timeout_ms=TIMEOUT_MS) as admin:
+    with Admin(bootstrap, client_id="odradek-reassign", request_timeout_ms=TIMEOUT_MS,
+               **client_properties.options_of(args)) as admin:
         if args.list:
             return _list(admin)
         if args.generate:

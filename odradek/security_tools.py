@@ -17,6 +17,7 @@ import ipaddress
 import os
 import sys
 
+from odradek import client_properties
 from odradek import config as cfg
 from odradek.actors.runtime import private_dir
 from odradek.network import authorizer as az
@@ -61,6 +62,7 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     for opt in ("--security-protocol", "--sasl-mechanism", "--user", "--password", "--ssl-cafile", "--ssl-certfile",
                 "--ssl-keyfile"):
         p.add_argument(opt, help="with --bootstrap-server: how to sign in (kafka-python's option names)")
+    client_properties.add_arguments(p)  # or Kafka's client properties file: no password on the command line
     p.set_defaults(func=cmd_acls)
 
 
@@ -151,7 +153,7 @@ def _resource(args) -> tuple[str, str] | None:
 
 
 def _security(args) -> dict:
-    return {k: v for k, v in (("security_protocol", args.security_protocol), ("sasl_mechanism", args.sasl_mechanism),
+    return client_properties.options_of(args) | {k: v for k, v in (("security_protocol", args.security_protocol), ("sasl_mechanism", args.sasl_mechanism),
                               ("sasl_plain_username", args.user), ("sasl_plain_password", args.password),
                               ("ssl_cafile", args.ssl_cafile), ("ssl_certfile", args.ssl_certfile),
                               ("ssl_keyfile", args.ssl_keyfile)) if v is not None}

@@ -22,6 +22,7 @@ import struct
 import sys
 import time
 
+from odradek import client_properties
 from odradek.network.protocol import ErrorCode, OdradekError
 
 _bootstrap_of = None  # set by add_parsers: args -> "host:port"
@@ -39,10 +40,12 @@ def add_parsers(sub, config_args, bootstrap) -> None:
                    help="broker TOML config (to find the default --bootstrap-server)")
     p.add_argument("--set", metavar="KEY=VALUE", action="append", default=[], help="broker config override")
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p)
     g = p.add_mutually_exclusive_group(required=True)
     for action in ("create", "list", "describe", "delete", "alter"):
         g.add_argument(f"--{action}", action="store_true")
-    p.add_argument("--topic", help="topic name")
+    p.add_argument("--topic", help="topic name; --list, --describe, --alter, --delete: a regular expression "
+                                   "(the whole name), as Kafka's")
     p.add_argument("--partitions", type=int, help="partition count (create; default: the broker's num.partitions)")
     p.add_argument("--replication-factor", type=int, help="replicas per partition (create)")
     p.add_argument("--config", dest="topic_config", action="append", default=[], metavar="KEY=VALUE",
@@ -50,25 +53,38 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     p.add_argument("--delete-config", action="append", default=[], metavar="KEY",
                    help="config to return to its default (alter); repeatable")
     p.add_argument("--if-not-exists", action="store_true", help="create: no error if the topic exists")
+    p.add_argument("--if-exists", action="store_true", help="alter, delete, describe: no error if no topic matches")
+    p.add_argument("--exclude-internal", action="store_true",
+                   help="list, describe: leave out the internal topics (__consumer_offsets, __transaction_state)")
+    p.add_argument("--under-replicated-partitions", action="store_true",
+                   help="describe: only partitions whose in-sync replicas are fewer than their replicas")
     p.set_defaults(func=cmd_topics)
 
     p = sub.add_parser("produce", help="send lines of stdin as records (like kafka-console-producer)")
     config_args(p)
-    p.add_argument("topic")
+    p.add_argument("topic", nargs="?", help="the topic (or --topic)")
+    p.add_argument("--topic", dest="topic_option", metavar="TOPIC", help="the topic, as Kafka's tool takes it")
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p, producer=True)
     p.add_argument("--property", action="append", default=[], metavar="KEY=VALUE",
                    help="parse.key=true, key.separator=SEP (default tab)")
     p.add_argument("--key-separator", metavar="SEP", help="shorthand for parse.key=true key.separator=SEP")
     p.add_argument("--partition", type=int, help="send every record to this partition")
     p.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"])
     p.add_argument("--linger-ms", type=float, default=5)
-    p.add_argument("--compression", default="lz4", choices=["lz4", "none"])
+    p.add_argument("--compression", "--compression-codec", dest="compression", default="lz4", choices=["lz4", "none"],
+                   help="the batches' codec (the bundled producer writes lz4 or none)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="print records to stdout (like kafka-console-consumer)")
     config_args(p)
-    p.add_argument("topic")
+    p.add_argument("topic", nargs="?", help="the topic (or --topic)")
+    p.add_argument("--topic", dest="topic_option", metavar="TOPIC", help="the topic, as Kafka's tool takes it")
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p, consumer=True)
+    p.add_argument("--group", help="consume in this consumer group (its committed offsets; commits as it goes)")
+    p.add_argument("--isolation-level", choices=("read_uncommitted", "read_committed"), default="read_uncommitted",
+                   help="read_committed: only committed transactions' records")
     p.add_argument("--from-beginning", action="store_true", help="start at the earliest offset (default: latest)")
     p.add_argument("--partition", type=int, help="read only this partition")
     p.add_argument("--offset", default=None,
@@ -91,12 +107,18 @@ def add_parsers(sub, config_args, bootstrap) -> None:
                                       "(like kafka-consumer-groups)")
     config_args(p)
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p)
     g = p.add_mutually_exclusive_group(required=True)
     g.add_argument("--list", action="store_true")
     g.add_argument("--describe", nargs="?", const="", metavar="GROUP")
     g.add_argument("--reset-offsets", nargs="?", const="", metavar="GROUP")
     g.add_argument("--delete", nargs="?", const="", metavar="GROUP")
     p.add_argument("--group", help="the group (instead of naming it after the action)")
+    p.add_argument("--all-groups", action="store_true", help="describe, reset, delete: every group")
+    p.add_argument("--members", action="store_true", help="describe: the members only (Kafka's --members)")
+    p.add_argument("--state", nargs="?", const="", metavar="STATES",
+                   help="describe: the group's state line only; list: only groups in these states "
+                        "(comma-separated, e.g. Stable,Empty)")
     p.add_argument("--isolation", choices=("read_uncommitted", "read_committed"), default="read_uncommitted",
                    help="describe: measure LAG to the LOG-END-OFFSET (read_uncommitted, Kafka's tool) or to the "
                         "LAST-STABLE-OFFSET (read_committed: what a read_committed consumer can reach; open "
@@ -108,6 +130,9 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     to.add_argument("--to-latest", action="store_true")
     to.add_argument("--to-datetime", metavar="YYYY-MM-DDTHH:MM:SS[.mmm][+HH:MM]")
     to.add_argument("--shift-by", type=int, metavar="N")
+    to.add_argument("--to-offset", type=int, metavar="N", help="the same offset on every partition")
+    to.add_argument("--to-current", action="store_true", help="the committed offsets (the log end where none)")
+    to.add_argument("--by-duration", metavar="PnDTnHnMnS", help="the offsets of this long ago (ISO-8601 duration)")
     p.add_argument("--execute", action="store_true", help="reset: apply (without it, only show the plan)")
     p.set_defaults(func=cmd_groups)
 
@@ -115,6 +140,7 @@ def add_parsers(sub, config_args, bootstrap) -> None:
                                                "replica (like kafka-leader-election --election-type preferred)")
     config_args(p)
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p)
     which = p.add_mutually_exclusive_group(required=True)
     which.add_argument("--all-topic-partitions", action="store_true")
     which.add_argument("--topic")
@@ -213,19 +239,30 @@ def check_status_address(status: dict, bootstrap: str) -> None:
 def cmd_topics(args) -> int:
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
-    with Admin(_bootstrap_of(args), client_id="odradek-topics", request_timeout_ms=TIMEOUT_MS) as admin:
+    with Admin(_bootstrap_of(args), client_id="odradek-topics", request_timeout_ms=TIMEOUT_MS,
+               **client_properties.options_of(args)) as admin:
         if args.list:
-            for name in admin.list_topics():
+            for name in _matching(admin, args):
                 print(name)
             return 0
         if args.describe:
             racks = {b: r for b, r in admin.broker_racks().items() if r}
-            for name in [args.topic] if args.topic else admin.list_topics():
+            names = _matching(admin, args)
+            if args.topic and not names and not args.if_exists:
+                raise OdradekError(f"topic '{args.topic}' does not exist (--if-exists: no error)",
+                                   ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+            for name in names:
+                d = admin.describe_topic(name)
+                if args.under_replicated_partitions:
+                    for p in d.partitions:
+                        if len(p.isr) < len(p.replicas):
+                            _print_partition(d.name, p, racks)
+                    continue
                 overrides = {c.name: c.value for c in admin.describe_configs(name) if c.source == "topic"}
-                _print_description(admin.describe_topic(name), overrides, racks)
+                _print_description(d, overrides, racks)
             return 0
-        topic = _need_topic(args)
         if args.create:
+            topic = _need_topic(args)
             try:
                 made = admin.create_topic(topic, -1 if args.partitions is None else args.partitions,
                                           -1 if args.replication_factor is None else args.replication_factor,
@@ -235,16 +272,42 @@ def cmd_topics(args) -> int:
                     return 0
                 raise
             print(f"Created topic {topic} with {made['num_partitions']} partitions.")
-        elif args.delete:
-            admin.delete_topic(topic)
-            print(f"Deleted topic {topic}.")
-        elif args.alter:
-            if args.partitions is not None:
-                raise OdradekError("changing the partition count is not supported yet; --alter changes configs",
-                                   ErrorCode.INVALID_REQUEST)
-            admin.alter_configs(topic, set=_configs(args.topic_config), delete=args.delete_config)
-            print(f"Completed updating config for topic {topic}.")
+            return 0
+        _need_topic(args)
+        topics = _matching(admin, args)
+        if not topics and not args.if_exists:
+            raise OdradekError(f"topic '{args.topic}' does not exist (--if-exists: no error)",
+                               ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        for topic in topics:
+            if args.delete:
+                admin.delete_topic(topic)
+                print(f"Deleted topic {topic}.")
+                continue
+            if args.partitions is not None:  # CreatePartitions: Kafka's tool only grows a topic
+                admin.create_partitions(topic, args.partitions)
+                print(f"Topic {topic} now has {args.partitions} partitions.")
+            if args.topic_config or args.delete_config:
+                admin.alter_configs(topic, set=_configs(args.topic_config), delete=args.delete_config)
+                print(f"Completed updating config for topic {topic}.")
+            elif args.partitions is None:
+                raise OdradekError("--alter needs --partitions N or --config/--delete-config", ErrorCode.INVALID_REQUEST)
     return 0
+
+
+def _matching(admin, args) -> list[str]:
+    """The topics ``--topic`` names: a regular expression matched against whole names (Kafka's
+    tool), every topic without it; internal ones unless ``--exclude-internal``."""
+    import re
+    names = admin.list_topics(include_internal=not args.exclude_internal)
+    if not args.topic:
+        return names
+    if args.topic in names:
+        return [args.topic]
+    try:
+        pattern = re.compile(args.topic)
+    except re.error as exc:
+        raise OdradekError(f"--topic {args.topic!r} is not a regular expression: {exc}", ErrorCode.INVALID_REQUEST)
+    return [n for n in names if pattern.fullmatch(n)]
 
 
 def _need_topic(args) -> str:
@@ -260,9 +323,13 @@ def _print_description(d, overrides: dict, racks: dict | None = None) -> None:
     rf = len(d.partitions[0].replicas) if d.partitions else 0
     print(f"Topic: {d.name}\tPartitionCount: {len(d.partitions)}\tReplicationFactor: {rf}\tConfigs: {configs}")
     for p in d.partitions:
-        print(f"\tTopic: {d.name}\tPartition: {p.partition}\tLeader: {p.leader}\t"
-              f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}"
-              + (f"\tRacks: {','.join(str(racks.get(r)) for r in p.replicas)}" if racks else ""))
+        _print_partition(d.name, p, racks)
+
+
+def _print_partition(topic: str, p, racks: dict | None) -> None:
+    print(f"\tTopic: {topic}\tPartition: {p.partition}\tLeader: {p.leader}\t"
+          f"Replicas: {','.join(map(str, p.replicas))}\tIsr: {','.join(map(str, p.isr))}"
+          + (f"\tRacks: {','.join(str(racks.get(r)) for r in p.replicas)}" if racks else ""))
 
 
 # ---- produce ----------------------------------------------------------------------------------
@@ -276,9 +343,10 @@ def cmd_produce(args) -> int:
     sep = separator.encode() if separator is not None else None
     handles = []
     failed: list = []
+    topic = _topic_of(args)
     with Producer(_bootstrap_of(args), acks=args.acks, linger_ms=args.linger_ms, client_id="odradek-produce",
-                  max_block_ms=TIMEOUT_MS,
-                  compression=None if args.compression == "none" else "lz4") as producer:
+                  max_block_ms=TIMEOUT_MS, compression=None if args.compression == "none" else "lz4",
+                  **client_properties.options_of(args)) as producer:
         for lineno, line in enumerate(sys.stdin.buffer, 1):
             line = line.rstrip(b"\r\n")
             key = None
@@ -288,7 +356,7 @@ def cmd_produce(args) -> int:
                     raise OdradekError(f"line {lineno} has no key separator {separator!r}", ErrorCode.INVALID_RECORD)
             else:
                 value = line
-            handles.append(producer.send(args.topic, value, key=key, partition=args.partition))
+            handles.append(producer.send(topic, value, key=key, partition=args.partition))
             if len(handles) >= 10000:
                 _collect(handles, failed)
         producer.flush()
@@ -318,15 +386,26 @@ def cmd_consume(args) -> int:
     key_sep = props.get("key.separator", "\t").encode()
     out = sys.stdout.buffer
     count = 0
-    with Consumer(_bootstrap_of(args), auto_offset_reset="earliest" if args.from_beginning else "latest",
-                  client_id="odradek-consume", request_timeout_ms=TIMEOUT_MS) as consumer:
-        if args.partition is not None:
-            tps = [TopicPartition(args.topic, args.partition)]
+    topic = _topic_of(args)
+    if args.group and (args.partition is not None or args.offset is not None):
+        raise OdradekError("--group consumes what the group assigns: not with --partition/--offset",
+                           ErrorCode.INVALID_REQUEST)
+    security, given = client_properties.args_properties(args)
+    group = args.group or given.get("group.id")
+    with Consumer(_bootstrap_of(args), auto_offset_reset="earliest" if args.from_beginning else
+                  given.get("auto.offset.reset", "latest"), client_id=given.get("client.id", "odradek-consume"),
+                  request_timeout_ms=TIMEOUT_MS, group_id=group,
+                  isolation_level=given.get("isolation.level", args.isolation_level), **security) as consumer:
+        if group:
+            consumer.subscribe([topic])
         else:
-            tps = [TopicPartition(args.topic, p) for p in _partitions(consumer, args.topic)]
-        consumer.assign(tps)
-        if args.offset is not None:
-            _seek(consumer, tps[0], args.offset)
+            if args.partition is not None:
+                tps = [TopicPartition(topic, args.partition)]
+            else:
+                tps = [TopicPartition(topic, p) for p in _partitions(consumer, topic)]
+            consumer.assign(tps)
+            if args.offset is not None:
+                _seek(consumer, tps[0], args.offset)
         idle_since = time.monotonic()
         try:
             while args.max_messages is None or count < args.max_messages:
@@ -345,6 +424,17 @@ def cmd_consume(args) -> int:
             pass
     print(f"Processed a total of {count} messages", file=sys.stderr)
     return 0
+
+
+def _topic_of(args) -> str:
+    """The topic named as Kafka's tools take it (``--topic``) or as a positional argument."""
+    if args.topic and args.topic_option and args.topic != args.topic_option:
+        raise OdradekError(f"two topics given: {args.topic!r} and --topic {args.topic_option!r}",
+                           ErrorCode.INVALID_REQUEST)
+    topic = args.topic_option or args.topic
+    if not topic:
+        raise OdradekError("name the topic: --topic TOPIC", ErrorCode.INVALID_REQUEST)
+    return topic
 
 
 def _partitions(consumer, topic: str) -> list:
@@ -393,28 +483,57 @@ def _format(r, show: dict, sep: bytes) -> bytes:
 @_one_line_errors
 def cmd_groups(args) -> int:
     from odradek.group import GroupAdmin
-    with GroupAdmin(_bootstrap_of(args), request_timeout_ms=TIMEOUT_MS) as admin:
+    with GroupAdmin(_bootstrap_of(args), request_timeout_ms=TIMEOUT_MS, **client_properties.options_of(args)) as admin:
         if args.list:
+            states = {s.strip().lower() for s in (args.state or "").split(",") if s.strip()}
             for g in admin.list():
-                print(f"{g['group_id']}\t{g['group_state']}")
+                if not states or str(g["group_state"]).lower() in states:
+                    print(f"{g['group_id']}\t{g['group_state']}")
             return 0
         group = next((v for v in (args.describe, args.reset_offsets, args.delete) if v), None) or args.group
-        if not group:
-            raise OdradekError("name the group: --describe GROUP (or --group GROUP)", ErrorCode.INVALID_REQUEST)
-        if args.describe is not None:
-            _print_group(admin.describe(group, args.isolation))
-        elif args.delete is not None:
-            admin.delete(group)
-            print(f"Deleted group {group}.")
+        if args.all_groups:
+            groups = [g["group_id"] for g in admin.list()]
+        elif group:
+            groups = [group]
         else:
-            to, value = _reset_target(args)
-            plan = admin.reset_offsets(group, args.topic or None, to=to, value=value, execute=args.execute)
-            print(f"{'GROUP':<20} {'TOPIC':<20} {'PARTITION':>9} {'OLD-OFFSET':>10} {'NEW-OFFSET':>10}")
-            for tp, (old, new) in plan.items():
-                print(f"{group:<20} {tp.topic:<20} {tp.partition:>9} {'-' if old is None else old:>10} {new:>10}")
-            if not args.execute:
-                print("(dry run: add --execute to apply)")
+            raise OdradekError("name the group: --describe GROUP (or --group GROUP, or --all-groups)",
+                               ErrorCode.INVALID_REQUEST)
+        for group in groups:
+            if args.describe is not None:
+                d = admin.describe(group, args.isolation)
+                if args.state is not None:
+                    _print_group_state(d)
+                elif args.members:
+                    _print_members(d)
+                else:
+                    _print_group(d)
+            elif args.delete is not None:
+                admin.delete(group)
+                print(f"Deleted group {group}.")
+            else:
+                to, value = _reset_target(args)
+                plan = admin.reset_offsets(group, args.topic or None, to=to, value=value, execute=args.execute)
+                print(f"{'GROUP':<20} {'TOPIC':<20} {'PARTITION':>9} {'OLD-OFFSET':>10} {'NEW-OFFSET':>10}")
+                for tp, (old, new) in plan.items():
+                    print(f"{group:<20} {tp.topic:<20} {tp.partition:>9} {'-' if old is None else old:>10} {new:>10}")
+                if not args.execute:
+                    print("(dry run: add --execute to apply)")
     return 0
+
+
+def _print_group_state(d: dict) -> None:
+    """kafka-consumer-groups --describe --state."""
+    print(f"{'GROUP':<24} {'ASSIGNMENT-STRATEGY':<20} {'STATE':<20} {'#MEMBERS':>8}")
+    print(f"{d['group_id']:<24} {d.get('assignor_name') or '-':<20} {d['group_state']:<20} {len(d['members']):>8}")
+
+
+def _print_members(d: dict) -> None:
+    """kafka-consumer-groups --describe --members."""
+    print(f"{'GROUP':<24} {'CONSUMER-ID':<40} {'HOST':<16} {'CLIENT-ID':<20} {'#PARTITIONS':>11}")
+    for m in d["members"]:
+        count = sum(len(a["partitions"]) for a in m["assignment"])
+        print(f"{d['group_id']:<24} {m['member_id']:<40} {m['client_host'] or '-':<16} {m['client_id'] or '-':<20} "
+              f"{count:>11}")
 
 
 def _reset_target(args) -> tuple[str, object]:
@@ -424,6 +543,12 @@ def _reset_target(args) -> tuple[str, object]:
         return "latest", None
     if args.shift_by is not None:
         return "shift", args.shift_by
+    if args.to_offset is not None:
+        return "offset", args.to_offset
+    if args.to_current:
+        return "current", None
+    if args.by_duration:
+        return "datetime", int(time.time() * 1000) - _duration_ms(args.by_duration)
     if args.to_datetime:
         import datetime
         try:
@@ -433,8 +558,19 @@ def _reset_target(args) -> tuple[str, object]:
         if when.tzinfo is None:
             when = when.astimezone()  # local time, as Kafka's tool
         return "datetime", int(when.timestamp() * 1000)
-    raise OdradekError("--reset-offsets needs --to-earliest, --to-latest, --to-datetime or --shift-by",
-                       ErrorCode.INVALID_REQUEST)
+    raise OdradekError("--reset-offsets needs --to-earliest, --to-latest, --to-datetime, --by-duration, --shift-by, "
+                       "--to-offset or --to-current", ErrorCode.INVALID_REQUEST)
+
+
+def _duration_ms(text: str) -> int:
+    """An ISO-8601 duration as Kafka's --by-duration takes it (``PnDTnHnMnS``, e.g. PT1H30M)."""
+    import re
+    m = re.fullmatch(r"P(?:(\d+)D)?(?:T(?:(\d+)H)?(?:(\d+)M)?(?:(\d+(?:\.\d+)?)S)?)?", text.strip().upper())
+    if not m or not any(m.groups()) or text.strip().upper().endswith("T"):
+        raise OdradekError(f"--by-duration {text!r} is not an ISO-8601 duration such as PT1H or P1DT12H",
+                           ErrorCode.INVALID_REQUEST)
+    days, hours, minutes, seconds = (float(g or 0) for g in m.groups())
+    return int((((days * 24 + hours) * 60 + minutes) * 60 + seconds) * 1000)
 
 
 def _print_group(d: dict) -> None:
@@ -653,7 +789,8 @@ def dump_index(path: str, out, time_index: bool) -> None:
 def cmd_leader_election(args) -> int:
     from odradek.admin import Admin
     from odradek.types import TopicPartition
-    with Admin(_bootstrap_of(args), client_id="odradek-leader-election", request_timeout_ms=TIMEOUT_MS) as admin:
+    with Admin(_bootstrap_of(args), client_id="odradek-leader-election", request_timeout_ms=TIMEOUT_MS,
+               **client_properties.options_of(args)) as admin:
         wanted = None
         if args.topic:
             parts = args.partition or [p.partition for p in admin.describe_topic(args.topic).partitions]

@@ -28,7 +28,9 @@ from __future__ import annotations
 import sys
 import time
 
+from odradek import client_properties
 from odradek.cluster import Cluster
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
 TIMEOUT_MS = 10000
@@ -40,6 +42,7 @@ def add_parser(sub, config_args, bootstrap) -> None:
                                             "(like kafka-transactions.sh)")
     config_args(p)
     p.add_argument("--bootstrap-server", metavar="HOST:PORT")
+    client_properties.add_arguments(p)
     cmds = p.add_subparsers(dest="txn_command", required=True)
     cmds.add_parser("list", help="every transactional id, from every broker's coordinator")
     d = cmds.add_parser("describe", help="one transactional id's state, from its coordinator")
@@ -62,7 +65,8 @@ def add_parser(sub, config_args, bootstrap) -> None:
 
 def run(args, bootstrap: str, out=None) -> int:
     out = out or sys.stdout
-    cluster = Cluster(bootstrap, "odradek-transactions", request_timeout_ms=TIMEOUT_MS)
+    cluster = Cluster(bootstrap, "odradek-transactions", request_timeout_ms=TIMEOUT_MS,
+                      security=ClientSecurity.from_options(client_properties.options_of(args)))
     try:
         cluster.refresh([args.topic] if getattr(args, "topic", None) else [])
         command = {"list": cmd_list, "describe": cmd_describe, "describe-producers": cmd_describe_producers,

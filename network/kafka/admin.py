@@ -18,6 +18,8 @@ to the controller broker and answers NOT_CONTROLLER when there is none).
   IncrementalAlterConfigs (44) -> INCREMENTAL_ALTER_CONFIGS (SET, DELETE, APPEND, SUBTRACT)
   AlterPartitionReassignments (45), ListPartitionReassignments (46) -> the same internal APIs
   DescribeCluster (60)         -> METADATA for no topics (brokers, cluster id, controller)
+  DescribeLogDirs (35)         -> DESCRIBE_LOG_DIRS (the log actors' partitions and sizes)
+  Describe/AlterUserScramCredentials (50, 51) -> the same internal APIs (mechanisms by name)
 
 Checks that need no broker state (duplicate names, a null config value, an explicit
 assignment of the wrong shape, an unknown resource type) are answered here, per item, as
@@ -29,7 +31,7 @@ from __future__ import annotations
 
 import uuid
 
-from odradek.log.config import LogConfig
+from odradek.log.config import KAFKA_TOPIC_CONFIGS, LogConfig
 from odradek.network.kafka.apis import Api, register
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -40,7 +42,8 @@ RESOURCE_TYPES = {v: k for k, v in RESOURCE_NAMES.items()}
 DYNAMIC_TOPIC_CONFIG, DYNAMIC_BROKER_CONFIG, STATIC_BROKER_CONFIG, DEFAULT_CONFIG = 1, 2, 4, 5
 # IncrementalAlterConfigs operations.
 OPS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
-TOPIC_KEYS = tuple(sorted(LogConfig.from_properties({}).to_properties()))  # what AlterConfigs may revert
+# what AlterConfigs may revert: every topic config, Kafka's accepted-but-unimplemented ones too
+TOPIC_KEYS = tuple(sorted({*LogConfig.from_properties({}).to_properties(), *KAFKA_TOPIC_CONFIGS}))
 SENSITIVE = ("password", "secret", "jaas", "key")
 NO_OPERATIONS = -2147483648  # authorized operations not asked for
 
@@ -496,3 +499,80 @@ def describe_cluster_error(version: int, request: dict, code: int, message: str)
 
 register(Api(ApiKey.DESCRIBE_CLUSTER, 0, 1, describe_cluster_to_internal, describe_cluster_from_internal,
              describe_cluster_error, internal=ApiKey.METADATA))
+
+
+# ---- DescribeLogDirs (35): the log actors' partitions and sizes (KIP-113) ------------------------
+
+def describe_log_dirs_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    topics = request.get("topics")  # null: every partition (an empty list: none, as Kafka)
+    return {"topics": None if topics is None else [{"topic": t["topic"], "partitions": list(t["partitions"])}
+                                                   for t in topics]}, []
+
+
+def describe_log_dirs_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"error_code": body.get("error_code", 0), "results": body.get("results") or []}
+
+
+def describe_log_dirs_error(version: int, request: dict, code: int, message: str) -> dict:
+    # v3+ carries the code at the top; before, Kafka answers an empty list (no directory is told)
+    return {"error_code": code, "results": []}
+
+
+register(Api(ApiKey.DESCRIBE_LOG_DIRS, 1, 4, describe_log_dirs_to_internal, describe_log_dirs_from_internal,
+             describe_log_dirs_error))
+
+
+# ---- DescribeUserScramCredentials (50), AlterUserScramCredentials (51) (KIP-554) -------------------
+
+SCRAM_MECHANISMS = {1: "SCRAM-SHA-256", 2: "SCRAM-SHA-512"}  # Kafka's ScramMechanism types
+SCRAM_TYPES = {v: k for k, v in SCRAM_MECHANISMS.items()}
+
+
+def describe_scram_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    users = request.get("users")
+    return {"users": None if users is None else [u["name"] for u in users]}, []
+
+
+def describe_scram_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"error_code": body.get("error_code", 0), "error_message": body.get("error_message"), "results": [
+        {"user": r["user"], "error_code": r.get("error_code", 0), "error_message": r.get("error_message"),
+         "credential_infos": [{"mechanism": SCRAM_TYPES.get(c["mechanism"], 0), "iterations": c["iterations"]}
+                              for c in r.get("credential_infos") or ()]}
+        for r in body.get("results") or ()]}
+
+
+def describe_scram_error(version: int, request: dict, code: int, message: str) -> dict:
+    # Kafka's getErrorResponse: the code at the top, no user. (librdkafka 2.x frees a pointer it
+    # never allocated on this path, as against Kafka: confluent-kafka aborts; kafka-python is fine)
+    return {"error_code": code, "error_message": message, "results": []}
+
+
+def _mechanism(number: int):
+    return SCRAM_MECHANISMS.get(number, number)  # an unknown number is refused by the handler, named
+
+
+def alter_scram_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"deletions": [{"name": d["name"], "mechanism": _mechanism(d["mechanism"])}
+                          for d in request.get("deletions") or ()],
+            "upsertions": [{"name": u["name"], "mechanism": _mechanism(u["mechanism"]), "iterations": u["iterations"],
+                            "salt": bytes(u["salt"]), "salted_password": bytes(u["salted_password"])}
+                           for u in request.get("upsertions") or ()]}, []
+
+
+def alter_scram_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    return {"results": [{"user": r["user"], "error_code": r.get("error_code", 0),
+                         "error_message": r.get("error_message")}
+                        for r in (reply.get("body") or {}).get("results") or ()]}
+
+
+def alter_scram_error(version: int, request: dict, code: int, message: str) -> dict:
+    users = [c["name"] for c in (request.get("deletions") or []) + (request.get("upsertions") or [])]
+    return {"results": [{"user": u, **_error_entry(code, message)} for u in dict.fromkeys(users)]}
+
+
+register(Api(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, describe_scram_to_internal, describe_scram_from_internal,
+             describe_scram_error))
+register(Api(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, alter_scram_to_internal, alter_scram_from_internal,
+             alter_scram_error))

@@ -27,7 +27,7 @@ def test_describe_shows_owner_committed_log_end_and_lag(loaded):
         m = join(c)
         assert commit(c, {("t", 0): 4}, m)[("t", 0)][0] == 0
         d = admin.describe("g")
-        assert d["group_state"] == "stable" and len(d["members"]) == 1
+        assert d["group_state"] == "Stable" and len(d["members"]) == 1
         rows = {(r["topic"], r["partition"]): r for r in d["partitions"]}
         assert rows[("t", 0)]["committed"] == 4 and rows[("t", 0)]["log_end"] == 10 and rows[("t", 0)]["lag"] == 6
         assert rows[("t", 1)]["committed"] is None and rows[("t", 1)]["lag"] is None

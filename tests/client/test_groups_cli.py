@@ -21,7 +21,7 @@ def test_groups_list_describe_reset_and_delete(broker):
             got += c.poll(200)
         c.commit({TopicPartition("t", 0): 3, TopicPartition("t", 1): 5})
         listed = odradek("groups", "--list", *bs)
-        assert listed.returncode == 0 and listed.stdout.split() == ["g", "stable"]
+        assert listed.returncode == 0 and listed.stdout.split() == ["g", "Stable"]
         described = odradek("groups", "--describe", "g", *bs)
         assert described.returncode == 0, described.stderr
         rows = {tuple(line.split()[:2]): line.split() for line in described.stdout.splitlines()

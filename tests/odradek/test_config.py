@@ -80,3 +80,25 @@ def test_status_without_a_running_broker_says_so(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "odradek", "status", "--set", f"log.dirs={tmp_path}"],
                           capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 1 and "no broker is running" in proc.stderr
+
+
+def test_every_kafka_broker_config_is_accepted_with_a_warning_and_checked_as_kafka(tmp_path, caplog):
+    """Kafka 3.x's server.properties names (odradek/kafka_configs.py, from Kafka's docs): a
+    name Odradek does not implement is kept, with a warning naming it, not refused."""
+    from odradek.kafka_configs import BROKER_CONFIGS
+    toml = tmp_path / "kafka.toml"
+    toml.write_text('"num.replica.fetchers" = 4\n"log.preallocate" = false\n'
+                    '"log.message.timestamp.difference.max.ms" = 1000\n[compression]\ntype = "zstd"\n')
+    with caplog.at_level("WARNING", logger="odradek.config"):
+        c = cfg.load(str(toml), ["background.threads=12", "sasl.kerberos.service.name=kafka"])
+    assert (c["num.replica.fetchers"], c["log.preallocate"], c["compression.type"]) == ("4", "false", "zstd")
+    assert c["background.threads"] == "12"
+    warned = caplog.text
+    assert "'background.threads' is accepted as Kafka does, but has no effect" in warned
+    assert "'log.message.timestamp.difference.max.ms' is accepted as Kafka does (deprecated in Kafka)" in warned
+    assert len(BROKER_CONFIGS) > 300 and {"zookeeper.connect", "log.dirs", "listeners"} <= set(BROKER_CONFIGS)
+    for bad, words in [("compression.type=brotli", "compression.type"), ("num.recovery.threads.per.data.dir=0",
+                                                                          "from 1"),
+                       ("log.preallocate=maybe", "not a valid boolean")]:
+        with pytest.raises(cfg.ConfigError, match=words):
+            cfg.load(None, [bad])
