@@ -149,6 +149,14 @@ class Follower:
         self.fsynced_offset = offset if fsynced is None else min(fsynced, offset)
 
 
+def _same_form(found: str, topic_id: str) -> bool:
+    """Whether ``found`` (read from a partition.metadata) has the form of a topic id as this
+    cluster writes them (``topic_id``'s length and alphabet: uuid4 hex): only then is it
+    another topic's id, and not a torn or damaged file."""
+    alphabet = set(topic_id) | set("0123456789abcdef")
+    return len(found) == len(topic_id) and set(found) <= alphabet
+
+
 class PartitionLog:
     """One hosted partition: its log and its replica state."""
     __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
@@ -1189,7 +1197,12 @@ class LogActor(Actor):
                 found = dict(line.split(": ", 1) for line in f.read().splitlines() if ": " in line).get("topic_id")
         except (OSError, ValueError):
             pass
-        if topic_id and found and found != topic_id:
+        if topic_id and found and found != topic_id and not _same_form(found, topic_id):
+            # not an id at all (a torn or damaged file): the data is this topic's, never thrown away
+            log.warning("%s: %s holds %r, not a topic id: rewritten with %s", directory, PARTITION_METADATA,
+                        found[:80], topic_id)
+            found = None
+        elif topic_id and found and found != topic_id:
             log.warning("%s holds topic id %s, not %s: a deleted topic's log, removed", directory, found, topic_id)
             _delete_dir(directory, doomed_dir(self.data_dir, *key, found))
             found = None

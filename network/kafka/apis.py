@@ -27,6 +27,7 @@ from typing import Callable
 
 from odradek.log import kafka_batch, records
 from odradek.log.errors import CorruptRecordError, RecordTooLargeError
+from odradek.network.kafka import schema
 from odradek.network.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
 from odradek.network.protocol import ApiKey, ErrorCode
 
@@ -49,6 +50,15 @@ REGISTRY: dict[int, Api] = {}
 
 
 def register(api: Api) -> Api:
+    """Add an API to the table ApiVersions advertises. Without a decoder of its own, an API
+    is served (and advertised) from the first version kio has a schema for: Kafka 4 removed
+    the oldest versions of some APIs (CreateTopics v0-1, DeleteTopics v0, DescribeConfigs
+    v0), and a request no schema reads could only be refused."""
+    if api.decode is None:
+        first = next((v for v in range(api.min_version, api.max_version + 1) if schema.known(api.key, v)), None)
+        if first is None:
+            raise ValueError(f"kio has no schema for API {api.key} v{api.min_version}..v{api.max_version}")
+        api = dataclasses.replace(api, min_version=first)
     REGISTRY[api.key] = api
     return api
 

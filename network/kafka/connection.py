@@ -55,7 +55,14 @@ class KafkaConnection:
             frame = self.intercept(req)
             if frame is not None:
                 return frame
-        return self._translate(req)
+        try:
+            return self._translate(req)
+        except framing.FrameError:
+            raise
+        except Exception as exc:  # a bug in a decoder: this connection is refused, the processor serves on
+            log.exception("cannot read %s v%d from client '%s'", _name(req.api), req.version, req.client)
+            raise framing.FrameError(f"{_name(req.api)} v{req.version} could not be read: "
+                                     f"{type(exc).__name__}: {exc}") from None
 
     def _translate(self, req: framing.Request) -> codec.Frame:
         api = REGISTRY.get(req.api)

@@ -405,6 +405,9 @@ def kafka_topic_id(stored) -> str:
     return _uuid(stored).hex
 
 
+_NO_TOPIC = uuid.UUID(int=0)
+
+
 def _topic_uuid(hex_id) -> uuid.UUID:
     try:
         return uuid.UUID(hex=hex_id) if hex_id else uuid.UUID(int=0)
@@ -423,8 +426,8 @@ def consumer_heartbeat_to_internal(version: int, request: dict) -> tuple[dict, l
             "subscribed_topic_regex": request.get("subscribed_topic_regex"),
             "server_assignor": request.get("server_assignor"),
             "topic_partitions": None if owned is None else
-            [{"topic_id": (t["topic_id"] or uuid.UUID(int=0)).hex, "partitions": list(t["partitions"])}
-             for t in owned],  # kio reads the zero uuid as None
+            # kio reads the all-zero id (no topic) as None
+            [{"topic_id": (t["topic_id"] or _NO_TOPIC).hex, "partitions": list(t["partitions"])} for t in owned],
             "topic_ids": True}, []
 
 

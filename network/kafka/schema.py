@@ -150,12 +150,30 @@ def _fields(cls) -> list:
 
 def from_dict(cls, d: dict):
     kwargs = {}
+    legacy = not getattr(cls, "__flexible__", True)
     for f, hint in _fields(cls):
         if f.name in d:
-            kwargs[f.name] = _convert(hint, f.metadata.get("kafka_type"), d[f.name])
+            value = d[f.name]
+            if legacy and type(value) is str and len(value) > _SAFE_CHARS:
+                value = _legacy_string(value)
+            kwargs[f.name] = _convert(hint, f.metadata.get("kafka_type"), value)
         elif f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING:
             kwargs[f.name] = _zero(hint, f.metadata.get("kafka_type"))
     return cls(**kwargs)
+
+
+LEGACY_STRING_MAX = 32767  # bytes of a non-flexible version's string (an i16 length)
+_SAFE_CHARS = LEGACY_STRING_MAX // 4  # no string of this many characters can be longer in UTF-8
+
+
+def _legacy_string(value: str) -> str:
+    """A string a non-flexible version can carry: an answer that echoes a client's 32 KiB name
+    inside a message would not fit an i16 length, and its encoding would fail; the message is
+    cut (and says so) instead."""
+    raw = value.encode("utf-8")
+    if len(raw) <= LEGACY_STRING_MAX:
+        return value
+    return raw[:LEGACY_STRING_MAX - 16].decode("utf-8", "ignore") + "... (truncated)"
 
 
 def _strip_optional(hint):
