@@ -202,6 +202,13 @@ def _configs(body: dict, op: str) -> list[tuple]:
     return out
 
 
+def offset_fetch_groups(body: dict) -> list[dict]:
+    """An OffsetFetch body's groups, request or answer: its ``groups`` (Kafka v8+), else itself.
+    A group's ``topics`` None asks for all its topics (the handler keeps those one may Describe)."""
+    groups = body.get("groups")
+    return [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [body]
+
+
 def _replica(body: dict) -> bool:
     return isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
 
@@ -241,9 +248,7 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
     if api == ApiKey.OFFSET_COMMIT:
         return [("Read", "Group", str(body.get("group_id")))] + [("Read", "Topic", n) for n in _names(body)]
     if api == ApiKey.OFFSET_FETCH:  # v8+ (librdkafka 2.x, Kafka 3 clients) asks for several groups at once
-        groups = body.get("groups") if isinstance(body.get("groups"), list) else [body]
-        return [need for g in groups if isinstance(g, dict)
-                for need in [("Describe", "Group", str(g.get("group_id")))] +
+        return [need for g in offset_fetch_groups(body) for need in [("Describe", "Group", str(g.get("group_id")))] +
                 [("Describe", "Topic", n) for n in _names(g)]]
     if api in (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.LEAVE_GROUP) or api in (11, 12, 14):  # Join, Heartbeat, Sync
         return [("Read", "Group", str(body.get("group_id")))]

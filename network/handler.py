@@ -56,6 +56,7 @@ from odradek.log.errors import RecordErrors
 from odradek.log.inflate import DEFAULT_LIMIT, limit_for
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
+from odradek.network.authorizer import offset_fetch_groups
 from odradek.network.credentials import Credentials
 from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
@@ -491,6 +492,12 @@ class RequestHandler(Actor):
                 if any(p == 0 for _h, p in self.listener_addresses.values())
                 else self._coordinator_on_listener(msg, reply)))
             return
+        if msg.get("api") == ApiKey.OFFSET_FETCH and self.guard.enabled and any(
+                g.get("topics") is None for g in offset_fetch_groups(body)):
+            # Kafka's OffsetFetch of all topics: the committed offsets of the topics one may Describe
+            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
+                         callback=lambda reply: self._describable_offsets(msg, reply))
+            return
         if msg.get("api") == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields or {}, "Describe", "Cluster",
                                                                            "kafka-cluster"):
             # Kafka's ListGroups: without Describe on the cluster, the groups one may Describe, no error
@@ -506,6 +513,17 @@ class RequestHandler(Actor):
         body = dict(reply.get("body") or {})
         body["groups"] = [g for g in body.get("groups") or () if isinstance(g, dict) and
                           self.guard.allowed(msg.fields or {}, "Describe", "Group", str(g.get("group_id")))]
+        self.reply(msg, {**reply.fields, "body": body})
+
+    def _describable_offsets(self, msg: Message, reply: Message) -> None:
+        if reply.is_error:
+            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
+            return
+        body = dict(reply.get("body") or {})
+        for g in offset_fetch_groups(body):
+            if isinstance(g.get("topics"), list):
+                g["topics"] = [t for t in g["topics"] if isinstance(t, dict) and
+                               self.guard.allowed(msg.fields or {}, "Describe", "Topic", str(t.get("name")))]
         self.reply(msg, {**reply.fields, "body": body})
 
     def _coordinator_on_listener(self, msg: Message, reply: Message) -> None:

@@ -285,3 +285,19 @@ def test_confluent_kafkas_admin_client_creates_describes_and_deletes_acls(acl_br
     deleted = [b for f in admin.delete_acls([flt]).values() for b in f.result(timeout=30)]
     assert deleted == [binding]
     assert admin.describe_acls(flt).result(timeout=30) == []
+
+
+def test_the_offsets_of_all_topics_of_a_group_are_those_the_principal_may_describe(acl_broker, topics):
+    """Kafka's OffsetFetch with no topics named (an admin client's list of a group's offsets)
+    answers the committed offsets of the topics the principal may Describe, not all of them:
+    alice may Describe 'a-...' but not 'other-...', both committed in her group by the admin."""
+    from confluent_kafka import ConsumerGroupTopicPartitions
+    group = "alice-group"
+    with Consumer(sasl_addr(acl_broker), group_id=group, enable_auto_commit=False, **as_user("admin")) as c:
+        tps = [TopicPartition(topics["a"], 0), TopicPartition(topics["other"], 0)]
+        c.assign(tps)
+        c.commit({tp: 0 for tp in tps})
+    for user, expected in (("admin", {topics["a"], topics["other"]}), ("alice", {topics["a"]})):
+        admin = confluent_kafka.admin.AdminClient(_confluent_as(acl_broker, user))
+        future = admin.list_consumer_group_offsets([ConsumerGroupTopicPartitions(group)])[group]
+        assert {tp.topic for tp in future.result(timeout=30).topic_partitions} == expected, user
