@@ -88,6 +88,19 @@ def test_unreadable_records_in_the_internal_topics_are_skipped_and_the_broker_re
     txn.begin_transaction()
     txn.produce("data", b"in a transaction", partition=0)
     txn.commit_transaction(30)
+    # What a hostile client can still get into the internal topics: a transaction naming their
+    # partitions (its records refused, its abort marker written to __transaction_state), and a
+    # commit under an odd group id with 4,000 characters of metadata.
+    hostile = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "hostile-txn"})
+    hostile.init_transactions(30)
+    hostile.begin_transaction()
+    hostile.produce(TXN_STATE_TOPIC, b"forged", partition=0)
+    hostile.produce(OFFSETS_TOPIC, b"forged", partition=0)
+    hostile.flush(30)
+    hostile.abort_transaction(30)
+    c = CKConsumer({"bootstrap.servers": broker.bootstrap, "group.id": "odd/group;id:x", "enable.auto.commit": False})
+    c.commit(offsets=[CKTopicPartition("data", 0, 2, metadata="m" * 4000)], asynchronous=False)
+    c.close()
     with Admin(broker.bootstrap) as admin:
         partitions = len(admin.describe_topic(OFFSETS_TOPIC).partitions)
     broker.stop()
@@ -116,6 +129,7 @@ def test_unreadable_records_in_the_internal_topics_are_skipped_and_the_broker_re
     assert f"{TXN_STATE_TOPIC}-0: offset" in log, broker.stderr_tail()
     for i, group in enumerate(GROUPS):  # the victim's last good commit too
         assert _committed(broker.bootstrap, group) == i + 1, group
+    assert _committed(broker.bootstrap, "odd/group;id:x") == 2
     _commit(broker.bootstrap, victim, 15)  # the coordinator serves the poisoned partition
     assert _committed(broker.bootstrap, victim) == 15
     txn = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "poisoned-txn"})
