@@ -3,15 +3,16 @@
 Pure state plus one durable file. Single writer: only the controller actor holds a
 ``TopicRegistry`` and changes it; everyone else receives copies by message. The file
 (``<log.dirs>/meta/topics.json``) is replaced atomically: temp file, fsync, rename, fsync of
-the directory, so a crash leaves either the old or the new metadata, never a mix. Beside it a reserve (``topics.json.reserve``, preallocated, at
-least twice the file) is given up when the disk is full, so that a change that frees space
-(a deletion, the undoing of a creation whose partitions could not be opened) can still be
-saved; a creation or an alter on a full disk is refused, and the reserve is taken again on a
-later save.
+the directory, so a crash leaves either the old or the new metadata, never a mix. Beside it
+a reserve (``topics.json.reserve``, preallocated, at least twice the file) is given up when
+the disk is full, so that a change that frees space (a deletion, the undoing of a creation
+whose partitions could not be opened) can still be saved; a creation or an alter on a full
+disk is refused, and the reserve is taken again on a later save.
 
 Topic names follow Kafka's rule: 1 to 249 characters of ``[a-zA-Z0-9._-]``, not ``.`` or
 ``..``. The internal topics (``network.protocol.INTERNAL_TOPICS``) are created here too, at
-their coordinators' request; clients cannot create, delete or alter them (the handlers refuse).
+their coordinators' request; clients cannot delete or alter them, nor create them otherwise
+(the handlers refuse).
 """
 from __future__ import annotations
 

@@ -429,7 +429,8 @@ class TxnCoordinator(Actor):
             code = reply.error_code if reply.is_error else result.get("error_code")
             if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
                 why = reply.error_message if reply.is_error else result.get("error_message")
-                fail(OdradekError(f"cannot create {TXN_STATE_TOPIC} ({why}); retry", ErrorCode.COORDINATOR_NOT_AVAILABLE))
+                fail(OdradekError(f"cannot create {TXN_STATE_TOPIC} ({why}); retry",
+                                  ErrorCode.COORDINATOR_NOT_AVAILABLE))
                 return
             log.info("created %s", TXN_STATE_TOPIC)
             self.partitions = max(self.partitions, 1)

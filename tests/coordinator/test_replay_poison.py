@@ -14,29 +14,14 @@ from confluent_kafka import Consumer as CKConsumer
 from confluent_kafka import Producer as CKProducer
 from confluent_kafka import TopicPartition as CKTopicPartition
 
-from odradek import Admin, Producer
+from odradek import Admin
 from odradek.actors.names import partition_dir
 from odradek.coordinator.offsets import partition_for
 from odradek.log.records import HEADER_SIZE, OFFSET_CRC, BatchHeader, crc_of, encode_batch
 from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC
+from tests.security.test_internal_topics import commit, committed, topic_with_records
 
 GROUPS = [f"group-{i}" for i in range(12)]
-
-
-def _commit(bootstrap: str, group: str, offset: int) -> None:
-    c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        c.commit(offsets=[CKTopicPartition("data", 0, offset)], asynchronous=False)
-    finally:
-        c.close()
-
-
-def _committed(bootstrap: str, group: str) -> int:
-    c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
-    try:
-        return c.committed([CKTopicPartition("data", 0)], timeout=30)[0].offset
-    finally:
-        c.close()
 
 
 def _undecodable(base_offset: int, epoch: int) -> bytes:
@@ -75,19 +60,27 @@ def test_unreadable_records_in_the_internal_topics_are_skipped_and_the_broker_re
                                                                                               tmp_path):
     data = str(tmp_path / "data")
     broker = start_broker(data)
-    with Admin(broker.bootstrap) as admin:
-        admin.create_topic("data", partitions=1)
-    with Producer(broker.bootstrap) as producer:
-        for i in range(20):
-            producer.send("data", b"%d" % i, partition=0)
-        producer.flush()
+    topic_with_records(broker.bootstrap, "data", 20)
     for i, group in enumerate(GROUPS):
-        _commit(broker.bootstrap, group, i + 1)
+        commit(broker.bootstrap, group, "data", i + 1)
     txn = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "poisoned-txn"})
     txn.init_transactions(30)
     txn.begin_transaction()
     txn.produce("data", b"in a transaction", partition=0)
     txn.commit_transaction(30)
+    # What a hostile client can still get into the internal topics: a transaction naming their
+    # partitions (its records refused, its abort marker written to __transaction_state), and a
+    # commit under an odd group id with 4,000 characters of metadata.
+    hostile = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "hostile-txn"})
+    hostile.init_transactions(30)
+    hostile.begin_transaction()
+    hostile.produce(TXN_STATE_TOPIC, b"forged", partition=0)
+    hostile.produce(OFFSETS_TOPIC, b"forged", partition=0)
+    hostile.flush(30)
+    hostile.abort_transaction(30)
+    c = CKConsumer({"bootstrap.servers": broker.bootstrap, "group.id": "odd/group;id:x", "enable.auto.commit": False})
+    c.commit(offsets=[CKTopicPartition("data", 0, 2, metadata="m" * 4000)], asynchronous=False)
+    c.close()
     with Admin(broker.bootstrap) as admin:
         partitions = len(admin.describe_topic(OFFSETS_TOPIC).partitions)
     broker.stop()
@@ -115,9 +108,10 @@ def test_unreadable_records_in_the_internal_topics_are_skipped_and_the_broker_re
     assert f"{OFFSETS_TOPIC}-{target}: offset {poisoned_at} cannot be read, skipped" in log, broker.stderr_tail()
     assert f"{TXN_STATE_TOPIC}-0: offset" in log, broker.stderr_tail()
     for i, group in enumerate(GROUPS):  # the victim's last good commit too
-        assert _committed(broker.bootstrap, group) == i + 1, group
-    _commit(broker.bootstrap, victim, 15)  # the coordinator serves the poisoned partition
-    assert _committed(broker.bootstrap, victim) == 15
+        assert committed(broker.bootstrap, group, "data") == i + 1, group
+    assert committed(broker.bootstrap, "odd/group;id:x", "data") == 2
+    commit(broker.bootstrap, victim, "data", 15)  # the coordinator serves the poisoned partition
+    assert committed(broker.bootstrap, victim, "data") == 15
     txn = CKProducer({"bootstrap.servers": broker.bootstrap, "transactional.id": "poisoned-txn"})
     txn.init_transactions(30)  # its state was read back (a new epoch of the same id)
     txn.begin_transaction()

@@ -26,7 +26,17 @@ from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, Err
 INVALID_TOPIC = int(ErrorCode.INVALID_TOPIC_EXCEPTION)
 
 
-def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
+def topic_with_records(bootstrap: str, topic: str, count: int) -> None:
+    """A one-partition topic holding ``count`` records (offsets to commit)."""
+    with Admin(bootstrap) as admin:
+        admin.create_topic(topic, partitions=1)
+    with Producer(bootstrap) as producer:
+        for i in range(count):
+            producer.send(topic, b"%d" % i, partition=0)
+        producer.flush()
+
+
+def commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
     c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         c.commit(offsets=[CKTopicPartition(topic, 0, offset)], asynchronous=False)
@@ -34,7 +44,7 @@ def _commit(bootstrap: str, group: str, topic: str, offset: int) -> None:
         c.close()
 
 
-def _committed(bootstrap: str, group: str, topic: str) -> int:
+def committed(bootstrap: str, group: str, topic: str) -> int:
     c = CKConsumer({"bootstrap.servers": bootstrap, "group.id": group, "enable.auto.commit": False})
     try:
         return c.committed([CKTopicPartition(topic, 0)], timeout=30)[0].offset
@@ -54,13 +64,8 @@ def test_no_client_can_write_delete_or_alter_an_internal_topic_and_offsets_survi
                                                                                                 tmp_path):
     data = str(tmp_path / "data")
     broker = start_broker(data)
-    with Admin(broker.bootstrap) as admin:
-        admin.create_topic("orders", partitions=1)
-    with Producer(broker.bootstrap) as producer:
-        for i in range(8):
-            producer.send("orders", b"%d" % i, partition=0)
-        producer.flush()
-    _commit(broker.bootstrap, "victim", "orders", 5)  # creates __consumer_offsets
+    topic_with_records(broker.bootstrap, "orders", 8)
+    commit(broker.bootstrap, "victim", "orders", 5)  # creates __consumer_offsets
     with Admin(broker.bootstrap) as admin:
         partitions = len(admin.describe_topic(OFFSETS_TOPIC).partitions)
     target = partition_for("victim", partitions)
@@ -128,7 +133,7 @@ def test_no_client_can_write_delete_or_alter_an_internal_topic_and_offsets_survi
     with Admin(broker.bootstrap) as admin:
         assert OFFSETS_TOPIC in admin.list_topics(include_internal=True)
         assert len(admin.describe_topic(OFFSETS_TOPIC).partitions) == partitions
-    assert _committed(broker.bootstrap, "victim", "orders") == 5
+    assert committed(broker.bootstrap, "victim", "orders") == 5
     broker.stop()
     broker = start_broker(data)  # ready, with the group's own commit and nothing a client wrote
-    assert _committed(broker.bootstrap, "victim", "orders") == 5
+    assert committed(broker.bootstrap, "victim", "orders") == 5
