@@ -156,26 +156,32 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
     codec = h.attributes & COMPRESSION_MASK
     more = None if codec == 0 else inflate.chunks(CODECS[codec], payload, limit)
     data, base, pos = (payload, 0, 0) if more is None else (b"", 0, 0)
+    # Past ``edge`` a window may not hold a record's prefix: refill (never, without ``more``).
+    edge = (1 << 62) if more is None else -1
     n = h.record_count
     index = 0
     try:
         while index < n:
-            if more is not None and len(data) - pos < _PREFIX:
+            if pos > edge:
                 data, base, pos = _window(more, data, base, pos, _PREFIX)
-            b = data[pos]  # the record's length: one byte below 64 (zigzag), else the general reader
+                edge = len(data) - _PREFIX
+            # Each varint inline for one and two bytes (lengths under 64 and 8,192), else _varint.
+            b = data[pos]
             if b < 0x80:
                 length, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:
+                b = (b & 0x7F) | data[pos + 1] << 7
+                length, pos = (b >> 1) ^ -(b & 1), pos + 2
             else:
                 length, pos = _varint(data, pos, 5, InvalidRecordError)
             if length < 0:
                 raise InvalidRecordError(f"record {index} has a negative length {length}")
             start = base + pos
-            pos += 1  # attributes: unused in magic 2
-            b = data[pos]
+            b = data[pos + 1]  # after the attributes byte (unused in magic 2)
             if b < 0x80:
-                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
+                ts_delta, pos = (b >> 1) ^ -(b & 1), pos + 2
             else:
-                ts_delta, pos = _varint(data, pos, 10, InvalidRecordError)
+                ts_delta, pos = _varint(data, pos + 1, 10, InvalidRecordError)
             b = data[pos]
             if b < 0x80:
                 off_delta, pos = (b >> 1) ^ -(b & 1), pos + 1
@@ -192,20 +198,35 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
                 pos += key_len
                 if pos > len(data):
                     data, base, pos = _skip(more, data, base, pos)
-            if more is not None and len(data) - pos < _FIELD:
+                    edge = len(data) - _PREFIX
+            if pos > edge:
                 data, base, pos = _window(more, data, base, pos, _FIELD)
-            value_len, pos = _varint(data, pos, 5, InvalidRecordError)
+                edge = len(data) - _PREFIX
+            b = data[pos]
+            if b < 0x80:
+                value_len, pos = (b >> 1) ^ -(b & 1), pos + 1
+            elif data[pos + 1] < 0x80:
+                b = (b & 0x7F) | data[pos + 1] << 7
+                value_len, pos = (b >> 1) ^ -(b & 1), pos + 2
+            else:
+                value_len, pos = _varint(data, pos, 5, InvalidRecordError)
             if value_len > 0:
                 pos += value_len
                 if pos > len(data):
                     data, base, pos = _skip(more, data, base, pos)
-            if more is not None and len(data) - pos < _FIELD:
+                    edge = len(data) - _PREFIX
+            if pos > edge:
                 data, base, pos = _window(more, data, base, pos, _FIELD)
-            count, pos = _varint(data, pos, 5, InvalidRecordError)
-            if count:
+                edge = len(data) - _PREFIX
+            if data[pos]:  # a header count other than 0
+                count, pos = _varint(data, pos, 5, InvalidRecordError)
                 if count < 0 or count > length:
                     raise InvalidRecordError(f"record {index} has an invalid header count {count}")
                 data, base, pos = _headers(more, data, base, pos, count, index)
+                if more is not None:
+                    edge = len(data) - _PREFIX
+            else:
+                pos += 1
             if base + pos - start != length:
                 raise InvalidRecordError(f"record {index} declares {length} bytes but its fields take "
                                          f"{base + pos - start}")
