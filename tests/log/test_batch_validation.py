@@ -77,22 +77,37 @@ def test_a_record_count_below_the_records_held_is_invalid():
         validate_produced(b)
 
 
-@pytest.mark.parametrize("bad", [
-    varint(3) + b"\x00" + b"\xff" * 11,                     # a timestamp varlong longer than 10 bytes
+FRAMING = [  # what the broker's offsets depend on: checked on every topic
     b"\xff\xff\xff\xff\x7f" + b"\x00" * 8,                  # a record length beyond 32 bits
+    b"\xff\xff\xff\xff\xff\x01" + b"\x00" * 8,              # a record length varint longer than 5 bytes
     varint(-5) + b"\x00" * 8,                               # a negative record length
+    varint(30) + b"\x00" * 8,                               # a record running past the batch
+]
+FIELDS = [  # inside a record: parsed where the broker reads records (compacted topics), else by readers
+    varint(3) + b"\x00" + b"\xff" * 11,                     # a timestamp varlong longer than 10 bytes
     varint(20) + b"\x00" + varint(0) + varint(0) + varint(-7) + b"\x00" * 16,  # a key length below -1 ... runs on
     varint(5) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(0) + varint(-3),  # a negative header count
     varint(8) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(0) + varint(0) + b"\x00\x00\x00",  # length lies
-])
-def test_malformed_records_are_invalid_record(bad):
-    assert code_of(batch(bad, 1)) == ErrorCode.INVALID_RECORD
+]
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+@pytest.mark.parametrize("bad", FRAMING)
+def test_malformed_framing_is_invalid_record_on_every_topic(bad, compacted):
+    assert code_of(batch(bad, 1), compacted=compacted) == ErrorCode.INVALID_RECORD
+
+
+@pytest.mark.parametrize("bad", FIELDS)
+def test_malformed_record_fields_are_invalid_record_where_records_are_parsed(bad):
+    assert code_of(batch(bad, 1), compacted=True) == ErrorCode.INVALID_RECORD
+    with pytest.raises(CorruptRecordError):  # and every reader's decoder refuses them
+        decode_batch(batch(bad, 1))
 
 
 def test_offset_deltas_out_of_order_are_invalid():
-    b = batch(record(None, b"x", 0) + record(None, b"y", 7), 2)
+    b = batch(record(b"k", b"x", 0) + record(b"k", b"y", 7), 2)
     with pytest.raises(InvalidRecordError, match="offset delta 7"):
-        validate_produced(b)
+        validate_produced(b, compacted=True)
 
 
 def test_compression_bits_on_raw_bytes_are_a_corrupt_message():
@@ -227,3 +242,27 @@ lg.close()
     message, grown_mib = done.stdout.splitlines()
     assert "batch at offset 1" in message and f"beyond {inflate.DEFAULT_LIMIT} bytes" in message, message
     assert int(grown_mib) < 64 + 96, f"the cleaner's peak grew by {grown_mib} MiB"
+
+
+def test_the_walk_agrees_with_the_decoder_on_random_batches_and_never_raises_anything_else():
+    import random
+    rng = random.Random(27)
+    for trial in range(60):
+        n = rng.randrange(1, 40)
+        recs = [Record(i, 1000 + rng.randrange(-5000, 5000), rng.choice([None, rng.randbytes(rng.randrange(0, 300))]),
+                       rng.randbytes(rng.choice([0, 5, 70, 9000, 200_000])),
+                       [[f"h{j}", rng.choice([None, rng.randbytes(rng.randrange(0, 100))])]
+                        for j in range(rng.choice([0, 0, 1, 3]))]) for i in range(n)]
+        codec = rng.choice(list(CODEC))
+        b = bytearray(kafka_batch.encode(recs, base_offset=0, first_timestamp=1000, max_timestamp=6000,
+                                         compression=codec))
+        h = BatchHeader.read(b)
+        assert [(o, 1000 + t, k) for o, t, k in kafka_batch.walk(b, h)] == \
+            [(r.offset, r.timestamp, r.key is not None) for r in recs], codec
+        validate_produced(b)
+        for _ in range(5):  # a flipped byte behind a good CRC: a Kafka error code, nothing else
+            bad = bytearray(b)
+            at = rng.randrange(HEADER_SIZE, len(bad))
+            bad[at] ^= 1 << rng.randrange(8)
+            struct.pack_into(">I", bad, OFFSET_CRC, kafka_batch.crc_of(bad, 0, len(bad)))
+            code_of(bad)
