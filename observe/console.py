@@ -41,6 +41,7 @@ from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
+from odradek.observe.history import INTERVAL, totals
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
 
 log = logging.getLogger("odradek.console")
@@ -337,27 +338,19 @@ def make_app(actor) -> bottle.Bottle:
         return {"ready": ok, "supervisor": status["supervisor"].get("state"), "not_running": waiting}
 
     @app.get("/api/totals")
-    def totals():
-        """What the live charts plot: cumulative counters (the page takes rates) and lag."""
-        snap = actor.gather()
-        out = {"time": time.time(), "bytes_in": 0, "records_in": 0, "bytes_out": 0, "records_out": 0, "lag": {}}
-        for fam in families(snap):
-            for s in fam.samples:
-                if "topic" in s.labels and not may("Describe", "Topic", s.labels["topic"]) or \
-                        "group" in s.labels and not may("Describe", "Group", s.labels["group"]):
-                    continue  # what the user's ACLs do not show
-                if s.name == "odradek_topic_bytes_in_total":
-                    out["bytes_in"] += s.value
-                elif s.name == "odradek_topic_records_in_total":
-                    out["records_in"] += s.value
-                elif s.name == "odradek_topic_bytes_out_total":
-                    out["bytes_out"] += s.value
-                elif s.name == "odradek_topic_records_out_total":
-                    out["records_out"] += s.value
-                elif s.name == "odradek_consumer_group_topic_lag":
-                    g = s.labels["group"]
-                    out["lag"][g] = out["lag"].get(g, 0) + s.value
-        return out
+    def api_totals():
+        """What the live charts plot: cumulative counters (the page takes rates) and lag, over
+        the topics and groups the user may Describe."""
+        return totals(actor.gather(), lambda t: may("Describe", "Topic", t), lambda g: may("Describe", "Group", g))
+
+    @app.get("/api/history")
+    def api_history():
+        """The last hour of the same numbers (``observe.history``), summed over every topic:
+        only for those who may Describe the cluster (anyone, with the authorizer off)."""
+        if not may("Describe", "Cluster", "kafka-cluster"):
+            return {"interval": INTERVAL, "samples": [], "why": "the history sums every topic: it needs Describe "
+                                                                "on the cluster"}
+        return {"interval": INTERVAL, "samples": actor.history.samples()}
 
     @app.get("/static/<path:path>")
     def static(path):

@@ -147,6 +147,8 @@ def test_a_user_sees_only_the_topics_and_groups_its_acls_let_it_describe(acl_bro
         status, _, body = alice.call("GET", path)
         assert status == 403 and "User:alice may not" in body, path
     assert alice.call("GET", "/topics/alice-orders")[0] == 200
+    status, _, body = alice.call("GET", "/api/history")  # sums over every topic: not without Describe on the cluster
+    assert status == 200 and '"samples": []' in body and "needs Describe on the cluster" in body
     assert alice.call("GET", "/topics/alice-orders/messages")[0] == 200
     admin = signed_in(acl_broker, "admin")
     status, _, body = admin.call("GET", "/topics")
