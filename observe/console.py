@@ -407,10 +407,11 @@ def make_app(actor) -> bottle.Bottle:
     def topic(name):
         need("Describe", "Topic", name)
         admin = clients_now().admin()
-        d = admin.describe_topic(name, configs=may("DescribeConfigs", "Topic", name))
+        d = admin.describe_topic(name, configs=False)
+        configs = admin.describe_configs(name) if may("DescribeConfigs", "Topic", name) else []
         sizes = _partition_gauges(actor.gather(), name)
-        return view("topic", title=f"Topic {name}", topic=d, sizes=sizes,
-                    message=bottle.request.query.get("msg", ""))
+        return view("topic", title=f"Topic {name}", topic=d, sizes=sizes, configs=sorted(configs),
+                    message=bottle.request.query.getunicode("msg") or "")
 
     @app.post("/topics/<name>/configs")
     def alter(name):
