@@ -7,12 +7,15 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/topics`` (create; delete with the name typed again);
-``/topics/<t>`` partitions, leaders, ISR, sizes, configs (alter); ``/topics/<t>/messages``
-the message browser (partition, from an offset or a timestamp, text / JSON / hex, key
-filter); ``/groups`` and ``/groups/<g>`` members, assignments, lag per partition;
-``/charts`` live throughput and lag (``/api/totals`` polled by the page); ``/login`` and
-``/logout``.
+Pages: ``/`` cluster and actor tree; ``/topics`` sizes, record counts, search, internal
+topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
+partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
+the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
+``/groups`` (members, lag, topics, search) and ``/groups/<g>`` (assignments, lag per
+partition; offset reset with a dry run first, delete); ``/charts`` the last hour
+(``/api/history``, kept by ``observe.history``) then live (``/api/totals``); ``/login`` and
+``/logout``. A broker's error answer is a page with its status (404 for a missing topic or
+group, ``broker_error``), never a traceback.
 Sign-in and ACLs (``observe.signin``): when the admin listener is reachable from beyond
 loopback or the broker has SASL users, every page but ``/metrics``, ``/health/*`` and
 ``/static/*`` needs a signed-in session, every POST its CSRF token, and each page and action
@@ -104,6 +107,12 @@ class Clients:
         address = self._address()
         return Consumer(address, client_id="odradek-console", enable_auto_commit=False,
                         auto_offset_reset="earliest", request_timeout_ms=10000, **self.security)
+
+    def producer(self):
+        """A producer for one record from the page (acks=all, no retries past the timeout)."""
+        from odradek.producer import Producer
+        return Producer(self._address(), client_id="odradek-console", acks="all", request_timeout_ms=10000,
+                        **self.security)
 
     def close(self) -> None:
         with self._lock:
@@ -451,10 +460,26 @@ def make_app(actor) -> bottle.Bottle:
         here = {k: v for k, v in (("partition", chosen), ("order", "newest" if newest else "oldest"),
                                   ("format", fmt), ("key", key)) if v}
         return view("messages", title=f"Messages of {name}", topic=name, partition=chosen, partitions=count,
+                    message=q.getunicode("msg") or "", internal=is_internal_topic(name),
                     newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, records=page.records,
                     error=page.error, render=render, when=human_time,
                     next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
                     first_url=f"?{urlencode(here)}")
+
+    @app.post("/topics/<name>/produce")
+    def produce(name):
+        """One record typed into the message browser's form (Write on the topic, as Produce)."""
+        need("Write", "Topic", name)
+        if is_internal_topic(name):
+            raise bottle.HTTPError(403, f"{name} is an internal topic: only the broker writes it.")
+        f = bottle.request.forms
+        partition = number(f.get("partition"), "partition", None)
+        key = f.getunicode("key") or ""
+        with clients_now().producer() as producer:
+            meta = producer.send(name, value=(f.getunicode("value") or "").encode(), key=key.encode() if key else None,
+                                 partition=partition).result(15)
+        bottle.redirect(f"/topics/{quote(name)}/messages?" + urlencode({
+            "partition": meta.partition, "msg": f"Produced to partition {meta.partition} at offset {meta.offset}"}))
 
     @app.get("/groups")
     def groups():
@@ -475,11 +500,11 @@ def make_app(actor) -> bottle.Bottle:
         need("Describe", "Group", group)
         return group_page(group, bottle.request.query.getunicode("msg") or "")
 
-    def group_page(group: str, message: str, preview: dict | None = None, form: dict | None = None) -> str:
+    def group_page(group: str, message: str, preview: list | None = None, form: dict | None = None) -> str:
         described = clients_now().groups().describe(group)
         topics = sorted({r["topic"] for r in described["partitions"]})
         return view("group", title=f"Group {group}", group=described, topics=topics, message=message,
-                    preview=preview, form=form or {}, when=human_time)
+                    preview=preview, form=form or {})
 
     @app.post("/groups/<group>/reset")
     def reset(group):
@@ -565,12 +590,12 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
     ones only if ``internal``, from one metadata request (every topic) and the log actors'
     partition rows; and how many internal topics were left out."""
     body = admin._cluster.refresh(None)  # one Metadata request for all: describe_topic would be one per topic
-    totals: dict[str, list] = {}
+    sums: dict[str, list] = {}
     for answer in snap.answers.values():
         for name, labels, value in (answer or {}).get("gauges") or ():
             if name == "partition":
                 row = dict(zip(PARTITION_COLUMNS, value))
-                t = totals.setdefault(labels[0], [0, 0])
+                t = sums.setdefault(labels[0], [0, 0])
                 t[0] += row["log_size"]
                 t[1] += row["high_watermark"] - row["log_start_offset"]
     rows, hidden, search = [], 0, search.lower()
@@ -583,7 +608,7 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
             hidden += 1
             continue
         parts = t.get("partitions") or []
-        size, records = totals.get(name, (None, None))
+        size, records = sums.get(name, (None, None))
         rows.append(TopicRow(name, len(parts), len(parts[0].get("replicas") or ()) if parts else 0, is_internal,
                              size, records))
     return rows, hidden

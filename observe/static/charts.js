@@ -1,7 +1,9 @@
-// The charts: the last hour from /api/history (sampled by the metrics actor every 10 s),
-// then /api/totals every 2 s; counters become rates between samples. Drawn on canvases with
-// a time axis (local time) and a value axis. No library, nothing from the internet.
-const WINDOW = 3600;  // seconds shown
+// The charts: the history from /api/history (sampled by the metrics actor every 10 s, an
+// hour kept), then /api/totals every 2 s; counters become rates between samples. Drawn on
+// canvases with a time axis (local time; from 5 minutes to an hour wide, as old as the
+// history) and a value axis. No library, nothing from the internet.
+const WINDOW = 3600;  // seconds kept and shown at most
+const MIN_WINDOW = 300;  // seconds shown at least (a young broker's history fills the width)
 const LIVE_EVERY = 2000;  // ms between live samples
 const COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"];
 const PAD = {left: 64, right: 12, top: 22, bottom: 26};
@@ -24,8 +26,8 @@ function clock(t) {
   return pad(d.getHours()) + ":" + pad(d.getMinutes());
 }
 
-// series: {name: [[time, value], ...]}; the x axis spans the last WINDOW seconds to now
-function draw(id, series, now) {
+// series: {name: [[time, value], ...]}; the x axis spans the last `span` seconds to now
+function draw(id, series, now, span) {
   const c = document.getElementById(id), g = c.getContext("2d");
   const w = c.width - PAD.left - PAD.right, h = c.height - PAD.top - PAD.bottom;
   g.clearRect(0, 0, c.width, c.height);
@@ -33,15 +35,15 @@ function draw(id, series, now) {
   let max = 0;
   for (const n of names) for (const [, v] of series[n]) max = Math.max(max, v);
   const step = niceStep(max > 0 ? max : 1, 4), top = Math.max(step, Math.ceil(max / step) * step);
-  const t0 = now - WINDOW, x = (t) => PAD.left + ((t - t0) / WINDOW) * w, y = (v) => PAD.top + h - (v / top) * h;
+  const t0 = now - span, x = (t) => PAD.left + ((t - t0) / span) * w, y = (v) => PAD.top + h - (v / top) * h;
   g.font = "11px sans-serif"; g.strokeStyle = "#ddd"; g.fillStyle = "#555"; g.lineWidth = 1;
   const yTicks = [], xTicks = [];
   for (let v = 0; v <= top + step / 2; v += step) {  // value axis: grid lines and labels
     g.beginPath(); g.moveTo(PAD.left, y(v)); g.lineTo(PAD.left + w, y(v)); g.stroke();
     g.textAlign = "right"; g.fillText(human(v), PAD.left - 6, y(v) + 4); yTicks.push(human(v));
   }
-  const first = Math.ceil(t0 / 600) * 600;  // time axis: every 10 minutes, local time
-  for (let t = first; t <= now; t += 600) {
+  const every = [60, 120, 300, 600].find((e) => span / e <= 8) || 600;  // time axis, local time
+  for (let t = Math.ceil(t0 / every) * every; t <= now; t += every) {
     g.beginPath(); g.moveTo(x(t), PAD.top); g.lineTo(x(t), PAD.top + h); g.stroke();
     g.textAlign = "center"; g.fillText(clock(t), x(t), PAD.top + h + 16); xTicks.push(clock(t));
   }
@@ -69,13 +71,14 @@ function rates(key) {
 
 function render() {
   const now = Date.now() / 1000;
-  samples = samples.filter((s) => s.time >= now - WINDOW - 60);
-  draw("throughput", {"bytes in": rates("bytes_in"), "bytes out": rates("bytes_out")}, now);
-  draw("records", {"records in": rates("records_in"), "records out": rates("records_out")}, now);
+  samples = samples.filter((s) => s.time >= now - WINDOW);
+  const span = Math.min(WINDOW, Math.max(MIN_WINDOW, samples.length ? now - samples[0].time : 0));
+  draw("throughput", {"bytes in": rates("bytes_in"), "bytes out": rates("bytes_out")}, now, span);
+  draw("records", {"records in": rates("records_in"), "records out": rates("records_out")}, now, span);
   const lag = {};
   for (const s of samples) for (const g of Object.keys(s.lag)) lag[g] = [];
   for (const s of samples) for (const g of Object.keys(lag)) lag[g].push([s.time, s.lag[g] || 0]);
-  draw("lag", lag, now);
+  draw("lag", lag, now, span);
 }
 
 async function tick() {

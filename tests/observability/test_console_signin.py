@@ -210,6 +210,8 @@ def test_the_acls_decide_the_consoles_actions_too(acl_broker):
     status, _, _ = alice.call("POST", "/topics/alice-orders/configs", {"key": "retention.ms", "value": "1000",
                                                                        "csrf": token})
     assert status == 403
+    status, _, body = alice.call("POST", "/topics/secret-payroll/produce", {"value": "x", "csrf": token})
+    assert status == 403 and "may not Write Topic 'secret-payroll'" in body
     # alice may Describe the group alice-listed-1, not Read (reset offsets) nor Delete it
     status, _, body = alice.call("POST", "/groups/alice-listed-1/reset", {"to": "earliest", "csrf": token})
     assert status == 403 and "may not Read Group 'alice-listed-1'" in body
