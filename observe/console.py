@@ -7,12 +7,15 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/topics`` (create; delete with the name typed again);
-``/topics/<t>`` partitions, leaders, ISR, sizes, configs (alter); ``/topics/<t>/messages``
-the message browser (partition, from an offset or a timestamp, text / JSON / hex, key
-filter); ``/groups`` and ``/groups/<g>`` members, assignments, lag per partition;
-``/charts`` live throughput and lag (``/api/totals`` polled by the page); ``/login`` and
-``/logout``.
+Pages: ``/`` cluster and actor tree; ``/topics`` sizes, record counts, search, internal
+topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
+partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
+the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
+``/groups`` (members, lag, topics, search) and ``/groups/<g>`` (assignments, lag per
+partition; offset reset with a dry run first, delete); ``/charts`` the last hour
+(``/api/history``, kept by ``observe.history``) then live (``/api/totals``); ``/login`` and
+``/logout``. A broker's error answer is a page with its status (404 for a missing topic or
+group, ``broker_error``), never a traceback.
 Sign-in and ACLs (``observe.signin``): when the admin listener is reachable from beyond
 loopback or the broker has SASL users, every page but ``/metrics``, ``/health/*`` and
 ``/static/*`` needs a signed-in session, every POST its CSRF token, and each page and action
@@ -41,6 +44,7 @@ from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
+from odradek.observe.history import INTERVAL, totals
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
 
 log = logging.getLogger("odradek.console")
@@ -103,6 +107,12 @@ class Clients:
         address = self._address()
         return Consumer(address, client_id="odradek-console", enable_auto_commit=False,
                         auto_offset_reset="earliest", request_timeout_ms=10000, **self.security)
+
+    def producer(self):
+        """A producer for one record from the page (acks=all, no retries past the timeout)."""
+        from odradek.producer import Producer
+        return Producer(self._address(), client_id="odradek-console", acks="all", request_timeout_ms=10000,
+                        **self.security)
 
     def close(self) -> None:
         with self._lock:
@@ -337,27 +347,19 @@ def make_app(actor) -> bottle.Bottle:
         return {"ready": ok, "supervisor": status["supervisor"].get("state"), "not_running": waiting}
 
     @app.get("/api/totals")
-    def totals():
-        """What the live charts plot: cumulative counters (the page takes rates) and lag."""
-        snap = actor.gather()
-        out = {"time": time.time(), "bytes_in": 0, "records_in": 0, "bytes_out": 0, "records_out": 0, "lag": {}}
-        for fam in families(snap):
-            for s in fam.samples:
-                if "topic" in s.labels and not may("Describe", "Topic", s.labels["topic"]) or \
-                        "group" in s.labels and not may("Describe", "Group", s.labels["group"]):
-                    continue  # what the user's ACLs do not show
-                if s.name == "odradek_topic_bytes_in_total":
-                    out["bytes_in"] += s.value
-                elif s.name == "odradek_topic_records_in_total":
-                    out["records_in"] += s.value
-                elif s.name == "odradek_topic_bytes_out_total":
-                    out["bytes_out"] += s.value
-                elif s.name == "odradek_topic_records_out_total":
-                    out["records_out"] += s.value
-                elif s.name == "odradek_consumer_group_topic_lag":
-                    g = s.labels["group"]
-                    out["lag"][g] = out["lag"].get(g, 0) + s.value
-        return out
+    def api_totals():
+        """What the live charts plot: cumulative counters (the page takes rates) and lag, over
+        the topics and groups the user may Describe."""
+        return totals(actor.gather(), lambda t: may("Describe", "Topic", t), lambda g: may("Describe", "Group", g))
+
+    @app.get("/api/history")
+    def api_history():
+        """The last hour of the same numbers (``observe.history``), summed over every topic:
+        only for those who may Describe the cluster (anyone, with the authorizer off)."""
+        if not may("Describe", "Cluster", "kafka-cluster"):
+            return {"interval": INTERVAL, "samples": [], "why": "the history sums every topic: it needs Describe "
+                                                                "on the cluster"}
+        return {"interval": INTERVAL, "samples": actor.history.samples()}
 
     @app.get("/static/<path:path>")
     def static(path):
@@ -414,10 +416,11 @@ def make_app(actor) -> bottle.Bottle:
     def topic(name):
         need("Describe", "Topic", name)
         admin = clients_now().admin()
-        d = admin.describe_topic(name, configs=may("DescribeConfigs", "Topic", name))
+        d = admin.describe_topic(name, configs=False)
+        configs = admin.describe_configs(name) if may("DescribeConfigs", "Topic", name) else []
         sizes = _partition_gauges(actor.gather(), name)
-        return view("topic", title=f"Topic {name}", topic=d, sizes=sizes,
-                    message=bottle.request.query.get("msg", ""))
+        return view("topic", title=f"Topic {name}", topic=d, sizes=sizes, configs=sorted(configs),
+                    message=bottle.request.query.getunicode("msg") or "")
 
     @app.post("/topics/<name>/configs")
     def alter(name):
@@ -457,10 +460,26 @@ def make_app(actor) -> bottle.Bottle:
         here = {k: v for k, v in (("partition", chosen), ("order", "newest" if newest else "oldest"),
                                   ("format", fmt), ("key", key)) if v}
         return view("messages", title=f"Messages of {name}", topic=name, partition=chosen, partitions=count,
+                    message=q.getunicode("msg") or "", internal=is_internal_topic(name),
                     newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, records=page.records,
                     error=page.error, render=render, when=human_time,
                     next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
                     first_url=f"?{urlencode(here)}")
+
+    @app.post("/topics/<name>/produce")
+    def produce(name):
+        """One record typed into the message browser's form (Write on the topic, as Produce)."""
+        need("Write", "Topic", name)
+        if is_internal_topic(name):
+            raise bottle.HTTPError(403, f"{name} is an internal topic: only the broker writes it.")
+        f = bottle.request.forms
+        partition = number(f.get("partition"), "partition", None)
+        key = f.getunicode("key") or ""
+        with clients_now().producer() as producer:
+            meta = producer.send(name, value=(f.getunicode("value") or "").encode(), key=key.encode() if key else None,
+                                 partition=partition).result(15)
+        bottle.redirect(f"/topics/{quote(name)}/messages?" + urlencode({
+            "partition": meta.partition, "msg": f"Produced to partition {meta.partition} at offset {meta.offset}"}))
 
     @app.get("/groups")
     def groups():
@@ -481,11 +500,11 @@ def make_app(actor) -> bottle.Bottle:
         need("Describe", "Group", group)
         return group_page(group, bottle.request.query.getunicode("msg") or "")
 
-    def group_page(group: str, message: str, preview: dict | None = None, form: dict | None = None) -> str:
+    def group_page(group: str, message: str, preview: list | None = None, form: dict | None = None) -> str:
         described = clients_now().groups().describe(group)
         topics = sorted({r["topic"] for r in described["partitions"]})
         return view("group", title=f"Group {group}", group=described, topics=topics, message=message,
-                    preview=preview, form=form or {}, when=human_time)
+                    preview=preview, form=form or {})
 
     @app.post("/groups/<group>/reset")
     def reset(group):
@@ -571,12 +590,12 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
     ones only if ``internal``, from one metadata request (every topic) and the log actors'
     partition rows; and how many internal topics were left out."""
     body = admin._cluster.refresh(None)  # one Metadata request for all: describe_topic would be one per topic
-    totals: dict[str, list] = {}
+    sums: dict[str, list] = {}
     for answer in snap.answers.values():
         for name, labels, value in (answer or {}).get("gauges") or ():
             if name == "partition":
                 row = dict(zip(PARTITION_COLUMNS, value))
-                t = totals.setdefault(labels[0], [0, 0])
+                t = sums.setdefault(labels[0], [0, 0])
                 t[0] += row["log_size"]
                 t[1] += row["high_watermark"] - row["log_start_offset"]
     rows, hidden, search = [], 0, search.lower()
@@ -589,7 +608,7 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
             hidden += 1
             continue
         parts = t.get("partitions") or []
-        size, records = totals.get(name, (None, None))
+        size, records = sums.get(name, (None, None))
         rows.append(TopicRow(name, len(parts), len(parts[0].get("replicas") or ()) if parts else 0, is_internal,
                              size, records))
     return rows, hidden

@@ -6,13 +6,14 @@ an HTTP server (waitress: an event loop and ``HTTP_THREADS`` workers) that serve
 (Prometheus text, through ``prometheus_client``), ``/health/live``, ``/health/ready`` and the console
 (``observe.console``).
 
-Threads. The HTTP server runs on threads of its own (its loop, its workers) and never touches
+Threads. The HTTP server runs on threads of its own (its loop, its workers), and the charts'
+history sampler (``observe.history.Sampler``) on one more; they never touch
 this actor's ZeroMQ sockets or state: what needs the broker is handed to the actor's loop
 with ``post()`` and awaited on a ``concurrent.futures.Future`` with a timeout. The loop
 never blocks on HTTP. The console's pages talk to the broker as a client (``Admin``,
 ``Consumer`` over TCP on the broker's own listener), as any operator's tool would.
 
-Sends (at scrape time, on the loop): ``status`` to the supervisor (the actor table: pids,
+Sends (at scrape time, and every 10 s for the charts' history; on the loop): ``status`` to the supervisor (the actor table: pids,
 states, restarts, RSS, CPU, messages handled) and, at the same time, ``_metrics`` to every
 actor running at the previous scrape (then to any the new table adds; each answers with
 its counters, histograms and scrape-time gauges: ``actors.metrics``).
@@ -35,6 +36,7 @@ from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
 from odradek.observe.collector import Snapshot
+from odradek.observe.history import History, Sampler
 
 log = logging.getLogger("odradek.metrics")
 
@@ -101,6 +103,8 @@ class MetricsActor(Actor):
         self.host = self.port = None
         self._last_status: dict | None = None  # used when the supervisor is too busy to answer a scrape
         self._processes = ProcessTimes()
+        self.history = History()  # the charts' last hour, sampled once the HTTP side serves
+        self.sampler: Sampler | None = None
         address = admin_address(self.config)
         if address is None:
             log.info("admin.listener is empty: no metrics, health or console over HTTP")
@@ -119,9 +123,13 @@ class MetricsActor(Actor):
         port = getattr(server, "effective_port", None)  # one address; several (localhost: ::1 and 127.0.0.1) else
         self.host, self.port = address[0], port if port is not None else server.effective_listen[0][1]
         threading.Thread(target=server.run, name="admin-http", daemon=True).start()
+        self.sampler = Sampler(self.gather, self.history)
+        self.sampler.start()
         log.info("metrics, health and console on http://%s:%d/", self.host, self.port)
 
     def on_stop(self) -> None:
+        if self.sampler is not None:
+            self.sampler.stop()
         if self.server is not None:
             self.server.task_dispatcher.shutdown(timeout=2)  # its worker threads (a page may be waiting)
             self.server.close()  # the listening socket(s)

@@ -18,6 +18,22 @@ partition <select name="partition">
 <option {{"selected" if f == fmt else ""}}>{{f}}</option>
 % end
 </select><button type="submit">Show</button></form>
+% if message:
+<p class="message" id="produced">{{message}}</p>
+% end
+% if not internal:
+<details id="produce"><summary>Produce a record</summary>
+<form method="post" action="/topics/{{topic}}/produce" class="inline">
+<input type="hidden" name="csrf" value="{{csrf}}">
+<select name="partition"><option value="">any partition</option>
+% for i in range(partitions):
+<option value="{{i}}">{{i}}</option>
+% end
+</select>
+<input name="key" placeholder="key (none if empty)">
+<textarea name="value" rows="2" cols="50" placeholder="value"></textarea>
+<button type="submit">Produce</button></form></details>
+% end
 % if error:
 <p class="message">{{error}}</p>
 % end

@@ -15,9 +15,10 @@
 % end
 </table>
 <h2>Configs</h2>
-<table id="configs"><tr><th>name</th><th>value</th></tr>
-% for k, v in sorted(topic.configs.items()):
-<tr><td>{{k}}</td><td>{{v}}</td></tr>
+<table id="configs"><tr><th>name</th><th>value</th><th>source</th></tr>
+% for c in configs:
+<tr class="{{"overridden" if c.source == "topic" else ""}}"><td>{{c.name}}</td><td>{{c.value}}</td>
+<td>{{"set on this topic" if c.source == "topic" else c.source}}</td></tr>
 % end
 </table>
 <form method="post" action="/topics/{{topic.name}}/configs" class="inline">

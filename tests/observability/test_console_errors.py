@@ -59,6 +59,10 @@ def test_the_message_after_a_config_change_is_whole_and_not_html_quoted(shared_b
     assert set_config(browser, "retention.ms", "3600000") == "Set retention.ms=3600000"
     with Admin(shared_broker.bootstrap) as admin:
         assert admin.describe_topic("configured").configs["retention.ms"] == "3600000"
+    # the page marks the value set on the topic apart from the defaults
+    overridden = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")]
+                  for tr in browser.find_elements(By.CSS_SELECTOR, "#configs tr.overridden")]
+    assert overridden == [["retention.ms", "3600000", "set on this topic"]]
     browser.get(shared_broker.console_url + "topics/configured")
     shown = set_config(browser, "cleanup.policy", "delete&compact<b>")
     # the broker's own words, after "Could not set cleanup.policy: ", to the end, with its quotes

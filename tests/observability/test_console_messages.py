@@ -9,6 +9,7 @@ import time
 
 import pytest
 from selenium.webdriver.common.by import By
+from selenium.webdriver.support.wait import WebDriverWait
 
 from odradek import Admin, Producer
 from tests.observability.browser import headless_chromium
@@ -86,3 +87,16 @@ def test_one_partition_a_key_filter_and_a_timestamp_still_work(spread, browser):
 def test_a_partition_that_does_not_exist_is_a_404_and_a_bad_cursor_a_400(spread):
     assert http_get(spread.console_url + "topics/spread/messages?partition=7")[0] == 404
     assert http_get(spread.console_url + "topics/spread/messages?cursor=zero")[0] == 400
+
+
+def test_a_record_produced_from_the_page_is_shown_first(spread, browser):
+    browser.get(spread.console_url + "topics/spread/messages")
+    browser.find_element(By.CSS_SELECTOR, "#produce summary").click()
+    form = browser.find_element(By.CSS_SELECTOR, "#produce form")
+    form.find_element(By.NAME, "key").send_keys("typed-key")
+    form.find_element(By.NAME, "value").send_keys('{"typed": true}')
+    form.find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 20).until(lambda d: d.find_elements(By.ID, "produced"))
+    assert re.fullmatch(r"Produced to partition \d at offset \d+", browser.find_element(By.ID, "produced").text)
+    first = [td.text for td in browser.find_elements(By.CSS_SELECTOR, "#records tr")[1].find_elements(By.TAG_NAME, "td")]
+    assert first[3:5] == ["typed-key", '{"typed": true}']

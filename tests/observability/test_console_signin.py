@@ -147,6 +147,8 @@ def test_a_user_sees_only_the_topics_and_groups_its_acls_let_it_describe(acl_bro
         status, _, body = alice.call("GET", path)
         assert status == 403 and "User:alice may not" in body, path
     assert alice.call("GET", "/topics/alice-orders")[0] == 200
+    status, _, body = alice.call("GET", "/api/history")  # sums over every topic: not without Describe on the cluster
+    assert status == 200 and '"samples": []' in body and "needs Describe on the cluster" in body
     assert alice.call("GET", "/topics/alice-orders/messages")[0] == 200
     admin = signed_in(acl_broker, "admin")
     status, _, body = admin.call("GET", "/topics")
@@ -208,6 +210,8 @@ def test_the_acls_decide_the_consoles_actions_too(acl_broker):
     status, _, _ = alice.call("POST", "/topics/alice-orders/configs", {"key": "retention.ms", "value": "1000",
                                                                        "csrf": token})
     assert status == 403
+    status, _, body = alice.call("POST", "/topics/secret-payroll/produce", {"value": "x", "csrf": token})
+    assert status == 403 and "may not Write Topic 'secret-payroll'" in body
     # alice may Describe the group alice-listed-1, not Read (reset offsets) nor Delete it
     status, _, body = alice.call("POST", "/groups/alice-listed-1/reset", {"to": "earliest", "csrf": token})
     assert status == 403 and "may not Read Group 'alice-listed-1'" in body

@@ -1,0 +1,47 @@
+"""The charts (issue 29), in headless chromium: the metrics actor keeps a history (a sample
+every 10 s, an hour of them), so a page opened now draws the past, on axes with a local time
+scale and labelled values."""
+from __future__ import annotations
+
+import json
+import re
+import time
+
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.wait import WebDriverWait
+
+from odradek import Admin, Producer
+from tests.observability.browser import headless_chromium
+from tests.observability.conftest import http_get
+
+
+def test_a_chart_opened_now_shows_the_history_on_axes(shared_broker):
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("charted")
+    deadline = time.monotonic() + 60
+    with Producer(shared_broker.bootstrap) as producer:
+        while True:  # records in while the sampler takes at least three samples
+            for _ in range(20):
+                producer.send("charted", value=b"x" * 500).result(30)
+            history = json.loads(http_get(shared_broker.console_url + "api/history")[1])
+            if len(history["samples"]) >= 3 or time.monotonic() > deadline:
+                break
+            time.sleep(1)
+    samples = history["samples"]
+    assert history["interval"] == 10 and len(samples) >= 3, history
+    assert samples[-1]["records_in"] > samples[0]["records_in"]
+    assert all(b["time"] - a["time"] > 5 for a, b in zip(samples, samples[1:]))  # every 10 s, not per request
+    opened = time.time()
+    with headless_chromium() as browser:
+        browser.get(shared_broker.console_url + "charts")
+        records = WebDriverWait(browser, 20).until(
+            lambda d: d.find_element(By.ID, "records") if d.find_element(By.ID, "records").get_attribute("data-points")
+            else None)
+        # the history's rates are drawn, from before the page was opened
+        assert int(records.get_attribute("data-points")) >= 2 * (len(samples) - 1)
+        assert float(records.get_attribute("data-since")) <= samples[0]["time"] < opened
+        x_ticks = records.get_attribute("data-x-ticks").split()
+        y_ticks = records.get_attribute("data-y-ticks").split()
+    # a young history spans the least window, 5 minutes: a tick every minute
+    assert len(x_ticks) >= 4 and all(re.fullmatch(r"\d\d:\d\d", t) for t in x_ticks), x_ticks
+    assert y_ticks[0] == "0" and len(y_ticks) >= 2 and "e" not in "".join(y_ticks)  # no e-notation
