@@ -131,7 +131,9 @@ def test_topics_options_as_kafka_topics_has_them(secure_broker):
     for suffix in ("a", "b"):
         ok("topics", "--create", "--topic", f"{stem}.{suffix}", "--partitions", "1", *bs)
     ok("groups", "--list", *bs)  # nothing to show; the internal topics exist once a group or commit ran
-    ok("consume", "--topic", f"{stem}.a", "--group", name("g"), "--from-beginning", "--timeout-ms", "1500", *bs)
+    group = name("g")
+    ok("produce", "--topic", f"{stem}.a", *bs, stdin="r\n")
+    ok("consume", "--topic", f"{stem}.a", "--group", group, "--from-beginning", "--max-messages", "1", *bs)
     listed = ok("topics", "--list", *bs).split()
     assert "__consumer_offsets" in listed  # internal topics are listed, as Kafka's tool does
     assert "__consumer_offsets" not in ok("topics", "--list", "--exclude-internal", *bs).split()
@@ -149,6 +151,9 @@ def test_topics_options_as_kafka_topics_has_them(secure_broker):
     assert odradek("topics", "--describe", "--topic", "no-such-topic", "--if-exists", *bs).stdout == ""
     ok("topics", "--delete", "--topic", f"{stem}\\..*", *bs)
     assert not [t for t in ok("topics", "--list", *bs).split() if t.startswith(stem)]
+    # the group's offsets of a deleted topic stay committed: described, without a log end
+    gone = ok("groups", "--describe", group, *bs)
+    assert any(line.split()[:3] == [f"{stem}.a", "0", "1"] and line.split()[3] == "-" for line in gone.splitlines())
 
 
 # ---- consume: group, isolation, properties -------------------------------------------------------------

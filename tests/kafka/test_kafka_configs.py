@@ -5,14 +5,13 @@ kafka-python's admin clients against the package's broker; checked as Kafka chec
 bad value is still INVALID_CONFIG, as on Kafka)."""
 from __future__ import annotations
 
-import uuid
-
-from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka import KafkaError
 from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, ConfigSource, NewTopic
 from kafka import KafkaAdminClient
 from kafka.admin import NewTopic as KNewTopic
 
 from odradek.log.config import KAFKA_TOPIC_CONFIGS, LogConfig
+from tests.kafka.test_admin import name, outcome
 
 WAIT = 60
 # Kafka's topic configs that LogConfig has no field for (a value Kafka accepts for each)
@@ -23,18 +22,6 @@ UNIMPLEMENTED = {"compression.type": "zstd", "compression.gzip.level": "-1", "co
                  "message.timestamp.before.max.ms": "3600000", "message.timestamp.difference.max.ms": "3600000",
                  "preallocate": "true", "remote.log.copy.disable": "false", "remote.log.delete.on.disable": "false",
                  "remote.storage.enable": "false", "segment.jitter.ms": "1000"}
-
-
-def name() -> str:
-    return f"cfg-{uuid.uuid4().hex[:10]}"
-
-
-def error_of(future):
-    try:
-        future.result(timeout=WAIT)
-        return None
-    except KafkaException as exc:
-        return exc.args[0].code()
 
 
 def described(admin: AdminClient, topic: str) -> dict:
@@ -52,7 +39,7 @@ def test_create_alter_and_describe_take_every_kafka_topic_config(kafka_broker):
     admin = AdminClient({"bootstrap.servers": kafka_broker.bootstrap})
     try:
         t = name()
-        assert error_of(admin.create_topics([NewTopic(t, 1, 1, config=UNIMPLEMENTED)])[t]) is None
+        assert outcome(admin.create_topics([NewTopic(t, 1, 1, config=UNIMPLEMENTED)])[t]) is None
         got = described(admin, t)
         for key, value in UNIMPLEMENTED.items():
             assert got[key].value == value and got[key].source == ConfigSource.DYNAMIC_TOPIC_CONFIG.value, key
@@ -60,22 +47,22 @@ def test_create_alter_and_describe_take_every_kafka_topic_config(kafka_broker):
         res = ConfigResource("topic", t, incremental_configs=[
             ConfigEntry("compression.type", "lz4", incremental_operation=AlterConfigOpType.SET),
             ConfigEntry("preallocate", None, incremental_operation=AlterConfigOpType.DELETE)])
-        assert error_of(admin.incremental_alter_configs([res])[res]) is None
+        assert outcome(admin.incremental_alter_configs([res])[res]) is None
         got = described(admin, t)
         assert got["compression.type"].value == "lz4" and "preallocate" not in got
         res = ConfigResource("topic", t, set_config={"segment.jitter.ms": "5", "retention.ms": "60000"})
-        assert error_of(admin.alter_configs([res])[res]) is None
+        assert outcome(admin.alter_configs([res])[res]) is None
         got = described(admin, t)
         assert got["segment.jitter.ms"].value == "5" and "compression.type" not in got
         assert got["retention.ms"].value == "60000"
         # checked as Kafka checks them
         bad = [NewTopic(name(), 1, 1, config=c) for c in ({"compression.type": "brotli"}, {"preallocate": "yes"},
                                                           {"compression.gzip.level": "0"}, {"no.such.config": "1"})]
-        assert {k: error_of(f) for k, f in admin.create_topics(bad).items()} == {
+        assert {k: outcome(f) for k, f in admin.create_topics(bad).items()} == {
             n.topic: KafkaError.INVALID_CONFIG for n in bad}
         res = ConfigResource("topic", t, incremental_configs=[
             ConfigEntry("compression.zstd.level", "99", incremental_operation=AlterConfigOpType.SET)])
-        assert error_of(admin.incremental_alter_configs([res])[res]) == KafkaError.INVALID_CONFIG
+        assert outcome(admin.incremental_alter_configs([res])[res]) == KafkaError.INVALID_CONFIG
     finally:
         del admin
 
