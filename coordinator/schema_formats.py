@@ -78,6 +78,7 @@ PROMOTIONS = {("int", "long"), ("int", "float"), ("int", "double"), ("long", "fl
 
 def _parse_avro(doc: Any, canonical: str, references: list[str]) -> Parsed:
     import fastavro
+    _fields_present(doc)
     named: dict = {}
     try:
         for ref in references:
@@ -86,6 +87,24 @@ def _parse_avro(doc: Any, canonical: str, references: list[str]) -> Parsed:
     except Exception as exc:  # fastavro raises SchemaParseException, UnknownType, ValueError, ...
         raise InvalidSchema(f"invalid Avro schema: {exc}") from None
     return Parsed(AVRO, canonical, _strip(form), named)
+
+
+def _fields_present(doc: Any) -> None:
+    """The one check fastavro leaves out: a record declares its fields (the specification
+    requires the attribute; fastavro takes a record without one for an empty record)."""
+    if isinstance(doc, list):
+        for d in doc:
+            _fields_present(d)
+    elif isinstance(doc, dict):
+        if doc.get("type") in ("record", "error") and not isinstance(doc.get("fields"), list):
+            raise InvalidSchema(f"invalid Avro schema: record {doc.get('name')!r} has no 'fields' list")
+        for f in doc["fields"] if isinstance(doc.get("fields"), list) else ():
+            if isinstance(f, dict):
+                _fields_present(f.get("type"))
+        for key in ("items", "values"):
+            _fields_present(doc.get(key))
+        if isinstance(doc.get("type"), (dict, list)):
+            _fields_present(doc["type"])
 
 
 def _strip(form: Any) -> Any:

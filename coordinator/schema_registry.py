@@ -125,16 +125,18 @@ class SchemaRegistry:
         return None
 
     def _apply_schema(self, subject: str, version: int, v: dict | None) -> None:
-        versions = self.subjects.setdefault(subject, {})
         if v is None:
+            versions = self.subjects.get(subject, {})
             versions.pop(version, None)
             if not versions:
-                del self.subjects[subject]
+                self.subjects.pop(subject, None)
             return
         refs = tuple((r["name"], r["subject"], int(r["version"])) for r in v.get("references") or ())
         kind = v.get("schemaType") or formats.AVRO
+        if kind not in formats.TYPES or not isinstance(v["schema"], str) or not isinstance(subject, str):
+            raise ValueError(f"schemaType {kind!r}, schema and subject must be a type and strings")
         row = Version(subject, version, int(v["id"]), v["schema"], kind, refs, bool(v.get("deleted")))
-        versions[version] = row
+        self.subjects.setdefault(subject, {})[version] = row
         self.by_id[row.id] = (kind, row.schema, refs)
         self.ids.setdefault((kind, row.schema, refs), row.id)
 
