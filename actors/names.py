@@ -53,6 +53,7 @@ HANDLER = "handler"
 PROCESSOR = "processor"
 ACCEPTOR = "acceptor"
 METRICS = "metrics"
+SCHEMA_REGISTRY = "schema_registry"
 
 
 def pool_member(role: str, index: int) -> str:

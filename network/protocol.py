@@ -88,7 +88,8 @@ FETCH_ACTOR_APIS = (ApiKey.FETCH, ApiKey.LIST_OFFSETS)  # ... and to the fetch a
 # that names them.
 OFFSETS_TOPIC = "__consumer_offsets"  # the group coordinator's groups and committed offsets
 TXN_STATE_TOPIC = "__transaction_state"  # the transaction coordinator's transactions
-INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC})
+SCHEMAS_TOPIC = "_schemas"  # the schema registry's subjects, versions and settings (Confluent's name)
+INTERNAL_TOPICS = frozenset({OFFSETS_TOPIC, TXN_STATE_TOPIC, SCHEMAS_TOPIC})
 
 
 def is_internal_topic(name) -> bool:
@@ -227,6 +228,21 @@ class OdradekError(Exception):
 
     def __str__(self) -> str:
         return f"[{self.code.name}] {self.message}"
+
+
+def http_address(value: str | None, listeners: str) -> tuple[str, int] | None:
+    """An HTTP listener setting (``admin.listener``, ``schema.registry.listener``) as (host,
+    port); None when empty (off). ``HOST:+N`` is the first Kafka listener's port (of
+    ``listeners``) plus N (0 stays 0: an ephemeral port, as in tests; so does a sum over 65535)."""
+    value = (value or "").strip()
+    if not value:
+        return None
+    host, _, port = value.rpartition(":")
+    if port.startswith("+"):
+        kafka_port = parse_listener(listeners)[1]
+        port = kafka_port + int(port[1:]) if kafka_port else 0
+        return host, (port if port <= 65535 else 0)
+    return host, int(port)
 
 
 def parse_listener(value: str) -> tuple[str, int]:

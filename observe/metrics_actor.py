@@ -34,7 +34,7 @@ import waitress
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
+from odradek.network.protocol import ErrorCode, OdradekError, http_address
 from odradek.observe.collector import Snapshot
 from odradek.observe.history import History, Sampler
 
@@ -53,17 +53,8 @@ HTTP_SETTINGS = dict(threads=HTTP_THREADS, connection_limit=100, channel_timeout
 
 def admin_address(config: dict) -> tuple[str, int] | None:
     """``admin.listener`` as (host, port); None when empty (off). ``HOST:+N`` is the Kafka
-    listener's port plus N (0 stays 0: an ephemeral port, as in tests; so does a sum over
-    65535)."""
-    value = (config.get("admin.listener") or "").strip()
-    if not value:
-        return None
-    host, _, port = value.rpartition(":")
-    if port.startswith("+"):
-        kafka_port = parse_listener(config["listeners"])[1]
-        port = kafka_port + int(port[1:]) if kafka_port else 0
-        return host, (port if port <= 65535 else 0)
-    return host, int(port)
+    listener's port plus N (``network.protocol.http_address``)."""
+    return http_address(config.get("admin.listener"), config["listeners"])
 
 
 class ProcessTimes:

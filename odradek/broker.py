@@ -8,7 +8,9 @@ ZooKeeper session, ``coordinator.cluster_controller``), log actors (open and rec
 partitions), the fetch actor, the replica fetcher (cluster mode), the group coordinator (replays ``__consumer_offsets``,
 which it creates on first use), the transaction coordinator (hands out producer ids), request handlers, processors, the acceptor — so
 a client can connect only once everything behind the listener is ready, and on shutdown the
-listener closes first while the actors behind it still answer in-flight requests. The
+listener closes first while the actors behind it still answer in-flight requests. The schema
+registry (``coordinator.registry_actor``: replays ``_schemas``, then serves HTTP) follows the
+acceptor. The
 metrics actor (``observe.metrics_actor``: Prometheus metrics, health, the web console) comes
 after the acceptor: it asks every other actor at scrape time, so they all exist first.
 """
@@ -19,7 +21,7 @@ import resource
 import sys
 
 from odradek.actors.names import (ACCEPTOR, CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, LOG, METRICS, PROCESSOR,
-                                   REPLICA_FETCHER, TXN_COORDINATOR)
+                                   REPLICA_FETCHER, SCHEMA_REGISTRY, TXN_COORDINATOR)
 from odradek.actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
 from odradek import config as cfg
 
@@ -55,6 +57,8 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec(PROCESSOR, "odradek.network.processor:Processor", count=config["num.network.threads"], args=args,
                   watchers=(ACCEPTOR,), pool=True),
         ChildSpec(ACCEPTOR, "odradek.network.acceptor:Acceptor", count=1, args=dict(args)),
+        # Confluent's Schema Registry API on its own listener; state in _schemas through the log actors
+        ChildSpec(SCHEMA_REGISTRY, "odradek.coordinator.registry_actor:SchemaRegistryActor", count=1, args=args),
         # Last: everything it asks exists; first to stop, so no scrape sees a half-stopped tree.
         ChildSpec(METRICS, "odradek.observe.metrics_actor:MetricsActor", count=1, args=args),
     ]
@@ -84,6 +88,10 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
         acceptor_spec.args["bound_ports"] = {name: p for name, (_h, p, _proto) in listeners.items()}
         sup.info["address"] = f"{host}:{port}"
         sup.info["listeners"] = {name: f"{h}:{p}" for name, (h, p, _proto) in listeners.items()}
+        registry = sup.children[SCHEMA_REGISTRY].ready_info
+        if registry.get("registry_port"):
+            sup.info["schema_registry"] = f"http://{registry['registry_host']}:{registry['registry_port']}"
+            print(f"odradek schema registry on {sup.info['schema_registry']}", file=out, flush=True)
         admin = sup.children[METRICS].ready_info
         if admin.get("admin_port"):
             sup.info["console"] = f"http://{admin['admin_host']}:{admin['admin_port']}/"

@@ -153,6 +153,10 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "and the web console. `host:port`, or `host:+N` for the Kafka listener's port plus N (an "
             "ephemeral port when that is 0 or the sum is over 65535); empty turns it off. A port that "
             "cannot be bound is logged and leaves the broker running without HTTP.", _admin_listener),
+    Setting("schema.registry.listener", str, "127.0.0.1:+2000",
+            "HTTP address of the schema registry (Confluent's Schema Registry REST API, docs/SCHEMAS.md). "
+            "`host:port`, or `host:+N` for the Kafka listener's port plus N (an ephemeral port when that is 0 "
+            "or the sum is over 65535); empty turns it off. Not served in cluster mode yet.", _admin_listener),
     Setting("metrics.partition.level", bool, False,
             "Export per-partition series on `/metrics` (log size, segments, offsets, leadership, replica "
             "health; a group's committed offset and lag per partition). Off: the same numbers summed per "

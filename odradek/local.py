@@ -27,6 +27,7 @@ import psutil
 
 READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
 CONSOLE = re.compile(r"odradek console on (\S+) ")
+SCHEMA_REGISTRY = re.compile(r"odradek schema registry on (http://\S+)")
 
 
 def _private_opener(path: str, flags: int) -> int:
@@ -119,13 +120,22 @@ class LocalBroker:
     def console_url(self) -> str | None:
         """The admin listener's base URL (metrics, health, console), as the broker printed
         it before its ready line; None if ``admin.listener`` is off."""
+        return self._printed(CONSOLE)
+
+    @property
+    def schema_registry_url(self) -> str | None:
+        """The schema registry's base URL, as the broker printed it before its ready line;
+        None if ``schema.registry.listener`` is off."""
+        return self._printed(SCHEMA_REGISTRY)
+
+    def _printed(self, pattern: re.Pattern) -> str | None:
         if self.detached:
             with open(self.stdout_path, errors="replace") as f:
                 lines = f.readlines()
         else:
             lines = list(self.stdout_lines)
         for line in reversed(lines):
-            m = CONSOLE.search(line)
+            m = pattern.search(line)
             if m:
                 return m.group(1)
         return None

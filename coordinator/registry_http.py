@@ -1,0 +1,147 @@
+"""The schema registry's REST front: Confluent's Schema Registry API as a WSGI application.
+
+Runs on the registry actor's HTTP threads (waitress). It touches no registry state: it turns
+a request into an operation on the ``SchemaRegistry`` (a function of it) and hands it to
+``submit(op, write)``, which runs it on the actor's loop and returns the answer (or raises
+``RegistryError``). ``write`` operations return a ``schema_registry.Plan`` whose records the
+actor stores before the answer is sent.
+
+Bodies: JSON, at most ``MAX_BODY`` bytes; a bad body is 422 with code 42201 (Confluent's
+"unprocessable entity") or 400 (not JSON), a larger one 413. Answers are
+``application/vnd.schemaregistry.v1+json``; errors ``{"error_code", "message"}``.
+"""
+from __future__ import annotations
+
+import json
+import logging
+from typing import Any, Callable
+from urllib.parse import parse_qs
+
+from odradek.coordinator.schema_registry import RegistryError, SchemaRegistry
+
+log = logging.getLogger("odradek.schemas")
+
+MAX_BODY = 4 * 1024 * 1024  # bytes of one request body (a schema with its JSON quoting)
+CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
+STATUS = {200: "200 OK", 400: "400 Bad Request", 404: "404 Not Found", 405: "405 Method Not Allowed",
+          409: "409 Conflict", 413: "413 Payload Too Large", 415: "415 Unsupported Media Type",
+          422: "422 Unprocessable Entity", 500: "500 Internal Server Error", 504: "504 Gateway Timeout"}
+SCHEMA_TYPES = ["JSON", "PROTOBUF", "AVRO"]
+
+Op = Callable[[SchemaRegistry], Any]
+
+
+def _flag(query: dict, name: str) -> bool:
+    return (query.get(name) or ["false"])[0].lower() == "true"
+
+
+def route(method: str, parts: list[str], query: dict, body: Any) -> tuple[Op, bool]:
+    """``(op, write)`` for a request; raises RegistryError for an unknown one."""
+    deleted, permanent = _flag(query, "deleted"), _flag(query, "permanent")
+    n = len(parts)
+    head = parts[0] if parts else ""
+    if method == "GET":
+        if n == 0:
+            return (lambda r: {}), False
+        if parts == ["subjects"]:
+            return (lambda r: r.subject_names(deleted)), False
+        if head == "subjects" and n == 3 and parts[2] == "versions":
+            return (lambda r: r.versions(parts[1], deleted)), False
+        if head == "subjects" and n == 4 and parts[2] == "versions":
+            return (lambda r: r.get(parts[1], parts[3], deleted).body()), False
+        if head == "subjects" and n == 5 and parts[2] == "versions" and parts[4] == "schema":
+            return (lambda r: json.loads(r.get(parts[1], parts[3], deleted).schema)), False
+        if head == "schemas" and n == 3 and parts[1] == "ids":
+            return (lambda r: r.schema(parts[2])), False
+        if head == "schemas" and n == 4 and parts[1] == "ids" and parts[3] == "schema":
+            return (lambda r: json.loads(r.schema(parts[2])["schema"])), False
+        if head == "schemas" and n == 4 and parts[1] == "ids" and parts[3] == "versions":
+            return (lambda r: r.id_versions(parts[2])), False
+        if parts == ["schemas", "types"]:
+            return (lambda r: SCHEMA_TYPES), False
+        if head == "config" and n <= 2:
+            subject = parts[1] if n == 2 else None
+            default = _flag(query, "defaultToGlobal") or subject is None
+            return (lambda r: _level(r, subject, default)), False
+        if head == "mode" and n <= 2:
+            subject = parts[1] if n == 2 else None
+            return (lambda r: {"mode": r.mode(subject)}), False
+    elif method == "POST":
+        if head == "subjects" and n == 3 and parts[2] == "versions":
+            return (lambda r: r.register(parts[1], body)), True
+        if head == "subjects" and n == 2:
+            return (lambda r: r.lookup(parts[1], body, deleted)), False
+        if head == "compatibility" and n in (3, 5) and parts[1] == "subjects" and (n == 3 or parts[3] == "versions"):
+            version = parts[4] if n == 5 else None
+            verbose = _flag(query, "verbose")
+            return (lambda r: _compatible(r.check(parts[2], body, version), verbose)), False
+        if head == "compatibility" and n == 4 and parts[1] == "subjects" and parts[3] == "versions":
+            verbose = _flag(query, "verbose")
+            return (lambda r: _compatible(r.check(parts[2], body), verbose)), False
+    elif method == "PUT":
+        if head == "config" and n <= 2:
+            return (lambda r: r.set_level(parts[1] if n == 2 else None, body)), True
+        if head == "mode" and n <= 2:
+            return (lambda r: r.set_mode(parts[1] if n == 2 else None, body)), True
+    elif method == "DELETE":
+        if head == "subjects" and n == 2:
+            return (lambda r: r.delete_subject(parts[1], permanent)), True
+        if head == "subjects" and n == 4 and parts[2] == "versions":
+            return (lambda r: r.delete_version(parts[1], parts[3], permanent)), True
+        if head == "config" and n == 2:
+            return (lambda r: r.delete_level(parts[1])), True
+    raise RegistryError(404, 404, f"no such endpoint: {method} /{'/'.join(parts)} (docs/SCHEMAS.md lists them)")
+
+
+def _level(r: SchemaRegistry, subject: str | None, default_to_global: bool) -> dict:
+    if subject is not None and subject not in r.levels and not default_to_global:
+        raise RegistryError(404, 40408, f"Subject '{subject}' does not have subject-level compatibility configured")
+    return {"compatibilityLevel": r.level(subject)}
+
+
+def _compatible(why: list[str], verbose: bool) -> dict:
+    return {"is_compatible": not why, **({"messages": why} if verbose else {})}
+
+
+def make_app(submit: Callable[[Op, bool], Any]):
+    """The WSGI application; ``submit(op, write)`` runs ``op`` on the actor's loop."""
+
+    def app(environ, start_response):
+        try:
+            status, answer = 200, _serve(environ, submit)
+        except RegistryError as exc:
+            status, answer = exc.status, {"error_code": exc.code, "message": exc.message}
+        except Exception:  # a bug here, not the client's fault: say so, keep serving
+            log.exception("schema registry: %s %s failed", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
+            status, answer = 500, {"error_code": 50001, "message": "internal error of the registry (logged)"}
+        data = json.dumps(answer).encode()
+        start_response(STATUS.get(status, f"{status} Error"),
+                       [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))])
+        return [data]
+
+    return app
+
+
+def _serve(environ: dict, submit) -> Any:
+    method = environ.get("REQUEST_METHOD", "GET")
+    parts = [p for p in (environ.get("PATH_INFO") or "/").split("/") if p]
+    query = parse_qs(environ.get("QUERY_STRING") or "")
+    body = _body(environ) if method in ("POST", "PUT") else None
+    op, write = route(method, parts, query, body)
+    return submit(op, write)
+
+
+def _body(environ: dict) -> Any:
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise RegistryError(400, 400, "Content-Length is not a number") from None
+    if length > MAX_BODY:
+        raise RegistryError(413, 413, f"the request body is {length} bytes; at most {MAX_BODY} are read")
+    raw = environ["wsgi.input"].read(length) if length else b""
+    if not raw:
+        return {}
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise RegistryError(400, 400, f"the request body is not JSON: {exc}") from None
