@@ -77,22 +77,37 @@ def test_a_record_count_below_the_records_held_is_invalid():
         validate_produced(b)
 
 
-@pytest.mark.parametrize("bad", [
-    varint(3) + b"\x00" + b"\xff" * 11,                     # a timestamp varlong longer than 10 bytes
+FRAMING = [  # what the broker's offsets depend on: checked on every topic
     b"\xff\xff\xff\xff\x7f" + b"\x00" * 8,                  # a record length beyond 32 bits
+    b"\xff\xff\xff\xff\xff\x01" + b"\x00" * 8,              # a record length varint longer than 5 bytes
     varint(-5) + b"\x00" * 8,                               # a negative record length
+    varint(30) + b"\x00" * 8,                               # a record running past the batch
+]
+FIELDS = [  # inside a record: parsed where the broker reads records (compacted topics), else by readers
+    varint(3) + b"\x00" + b"\xff" * 11,                     # a timestamp varlong longer than 10 bytes
     varint(20) + b"\x00" + varint(0) + varint(0) + varint(-7) + b"\x00" * 16,  # a key length below -1 ... runs on
     varint(5) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(0) + varint(-3),  # a negative header count
     varint(8) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(0) + varint(0) + b"\x00\x00\x00",  # length lies
-])
-def test_malformed_records_are_invalid_record(bad):
-    assert code_of(batch(bad, 1)) == ErrorCode.INVALID_RECORD
+]
+
+
+@pytest.mark.parametrize("compacted", [False, True])
+@pytest.mark.parametrize("bad", FRAMING)
+def test_malformed_framing_is_invalid_record_on_every_topic(bad, compacted):
+    assert code_of(batch(bad, 1), compacted=compacted) == ErrorCode.INVALID_RECORD
+
+
+@pytest.mark.parametrize("bad", FIELDS)
+def test_malformed_record_fields_are_invalid_record_where_records_are_parsed(bad):
+    assert code_of(batch(bad, 1), compacted=True) == ErrorCode.INVALID_RECORD
+    with pytest.raises(CorruptRecordError):  # and every reader's decoder refuses them
+        decode_batch(batch(bad, 1))
 
 
 def test_offset_deltas_out_of_order_are_invalid():
-    b = batch(record(None, b"x", 0) + record(None, b"y", 7), 2)
+    b = batch(record(b"k", b"x", 0) + record(b"k", b"y", 7), 2)
     with pytest.raises(InvalidRecordError, match="offset delta 7"):
-        validate_produced(b)
+        validate_produced(b, compacted=True)
 
 
 def test_compression_bits_on_raw_bytes_are_a_corrupt_message():
