@@ -231,7 +231,8 @@ def validate_produced(buf, max_size: int | None = None, *, compacted: bool = Fal
     read through the bounded inflater (``limit`` bytes at most, ``inflate``):
 
     - a Kafka (magic 2) batch alone in its partition's records, a sequence number if it has a
-      producer id, and its records' structure, offsets and keys checked one by one
+      producer id, and its records' framing (count, lengths, nothing left over), on a
+      compacted topic every record parsed, offsets and keys included
       (``kafka_batch.check_records``);
     - a native batch's payload is what the compression bit says (an lz4 block, or raw msgpack)
       and an array of exactly ``recordCount`` entries, the first at offset delta 0 (the
