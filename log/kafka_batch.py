@@ -141,7 +141,7 @@ _PREFIX = 26  # the most bytes before a record's key: length 5, attributes 1, ti
 _FIELD = 5  # a 32-bit varint: a value or header length, a header count
 
 
-def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
+def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch", fields: bool = True):
     """Yield ``(offset delta, timestamp delta, has key)`` for each record of the magic-2
     batch ``buf`` (header ``h``) as soon as its key length is read (a caller that stops there
     inflates nothing more), checking the records' structure as Kafka's DefaultRecord
@@ -151,7 +151,8 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
     read a window at a time from ``inflate.chunks`` (at most ``limit`` bytes in all), so
     memory stays at a chunk whatever the batch claims. Raises ``InvalidRecordError``
     (INVALID_RECORD; Kafka's InvalidRecordException), or from decompression
-    ``CorruptRecordError`` / ``inflate.InflateLimitError``."""
+    ``CorruptRecordError`` / ``inflate.InflateLimitError``. ``fields=False``: each record's
+    length only, nothing yielded (``frame_records``)."""
     data, more, edge = _records_of(buf, h, limit)
     base = pos = 0
     size = len(data)  # of the window
@@ -160,9 +161,7 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
     try:
         while index < n:
             if pos > edge:
-                data, base, pos = _window(more, data, base, pos, _PREFIX)
-                size = len(data)
-                edge = len(data) - _PREFIX
+                data, base, pos, size, edge = _window(more, data, base, pos, _PREFIX)
             # Each varint inline for one and two bytes (lengths under 64 and 8,192), else _varint.
             b = data[pos]
             if b < 0x80:
@@ -174,6 +173,12 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
                 length, pos = _varint(data, pos, 5, InvalidRecordError)
             if length < 0:
                 raise InvalidRecordError(f"record {index} has a negative length {length}")
+            if not fields:  # the framing only (frame_records): past the record, nothing yielded
+                pos += length
+                if pos > size:
+                    data, base, pos, size, edge = _skip(more, data, base, pos)
+                index += 1
+                continue
             start = base + pos
             b = data[pos + 1]  # after the attributes byte (unused in magic 2)
             if b < 0x80:
@@ -192,42 +197,22 @@ def walk(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batch"):
                 key_len, pos = _varint(data, pos, 5, InvalidRecordError)
             # yielded before the key and value are read past: a lookup that stops here inflates no further
             yield off_delta, ts_delta, key_len >= 0
-            if key_len > 0:
-                pos += key_len
-                if pos > size:
-                    data, base, pos = _skip(more, data, base, pos)
-                    size = len(data)
-                    edge = len(data) - _PREFIX
+            pos += max(key_len, 0)  # past the key (-1: null)
+            if pos > size:
+                data, base, pos, size, edge = _skip(more, data, base, pos)
             if pos > edge:
-                data, base, pos = _window(more, data, base, pos, _FIELD)
-                size = len(data)
-                edge = len(data) - _PREFIX
-            b = data[pos]
-            if b < 0x80:
-                value_len, pos = (b >> 1) ^ -(b & 1), pos + 1
-            elif data[pos + 1] < 0x80:
-                b = (b & 0x7F) | data[pos + 1] << 7
-                value_len, pos = (b >> 1) ^ -(b & 1), pos + 2
-            else:
-                value_len, pos = _varint(data, pos, 5, InvalidRecordError)
-            if value_len > 0:
-                pos += value_len
-                if pos > size:
-                    data, base, pos = _skip(more, data, base, pos)
-                    size = len(data)
-                    edge = len(data) - _PREFIX
+                data, base, pos, size, edge = _window(more, data, base, pos, _FIELD)
+            value_len, pos = _varint(data, pos, 5, InvalidRecordError)
+            pos += max(value_len, 0)  # past the value
+            if pos > size:
+                data, base, pos, size, edge = _skip(more, data, base, pos)
             if pos > edge:
-                data, base, pos = _window(more, data, base, pos, _FIELD)
-                size = len(data)
-                edge = len(data) - _PREFIX
+                data, base, pos, size, edge = _window(more, data, base, pos, _FIELD)
             if data[pos]:  # a header count other than 0
                 count, pos = _varint(data, pos, 5, InvalidRecordError)
                 if count < 0 or count > length:
                     raise InvalidRecordError(f"record {index} has an invalid header count {count}")
-                data, base, pos = _headers(more, data, base, pos, count, index)
-                size = len(data)
-                if more is not None:
-                    edge = len(data) - _PREFIX
+                data, base, pos, size, edge = _headers(more, data, base, pos, count, index, edge)
             else:
                 pos += 1
             if base + pos - start != length:
@@ -246,36 +231,8 @@ def frame_records(buf, h, limit: int = inflate.DEFAULT_LIMIT, where: str = "batc
     read a window at a time. About a tenth of ``walk``'s work per record; the fields inside a
     record (timestamp, offset delta, key, value, headers) are left to its readers, whose
     decoders refuse a malformed one (docs/FORMAT.md, "What the broker checks")."""
-    data, more, edge = _records_of(buf, h, limit)
-    base = pos = 0
-    size = len(data)  # of the window
-    n = h.record_count
-    index = 0
-    try:
-        while index < n:
-            if pos > edge:
-                data, base, pos = _window(more, data, base, pos, _FIELD)
-                size = len(data)
-                edge = len(data) - _FIELD
-            b = data[pos]
-            if b < 0x80:
-                length, pos = (b >> 1) ^ -(b & 1), pos + 1
-            elif data[pos + 1] < 0x80:
-                b = (b & 0x7F) | data[pos + 1] << 7
-                length, pos = (b >> 1) ^ -(b & 1), pos + 2
-            else:
-                length, pos = _varint(data, pos, 5, InvalidRecordError)
-            if length < 0:
-                raise InvalidRecordError(f"record {index} has a negative length {length}")
-            pos += length
-            if pos > size:
-                data, base, pos = _skip(more, data, base, pos)
-                size = len(data)
-                edge = len(data) - _FIELD
-            index += 1
-    except IndexError:
-        raise _premature(where, n, index) from None
-    _none_remaining(data, pos, more, where, n)
+    for _ in walk(buf, h, limit, where, fields=False):
+        pass  # nothing is yielded: each record's framing is checked inside
 
 
 def _records_of(buf, h, limit: int):
@@ -300,24 +257,26 @@ def _none_remaining(data, pos: int, more, where: str, n: int) -> None:
                                  f"declared batch size, records still remaining)")
 
 
-def _headers(more, data, base: int, pos: int, count: int, index: int):
+def _headers(more, data, base: int, pos: int, count: int, index: int, edge: int):
+    size = len(data)
     for _ in range(count):
         for key in (True, False):
-            if more is not None and len(data) - pos < _FIELD:
-                data, base, pos = _window(more, data, base, pos, _FIELD)
-            size, pos = _varint(data, pos, 5, InvalidRecordError)
-            if key and size < 0:
-                raise InvalidRecordError(f"record {index} has a header key of negative size {size}")
-            if size > 0:
-                pos += size
-                if pos > len(data):
-                    data, base, pos = _skip(more, data, base, pos)
-    return data, base, pos
+            if pos > edge:
+                data, base, pos, size, edge = _window(more, data, base, pos, _FIELD)
+            length, pos = _varint(data, pos, 5, InvalidRecordError)
+            if key and length < 0:
+                raise InvalidRecordError(f"record {index} has a header key of negative size {length}")
+            if length > 0:
+                pos += length
+                if pos > size:
+                    data, base, pos, size, edge = _skip(more, data, base, pos)
+    return data, base, pos, size, edge
 
 
 def _window(more, data, base: int, pos: int, need: int):
     """A window of the inflated records holding at least ``need`` bytes from ``pos`` (fewer
-    at the end): ``(data, base, pos)``, ``base`` being where ``data`` starts in the records."""
+    at the end): ``(data, base, pos, size, edge)``, ``base`` being where ``data`` starts in
+    the records, ``edge`` the position past which the next record's prefix may not fit."""
     parts = [data[pos:]]
     have = len(parts[0])
     for piece in more:
@@ -325,23 +284,25 @@ def _window(more, data, base: int, pos: int, need: int):
         have += len(piece)
         if have >= need:
             break
-    return b"".join(parts), base + pos, 0
+    data = b"".join(parts)
+    return data, base + pos, 0, len(data), len(data) - _PREFIX
 
 
 def _skip(more, data, base: int, pos: int):
-    """Past the end of the window (``pos > len(data)``): drop the inflated bytes up to ``pos``."""
+    """Past the end of the window (``pos > len(data)``): drop the inflated bytes up to ``pos``;
+    ``_window``'s 5-tuple."""
     if more is None:
         raise IndexError(pos)  # the record runs past the batch
     gone = pos - len(data)
     base += len(data)
     for piece in more:
         if len(piece) > gone:
-            return piece, base, gone
+            return piece, base, gone, len(piece), len(piece) - _PREFIX
         gone -= len(piece)
         base += len(piece)
     if gone:
         raise IndexError(pos)
-    return b"", base, 0
+    return b"", base, 0, 0, -_PREFIX
 
 
 def check_records(buf, h, *, compacted: bool = False, limit: int = inflate.DEFAULT_LIMIT,

@@ -27,8 +27,9 @@ from typing import Iterator, NamedTuple, Sequence
 import lz4.block
 import msgpack
 
-from odradek.log import kafka_batch
-from odradek.log.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
+from odradek.log import inflate, kafka_batch
+from odradek.log.errors import (CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordErrors,
+                                RecordTooLargeError)
 
 # baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 | crc u32 |
 # attributes i16 | lastOffsetDelta i32 | firstTimestamp i64 | maxTimestamp i64 |
@@ -57,14 +58,11 @@ CONTROL_BIT = 0x20
 KNOWN_ATTRIBUTE_BITS = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT
 
 NO_TIMESTAMP = -1
-LZ4_MAX_RATIO = 255  # lz4 cannot expand a block by more than this (plus a small constant)
-MAX_DECOMPRESSED = 1 << 30
 
 _I64 = struct.Struct(">q")
 _I32 = struct.Struct(">i")
 _U32 = struct.Struct(">I")
 _I16 = struct.Struct(">h")
-_LZ4_SIZE = struct.Struct("<I")
 
 
 class Record(NamedTuple):
@@ -225,17 +223,27 @@ def validate_batches(buf, max_size: int | None = None, verify_crc: bool = True) 
     return headers
 
 
-def validate_produced(buf, max_size: int | None = None) -> list[BatchHeader]:
-    """``validate_batches`` plus what only a client's batch must satisfy (Kafka's checks on
-    produce): no control bit, offsets 0 .. recordCount-1 (``lastOffsetDelta = recordCount - 1``),
-    timestamps that are -1 (none) or not negative, and records whose framing agrees with the
-    header: the payload is what the compression bit says (an lz4 block, or raw msgpack) and
-    is an array of exactly ``recordCount`` entries, the first at offset delta 0 (the consumer
-    checks the last one's against ``lastOffsetDelta``). Replicated and compacted batches
-    (gaps, control batches) take ``validate_batches`` only.
+def validate_produced(buf, max_size: int | None = None, *, compacted: bool = False,
+                      limit: int = inflate.DEFAULT_LIMIT) -> list[BatchHeader]:
+    """``validate_batches`` plus what only a client's batch must satisfy (Kafka's LogValidator
+    on produce): no control bit, offsets 0 .. recordCount-1 (``lastOffsetDelta = recordCount - 1``),
+    timestamps that are -1 (none) or not negative, and records that agree with the header,
+    read through the bounded inflater (``limit`` bytes at most, ``inflate``):
 
+    - a Kafka (magic 2) batch alone in its partition's records, a sequence number if it has a
+      producer id, and its records' framing (count, lengths, nothing left over), on a
+      compacted topic every record parsed, offsets and keys included
+      (``kafka_batch.check_records``);
+    - a native batch's payload is what the compression bit says (an lz4 block, or raw msgpack)
+      and an array of exactly ``recordCount`` entries, the first at offset delta 0 (the
+      consumer checks the last one's against ``lastOffsetDelta``); on a compacted topic
+      each entry is decoded for its key.
+
+    On a ``compacted`` topic a record without a key is refused (``RecordErrors`` lists them).
+    Replicated and compacted batches (gaps, control batches) take ``validate_batches`` only.
     Raises ``InvalidRecordError`` (INVALID_RECORD), ``InvalidTimestampError``
-    (INVALID_TIMESTAMP) or ``CorruptRecordError`` (CORRUPT_MESSAGE).
+    (INVALID_TIMESTAMP), ``CorruptRecordError`` (CORRUPT_MESSAGE) or ``RecordTooLargeError``
+    (MESSAGE_TOO_LARGE: beyond ``max_size``, or inflating beyond ``limit``).
     """
     headers = validate_batches(buf, max_size)
     pos = 0
@@ -249,18 +257,28 @@ def validate_produced(buf, max_size: int | None = None) -> list[BatchHeader]:
         if h.first_timestamp < NO_TIMESTAMP or h.max_timestamp < NO_TIMESTAMP:
             raise InvalidTimestampError(f"{where}: timestamp {min(h.first_timestamp, h.max_timestamp)} is "
                                         f"negative (only -1, no timestamp, may be)")
-        if h.magic == MAGIC:  # a Kafka batch's records are checked by its consumers (docs/FORMAT.md)
-            _check_record_framing(buf, pos, h, where)
+        batch = memoryview(buf)[pos:pos + h.size]
+        if h.magic == MAGIC:
+            _check_native_records(batch, h, where, compacted, limit)
+        else:
+            if len(headers) > 1:
+                raise InvalidRecordError(f"{len(headers)} batches in one partition's records: a Kafka (magic 2) "
+                                         f"batch comes alone")
+            if h.producer_id >= 0 and h.base_sequence < 0:
+                raise InvalidRecordError(f"{where}: producer id {h.producer_id} with sequence number "
+                                         f"{h.base_sequence}")
+            kafka_batch.check_records(batch, h, compacted=compacted, limit=limit, where=where)
         pos += h.size
     return headers
 
 
-def _check_record_framing(buf, pos: int, h: BatchHeader, where: str) -> None:
+def _check_native_records(batch, h: BatchHeader, where: str, compacted: bool, limit: int) -> None:
     """The records' framing agrees with the header, read without decoding a record: the
     payload (decompressed if the lz4 bit is set) is a msgpack array of ``recordCount``
     entries whose first is a 5-element entry at offset delta 0. Constant work past the lz4
-    block; the keys, values and headers inside are not looked at."""
-    data = _payload(memoryview(buf)[pos:pos + h.size], h)
+    block; the keys, values and headers inside are not looked at, but on a compacted topic,
+    where every entry is decoded for its key."""
+    data = _payload(batch, h, limit)
     count, at = _array_header(data)
     if count != h.record_count:
         held = "no list of" if count is None else count
@@ -268,6 +286,13 @@ def _check_record_framing(buf, pos: int, h: BatchHeader, where: str) -> None:
                                  f"records")
     if data[at:at + 2] != b"\x95\x00":
         raise CorruptRecordError(f"{where}: the first record is not a 5-field entry at offset delta 0")
+    if compacted:
+        try:
+            keyless = [i for i, entry in enumerate(_entries(data, h)) if entry[2] is None]
+        except (TypeError, IndexError, KeyError):
+            raise CorruptRecordError(f"{where}: a record entry is not a list of 5 fields") from None
+        if keyless:
+            raise RecordErrors.keyless(where, keyless)
 
 
 def _array_header(data) -> tuple[int | None, int]:
@@ -406,37 +431,59 @@ def encode_records(records: Sequence[Record], compression: str | None = "lz4", *
                   control=control, log_append_time=log_append_time)
 
 
-def _payload(buf, h: BatchHeader) -> bytes:
+def _payload(buf, h: BatchHeader, limit: int = inflate.DEFAULT_LIMIT):
     data = memoryview(buf)[HEADER_SIZE:h.size]
-    if h.compression == COMPRESSION_NONE:
-        return data
-    if len(data) < _LZ4_SIZE.size:
-        raise CorruptRecordError("lz4 block shorter than its size prefix")
-    size = _LZ4_SIZE.unpack_from(data)[0]
-    if size > min(MAX_DECOMPRESSED, LZ4_MAX_RATIO * len(data) + 64):
-        raise CorruptRecordError(f"lz4 block claims {size} bytes from {len(data)}: impossible")
-    try:
-        return lz4.block.decompress(data)
-    except Exception as e:  # lz4.block.LZ4BlockError and friends
-        raise CorruptRecordError(f"lz4 block does not decompress: {e}") from None
+    return data if h.compression == COMPRESSION_NONE else inflate.inflate(inflate.LZ4_BLOCK, data, limit)
 
 
-def decode_batch(buf, verify_crc: bool = True) -> list[Record]:
-    """Decode the one batch in ``buf`` into records (client and compactor side)."""
-    h = validate_batch(buf) if verify_crc else BatchHeader.read(buf)
-    if not verify_crc:
-        check_header(h)
-        if h.size > len(buf):
-            raise CorruptRecordError("batch runs past the end of the buffer")
-    if h.magic == kafka_batch.MAGIC:
-        return kafka_batch.decode(buf, h, Record)
-    data = _payload(buf, h)
+def _entries(data, h: BatchHeader) -> list:
+    """The msgpack entries ``[offset delta, timestamp delta, key, value, headers]`` of a native payload."""
     try:
         entries = msgpack.unpackb(data, raw=False, use_list=True, strict_map_key=True)
     except Exception as e:  # msgpack raises several types for malformed input
         raise CorruptRecordError(f"records do not decode: {type(e).__name__}") from None
     if type(entries) is not list or len(entries) != h.record_count:
         raise CorruptRecordError(f"records are not a list of {h.record_count}")
+    return entries
+
+
+def record_times(buf, h: BatchHeader, limit: int = inflate.DEFAULT_LIMIT) -> Iterator[tuple[int, int]]:
+    """``(offset, timestamp)`` of each record of the batch ``buf`` (header ``h``), in order,
+    without building a key, value or header (the timestamp lookup). A Kafka batch is walked a
+    window at a time (``kafka_batch.walk``: memory stays at a window whatever the batch
+    holds); a native one is read by msgpack's streaming unpacker over its payload (inflated
+    to at most ``limit`` bytes). Raises ``CorruptRecordError``, ``InvalidRecordError`` or
+    ``inflate.InflateLimitError``."""
+    base, first_ts = h.base_offset, h.first_timestamp
+    append_time = h.max_timestamp if h.log_append_time else None
+    if h.magic == kafka_batch.MAGIC:
+        for offset_delta, ts_delta, _ in kafka_batch.walk(buf, h, limit):
+            yield base + offset_delta, first_ts + ts_delta if append_time is None else append_time
+        return
+    unpacker = msgpack.Unpacker(raw=False, max_buffer_size=max(limit, h.size))
+    unpacker.feed(_payload(buf, h, limit))
+    try:
+        for _ in range(unpacker.read_array_header()):
+            if unpacker.read_array_header() != 5:
+                raise ValueError("a record entry is not 5 fields")
+            offset_delta, ts_delta = unpacker.unpack(), unpacker.unpack()
+            unpacker.skip(), unpacker.skip(), unpacker.skip()  # key, value, headers
+            yield base + offset_delta, first_ts + ts_delta if append_time is None else append_time
+    except (ValueError, TypeError, msgpack.OutOfData, msgpack.UnpackException) as e:
+        raise CorruptRecordError(f"records do not decode: {type(e).__name__}") from None
+
+
+def decode_batch(buf, verify_crc: bool = True, limit: int = inflate.DEFAULT_LIMIT) -> list[Record]:
+    """Decode the one batch in ``buf`` into records (client and compactor side). Compressed
+    records inflate to at most ``limit`` bytes (``inflate.InflateLimitError`` beyond)."""
+    h = validate_batch(buf) if verify_crc else BatchHeader.read(buf)
+    if not verify_crc:
+        check_header(h)
+        if h.size > len(buf):
+            raise CorruptRecordError("batch runs past the end of the buffer")
+    if h.magic == kafka_batch.MAGIC:
+        return kafka_batch.decode(buf, h, Record, limit)
+    entries = _entries(_payload(buf, h, limit), h)
     base, first_ts = h.base_offset, h.first_timestamp
     try:
         if h.log_append_time:

@@ -17,7 +17,8 @@ import re
 from typing import NamedTuple
 
 from odradek.log import index as ix
-from odradek.log.records import HEADER_SIZE, BatchHeader, CorruptRecordError, decode_batch
+from odradek.log.records import HEADER_SIZE, BatchHeader, CorruptRecordError, record_times
+from odradek.network.protocol import OdradekError
 
 SEGMENT_RE = re.compile(r"(\d{20})\.(log|index|timeindex)((?:\.[a-z]+)?)")  # always fullmatch
 LOG_SUFFIX = ".log"
@@ -143,11 +144,14 @@ class SegmentView:
         hit = self.locate_time(timestamp)
         if hit is None:
             return None
-        records = decode_batch(self.pread(hit.header.size, hit.position))
-        for r in records:
-            if r.timestamp >= timestamp:
-                return r.offset, r.timestamp
-        return hit.header.base_offset, hit.header.max_timestamp
+        h = hit.header
+        try:  # offsets and timestamps only, streamed: no record is built (log/inflate.py bounds the rest)
+            for offset, ts in record_times(self.pread(h.size, hit.position), h):
+                if ts >= timestamp:
+                    return offset, ts
+        except OdradekError as exc:
+            raise type(exc)(f"batch at offset {h.base_offset}: {exc.message}") from None
+        return h.base_offset, h.max_timestamp
 
     def max_timestamp_from_index(self) -> int:
         src, count = self.time_source()
