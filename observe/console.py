@@ -7,7 +7,8 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/topics`` sizes, record counts, search, internal
+Pages: ``/`` cluster and actor tree; ``/brokers`` each live broker's replicas, leaders and
+under-replicated partitions; ``/topics`` sizes, record counts, search, internal
 topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
 partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
 the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
@@ -372,6 +373,17 @@ def make_app(actor) -> bottle.Bottle:
         status = actor.status()
         return view("overview", title="Cluster", status=status)
 
+    @app.get("/brokers")
+    def brokers():
+        need("Describe", "Cluster", "kafka-cluster")
+        snap = actor.gather()
+        here = (snap.status.get("supervisor") or {}).get("broker_id")
+        disk = sum(row[0] for answer in snap.answers.values() for name, _, row in (answer or {}).get("gauges") or ()
+                   if name == "partition")
+        rows, controller, offline = _broker_rows(_metadata(clients_now().admin()))
+        return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline, here=here,
+                    disk=disk, size=human_bytes)
+
     @app.get("/topics")
     def topics():
         return topics_page(bottle.request.query.getunicode("msg") or "")
@@ -576,6 +588,33 @@ def _local(path: str | None) -> str:
     return path if path and path.startswith("/") and not path.startswith("//") and "\\" not in path else "/topics"
 
 
+def _metadata(admin) -> dict:
+    """One Metadata request for every topic, its raw body (brokers with racks, each topic's
+    partitions with leader, replicas and ISR): ``Admin.describe_topic`` would be one request
+    per topic."""
+    return admin._cluster.refresh(None)
+
+
+def _broker_rows(body: dict) -> tuple[list[dict], int | None, int]:
+    """Each live broker of a Metadata body with the replicas it hosts, the partitions it leads
+    and, of those, the under-replicated ones; the controller's id; partitions without a leader."""
+    rows = {b["node_id"]: {"id": b["node_id"], "address": f"{b['host']}:{b['port']}", "rack": b.get("rack"),
+                           "replicas": 0, "leaders": 0, "under_replicated": 0} for b in body.get("brokers", [])}
+    offline = 0
+    for t in body.get("topics", []):
+        for p in t.get("partitions") or ():
+            for r in p.get("replicas") or ():
+                if r in rows:
+                    rows[r]["replicas"] += 1
+            leader = p.get("leader", -1)
+            if leader in rows:
+                rows[leader]["leaders"] += 1
+                rows[leader]["under_replicated"] += len(p.get("isr") or ()) < len(p.get("replicas") or ())
+            else:
+                offline += 1
+    return sorted(rows.values(), key=lambda r: r["id"]), body.get("controller_id"), offline
+
+
 class TopicRow(NamedTuple):
     name: str
     partitions: int
@@ -589,7 +628,7 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
     """The topics ``shown(name)`` allows whose name contains ``search`` (any case), internal
     ones only if ``internal``, from one metadata request (every topic) and the log actors'
     partition rows; and how many internal topics were left out."""
-    body = admin._cluster.refresh(None)  # one Metadata request for all: describe_topic would be one per topic
+    body = _metadata(admin)
     sums: dict[str, list] = {}
     for answer in snap.answers.values():
         for name, labels, value in (answer or {}).get("gauges") or ():
