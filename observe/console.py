@@ -7,7 +7,7 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/brokers`` each live broker's replicas, leaders and
+Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (read only); ``/brokers`` each live broker's replicas, leaders and
 under-replicated partitions; ``/topics`` sizes, record counts, search, internal
 topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
 partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
@@ -195,6 +195,7 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+ACL_COLUMNS = ("principal", "host", "resource", "pattern", "name", "operation", "permission")  # secstore.Acls rows
 RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift"}
 NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
 REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
@@ -383,6 +384,19 @@ def make_app(actor) -> bottle.Bottle:
         rows, controller, offline = _broker_rows(_metadata(clients_now().admin()))
         return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline, here=here,
                     disk=disk, size=human_bytes)
+
+    @app.get("/security")
+    def security():
+        """The ACLs and the SASL users (names and mechanisms, never a credential), read where
+        the broker reads them. Describe on the cluster, as DescribeAcls and
+        DescribeUserScramCredentials need."""
+        need("Describe", "Cluster", "kafka-cluster")
+        acls = [dict(zip(ACL_COLUMNS, a)) for a in signin.acls.data()]
+        search = (bottle.request.query.getunicode("q") or "").strip().lower()
+        if search:
+            acls = [a for a in acls if any(search in str(v).lower() for v in a.values())]
+        return view("security", title="ACLs and users", acls=acls, users=signin.users.describe(), search=search,
+                    authorizer=signin.guard.enabled)
 
     @app.get("/topics")
     def topics():
