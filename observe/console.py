@@ -7,8 +7,8 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (read only); ``/brokers`` each live broker's replicas, leaders and
-under-replicated partitions; ``/topics`` sizes, record counts, search, internal
+Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (read only); ``/brokers``
+each live broker's replicas, leaders and under-replicated partitions; ``/topics`` sizes, record counts, search, internal
 topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
 partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
 the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
@@ -470,7 +470,7 @@ def make_app(actor) -> bottle.Bottle:
         if not all(0 <= p < count for p in partitions):
             raise bottle.HTTPError(404, f"Not found: topic '{name}' has no partition {chosen} (it has {count})")
         newest = q.get("order", "newest") != "oldest"
-        fmt, key = q.get("format") or "text", q.getunicode("key") or ""
+        fmt, key, value = q.get("format") or "text", q.getunicode("key") or "", q.getunicode("value") or ""
         try:
             cursor = parse_cursor(q.get("cursor", ""))
         except ValueError as exc:
@@ -480,14 +480,15 @@ def make_app(actor) -> bottle.Bottle:
         try:
             page = browse(consumer, name, partitions, newest=newest, cursor=cursor,
                           offset=number(offset, "offset", None), timestamp=number(timestamp, "timestamp", None),
-                          key=key)
+                          key=key, value=value)
         finally:
             consumer.close()
         here = {k: v for k, v in (("partition", chosen), ("order", "newest" if newest else "oldest"),
-                                  ("format", fmt), ("key", key)) if v}
+                                  ("format", fmt), ("key", key), ("value", value)) if v}
         return view("messages", title=f"Messages of {name}", topic=name, partition=chosen, partitions=count,
                     message=q.getunicode("msg") or "", internal=is_internal_topic(name),
-                    newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, records=page.records,
+                    newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, value=value,
+                    records=page.records,
                     error=page.error, render=render, when=human_time,
                     next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
                     first_url=f"?{urlencode(here)}")
