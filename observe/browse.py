@@ -12,8 +12,8 @@ page reads at most ``page`` records of each partition), read one partition at a 
 partition's fetch in memory at once); then the windows are merged by timestamp, newest (or
 oldest) first, taking from the end of each partition's window in turn, so what a page
 shows of a partition is always a contiguous run of offsets and the cursor moves past it.
-A key filter keeps the records whose key contains it; the cursor moves past every record
-merged, shown or not.
+A key or value filter keeps the records whose key (value) contains it; the cursor moves past
+every record merged, shown or not.
 """
 from __future__ import annotations
 
@@ -48,7 +48,7 @@ def format_cursor(bounds: dict[int, int]) -> str:
 
 
 def browse(consumer, topic: str, partitions: list[int], *, newest: bool = True, cursor: dict | None = None,
-           offset: int | None = None, timestamp: int | None = None, key: str = "", page: int = PAGE,
+           offset: int | None = None, timestamp: int | None = None, key: str = "", value: str = "", page: int = PAGE,
            timeout: float = BROWSE_TIMEOUT) -> Page:
     """One page of ``topic``'s ``partitions``. Without a cursor it starts at the newest
     records (``newest``) or the oldest, or at ``offset`` (each partition), or at
@@ -82,7 +82,7 @@ def browse(consumer, topic: str, partitions: list[int], *, newest: bool = True, 
             whole.add(p)
         else:
             error = f"the page took longer than {timeout:g}s to read: some records are missing"
-    shown, moved, left = merge(runs, newest, page, key)
+    shown, moved, left = merge(runs, newest, page, key, value)
     next_bound = dict(bound)
     for p in whole - left:  # every record of its window merged: past the window (its gaps too)
         next_bound[p] = windows[p][0] if newest else windows[p][1]
@@ -106,17 +106,19 @@ def read(consumer, tp: TopicPartition, lo: int, hi: int, deadline: float) -> tup
     return out, consumer.position(tp) >= hi
 
 
-def merge(runs: dict[int, list], newest: bool, page: int, key: str) -> tuple[list, dict[int, int], set]:
-    """Up to ``page`` records whose key contains ``key``, by timestamp (newest or oldest
-    first), each partition's run taken from its end (newest) or start (oldest) only; the
-    last offset taken from each partition; the partitions with records not taken."""
+def merge(runs: dict[int, list], newest: bool, page: int, key: str = "",
+          value: str = "") -> tuple[list, dict[int, int], set]:
+    """Up to ``page`` records whose key contains ``key`` and value ``value``, by timestamp
+    (newest or oldest first), each partition's run taken from its end (newest) or start
+    (oldest) only; the last offset taken from each partition; the partitions with records not
+    taken."""
     heads = {p: (len(run) - 1 if newest else 0) for p, run in runs.items() if run}
-    shown, moved, wanted = [], {}, key.encode()
+    shown, moved, wanted, within = [], {}, key.encode(), value.encode()
     while heads and len(shown) < page:
         pick = (max if newest else min)(heads, key=lambda p: (runs[p][heads[p]].timestamp, -p if newest else p))
         r = runs[pick][heads[pick]]
         moved[pick] = r.offset
-        if not wanted or wanted in (r.key or b""):
+        if (not wanted or wanted in (r.key or b"")) and (not within or within in (r.value or b"")):
             shown.append(r)
         heads[pick] += -1 if newest else 1
         if not 0 <= heads[pick] < len(runs[pick]):

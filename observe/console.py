@@ -7,7 +7,8 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/topics`` sizes, record counts, search, internal
+Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (read only); ``/brokers``
+each live broker's replicas, leaders and under-replicated partitions; ``/topics`` sizes, record counts, search, internal
 topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
 partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
 the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
@@ -194,6 +195,7 @@ def accepts_gzip(header: str) -> bool:
     return False
 
 
+ACL_COLUMNS = ("principal", "host", "resource", "pattern", "name", "operation", "permission")  # secstore.Acls rows
 RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift"}
 NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
 REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
@@ -372,6 +374,30 @@ def make_app(actor) -> bottle.Bottle:
         status = actor.status()
         return view("overview", title="Cluster", status=status)
 
+    @app.get("/brokers")
+    def brokers():
+        need("Describe", "Cluster", "kafka-cluster")
+        snap = actor.gather()
+        here = (snap.status.get("supervisor") or {}).get("broker_id")
+        disk = sum(row[0] for answer in snap.answers.values() for name, _, row in (answer or {}).get("gauges") or ()
+                   if name == "partition")
+        rows, controller, offline = _broker_rows(_metadata(clients_now().admin()))
+        return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline, here=here,
+                    disk=disk, size=human_bytes)
+
+    @app.get("/security")
+    def security():
+        """The ACLs and the SASL users (names and mechanisms, never a credential), read where
+        the broker reads them. Describe on the cluster, as DescribeAcls and
+        DescribeUserScramCredentials need."""
+        need("Describe", "Cluster", "kafka-cluster")
+        acls = [dict(zip(ACL_COLUMNS, a)) for a in signin.acls.data()]
+        search = (bottle.request.query.getunicode("q") or "").strip().lower()
+        if search:
+            acls = [a for a in acls if any(search in str(v).lower() for v in a.values())]
+        return view("security", title="ACLs and users", acls=acls, users=signin.users.describe(), search=search,
+                    authorizer=signin.guard.enabled)
+
     @app.get("/topics")
     def topics():
         return topics_page(bottle.request.query.getunicode("msg") or "")
@@ -444,7 +470,7 @@ def make_app(actor) -> bottle.Bottle:
         if not all(0 <= p < count for p in partitions):
             raise bottle.HTTPError(404, f"Not found: topic '{name}' has no partition {chosen} (it has {count})")
         newest = q.get("order", "newest") != "oldest"
-        fmt, key = q.get("format") or "text", q.getunicode("key") or ""
+        fmt, key, value = q.get("format") or "text", q.getunicode("key") or "", q.getunicode("value") or ""
         try:
             cursor = parse_cursor(q.get("cursor", ""))
         except ValueError as exc:
@@ -454,14 +480,15 @@ def make_app(actor) -> bottle.Bottle:
         try:
             page = browse(consumer, name, partitions, newest=newest, cursor=cursor,
                           offset=number(offset, "offset", None), timestamp=number(timestamp, "timestamp", None),
-                          key=key)
+                          key=key, value=value)
         finally:
             consumer.close()
         here = {k: v for k, v in (("partition", chosen), ("order", "newest" if newest else "oldest"),
-                                  ("format", fmt), ("key", key)) if v}
+                                  ("format", fmt), ("key", key), ("value", value)) if v}
         return view("messages", title=f"Messages of {name}", topic=name, partition=chosen, partitions=count,
                     message=q.getunicode("msg") or "", internal=is_internal_topic(name),
-                    newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, records=page.records,
+                    newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, value=value,
+                    records=page.records,
                     error=page.error, render=render, when=human_time,
                     next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
                     first_url=f"?{urlencode(here)}")
@@ -576,6 +603,33 @@ def _local(path: str | None) -> str:
     return path if path and path.startswith("/") and not path.startswith("//") and "\\" not in path else "/topics"
 
 
+def _metadata(admin) -> dict:
+    """One Metadata request for every topic, its raw body (brokers with racks, each topic's
+    partitions with leader, replicas and ISR): ``Admin.describe_topic`` would be one request
+    per topic."""
+    return admin._cluster.refresh(None)
+
+
+def _broker_rows(body: dict) -> tuple[list[dict], int | None, int]:
+    """Each live broker of a Metadata body with the replicas it hosts, the partitions it leads
+    and, of those, the under-replicated ones; the controller's id; partitions without a leader."""
+    rows = {b["node_id"]: {"id": b["node_id"], "address": f"{b['host']}:{b['port']}", "rack": b.get("rack"),
+                           "replicas": 0, "leaders": 0, "under_replicated": 0} for b in body.get("brokers", [])}
+    offline = 0
+    for t in body.get("topics", []):
+        for p in t.get("partitions") or ():
+            for r in p.get("replicas") or ():
+                if r in rows:
+                    rows[r]["replicas"] += 1
+            leader = p.get("leader", -1)
+            if leader in rows:
+                rows[leader]["leaders"] += 1
+                rows[leader]["under_replicated"] += len(p.get("isr") or ()) < len(p.get("replicas") or ())
+            else:
+                offline += 1
+    return sorted(rows.values(), key=lambda r: r["id"]), body.get("controller_id"), offline
+
+
 class TopicRow(NamedTuple):
     name: str
     partitions: int
@@ -589,7 +643,7 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
     """The topics ``shown(name)`` allows whose name contains ``search`` (any case), internal
     ones only if ``internal``, from one metadata request (every topic) and the log actors'
     partition rows; and how many internal topics were left out."""
-    body = admin._cluster.refresh(None)  # one Metadata request for all: describe_topic would be one per topic
+    body = _metadata(admin)
     sums: dict[str, list] = {}
     for answer in snap.answers.values():
         for name, labels, value in (answer or {}).get("gauges") or ():

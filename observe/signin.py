@@ -73,6 +73,7 @@ class Session:
 class SignIn:
     def __init__(self, config: dict, data_dir: str, host: str, clock=time.monotonic):
         self.users = secstore.Users(data_dir, config)
+        self.acls = secstore.Acls(data_dir, config)  # read for the console's ACL page
         self.guard = Guard(config, data_dir)
         self.beyond_loopback = not loopback(host)
         self.delay = config.get("failed.authentication.delay.ms", 100) / 1000

@@ -13,6 +13,7 @@ partition <select name="partition">
 <input name="offset" value="{{offset}}" placeholder="from offset">
 <input name="timestamp" value="{{timestamp}}" placeholder="or from timestamp (ms)">
 <input name="key" value="{{key}}" placeholder="key contains">
+<input name="value" value="{{value}}" placeholder="value contains">
 <select name="format">
 % for f in ("text", "json", "hex"):
 <option {{"selected" if f == fmt else ""}}>{{f}}</option>

@@ -80,6 +80,8 @@ def test_one_partition_a_key_filter_and_a_timestamp_still_work(spread, browser):
     browser.get(spread.console_url + "topics/spread/messages?key=k12")
     assert shown(browser) == [f"r{i}" for i in range(129, 119, -1)] + ["r12"]
     assert not browser.find_elements(By.ID, "next-page")
+    browser.get(spread.console_url + "topics/spread/messages?value=r11")  # a value filter the same way
+    assert shown(browser) == ["r119", "r118", "r117", "r116", "r115", "r114", "r113", "r112", "r111", "r110", "r11"]
     browser.get(spread.console_url + f"topics/spread/messages?order=oldest&timestamp={BASE + 100_000}")
     assert shown(browser)[:3] == ["r100", "r101", "r102"]
 

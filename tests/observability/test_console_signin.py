@@ -154,6 +154,16 @@ def test_a_user_sees_only_the_topics_and_groups_its_acls_let_it_describe(acl_bro
     status, _, body = admin.call("GET", "/topics")
     assert status == 200 and "alice-orders" in body and "secret-payroll" in body
     assert admin.call("GET", "/")[0] == 200
+    # the ACL and user page: Describe on the cluster; names and mechanisms, never a credential
+    status, _, body = alice.call("GET", "/security")
+    assert status == 403 and "User:alice may not Describe Cluster" in body
+    status, _, body = admin.call("GET", "/security")
+    assert status == 200 and "<td>User:alice</td>" in body and "<td>Prefixed</td>" in body and "alice-" in body
+    assert "<td>alice</td>" in body and "SCRAM-SHA-256 (4096 iterations)" in body and USERS["alice"] not in body
+    users = secstore.Users(acl_broker.data_dir).data()
+    assert not any(str(c.get("salt")) in body for creds in users.values() for c in creds.values())
+    status, _, body = admin.call("GET", "/security?q=describe")
+    assert status == 200 and "<td>Read</td>" not in body and "<td>Describe</td>" in body
 
 
 def test_a_user_without_describe_on_the_cluster_lists_exactly_the_groups_it_may_describe(acl_broker):
