@@ -1287,14 +1287,19 @@ class LogActor(Actor):
         if self.logs.get(key) is not p:
             return  # closed meanwhile (its waiters were answered then)
         if job.error is not None:
+            # Not retried until the next append (a failing disk is not hammered); what waited
+            # is refused, retriable. Linux may drop the pages whose write-back failed once it
+            # has reported the error, so a later fsync that succeeds does not prove them on the
+            # disk; Kafka takes the log directory offline there, which is not done here
+            # (docs/RELIABILITY.md, "Not done").
             log.error("%s-%d: %s; the batches it held are not acknowledged", p.topic, p.partition, job.error.message)
             self._run_synced(p, job.error)
         else:
             p.log.end_sync(job)
             self._run_synced(p)
             self._advance_high_watermark(p)
-        if p.log.durable_end < p.log.log_end_offset:
-            self._unsynced.add(key)
+            if p.log.durable_end < p.log.log_end_offset:
+                self._unsynced.add(key)  # appended while it ran: the next fsync covers them
         self.after_batch()
 
     def _run_synced(self, p: PartitionLog, error: OdradekError | None = None) -> None:

@@ -9,7 +9,10 @@ the topic (RF = brokers, ``min.insync.replicas=2``, ``flush.messages``) -> the c
 second are the throughput figure) -> kill -9 of every broker -> each broker's segments cut
 to what it had fsynced, plus a torn write -> every broker restarted -> the producers'
 unfinished sends finish -> a fresh reader reads every partition up to its high watermark
--> ``lost``: acknowledged values absent from it (and those acknowledged before the cut).
+-> ``lost``: acknowledged values absent from it (and those acknowledged before the cut);
+``replicas_holding_all_acked``: per partition, the replicas whose files kept every record
+acknowledged before the cut (read right after the cut, before any restart); with the default
+``log.flush.before.ack`` at least ``min.insync.replicas`` (2) of them.
 """
 from __future__ import annotations
 
@@ -21,7 +24,7 @@ import time
 
 from odradek.chaos import fsync_trace
 from odradek.chaos.nemesis import power_cut_all
-from odradek.chaos.replicas import high_watermarks
+from odradek.chaos.replicas import high_watermarks, replica_batches
 from odradek.chaos.runner import CLUSTER_SETTINGS, ChaosOptions, compare_replicas, create_topic, wait_healed
 from odradek.chaos.workload import History, Workload, read_everything
 
@@ -57,7 +60,15 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
         cut = power_cut_all(cluster, traces, rng)  # the power goes: every broker at once
         load._stop_producing.set()  # no new sends; the unfinished ones finish after the restart
         cut_at = history.now()
-        before_cut = {e["value"] for e in history.snapshot() if e["type"] == "ack"}
+        acks = [e for e in history.snapshot() if e["type"] == "ack"]
+        before_cut = {e["value"] for e in acks}
+        # what each replica kept of what was acknowledged: the end of its surviving batches
+        # against the end of the acknowledged records, per partition (an in-sync replica below
+        # it would mean the cut took something below the high watermark there)
+        acked_end = {q: max([e["offset"] + 1 for e in acks if e["partition"] == q], default=0)
+                     for q in range(partitions)}
+        kept = {q: {i: _end(replica_batches(cluster.broker(i).data_dir, topic, q)) for i in cluster.ids}
+                for q in range(partitions)}
         log(f"power cut at {cut_at:.1f}s: {len(before_cut)} acknowledged; bytes cut per broker "
             f"{ {i: sum(n for _, n in c) for i, c in cut.items()} }")
         for i in cluster.ids:
@@ -80,6 +91,10 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
             "files_cut": {i: len(c) for i, c in cut.items()},
             "high_watermarks": ends,
             "replica_divergence": len(divergence), "divergence_examples": divergence[:5],
+            "acknowledged_end": acked_end, "kept_after_cut": kept,
+            # replicas per partition that kept every acknowledged record through the cut
+            "replicas_holding_all_acked": {q: sum(1 for end in kept[q].values() if end >= acked_end[q])
+                                           for q in range(partitions)},
         }
         log(f"power cut: {result}")
         return result
@@ -92,6 +107,10 @@ def power_cut(seconds: float = 20.0, flush_messages: int | None = None, brokers:
             zk.stop()
         if not work_dir:
             shutil.rmtree(work, ignore_errors=True)
+
+
+def _end(batches: list) -> int:
+    return batches[-1][1] + 1 if batches else 0
 
 
 def _acked(history: History) -> int:

@@ -27,6 +27,7 @@ class LeaderStub(ScriptedBroker):
         self.fail: dict[tuple, list] = {}
         self.refuse_epochs: dict[tuple, ErrorCode] = {}  # OFFSET_FOR_LEADER_EPOCH answers this while set
         self.fetches: list = []  # [(topic, partition, fetch_offset, current_leader_epoch, replica_id)]
+        self.fsynced: list = []  # [(topic, partition, fetch_offset, fsynced_offset)] as each fetch said
         super().__init__(topics)
 
     # ---- the test's side -------------------------------------------------------------------------
@@ -123,6 +124,7 @@ class LeaderStub(ScriptedBroker):
                     tp = (t["name"], p["index"])
                     off = p["fetch_offset"]
                     self.fetches.append((tp[0], tp[1], off, p.get("current_leader_epoch"), body["replica_id"]))
+                    self.fsynced.append((tp[0], tp[1], off, p.get("fsynced_offset")))
                     entry = {"index": p["index"], "error_code": 0, "high_watermark": self.end[tp],
                              "log_start_offset": self.start[tp], "records_size": 0}
                     parts.append(entry)

@@ -175,6 +175,7 @@ class FollowerLog:
         self.batches = list(batches)  # bytes, offsets as in their headers
         self.start = self.batches and fmt.BatchHeader.read(self.batches[0]).base_offset or 0
         self.hw = 0
+        self.unsynced = 0  # records at the end not fsynced yet, as this log actor answers
 
     @property
     def end(self) -> int:
@@ -220,7 +221,8 @@ class StandInLog(Actor):
                     out.append([part[0], part[1], int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1])
                     continue
                 code = fn(p, *part[2:]) or 0
-                out.append([part[0], part[1], int(code), p.end if not code else -1])
+                out.append([part[0], part[1], int(code), p.end if not code else -1,
+                            p.end - p.unsynced if not code else -1])
         self.reply(msg, {"parts": out})
 
     def on_follower_state(self, msg):
@@ -490,3 +492,23 @@ def test_a_leader_that_keeps_refusing_truncation_is_asked_less_and_less_often_an
     assert c.wait_for(lambda: asked() > before, timeout=1.0)  # at once, not after the grown wait
     leader.append("t", 0, 2)
     assert c.wait_for(lambda: logs[("t", 0)].end == 4)
+
+
+def test_each_fetch_tells_the_leader_how_much_of_its_log_end_the_follower_has_fsynced(cluster):
+    """The leader counts a follower towards the high watermark only up to what it has on its
+    disk (log.flush.before.ack): the log actor's answer says it (``fsynced_offset``), and the
+    next FETCH carries it beside ``fetch_offset``, per partition."""
+    leader = LeaderStub({"t": 1}, epoch=1)
+    leader.append("t", 0, 4)
+    follower = FollowerLog(1)
+    follower.unsynced = 1  # this log actor answers with its last record not yet on the disk
+    c = cluster(leader, {("t", 0): follower})
+    c.follow([("t", 0, 1)])
+    assert c.wait_for(lambda: follower.end == 4)
+    leader.append("t", 0, 3)
+    assert c.wait_for(lambda: follower.end == 7)
+    assert c.wait_for(lambda: any(off == 7 for _, _, off, _ in list(leader.fsynced)))
+    with leader.lock:
+        said = [(off, synced) for _, _, off, synced in leader.fsynced]
+    assert (4, 3) in said and (7, 6) in said, said
+    assert all(synced is not None and synced <= off for off, synced in said), said
