@@ -113,6 +113,9 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     g.add_argument("--describe", nargs="?", const="", metavar="GROUP")
     g.add_argument("--reset-offsets", nargs="?", const="", metavar="GROUP")
     g.add_argument("--delete", nargs="?", const="", metavar="GROUP")
+    g.add_argument("--delete-offsets", nargs="?", const="", metavar="GROUP",
+                   help="delete the group's committed offsets of --topic T[:P,P...] (the group must not "
+                        "subscribe to it)")
     p.add_argument("--group", help="the group (instead of naming it after the action)")
     p.add_argument("--all-groups", action="store_true", help="describe, reset, delete: every group")
     p.add_argument("--members", action="store_true", help="describe: the members only (Kafka's --members)")
@@ -124,7 +127,8 @@ def add_parsers(sub, config_args, bootstrap) -> None:
                         "LAST-STABLE-OFFSET (read_committed: what a read_committed consumer can reach; open "
                         "transactions do not count)")
     p.add_argument("--topic", action="append", default=[], help="reset: a topic (repeatable; default: every "
-                                                                  "topic the group has committed offsets for)")
+                                                                  "topic the group has committed offsets for); "
+                                                                  "delete-offsets: T or T:P,P")
     to = p.add_mutually_exclusive_group()
     to.add_argument("--to-earliest", action="store_true")
     to.add_argument("--to-latest", action="store_true")
@@ -490,7 +494,8 @@ def cmd_groups(args) -> int:
                 if not states or str(g["group_state"]).lower() in states:
                     print(f"{g['group_id']}\t{g['group_state']}")
             return 0
-        group = next((v for v in (args.describe, args.reset_offsets, args.delete) if v), None) or args.group
+        group = next((v for v in (args.describe, args.reset_offsets, args.delete, args.delete_offsets) if v),
+                     None) or args.group
         if args.all_groups:
             groups = [g["group_id"] for g in admin.list()]
         elif group:
@@ -510,6 +515,8 @@ def cmd_groups(args) -> int:
             elif args.delete is not None:
                 admin.delete(group)
                 print(f"Deleted group {group}.")
+            elif args.delete_offsets is not None:
+                _delete_offsets(admin, group, args.topic)
             else:
                 to, value = _reset_target(args)
                 plan = admin.reset_offsets(group, args.topic or None, to=to, value=value, execute=args.execute)
@@ -519,6 +526,36 @@ def cmd_groups(args) -> int:
                 if not args.execute:
                     print("(dry run: add --execute to apply)")
     return 0
+
+
+def _delete_offsets(admin, group: str, topics: list[str]) -> None:
+    """kafka-consumer-groups --delete-offsets: ``--topic T`` (every partition) or ``T:0,2``."""
+    from odradek.types import TopicPartition
+    if not topics:
+        raise OdradekError("--delete-offsets needs --topic T or T:P,P", ErrorCode.INVALID_REQUEST)
+    tps = []
+    for item in topics:
+        name, _, parts = item.partition(":")
+        if parts:
+            try:
+                indexes = [int(p) for p in parts.split(",")]
+            except ValueError:
+                raise OdradekError(f"--topic {item!r}: partitions are numbers (T:0,1)",
+                                   ErrorCode.INVALID_REQUEST) from None
+        else:
+            admin.cluster.refresh([name])
+            indexes = [p.partition for p in admin.cluster.partitions(name) or ()]
+            if not indexes:
+                raise OdradekError(f"topic '{name}' does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        tps += [TopicPartition(name, i) for i in indexes]
+    failed = 0
+    print(f"{'TOPIC':<30} {'PARTITION':>9}  STATUS")
+    for tp, err in sorted(admin.delete_offsets(group, tps).items()):
+        failed += err is not None
+        print(f"{tp.topic:<30} {tp.partition:>9}  {'Successful' if err is None else 'Error: ' + err.code.name}")
+    if failed:
+        raise OdradekError(f"{failed} partition(s) kept their offsets (GROUP_SUBSCRIBED_TO_TOPIC: a member "
+                           f"subscribes to the topic)", ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
 
 
 def _print_group_state(d: dict) -> None:

@@ -242,3 +242,47 @@ def test_serve_on_a_port_in_use_fails_at_once_with_one_line(tmp_path):
         assert f"127.0.0.1:{port} is already in use" in out.stderr and "restart" not in out.stderr
     finally:
         taken.close()
+
+
+# ---- groups --delete-offsets (OffsetDelete) -------------------------------------------------------------
+
+def test_delete_offsets_of_a_group_with_the_tool_and_kafka_python(secure_broker):
+    from kafka import KafkaAdminClient
+    from kafka import errors as kerrors
+    from kafka.structs import TopicPartition as KTopicPartition
+    bs = ["--bootstrap-server", addr(secure_broker, "PLAINTEXT")]
+    topic, group = name("do"), name("dog")
+    ok("topics", "--create", "--topic", topic, "--partitions", "3", *bs)
+    for p in range(3):
+        ok("produce", "--topic", topic, "--partition", str(p), *bs, stdin="a\nb\n")
+    ok("consume", "--topic", topic, "--group", group, "--from-beginning", "--max-messages", "6", *bs)
+    out = ok("groups", "--delete-offsets", group, "--topic", f"{topic}:0", *bs)
+    assert "Successful" in out and len(out.strip().splitlines()) == 2
+    rows = {ln.split()[1]: ln.split() for ln in ok("groups", "--describe", group, *bs).splitlines()
+            if ln.startswith(topic)}
+    assert "0" not in rows and rows["1"][2] == "2" and rows["2"][2] == "2"  # an empty group: its commits only
+    kadmin = KafkaAdminClient(bootstrap_servers=bs[1], request_timeout_ms=60000)
+    try:
+        got = kadmin.delete_group_offsets(group, [KTopicPartition(topic, 1)])
+        assert got == {KTopicPartition(topic, 1): kerrors.NoError}
+        with pytest.raises(kerrors.GroupIdNotFoundError):
+            kadmin.delete_group_offsets(name("nobody"), [KTopicPartition(topic, 1)])
+    finally:
+        kadmin.close()
+    assert [ln.split()[1:3] for ln in ok("groups", "--describe", group, *bs).splitlines()
+            if ln.startswith(topic)] == [["2", "2"]]
+    # while a member subscribes to the topic: refused per partition, as Kafka
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    member = subprocess.Popen([sys.executable, "-m", "odradek", "consume", "--topic", topic, "--group", group, *bs],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while "odradek-consume" not in odradek("groups", "--describe", group, "--members", *bs).stdout:
+            assert time.monotonic() < deadline, "the member did not join"
+            time.sleep(0.5)
+        refused = odradek("groups", "--delete-offsets", group, "--topic", topic, *bs)
+        assert refused.returncode == 1 and "GROUP_SUBSCRIBED_TO_TOPIC" in refused.stdout + refused.stderr
+    finally:
+        member.terminate()
+        member.wait(30)
+
