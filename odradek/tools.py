@@ -348,9 +348,13 @@ def cmd_produce(args) -> int:
     handles = []
     failed: list = []
     topic = _topic_of(args)
-    with Producer(_bootstrap_of(args), acks=args.acks, linger_ms=args.linger_ms, client_id="odradek-produce",
-                  max_block_ms=TIMEOUT_MS, compression=None if args.compression == "none" else "lz4",
-                  **client_properties.options_of(args)) as producer:
+    security, given = client_properties.args_properties(args)  # --producer.config/--producer-property: Kafka's names
+    compression = given.get("compression.type", args.compression)
+    with Producer(_bootstrap_of(args), acks=given.get("acks", args.acks),
+                  linger_ms=float(given.get("linger.ms", args.linger_ms)),
+                  batch_size=int(given.get("batch.size", 65536)), client_id=given.get("client.id", "odradek-produce"),
+                  max_block_ms=TIMEOUT_MS, compression=None if compression in ("none", "") else compression,
+                  **security) as producer:
         for lineno, line in enumerate(sys.stdin.buffer, 1):
             line = line.rstrip(b"\r\n")
             key = None

@@ -162,7 +162,10 @@ def test_consume_in_a_group_commits_and_resumes_where_it_stopped(secure_broker):
     bs = ["--bootstrap-server", addr(secure_broker, "PLAINTEXT")]
     topic, group = name("cg"), name("grp")
     ok("topics", "--create", "--topic", topic, "--partitions", "1", *bs)
-    ok("produce", "--topic", topic, *bs, stdin="".join(f"m{i}\n" for i in range(6)))
+    ok("produce", "--topic", topic, "--producer-property", "acks=all", "--producer-property", "linger.ms=0", *bs,
+       stdin="".join(f"m{i}\n" for i in range(6)))
+    gzip = odradek("produce", "--topic", topic, "--producer-property", "compression.type=gzip", *bs, stdin="x\n")
+    assert gzip.returncode == 1 and "'gzip' is not supported" in gzip.stderr  # the bundled producer: lz4 or none
     first = ok("consume", "--topic", topic, "--group", group, "--max-messages", "4", "--consumer-property",
                "auto.offset.reset=earliest", *bs)
     assert first.split() == ["m0", "m1", "m2", "m3"]
