@@ -72,8 +72,9 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     p.add_argument("--partition", type=int, help="send every record to this partition")
     p.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"])
     p.add_argument("--linger-ms", type=float, default=5)
-    p.add_argument("--compression", "--compression-codec", dest="compression", default="lz4", choices=["lz4", "none"],
-                   help="the batches' codec (the bundled producer writes lz4 or none)")
+    p.add_argument("--compression-codec", "--compression", dest="compression", default="lz4",
+                   choices=["none", "gzip", "snappy", "lz4", "zstd"],
+                   help="the batches' codec (gzip, snappy, zstd: written as Kafka's magic-2 batches)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="print records to stdout (like kafka-console-consumer)")
