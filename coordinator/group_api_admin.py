@@ -16,7 +16,9 @@ from odradek.coordinator.group_requests import GROUP_ID, group_id
 from odradek.coordinator.group_writes import group_write_error
 from odradek.coordinator.offsets import group_record, offset_record, offsets_leaders, partition_for
 from odradek.network.fields import BadRequest, field
+from odradek.network.kafka.groups import decode_subscription
 from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+
 
 class AdminApi:
     """The group coordinator's administrative APIs (a mixin of ``GroupCoordinator``)."""
@@ -263,6 +265,69 @@ class AdminApi:
                 finish()
             self._append(gid, recs, stored)
         finish()
+
+    def delete_offsets(self, msg: Message, body: dict) -> None:
+        """OFFSET_DELETE (Kafka's OffsetDelete, KIP-496): tombstones for a group's committed
+        offsets of the partitions named. A partition of a topic the group's members subscribe
+        to is refused (GROUP_SUBSCRIBED_TO_TOPIC); a group with members of another protocol
+        than the consumer's is NON_EMPTY_GROUP; a partition without an offset is answered 0."""
+        gid = group_id(body)
+        g = self.groups.get(gid) or self.classic.get(gid)
+        committed = self.offsets.get(gid)
+        if g is None and committed is None:
+            raise OdradekError(f"group '{gid}' does not exist", ErrorCode.GROUP_ID_NOT_FOUND)
+        subscribed = self._subscribed_topics(g)
+        if subscribed is None:
+            raise OdradekError(f"group '{gid}' has members of protocol type '{g.protocol_type}': stop them first",
+                               ErrorCode.NON_EMPTY_GROUP)
+        out, gone = [], []
+        for t in field(body, "topics", list):
+            name = t.get("name") if isinstance(t, dict) else None
+            parts = []
+            for p in (t.get("partitions") or []) if isinstance(t, dict) else []:
+                index = p.get("partition_index") if isinstance(p, dict) else None
+                if not isinstance(name, str) or not isinstance(index, int):
+                    raise BadRequest("each topic needs a 'name' and partitions with a 'partition_index'")
+                code = int(ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC) if name in subscribed else 0
+                if not code and committed and (name, index) in committed:
+                    gone.append((name, index))
+                parts.append({"partition_index": index, "error_code": code})
+            out.append({"name": name, "partitions": parts})
+        answer = {"error_code": 0, "topics": out}
+        if not gone:
+            self.reply(msg, {"body": answer})
+            return
+        for tp in gone:
+            del committed[tp]
+
+        def stored(code, error) -> None:
+            if code:
+                self.reply_error(msg, group_write_error(code), f"offsets deleted here, but the tombstones were "
+                                                               f"not stored: {error}")
+            else:
+                self.reply(msg, {"body": answer})
+        self._append(gid, [offset_record(gid, t, p, None) for t, p in gone], stored)
+
+    def _subscribed_topics(self, g) -> set | None:
+        """The topics a group's members subscribe to (none for an empty or unknown group); None
+        for a classic group with members of a protocol that is not the consumer's."""
+        if g is None or not g.members:
+            return set()
+        if getattr(g, "kind", "") == "classic":
+            if g.protocol_type != "consumer":
+                return None
+            topics = set()
+            for m in g.members.values():
+                for name, data in m.protocols:  # the chosen protocol's subscription (each while none is)
+                    if g.protocol_name in (None, name):
+                        topics |= set(decode_subscription(data))
+            return topics
+        topics = set()
+        for m in g.members.values():
+            topics |= set(m.subscribed_topic_names)
+            if m.subscribed_topic_regex:
+                topics |= {t for t in self.topics if m.subscribes(t)}
+        return topics
 
     def leave_group(self, msg: Message, body: dict) -> None:
         """Remove members by id (a tool's forced removal; KIP-848 members leave by heartbeat,

@@ -125,7 +125,7 @@ CREATED_WAIT = 10.0  # seconds requests queued for the topic's creation wait for
 # need __consumer_offsets to exist
 WRITERS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP)
 BY_GROUP = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.LEAVE_GROUP,
-            ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
+            ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.OFFSET_DELETE)
 CLASSIC_MARGIN_MS = 2000  # a held JoinGroup/SyncGroup is answered this long before the processor's request.timeout.ms
 
 
@@ -297,6 +297,7 @@ class GroupCoordinator(Leadership, ConsumerApi, OffsetsApi, AdminApi, ClassicApi
             ApiKey.DESCRIBE_GROUPS: self.describe_groups,
             ApiKey.CONSUMER_GROUP_DESCRIBE: self.describe_groups,
             ApiKey.DELETE_GROUPS: self.delete_groups,
+            ApiKey.OFFSET_DELETE: self.delete_offsets,
             ApiKey.LEAVE_GROUP: self.leave_group,
             ApiKey.JOIN_GROUP: self.join_group,
             ApiKey.SYNC_GROUP: self.sync_group,

@@ -277,6 +277,8 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
         return [("Read", "Topic", n) for n in _names(body)]
     if api in (ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE):
         return [("Describe", "Group", str(g)) for g in body.get("group_ids") or []]
+    if api == ApiKey.OFFSET_DELETE:  # Kafka's: Delete on the group, Read on each topic
+        return [("Delete", "Group", str(body.get("group_id")))] + [("Read", "Topic", n) for n in _names(body)]
     if api == ApiKey.DELETE_GROUPS:
         return [("Delete", "Group", str(g)) for g in body.get("groups_names") or []]
     if api == ApiKey.LIST_GROUPS:  # Kafka's: filtered, not refused (the handler keeps the groups one may Describe)

@@ -36,15 +36,17 @@ class Credentials:
         stored = self.users.data()
         if not names:  # null or empty: every user
             return _described([(u, None) for u in sorted(stored)], stored)
-        if not isinstance(names, list) or len(names) > MAX_USERS_DESCRIBED:
+        if not isinstance(names, list) or len(names) > MAX_USERS_DESCRIBED or \
+                not all(isinstance(n, str) for n in names):
             return {"error_code": int(ErrorCode.INVALID_REQUEST), "results": [],
-                    "error_message": f"'users' must be a list of at most {MAX_USERS_DESCRIBED} names"}
-        twice = {n for i, n in enumerate(names) if n in names[:i]}
+                    "error_message": f"'users' must be a list of at most {MAX_USERS_DESCRIBED} user names (strings)"}
+        seen: set = set()
+        twice = {n for n in names if n in seen or seen.add(n)}
         out = []
         for name in dict.fromkeys(names):
             if name in twice:
                 out.append((name, (ErrorCode.DUPLICATE_RESOURCE, "cannot describe the same user twice in one request")))
-            elif not isinstance(name, str) or name not in stored:
+            elif name not in stored:
                 out.append((name, (ErrorCode.RESOURCE_NOT_FOUND,
                                    "attempt to describe a user credential that does not exist")))
             else:
@@ -57,7 +59,7 @@ class Credentials:
         order: list = []  # users in the order the request names them
         per_user: dict = {}
         for kind, c in changes:
-            name = c.get("name") if isinstance(c, dict) else None
+            name = c.get("name") if isinstance(c, dict) and isinstance(c.get("name"), str) else ""  # "": refused
             if name not in per_user:
                 order.append(name)
             per_user.setdefault(name, []).append((kind, c if isinstance(c, dict) else {}))
@@ -66,7 +68,7 @@ class Credentials:
         todo = {u: per_user[u] for u in order if u not in errors}
         if todo:
             errors.update(self.users.update(lambda data: _apply(data, todo)))
-        return {"results": [{"user": u if isinstance(u, str) else "", "error_code": int(errors[u][0]) if u in errors else 0,
+        return {"results": [{"user": u, "error_code": int(errors[u][0]) if u in errors else 0,
                              "error_message": errors[u][1] if u in errors else None} for u in order]}
 
 
@@ -74,7 +76,7 @@ def _described(entries: list, stored: dict) -> dict:
     results = []
     for name, problem in entries:
         if problem is not None:
-            results.append({"user": name if isinstance(name, str) else "", "error_code": int(problem[0]),
+            results.append({"user": name, "error_code": int(problem[0]),
                             "error_message": problem[1], "credential_infos": []})
             continue
         infos = [{"mechanism": m, "iterations": int(c.get("iterations", 0))}
@@ -85,7 +87,7 @@ def _described(entries: list, stored: dict) -> dict:
 
 def _problem(user, changes: list) -> tuple[ErrorCode, str] | None:
     """Kafka's checks that need no stored state, in Kafka's order."""
-    if not isinstance(user, str) or not user:
+    if not user:
         return ErrorCode.UNACCEPTABLE_CREDENTIAL, "the user name must not be empty"
     try:
         secstore.check_user(user)

@@ -55,6 +55,7 @@ class ApiKey(enum.IntEnum):
     SASL_AUTHENTICATE = 36
     CREATE_PARTITIONS = 37
     DELETE_GROUPS = 42
+    OFFSET_DELETE = 47
     ELECT_LEADERS = 43
     INCREMENTAL_ALTER_CONFIGS = 44
     ALTER_PARTITION_REASSIGNMENTS = 45
@@ -79,7 +80,7 @@ TXN_APIS = (ApiKey.INIT_PRODUCER_ID, ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OF
             ApiKey.DESCRIBE_TRANSACTIONS, ApiKey.DESCRIBE_PRODUCERS)
 GROUP_APIS = (ApiKey.CONSUMER_GROUP_HEARTBEAT, ApiKey.OFFSET_COMMIT, ApiKey.OFFSET_FETCH, ApiKey.FIND_COORDINATOR,
               ApiKey.LIST_GROUPS, ApiKey.DESCRIBE_GROUPS, ApiKey.CONSUMER_GROUP_DESCRIBE, ApiKey.DELETE_GROUPS,
-              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT)
+              ApiKey.LEAVE_GROUP, ApiKey.JOIN_GROUP, ApiKey.SYNC_GROUP, ApiKey.HEARTBEAT, ApiKey.OFFSET_DELETE)
 FETCH_ACTOR_APIS = (ApiKey.FETCH, ApiKey.LIST_OFFSETS)  # ... and to the fetch actor
 
 # Internal topics: the broker's own state, written only by the coordinators that own them
@@ -181,6 +182,7 @@ class ErrorCode(enum.IntEnum):
     ELIGIBLE_LEADERS_NOT_AVAILABLE = (83, False, "Eligible topic partition leaders are not available.")
     ELECTION_NOT_NEEDED = (84, False, "Leader election not needed for topic partition.")
     NO_REASSIGNMENT_IN_PROGRESS = (85, False, "No partition reassignment is in progress.")
+    GROUP_SUBSCRIBED_TO_TOPIC = (86, False, "The consumer group is actively subscribed to the topic")
     INVALID_RECORD = (87, False, "This record has failed the validation on broker and hence will be rejected.")
     THROTTLING_QUOTA_EXCEEDED = (89, True, "There is a throttling quota violation.")
     PRODUCER_FENCED = (90, False, "There is a newer producer with the same transactionalId which fences the current one.")

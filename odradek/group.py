@@ -746,6 +746,21 @@ class GroupAdmin:
                                         f"{p.get('error_message', '')}")
         return {tp: (committed.get(tp), off) for tp, off in sorted(new.items())}
 
+    def delete_offsets(self, group: str, tps) -> dict:
+        """Delete the group's committed offsets of ``tps`` (OffsetDelete): ``{tp: None | error}``
+        (GROUP_SUBSCRIBED_TO_TOPIC while a member subscribes to the topic)."""
+        by_topic: dict[str, list] = {}
+        for tp in sorted(set(tps)):
+            by_topic.setdefault(tp.topic, []).append({"partition_index": tp.partition})
+        body = self._group_body(group, ApiKey.OFFSET_DELETE, {
+            "group_id": group, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]},
+            item_codes=_partition_codes)
+        if body.get("error_code"):
+            raise error_for(body["error_code"], body.get("error_message"))
+        return {TopicPartition(t["name"], p["partition_index"]):
+                error_for(p["error_code"], f"{t['name']}-{p['partition_index']}") if p.get("error_code") else None
+                for t in body.get("topics", []) for p in t.get("partitions", [])}
+
     def delete(self, group: str) -> None:
         r = self._group_body(group, ApiKey.DELETE_GROUPS, {"groups_names": [group]},
                              item_codes=lambda b: [x.get("error_code", 0) for x in b.get("results", [])])["results"][0]

@@ -109,6 +109,7 @@ import lz4.block
 import msgpack
 
 from odradek.accumulator import Batch, FutureRecordMetadata, RecordAccumulator
+from odradek.log import kafka_batch
 from odradek.log import records as fmt
 from odradek.log.producer_state import last_sequence
 from odradek.network.clientauth import ClientSecurity
@@ -171,11 +172,23 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
     return (murmur2(key) & 0x7FFFFFFF) % num_partitions
 
 
+# Codecs the native batch format does not have (it compresses with lz4 blocks): a batch
+# compressed with one of them is written as Kafka's magic-2 batch (``log.kafka_batch``, what a
+# Kafka producer sends; the broker stores and serves both kinds, docs/FORMAT.md).
+KAFKA_CODECS = ("gzip", "snappy", "zstd")
+CODECS = (None, "lz4", *KAFKA_CODECS)
+
+
 def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str]) -> bytes:
     """One record batch (``log.records`` layout, base offset 0) from ``rows``: each item is
     either a value (bytes: a record with no key, no headers and the batch's timestamp) or a
     full row ``(offset_delta, timestamp_delta, key, value, headers)``; offset deltas are the
-    positions 0..n-1."""
+    positions 0..n-1. ``KAFKA_CODECS``: a magic-2 batch instead."""
+    if compression in KAFKA_CODECS:
+        return kafka_batch.encode([fmt.Record(i, base_ts, None, r, []) if isinstance(r, (bytes, bytearray, memoryview))
+                                   else fmt.Record(r[0], base_ts + r[1], r[2], r[3], r[4] or [])
+                                   for i, r in enumerate(rows)],
+                                  base_offset=0, first_timestamp=base_ts, max_timestamp=max_ts, compression=compression)
     n = len(rows)
     payload = pack_rows(rows)
     attributes = 0
@@ -276,8 +289,9 @@ class Producer:
             compression = compression_type
         if compression in ("none", ""):
             compression = None
-        if compression not in (None, "lz4"):
-            raise ValueError(f"compression {compression!r} is not supported (use 'lz4' or None)")
+        if compression not in CODECS:
+            raise ValueError(f"compression {compression!r} is not supported (use 'lz4', 'gzip', 'snappy', 'zstd' "
+                             f"or None)")
         if isinstance(acks, str) and acks.lstrip("-").isdigit():
             acks = int(acks)
         self.acks = -1 if acks in ("all", -1) else acks
@@ -1063,7 +1077,8 @@ class _Idempotence:
         _STAMP_PACK(data, OFFSET_PRODUCER_ID, pid, epoch, seq)
         if transactional:
             data[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT
-        _CRC_PACK(data, fmt.OFFSET_CRC, _crc32(memoryview(data)[fmt.CRC_START:]))
+        _CRC_PACK(data, fmt.OFFSET_CRC, kafka_batch.crc_of(data, 0, len(data)) if data[fmt.OFFSET_MAGIC] ==
+                  kafka_batch.MAGIC else _crc32(memoryview(data)[fmt.CRC_START:]))  # CRC-32C for magic 2
         b.data = data
         b.stamp = (pid, epoch, seq)
         window.append(b)

@@ -72,8 +72,9 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     p.add_argument("--partition", type=int, help="send every record to this partition")
     p.add_argument("--acks", default="1", choices=["0", "1", "all", "-1"])
     p.add_argument("--linger-ms", type=float, default=5)
-    p.add_argument("--compression", "--compression-codec", dest="compression", default="lz4", choices=["lz4", "none"],
-                   help="the batches' codec (the bundled producer writes lz4 or none)")
+    p.add_argument("--compression-codec", "--compression", dest="compression", default="lz4",
+                   choices=["none", "gzip", "snappy", "lz4", "zstd"],
+                   help="the batches' codec (gzip, snappy, zstd: written as Kafka's magic-2 batches)")
     p.set_defaults(func=cmd_produce)
 
     p = sub.add_parser("consume", help="print records to stdout (like kafka-console-consumer)")
@@ -113,6 +114,9 @@ def add_parsers(sub, config_args, bootstrap) -> None:
     g.add_argument("--describe", nargs="?", const="", metavar="GROUP")
     g.add_argument("--reset-offsets", nargs="?", const="", metavar="GROUP")
     g.add_argument("--delete", nargs="?", const="", metavar="GROUP")
+    g.add_argument("--delete-offsets", nargs="?", const="", metavar="GROUP",
+                   help="delete the group's committed offsets of --topic T[:P,P...] (the group must not "
+                        "subscribe to it)")
     p.add_argument("--group", help="the group (instead of naming it after the action)")
     p.add_argument("--all-groups", action="store_true", help="describe, reset, delete: every group")
     p.add_argument("--members", action="store_true", help="describe: the members only (Kafka's --members)")
@@ -124,7 +128,8 @@ def add_parsers(sub, config_args, bootstrap) -> None:
                         "LAST-STABLE-OFFSET (read_committed: what a read_committed consumer can reach; open "
                         "transactions do not count)")
     p.add_argument("--topic", action="append", default=[], help="reset: a topic (repeatable; default: every "
-                                                                  "topic the group has committed offsets for)")
+                                                                  "topic the group has committed offsets for); "
+                                                                  "delete-offsets: T or T:P,P")
     to = p.add_mutually_exclusive_group()
     to.add_argument("--to-earliest", action="store_true")
     to.add_argument("--to-latest", action="store_true")
@@ -344,9 +349,13 @@ def cmd_produce(args) -> int:
     handles = []
     failed: list = []
     topic = _topic_of(args)
-    with Producer(_bootstrap_of(args), acks=args.acks, linger_ms=args.linger_ms, client_id="odradek-produce",
-                  max_block_ms=TIMEOUT_MS, compression=None if args.compression == "none" else "lz4",
-                  **client_properties.options_of(args)) as producer:
+    security, given = client_properties.args_properties(args)  # --producer.config/--producer-property: Kafka's names
+    compression = given.get("compression.type", args.compression)
+    with Producer(_bootstrap_of(args), acks=given.get("acks", args.acks),
+                  linger_ms=float(given.get("linger.ms", args.linger_ms)),
+                  batch_size=int(given.get("batch.size", 65536)), client_id=given.get("client.id", "odradek-produce"),
+                  max_block_ms=TIMEOUT_MS, compression=None if compression in ("none", "") else compression,
+                  **security) as producer:
         for lineno, line in enumerate(sys.stdin.buffer, 1):
             line = line.rstrip(b"\r\n")
             key = None
@@ -490,7 +499,8 @@ def cmd_groups(args) -> int:
                 if not states or str(g["group_state"]).lower() in states:
                     print(f"{g['group_id']}\t{g['group_state']}")
             return 0
-        group = next((v for v in (args.describe, args.reset_offsets, args.delete) if v), None) or args.group
+        group = next((v for v in (args.describe, args.reset_offsets, args.delete, args.delete_offsets) if v),
+                     None) or args.group
         if args.all_groups:
             groups = [g["group_id"] for g in admin.list()]
         elif group:
@@ -510,6 +520,8 @@ def cmd_groups(args) -> int:
             elif args.delete is not None:
                 admin.delete(group)
                 print(f"Deleted group {group}.")
+            elif args.delete_offsets is not None:
+                _delete_offsets(admin, group, args.topic)
             else:
                 to, value = _reset_target(args)
                 plan = admin.reset_offsets(group, args.topic or None, to=to, value=value, execute=args.execute)
@@ -519,6 +531,36 @@ def cmd_groups(args) -> int:
                 if not args.execute:
                     print("(dry run: add --execute to apply)")
     return 0
+
+
+def _delete_offsets(admin, group: str, topics: list[str]) -> None:
+    """kafka-consumer-groups --delete-offsets: ``--topic T`` (every partition) or ``T:0,2``."""
+    from odradek.types import TopicPartition
+    if not topics:
+        raise OdradekError("--delete-offsets needs --topic T or T:P,P", ErrorCode.INVALID_REQUEST)
+    tps = []
+    for item in topics:
+        name, _, parts = item.partition(":")
+        if parts:
+            try:
+                indexes = [int(p) for p in parts.split(",")]
+            except ValueError:
+                raise OdradekError(f"--topic {item!r}: partitions are numbers (T:0,1)",
+                                   ErrorCode.INVALID_REQUEST) from None
+        else:
+            admin.cluster.refresh([name])
+            indexes = [p.partition for p in admin.cluster.partitions(name) or ()]
+            if not indexes:
+                raise OdradekError(f"topic '{name}' does not exist", ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
+        tps += [TopicPartition(name, i) for i in indexes]
+    failed = 0
+    print(f"{'TOPIC':<30} {'PARTITION':>9}  STATUS")
+    for tp, err in sorted(admin.delete_offsets(group, tps).items()):
+        failed += err is not None
+        print(f"{tp.topic:<30} {tp.partition:>9}  {'Successful' if err is None else 'Error: ' + err.code.name}")
+    if failed:
+        raise OdradekError(f"{failed} partition(s) kept their offsets (GROUP_SUBSCRIBED_TO_TOPIC: a member "
+                           f"subscribes to the topic)", ErrorCode.GROUP_SUBSCRIBED_TO_TOPIC)
 
 
 def _print_group_state(d: dict) -> None:

@@ -20,6 +20,7 @@ to the controller broker and answers NOT_CONTROLLER when there is none).
   DescribeCluster (60)         -> METADATA for no topics (brokers, cluster id, controller)
   DescribeLogDirs (35)         -> DESCRIBE_LOG_DIRS (the log actors' partitions and sizes)
   Describe/AlterUserScramCredentials (50, 51) -> the same internal APIs (mechanisms by name)
+  OffsetDelete (47)            -> OFFSET_DELETE, at the group's coordinator
 
 Checks that need no broker state (duplicate names, a null config value, an explicit
 assignment of the wrong shape, an unknown resource type) are answered here, per item, as
@@ -576,3 +577,25 @@ register(Api(ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS, 0, 0, describe_scram_to_int
              describe_scram_error))
 register(Api(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, 0, 0, alter_scram_to_internal, alter_scram_from_internal,
              alter_scram_error))
+
+
+# ---- OffsetDelete (47): a group's committed offsets, at its coordinator (KIP-496) ------------------
+
+def offset_delete_to_internal(version: int, request: dict) -> tuple[dict, list]:
+    return {"group_id": request["group_id"], "topics": [
+        {"name": t["name"], "partitions": [{"partition_index": p["partition_index"]} for p in t["partitions"]]}
+        for t in request.get("topics") or ()]}, []
+
+
+def offset_delete_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+    body = reply.get("body") or {}
+    return {"error_code": body.get("error_code", 0), "topics": body.get("topics") or []}
+
+
+def offset_delete_error(version: int, request: dict, code: int, message: str) -> dict:
+    return {"error_code": code, "topics": []}
+
+
+register(Api(ApiKey.OFFSET_DELETE, 0, 0, offset_delete_to_internal, offset_delete_from_internal,
+             offset_delete_error))
+

@@ -156,13 +156,48 @@ def test_topics_options_as_kafka_topics_has_them(secure_broker):
     assert any(line.split()[:3] == [f"{stem}.a", "0", "1"] and line.split()[3] == "-" for line in gone.splitlines())
 
 
+# ---- produce: every codec -------------------------------------------------------------------------------
+
+def test_produce_offers_every_kafka_codec_and_kafka_consumers_read_them(secure_broker):
+    from confluent_kafka import Consumer as KafkaConsumer
+    from confluent_kafka import TopicPartition as KTP
+    bs = ["--bootstrap-server", addr(secure_broker, "PLAINTEXT")]
+    topic = name("codec")
+    ok("topics", "--create", "--topic", topic, "--partitions", "1", *bs)
+    codecs = ("none", "gzip", "snappy", "lz4", "zstd")
+    for codec in codecs:
+        ok("produce", "--topic", topic, "--compression-codec", codec, "--key-separator", ":", *bs,
+           stdin=f"{codec}:1-{codec}\n{codec}:2-{codec}\n")
+    got = ok("consume", "--topic", topic, "--from-beginning", "--max-messages", "10", "--property", "print.key=true",
+             "--property", "key.separator=:", *bs)
+    assert got.split() == [f"{c}:{i}-{c}" for c in codecs for i in (1, 2)]
+    c = KafkaConsumer({"bootstrap.servers": bs[1], "group.id": name("cg"), "enable.auto.commit": False})
+    try:
+        c.assign([KTP(topic, 0, 0)])
+        seen = []
+        deadline = time.monotonic() + 60
+        while len(seen) < 10 and time.monotonic() < deadline:
+            m = c.poll(1)
+            if m is not None and not m.error():
+                seen.append((m.key().decode(), m.value().decode()))
+        assert seen == [(cd, f"{i}-{cd}") for cd in codecs for i in (1, 2)]
+    finally:
+        c.close()
+    dumped = ok("dump-log", "--batches-only", os.path.join(secure_broker.data_dir, f"{topic}-0"))
+    assert [ln.split("compresscodec: ")[1].split()[0] for ln in dumped.splitlines() if "compresscodec" in ln] == \
+        ["NONE", "GZIP", "SNAPPY", "LZ4", "ZSTD"]
+
+
 # ---- consume: group, isolation, properties -------------------------------------------------------------
 
 def test_consume_in_a_group_commits_and_resumes_where_it_stopped(secure_broker):
     bs = ["--bootstrap-server", addr(secure_broker, "PLAINTEXT")]
     topic, group = name("cg"), name("grp")
     ok("topics", "--create", "--topic", topic, "--partitions", "1", *bs)
-    ok("produce", "--topic", topic, *bs, stdin="".join(f"m{i}\n" for i in range(6)))
+    ok("produce", "--topic", topic, "--producer-property", "acks=all", "--producer-property", "linger.ms=0", *bs,
+       stdin="".join(f"m{i}\n" for i in range(6)))
+    brotli = odradek("produce", "--topic", topic, "--producer-property", "compression.type=brotli", *bs, stdin="x\n")
+    assert brotli.returncode == 1 and "'brotli' is not supported" in brotli.stderr
     first = ok("consume", "--topic", topic, "--group", group, "--max-messages", "4", "--consumer-property",
                "auto.offset.reset=earliest", *bs)
     assert first.split() == ["m0", "m1", "m2", "m3"]
@@ -242,3 +277,47 @@ def test_serve_on_a_port_in_use_fails_at_once_with_one_line(tmp_path):
         assert f"127.0.0.1:{port} is already in use" in out.stderr and "restart" not in out.stderr
     finally:
         taken.close()
+
+
+# ---- groups --delete-offsets (OffsetDelete) -------------------------------------------------------------
+
+def test_delete_offsets_of_a_group_with_the_tool_and_kafka_python(secure_broker):
+    from kafka import KafkaAdminClient
+    from kafka import errors as kerrors
+    from kafka.structs import TopicPartition as KTopicPartition
+    bs = ["--bootstrap-server", addr(secure_broker, "PLAINTEXT")]
+    topic, group = name("do"), name("dog")
+    ok("topics", "--create", "--topic", topic, "--partitions", "3", *bs)
+    for p in range(3):
+        ok("produce", "--topic", topic, "--partition", str(p), *bs, stdin="a\nb\n")
+    ok("consume", "--topic", topic, "--group", group, "--from-beginning", "--max-messages", "6", *bs)
+    out = ok("groups", "--delete-offsets", group, "--topic", f"{topic}:0", *bs)
+    assert "Successful" in out and len(out.strip().splitlines()) == 2
+    rows = {ln.split()[1]: ln.split() for ln in ok("groups", "--describe", group, *bs).splitlines()
+            if ln.startswith(topic)}
+    assert "0" not in rows and rows["1"][2] == "2" and rows["2"][2] == "2"  # an empty group: its commits only
+    kadmin = KafkaAdminClient(bootstrap_servers=bs[1], request_timeout_ms=60000)
+    try:
+        got = kadmin.delete_group_offsets(group, [KTopicPartition(topic, 1)])
+        assert got == {KTopicPartition(topic, 1): kerrors.NoError}
+        with pytest.raises(kerrors.GroupIdNotFoundError):
+            kadmin.delete_group_offsets(name("nobody"), [KTopicPartition(topic, 1)])
+    finally:
+        kadmin.close()
+    assert [ln.split()[1:3] for ln in ok("groups", "--describe", group, *bs).splitlines()
+            if ln.startswith(topic)] == [["2", "2"]]
+    # while a member subscribes to the topic: refused per partition, as Kafka
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    member = subprocess.Popen([sys.executable, "-m", "odradek", "consume", "--topic", topic, "--group", group, *bs],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while "odradek-consume" not in odradek("groups", "--describe", group, "--members", *bs).stdout:
+            assert time.monotonic() < deadline, "the member did not join"
+            time.sleep(0.5)
+        refused = odradek("groups", "--delete-offsets", group, "--topic", topic, *bs)
+        assert refused.returncode == 1 and "GROUP_SUBSCRIBED_TO_TOPIC" in refused.stdout + refused.stderr
+    finally:
+        member.terminate()
+        member.wait(30)
+
