@@ -1,0 +1,38 @@
+"""ListGroups names a classic group whose consumers have all left a consumer group (protocol
+type "consumer"), as Kafka does, not a simple one (librdkafka's regression test 0081,
+ListConsumerGroups: "expected a normal group, got a simple group")."""
+from __future__ import annotations
+
+import time
+import uuid
+
+
+def test_a_group_whose_consumers_left_is_listed_as_a_consumer_group(bootstrap, topic):
+    from confluent_kafka import Consumer, ConsumerGroupState, Producer
+    from confluent_kafka.admin import AdminClient, NewTopic
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    admin.create_topics([NewTopic(topic, 1, 1)])[topic].result(30)
+    p = Producer({"bootstrap.servers": bootstrap})
+    p.produce(topic, value=b"x")
+    assert p.flush(30) == 0
+    group = f"g-{uuid.uuid4().hex[:8]}"
+    c = Consumer({"bootstrap.servers": bootstrap, "group.id": group, "auto.offset.reset": "earliest"})
+    c.subscribe([topic])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        m = c.poll(1.0)
+        if m is not None and not m.error():
+            break
+    c.commit(asynchronous=False)
+    c.close()  # the last member leaves: the group is Empty
+
+    listed = {}
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        result = admin.list_consumer_groups().result(30)
+        listed = {g.group_id: g for g in result.valid}
+        if group in listed and listed[group].state == ConsumerGroupState.EMPTY:
+            break
+        time.sleep(0.5)
+    assert listed[group].state == ConsumerGroupState.EMPTY
+    assert not listed[group].is_simple_consumer_group
