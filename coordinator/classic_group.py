@@ -341,7 +341,9 @@ class ClassicGroup:
         self.join_deadline = None
         self.initial_delay = False
         if not self.members:
-            self.state, self.protocol_name, self.leader_id, self.protocol_type = EMPTY, None, None, None
+            # the protocol type stays, as Kafka's: an Empty group that had consumers is listed as a
+            # consumer group, not a simple one (ListGroups' protocol_type)
+            self.state, self.protocol_name, self.leader_id = EMPTY, None, None
             self.changed = True
             return
         if self.leader_id not in self.members or not self.members[self.leader_id].awaiting_join:
@@ -571,7 +573,8 @@ class ClassicGroup:
             g.members[m.member_id] = m
             if m.instance_id is not None:
                 g.static[m.instance_id] = m.member_id
+        g.protocol_type = rec.get("protocol_type")
         if g.members:
-            g.state, g.protocol_type = STABLE, rec.get("protocol_type")
+            g.state = STABLE
             g.protocol_name, g.leader_id = rec.get("protocol_name"), rec.get("leader")
         return g

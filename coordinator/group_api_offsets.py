@@ -66,6 +66,9 @@ class OffsetsApi:
         if not wanted:
             self._commit_reply(msg, results)
             return
+        if body.get("any_offset") is True:  # a Kafka client's commit: Kafka takes any offset >= 0
+            self._write_commit(msg, gid, wanted, results)
+            return
         self._check_high_watermarks(wanted, results, lambda: self._write_commit(msg, gid, wanted, results))
 
     def _offset_problem(self, tp: tuple[str, int], p: dict) -> tuple[int, str] | None:

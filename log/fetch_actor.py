@@ -335,6 +335,9 @@ class FetchActor(Actor):
     def _try(self, req: FetchRequest, final: bool) -> bool:
         """Answer if enough data (or an error, or the wait is over); True if answered."""
         topics: dict[str, list] = {}
+        # the answer's topics in the request's order, a topic named twice apart (A, B, A, as
+        # librdkafka sends when a subscription grows) twice: its files follow that order
+        answer_topics: list[tuple[str, list]] = []
         files: list[list] = []
         records: dict[str, int] = {}  # per topic: offsets served (records_out)
         total, errors = 0, False
@@ -345,6 +348,9 @@ class FetchActor(Actor):
             total += entry["records_size"]
             files += slices
             topics.setdefault(topic, []).append(entry)
+            if not answer_topics or answer_topics[-1][0] != topic:
+                answer_topics.append((topic, []))
+            answer_topics[-1][1].append(entry)
             if served:
                 records[topic] = records.get(topic, 0) + served
         if not (final or errors or total >= req.min_bytes):
@@ -352,7 +358,7 @@ class FetchActor(Actor):
         self._forget(req)
         self.served_bytes += total
         self._count_out(req.replica, topics, records)
-        body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+        body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in answer_topics]}
         answer = {"body": body, "files": files}
         if req.since is not None:
             answer["remote_ms"] = (time.monotonic() - req.since) * 1000

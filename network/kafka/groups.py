@@ -160,7 +160,8 @@ def offset_commit_to_internal(version: int, request: dict) -> tuple[dict, list]:
         for p in t["partitions"]]} for t in request["topics"]]
     return {"group_id": request["group_id"], "member_id": request.get("member_id") or "",
             "generation_id_or_member_epoch": request.get("generation_id_or_member_epoch", -1),
-            "group_instance_id": request.get("group_instance_id"), "topics": topics}, []
+            "group_instance_id": request.get("group_instance_id"), "topics": topics,
+            "any_offset": True}, []  # Kafka takes an offset beyond the log's end (a consumer resets there)
 
 
 def offset_commit_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
