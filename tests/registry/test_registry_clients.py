@@ -151,3 +151,27 @@ def test_clients_cannot_write_the_schemas_topic(shared_broker, registry):
                      on_delivery=lambda err, msg: errors.append(err))
     producer.flush(30)
     assert errors and errors[0] is not None, "a client wrote the registry's topic"
+
+
+def test_protobuf_and_json_schema_registration_and_evolution_over_raw_http(registry):
+    subject = f"{topic()}-value"
+    v1 = 'syntax = "proto3";\npackage demo;\nmessage Order { int64 id = 1; string item = 2; }\n'
+    v2 = v1.replace("string item = 2;", "string item = 2; int32 count = 3;")
+    bad = v1.replace("string item = 2;", "double item = 2;")
+    assert http(registry, "POST", f"/subjects/{subject}/versions", {"schema": v1, "schemaType": "PROTOBUF"})[0] == 200
+    assert http(registry, "POST", f"/subjects/{subject}/versions", {"schema": v2, "schemaType": "PROTOBUF"})[0] == 200
+    status, answer, _ = http(registry, "POST", f"/subjects/{subject}/versions", {"schema": bad, "schemaType": "PROTOBUF"})
+    assert (status, answer["error_code"]) == (409, 409) and "field 2" in answer["message"]
+    status, answer, _ = http(registry, "POST", f"/subjects/{subject}/versions",
+                             {"schema": "message {", "schemaType": "PROTOBUF"})
+    assert (status, answer["error_code"]) == (422, 42201)
+    got = http(registry, "GET", f"/subjects/{subject}/versions/latest")[1]
+    assert got["schemaType"] == "PROTOBUF" and "count = 3" in got["schema"]
+
+    subject = f"{topic()}-value"
+    closed = {"type": "object", "properties": {"id": {"type": "integer"}}, "additionalProperties": False}
+    wider = {**closed, "properties": {"id": {"type": "integer"}, "note": {"type": "string"}}}
+    required = {**wider, "required": ["note"]}
+    for schema, status in ((closed, 200), (wider, 200), (required, 409)):
+        assert http(registry, "POST", f"/subjects/{subject}/versions",
+                    {"schema": json.dumps(schema), "schemaType": "JSON"})[0] == status, schema
