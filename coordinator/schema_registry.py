@@ -158,7 +158,7 @@ class SchemaRegistry:
         rows = self.live(subject, deleted)
         if not rows:
             raise subject_not_found(subject)
-        if version in ("latest", -1):
+        if version in ("latest", -1, "-1"):
             return rows[-1]
         n = _version_number(version)
         for v in rows:
@@ -200,8 +200,8 @@ class SchemaRegistry:
         given version, or (``None``) with what the subject's level says."""
         kind, parsed, _refs = self._parse_request(request)
         if version is None:
-            return self._incompatibilities(subject, parsed, self.live(subject))
-        return self._incompatibilities(subject, parsed, [self.get(subject, version)], transitive=True)
+            return self._incompatibilities(subject, parsed, self._against(subject))
+        return self._incompatibilities(subject, parsed, [self.get(subject, version)])
 
     # ---- planned writes -------------------------------------------------------------------
     def register(self, subject: str, request: Any) -> Plan:
@@ -224,7 +224,7 @@ class SchemaRegistry:
         elif wanted_id is not None:
             raise RegistryError(422, 42205, "a schema id ('id') may be given in IMPORT mode only")
         else:
-            why = self._incompatibilities(subject, parsed, rows)
+            why = self._incompatibilities(subject, parsed, self._against(subject))
             if why:
                 raise RegistryError(409, 409, f"Schema being registered is incompatible with an earlier "
                                               f"schema for subject '{subject}', details: {why}")
@@ -247,6 +247,7 @@ class SchemaRegistry:
         if not every:
             raise subject_not_found(subject)
         live = [v for v in every if not v.deleted]
+        self._unreferenced(every)
         if permanent:
             if live:
                 raise RegistryError(404, 40405, f"Subject '{subject}' was not deleted first before being "
@@ -262,6 +263,7 @@ class SchemaRegistry:
         """DELETE /subjects/{s}/versions/{v}: the version deleted."""
         self._writable(subject)
         v = self.get(subject, version, deleted=True) if version != "latest" else self.get(subject, "latest")
+        self._unreferenced([v])
         if permanent:
             if not v.deleted:
                 raise RegistryError(404, 40407, f"Subject '{subject}' Version {v.version} was not deleted first "
@@ -293,6 +295,18 @@ class SchemaRegistry:
         return Plan({"mode": mode}, [(setting_key("MODE", subject), _dump({"mode": mode}))])
 
     # ---- helpers --------------------------------------------------------------------------
+    def _unreferenced(self, rows: list[Version]) -> None:
+        """Refuse to delete a version another live version references (Confluent's 42206)."""
+        doomed = {(v.subject, v.version) for v in rows}
+        for vs in self.subjects.values():
+            for v in vs.values():
+                if not v.deleted and (v.subject, v.version) not in doomed:
+                    used = [(s, n) for _, s, n in v.references if (s, n) in doomed]
+                    if used:
+                        raise RegistryError(422, 42206, f"One or more references exist to the schema "
+                                                        f"{{subject={used[0][0]}, version={used[0][1]}}}: "
+                                                        f"version {v.version} of '{v.subject}'")
+
     def _writable(self, subject: str) -> None:
         if self.mode(subject) == "READONLY":
             raise RegistryError(422, 42205, f"Subject '{subject}' is in read-only mode")
@@ -324,13 +338,17 @@ class SchemaRegistry:
             raise invalid_schema(str(exc)) from None
         return kind, parsed, tuple(refs)
 
-    def _incompatibilities(self, subject: str, new: formats.Parsed, rows: list[Version],
-                           transitive: bool | None = None) -> list[str]:
+    def _against(self, subject: str) -> list[Version]:
+        """The versions a new schema is checked against: every live one (``_TRANSITIVE``
+        levels) or the latest."""
+        rows = self.live(subject)
+        return rows if self.level(subject).endswith("_TRANSITIVE") else rows[-1:]
+
+    def _incompatibilities(self, subject: str, new: formats.Parsed, rows: list[Version]) -> list[str]:
+        """Why ``new`` cannot stand beside ``rows`` at the subject's level (empty: it can)."""
         level = self.level(subject)
-        if level == "NONE" or not rows:
+        if level == "NONE":
             return []
-        if transitive is None and not level.endswith("_TRANSITIVE"):
-            rows = rows[-1:]
         out = []
         for v in rows:
             old = formats.parse(v.schema_type, v.schema, [self.get(s, n, deleted=True).schema

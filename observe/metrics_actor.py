@@ -113,7 +113,7 @@ class MetricsActor(Actor):
             return
         self.server = server
         port = getattr(server, "effective_port", None)  # one address; several (localhost: ::1 and 127.0.0.1) else
-        self.host, self.port = address[0], port if port is not None else server.effective_listen[0][1]
+        self.host, self.port = address[0], int(port if port is not None else server.effective_listen[0][1])  # waitress: a str
         threading.Thread(target=server.run, name="admin-http", daemon=True).start()
         self.sampler = Sampler(self.gather, self.history)
         self.sampler.start()

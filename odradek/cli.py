@@ -8,6 +8,7 @@
     odradek users --add U --password-stdin | --delete U | --list   SCRAM users (docs/SECURITY.md)
     odradek acls --add | --list | --remove [--bootstrap-server H:P] ...   ACLs, like kafka-acls
     odradek transactions list | describe | describe-producers | find-hanging | abort ...   like kafka-transactions.sh
+    odradek schemas list | get | register | check | compatibility | delete ...   the schema registry, like rpk registry
 
 Commands that talk to a broker take ``--bootstrap-server host:port`` (default: the
 ``listeners`` address of the config, so a plain ``odradek status`` next to a plain
@@ -255,6 +256,8 @@ def build_parser() -> argparse.ArgumentParser:
     security_tools.add_parsers(sub, _config_args, _bootstrap)
     from odradek import transactions  # `odradek transactions`: like kafka-transactions.sh (docs/TRANSACTIONS.md)
     transactions.add_parser(sub, _config_args, _bootstrap)
+    from odradek import schemas_cli  # `odradek schemas`: the schema registry, like rpk registry (docs/SCHEMAS.md)
+    schemas_cli.add_parser(sub, _config_args, _load)
     return parser
 
 

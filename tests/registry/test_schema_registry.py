@@ -86,6 +86,7 @@ def test_error_codes_of_reads():
     s.write(s.reg.register("u", {"schema": V1}))
     assert code(s.reg.get, "u", 7) == 40402
     assert code(s.reg.get, "u", "x") == 42202
+    assert s.reg.get("u", "-1").version == 1  # -1 is latest, as Confluent reads it
     assert code(s.reg.schema, 99) == 40403
     assert code(s.reg.register, "u", {"schema": '{"type": "nope"}'}) == 42201
     assert code(s.reg.register, "u", {"schema": V1, "schemaType": "XML"}) == 42201
@@ -131,6 +132,10 @@ def test_references_resolve_to_a_registered_version():
     assert s.write(s.reg.register("p", {"schema": person, "references": [
         {"name": "Address", "subject": "addr", "version": 1}]})) == {"id": 2}
     assert s.reg.schema(2)["references"] == [{"name": "Address", "subject": "addr", "version": 1}]
+    assert code(s.reg.delete_subject, "addr") == 42206  # still referenced by p
+    assert code(s.reg.delete_version, "addr", 1) == 42206
+    s.write(s.reg.delete_subject("p"))
+    assert s.write(s.reg.delete_subject("addr")) == [1]
 
 
 def test_a_replay_of_the_records_rebuilds_the_same_state_and_bad_records_are_reported():
