@@ -38,13 +38,14 @@ _now_ms = lambda: int(time.time() * 1000)  # noqa: E731
 class Batch:
     """Records of one partition sent together; one Future for all of them."""
 
-    __slots__ = ("topic", "partition", "rows", "size", "created", "base_ts", "stamps",
+    __slots__ = ("topic", "partition", "rows", "keys", "size", "created", "base_ts", "stamps",
                  "future", "data", "count", "attempts", "retry_at", "deadline", "stamp", "unwritten")
 
     def __init__(self, topic: str, partition: int, now: float, delivery_timeout: float):
         self.topic = topic
         self.partition = partition
-        self.rows: list = []
+        self.rows: list = []  # a value alone (no headers, the batch's timestamp) or a full row tuple
+        self.keys: list | None = None  # once a value alone has a key: each row's (None for the others)
         self.size = 0
         self.created = now
         self.base_ts = _now_ms()
@@ -125,10 +126,10 @@ class FutureRecordMetadata:
 
 
 class RecordAccumulator:
-    """The batches of one producer (see the module doc). ``encode(rows, base_ts, max_ts)``
-    makes a closed batch's bytes; ``cluster`` answers ``partitions(topic)``."""
+    """The batches of one producer (see the module doc). ``encode(rows, keys, base_ts, max_ts)``
+    makes a closed batch's bytes (``producer.encode_rows``); ``cluster`` answers ``partitions(topic)``."""
 
-    def __init__(self, cluster, encode: Callable[[list, int, int], bytes], *, linger: float, batch_size: int,
+    def __init__(self, cluster, encode: Callable[[list, list | None, int, int], bytes], *, linger: float, batch_size: int,
                  buffer_memory: int, max_block: float, delivery_timeout: float):
         self.cluster = cluster
         self.encode = encode
@@ -186,16 +187,25 @@ class RecordAccumulator:
                     batch = self._new_batch(topic, partition)
             rows = batch.rows
             index = len(rows)
-            if timestamp_ms is None:
-                if key is None and not headers and value.__class__ is bytes:  # packed by pack_rows' fast path
-                    rows.append(value)
-                else:
-                    rows.append((index, 0, key, value, headers))
+            keys = batch.keys
+            if timestamp_ms is None and not headers and value.__class__ is bytes:  # pack_rows' fast path
+                rows.append(value)  # no tuple per record: its key, if any, goes in keys
+                if key is not None:
+                    if keys is None:
+                        keys = batch.keys = [None] * index
+                    keys.append(key)
+                elif keys is not None:
+                    keys.append(None)
             else:
-                if batch.stamps is None:
-                    batch.stamps = {}
-                batch.stamps[index] = timestamp_ms
-                rows.append((index, timestamp_ms - batch.base_ts, key, value, headers))
+                if timestamp_ms is None:
+                    rows.append((index, 0, key, value, headers))
+                else:
+                    if batch.stamps is None:
+                        batch.stamps = {}
+                    batch.stamps[index] = timestamp_ms
+                    rows.append((index, timestamp_ms - batch.base_ts, key, value, headers))
+                if keys is not None:
+                    keys.append(None)  # the row carries its key
             batch.size += size
             if batch.size >= self.batch_size:
                 self._close_batch(batch)
@@ -286,9 +296,9 @@ class RecordAccumulator:
         """Encode a closed batch's rows into ``batch.data``; False (its future failed, its bytes
         freed) if that raised. ``locked``: the caller holds the lock (else the batch is the
         sender's alone, and only the failure's bookkeeping takes the lock)."""
-        rows, batch.rows = batch.rows, None
+        rows, keys, batch.rows, batch.keys = batch.rows, batch.keys, None, None
         try:
-            batch.data = self.encode(rows, batch.base_ts, batch.max_timestamp())
+            batch.data = self.encode(rows, keys, batch.base_ts, batch.max_timestamp())
             return True
         except Exception as exc:  # a bug, not bad input (send() checked it): fail these records only
             batch.future.set_exception(error_for(ErrorCode.UNKNOWN_SERVER_ERROR, f"cannot encode a batch: {exc!r}"))

@@ -103,6 +103,7 @@ import struct
 import threading
 import time
 import zlib
+from operator import add
 from typing import Optional
 
 import lz4.block
@@ -179,18 +180,20 @@ KAFKA_CODECS = ("gzip", "snappy", "zstd")
 CODECS = (None, "lz4", *KAFKA_CODECS)
 
 
-def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str]) -> bytes:
+def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str], keys: list | None = None) -> bytes:
     """One record batch (``log.records`` layout, base offset 0) from ``rows``: each item is
-    either a value (bytes: a record with no key, no headers and the batch's timestamp) or a
-    full row ``(offset_delta, timestamp_delta, key, value, headers)``; offset deltas are the
-    positions 0..n-1. ``KAFKA_CODECS``: a magic-2 batch instead."""
+    either a value (bytes: a record with no headers and the batch's timestamp; its key is
+    ``keys[i]``, or None when ``keys`` is None) or a full row ``(offset_delta,
+    timestamp_delta, key, value, headers)``; offset deltas are the positions 0..n-1.
+    ``KAFKA_CODECS``: a magic-2 batch instead."""
     if compression in KAFKA_CODECS:
-        return kafka_batch.encode([fmt.Record(i, base_ts, None, r, []) if isinstance(r, (bytes, bytearray, memoryview))
+        return kafka_batch.encode([fmt.Record(i, base_ts, None if keys is None else keys[i], r, [])
+                                   if isinstance(r, (bytes, bytearray, memoryview))
                                    else fmt.Record(r[0], base_ts + r[1], r[2], r[3], r[4] or [])
                                    for i, r in enumerate(rows)],
                                   base_offset=0, first_timestamp=base_ts, max_timestamp=max_ts, compression=compression)
     n = len(rows)
-    payload = pack_rows(rows)
+    payload = pack_rows(rows, keys)
     attributes = 0
     if compression == "lz4":
         payload = lz4.block.compress(payload, store_size=True)
@@ -203,18 +206,25 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
     return bytes(out)
 
 
-def pack_rows(rows: list) -> bytes:
-    """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows.
+def pack_rows(rows: list, keys: list | None = None) -> bytes:
+    """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows
+    (``keys``, when given, holds the key of each plain value; see ``encode_rows``).
 
     A batch of plain values (the common case) is assembled with slice assignments and one
     ``join`` from cached byte strings: no Python code and no object per record. That is why
-    ``send`` can queue a bare value instead of a row tuple. When every value has the same
-    length (the usual benchmark and a common workload), each value's framing is one cached
-    string: "end of the previous row + this row's position, timestamp, key and bin header"."""
+    ``send`` can queue a bare value (and its key, in ``keys``) instead of a row tuple. When
+    every value has the same length (the usual benchmark and a common workload), each
+    value's framing is one cached string: "end of the previous row + this row's position,
+    timestamp, key and bin header"; keyed values the same, with the key between."""
     n = len(rows)
     types = set(map(type, rows))
+    if keys is not None:
+        if types == _ONLY_BYTES and None not in keys:
+            return _pack_keyed(rows, keys)
+        rows = [(i, 0, k, r, ()) if r.__class__ is bytes else r for i, (r, k) in enumerate(zip(rows, keys))]
+        types = _ONLY_TUPLES
     if types != _ONLY_BYTES:
-        if types == _ONLY_TUPLES:  # full rows only (keyed records): msgpack packs them as they are
+        if types == _ONLY_TUPLES:  # full rows only: msgpack packs them as they are
             return _packb(rows)
         return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
     parts = [None] * (2 * n)
@@ -229,6 +239,41 @@ def pack_rows(rows: list) -> bytes:
         parts[0::2] = map(b"".join, zip(heads[0::2], heads[1::2]))
         parts[2::2] = map(b"\x90".__add__, parts[2::2])
     return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+def _pack_keyed(rows: list, keys: list) -> bytes:
+    """``pack_rows`` of plain values with a key each (bytes): four strings per record, (end
+    of the previous row + position, timestamp, key's bin header), key, value's bin header,
+    value, the first and third cached when the keys, or the values, have one length."""
+    n = len(rows)
+    parts = [None] * (4 * n)
+    parts[1::4] = keys
+    parts[3::4] = rows
+    key_lengths = set(map(len, keys))
+    if len(key_lengths) == 1:
+        parts[0::4] = _keyed_framing_for(key_lengths.pop(), n)[:n]
+    else:
+        parts[0::4] = map(add, _keyed_framing_for(None, n)[:n], map(_BIN_HEADER.__getitem__, map(len, keys)))
+    lengths = set(map(len, rows))
+    if len(lengths) == 1:
+        parts[2::4] = [_BIN_HEADER[lengths.pop()]] * n
+    else:
+        parts[2::4] = map(_BIN_HEADER.__getitem__, map(len, rows))
+    return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+def _keyed_framing_for(key_length: int | None, n: int) -> list:
+    """Position i -> (end of row i-1) + row i's prefix up to its key: the key's bin header
+    for keys of ``key_length`` bytes, nothing for None."""
+    framing = _KEYED_FRAMING.get(key_length)
+    if framing is None or len(framing) < n:
+        if len(_KEYED_FRAMING) >= 64:
+            _KEYED_FRAMING.clear()
+        head = b"" if key_length is None else _BIN_HEADER[key_length]
+        framing = [p[:-1] + head for p in _row_prefixes(max(n, 256))]  # without the nil key
+        framing[1:] = [b"\x90" + f for f in framing[1:]]
+        _KEYED_FRAMING[key_length] = framing
+    return framing
 
 
 def _row_prefixes(n: int) -> list:
@@ -271,6 +316,7 @@ _ONLY_BYTES = {bytes}
 _ONLY_TUPLES = {tuple}
 _ROW_PREFIX: list = []
 _FRAMING: dict = {}  # value length -> framing strings by position (at most 64 lengths kept)
+_KEYED_FRAMING: dict = {}  # key length (None: any) -> keyed framing strings by position (at most 64)
 _BIN_HEADER = _BinHeaders()
 
 
@@ -335,7 +381,7 @@ class Producer:
         # The batches between send() and the sender thread (odradek/accumulator.py)
         compression = self.compression
         self._acc = RecordAccumulator(
-            self._cluster, lambda rows, base_ts, max_ts: encode_rows(rows, base_ts, max_ts, compression),
+            self._cluster, lambda rows, keys, base_ts, max_ts: encode_rows(rows, base_ts, max_ts, compression, keys),
             linger=self.linger, batch_size=batch_size, buffer_memory=buffer_memory, max_block=self.max_block,
             delivery_timeout=self.delivery_timeout)
         self._append = self._acc.append  # bound once: send() calls it per record

@@ -17,7 +17,7 @@ from odradek.producer import encode_rows
 def accumulator(**kw) -> RecordAccumulator:
     settings = dict(linger=3600.0, batch_size=1 << 20, buffer_memory=1 << 30, max_block=60.0, delivery_timeout=120.0)
     settings.update(kw)
-    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, base, top: encode_rows(rows, base, top, None),
+    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, keys, base, top: encode_rows(rows, base, top, None, keys),
                             **settings)
     return acc
 
@@ -72,14 +72,20 @@ def test_keyless_records_fill_a_sticky_partition_that_changes_with_each_batch(ac
     assert all(a != b for a, b in zip(partitions, partitions[1:]))
 
 
-def test_a_record_with_a_key_or_a_timestamp_is_a_full_row(acc):
-    acc.append("t", 0, b"plain", None, (), None, 10, count=1)
+def test_a_keyed_value_is_kept_bare_beside_its_key_and_a_timestamp_or_headers_make_a_full_row(acc):
+    first = acc.append("t", 0, b"plain", None, (), None, 10, count=1)
     acc.append("t", 0, b"keyed", b"k", (), None, 10)
     acc.append("t", 0, b"stamped", None, (("h", b"1"),), 4102444800000, 10)
+    acc.append("t", 0, None, b"gone", (), None, 10)  # a tombstone: a full row
+    acc.append("t", 0, b"again", b"k2", (), None, 10)
+    rows, keys = first._batch.rows, first._batch.keys
+    assert [type(r) for r in rows] == [bytes, bytes, tuple, tuple, bytes] and keys == [None, b"k", None, None, b"k2"]
     _, _, (batch,) = acc.drain(0.0, force=True)
     records = list(fmt.decode_batch(batch.data))
-    assert [(r.key, r.value) for r in records] == [(None, b"plain"), (b"k", b"keyed"), (None, b"stamped")]
+    assert [(r.key, r.value) for r in records] == [(None, b"plain"), (b"k", b"keyed"), (None, b"stamped"),
+                                                   (b"gone", None), (b"k2", b"again")]
     assert records[2].timestamp == 4102444800000 == batch.max_timestamp()
+    assert [r.offset for r in records] == [0, 1, 2, 3, 4]
 
 
 def test_a_full_buffer_makes_a_new_batch_wait_then_fail_after_max_block():
@@ -111,8 +117,8 @@ def test_the_sender_encodes_lingering_batches_without_the_lock_and_keeps_each_pa
     (keyed records over many partitions close most batches by linger). A batch a caller fills
     meanwhile still comes after the lingering one of its partition."""
     held = []
-    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, base, top: (held.append(acc.lock.locked()),
-                                                                              encode_rows(rows, base, top, None))[1],
+    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, keys, base, top: (held.append(acc.lock.locked()),
+                                                                              encode_rows(rows, base, top, None, keys))[1],
                             linger=5.0, batch_size=100, buffer_memory=1 << 30, max_block=60.0, delivery_timeout=120.0)
     try:
         first = acc.append("t", 0, b"a", None, (), None, 10, count=1)

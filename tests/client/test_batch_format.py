@@ -45,3 +45,22 @@ def test_batches_mixing_plain_values_and_full_rows_keep_each_record():
 def test_plain_values_of_mixed_lengths_pack_like_msgpack_too():
     values = [b"a" * (i * 37 % 300) for i in range(500)]
     assert pack_rows(values) == msgpack.packb([(i, 0, None, v, ()) for i, v in enumerate(values)])
+
+
+@pytest.mark.parametrize("key_sizes", [(10,), (0, 3, 300), (255, 256)])
+@pytest.mark.parametrize("value_sizes", [(100,), (0, 7, 70000)])
+@pytest.mark.parametrize("count", [1, 16, 300])
+def test_keyed_values_pack_byte_for_byte_like_msgpack_of_full_rows(key_sizes, value_sizes, count):
+    keys = [bytes([i % 13]) * key_sizes[i % len(key_sizes)] for i in range(count)]
+    values = [bytes([i % 251]) * value_sizes[i % len(value_sizes)] for i in range(count)]
+    assert pack_rows(values, keys) == msgpack.packb([(i, 0, k, v, ()) for i, (k, v) in enumerate(zip(keys, values))])
+
+
+def test_keyed_batches_mixing_keyless_values_and_full_rows_keep_each_record():
+    rows = [b"plain", b"keyed", (2, 7, b"row", b"full", (("h", b"1"),)), b"again"]
+    keys = [None, b"k", None, b"k2"]
+    assert pack_rows(rows, keys) == msgpack.packb([(0, 0, None, b"plain", ()), (1, 0, b"k", b"keyed", ()),
+                                                   (2, 7, b"row", b"full", [["h", b"1"]]), (3, 0, b"k2", b"again", ())])
+    data = encode_rows(rows, 100, 107, "lz4", keys)
+    got = [(r.offset, r.timestamp, r.key, r.value) for r in fmt.decode_batch(data)]
+    assert got == [(0, 100, None, b"plain"), (1, 100, b"k", b"keyed"), (2, 107, b"row", b"full"), (3, 100, b"k2", b"again")]
