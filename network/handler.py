@@ -52,6 +52,8 @@ from odradek.actors.message import Message
 from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
                                    DeleteRecordsPart, EpochQuery, PartError, log_host, log_host_name)
 from odradek.actors.runtime import Actor
+from odradek.log.errors import RecordErrors
+from odradek.log.inflate import DEFAULT_LIMIT, limit_for
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
 from odradek.network.authorizer import offset_fetch_groups
@@ -305,7 +307,7 @@ class RequestHandler(Actor):
         acks = body.get("acks", 1)
         if acks not in ACKS or isinstance(acks, bool):
             raise OdradekError(f"acks must be 0, 1 or -1 (all), got {acks!r}", ErrorCode.INVALID_REQUIRED_ACKS)
-        per_host, errors = self._route(msg, field(body, "topics", list))
+        per_host, errors, record_errors = self._route(msg, field(body, "topics", list))
         errors.extend(denied or ())
         timeout = field(body, "timeout_ms", int, 30000)
         if acks == 0:  # nobody waits: one-way to each log actor
@@ -315,26 +317,30 @@ class RequestHandler(Actor):
         base = {"acks": acks, "timeout_ms": timeout}
         if acks == -1 and body.get("txn_unverified") is True:
             base["txn_unverified"] = True  # docs/TRANSACTIONS.md, "The commit path"
-        if len(per_host) <= 1:
-            if not per_host:
-                self.reply(msg, {"body": _partition_body(errors, [], PRODUCE_ERROR)})
-                return
+        if not per_host:
+            self.reply(msg, {"body": _partition_body(errors, [], PRODUCE_ERROR, record_errors)})
+            return
+        if len(per_host) == 1 and not record_errors:  # per-record errors are answered from here (_gather)
             host, (parts, frames) = next(iter(per_host.items()))
             self.forward(msg, host, "produce", {**base, "parts": parts, "errors": errors}, frames)
             return
         self._gather(msg, [(host, "produce", {**base, "parts": parts}, frames)
-                           for host, (parts, frames) in per_host.items()], errors, PRODUCE_ERROR)
+                           for host, (parts, frames) in per_host.items()], errors, PRODUCE_ERROR, record_errors)
 
-    def _route(self, msg: Message, topics: list) -> tuple[dict, list]:
-        """Group a produce's partitions by log actor; errors for the ones that fail checks.
-        (Leadership and min.insync.replicas are the log actor's to check: it knows the ISR.)"""
+    def _route(self, msg: Message, topics: list) -> tuple[dict, list, dict]:
+        """Group a produce's partitions by log actor; errors for the ones that fail checks, and
+        the per-record errors of batches refused for some of their records (KIP-467), by
+        ``(topic, partition)``. (Leadership and min.insync.replicas are the log actor's to
+        check: it knows the ISR.)"""
         per_host: dict[str, tuple[list, list]] = {}
         errors: list[list] = []
+        record_errors: dict[tuple, list] = {}
         for t in topics:
             if not isinstance(t, dict) or not isinstance(t.get("name"), str) or \
                     not isinstance(t.get("partitions"), list):
                 raise BadRequest("each topic must be a map with 'name' and a list of 'partitions'")
             name, meta = t["name"], self.topics.get(t["name"])
+            rules = self._batch_rules(meta)
             for p in t["partitions"]:
                 index, frame = (p.get("index"), p.get("frame")) if isinstance(p, dict) else (None, None)
                 problem = self._partition_problem(name, meta, index)
@@ -342,14 +348,25 @@ class RequestHandler(Actor):
                     problem = (ErrorCode.INVALID_REQUEST, f"{name}-{index}: 'frame' must index one of the "
                                f"{len(msg.frames)} payload frames, got {frame!r}")
                 if problem is None:
-                    problem = _batch_problem(name, index, msg.frames[frame])
+                    problem = _batch_problem(name, index, msg.frames[frame], *rules)
                 if problem is not None:
                     errors.append(PartError(name, index, int(problem[0]), problem[1]))
+                    if len(problem) > 2:
+                        record_errors[name, index] = problem[2]
                     continue
                 parts, frames = per_host.setdefault(self._host(name, index), ([], []))
                 parts.append((name, index, len(frames)))  # a ProducePart, built as a plain tuple: the produce path
                 frames.append(msg.frames[frame])
-        return per_host, errors
+        return per_host, errors, record_errors
+
+    def _batch_rules(self, meta: dict | None) -> tuple[bool, int]:
+        """What a topic's configs ask of a produced batch: (compacted, inflated-size bound)."""
+        if meta is None:
+            return False, DEFAULT_LIMIT
+        overrides, defaults = meta.get("configs") or {}, self.topic_defaults or {}
+        policy = str(overrides.get("cleanup.policy", defaults.get("cleanup.policy", "delete")))
+        max_bytes = overrides.get("max.message.bytes", defaults.get("max.message.bytes", 1 << 20))
+        return "compact" in policy, limit_for(int(max_bytes))
 
     def _partition_problem(self, name: str, meta: dict | None, index) -> tuple[ErrorCode, str] | None:
         if meta is None:
@@ -362,8 +379,10 @@ class RequestHandler(Actor):
     def _host(self, topic: str, partition: int) -> str:
         return log_host(topic, partition, self.log_hosts)
 
-    def _gather(self, msg: Message, targets: list, errors: list, blank: dict) -> None:
-        """Scatter ``targets`` (to, type, fields, frames); answer with the merged bodies."""
+    def _gather(self, msg: Message, targets: list, errors: list, blank: dict,
+                record_errors: dict | None = None) -> None:
+        """Scatter ``targets`` (to, type, fields, frames); answer with the merged bodies
+        (``record_errors``: ``_partition_body``'s)."""
         pending = {"n": len(targets), "topics": {}}
 
         def merge(reply: Message, parts: list) -> None:
@@ -375,7 +394,7 @@ class RequestHandler(Actor):
                     pending["topics"].setdefault(t["name"], []).extend(t["partitions"])
             pending["n"] -= 1
             if pending["n"] == 0:
-                self.reply(msg, {"body": _partition_body(errors, pending["topics"].items(), blank)})
+                self.reply(msg, {"body": _partition_body(errors, pending["topics"].items(), blank, record_errors)})
 
         for to, type_, fields, frames in targets:
             self.request(to, type_, fields, frames, timeout=GATHER_TIMEOUT,
@@ -846,13 +865,17 @@ class RequestHandler(Actor):
         return sum(1 for a in actors if a.get("role") == HANDLER and a.get("state") not in ("retiring", "stopped"))
 
 
-def _batch_problem(topic: str, partition: int, batch) -> tuple[ErrorCode, str] | None:
-    """Check every batch's framing, CRC and what a client's batch must be (``validate_produced``:
-    no control bit, offsets and record count that agree with the records' framing, sane
-    timestamps) here, in the handler pool, so the partition's single writer need not (it
-    still checks sizes and header fields)."""
+def _batch_problem(topic: str, partition: int, batch, compacted: bool, limit: int) -> tuple | None:
+    """Check every batch's framing, CRC and records as Kafka's LogValidator does
+    (``validate_produced``: no control bit, offsets and record count that agree with the
+    records, sane timestamps, keys on a compacted topic, compressed records within ``limit``
+    bytes) here, in the handler pool, so the partition's single writer need not (it still
+    checks sizes and header fields). ``(code, message)``, plus the per-record errors
+    ``[(batch index, message)]`` when some records were refused (KIP-467)."""
     try:
-        validate_produced(batch)
+        validate_produced(batch, compacted=compacted, limit=limit)
+    except RecordErrors as exc:
+        return exc.code, f"{topic}-{partition}: {exc.message}", exc.record_errors
     except OdradekError as exc:
         return exc.code, f"{topic}-{partition}: {exc.message}"
     return None
@@ -916,11 +939,16 @@ EPOCH_ERROR = {"leader_epoch": -1, "end_offset": -1}
 FETCH_ERROR = {"high_watermark": -1, "last_stable_offset": -1, "log_start_offset": -1, "records_size": 0}
 
 
-def _partition_body(errors: list, topics, blank: dict) -> dict:
-    """A per-partition response body from merged partition entries and early errors."""
+def _partition_body(errors: list, topics, blank: dict, record_errors: dict | None = None) -> dict:
+    """A per-partition response body from merged partition entries and early errors;
+    ``record_errors``, ``{(topic, partition): [(batch index, message)]}``, goes in those
+    partitions' entries (a produce's KIP-467 per-record errors)."""
     out = {name: list(parts) for name, parts in topics}
     for name, index, code, message in errors:
-        out.setdefault(name, []).append({"index": index, "error_code": code, "error_message": message, **blank})
+        entry = {"index": index, "error_code": code, "error_message": message, **blank}
+        if record_errors and (name, index) in record_errors:
+            entry["record_errors"] = record_errors[name, index]
+        out.setdefault(name, []).append(entry)
     return {"topics": [{"name": name, "partitions": parts} for name, parts in out.items()]}
 
 
