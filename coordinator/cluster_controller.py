@@ -64,7 +64,7 @@ class ClusterController(Actor):
         self.controller: ActiveController | None = None  # while this broker is the controller
         self.agent: BrokerAgent | None = None  # once ZooKeeper answered
         self.outbox = Outbox.of(self)
-        security = ClientSecurity.inter_broker(config)  # the inter-broker listener's TLS/SASL
+        security = ClientSecurity.inter_broker(config, self.broker_id, self.args["data_dir"])  # TLS/SASL, broker proof
         # controller -> brokers: idempotent requests, sent again when a connection goes silent
         self.channel = ControllerChannel(self.post, f"controller-{self.broker_id}", security,
                                          config["controller.socket.timeout.ms"] / 1000)

@@ -209,13 +209,35 @@ def offset_fetch_groups(body: dict) -> list[dict]:
     return [g for g in groups if isinstance(g, dict)] if isinstance(groups, list) else [body]
 
 
-def _replica(body: dict) -> bool:
-    return isinstance(body.get("replica_id"), int) and body["replica_id"] >= 0
+def claims_replica(body: dict) -> bool:
+    """A Fetch or OffsetForLeaderEpoch sent as a follower: any ``replica_id`` but absent or -1
+    (a consumer's) is a broker's claim, which only a proven broker may make."""
+    return body.get("replica_id", -1) not in (None, -1)
 
 
 IDEMPOTENT = ("IdempotentWrite", "Cluster", CLUSTER)  # or Write on any topic (KIP-679)
 INTER_BROKER = (ApiKey.LEADER_AND_ISR, ApiKey.STOP_REPLICA, ApiKey.UPDATE_METADATA, ApiKey.CONTROLLED_SHUTDOWN,
                 ApiKey.WRITE_TXN_MARKERS)
+# The requests only a broker sends, and the field of each that names the sending broker. Kafka
+# guards them with ClusterAction on the cluster; Odradek also when the authorizer is off: the
+# connection must have proved it is that broker (BROKER_PROOF, docs/SECURITY.md).
+BROKER_CLAIMS = {ApiKey.LEADER_AND_ISR: "controller_id", ApiKey.STOP_REPLICA: "controller_id",
+                 ApiKey.UPDATE_METADATA: "controller_id", ApiKey.CONTROLLED_SHUTDOWN: "broker_id",
+                 ApiKey.WRITE_TXN_MARKERS: "broker_id", ApiKey.FETCH: "replica_id",
+                 ApiKey.OFFSET_FOR_LEADER_EPOCH: "replica_id"}
+
+
+def broker_claim(api: int, body: dict) -> str | None:
+    """The field naming the broker that sends this request if only a broker may send it, else
+    None: a Fetch or OffsetForLeaderEpoch as a consumer (``claims_replica`` false), and
+    WRITE_TXN_MARKERS with ``broker_id`` -1 (an operator's abort markers: ClusterAction
+    with the authorizer on, as Kafka's admin abort) are any client's."""
+    field = BROKER_CLAIMS.get(api)
+    if field == "replica_id" and not claims_replica(body):
+        return None
+    if api == ApiKey.WRITE_TXN_MARKERS and body.get("broker_id") == -1:
+        return None
+    return field
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
         ApiKey.METADATA,  # Metadata filters its answer instead
         ApiKey.DESCRIBE_CLUSTER)  # Kafka's too: the brokers and the controller, to anyone signed in
@@ -229,9 +251,9 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
     if api == ApiKey.PRODUCE:
         return [("Write", "Topic", n) for n in _names(body)]
     if api == ApiKey.FETCH:
-        return [("ClusterAction", "Cluster", CLUSTER)] if _replica(body) else [("Read", "Topic", n) for n in _names(body)]
+        return [("ClusterAction", "Cluster", CLUSTER)] if claims_replica(body) else [("Read", "Topic", n) for n in _names(body)]
     if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
-        return [("ClusterAction", "Cluster", CLUSTER)] if _replica(body) else \
+        return [("ClusterAction", "Cluster", CLUSTER)] if claims_replica(body) else \
             [("Describe", "Topic", n) for n in _names(body)]
     if api == ApiKey.LIST_OFFSETS:
         return [("Describe", "Topic", n) for n in _names(body)]

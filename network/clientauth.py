@@ -6,8 +6,9 @@ kafka-python's names: ``security_protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SAS
 ``sasl_mechanism`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), ``sasl_plain_username``,
 ``sasl_plain_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``,
 ``ssl_check_hostname``. ``secure(sock, host)`` runs, blocking, the TLS handshake and the
-native SASL exchange (SaslHandshake, SaslAuthenticate; docs/PROTOCOL.md) and returns the
-socket to use. The password is kept only in this object and never logged or put in an error.
+native SASL exchange (SaslHandshake, SaslAuthenticate; docs/PROTOCOL.md) and, for a broker's
+own connections to the others (``inter_broker``), the proof that it is one (BROKER_PROOF), and
+returns the socket to use. The password is kept only in this object and never logged or put in an error.
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ class ClientSecurity:
                 raise OdradekError(f"{protocol} needs sasl_plain_username and sasl_plain_password",
                                    ErrorCode.INVALID_CONFIG)
         self.user, self._password = sasl_plain_username, sasl_plain_password
+        self.broker: tuple[int, Any] | None = None  # (broker id, secstore.ServerSecret): proven on connect
         self.context = tls.client_context(ssl_cafile, ssl_certfile, ssl_keyfile, ssl_check_hostname) \
             if protocol in ("SSL", "SASL_SSL") else None
 
@@ -60,16 +62,16 @@ class ClientSecurity:
         return cls(**given)
 
     @classmethod
-    def inter_broker(cls, config: dict) -> "ClientSecurity | None":
-        """How this broker reaches the others (replica fetcher, controller channel): the
-        protocol of ``inter.broker.listener.name``, ``sasl.mechanism.inter.broker.protocol``
-        as ``sasl.inter.broker.username`` with the password read from
-        ``sasl.inter.broker.password.file``, and over TLS the broker's own certificate (for
-        listeners that ask for one) checked against ``ssl.cafile``. None for PLAINTEXT."""
-        from odradek.network import listeners
+    def inter_broker(cls, config: dict, broker_id: int, data_dir: str) -> "ClientSecurity":
+        """How this broker reaches the others (replica fetcher, controller channel, transaction
+        markers): the protocol of ``inter.broker.listener.name``,
+        ``sasl.mechanism.inter.broker.protocol`` as ``sasl.inter.broker.username`` with the
+        password read from ``sasl.inter.broker.password.file``, over TLS the broker's own
+        certificate (for listeners that ask for one) checked against ``ssl.cafile``; then, on
+        every listener, the proof that it is broker ``broker_id`` of this cluster, from the
+        cluster's secret (``secstore.ServerSecret``: ZooKeeper's in cluster mode)."""
+        from odradek.network import listeners, secstore
         listener = listeners.inter_broker(config)
-        if listener.protocol == "PLAINTEXT":
-            return None
         options: dict[str, Any] = {"security_protocol": listener.protocol}
         if listener.sasl:
             path = config.get("sasl.inter.broker.password.file") or ""
@@ -84,16 +86,21 @@ class ClientSecurity:
         if listener.tls:
             options.update(ssl_cafile=config.get("ssl.cafile") or None, ssl_certfile=config.get("ssl.certfile") or None,
                            ssl_keyfile=config.get("ssl.keyfile") or None)
-        return cls(**options)
+        security = cls(**options)
+        security.broker = (int(broker_id), secstore.ServerSecret(data_dir, config))
+        return security
 
     def secure(self, sock: socket.socket, host: str, timeout: float = 10.0) -> socket.socket:
-        """TLS, then SASL, blocking, on a connected socket; OdradekError when refused."""
+        """TLS, then SASL, then a broker's proof, blocking, on a connected socket; OdradekError
+        when refused."""
         sock.settimeout(timeout)
         try:
             if self.context is not None:
                 sock = TlsSocket(self.context.wrap_socket(sock, server_hostname=host))
             if "SASL" in self.protocol:
                 self._sasl(sock)
+            if self.broker is not None:
+                self._prove(sock)
         except OdradekError:
             sock.close()
             raise
@@ -118,6 +125,20 @@ class ClientSecurity:
             client.verify(final.get("auth_bytes") or b"")
         except sasl.AuthenticationFailed as exc:
             raise OdradekError(str(exc), ErrorCode.SASL_AUTHENTICATION_FAILED) from None
+
+    def _prove(self, sock: socket.socket) -> None:
+        """BROKER_PROOF: ask the processor for a nonce, answer it with our key (docs/SECURITY.md)."""
+        broker_id, secret = self.broker
+        try:
+            key = sasl.broker_key(secret.get())
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper or the file unreadable: this attempt fails, retried
+            raise OdradekError(f"cannot read the cluster's secret to prove this broker: {exc!r}",
+                               ErrorCode.NETWORK_EXCEPTION) from None
+        nonce = self._call(sock, 1, ApiKey.BROKER_PROOF, {"broker_id": broker_id}).get("nonce")
+        if not isinstance(nonce, bytes) or len(nonce) < sasl.BROKER_NONCE_BYTES:
+            raise OdradekError("the broker sent no nonce to prove ourselves against", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+        self._call(sock, 2, ApiKey.BROKER_PROOF, {"broker_id": broker_id,
+                                                  "proof": sasl.broker_proof(key, nonce, broker_id)})
 
     @staticmethod
     def _call(sock: socket.socket, corr: int, api: int, body: dict) -> dict:

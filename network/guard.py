@@ -75,6 +75,31 @@ class Guard:
                 raise OdradekError(why, az.DENIED[resource])
         return denied
 
+    def check_inter_broker(self, fields: dict, api: int, body: dict) -> None:
+        """An inter-broker request (``authorizer.broker_claim``) is served only over a
+        connection that proved it is the broker the request names (``fields["broker"]``, set
+        by the processor), or, with the authorizer on, for a principal granted ClusterAction on
+        the cluster (Kafka's rule); else CLUSTER_AUTHORIZATION_FAILED, audited."""
+        field = az.broker_claim(api, body)
+        if field is None:
+            return
+        proven, claimed = fields.get("broker"), body.get(field)
+        name = ApiKey(api).name
+        if proven is not None:
+            if claimed != proven or isinstance(claimed, bool):
+                raise OdradekError(f"this connection proved it is broker {proven}; it may not send {name} "
+                                   f"as {field} {claimed!r}", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+            return
+        principal, host = self.who(fields)
+        if self.enabled and self.authorizer().authorize(principal, host, "ClusterAction", "Cluster", az.CLUSTER):
+            return
+        self._audit(principal, fields.get("peer"), "ClusterAction", "Cluster", az.CLUSTER)
+        if self.metrics is not None:
+            self.metrics.inc("authorization_denied", ("ClusterAction", "Cluster"))
+        raise OdradekError(f"{name}{' as a replica' if field == 'replica_id' else ''} is sent only by the brokers "
+                           f"of this cluster, over a connection that proved it (BROKER_PROOF); {principal} did not",
+                           ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+
     def allowed(self, fields: dict, operation: str, resource: str, name: str) -> bool:
         """Whether the request's principal may (no audit: for what Metadata shows or does)."""
         if not self.enabled:

@@ -80,7 +80,9 @@ those itself (``network.sasl``; credentials from ``network.secstore``). A failed
 authentication is answered after ``failed.authentication.delay.ms`` and the connection
 closed. Every request carries its connection's ``principal`` (``User:name``, the
 certificate's ``User:<subject>``, or ``User:ANONYMOUS``) and ``listener`` to the handler,
-which authorizes it.
+which authorizes it, and ``broker``: the broker id the connection proved with BROKER_PROOF
+(answered here: a nonce, then its HMAC under the cluster's key), else None; only a proven
+broker may send the inter-broker APIs (docs/SECURITY.md, "Inter-broker requests").
 """
 from __future__ import annotations
 
@@ -150,6 +152,7 @@ def _nbytes(buf: Any) -> int:
     return buf.nbytes if isinstance(buf, memoryview) else len(buf)
 ANONYMOUS = "User:ANONYMOUS"
 SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
+ANSWERED_HERE = (*SASL_APIS, ApiKey.BROKER_PROOF)  # native requests the processor answers itself
 BEFORE_AUTH = (ApiKey.API_VERSIONS, *SASL_APIS)  # all a SASL connection may send before it authenticates
 TLS_CHUNK = 256 * 1024  # bytes per SSL write (a TLS record stream, no sendmsg)
 KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
@@ -215,11 +218,6 @@ def _whole_magic_2(fd: int, pos: int, end: int) -> bool:
     return pos == end
 
 
-def _replica_id(body) -> int:
-    value = body.get("replica_id") if isinstance(body, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else -1
-
-
 class FileRegion:
     """A response piece sent with ``os.sendfile``: ``length`` bytes of ``path`` from
     ``position``. Short or missing files are padded with zeros to the promised length."""
@@ -244,7 +242,8 @@ class Connection:
     __slots__ = ("id", "sock", "fd", "peer", "ip", "decoder", "handler", "slots", "at_handler", "wq",
                  "events", "callback", "last_active", "repin", "closing", "closed", "requests",
                  "reserved", "starved", "started", "wq_bytes", "sniff", "kafka", "listener", "tls",
-                 "handshaking", "principal", "sasl", "client", "client_label", "muted", "auth_by")
+                 "handshaking", "principal", "sasl", "client", "client_label", "muted", "auth_by", "broker",
+                 "broker_nonce")
 
     def __init__(self, conn_id: int, sock: socket.socket, peer: tuple, max_size: int, now: float):
         self.id = conn_id
@@ -282,6 +281,8 @@ class Connection:
         self.client_label: str | None = None  # what its requests count under (Processor._client_labels)
         self.muted = 0.0  # throttled by a quota (KIP-219): not read or dispatched until this clock time
         self.auth_by: float | None = None  # on a SASL listener: closed if not authenticated by this clock time
+        self.broker: int | None = None  # the broker id this connection proved (BROKER_PROOF), else None
+        self.broker_nonce: bytes | None = None  # the nonce it was given to prove itself against
 
     def who(self) -> str:
         """The peer and, once a request said it, the client id: what a log line names."""
@@ -629,9 +630,40 @@ class Processor(Actor):
         elif conn.principal is None and api != ApiKey.API_VERSIONS:
             code, failure = ErrorCode.ILLEGAL_SASL_STATE, f"authenticate (SaslHandshake, SaslAuthenticate) " \
                                                           f"before other requests on listener {conn.listener}"
+        elif api == ApiKey.BROKER_PROOF:
+            answer, failure = self._broker_proof(conn, body)
+            if failure is None:
+                return self._auth_answer(conn, corr, codec.encode_response(corr, answer), None).header
+            code = ErrorCode.CLUSTER_AUTHORIZATION_FAILED
         else:
             return None
         return self._auth_answer(conn, corr, codec.encode_error(corr, code, failure), failure).header
+
+    def _broker_proof(self, conn: Connection, body: dict) -> tuple[dict, str | None]:
+        """BROKER_PROOF (docs/SECURITY.md, "Inter-broker requests"): without ``proof``, a fresh
+        nonce; with one, the HMAC of the nonce under the cluster's broker key, checked in
+        constant time, after which the connection is broker ``broker_id``'s. (answer, failure)."""
+        broker_id, proof = body.get("broker_id"), body.get("proof")
+        if not isinstance(broker_id, int) or isinstance(broker_id, bool) or broker_id < 0:
+            return {}, f"BROKER_PROOF needs the 'broker_id' (>= 0) to prove, got {broker_id!r}"
+        if conn.broker is not None:
+            return {}, f"this connection already proved it is broker {conn.broker}"
+        if proof is None:
+            conn.broker_nonce = os.urandom(sasl.BROKER_NONCE_BYTES)
+            return {"nonce": conn.broker_nonce}, None
+        nonce, conn.broker_nonce = conn.broker_nonce, None  # one try per nonce
+        if nonce is None:
+            return {}, "BROKER_PROOF with a proof but no nonce asked for first"
+        try:
+            key = sasl.broker_key(self.users.secret.get())
+        except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: refused (the broker retries)
+            log.warning("%s: cannot read the cluster's secret to check a broker's proof: %r", self.name, exc)
+            return {}, "the cluster's secret cannot be read now to check the proof; retry"
+        if not sasl.check_broker_proof(key, nonce, broker_id, proof):
+            return {}, f"the proof of being broker {broker_id} is wrong: only the brokers of this cluster know its key"
+        conn.broker = broker_id
+        log.info("%s: %s proved it is broker %d (listener %s)", self.name, conn.peer, broker_id, conn.listener)
+        return {"error_code": 0, "broker_id": broker_id}, None
 
     def _auth_answer(self, conn: Connection, corr: int, bufs: list, failure: str | None) -> codec.Frame:
         if failure is None:
@@ -800,7 +832,7 @@ class Processor(Actor):
         """Hand a decoded request on (or answer it here); ``size``: its bytes on the wire,
         charged to the budget until it is answered."""
         h = frame.header
-        if conn.kafka is None and (conn.principal is None or h["api"] in SASL_APIS):
+        if conn.kafka is None and (conn.principal is None or h["api"] in ANSWERED_HERE):
             h = self._native_gate(conn, h) or h
         if "close" in h:  # authentication failed: answered after failed.authentication.delay.ms, then closed
             slot = [h["corr"], None]
@@ -814,7 +846,8 @@ class Processor(Actor):
             self._answered(conn)
             return
         fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
-                  "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener}
+                  "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener,
+                  "broker": conn.broker}
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
         self.metrics.inc("requests", (api,))
         client = h["client"][:CLIENT_ID_KEPT] if isinstance(h["client"], str) else ""
@@ -831,7 +864,7 @@ class Processor(Actor):
             conn.requests += 1
             return
         slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
-                _replica_id(h["body"]) >= 0]  # no quota: a follower's fetch (or failed here, ``_fail``)
+                conn.broker is not None]  # no quota: a proven broker's request (or failed here, ``_fail``)
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), size)

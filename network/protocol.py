@@ -71,6 +71,10 @@ class ApiKey(enum.IntEnum):
     # Odradek-only: a no-op round trip through the whole chain (processor, handler), used
     # by `odradek perf ping` to measure the request path itself.
     PING = 1000
+    # Odradek-only: an inter-broker connection proves it is a broker of this cluster (an HMAC,
+    # keyed from the cluster's shared secret, over a nonce the processor chose); answered by
+    # the processor, never a handler (docs/SECURITY.md, "Inter-broker requests").
+    BROKER_PROOF = 1001
 
 
 # The APIs handlers pass on to the transaction and the group coordinator (each answers the

@@ -7,6 +7,10 @@ Credentials are never kept in clear: ``scram_credential`` derives Kafka's SCRAM 
 HMAC(SaltedPassword, "Server Key")). A PLAIN password is checked by deriving its StoredKey
 with the user's SCRAM-SHA-512 (else SCRAM-SHA-256) salt and comparing in constant time.
 
+Brokers (``broker_key``, ``broker_proof``, ``check_broker_proof``): an inter-broker connection
+proves it is a broker of the cluster with an HMAC over a nonce the processor chose, keyed by a
+key derived from the cluster's shared secret (network/secstore.py ``ServerSecret``).
+
 Server side: ``server(mechanism, lookup, fake)`` returns an object whose ``step(token) -> bytes``
 consumes the client's token and returns the server's; ``done`` and ``user`` tell the outcome;
 a failure raises ``AuthenticationFailed`` whose message never carries a secret. A user that
@@ -34,6 +38,25 @@ MAX_TOKEN = 8192  # longest client token accepted (Kafka's defaults are smaller 
 
 Lookup = Callable[[str, str], "dict | None"]  # (user, mechanism) -> credential or None
 Fake = Callable[[str, str], dict]  # (user, mechanism) -> a credential for a user that does not exist
+
+
+BROKER_NONCE_BYTES = 32
+
+
+def broker_key(secret: bytes) -> bytes:
+    """The key brokers prove themselves with: derived from the server's secret (which also
+    derives the fake SCRAM credentials), never the secret itself."""
+    return hmac.new(secret, b"odradek inter-broker key v1", "sha256").digest()
+
+
+def broker_proof(key: bytes, nonce: bytes, broker_id: int) -> bytes:
+    """What broker ``broker_id`` answers to the processor's ``nonce``."""
+    return hmac.new(key, b"odradek broker proof\0%d\0" % broker_id + nonce, "sha256").digest()
+
+
+def check_broker_proof(key: bytes, nonce: bytes, broker_id: int, proof) -> bool:
+    """Whether ``proof`` is broker ``broker_id``'s answer to ``nonce`` (constant-time compare)."""
+    return isinstance(proof, bytes) and hmac.compare_digest(broker_proof(key, nonce, broker_id), proof)
 
 
 class AuthenticationFailed(Exception):

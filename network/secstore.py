@@ -29,6 +29,7 @@ import fcntl
 import json
 import logging
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -162,6 +163,10 @@ class ZkStore:
         self.version = 0
 
     def _client(self):
+        with _SESSIONS_LOCK:  # the inter-broker connections' threads may ask at once (ServerSecret)
+            return self._client_locked()
+
+    def _client_locked(self):
         if self._zk is None:
             zk = _SESSIONS.get(self.connect)
             if zk is None:  # one ZooKeeper session per process, shared by its stores
@@ -213,6 +218,7 @@ class ZkStore:
 
 
 _SESSIONS: dict = {}  # zookeeper.connect -> the process's KazooClient
+_SESSIONS_LOCK = threading.Lock()
 
 
 def _store(config: dict, data_dir: str, name: str, zpath: str, default):
@@ -220,6 +226,32 @@ def _store(config: dict, data_dir: str, name: str, zpath: str, default):
         return ZkStore(config["zookeeper.connect"], zpath, default,
                        config.get("zookeeper.connection.timeout.ms", 10000) / 1000)
     return JsonStore(os.path.join(security_dir(data_dir), name), default)
+
+
+# ---- the server's secret ----------------------------------------------------------------------
+
+class ServerSecret:
+    """32 random bytes made once, by whichever process needs them first: ``secret.json`` under
+    ``data_dir`` or, in cluster mode, ZooKeeper's ``/config/odradek-secret``, so every broker of
+    a cluster has the same (a write with a version check: two brokers making it at once end
+    with one). Derives the fake SCRAM credentials (``Users.fake_credential``) and the key
+    brokers prove themselves to each other with (``sasl.broker_key``). It never changes, so
+    it is read once per process; thread-safe (the inter-broker connections' threads ask)."""
+
+    def __init__(self, data_dir: str, config: dict | None = None):
+        self.store = _store(config or {}, data_dir, "secret.json", "/config/odradek-secret", dict)
+        self._lock = threading.Lock()
+        self._secret: bytes | None = None
+
+    def get(self) -> bytes:
+        with self._lock:
+            if self._secret is None:
+                secret = self.store.data().get("secret")
+                if secret is None:  # under the store's lock (file) or version check (ZooKeeper)
+                    secret = self.store.update(
+                        lambda d: d.setdefault("secret", base64.b64encode(os.urandom(32)).decode()))
+                self._secret = base64.b64decode(secret)
+            return self._secret
 
 
 # ---- users (SCRAM credentials) ----------------------------------------------------------------
@@ -232,7 +264,7 @@ class Users:
         self.store = _store(config or {}, data_dir, "users.json", "/config/users", dict)
         # the server's secret the credentials of users that do not exist derive from (shared by
         # the brokers of a cluster, as the users are: a prober must see the same from each)
-        self.secret = _store(config or {}, data_dir, "secret.json", "/config/odradek-secret", dict)
+        self.secret = ServerSecret(data_dir, config)
         self.path = self.store.path
         self.data, self.update = self.store.data, self.store.update
         self._iterations: tuple[int, dict] = (-1, {})  # (users' version, mechanism -> iterations)
@@ -244,9 +276,6 @@ class Users:
         """For a user that does not exist: a credential stable for the name, with the iteration
         count most users of the mechanism have (the default when there are none), so SCRAM's first
         answer looks like a real user's (``sasl.fake_credential``)."""
-        secret = self.secret.data().get("secret")
-        if secret is None:  # made once, by whichever process needs it first (under the store's lock)
-            secret = self.secret.update(lambda d: d.setdefault("secret", base64.b64encode(os.urandom(32)).decode()))
         users = self.data()
         if self._iterations[0] != self.store.version:
             counts: dict = {}
@@ -254,7 +283,7 @@ class Users:
                 for m, c in creds.items():
                     counts.setdefault(m, collections.Counter())[int(c["iterations"])] += 1
             self._iterations = (self.store.version, {m: c.most_common(1)[0][0] for m, c in counts.items()})
-        return sasl.fake_credential(base64.b64decode(secret), user, mechanism,
+        return sasl.fake_credential(self.secret.get(), user, mechanism,
                                     self._iterations[1].get(mechanism, sasl.DEFAULT_ITERATIONS))
 
     def add(self, user: str, password: str, mechanisms=("SCRAM-SHA-256", "SCRAM-SHA-512"),

@@ -12,10 +12,12 @@ import sys
 import pytest
 
 from odradek.network.client import BrokerConnection
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError
 from odradek.actors.names import partition_dir
+from tests.cluster.test_inter_broker import ClusterSecret
 from tests.cluster.verify import assert_replicas_identical, high_watermarks, read_all
 
 pytestmark = pytest.mark.slow
@@ -29,9 +31,9 @@ def create(cluster, name: str, partitions: int = 1, rf: int = 3, **config) -> No
                                  for p in range(partitions)), 30, f"{name} led")
 
 
-def request(broker, api: int, body: dict) -> dict:
+def request(broker, api: int, body: dict, security=None) -> dict:
     """One raw request; a top-level error comes back as ``{"error_code", "error_message"}``."""
-    conn = BrokerConnection(broker.host, broker.port, request_timeout_ms=10000)
+    conn = BrokerConnection(broker.host, broker.port, request_timeout_ms=10000, security=security)
     try:
         return conn.request(api, body).body
     except OdradekError as exc:
@@ -49,12 +51,16 @@ def test_a_deposed_controllers_requests_are_refused_and_the_new_one_has_a_higher
     new_epoch = int(cluster.kazoo.get("/controller_epoch")[0])
     assert new_epoch > old_epoch
     survivor = cluster.broker(next(b for b in cluster.ids if b != old))
-    # the new controller has told every live broker its epoch; a request from the old one is stale
+    # the new controller has told every live broker its epoch; a request from the old one is
+    # stale (sent over a connection proved as the old controller's broker: anyone else is
+    # refused before, tests/cluster/test_inter_broker.py)
+    security = ClientSecurity("PLAINTEXT")
+    security.broker = (old, ClusterSecret(cluster))
     cluster.wait_for(lambda: request(survivor, ApiKey.UPDATE_METADATA, {
-        "controller_id": old, "controller_epoch": old_epoch, "brokers": {}, "topics": {}})
+        "controller_id": old, "controller_epoch": old_epoch, "brokers": {}, "topics": {}}, security)
         .get("error_code") == ErrorCode.STALE_CONTROLLER_EPOCH, 30, "the old epoch refused")
     answer = request(survivor, ApiKey.LEADER_AND_ISR, {"controller_id": old, "controller_epoch": old_epoch,
-                                                       "partitions": [], "brokers": []})
+                                                       "partitions": [], "brokers": []}, security)
     assert answer["error_code"] == ErrorCode.STALE_CONTROLLER_EPOCH
     with Admin(survivor.bootstrap) as admin:  # the metadata it serves is still the new controller's
         assert admin.list_topics(include_internal=True) is not None

@@ -17,8 +17,10 @@ import pytest
 from odradek import Producer
 from odradek.errors import NotEnoughReplicasError
 from odradek.network.client import BrokerConnection
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
+from tests.cluster.test_inter_broker import ClusterSecret
 from tests.cluster.verify import AckedLog, check_logs, read_all
 
 pytestmark = pytest.mark.slow
@@ -38,13 +40,19 @@ def produce(address: str, acked: AckedLog, prefix: bytes, n: int, topic: str = T
     return futures
 
 
-def forged_fetch(address: str, replica_id: int, fetch_offset: int, topic: str = TOPIC, **extra) -> ErrorCode:
-    """One FETCH as ``replica_id``; the top-level or the partition's error code (0: served)."""
+def forged_fetch(cluster, address: str, replica_id: int, fetch_offset: int, topic: str = TOPIC,
+                 **extra) -> ErrorCode:
+    """One FETCH as ``replica_id``, over a connection that proved it is that broker (with the
+    cluster's secret: a client cannot, tests/cluster/test_inter_broker.py), so what is tested
+    here is the leader's next check, the broker epoch; the top-level or the partition's error
+    code (0: served)."""
     host, port = address.rsplit(":", 1)
     body = {"replica_id": replica_id, "max_wait_ms": 0, "min_bytes": 1, **extra,
             "topics": [{"name": topic, "partitions": [{"index": 0, "fetch_offset": fetch_offset,
                                                         "current_leader_epoch": -1}]}]}
-    with BrokerConnection(host, int(port), client_id="forger") as conn:
+    security = ClientSecurity("PLAINTEXT")  # proven as that broker: only a broker gets this far
+    security.broker = (replica_id, ClusterSecret(cluster))
+    with BrokerConnection(host, int(port), client_id="forger", security=security) as conn:
         try:
             answer = conn.request(ApiKey.FETCH, body, timeout=10)
         except OdradekError as exc:
@@ -76,7 +84,7 @@ def test_a_forged_fetch_as_a_dead_broker_neither_restores_it_to_the_isr_nor_lose
     cluster.wait_for(lambda: cluster.isr(topic, 0) == [leader], 30, f"broker {leader} alone in the ISR")
     address = cluster.broker(leader).bootstrap
 
-    answers = [forged_fetch(address, dead[0], offset, topic) for offset in (FUTURE, 50)]  # future, and the log end
+    answers = [forged_fetch(cluster, address, dead[0], offset, topic) for offset in (FUTURE, 50)]  # future, and the log end
     stays(cluster, f"the ISR is still [{leader}] after forged fetches", lambda: cluster.isr(topic, 0) == [leader])
 
     # acks=all is refused with one in-sync replica, not acknowledged with one copy
@@ -115,9 +123,11 @@ def test_a_live_brokers_progress_counts_only_with_its_broker_epoch_and_within_th
         cluster.wait_for(lambda: follower not in cluster.isr(topic, 0), 20, f"follower {follower} out of the ISR")
         produce(cluster.bootstrap, acked, b"meanwhile", 20, topic)
         epoch = cluster.kazoo.exists(f"/brokers/ids/{follower}").czxid
-        assert forged_fetch(address, follower, FUTURE, topic) == ErrorCode.STALE_BROKER_EPOCH
-        assert forged_fetch(address, follower, FUTURE, topic, broker_epoch=epoch + 1) == ErrorCode.STALE_BROKER_EPOCH
-        assert forged_fetch(address, follower, FUTURE, topic, broker_epoch=epoch) == ErrorCode.OFFSET_OUT_OF_RANGE
+        assert forged_fetch(cluster, address, follower, FUTURE, topic) == ErrorCode.STALE_BROKER_EPOCH
+        assert forged_fetch(cluster, address, follower, FUTURE, topic, broker_epoch=epoch + 1) == \
+            ErrorCode.STALE_BROKER_EPOCH
+        assert forged_fetch(cluster, address, follower, FUTURE, topic, broker_epoch=epoch) == \
+            ErrorCode.OFFSET_OUT_OF_RANGE
         stays(cluster, f"follower {follower} stays out of the ISR", lambda: follower not in cluster.isr(topic, 0))
     finally:
         fetcher.resume()
@@ -136,6 +146,7 @@ def test_a_broker_outside_the_replica_set_may_not_fetch_as_a_replica(shared_clus
     outsider = next(b for b in cluster.ids if b != leader)
     epoch = cluster.kazoo.exists(f"/brokers/ids/{outsider}").czxid
     address = cluster.broker(leader).bootstrap
-    cluster.wait_for(lambda: forged_fetch(address, outsider, 0, topic, broker_epoch=epoch) != ErrorCode.STALE_BROKER_EPOCH,
+    cluster.wait_for(lambda: forged_fetch(cluster, address, outsider, 0, topic, broker_epoch=epoch)
+                     != ErrorCode.STALE_BROKER_EPOCH,
                      10, "the leader knows the outsider's broker epoch")
-    assert forged_fetch(address, outsider, 0, topic, broker_epoch=epoch) == ErrorCode.REPLICA_NOT_AVAILABLE
+    assert forged_fetch(cluster, address, outsider, 0, topic, broker_epoch=epoch) == ErrorCode.REPLICA_NOT_AVAILABLE

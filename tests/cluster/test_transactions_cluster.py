@@ -18,8 +18,11 @@ from odradek import Admin
 from odradek.cli import main
 from odradek.cluster import Connection
 from odradek.local import LocalCluster
+from odradek.network.client import BrokerConnection
+from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from tests.cluster.fixtures import TEST_SETTINGS
+from tests.cluster.test_inter_broker import ClusterSecret
 
 pytestmark = pytest.mark.slow
 
@@ -192,15 +195,21 @@ def test_markers_from_a_broker_that_is_not_who_it_claims_are_refused(txn_cluster
     victim = leaders[0]
     claimed = next(b for b in txn_cluster.ids if b != victim)
     b = txn_cluster.broker(victim)
-    c = Connection(b.host, b.port)
+    body = {"broker_id": claimed, "broker_epoch": txn_cluster.kazoo.exists(f"/brokers/ids/{claimed}").czxid,
+            "producer_id": 1 << 24, "commit": True, "markers": [[topic, 0, 1 << 24, 0, True, 0]], "offsets": {}}
+    c = Connection(b.host, b.port)  # a client, even with the claimed broker's live epoch
     c.connect()
     try:
         with pytest.raises(OdradekError) as refused:
-            c.request(ApiKey.WRITE_TXN_MARKERS, {
-                "broker_id": claimed, "broker_epoch": 12345, "producer_id": 1 << 24, "commit": True,
-                "markers": [[topic, 0, 1 << 24, 0, True, 0]], "offsets": {}})
+            c.request(ApiKey.WRITE_TXN_MARKERS, body)
     finally:
         c.close()
+    assert refused.value.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+    security = ClientSecurity("PLAINTEXT")  # a connection proved as that broker, with a wrong epoch
+    security.broker = (claimed, ClusterSecret(txn_cluster))
+    with BrokerConnection(b.host, b.port, security=security) as proven:
+        with pytest.raises(OdradekError) as refused:
+            proven.request(ApiKey.WRITE_TXN_MARKERS, {**body, "broker_epoch": 12345})
     assert refused.value.code == ErrorCode.STALE_BROKER_EPOCH
     assert f"broker {claimed}" in refused.value.message
     assert read(txn_cluster.bootstrap, topic, "read_uncommitted", expect=0, wait=20) == []

@@ -115,3 +115,34 @@ def test_an_idempotent_producer_needs_write_on_some_topic():
     assert not auth.authorize_any("User:nobody", "1.2.3.4", "Write", "Topic")
     assert auth.authorize_any("User:admin", "1.2.3.4", "Write", "Topic")
     assert Authorizer([], allow_if_no_acl=True).authorize_any("User:x", "h", "Write", "Topic")
+
+
+def test_inter_broker_apis_need_a_proven_broker_or_with_the_authorizer_on_cluster_action(tmp_path):
+    """network/guard.py's check_inter_broker (docs/SECURITY.md, "Inter-broker requests"):
+    with the authorizer off only a connection proved as the broker the request names; with it
+    on, also a principal granted ClusterAction (Kafka's rule), never another one."""
+    from odradek.network.guard import Guard
+    from odradek.network.protocol import ErrorCode, OdradekError
+
+    def refused(guard, fields, api, body):
+        try:
+            guard.check_inter_broker({"peer": "127.0.0.1:1", **fields}, api, body)
+        except OdradekError as exc:
+            assert exc.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
+            return True
+        return False
+    stop = {"controller_id": 2, "controller_epoch": 1 << 30, "delete": True, "partitions": []}
+    replica = {"replica_id": 2, "topics": []}
+    off = Guard({}, str(tmp_path / "off"))
+    on = Guard({"authorizer": True, "super.users": "User:broker"}, str(tmp_path / "on"))
+    for guard in (off, on):
+        assert refused(guard, {"principal": A}, ApiKey.STOP_REPLICA, stop)
+        assert refused(guard, {"principal": A}, ApiKey.FETCH, replica)
+        assert refused(guard, {"principal": A}, ApiKey.OFFSET_FOR_LEADER_EPOCH, {**replica, "replica_id": True})
+        assert refused(guard, {"broker": 1}, ApiKey.STOP_REPLICA, stop)  # broker 1 speaking for broker 2
+        assert not refused(guard, {"broker": 2}, ApiKey.STOP_REPLICA, stop)
+        assert not refused(guard, {"broker": 2}, ApiKey.FETCH, replica)
+        assert not refused(guard, {"principal": A}, ApiKey.FETCH, {"replica_id": -1, "topics": []})  # a consumer
+        assert not refused(guard, {"principal": A}, ApiKey.WRITE_TXN_MARKERS, {"broker_id": -1})  # operator abort
+    assert refused(off, {"principal": "User:broker"}, ApiKey.UPDATE_METADATA, {"controller_id": 2})
+    assert not refused(on, {"principal": "User:broker"}, ApiKey.UPDATE_METADATA, {"controller_id": 2})
