@@ -177,3 +177,27 @@ def test_protobuf_and_json_schema_registration_and_evolution_over_raw_http(regis
     for schema, status in ((closed, 200), (wider, 200), (required, 409)):
         assert http(registry, "POST", f"/subjects/{subject}/versions",
                     {"schema": json.dumps(schema), "schemaType": "JSON"})[0] == status, schema
+
+
+def test_concurrent_registrations_get_one_id_per_schema_and_never_one_id_twice(registry):
+    """Writes run one at a time on the actor's loop: 24 requests at once, 8 distinct schemas
+    (each sent three times, under three subjects)."""
+    from concurrent.futures import ThreadPoolExecutor
+    base = topic()
+    schemas = [json.dumps({"type": "record", "name": f"C{i}", "fields": [{"name": "x", "type": "int"}]})
+               for i in range(8)]
+    jobs = [(f"{base}-{copy}-value", i) for i in range(8) for copy in range(3)]
+
+    def register(job):
+        subject, i = job
+        status, answer, _ = http(registry, "POST", f"/subjects/{subject}-{i}/versions", {"schema": schemas[i]})
+        assert status == 200, answer
+        return i, answer["id"]
+
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        got = list(pool.map(register, jobs))
+    ids = {}
+    for i, schema_id in got:
+        ids.setdefault(i, set()).add(schema_id)
+    assert all(len(v) == 1 for v in ids.values()), ids  # one id per schema, whichever subject
+    assert len({next(iter(v)) for v in ids.values()}) == 8  # and no id shared by two schemas
