@@ -71,13 +71,10 @@ def route(method: str, parts: list[str], query: dict, body: Any) -> tuple[Op, bo
             return (lambda r: r.register(parts[1], body)), True
         if head == "subjects" and n == 2:
             return (lambda r: r.lookup(parts[1], body, deleted)), False
-        if head == "compatibility" and n in (3, 5) and parts[1] == "subjects" and (n == 3 or parts[3] == "versions"):
-            version = parts[4] if n == 5 else None
+        if head == "compatibility" and n in (4, 5) and parts[1] == "subjects" and parts[3] == "versions":
+            version = parts[4] if n == 5 else None  # None: the versions the subject's level names
             verbose = _flag(query, "verbose")
             return (lambda r: _compatible(r.check(parts[2], body, version), verbose)), False
-        if head == "compatibility" and n == 4 and parts[1] == "subjects" and parts[3] == "versions":
-            verbose = _flag(query, "verbose")
-            return (lambda r: _compatible(r.check(parts[2], body), verbose)), False
     elif method == "PUT":
         if head == "config" and n <= 2:
             return (lambda r: r.set_level(parts[1] if n == 2 else None, body)), True

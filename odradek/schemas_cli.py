@@ -22,11 +22,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 
+from odradek.coordinator.registry_http import CONTENT_TYPE
+from odradek.coordinator.schema_registry import LEVELS
 from odradek.network.protocol import ErrorCode, OdradekError, http_address
 
-CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-TIMEOUT = 30.0
-LEVELS = ("BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE")
+TIMEOUT = 30.0  # seconds for one answer of the registry
 
 
 def add_parser(sub, config_args, load_config) -> None:
