@@ -66,6 +66,7 @@ log = logging.getLogger("odradek.consumer")
 EARLIEST, LATEST = -2, -1
 _RESETS = {"earliest": EARLIEST, "smallest": EARLIEST, "latest": LATEST, "largest": LATEST, "none": None}
 _new_record = functools.partial(tuple.__new__, Record)
+_tuple_new = tuple.__new__
 _unpackb = msgpack.unpackb
 _repeat = itertools.repeat
 _read_header = fmt.HEADER.unpack_from
@@ -125,10 +126,13 @@ def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: in
     offsets = range(base, base + n) if consecutive else map(add, _repeat(base, n), ods)
     if h.attributes & fmt.TIMESTAMP_TYPE_BIT:
         stamps = _repeat(h.max_timestamp, n)
+    elif tds.count(0) == n:  # every record has the batch's time (the bundled producer's default): one int
+        stamps = _repeat(h.first_timestamp, n)
     else:
         stamps = map(add, _repeat(h.first_timestamp, n), tds)
-    out = list(map(_new_record, zip(_repeat(topic, n), _repeat(partition, n), offsets, stamps,
-                                    keys, values, headers)))
+    # tuple.__new__(Record, row) straight from map: a partial around it cost ~20% of the decode
+    out = list(map(_tuple_new, _repeat(Record, n), zip(_repeat(topic, n), _repeat(partition, n), offsets, stamps,
+                                                         keys, values, headers)))
     if base < min_offset:
         if consecutive:
             return out[min_offset - base:]

@@ -69,3 +69,15 @@ def test_headers_come_back_as_key_value_pairs():
     data = fmt.encode_batch([(b"k", b"v", [("trace", b"1")])])
     (record,) = records_of(data)
     assert [tuple(h) for h in record.headers] == [("trace", b"1")]
+
+
+def test_records_of_one_batch_keep_their_own_timestamps_and_keys():
+    """A batch whose records carry the batch's time shares one timestamp; one whose records
+    carry their own (``send(timestamp_ms=...)``) gives each record its own."""
+    from odradek.producer import encode_rows
+    same = encode_rows([b"a", b"b"], 5000, 5000, "lz4", [b"k1", None])
+    own = encode_rows([(0, 0, b"k", b"c", ()), (1, 7, None, b"d", ()), (2, -3, b"k", b"e", ())], 5000, 5007, None)
+    got = [(r.offset, r.timestamp, r.key, r.value) for r in records_of(same + own)]
+    assert got == [(0, 5000, b"k1", b"a"), (1, 5000, None, b"b"),
+                   (0, 5000, b"k", b"c"), (1, 5007, None, b"d"), (2, 4997, b"k", b"e")]
+    assert all(type(r) is Record for r in records_of(same + own))
