@@ -33,7 +33,6 @@ import json
 import logging
 import os
 import threading
-import time
 from typing import NamedTuple
 from urllib.parse import quote, urlencode
 
