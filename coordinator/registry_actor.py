@@ -71,7 +71,12 @@ class SchemaRegistryActor(Actor):
         if self.config.get("zookeeper.connect"):
             log.warning("the schema registry is not served in cluster mode yet (docs/SCHEMAS.md)")
             return
-        self._replay_at_start()
+        try:
+            self._replay_at_start()
+        except (OdradekError, OSError) as exc:  # the broker serves Kafka clients all the same; say why not this
+            log.error("the schema registry cannot read %s (%s): no schema registry until the broker restarts",
+                      SCHEMAS_TOPIC, getattr(exc, "message", exc))
+            return
         try:
             server = waitress.create_server(make_app(self.submit), host=address[0], port=address[1], **HTTP_SETTINGS)
         except OSError as exc:  # the broker serves Kafka clients all the same; say why there is no registry
