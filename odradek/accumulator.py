@@ -73,6 +73,16 @@ class Batch:
         return self.base_ts
 
 
+class Slot:
+    """One partition's open batch (None while it has none), kept current by the accumulator:
+    the keyed fast path finds a key's partition and its batch in one lookup."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Batch | None):
+        self.batch = batch
+
+
 class FutureRecordMetadata:
     """The handle ``send`` returns: the ``concurrent.futures.Future`` interface for one record,
     over its batch's future. ``result()`` gives ``RecordMetadata``. Thread-safe."""
@@ -143,6 +153,7 @@ class RecordAccumulator:
         self._sticky: dict[str, Batch] = {}  # topic -> open batch of its sticky partition
         self._open: dict[tuple, Batch] = {}  # (topic, partition) -> open batch
         self._last_sticky: dict[str, int] = {}  # topic -> its previous sticky partition
+        self._slots: dict[tuple, Slot] = {}  # (topic, partition) -> its slot, once a keyed record asked
         self._ready: collections.deque = collections.deque()  # closed and encoded, for the sender
         self._incomplete: set = set()  # batches whose future is not done (the sender discards)
         self._queued = 0  # bytes closed into batches (callers, under the lock)
@@ -214,6 +225,36 @@ class RecordAccumulator:
         handle._index = index
         return handle
 
+    def append_keyed(self, slot: Slot, value: bytes, key: bytes, size: int) -> FutureRecordMetadata | None:
+        """``append`` of a keyed value (no headers, no timestamp) to the partition of ``slot``
+        (``slot``); None when that partition has no open batch."""
+        with self.lock:
+            batch = slot.batch
+            if batch is None:
+                return None
+            rows = batch.rows
+            index = len(rows)
+            rows.append(value)
+            keys = batch.keys
+            if keys is None:
+                keys = batch.keys = [None] * index
+            keys.append(key)
+            batch.size += size
+            if batch.size >= self.batch_size:
+                self._close_batch(batch)
+        handle = FutureRecordMetadata()
+        handle._batch = batch
+        handle._index = index
+        return handle
+
+    def slot(self, topic: str, partition: int) -> Slot:
+        """The slot of a partition (``append_keyed``), made on first use."""
+        with self.lock:
+            slot = self._slots.get((topic, partition))
+            if slot is None:
+                slot = self._slots[(topic, partition)] = Slot(self._open.get((topic, partition)))
+            return slot
+
     def flush_futures(self) -> list:
         """Close every open batch (linger or not); the futures of every unresolved batch."""
         with self.lock:
@@ -267,6 +308,9 @@ class RecordAccumulator:
         now = time.monotonic()
         batch = Batch(topic, partition, now, self.delivery_timeout)
         self._open[(topic, partition)] = batch
+        slot = self._slots.get((topic, partition))
+        if slot is not None:
+            slot.batch = batch
         if self.on_open is not None:
             self.on_open(topic, partition)
         self._incomplete.add(batch)
@@ -282,7 +326,11 @@ class RecordAccumulator:
         encodes them in ``drain`` after the lock is released: encoding under the lock kept
         callers waiting for it (keyed records over 30 partitions close most batches by linger;
         ``append`` spent a quarter of its time waiting for this lock)."""
-        del self._open[(batch.topic, batch.partition)]
+        tp = (batch.topic, batch.partition)
+        del self._open[tp]
+        slot = self._slots.get(tp)
+        if slot is not None:
+            slot.batch = None
         if self._sticky.get(batch.topic) is batch:
             del self._sticky[batch.topic]
         self._queued += batch.size

@@ -385,9 +385,11 @@ class Producer:
             linger=self.linger, batch_size=batch_size, buffer_memory=buffer_memory, max_block=self.max_block,
             delivery_timeout=self.delivery_timeout)
         self._append = self._acc.append  # bound once: send() calls it per record
-        # topic -> (the TopicMetadata the partitions were computed from, {key: partition}): the
-        # keyed fast path's memo of murmur2, valid while that metadata object is current (a
-        # refresh replaces it, so a partition count change is seen at once), KEY_MEMO keys each
+        self._append_keyed = self._acc.append_keyed
+        # topic -> (the metadata snapshot ``Cluster.topics`` the partitions were computed from,
+        # {key: the accumulator's slot of its partition}): the keyed fast path's memo of murmur2,
+        # valid while that snapshot is current (every refresh replaces it, so a partition count
+        # change is seen at once), KEY_MEMO keys each
         self._key_memo: dict[str, tuple] = {}
         self._sender = _Sender(self._acc, self._cluster, acks=self.acks, ack_timeout_ms=self.ack_timeout_ms,
                                idempotent=self.idempotent, retries=retries, retry_backoff=self.retry_backoff,
@@ -409,8 +411,8 @@ class Producer:
 
         One path: a record of bytes with neither partition, headers nor timestamp whose
         partition is known without a look at the metadata (keyless: the topic's sticky batch;
-        keyed: a key seen before, ``_key_memo``) goes straight to the accumulator if its batch
-        is open; everything else is checked, given its partition and then appended the same way."""
+        keyed: a key seen before, ``_key_memo``, straight to its partition's slot) goes to the
+        accumulator if its batch is open; everything else is checked, given its partition and then appended the same way."""
         if partition is None and headers is None and timestamp_ms is None and value.__class__ is bytes:
             if key is None:
                 handle = self._append(topic, None, value, None, (), None, len(value) + RECORD_OVERHEAD)
@@ -418,11 +420,10 @@ class Producer:
                     return handle
             elif key.__class__ is bytes:
                 memo = self._key_memo.get(topic)
-                if memo is not None and memo[0] is self._cluster.topics.get(topic):
-                    known = memo[1].get(key)
-                    if known is not None:
-                        handle = self._append(topic, known, value, key, (), None,
-                                              len(value) + len(key) + RECORD_OVERHEAD)
+                if memo is not None and memo[0] is self._cluster.topics:
+                    slot = memo[1].get(key)
+                    if slot is not None:
+                        handle = self._append_keyed(slot, value, key, len(value) + len(key) + RECORD_OVERHEAD)
                         if handle is not None:
                             return handle
         if self._txn is not None:
@@ -443,12 +444,13 @@ class Producer:
     def _partition_of_key(self, topic: str, key: bytes, count: int) -> int:
         """``partition_for_key``, remembered for the fast path in ``send`` (see ``_key_memo``)."""
         partition = partition_for_key(key, count)
-        meta = self._cluster.topics.get(topic)
+        topics = self._cluster.topics
+        meta = topics.get(topic)
         if meta is not None and len(meta.partitions) == count:
             memo = self._key_memo.get(topic)
-            if memo is None or memo[0] is not meta or len(memo[1]) >= KEY_MEMO:
-                memo = self._key_memo[topic] = (meta, {})
-            memo[1][key] = partition
+            if memo is None or memo[0] is not topics or len(memo[1]) >= KEY_MEMO:
+                memo = self._key_memo[topic] = (topics, {})
+            memo[1][key] = self._acc.slot(topic, partition)
         return partition
 
     # ---- batches (all under _lock) -------------------------------------------------------------

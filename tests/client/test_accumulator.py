@@ -133,3 +133,21 @@ def test_the_sender_encodes_lingering_batches_without_the_lock_and_keeps_each_pa
         assert [[r.value for r in fmt.decode_batch(b.data)] for b in ready] == [[b"c", b"d"]]
     finally:
         acc.release()
+
+
+def test_a_partitions_slot_follows_its_open_batch_for_keyed_records(acc):
+    """``append_keyed`` (send's keyed fast path) joins the partition's open batch through its
+    slot, and declines once that batch closed, until a new one opens."""
+    first = acc.append("t", 1, b"a", b"k", (), None, 10, count=2)
+    slot = acc.slot("t", 1)
+    assert slot is acc.slot("t", 1) and slot.batch is first._batch
+    second = acc.append_keyed(slot, b"b", b"k2", 10)
+    assert second._batch is first._batch and second._index == 1
+    assert acc.append_keyed(acc.slot("t", 0), b"c", b"k3", 10) is None  # partition 0 has no open batch
+    acc.append_keyed(slot, b"big", b"k", 100)  # 120 bytes >= 100: closes the batch
+    assert slot.batch is None and acc.append_keyed(slot, b"d", b"k", 10) is None
+    third = acc.append("t", 1, b"e", b"k", (), None, 10, count=2)
+    assert slot.batch is third._batch is not first._batch
+    _, _, ready = acc.drain(0.0, force=True)
+    assert [[(r.key, r.value) for r in fmt.decode_batch(b.data)] for b in ready] == \
+        [[(b"k", b"a"), (b"k2", b"b"), (b"k", b"big")], [(b"k", b"e")]]
