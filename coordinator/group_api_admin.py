@@ -12,7 +12,7 @@ from __future__ import annotations
 from odradek.actors.message import Message
 from odradek.actors.names import TXN_COORDINATOR
 from odradek.coordinator.group import EMPTY, GroupError
-from odradek.coordinator.group_requests import GROUP_ID, group_id
+from odradek.coordinator.group_requests import group_id, valid_group_id
 from odradek.coordinator.group_writes import group_write_error
 from odradek.coordinator.offsets import group_record, offset_record, offsets_leaders, partition_for
 from odradek.network.fields import BadRequest, field
@@ -198,7 +198,7 @@ class AdminApi:
             raise BadRequest("missing field 'group_ids' (a list of group ids)")
         out = []
         for gid in ids:
-            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.fullmatch(gid) else None
+            error = self._coordinator_error(gid) if valid_group_id(gid) else None
             if error is not None:
                 out.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue
@@ -234,7 +234,7 @@ class AdminApi:
                 self.reply(msg, {"body": {"results": results}})
 
         for gid in names:
-            error = self._coordinator_error(gid) if isinstance(gid, str) and GROUP_ID.fullmatch(gid) else None
+            error = self._coordinator_error(gid) if valid_group_id(gid) else None
             if error is not None:
                 results.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue

@@ -6,20 +6,33 @@ Pure (no I/O); runs in the ``group_coordinator`` process.
 """
 from __future__ import annotations
 
-import re
 import time
 
 from odradek.network.fields import BadRequest
 from odradek.network.protocol import ErrorCode, OdradekError
 
-GROUP_ID = re.compile(r"[\x21-\x7e]{1,255}")  # always fullmatch: "$" matches before a final newline
+GROUP_ID_MAX_BYTES = 32767  # Kafka's STRING (an int16 length): the longest group id a Kafka client can send
+
+
+def valid_group_id(gid) -> bool:
+    """Kafka's rule: any non-empty string (spaces, any Unicode: a group id is only ever a
+    msgpack string in ``__consumer_offsets`` records, a hashed partition and an escaped
+    metric label here, never a file name), of at most ``GROUP_ID_MAX_BYTES`` in UTF-8.
+    Kafka also takes an empty id for OffsetCommit/OffsetFetch/DescribeGroups/DeleteGroups
+    (a legacy allowance); Odradek refuses it with every API."""
+    if not isinstance(gid, str) or not gid:
+        return False
+    try:
+        return len(gid.encode("utf-8")) <= GROUP_ID_MAX_BYTES
+    except UnicodeEncodeError:  # a lone surrogate: not text any client can have sent
+        return False
 
 
 def group_id(body: dict, name: str = "group_id") -> str:
     gid = body.get(name)
-    if not isinstance(gid, str) or not GROUP_ID.fullmatch(gid):
-        raise OdradekError(f"group id must be 1 to 255 printable ASCII characters without spaces, got {gid!r}",
-                           ErrorCode.INVALID_GROUP_ID)
+    if not valid_group_id(gid):
+        raise OdradekError(f"group id must be a non-empty string of at most {GROUP_ID_MAX_BYTES} UTF-8 bytes, "
+                           f"got {gid if not isinstance(gid, str) else gid[:100]!r}", ErrorCode.INVALID_GROUP_ID)
     return gid
 
 

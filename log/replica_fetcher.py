@@ -400,7 +400,7 @@ class ReplicaFetcher(Actor):
         self.answer_timeout = min(REQUEST_TIMEOUT, max(setting(config, "replica.lag.time.max.ms", 30000) / 1000, 1.0))
         self.fetch_timeout = setting(config, "replica.fetch.wait.max.ms", 500) / 1000 + self.answer_timeout
         self.brokers: dict[int, tuple[str, int]] = {}  # the leaders' inter-broker listener addresses
-        self.security = ClientSecurity.inter_broker(config, self.broker_id, self.args.get("data_dir") or ".")  # TLS/SASL, proof
+        self.security = ClientSecurity.inter_broker(config, self.broker_id, self.args["data_dir"])  # TLS/SASL, proof
         self.parts: dict[tuple[str, int], Followed] = {}
         self.sessions: dict[int, LeaderSession] = {}
         self.closed_sessions: list[LeaderSession] = []

@@ -550,3 +550,29 @@ def test_garbage_and_huge_group_requests_leave_the_coordinator_serving(broker, b
     restarts = {a.get("name"): a.get("restarts", 0) for a in broker.status().get("actors", [])} \
         if isinstance(broker.status().get("actors"), list) else {}
     assert not any(restarts.values()), restarts
+
+
+# ---- group ids: any non-empty string, as Kafka ----------------------------------------------------------
+
+@pytest.mark.parametrize("protocol", ["classic", "consumer"])
+def test_a_group_id_with_spaces_and_non_ascii_characters_consumes_and_commits(bootstrap, protocol):
+    """Kafka takes any non-empty string as a group id; Odradek took printable ASCII without
+    spaces only, and librdkafka's commit for such a group waited 45 s "Waiting for
+    coordinator" (FindCoordinator answered INVALID_GROUP_ID, which it retries)."""
+    group = f"équipe de nuit {uuid.uuid4().hex[:6]} ☕"
+    topic = make_topic(bootstrap)
+    produce(bootstrap, topic, [b"a", b"b", b"c"], partition=0)
+    extra = {"group.protocol": "consumer", "session.timeout.ms": None} if protocol == "consumer" else {}
+    c = consumer(bootstrap, group, **extra)
+    try:
+        c.subscribe([topic])
+        assert poll_values(c, 3) == [b"a", b"b", b"c"]
+        began = time.monotonic()
+        c.commit(asynchronous=False)
+        assert time.monotonic() - began < 10
+        assert c.committed([TopicPartition(topic, 0)], timeout=10)[0].offset == 3
+    finally:
+        c.close()
+    admin = AdminClient({"bootstrap.servers": bootstrap})
+    described = admin.describe_consumer_groups([group])[group].result(timeout=30)
+    assert described.group_id == group

@@ -12,6 +12,7 @@ for the next FETCH of that partition. Tests change the log only through ``append
 """
 from __future__ import annotations
 
+import os
 import time
 
 from odradek.log import records as fmt
@@ -74,7 +75,10 @@ class LeaderStub(ScriptedBroker):
     # ---- the wire --------------------------------------------------------------------------------
     def _handle(self, c, frame: codec.Frame) -> bool:
         api, body = frame.header["api"], frame.header["body"]
-        if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
+        if api == ApiKey.BROKER_PROOF:  # a real leader checks the HMAC (tests/cluster/test_inter_broker.py)
+            reply, frames = ({"nonce": os.urandom(32)} if "proof" not in body else
+                             {"error_code": 0, "broker_id": body["broker_id"]}), []
+        elif api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
             reply, frames = self._epochs(body), []
         elif api == ApiKey.FETCH and body.get("replica_id", -1) >= 0:
             reply, frames = self._replica_fetch(body)

@@ -274,7 +274,7 @@ class Cluster:
         self.brokers = {"1": ["127.0.0.1", leader.port], "2": ["127.0.0.1", 1]}
         self.log_actor = StandInLog("log-0", run_dir, {"logs": logs, "lock": self.lock, "seen": self.seen})
         self.fetcher = rf.ReplicaFetcher("replica_fetcher", run_dir, {"config": CONFIG, "broker_id": 2,
-                                                                      "log_hosts": 1})
+                                                                      "log_hosts": 1, "data_dir": run_dir})
         self.threads = [threading.Thread(target=a.run) for a in (self.log_actor, self.fetcher)]
         for t in self.threads:
             t.start()
