@@ -52,7 +52,8 @@ from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
 from odradek.network.fields import BadRequest, field
 from odradek.network.guard import ACL_APIS, Guard
-from odradek.network.protocol import GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, parse_listener
+from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, check_topic_name,
+                                      parse_listener)
 
 log = logging.getLogger("odradek.handler")
 
@@ -452,6 +453,13 @@ class RequestHandler(Actor):
                 topics.append({"name": name, "error_code": int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
                                "error_message": f"not allowed to Create topic '{name}'", "partitions": []})
                 continue
+            if self._auto_create(body):
+                try:
+                    check_topic_name(name)
+                except OdradekError as exc:  # never created: say so (LEADER_NOT_AVAILABLE is retried forever)
+                    topics.append({"name": name, "error_code": int(exc.code), "error_message": exc.message,
+                                   "partitions": []})
+                    continue
             missing.append(name)
             if self._auto_create(body):
                 topics.append({"name": name, "error_code": int(ErrorCode.LEADER_NOT_AVAILABLE),
