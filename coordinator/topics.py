@@ -21,37 +21,21 @@ import errno
 import json
 import logging
 import os
-import re
 import time
 import uuid
 
 from odradek.log.config import LogConfig
 from odradek.log.errors import InvalidConfigError
 from odradek.log.files import FileLayer
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.network.protocol import ErrorCode, OdradekError, check_topic_name  # noqa: F401 (re-exported)
 
 log = logging.getLogger("odradek.controller")
 
 RESERVE_MIN = 64 << 10  # bytes kept for the metadata's own rewrites on a full disk (at least 2x the file)
-LEGAL_NAME = re.compile(r"[a-zA-Z0-9._-]+")  # always fullmatch: "$" would let "abc\n" through
-MAX_NAME_LENGTH = 249
 MAX_PARTITIONS = 10000
 FILE_VERSION = 1
 
 
-def check_topic_name(name) -> None:
-    """Raise INVALID_TOPIC_EXCEPTION with the reason, or return."""
-    if not isinstance(name, str) or not name:
-        raise OdradekError("topic name must be a non-empty string", ErrorCode.INVALID_TOPIC_EXCEPTION)
-    if name in (".", ".."):
-        raise OdradekError(f"topic name cannot be '{name}'", ErrorCode.INVALID_TOPIC_EXCEPTION)
-    if len(name) > MAX_NAME_LENGTH:
-        raise OdradekError(f"topic name is {len(name)} characters; the limit is {MAX_NAME_LENGTH}",
-                           ErrorCode.INVALID_TOPIC_EXCEPTION)
-    if not LEGAL_NAME.fullmatch(name):
-        bad = sorted({c for c in name if not LEGAL_NAME.fullmatch(c)})
-        raise OdradekError(f"topic name '{name}' contains {''.join(bad)!r}: only ASCII letters, digits, "
-                           f"'.', '_' and '-' are allowed", ErrorCode.INVALID_TOPIC_EXCEPTION)
 
 
 @dataclasses.dataclass

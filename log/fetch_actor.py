@@ -440,6 +440,8 @@ class FetchActor(Actor):
         try:
             upper = b.log_end_offset if replica >= 0 else stable if committed else b.high_watermark
             result = reader.read(offset, max(limit, 1), upper_bound=upper)
+            if result.size > limit and not first:  # KIP-74: only the answer's first batch may pass max_bytes
+                return entry, [], 0
             if committed and result.size:
                 entry["aborted_transactions"] = [
                     {"producer_id": a.producer_id, "first_offset": a.first_offset}

@@ -60,7 +60,8 @@ from odradek.network.authorizer import offset_fetch_groups
 from odradek.network.credentials import Credentials
 from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
-from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, is_internal_topic,
+from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, check_topic_name,
+                                      is_internal_topic,
                                       parse_listener)
 
 log = logging.getLogger("odradek.handler")
@@ -622,6 +623,13 @@ class RequestHandler(Actor):
                 topics.append({"name": name, "error_code": int(ErrorCode.TOPIC_AUTHORIZATION_FAILED),
                                "error_message": f"not allowed to Create topic '{name}'", "partitions": []})
                 continue
+            if self._auto_create(body):
+                try:
+                    check_topic_name(name)
+                except OdradekError as exc:  # never created: say so (LEADER_NOT_AVAILABLE is retried forever)
+                    topics.append({"name": name, "error_code": int(exc.code), "error_message": exc.message,
+                                   "partitions": []})
+                    continue
             missing.append(name)
             if self._auto_create(body):
                 topics.append({"name": name, "error_code": int(ErrorCode.LEADER_NOT_AVAILABLE),

@@ -11,6 +11,7 @@ listener addresses (``PLAINTEXT://host:port``) that the config, acceptor and han
 from __future__ import annotations
 
 import enum
+import re
 from urllib.parse import urlsplit
 
 
@@ -265,3 +266,24 @@ def parse_listener(value: str) -> tuple[str, int]:
     if not parts.hostname or port is None:
         raise ValueError(f"{value!r} is not of the form NAME://host:port")
     return parts.hostname, port
+
+
+# Topic names, as Kafka allows them: checked where topics are created (the controller) and
+# where a Metadata request would create one (the handler answers INVALID_TOPIC_EXCEPTION).
+LEGAL_TOPIC_NAME = re.compile(r"[a-zA-Z0-9._-]+")  # always fullmatch: "$" would let "abc\n" through
+MAX_TOPIC_NAME_LENGTH = 249
+
+
+def check_topic_name(name) -> None:
+    """Raise INVALID_TOPIC_EXCEPTION with the reason, or return."""
+    if not isinstance(name, str) or not name:
+        raise OdradekError("topic name must be a non-empty string", ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if name in (".", ".."):
+        raise OdradekError(f"topic name cannot be '{name}'", ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if len(name) > MAX_TOPIC_NAME_LENGTH:
+        raise OdradekError(f"topic name is {len(name)} characters; the limit is {MAX_TOPIC_NAME_LENGTH}",
+                           ErrorCode.INVALID_TOPIC_EXCEPTION)
+    if not LEGAL_TOPIC_NAME.fullmatch(name):
+        bad = sorted({c for c in name if not LEGAL_TOPIC_NAME.fullmatch(c)})
+        raise OdradekError(f"topic name '{name}' contains {''.join(bad)!r}: only ASCII letters, digits, "
+                           f"'.', '_' and '-' are allowed", ErrorCode.INVALID_TOPIC_EXCEPTION)
