@@ -371,9 +371,10 @@ class Producer:
         self._append = self._acc.append  # bound once: send() calls it per record
         self._append_keyed = self._acc.append_keyed
         # topic -> (the metadata snapshot ``Cluster.topics`` the partitions were computed from,
-        # {key: the accumulator's slot of its partition}): the keyed fast path's memo of murmur2,
-        # valid while that snapshot is current (every refresh replaces it, so a partition count
-        # change is seen at once), KEY_MEMO keys each
+        # {key: the accumulator's slot of its partition}, the topic's TopicMetadata): the keyed
+        # fast path's memo of murmur2, valid while that snapshot is current (every refresh
+        # replaces it, so a partition count change is seen at once; a refresh that kept the
+        # topic's TopicMetadata keeps the keys), KEY_MEMO keys each
         self._key_memo: dict[str, tuple] = {}
         self._sender = _Sender(self._acc, self._cluster, acks=self.acks, ack_timeout_ms=self.ack_timeout_ms,
                                idempotent=self.idempotent, retries=retries, retry_backoff=self.retry_backoff,
@@ -432,8 +433,10 @@ class Producer:
         meta = topics.get(topic)
         if meta is not None and len(meta.partitions) == count:
             memo = self._key_memo.get(topic)
-            if memo is None or memo[0] is not topics or len(memo[1]) >= KEY_MEMO:
-                memo = self._key_memo[topic] = (topics, {})
+            if memo is None or memo[2] is not meta or len(memo[1]) >= KEY_MEMO:
+                memo = self._key_memo[topic] = (topics, {}, meta)
+            elif memo[0] is not topics:  # a refresh that kept this topic's metadata: the keys stay
+                memo = self._key_memo[topic] = (topics, memo[1], meta)
             memo[1][key] = self._acc.slot(topic, partition)
         return partition
 
