@@ -227,7 +227,9 @@ class RecordAccumulator:
 
     def append_keyed(self, slot: Slot, value: bytes, key: bytes, size: int) -> FutureRecordMetadata | None:
         """``append`` of a keyed value (no headers, no timestamp) to the open batch of the
-        partition whose slot this is; None when that partition has none."""
+        partition whose slot this is; None when that partition has none. Its last lines are
+        ``append``'s, inlined on purpose: a shared helper costs a call per record (~50 ns, a
+        tenth of a record's cost in ``send``)."""
         with self.lock:
             batch = slot.batch
             if batch is None:
