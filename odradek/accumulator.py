@@ -139,8 +139,8 @@ class RecordAccumulator:
     """The batches of one producer (see the module doc). ``encode(rows, keys, base_ts, max_ts)``
     makes a closed batch's bytes (``producer.encode_rows``); ``cluster`` answers ``partitions(topic)``."""
 
-    def __init__(self, cluster, encode: Callable[[list, list | None, int, int], bytes], *, linger: float, batch_size: int,
-                 buffer_memory: int, max_block: float, delivery_timeout: float):
+    def __init__(self, cluster, encode: Callable[[list, list | None, int, int], bytes], *, linger: float,
+                 batch_size: int, buffer_memory: int, max_block: float, delivery_timeout: float):
         self.cluster = cluster
         self.encode = encode
         self.linger = linger
@@ -226,8 +226,10 @@ class RecordAccumulator:
         return handle
 
     def append_keyed(self, slot: Slot, value: bytes, key: bytes, size: int) -> FutureRecordMetadata | None:
-        """``append`` of a keyed value (no headers, no timestamp) to the partition of ``slot``
-        (``slot``); None when that partition has no open batch."""
+        """``append`` of a keyed value (no headers, no timestamp) to the open batch of the
+        partition whose slot this is; None when that partition has none. Its last lines are
+        ``append``'s, inlined on purpose: a shared helper costs a call per record (~50 ns, a
+        tenth of a record's cost in ``send``)."""
         with self.lock:
             batch = slot.batch
             if batch is None:

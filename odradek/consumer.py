@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import gc
 import itertools
 import logging
 import select
@@ -67,6 +68,7 @@ EARLIEST, LATEST = -2, -1
 _RESETS = {"earliest": EARLIEST, "smallest": EARLIEST, "latest": LATEST, "largest": LATEST, "none": None}
 _new_record = functools.partial(tuple.__new__, Record)
 _tuple_new = tuple.__new__
+_gc_enabled, _gc_disable, _gc_enable = gc.isenabled, gc.disable, gc.enable
 _unpackb = msgpack.unpackb
 _repeat = itertools.repeat
 _read_header = fmt.HEADER.unpack_from
@@ -107,6 +109,23 @@ def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: in
     if check_crc and zlib.crc32(view[pos + fmt.CRC_START:end]) != h.crc:
         raise error_for(ErrorCode.CORRUPT_MESSAGE, f"{topic}-{partition}: CRC mismatch in the batch at offset "
                         f"{h.base_offset}")
+    # The cyclic GC is paused while the batch's objects are made (msgpack's own advice for
+    # unpacking many containers): two tuples a record (a row, then its Record) set off a
+    # young collection every ~350 records, and full ones, with nothing cyclic to find; that
+    # was ~40% of the consumer's CPU (docs/BENCHMARKS.md, "Client-side keyed produce and
+    # consume"). Restored only if this call paused it, so a caller's own setting stands.
+    collecting = _gc_enabled()
+    if collecting:
+        _gc_disable()
+    try:
+        return _decode_native(view, pos, end, h, topic, partition, min_offset)
+    finally:
+        if collecting:
+            _gc_enable()
+
+
+def _decode_native(view, pos: int, end: int, h, topic: str, partition: int, min_offset: int) -> list:
+    """``decode_records`` of a native batch whose CRC checked out."""
     n = h.record_count
     try:
         data = view[pos + _HEADER_SIZE:end]

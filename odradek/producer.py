@@ -13,10 +13,11 @@ resolves futures.
         print(handle.result(timeout=10))      # RecordMetadata(topic, partition, offset, timestamp)
 
 Life of a record:
-1. ``send`` appends the value alone (a keyless record without headers or timestamp: no
-   object per record) or a row ``(index, ts_delta, key, value, headers)`` to the open batch
-   of its partition; ``pack_rows`` turns the list into the record-batch format's msgpack at
-   C speed. It returns a ``FutureRecordMetadata``, a two-slot handle
+1. ``send`` appends the value alone (a record without headers or timestamp: no object per
+   record; its key, if any, in the batch's list of keys) or a row ``(index, ts_delta, key,
+   value, headers)`` to the open batch of its partition; ``pack_rows`` turns the lists into
+   the record-batch format's msgpack at C speed. A key seen before finds its partition's
+   open batch in one lookup (``_key_memo``: key -> the accumulator's slot of the partition). It returns a ``FutureRecordMetadata``, a two-slot handle
    (batch, index) over the batch's one ``concurrent.futures.Future``.
 2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
    a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
@@ -251,29 +252,15 @@ def _pack_keyed(rows: list, keys: list) -> bytes:
     parts[3::4] = rows
     key_lengths = set(map(len, keys))
     if len(key_lengths) == 1:
-        parts[0::4] = _keyed_framing_for(key_lengths.pop(), n)[:n]
+        parts[0::4] = _framing_for(key_lengths.pop(), n, keyed=True)[:n]
     else:
-        parts[0::4] = map(add, _keyed_framing_for(None, n)[:n], map(_BIN_HEADER.__getitem__, map(len, keys)))
+        parts[0::4] = map(add, _framing_for(None, n, keyed=True)[:n], map(_BIN_HEADER.__getitem__, map(len, keys)))
     lengths = set(map(len, rows))
     if len(lengths) == 1:
         parts[2::4] = [_BIN_HEADER[lengths.pop()]] * n
     else:
         parts[2::4] = map(_BIN_HEADER.__getitem__, map(len, rows))
     return _array_header(n) + b"".join(parts) + b"\x90"
-
-
-def _keyed_framing_for(key_length: int | None, n: int) -> list:
-    """Position i -> (end of row i-1) + row i's prefix up to its key: the key's bin header
-    for keys of ``key_length`` bytes, nothing for None."""
-    framing = _KEYED_FRAMING.get(key_length)
-    if framing is None or len(framing) < n:
-        if len(_KEYED_FRAMING) >= 64:
-            _KEYED_FRAMING.clear()
-        head = b"" if key_length is None else _BIN_HEADER[key_length]
-        framing = [p[:-1] + head for p in _row_prefixes(max(n, 256))]  # without the nil key
-        framing[1:] = [b"\x90" + f for f in framing[1:]]
-        _KEYED_FRAMING[key_length] = framing
-    return framing
 
 
 def _row_prefixes(n: int) -> list:
@@ -283,16 +270,18 @@ def _row_prefixes(n: int) -> list:
     return _ROW_PREFIX[:n]
 
 
-def _framing_for(length: int, n: int) -> list:
-    """For values of one length: position i -> (end of row i-1) + row i's prefix + bin header."""
-    framing = _FRAMING.get(length)
+def _framing_for(length: int | None, n: int, keyed: bool = False) -> list:
+    """Position i -> (end of row i-1) + row i's prefix + the bin header of a ``length``-byte
+    value (none for None). ``keyed``: the prefix stops before the key (its header follows)
+    instead of ending with a nil key."""
+    framing = _FRAMING.get((keyed, length))
     if framing is None or len(framing) < n:
         if len(_FRAMING) >= 64:
             _FRAMING.clear()
-        head = _BIN_HEADER[length]
-        framing = [p + head for p in _row_prefixes(max(n, 256))]
+        head = b"" if length is None else _BIN_HEADER[length]
+        framing = [(p[:-1] if keyed else p) + head for p in _row_prefixes(max(n, 256))]
         framing[1:] = [b"\x90" + f for f in framing[1:]]
-        _FRAMING[length] = framing
+        _FRAMING[(keyed, length)] = framing
     return framing
 
 
@@ -315,8 +304,7 @@ class _BinHeaders(dict):
 _ONLY_BYTES = {bytes}
 _ONLY_TUPLES = {tuple}
 _ROW_PREFIX: list = []
-_FRAMING: dict = {}  # value length -> framing strings by position (at most 64 lengths kept)
-_KEYED_FRAMING: dict = {}  # key length (None: any) -> keyed framing strings by position (at most 64)
+_FRAMING: dict = {}  # (keyed, key or value length) -> framing strings by position (at most 64 kept)
 _BIN_HEADER = _BinHeaders()
 
 
@@ -387,9 +375,10 @@ class Producer:
         self._append = self._acc.append  # bound once: send() calls it per record
         self._append_keyed = self._acc.append_keyed
         # topic -> (the metadata snapshot ``Cluster.topics`` the partitions were computed from,
-        # {key: the accumulator's slot of its partition}): the keyed fast path's memo of murmur2,
-        # valid while that snapshot is current (every refresh replaces it, so a partition count
-        # change is seen at once), KEY_MEMO keys each
+        # {key: the accumulator's slot of its partition}, the topic's TopicMetadata): the keyed
+        # fast path's memo of murmur2, valid while that snapshot is current (every refresh
+        # replaces it, so a partition count change is seen at once; a refresh that kept the
+        # topic's TopicMetadata keeps the keys), KEY_MEMO keys each
         self._key_memo: dict[str, tuple] = {}
         self._sender = _Sender(self._acc, self._cluster, acks=self.acks, ack_timeout_ms=self.ack_timeout_ms,
                                idempotent=self.idempotent, retries=retries, retry_backoff=self.retry_backoff,
@@ -448,8 +437,10 @@ class Producer:
         meta = topics.get(topic)
         if meta is not None and len(meta.partitions) == count:
             memo = self._key_memo.get(topic)
-            if memo is None or memo[0] is not topics or len(memo[1]) >= KEY_MEMO:
-                memo = self._key_memo[topic] = (topics, {})
+            if memo is None or memo[2] is not meta or len(memo[1]) >= KEY_MEMO:
+                memo = self._key_memo[topic] = (topics, {}, meta)
+            elif memo[0] is not topics:  # a refresh that kept this topic's metadata: the keys stay
+                memo = self._key_memo[topic] = (topics, memo[1], meta)
             memo[1][key] = self._acc.slot(topic, partition)
         return partition
 

@@ -81,3 +81,27 @@ def test_records_of_one_batch_keep_their_own_timestamps_and_keys():
     assert got == [(0, 5000, b"k1", b"a"), (1, 5000, None, b"b"),
                    (0, 5000, b"k", b"c"), (1, 5007, None, b"d"), (2, 4997, b"k", b"e")]
     assert all(type(r) is Record for r in records_of(same + own))
+
+
+@pytest.mark.parametrize("enabled", [True, False])
+def test_decoding_leaves_the_garbage_collectors_setting_as_it_found_it(enabled):
+    """decode_records pauses the cyclic GC while it builds a batch's records; it must restore
+    it, also when the batch does not decode, and never turn on one the caller turned off."""
+    import gc
+    good = batch(0, [b"a", b"b"])
+    bad = bytearray(good)
+    bad[fmt.HEADER_SIZE + 2:] = bytes(len(bad) - fmt.HEADER_SIZE - 2)  # records zeroed: the CRC is wrong
+    was = gc.isenabled()
+    try:
+        (gc.enable if enabled else gc.disable)()
+        assert [r.value for r in records_of(good)] == [b"a", b"b"] and gc.isenabled() is enabled
+        with pytest.raises(errors.CorruptMessageError):
+            records_of(bytes(bad))
+        assert gc.isenabled() is enabled
+        view = memoryview(bytes(bad))
+        (pos, h), = split_batches(view)[0]
+        with pytest.raises(errors.CorruptMessageError):  # past the CRC check: msgpack fails inside the pause
+            decode_records(view, pos, h, "t", 3, 0, check_crc=False)
+        assert gc.isenabled() is enabled
+    finally:
+        (gc.enable if was else gc.disable)()
