@@ -61,8 +61,7 @@ from odradek.network.credentials import Credentials
 from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
 from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, check_topic_name,
-                                      is_internal_topic,
-                                      parse_listener)
+                                      is_internal_topic, parse_listener)
 
 log = logging.getLogger("odradek.handler")
 
