@@ -140,7 +140,10 @@ class Guard:
         return {"results": results}
 
     def describe(self, body: dict) -> dict:
-        filt = _filter(body)
+        try:
+            filt = _filter(body)
+        except ValueError as exc:  # a resource type, pattern, operation or permission Kafka does not name
+            return {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": str(exc), "resources": []}
         groups: dict[tuple, list] = {}
         for a in (az.Acl(*x) for x in self.store.data()):
             if filt.matches(a):

@@ -300,19 +300,8 @@ def test_the_broker_advertises_what_the_fuzzer_covers(fuzz_broker):
     assert sorted(advertised) == ADVERTISED
 
 
-# Defects the fuzzer found in files other helpers of this session own (reported to them):
-# expected to fail until their fixes are merged; then these entries go.
-KNOWN = {
-    **{(ApiKey.DESCRIBE_ACLS, v): "a filter with resource type UNKNOWN (0) or out of range raises ValueError in "
-                                  "network/guard.py:117 (describe -> _filter -> authorizer._canon), answered "
-                                  "UNKNOWN_SERVER_ERROR; Kafka answers INVALID_REQUEST (helper sec)" for v in (1, 2, 3)},
-}
-
-
 def _params(pairs):
-    return [pytest.param(k, v, id=describe(k, v),
-                         marks=[pytest.mark.xfail(reason=KNOWN[(k, v)], strict=False)] if (k, v) in KNOWN else [])
-            for k, v in pairs]
+    return [pytest.param(k, v, id=describe(k, v)) for k, v in pairs]
 
 
 def assert_answered(broker: LocalBroker, api: int, version: int, body: dict) -> None:
