@@ -15,12 +15,11 @@ from __future__ import annotations
 import os
 import pytest
 
-from odradek import Producer
 from odradek.network.client import BrokerConnection
 from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
 from tests.cluster.fixtures import as_broker
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
-from tests.cluster.test_replica_claims import stays
+from tests.cluster.test_replica_claims import produce, stays
 from tests.cluster.verify import AckedLog, check_logs, read_all
 
 pytestmark = pytest.mark.slow
@@ -51,14 +50,6 @@ def fetch_body(replica: int, topic: str, offset: int, **extra) -> dict:
     return {"replica_id": replica, "max_wait_ms": 0, "min_bytes": 1, **extra,
             "topics": [{"name": topic, "partitions": [{"index": 0, "fetch_offset": offset,
                                                         "current_leader_epoch": -1}]}]}
-
-
-def produce(address: str, acked: AckedLog, prefix: bytes, n: int, topic: str) -> None:
-    with Producer(address, acks="all") as producer:
-        for i in range(n):
-            value = b"%s-%d" % (prefix, i)
-            acked.track(producer.send(topic, value, partition=0), value)
-        producer.flush(timeout=60)
 
 
 def partition_dirs(cluster, topic: str) -> list[int]:
