@@ -202,7 +202,8 @@ class TxnCoordinator(Actor):
         self.data_dir = self.args["data_dir"]
         self.broker_id = int(self.args.get("broker_id", config["broker.id"]))
         self.cluster_mode = bool(config.get("zookeeper.connect"))
-        self.peer_security = ClientSecurity.inter_broker(config, self.broker_id, self.data_dir) if self.cluster_mode else None
+        self.peer_security = ClientSecurity.inter_broker(config, self.broker_id, self.data_dir) \
+            if self.cluster_mode else None
         self.zk = None
         self.block: tuple[int, int] | None = None  # (next counter, last counter) of the current block
         self.handed_out = 0

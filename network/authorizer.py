@@ -238,6 +238,8 @@ def broker_claim(api: int, body: dict) -> str | None:
     if api == ApiKey.WRITE_TXN_MARKERS and body.get("broker_id") == -1:
         return None
     return field
+
+
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
         ApiKey.METADATA,  # Metadata filters its answer instead
         ApiKey.DESCRIBE_CLUSTER)  # Kafka's too: the brokers and the controller, to anyone signed in
@@ -251,7 +253,8 @@ def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
     if api == ApiKey.PRODUCE:
         return [("Write", "Topic", n) for n in _names(body)]
     if api == ApiKey.FETCH:
-        return [("ClusterAction", "Cluster", CLUSTER)] if claims_replica(body) else [("Read", "Topic", n) for n in _names(body)]
+        return [("ClusterAction", "Cluster", CLUSTER)] if claims_replica(body) else \
+            [("Read", "Topic", n) for n in _names(body)]
     if api == ApiKey.OFFSET_FOR_LEADER_EPOCH:
         return [("ClusterAction", "Cluster", CLUSTER)] if claims_replica(body) else \
             [("Describe", "Topic", n) for n in _names(body)]

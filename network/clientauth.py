@@ -136,7 +136,8 @@ class ClientSecurity:
                                ErrorCode.NETWORK_EXCEPTION) from None
         nonce = self._call(sock, 1, ApiKey.BROKER_PROOF, {"broker_id": broker_id}).get("nonce")
         if not isinstance(nonce, bytes) or len(nonce) < sasl.BROKER_NONCE_BYTES:
-            raise OdradekError("the broker sent no nonce to prove ourselves against", ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
+            raise OdradekError("the broker sent no nonce to prove ourselves against",
+                               ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
         self._call(sock, 2, ApiKey.BROKER_PROOF, {"broker_id": broker_id,
                                                   "proof": sasl.broker_proof(key, nonce, broker_id)})
 

@@ -17,12 +17,15 @@ next test gets a new one. Teardown kills every broker, whatever the test did
 """
 from __future__ import annotations
 
+import base64
 import itertools
+import json
 
 import pytest
 
 from odradek.chaos.runner import CLUSTER_SETTINGS
 from odradek.local import LocalCluster, LocalZooKeeper, zookeeper_missing
+from odradek.network.clientauth import ClientSecurity
 
 # Short timeouts, so a fault is noticed in seconds: a dead broker's session expires after
 # 3 s, a silent follower leaves the ISR after 2 s.
@@ -114,3 +117,22 @@ def shared_cluster(_module_cluster, zookeeper, tmp_path_factory) -> LocalCluster
     except BaseException:
         _module_cluster["cluster"] = None  # the next test starts a new one
         c.stop(graceful=False)
+
+
+class ClusterSecret:
+    """The cluster's secret as its brokers keep it in ZooKeeper: what a broker proves itself
+    with (docs/SECURITY.md, "Inter-broker requests")."""
+
+    def __init__(self, cluster: LocalCluster):
+        self.cluster = cluster
+
+    def get(self) -> bytes:
+        return base64.b64decode(json.loads(self.cluster.kazoo.get("/config/odradek-secret")[0])["secret"])
+
+
+def as_broker(cluster: LocalCluster, broker_id: int, secret=None) -> ClientSecurity:
+    """The security of a connection that proves it is broker ``broker_id`` (with the cluster's
+    secret, or ``secret``): how a test sends what only a broker may."""
+    security = ClientSecurity("PLAINTEXT")
+    security.broker = (broker_id, secret or ClusterSecret(cluster))
+    return security

@@ -12,12 +12,11 @@ import sys
 import pytest
 
 from odradek.network.client import BrokerConnection
-from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError
 from odradek.actors.names import partition_dir
-from tests.cluster.test_inter_broker import ClusterSecret
+from tests.cluster.fixtures import as_broker
 from tests.cluster.verify import assert_replicas_identical, high_watermarks, read_all
 
 pytestmark = pytest.mark.slow
@@ -54,8 +53,7 @@ def test_a_deposed_controllers_requests_are_refused_and_the_new_one_has_a_higher
     # the new controller has told every live broker its epoch; a request from the old one is
     # stale (sent over a connection proved as the old controller's broker: anyone else is
     # refused before, tests/cluster/test_inter_broker.py)
-    security = ClientSecurity("PLAINTEXT")
-    security.broker = (old, ClusterSecret(cluster))
+    security = as_broker(cluster, old)
     cluster.wait_for(lambda: request(survivor, ApiKey.UPDATE_METADATA, {
         "controller_id": old, "controller_epoch": old_epoch, "brokers": {}, "topics": {}}, security)
         .get("error_code") == ErrorCode.STALE_CONTROLLER_EPOCH, 30, "the old epoch refused")

@@ -12,18 +12,14 @@ CLUSTER_AUTHORIZATION_FAILED and nothing changes. docs/SECURITY.md, "Inter-broke
 """
 from __future__ import annotations
 
-import base64
-import json
 import os
-import time
-
 import pytest
 
-from odradek import Producer
 from odradek.network.client import BrokerConnection
-from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
+from tests.cluster.fixtures import as_broker
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
+from tests.cluster.test_replica_claims import produce, stays
 from tests.cluster.verify import AckedLog, check_logs, read_all
 
 pytestmark = pytest.mark.slow
@@ -31,24 +27,11 @@ pytestmark = pytest.mark.slow
 HUGE_EPOCH = 2 ** 31 - 1
 
 
-class ClusterSecret:
-    """The cluster's secret as the brokers keep it in ZooKeeper (what a broker proves with)."""
-
-    def __init__(self, cluster):
-        self.cluster = cluster
-
-    def get(self) -> bytes:
-        return base64.b64decode(json.loads(self.cluster.kazoo.get("/config/odradek-secret")[0])["secret"])
-
-
-def connect(cluster, broker: int, as_broker: int | None = None, secret=None) -> BrokerConnection:
-    """A connection to ``broker``: a plain client's, or one that proves it is ``as_broker``
+def connect(cluster, broker: int, proven: int | None = None, secret=None) -> BrokerConnection:
+    """A connection to ``broker``: a plain client's, or one that proves it is broker ``proven``
     (with the cluster's secret, or ``secret``)."""
     b = cluster.broker(broker)
-    security = None
-    if as_broker is not None:
-        security = ClientSecurity("PLAINTEXT")
-        security.broker = (as_broker, secret or ClusterSecret(cluster))
+    security = None if proven is None else as_broker(cluster, proven, secret)
     return BrokerConnection(b.host, b.port, client_id="claimer", request_timeout_ms=10000, security=security)
 
 
@@ -67,21 +50,6 @@ def fetch_body(replica: int, topic: str, offset: int, **extra) -> dict:
     return {"replica_id": replica, "max_wait_ms": 0, "min_bytes": 1, **extra,
             "topics": [{"name": topic, "partitions": [{"index": 0, "fetch_offset": offset,
                                                         "current_leader_epoch": -1}]}]}
-
-
-def produce(address: str, acked: AckedLog, prefix: bytes, n: int, topic: str) -> None:
-    with Producer(address, acks="all") as producer:
-        for i in range(n):
-            value = b"%s-%d" % (prefix, i)
-            acked.track(producer.send(topic, value, partition=0), value)
-        producer.flush(timeout=60)
-
-
-def stays(what, condition, seconds: float = 3.0) -> None:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        assert condition(), what
-        time.sleep(0.1)
 
 
 def partition_dirs(cluster, topic: str) -> list[int]:
@@ -118,7 +86,7 @@ def test_a_client_cannot_send_controller_requests_even_with_a_huge_controller_ep
     assert answers == {name: ErrorCode.CLUSTER_AUTHORIZATION_FAILED for name in answers}
 
     # nothing changed: the replicas are on disk, the ISR whole, the metadata served
-    stays("the ISR is whole", lambda: sorted(cluster.isr(topic, 0)) == cluster.ids)
+    stays(cluster, "the ISR is whole", lambda: sorted(cluster.isr(topic, 0)) == cluster.ids, 3.0)
     assert sorted(partition_dirs(cluster, topic)) == cluster.ids
     assert topic in {t["name"] for t in cluster.metadata(follower, [topic])["topics"] if not t["error_code"]}
     # ... and the real controller's requests are not stale there: a new topic gets its replicas
@@ -152,7 +120,7 @@ def test_a_client_claiming_to_be_a_follower_neither_moves_the_isr_nor_reads_past
             as_consumer = answer_code(conn, ApiKey.FETCH, fetch_body(-1, topic, 0))
         assert (fetched, epochs) == (ErrorCode.CLUSTER_AUTHORIZATION_FAILED,) * 2
         assert as_consumer == ErrorCode.NONE  # a consumer's fetch is served as before
-        stays(f"follower {follower} stays out of the ISR", lambda: follower not in cluster.isr(topic, 0))
+        stays(cluster, f"follower {follower} stays out of the ISR", lambda: follower not in cluster.isr(topic, 0), 3.0)
     finally:
         fetcher.resume()
     wait_healed(cluster, topic, partitions=1)
@@ -171,11 +139,11 @@ def test_a_proof_needs_the_clusters_secret_and_binds_the_connection_to_one_broke
         def get() -> bytes:
             return b"\0" * 32
     with pytest.raises(OdradekError) as refused:
-        connect(cluster, leader, as_broker=follower, secret=Wrong()).connect()
+        connect(cluster, leader, proven=follower, secret=Wrong()).connect()
     assert refused.value.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
 
     epoch = cluster.kazoo.exists(f"/brokers/ids/{other}").czxid
-    with connect(cluster, leader, as_broker=follower) as conn:  # proven as the follower ...
+    with connect(cluster, leader, proven=follower) as conn:  # proven as the follower ...
         # ... it fetches as the follower, and not as another broker
         assert answer_code(conn, ApiKey.FETCH, fetch_body(follower, topic, 0, broker_epoch=cluster.kazoo.exists(
             f"/brokers/ids/{follower}").czxid)) == ErrorCode.NONE

@@ -17,10 +17,9 @@ import pytest
 from odradek import Producer
 from odradek.errors import NotEnoughReplicasError
 from odradek.network.client import BrokerConnection
-from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from tests.cluster.fixtures import as_broker
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
-from tests.cluster.test_inter_broker import ClusterSecret
 from tests.cluster.verify import AckedLog, check_logs, read_all
 
 pytestmark = pytest.mark.slow
@@ -50,9 +49,8 @@ def forged_fetch(cluster, address: str, replica_id: int, fetch_offset: int, topi
     body = {"replica_id": replica_id, "max_wait_ms": 0, "min_bytes": 1, **extra,
             "topics": [{"name": topic, "partitions": [{"index": 0, "fetch_offset": fetch_offset,
                                                         "current_leader_epoch": -1}]}]}
-    security = ClientSecurity("PLAINTEXT")  # proven as that broker: only a broker gets this far
-    security.broker = (replica_id, ClusterSecret(cluster))
-    with BrokerConnection(host, int(port), client_id="forger", security=security) as conn:
+    # proven as that broker: only a broker gets this far
+    with BrokerConnection(host, int(port), client_id="forger", security=as_broker(cluster, replica_id)) as conn:
         try:
             answer = conn.request(ApiKey.FETCH, body, timeout=10)
         except OdradekError as exc:

@@ -19,10 +19,8 @@ from odradek.cli import main
 from odradek.cluster import Connection
 from odradek.local import LocalCluster
 from odradek.network.client import BrokerConnection
-from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from tests.cluster.fixtures import TEST_SETTINGS
-from tests.cluster.test_inter_broker import ClusterSecret
+from tests.cluster.fixtures import TEST_SETTINGS, as_broker
 
 pytestmark = pytest.mark.slow
 
@@ -205,9 +203,8 @@ def test_markers_from_a_broker_that_is_not_who_it_claims_are_refused(txn_cluster
     finally:
         c.close()
     assert refused.value.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
-    security = ClientSecurity("PLAINTEXT")  # a connection proved as that broker, with a wrong epoch
-    security.broker = (claimed, ClusterSecret(txn_cluster))
-    with BrokerConnection(b.host, b.port, security=security) as proven:
+    # a connection proved as that broker, with a wrong epoch
+    with BrokerConnection(b.host, b.port, security=as_broker(txn_cluster, claimed)) as proven:
         with pytest.raises(OdradekError) as refused:
             proven.request(ApiKey.WRITE_TXN_MARKERS, {**body, "broker_epoch": 12345})
     assert refused.value.code == ErrorCode.STALE_BROKER_EPOCH
