@@ -111,9 +111,10 @@ def decode_records(view, pos: int, h, topic: str, partition: int, min_offset: in
                         f"{h.base_offset}")
     # The cyclic GC is paused while the batch's objects are made (msgpack's own advice for
     # unpacking many containers): two tuples a record (a row, then its Record) set off a
-    # young collection every ~350 records, and full ones, with nothing cyclic to find; that
-    # was ~40% of the consumer's CPU (docs/BENCHMARKS.md, "Client-side keyed produce and
-    # consume"). Restored only if this call paused it, so a caller's own setting stands.
+    # young collection every ~350 records, and full ones, with nothing cyclic to find: up to
+    # ~40% of a consumer's CPU, depending on when its loop frees the records (docs/
+    # BENCHMARKS.md, "Client-side keyed produce and consume"). Restored only if this call
+    # paused it, so a caller's own setting stands.
     collecting = _gc_enabled()
     if collecting:
         _gc_disable()

@@ -17,7 +17,8 @@ Life of a record:
    record; its key, if any, in the batch's list of keys) or a row ``(index, ts_delta, key,
    value, headers)`` to the open batch of its partition; ``pack_rows`` turns the lists into
    the record-batch format's msgpack at C speed. A key seen before finds its partition's
-   open batch in one lookup (``_key_memo``: key -> the accumulator's slot of the partition). It returns a ``FutureRecordMetadata``, a two-slot handle
+   open batch in one lookup (``_key_memo``: key -> the accumulator's slot of the partition).
+   It returns a ``FutureRecordMetadata``, a two-slot handle
    (batch, index) over the batch's one ``concurrent.futures.Future``.
 2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
    a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
@@ -401,7 +402,8 @@ class Producer:
         One path: a record of bytes with neither partition, headers nor timestamp whose
         partition is known without a look at the metadata (keyless: the topic's sticky batch;
         keyed: a key seen before, ``_key_memo``, straight to its partition's slot) goes to the
-        accumulator if its batch is open; everything else is checked, given its partition and then appended the same way."""
+        accumulator if its batch is open; everything else is checked, given its partition and
+        then appended the same way."""
         if partition is None and headers is None and timestamp_ms is None and value.__class__ is bytes:
             if key is None:
                 handle = self._append(topic, None, value, None, (), None, len(value) + RECORD_OVERHEAD)
