@@ -1,0 +1,67 @@
+"""What librdkafka's regression suite (docs/KAFKA.md, "librdkafka's regression suite") found
+in 0011 and 0081, judged by confluent-kafka (librdkafka): a compaction policy set by
+IncrementalAlterConfigs holds for the very next produce; ListOffsets MAX_TIMESTAMP (KIP-734);
+the per-listener broker configs Kafka takes dynamically."""
+from __future__ import annotations
+
+import time
+
+import pytest
+from confluent_kafka import KafkaError, Producer, TopicPartition
+from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
+                                   OffsetSpec)
+
+
+def _admin(bootstrap: str) -> AdminClient:
+    return AdminClient({"bootstrap.servers": bootstrap})
+
+
+def _create(bootstrap: str, topic: str, partitions: int = 1) -> None:
+    admin = _admin(bootstrap)
+    admin.create_topics([NewTopic(topic, partitions, 1)])[topic].result(60)
+
+
+@pytest.mark.parametrize("attempt", range(3))
+def test_a_compaction_policy_set_just_before_a_produce_refuses_its_keyless_records(bootstrap, topic, attempt):
+    """0011 (test_message_single_partition_record_fail): APPEND compact to cleanup.policy,
+    then produce at once; every keyless record fails alone with INVALID_RECORD."""
+    _create(bootstrap, topic)
+    res = ConfigResource(ConfigResource.Type.TOPIC, topic, incremental_configs=[
+        ConfigEntry("cleanup.policy", "compact", incremental_operation=AlterConfigOpType.APPEND)])
+    admin = _admin(bootstrap)
+    admin.incremental_alter_configs([res])[res].result(60)
+    p = Producer({"bootstrap.servers": bootstrap, "batch.size": 1})  # one record per batch, as variation 1
+    reports = []
+    for i in range(10):
+        p.produce(topic, key=None if i % 5 == 0 else b"k%d" % i, value=b"v", partition=0,
+                  on_delivery=lambda e, m: reports.append((m.key(), e.code() if e else None)))
+    assert p.flush(60) == 0
+    assert sorted(reports, key=repr) == sorted(
+        [(None, KafkaError.INVALID_RECORD)] * 2 + [(b"k%d" % i, None) for i in range(10) if i % 5], key=repr)
+
+
+def test_list_offsets_max_timestamp_is_the_first_record_with_the_largest_timestamp(bootstrap, topic):
+    """0081's ListOffsets part (KIP-734, ListOffsets v7, OffsetSpec -3): records stamped
+    +100, +400, +250 in one batch, then +400 again and +50 in later batches: offset 1."""
+    _create(bootstrap, topic)
+    admin, tp = _admin(bootstrap), TopicPartition(topic, 0)
+
+    def max_timestamp():
+        return admin.list_offsets({tp: OffsetSpec.max_timestamp()})[tp].result(60)
+
+    empty = max_timestamp()
+    assert (empty.offset, empty.timestamp) == (-1, -1)
+    base = int(time.time() * 1000) - 10_000
+    p = Producer({"bootstrap.servers": bootstrap, "linger.ms": 500})
+    for delta in (100, 400, 250):
+        p.produce(topic, value=b"v", partition=0, timestamp=base + delta)
+    assert p.flush(60) == 0
+    for delta in (400, 50):
+        p.produce(topic, value=b"v", partition=0, timestamp=base + delta)
+        assert p.flush(60) == 0
+    found = max_timestamp()
+    assert (found.offset, found.timestamp) == (1, base + 400)
+    p.produce(topic, value=b"v", partition=0, timestamp=base + 900)
+    assert p.flush(60) == 0
+    found = max_timestamp()
+    assert (found.offset, found.timestamp) == (5, base + 900)
