@@ -52,6 +52,7 @@ from odradek.actors.message import Message
 from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
                                    DeleteRecordsPart, EpochQuery, PartError, log_host, log_host_name)
 from odradek.actors.runtime import Actor
+from odradek.log.config import kafka_value
 from odradek.log.errors import RecordErrors
 from odradek.log.inflate import DEFAULT_LIMIT, limit_for
 from odradek.log.records import validate_produced
@@ -136,7 +137,23 @@ BODY_SHAPES = {
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
-DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
+# Kafka's per-listener dynamic SASL configs for a login Odradek does not have (Kerberos, and
+# the OAUTHBEARER login refresh; DynamicListenerConfig's "SASL configs"): a change is checked
+# as Kafka checks the value (Kafka's type) and accepted, with no effect, as for the static ones
+# (odradek/kafka_configs.py). The SASL configs Odradek implements are not among them.
+UNUSED_LISTENER_CONFIGS = {
+    "sasl.kerberos.kinit.cmd": ("string", None, None, None, None),
+    "sasl.kerberos.min.time.before.relogin": ("long", None, None, None, None),
+    "sasl.kerberos.principal.to.local.rules": ("list", None, None, None, None),
+    "sasl.kerberos.service.name": ("string", None, None, None, None),
+    "sasl.kerberos.ticket.renew.jitter": ("double", None, None, None, None),
+    "sasl.kerberos.ticket.renew.window.factor": ("double", None, None, None, None),
+    "sasl.login.refresh.buffer.seconds": ("short", 0, 3600, None, None),
+    "sasl.login.refresh.min.period.seconds": ("short", 0, 900, None, None),
+    "sasl.login.refresh.window.factor": ("double", 0.5, 1.0, None, None),
+    "sasl.login.refresh.window.jitter": ("double", 0.0, 0.25, None, None),
+}
+DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES, *UNUSED_LISTENER_CONFIGS}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 TOPIC_CHANGE_TIMEOUT = 120.0  # seconds the controller has for a topic change (it may open thousands of partitions)
@@ -831,6 +848,12 @@ class RequestHandler(Actor):
                                    f"{', '.join(sorted(DYNAMIC_CONFIGS))})", ErrorCode.INVALID_CONFIG)
             if name in THROTTLE_RATES:
                 rates[name] = _throttle_rate(name, value, op)
+                continue
+            if name in UNUSED_LISTENER_CONFIGS:
+                if op == "set":
+                    kafka_value(name, value, UNUSED_LISTENER_CONFIGS)  # InvalidConfigError (INVALID_CONFIG)
+                log.warning("broker config %r accepted as Kafka does, with no effect: Odradek has no Kerberos or "
+                            "OAUTHBEARER login", name)
                 continue
             if op != "set":
                 raise OdradekError(f"operation {op!r} on '{name}' is not supported (only 'set')",

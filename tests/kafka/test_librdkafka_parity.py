@@ -65,3 +65,25 @@ def test_list_offsets_max_timestamp_is_the_first_record_with_the_largest_timesta
     assert p.flush(60) == 0
     found = max_timestamp()
     assert (found.offset, found.timestamp) == (5, base + 900)
+
+
+def test_kafkas_dynamic_kerberos_configs_are_taken_by_both_alter_apis_and_checked(bootstrap):
+    """0081's AlterConfigs and IncrementalAlterConfigs parts set the broker config
+    sasl.kerberos.min.time.before.relogin, which Kafka takes at run time (a per-listener
+    dynamic config); Odradek has no Kerberos: taken, its value checked as Kafka's type, no effect."""
+    admin = _admin(bootstrap)
+    broker = "0"  # the package's broker (broker.id's default)
+
+    def incremental(value):
+        res = ConfigResource(ConfigResource.Type.BROKER, broker, incremental_configs=[ConfigEntry(
+            "sasl.kerberos.min.time.before.relogin", value, incremental_operation=AlterConfigOpType.SET)])
+        return admin.incremental_alter_configs([res])[res]
+
+    incremental("58000").result(60)
+    res = ConfigResource(ConfigResource.Type.BROKER, broker,
+                         set_config={"sasl.kerberos.min.time.before.relogin": "58000"})
+    admin.alter_configs([res])[res].result(60)
+    with pytest.raises(Exception) as refused:
+        incremental("soon").result(60)
+    error = refused.value.args[0]
+    assert error.code() == KafkaError.INVALID_CONFIG and "not a valid long" in error.str(), error
