@@ -57,7 +57,7 @@ from odradek.log.errors import RecordErrors
 from odradek.log.inflate import DEFAULT_LIMIT, limit_for
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
-from odradek.network.authorizer import offset_fetch_groups
+from odradek.network.authorizer import CLUSTER, OPERATIONS, offset_fetch_groups
 from odradek.network.credentials import Credentials
 from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
@@ -166,6 +166,12 @@ TOPIC_CHANGES = {
     ApiKey.CREATE_PARTITIONS: ("topics", "results", "add partitions to"),
 }
 ACKS = (0, 1, -1)
+# The ACL operations Kafka reports as authorized operations of each resource type (its
+# supported operations: Metadata's and DescribeCluster's include_*_authorized_operations)
+SUPPORTED_OPERATIONS = {
+    "Topic": ("Read", "Write", "Create", "Delete", "Alter", "Describe", "DescribeConfigs", "AlterConfigs"),
+    "Cluster": ("Create", "ClusterAction", "DescribeConfigs", "AlterConfigs", "IdempotentWrite", "Alter", "Describe"),
+}
 
 
 def _throttle_rate(name: str, value, op: str) -> int | None:
@@ -628,6 +634,8 @@ class RequestHandler(Actor):
             meta = self.topics.get(name)
             if meta is not None:
                 topics.append(self._topic_metadata(name, meta))
+                if body.get("include_topic_authorized_operations"):
+                    topics[-1]["authorized_operations"] = self._operations(fields, "Topic", name)
                 continue
             if is_internal_topic(name):  # created by its coordinator when first needed, never by a Metadata
                 topics.append({"name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
@@ -690,12 +698,22 @@ class RequestHandler(Actor):
         if not brokers:
             host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
             brokers = [{"node_id": self.broker_id, "host": host, "port": port}]
+        asked = (msg.get("body") or {}).get("include_cluster_authorized_operations")
         self.reply(msg, {"body": {
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
             "topics": topics,
+            **({"cluster_authorized_operations": self._operations(msg.fields or {}, "Cluster", CLUSTER)}
+               if asked else {}),
         }})
+
+    def _operations(self, fields: dict, resource: str, name: str) -> int:
+        """Kafka's bit set (bit = ACL operation code) of the operations on a resource that the
+        request's principal may perform, among those Kafka supports on its type (all of them
+        with the authorizer off, as Kafka without an authorizer answers)."""
+        return sum(1 << OPERATIONS[op] for op in SUPPORTED_OPERATIONS[resource]
+                   if self.guard.allowed(fields, op, resource, name))
 
     def describe_configs(self, msg: Message, body: dict) -> None:
         topic_out = [self._describe_topic(res) for res in _topic_resources(body)]

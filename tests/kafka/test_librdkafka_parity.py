@@ -7,9 +7,18 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import KafkaError, Producer, TopicPartition
-from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
+from confluent_kafka import KafkaError, Producer, TopicCollection, TopicPartition
+from confluent_kafka.admin import (AclOperation, AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
                                    OffsetSpec)
+
+from tests.security.test_acl_matrix import TOPIC as ACL_TOPIC, _librdkafka_security
+from tests.security.test_acl_matrix import broker as acl_broker  # noqa: F401 (its module's fixture: ACLs on)
+
+TOPIC_OPERATIONS = {AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, AclOperation.DELETE, AclOperation.ALTER,
+                    AclOperation.DESCRIBE, AclOperation.DESCRIBE_CONFIGS, AclOperation.ALTER_CONFIGS}
+CLUSTER_OPERATIONS = {AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS,
+                      AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,
+                      AclOperation.DESCRIBE}
 
 
 def _admin(bootstrap: str) -> AdminClient:
@@ -87,3 +96,31 @@ def test_kafkas_dynamic_kerberos_configs_are_taken_by_both_alter_apis_and_checke
         incremental("soon").result(60)
     error = refused.value.args[0]
     assert error.code() == KafkaError.INVALID_CONFIG and "not a valid long" in error.str(), error
+
+
+def test_describe_topics_and_cluster_answer_the_authorized_operations_asked_for(bootstrap, topic):
+    """0081's DescribeTopics and DescribeCluster parts: with include_authorized_operations the
+    answer lists the operations the principal may perform: with the authorizer off, every one
+    Kafka supports on a topic (8) and on the cluster (7), as Kafka without an authorizer."""
+    _create(bootstrap, topic)
+    admin = _admin(bootstrap)
+    assert _operations(admin, topic) == (TOPIC_OPERATIONS, CLUSTER_OPERATIONS)
+    plain = admin.describe_topics(TopicCollection([topic]))[topic].result(60)
+    assert not plain.authorized_operations
+
+
+def _operations(admin: AdminClient, topic: str) -> tuple[set, set]:
+    described = admin.describe_topics(TopicCollection([topic]), include_authorized_operations=True)[topic].result(60)
+    cluster = admin.describe_cluster(include_authorized_operations=True).result(60)
+    return set(described.authorized_operations or ()), set(cluster.authorized_operations or ())
+
+
+@pytest.mark.parametrize("user,expected", [
+    ("admin", (TOPIC_OPERATIONS, CLUSTER_OPERATIONS)),  # a super user
+    ("consumer", ({AclOperation.READ, AclOperation.DESCRIBE}, set())),  # Read on the topic implies Describe
+    ("producer", ({AclOperation.WRITE, AclOperation.DESCRIBE}, set())),  # no IdempotentWrite granted
+])
+def test_the_authorized_operations_are_the_principals_by_its_acls(acl_broker, user, expected):
+    """With the authorizer on, each operation is the principal's as its ACLs decide."""
+    admin = AdminClient({"bootstrap.servers": acl_broker.address, **_librdkafka_security(user)})
+    assert _operations(admin, ACL_TOPIC) == expected
