@@ -76,7 +76,7 @@ from odradek.log.errors import OffsetOutOfRangeError
 from odradek.actors.names import CONTROLLER, LOG, LogBounds, partition_dir
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
-from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, LogReader
+from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, LogReader
 from odradek.log.throttle import BURST_SECONDS, UNLIMITED, Quota
 from odradek.network.protocol import ErrorCode, OdradekError
 
@@ -521,8 +521,9 @@ class FetchActor(Actor):
         problem = self._role_problem((topic, partition), epoch)
         if problem is not None:
             return _fail(entry, *problem)
-        if not isinstance(ts, int) or isinstance(ts, bool) or ts < EARLIEST_TIMESTAMP:
-            return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1, -2 or a time in ms, got {ts!r}")
+        if not isinstance(ts, int) or isinstance(ts, bool) or ts < MAX_TIMESTAMP:
+            return _fail(entry, ErrorCode.INVALID_REQUEST, f"timestamp must be -1 (latest), -2 (earliest), "
+                                                           f"-3 (max timestamp) or a time in ms, got {ts!r}")
         b = reader.bounds
         floor = self.unsettled.get((topic, partition))
         if ts == LATEST_TIMESTAMP:
@@ -537,7 +538,7 @@ class FetchActor(Actor):
             entry["offset"] = b.log_start_offset
         else:
             try:  # one batch's offsets and timestamps, streamed and bounded (records.record_times)
-                found = reader.offset_for_time(ts)
+                found = reader.offset_for_max_timestamp() if ts == MAX_TIMESTAMP else reader.offset_for_time(ts)
             except OdradekError as exc:  # an unreadable batch, or one inflating beyond the bound
                 return _fail(entry, exc.code, f"{topic}-{partition}: {exc.message}")
             if found is not None and found.offset < b.high_watermark:

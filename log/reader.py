@@ -35,6 +35,7 @@ from odradek.log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_pat
 TAIL_HINTS = 1024  # tail positions a LogReader remembers (see LogReader._tail)
 EARLIEST_TIMESTAMP = -2  # ListOffsets: the log start offset
 LATEST_TIMESTAMP = -1  # ListOffsets: the log end offset
+MAX_TIMESTAMP = -3  # ListOffsets v7+ (KIP-734): the first record with the largest timestamp
 
 
 class FileSlice(NamedTuple):
@@ -135,6 +136,29 @@ def plan_offset_for_time(segments: Sequence[SegmentView], timestamp: int, log_st
         if found is not None and found[0] < log_start:
             return TimestampOffset(found[1], log_start)
     return None
+
+
+def plan_max_timestamp(segments: Sequence[SegmentView], log_start: int, log_end: int) -> TimestampOffset | None:
+    """KIP-734 (ListOffsets ``-3``): the first record with the largest timestamp, None in an
+    empty log. A sealed segment's largest timestamp is its time index's final entry; the
+    active one's is the larger of its last time entry and the batch headers after it (a few
+    headers: one index interval, no record inflated); then the record is found as for a time."""
+    top = -1
+    for seg in segments:
+        top = max(top, _active_max_timestamp(seg) if getattr(seg, "active", False) else seg.max_timestamp)
+    return plan_offset_for_time(segments, top, log_start, log_end) if top >= 0 else None
+
+
+def _active_max_timestamp(seg: SegmentView) -> int:
+    src, count = seg.time_source()
+    last = ix.last_time_entry(src, count) if count else None
+    top, hit = (last[0], seg.locate(seg.base_offset + last[1])) if last else (-1, seg.locate(seg.base_offset))
+    pos, h = (hit.position, hit.header) if hit else (0, None)
+    while h is not None:
+        top = max(top, h.max_timestamp)
+        pos += h.size
+        h = seg.header_at(pos)
+    return top
 
 
 class ReaderSegment(SegmentView):
@@ -284,6 +308,13 @@ class LogReader:
         b = self.bounds
         try:
             return plan_offset_for_time(self._segments, timestamp, b.log_start_offset, b.log_end_offset)
+        except CorruptRecordError:
+            return None
+
+    def offset_for_max_timestamp(self) -> TimestampOffset | None:
+        b = self.bounds
+        try:
+            return plan_max_timestamp(self._segments, b.log_start_offset, b.log_end_offset)
         except CorruptRecordError:
             return None
 

@@ -52,11 +52,12 @@ from odradek.actors.message import Message
 from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
                                    DeleteRecordsPart, EpochQuery, PartError, log_host, log_host_name)
 from odradek.actors.runtime import Actor
+from odradek.log.config import kafka_value
 from odradek.log.errors import RecordErrors
 from odradek.log.inflate import DEFAULT_LIMIT, limit_for
 from odradek.log.records import validate_produced
 from odradek.network import listeners as listeners_mod
-from odradek.network.authorizer import offset_fetch_groups
+from odradek.network.authorizer import CLUSTER, OPERATIONS, offset_fetch_groups
 from odradek.network.credentials import Credentials
 from odradek.network.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
@@ -136,7 +137,23 @@ BODY_SHAPES = {
 
 # Broker configs that IncrementalAlterConfigs may change at run time.
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
-DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
+# Kafka's per-listener dynamic SASL configs for a login Odradek does not have (Kerberos, and
+# the OAUTHBEARER login refresh; DynamicListenerConfig's "SASL configs"): a change is checked
+# as Kafka checks the value (Kafka's type) and accepted, with no effect, as for the static ones
+# (odradek/kafka_configs.py). The SASL configs Odradek implements are not among them.
+UNUSED_LISTENER_CONFIGS = {
+    "sasl.kerberos.kinit.cmd": ("string", None, None, None, None),
+    "sasl.kerberos.min.time.before.relogin": ("long", None, None, None, None),
+    "sasl.kerberos.principal.to.local.rules": ("list", None, None, None, None),
+    "sasl.kerberos.service.name": ("string", None, None, None, None),
+    "sasl.kerberos.ticket.renew.jitter": ("double", None, None, None, None),
+    "sasl.kerberos.ticket.renew.window.factor": ("double", None, None, None, None),
+    "sasl.login.refresh.buffer.seconds": ("short", 0, 3600, None, None),
+    "sasl.login.refresh.min.period.seconds": ("short", 0, 900, None, None),
+    "sasl.login.refresh.window.factor": ("double", 0.5, 1.0, None, None),
+    "sasl.login.refresh.window.jitter": ("double", 0.0, 0.25, None, None),
+}
+DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES, *UNUSED_LISTENER_CONFIGS}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 TOPIC_CHANGE_TIMEOUT = 120.0  # seconds the controller has for a topic change (it may open thousands of partitions)
@@ -149,6 +166,12 @@ TOPIC_CHANGES = {
     ApiKey.CREATE_PARTITIONS: ("topics", "results", "add partitions to"),
 }
 ACKS = (0, 1, -1)
+# The ACL operations Kafka reports as authorized operations of each resource type (its
+# supported operations: Metadata's and DescribeCluster's include_*_authorized_operations)
+SUPPORTED_OPERATIONS = {
+    "Topic": ("Read", "Write", "Create", "Delete", "Alter", "Describe", "DescribeConfigs", "AlterConfigs"),
+    "Cluster": ("Create", "ClusterAction", "DescribeConfigs", "AlterConfigs", "IdempotentWrite", "Alter", "Describe"),
+}
 
 
 def _throttle_rate(name: str, value, op: str) -> int | None:
@@ -611,6 +634,8 @@ class RequestHandler(Actor):
             meta = self.topics.get(name)
             if meta is not None:
                 topics.append(self._topic_metadata(name, meta))
+                if body.get("include_topic_authorized_operations"):
+                    topics[-1]["authorized_operations"] = self._operations(fields, "Topic", name)
                 continue
             if is_internal_topic(name):  # created by its coordinator when first needed, never by a Metadata
                 topics.append({"name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
@@ -673,12 +698,22 @@ class RequestHandler(Actor):
         if not brokers:
             host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
             brokers = [{"node_id": self.broker_id, "host": host, "port": port}]
+        asked = (msg.get("body") or {}).get("include_cluster_authorized_operations")
         self.reply(msg, {"body": {
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
             "topics": topics,
+            **({"cluster_authorized_operations": self._operations(msg.fields or {}, "Cluster", CLUSTER)}
+               if asked else {}),
         }})
+
+    def _operations(self, fields: dict, resource: str, name: str) -> int:
+        """Kafka's bit set (bit = ACL operation code) of the operations on a resource that the
+        request's principal may perform, among those Kafka supports on its type (all of them
+        with the authorizer off, as Kafka without an authorizer answers)."""
+        return sum(1 << OPERATIONS[op] for op in SUPPORTED_OPERATIONS[resource]
+                   if self.guard.allowed(fields, op, resource, name))
 
     def describe_configs(self, msg: Message, body: dict) -> None:
         topic_out = [self._describe_topic(res) for res in _topic_resources(body)]
@@ -831,6 +866,12 @@ class RequestHandler(Actor):
                                    f"{', '.join(sorted(DYNAMIC_CONFIGS))})", ErrorCode.INVALID_CONFIG)
             if name in THROTTLE_RATES:
                 rates[name] = _throttle_rate(name, value, op)
+                continue
+            if name in UNUSED_LISTENER_CONFIGS:
+                if op == "set":
+                    kafka_value(name, value, UNUSED_LISTENER_CONFIGS)  # InvalidConfigError (INVALID_CONFIG)
+                log.warning("broker config %r accepted as Kafka does, with no effect: Odradek has no Kerberos or "
+                            "OAUTHBEARER login", name)
                 continue
             if op != "set":
                 raise OdradekError(f"operation {op!r} on '{name}' is not supported (only 'set')",

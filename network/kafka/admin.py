@@ -481,7 +481,9 @@ register(Api(ApiKey.LIST_PARTITION_REASSIGNMENTS, 0, 0, list_reassignments_to_in
 # ---- DescribeCluster (60): the brokers of an internal Metadata for no topics -----------------------
 
 def describe_cluster_to_internal(version: int, request: dict) -> tuple[dict, list]:
-    return {"topics": [], "allow_auto_topic_creation": False}, []
+    asked = {"include_cluster_authorized_operations": True} if request.get("include_cluster_authorized_operations") \
+        else {}
+    return {"topics": [], "allow_auto_topic_creation": False, **asked}, []
 
 
 def describe_cluster_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
@@ -490,7 +492,7 @@ def describe_cluster_from_internal(version: int, request: dict, reply: dict, pay
                for b in body.get("brokers") or ()]
     return {"error_code": 0, "endpoint_type": request.get("endpoint_type", 1), "cluster_id": body.get("cluster_id"),
             "controller_id": body.get("controller_id", -1), "brokers": brokers,
-            "cluster_authorized_operations": NO_OPERATIONS}
+            "cluster_authorized_operations": body.get("cluster_authorized_operations", NO_OPERATIONS)}
 
 
 def describe_cluster_error(version: int, request: dict, code: int, message: str) -> dict:

@@ -90,12 +90,17 @@ register(Api(ApiKey.API_VERSIONS, 0, 3, local=api_versions))
 
 # ---- Metadata (3) -------------------------------------------------------------------------------
 
+OPERATIONS_NOT_ASKED = -2147483648  # Kafka's INT32_MIN: authorized operations not asked for
+
 def metadata_to_internal(version: int, request: dict) -> tuple[dict, list]:
     body = {"allow_auto_topic_creation": bool(request.get("allow_auto_topic_creation", True))}
     # null: every topic (internally: no "topics"); a topic asked for by id alone (v10+, as a
     # KIP-848 consumer does for its assignment): every topic, filtered by id on the way back
     if request.get("topics") is not None and not _by_id(request):
         body["topics"] = [t["name"] for t in request["topics"] if t.get("name") is not None]
+    for asked in ("include_topic_authorized_operations", "include_cluster_authorized_operations"):  # v8+, v8-10
+        if request.get(asked):
+            body[asked] = True
     return body, []
 
 
@@ -117,9 +122,11 @@ def metadata_from_internal(version: int, request: dict, reply: dict, payload: li
                   "leader_epoch": p.get("leader_epoch", -1), "replica_nodes": p.get("replicas") or [],
                   "isr_nodes": p.get("isr") or []} for p in t.get("partitions") or ()]
         topics.append({"error_code": t.get("error_code", 0), "name": t["name"], "topic_id": _uuid(t.get("topic_id")),
-                       "is_internal": bool(t.get("is_internal")), "partitions": parts})
+                       "is_internal": bool(t.get("is_internal")), "partitions": parts,
+                       "topic_authorized_operations": t.get("authorized_operations", OPERATIONS_NOT_ASKED)})
     return {"brokers": body.get("brokers") or [], "cluster_id": body.get("cluster_id"),
-            "controller_id": body.get("controller_id", -1), "topics": topics}
+            "controller_id": body.get("controller_id", -1), "topics": topics,
+            "cluster_authorized_operations": body.get("cluster_authorized_operations", OPERATIONS_NOT_ASKED)}
 
 
 def _uuid(value):
