@@ -33,7 +33,7 @@ from __future__ import annotations
 import uuid
 
 from odradek.log.config import KAFKA_TOPIC_CONFIGS, LogConfig
-from odradek.network.kafka.apis import Api, register
+from odradek.network.kafka.apis import OPERATIONS_NOT_ASKED, Api, register
 from odradek.network.protocol import ApiKey, ErrorCode
 
 # Kafka's ConfigResource.Type and ConfigSource numbers.
@@ -46,7 +46,6 @@ OPS = {0: "set", 1: "delete", 2: "append", 3: "subtract"}
 # what AlterConfigs may revert: every topic config, Kafka's accepted-but-unimplemented ones too
 TOPIC_KEYS = tuple(sorted({*LogConfig.from_properties({}).to_properties(), *KAFKA_TOPIC_CONFIGS}))
 SENSITIVE = ("password", "secret", "jaas", "key")
-NO_OPERATIONS = -2147483648  # authorized operations not asked for
 
 
 def _refuse(request: dict, key, code: int, message: str) -> None:
@@ -492,12 +491,12 @@ def describe_cluster_from_internal(version: int, request: dict, reply: dict, pay
                for b in body.get("brokers") or ()]
     return {"error_code": 0, "endpoint_type": request.get("endpoint_type", 1), "cluster_id": body.get("cluster_id"),
             "controller_id": body.get("controller_id", -1), "brokers": brokers,
-            "cluster_authorized_operations": body.get("cluster_authorized_operations", NO_OPERATIONS)}
+            "cluster_authorized_operations": body.get("cluster_authorized_operations", OPERATIONS_NOT_ASKED)}
 
 
 def describe_cluster_error(version: int, request: dict, code: int, message: str) -> dict:
     return {"error_code": code, "error_message": message, "cluster_id": "", "controller_id": -1,
-            "cluster_authorized_operations": NO_OPERATIONS}
+            "cluster_authorized_operations": OPERATIONS_NOT_ASKED}
 
 
 register(Api(ApiKey.DESCRIBE_CLUSTER, 0, 1, describe_cluster_to_internal, describe_cluster_from_internal,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import struct
 import uuid
 
-from odradek.network.kafka.apis import Api, _uuid, register, top_level_error
+from odradek.network.kafka.apis import OPERATIONS_NOT_ASKED, Api, _uuid, register, top_level_error
 from odradek.network.protocol import ApiKey, ErrorCode
 
 _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
@@ -334,8 +334,6 @@ def list_groups_from_internal(version: int, request: dict, reply: dict, payload:
 
 register(Api(ApiKey.LIST_GROUPS, 0, 5, list_groups_to_internal, list_groups_from_internal, top_level_error))
 
-AUTHORIZED_OPERATIONS_OMITTED = -2147483648  # Kafka's INT32_MIN: not asked for
-
 
 def describe_groups_to_internal(version: int, request: dict) -> tuple[dict, list]:
     return {"group_ids": list(request["groups"])}, []
@@ -345,10 +343,10 @@ def _described(g: dict) -> dict:
     if g.get("error_code") == ErrorCode.GROUP_ID_NOT_FOUND:
         # Kafka's classic DescribeGroups (v0-v5) answers an unknown group as Dead, with no error
         return {"error_code": 0, "group_id": g.get("group_id"), "group_state": "Dead", "protocol_type": "",
-                "protocol_data": "", "members": [], "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+                "protocol_data": "", "members": [], "authorized_operations": OPERATIONS_NOT_ASKED}
     if g.get("error_code"):
         return {"error_code": g["error_code"], "group_id": g.get("group_id"), "group_state": "", "protocol_type": "",
-                "protocol_data": "", "members": [], "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+                "protocol_data": "", "members": [], "authorized_operations": OPERATIONS_NOT_ASKED}
     classic = g.get("group_type") == "classic"
     members = []
     for m in g.get("members") or ():
@@ -363,7 +361,7 @@ def _described(g: dict) -> dict:
     return {"error_code": 0, "group_id": g["group_id"], "group_state": _state(g),
             "protocol_type": (g.get("protocol_type") or "") if classic else "consumer",
             "protocol_data": (g.get("protocol_data") or "") if classic else (g.get("assignor_name") or ""),
-            "members": members, "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+            "members": members, "authorized_operations": OPERATIONS_NOT_ASKED}
 
 
 def describe_groups_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
@@ -465,12 +463,12 @@ def consumer_describe_from_internal(version: int, request: dict, reply: dict, pa
     for g in _body(reply).get("groups") or ():
         if g.get("error_code"):
             out.append({"error_code": g["error_code"], "error_message": g.get("error_message"),
-                        "group_id": g.get("group_id"), "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED})
+                        "group_id": g.get("group_id"), "authorized_operations": OPERATIONS_NOT_ASKED})
             continue
         out.append({"error_code": 0, "group_id": g["group_id"], "group_state": _state(g),
                     "group_epoch": g.get("group_epoch", 0), "assignment_epoch": g.get("assignment_epoch", 0),
                     "assignor_name": g.get("assignor_name") or "",
-                    "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED,
+                    "authorized_operations": OPERATIONS_NOT_ASKED,
                     "members": [{"member_id": m["member_id"], "instance_id": m.get("instance_id"),
                                  "member_epoch": m.get("member_epoch", 0), "client_id": m.get("client_id") or "",
                                  "client_host": m.get("client_host") or "",
@@ -484,7 +482,7 @@ def consumer_describe_from_internal(version: int, request: dict, reply: dict, pa
 
 def consumer_describe_error(version: int, request: dict, code: int, message: str) -> dict:
     return {"groups": [{"error_code": code, "error_message": message, "group_id": gid,
-                        "authorized_operations": AUTHORIZED_OPERATIONS_OMITTED}
+                        "authorized_operations": OPERATIONS_NOT_ASKED}
                        for gid in request.get("group_ids") or ()]}
 
 
