@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
+from odradek.network.protocol import OdradekError
 from odradek.types import TopicPartition
 
 PAGE = 50  # records on a page, and the most read from one partition for it
@@ -77,11 +78,11 @@ def browse(consumer, topic: str, partitions: list[int], *, newest: bool = True, 
     for p, (lo, hi) in windows.items():
         if lo >= hi:
             continue
-        runs[p], complete = read(consumer, tps[p], lo, hi, deadline)
+        runs[p], complete, problem = read(consumer, tps[p], lo, hi, deadline)
         if complete:
             whole.add(p)
         else:
-            error = f"the page took longer than {timeout:g}s to read: some records are missing"
+            error = problem or f"the page took longer than {timeout:g}s to read: some records are missing"
     shown, moved, left = merge(runs, newest, page, key, value)
     next_bound = dict(bound)
     for p in whole - left:  # every record of its window merged: past the window (its gaps too)
@@ -93,17 +94,24 @@ def browse(consumer, topic: str, partitions: list[int], *, newest: bool = True, 
     return Page(shown, format_cursor(next_bound) if more else "", error)
 
 
-def read(consumer, tp: TopicPartition, lo: int, hi: int, deadline: float) -> tuple[list, bool]:
+def read(consumer, tp: TopicPartition, lo: int, hi: int, deadline: float) -> tuple[list, bool, str]:
     """The records of ``tp`` in offsets [lo, hi) (records compaction removed and transaction
-    markers are simply not there), and whether all were read before the deadline."""
+    markers are simply not there), whether all were read before the deadline, and why not
+    when a batch could not be read (a corrupt batch, or one that inflates beyond the bound:
+    the records before it are shown, the page says so)."""
     consumer.assign([tp])
     consumer.seek(tp, lo)
     out = []
-    while consumer.position(tp) < hi and time.monotonic() < deadline:
-        for r in consumer.poll(timeout_ms=200, max_records=hi - lo):
-            if lo <= r.offset < hi:
-                out.append(r)
-    return out, consumer.position(tp) >= hi
+    try:
+        while consumer.position(tp) < hi and time.monotonic() < deadline:
+            for r in consumer.poll(timeout_ms=200, max_records=hi - lo):
+                if lo <= r.offset < hi:
+                    out.append(r)
+    except OdradekError as exc:
+        if exc.code.retriable:
+            raise
+        return out, False, f"partition {tp.partition} cannot be read past offset {consumer.position(tp)}: {exc.message}"
+    return out, consumer.position(tp) >= hi, ""
 
 
 def merge(runs: dict[int, list], newest: bool, page: int, key: str = "",
