@@ -141,9 +141,12 @@ class ClientSecurity:
         self._call(sock, 2, ApiKey.BROKER_PROOF, {"broker_id": broker_id,
                                                   "proof": sasl.broker_proof(key, nonce, broker_id)})
 
-    @staticmethod
-    def _call(sock: socket.socket, corr: int, api: int, body: dict) -> dict:
-        sock.sendall(b"".join(bytes(b) for b in codec.encode_request(api, 0, corr, "odradek-auth", body)))
+    def _call(self, sock: socket.socket, corr: int, api: int, body: dict) -> dict:
+        # A broker's own connection says whose it is from its first byte on, as its later
+        # requests do (``broker-<id>``: what the chaos battery's fault proxy reads to tell
+        # one broker's links from another's and from clients').
+        client_id = "odradek-auth" if self.broker is None else f"broker-{self.broker[0]}"
+        sock.sendall(b"".join(bytes(b) for b in codec.encode_request(api, 0, corr, client_id, body)))
         decoder = codec.Decoder(1 << 20, codec.RESPONSE_FIELDS)
         while True:
             frame = decoder.next()
