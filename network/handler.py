@@ -746,10 +746,13 @@ class RequestHandler(Actor):
 
     def incremental_alter_configs(self, msg: Message, body: dict) -> None:
         resources = _topic_resources(body)
+        locked = [r for r in resources if _locks_internal_state(r)]
         internal = [{"type": "topic", "name": r.get("name"), "error_code": int(ErrorCode.INVALID_TOPIC_EXCEPTION),
-                     "error_message": _internal_topic_refusal(r.get("name"), "alter the configs of")}
-                    for r in resources if is_internal_topic(r.get("name"))]
-        topics = [r for r in resources if not is_internal_topic(r.get("name"))]
+                     "error_message": _internal_topic_refusal(r.get("name"), "change " + ", ".join(
+                         sorted(set(INTERNAL_TOPIC_LOCKED) & {c.get("name") for c in r.get("configs") or []
+                                                              if isinstance(c, dict)})) + " of")}
+                    for r in locked]
+        topics = [r for r in resources if r not in locked]
         for res in topics:  # APPEND / SUBTRACT (Kafka's list ops) become a SET of the resulting list
             self._resolve_list_ops(res)
         if topics:  # the controller owns topic configs; broker ones are handled here
@@ -947,6 +950,22 @@ def _refused_change(api: int, item) -> bool:
     configs = item.get("configs")
     return not (isinstance(configs, dict) and configs.get("cleanup.policy") == "compact"
                 and set(configs) <= {"cleanup.policy", "segment.bytes"} and not item.get("assignments"))
+
+
+# The configs of an internal topic no client may change, with the value each must keep: they
+# decide whether its coordinator's state is kept at all (delete instead of compact would drop
+# groups' offsets and open transactions; Kafka's replace-all AlterConfigs resets it so too).
+# The others (the replication throttles a reassignment sets, segment size, ...) an operator
+# may set, as in Kafka.
+INTERNAL_TOPIC_LOCKED = {"cleanup.policy": "compact"}
+
+
+def _locks_internal_state(res: dict) -> bool:
+    """Whether an alter of topic resource ``res`` would change a locked config of an internal topic."""
+    return is_internal_topic(res.get("name")) and any(
+        isinstance(c, dict) and c.get("name") in INTERNAL_TOPIC_LOCKED
+        and not (c.get("op", "set") == "set" and c.get("value") == INTERNAL_TOPIC_LOCKED[c["name"]])
+        for c in res.get("configs") or [])
 
 
 def _internal_topic_refusal(name: str, change: str) -> str:

@@ -124,8 +124,12 @@ def test_no_client_can_write_delete_or_alter_an_internal_topic_and_offsets_survi
             admin.delete_topic(OFFSETS_TOPIC)
         assert err.value.code == INVALID_TOPIC and "internal topic" in err.value.message, err.value
         with pytest.raises(OdradekError) as err:
-            admin.alter_configs(OFFSETS_TOPIC, set={"segment.bytes": "1024"})
+            admin.alter_configs(OFFSETS_TOPIC, set={"cleanup.policy": "delete"})
         assert err.value.code == INVALID_TOPIC, err.value
+        # what an operator may set on an internal topic, as in Kafka: the replication
+        # throttles a reassignment of its partitions sets (odradek reassign --throttle)
+        admin.alter_configs(OFFSETS_TOPIC, set={"leader.replication.throttled.replicas": "*"})
+        admin.alter_configs(OFFSETS_TOPIC, delete=["leader.replication.throttled.replicas"])
     cli = subprocess.run([sys.executable, "-m", "odradek", "topics", "--bootstrap-server", broker.bootstrap,
                           "--delete", "--topic", OFFSETS_TOPIC], capture_output=True, text=True, timeout=60)
     assert cli.returncode != 0 and "internal topic" in cli.stderr + cli.stdout, (cli.stdout, cli.stderr)
