@@ -113,14 +113,16 @@ class ClientSecurity:
 
     def _sasl(self, sock: socket.socket) -> None:
         corr = iter(range(1, 100))
-        self._call(sock, next(corr), ApiKey.SASL_HANDSHAKE, {"mechanism": self.mechanism})
+        self._call(sock, next(corr), ApiKey.SASL_HANDSHAKE, {"mechanism": self.mechanism}, self._client_id)
         if self.mechanism == "PLAIN":
-            self._call(sock, next(corr), ApiKey.SASL_AUTHENTICATE, {"auth_bytes": sasl.plain_token(self.user, self._password)})
+            self._call(sock, next(corr), ApiKey.SASL_AUTHENTICATE,
+                       {"auth_bytes": sasl.plain_token(self.user, self._password)}, self._client_id)
             return
         client = sasl.ScramClient(self.mechanism, self.user, self._password)
-        first = self._call(sock, next(corr), ApiKey.SASL_AUTHENTICATE, {"auth_bytes": client.first()})
+        first = self._call(sock, next(corr), ApiKey.SASL_AUTHENTICATE, {"auth_bytes": client.first()},
+                           self._client_id)
         final = self._call(sock, next(corr), ApiKey.SASL_AUTHENTICATE,
-                           {"auth_bytes": client.final(first.get("auth_bytes") or b"")})
+                           {"auth_bytes": client.final(first.get("auth_bytes") or b"")}, self._client_id)
         try:
             client.verify(final.get("auth_bytes") or b"")
         except sasl.AuthenticationFailed as exc:
@@ -134,18 +136,22 @@ class ClientSecurity:
         except Exception as exc:  # noqa: BLE001 - ZooKeeper or the file unreadable: this attempt fails, retried
             raise OdradekError(f"cannot read the cluster's secret to prove this broker: {exc!r}",
                                ErrorCode.NETWORK_EXCEPTION) from None
-        nonce = self._call(sock, 1, ApiKey.BROKER_PROOF, {"broker_id": broker_id}).get("nonce")
+        nonce = self._call(sock, 1, ApiKey.BROKER_PROOF, {"broker_id": broker_id}, self._client_id).get("nonce")
         if not isinstance(nonce, bytes) or len(nonce) < sasl.BROKER_NONCE_BYTES:
             raise OdradekError("the broker sent no nonce to prove ourselves against",
                                ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
         self._call(sock, 2, ApiKey.BROKER_PROOF, {"broker_id": broker_id,
-                                                  "proof": sasl.broker_proof(key, nonce, broker_id)})
+                                                  "proof": sasl.broker_proof(key, nonce, broker_id)}, self._client_id)
 
-    def _call(self, sock: socket.socket, corr: int, api: int, body: dict) -> dict:
+    @property
+    def _client_id(self) -> str:
         # A broker's own connection says whose it is from its first byte on, as its later
         # requests do (``broker-<id>``: what the chaos battery's fault proxy reads to tell
         # one broker's links from another's and from clients').
-        client_id = "odradek-auth" if self.broker is None else f"broker-{self.broker[0]}"
+        return "odradek-auth" if self.broker is None else f"broker-{self.broker[0]}"
+
+    @staticmethod
+    def _call(sock: socket.socket, corr: int, api: int, body: dict, client_id: str = "odradek-auth") -> dict:
         sock.sendall(b"".join(bytes(b) for b in codec.encode_request(api, 0, corr, client_id, body)))
         decoder = codec.Decoder(1 << 20, codec.RESPONSE_FIELDS)
         while True:
