@@ -39,6 +39,7 @@ from urllib.parse import quote, urlencode
 import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from odradek.cli import fmt_bytes
 from odradek.network import listeners as listeners_mod
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.browse import browse, parse_cursor
@@ -693,13 +694,7 @@ def human_time(ms: int) -> str:
 
 
 def human_bytes(n: int | None) -> str:
-    if n is None:
-        return "-"
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(n)
+    return fmt_bytes(n, " ")
 
 
 def _partition_gauges(snap, topic: str) -> dict:

@@ -75,12 +75,13 @@ def _check_listeners_free(config: dict) -> None:
             sock.close()
 
 
-def _fmt_bytes(n) -> str:
+def fmt_bytes(n, sep: str = "") -> str:
+    """``n`` bytes as B, KiB, MiB or GiB (``sep`` between number and unit); "-" for None."""
     if n is None:
         return "-"
     for unit in ("B", "KiB", "MiB", "GiB"):
         if n < 1024 or unit == "GiB":
-            return f"{n:.0f}{unit}" if unit == "B" else f"{n:.1f}{unit}"
+            return f"{n:.0f}{sep}{unit}" if unit == "B" else f"{n:.1f}{sep}{unit}"
         n /= 1024
     return str(n)
 
@@ -106,7 +107,7 @@ def cmd_status(args) -> int:
           f"{sup['state']}, data {sup.get('data_dir')}, open files limit {limit[0]} (hard {limit[1]})")
     cols = ["ACTOR", "ROLE", "PID", "STATE", "RESTARTS", "MEMORY", "CPU%", "FDS", "PROCESSED", "OPEN", "BACKLOG",
             "UPTIME"]
-    rows = [[a["name"], a["role"], str(a["pid"] or "-"), a["state"], str(a["restarts"]), _fmt_bytes(a["rss"]),
+    rows = [[a["name"], a["role"], str(a["pid"] or "-"), a["state"], str(a["restarts"]), fmt_bytes(a["rss"]),
              "-" if a["cpu"] is None else f"{a['cpu']:.1f}", str(a["fds"] if a["fds"] is not None else "-"),
              str(a["processed"] if a["processed"] is not None else "-"), str(a["open"] if a["open"] is not None else "-"),
              str(a.get("backlog") or 0), f"{a['uptime']:.0f}s" if a["uptime"] is not None else "-"]
