@@ -7,14 +7,20 @@ decodes records: it is the one broker-side place that does (with the client code
 One pass (``clean(log)``):
 
 1. Cleanable segments: the closed ones, oldest first, up to the first whose newest record is
-   younger than ``min.compaction.lag.ms``.
+   younger than ``min.compaction.lag.ms`` or that reaches the last stable offset (as Kafka's
+   cleaner: nothing above the high watermark or in an open transaction is compacted, since
+   an abort could still make an older value the latest).
 2. Skip unless dirty bytes (segments at or past the cleaner checkpoint, the first offset not
    yet cleaned) are at least ``min.cleanable.dirty.ratio`` of the cleanable bytes.
-3. Map each key to its latest offset over the cleanable segments.
+3. Map each key to its latest offset over the cleanable segments. Records of aborted
+   transactions (``aborted.txnindex``) never count and are removed, as Kafka removes them.
 4. Rewrite each segment that loses records: batches whose records all survive are copied
-   byte for byte; others are re-encoded with the survivors only (their own offsets, so
-   offsets keep their meaning and gaps appear); empty batches vanish. Tombstones (value
-   None) survive until their segment is older than ``delete.retention.ms``.
+   byte for byte; others are re-encoded with the survivors only, in the batch's own format
+   and codec (a client's magic-2 gzip batch stays one), keeping their offsets (so gaps
+   appear), the producer fields and the transactional and timestamp-type bits; a magic-2
+   batch also keeps its base offset and last offset delta, as Kafka's cleaner does. Empty
+   batches vanish. Tombstones (value None) survive until their segment is older than
+   ``delete.retention.ms``. Batches are read one at a time, never a whole segment.
 5. Swap crash-safely: write ``<base>.log.cleaned`` and both indexes ``.cleaned``; fsync;
    rename the indexes then the log to ``.swap`` (the log's rename is the commit point);
    rename each ``.swap`` over its final name; fsync the directory. On open, ``log.loader``
@@ -33,8 +39,9 @@ from odradek.log.index import IndexPolicy
 from odradek.log.log import Log
 from odradek.log.segment import CLEANED_SUFFIX, SWAP_SUFFIX
 from odradek.log.segment_writer import LogSegment, read_file
-from odradek.log.records import (COMPRESSION_LZ4, BatchHeader, decode_batch, encode_records,
-                         iter_batches)
+from odradek.log import kafka_batch
+from odradek.log.records import (COMPRESSION_LZ4, HEADER_SIZE, TRANSACTIONAL_BIT, BatchHeader, check_header,
+                                 decode_batch, encode_records)
 
 CLEANER_CHECKPOINT = "cleaner.checkpoint"
 
@@ -64,17 +71,19 @@ def clean(lg: Log, force: bool = False) -> CleanResult:
     now = lg.now_ms()
     segments = _cleanable(lg, now)
     if not segments:
-        return CleanResult(reason="no closed segment is older than min.compaction.lag.ms")
+        return CleanResult(reason="no closed segment is older than min.compaction.lag.ms and below the "
+                                  "last stable offset")
     dirty_from = first_dirty_offset(lg)
     total = sum(s.size for s in segments)
     dirty = sum(s.size for s in segments if s.base_offset >= dirty_from)
     if not force and (total == 0 or dirty / total < lg.config.min_cleanable_dirty_ratio):
         return CleanResult(reason=f"dirty ratio {dirty}/{total} below min.cleanable.dirty.ratio")
     try:
-        latest = _latest_offsets(segments)
+        aborted = _aborted_spans(lg)
+        latest = _latest_offsets(segments, aborted)
         result = CleanResult(cleaned=True)
         for seg in segments:
-            _clean_segment(lg, seg, latest, now, result)
+            _clean_segment(lg, seg, latest, aborted, now, result)
         end = lg.segments[len(segments)].base_offset
         lg.files.write_file_atomically(os.path.join(lg.dir, CLEANER_CHECKPOINT), str(end).encode())
     except OSError as e:
@@ -83,25 +92,46 @@ def clean(lg: Log, force: bool = False) -> CleanResult:
 
 
 def _cleanable(lg: Log, now: int) -> list[LogSegment]:
-    out = []
-    for seg in lg.segments[:-1]:
-        if seg.max_timestamp > now - lg.config.min_compaction_lag_ms:
+    out, stable, segments = [], lg.last_stable_offset, lg.segments
+    for seg, after in zip(segments, segments[1:]):
+        if seg.max_timestamp > now - lg.config.min_compaction_lag_ms or after.base_offset > stable:
             break
         out.append(seg)
     return out
 
 
 def _batches(seg: LogSegment):
-    data = seg.pread(seg.size, 0)
-    for pos, h in iter_batches(data):
-        yield h, memoryview(data)[pos:pos + h.size]
+    """Each whole batch of ``seg`` with its header, read one at a time (a segment may be
+    ``segment.bytes`` large)."""
+    pos = 0
+    while seg.size - pos >= HEADER_SIZE:
+        h = BatchHeader.read(seg.pread(HEADER_SIZE, pos))
+        check_header(h, pos)
+        if pos + h.size > seg.size:
+            return
+        yield h, seg.pread(h.size, pos)
+        pos += h.size
 
 
-def _latest_offsets(segments: list[LogSegment]) -> dict:
+def _aborted_spans(lg: Log) -> dict:
+    """Producer id -> ``(first offset, abort marker offset)`` of its aborted transactions."""
+    spans: dict = {}
+    for e in lg.txn_index.entries:
+        spans.setdefault(e.producer_id, []).append((e.first_offset, e.last_offset))
+    return spans
+
+
+def _is_aborted(h: BatchHeader, aborted: dict) -> bool:
+    if not h.attributes & TRANSACTIONAL_BIT or h.is_control:
+        return False
+    return any(first <= h.base_offset <= last for first, last in aborted.get(h.producer_id, ()))
+
+
+def _latest_offsets(segments: list[LogSegment], aborted: dict) -> dict:
     latest = {}
     for seg in segments:
         for h, raw in _batches(seg):
-            if h.is_control:
+            if h.is_control or _is_aborted(h, aborted):
                 continue
             for r in _records(h, raw):
                 latest[r.key] = r.offset
@@ -119,12 +149,17 @@ def _records(h: BatchHeader, raw) -> list:
                         f"while it is there") from None
 
 
-def _clean_segment(lg: Log, seg: LogSegment, latest: dict, now: int, result: CleanResult) -> None:
+def _clean_segment(lg: Log, seg: LogSegment, latest: dict, aborted: dict, now: int,
+                   result: CleanResult) -> None:
     drop_tombstones = seg.max_timestamp < now - lg.config.delete_retention_ms
     out, changed, removed = [], False, 0
     for h, raw in _batches(seg):
         if h.is_control:
             out.append((h, bytes(raw)))
+            continue
+        if _is_aborted(h, aborted):
+            removed += h.record_count
+            changed = True
             continue
         records = _records(h, raw)
         keep = [r for r in records
@@ -147,11 +182,24 @@ def _clean_segment(lg: Log, seg: LogSegment, latest: dict, now: int, result: Cle
 
 
 def _reencode(h: BatchHeader, keep) -> bytes:
+    """The survivors ``keep`` of batch ``h`` in ``h``'s own format, codec and flags."""
+    if h.magic == kafka_batch.MAGIC:
+        return kafka_batch.encode(
+            keep, base_offset=h.base_offset, last_offset_delta=h.last_offset_delta,
+            first_timestamp=min(r.timestamp for r in keep), max_timestamp=h.max_timestamp,
+            partition_leader_epoch=h.partition_leader_epoch,
+            attributes=h.attributes & (kafka_batch.TIMESTAMP_TYPE_BIT | kafka_batch.TRANSACTIONAL_BIT),
+            producer_id=h.producer_id, producer_epoch=h.producer_epoch, base_sequence=h.base_sequence,
+            compression=kafka_batch.CODECS[h.compression])
+    # a native batch's last record is at its last offset delta (records.decode_batch), so the
+    # base moves to the first survivor and the base sequence with it
+    shift = keep[0].offset - h.base_offset
     return encode_records(keep, "lz4" if h.compression == COMPRESSION_LZ4 else None,
                           producer_id=h.producer_id, producer_epoch=h.producer_epoch,
-                          base_sequence=h.base_sequence,
+                          base_sequence=h.base_sequence + shift if h.base_sequence >= 0 else -1,
                           partition_leader_epoch=h.partition_leader_epoch,
-                          log_append_time=h.log_append_time)
+                          log_append_time=h.log_append_time,
+                          transactional=bool(h.attributes & TRANSACTIONAL_BIT))
 
 
 def _swap_in(lg: Log, old: LogSegment, batches: list) -> LogSegment:

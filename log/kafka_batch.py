@@ -349,9 +349,12 @@ def _put_bytes(out: bytearray, value) -> None:
 
 def encode(records: Sequence, *, base_offset: int, first_timestamp: int, max_timestamp: int,
            partition_leader_epoch: int = -1, attributes: int = 0, producer_id: int = -1,
-           producer_epoch: int = -1, base_sequence: int = -1, compression: str = "none") -> bytes:
+           producer_epoch: int = -1, base_sequence: int = -1, compression: str = "none",
+           last_offset_delta: int | None = None) -> bytes:
     """One magic-2 batch from records with absolute ``offset``/``timestamp`` (e.g. decoded
-    native ``Record``s, keeping their offsets)."""
+    native ``Record``s, keeping their offsets). ``last_offset_delta`` defaults to the last
+    record's; the cleaner keeps a compacted batch's own (Kafka keeps a v2 batch's base offset
+    and last offset delta, so the producer's sequence span survives compaction)."""
     body = bytearray()
     for r in records:
         rec = bytearray(b"\x00")
@@ -375,7 +378,8 @@ def encode(records: Sequence, *, base_offset: int, first_timestamp: int, max_tim
     elif codec == 4:
         body = bytes(cramjam.zstd.compress(bytes(body)))
     out = bytearray(HEADER_SIZE + len(body))
-    last_delta = records[-1].offset - base_offset if records else 0
+    last_delta = last_offset_delta if last_offset_delta is not None else (
+        records[-1].offset - base_offset if records else 0)
     HEADER.pack_into(out, 0, base_offset, len(out) - LOG_OVERHEAD, partition_leader_epoch, MAGIC, 0,
                      (attributes & ~COMPRESSION_MASK) | codec, last_delta, first_timestamp, max_timestamp,
                      producer_id, producer_epoch, base_sequence, len(records))

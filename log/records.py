@@ -354,7 +354,8 @@ def _now_ms() -> int:
 
 def _build(entries: list, base_offset: int, last_offset_delta: int, first_ts: int, max_ts: int,
            compression: str | None, *, producer_id: int, producer_epoch: int, base_sequence: int,
-           partition_leader_epoch: int, control: bool, log_append_time: bool) -> bytes:
+           partition_leader_epoch: int, control: bool, log_append_time: bool,
+           transactional: bool = False) -> bytes:
     payload = msgpack.packb(entries, use_bin_type=True)
     attributes = 0
     if compression == "lz4":
@@ -366,6 +367,8 @@ def _build(entries: list, base_offset: int, last_offset_delta: int, first_ts: in
         attributes |= CONTROL_BIT
     if log_append_time:
         attributes |= TIMESTAMP_TYPE_BIT
+    if transactional:
+        attributes |= TRANSACTIONAL_BIT
     out = bytearray(HEADER_SIZE + len(payload))
     HEADER.pack_into(out, 0, base_offset, len(out) - LOG_OVERHEAD, partition_leader_epoch, MAGIC, 0,
                      attributes, last_offset_delta, first_ts, max_ts, producer_id, producer_epoch,
@@ -412,7 +415,7 @@ def _general_entries(records: Sequence, default_ts: int) -> tuple[list, int, int
 def encode_records(records: Sequence[Record], compression: str | None = "lz4", *,
                    producer_id: int = -1, producer_epoch: int = -1, base_sequence: int = -1,
                    partition_leader_epoch: int = -1, control: bool = False,
-                   log_append_time: bool = False) -> bytes:
+                   log_append_time: bool = False, transactional: bool = False) -> bytes:
     """Encode ``Record`` values keeping their offsets (gaps allowed; increasing order).
 
     The batch's base offset is the first record's offset; used by the compactor to rewrite a
@@ -428,7 +431,7 @@ def encode_records(records: Sequence[Record], compression: str | None = "lz4", *
     return _build(entries, base, records[-1].offset - base, first_ts, max_ts, compression,
                   producer_id=producer_id, producer_epoch=producer_epoch,
                   base_sequence=base_sequence, partition_leader_epoch=partition_leader_epoch,
-                  control=control, log_append_time=log_append_time)
+                  control=control, log_append_time=log_append_time, transactional=transactional)
 
 
 def _payload(buf, h: BatchHeader, limit: int = inflate.DEFAULT_LIMIT):

@@ -229,6 +229,7 @@ lg.append(bytearray(open({str(path)!r}, "rb").read()))
 lg.append(bytearray(encode_batch([(b"k", b"new")])))
 lg.roll()
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+lg.high_watermark = lg.log_end_offset
 try:
     cleaner.clean(lg, force=True)
     print("cleaned")

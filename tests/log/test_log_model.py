@@ -133,6 +133,7 @@ class LogMachine(RuleBasedStateMachine):
         for b in closed:
             for r in b.records:
                 latest[r[1]] = r[0]
+        self.lg.high_watermark = self.lg.log_end_offset  # all replicated: the cleaner stops at the LSO
         clean(self.lg, force=True)
         out = []
         for b in self.batches:
