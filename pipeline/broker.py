@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import time
-import zlib
 from typing import Iterator
 
 from odradek.log import records as fmt
@@ -275,5 +274,5 @@ class DataLossSkip(Exception):
 
 
 def check_crc(view, pos: int, h, name: str) -> None:
-    if zlib.crc32(view[pos + fmt.CRC_START:pos + h.size]) != h.crc:
+    if fmt.crc_of(view, pos, h.size) != h.crc:  # CRC-32C for a Kafka client's magic-2 batch
         raise OdradekError(f"{name}: CRC mismatch in the batch at offset {h.base_offset}", ErrorCode.CORRUPT_MESSAGE)

@@ -3,7 +3,7 @@
 Runs in an executor's Python worker, called by the reader's ``read()`` once per fetch answer.
 Pure apart from pyarrow; no state. One Arrow batch per fetch answer (a few thousand to tens of
 thousands of rows): per-record work is C iterators (``map`` with ``itemgetter``) over the tuples
-``msgpack.unpackb`` returns; offsets, timestamps and timestampType go into ``array.array``
+``msgpack.unpackb`` returns (a Kafka client's magic-2 batch is decoded into the same tuples); offsets, timestamps and timestampType go into ``array.array``
 buffers that Arrow wraps without copying item by item, and the constant topic and partition
 columns are zero-copy slices of cached arrays.
 
@@ -21,7 +21,7 @@ import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from odradek.log import inflate
+from odradek.log import inflate, kafka_batch
 from odradek.log import records as fmt
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.pipeline.broker import check_crc
@@ -112,9 +112,19 @@ def to_arrow(view, batches: list, topic: str, partition: int, lo: int, hi: int, 
 _delta, _ts_delta, _key, _value, _headers = (itemgetter(i) for i in range(5))
 
 
+def _row(base: int, first_ts: int):
+    """A ``kafka_batch.decode`` record type building native rows relative to the batch."""
+    def row(offset, ts, key, value, headers):
+        return offset - base, ts - first_ts, key, value, tuple(map(tuple, headers))
+    return row
+
+
 def _rows(view, pos: int, h, name: str) -> tuple:
-    """The batch's records as msgpack decodes them: ``(offset delta, ts delta, key, value, headers)``."""
+    """The batch's records as msgpack decodes them: ``(offset delta, ts delta, key, value, headers)``.
+    A Kafka client's magic-2 batch is decoded by ``log/kafka_batch.py`` into the same rows."""
     try:
+        if h.magic == kafka_batch.MAGIC:
+            return tuple(kafka_batch.decode(view[pos:pos + h.size], h, _row(h.base_offset, h.first_timestamp)))
         data = view[pos + fmt.HEADER_SIZE:pos + h.size]
         if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (log/inflate.py)
             data = inflate.inflate(inflate.LZ4_BLOCK, data)
