@@ -235,3 +235,45 @@ def test_bad_requests_get_confluents_error_codes(shared_broker, proxy, cluster):
             assert r.json()["message"], what
     with Admin(shared_broker.bootstrap) as admin:
         assert f"{topic}-missing" not in admin.list_topics()  # the proxy never creates a topic
+
+
+def test_idle_consumer_instances_end_and_their_number_is_capped(shared_broker, monkeypatch):
+    from odradek.observe import proxy_clients
+    from odradek.observe.proxy_http import ProxyError
+    now = [0.0]
+    instances = proxy_clients.Instances(clock=lambda: now[0])
+    everyone = proxy_clients.Principal("", shared_broker.bootstrap, {}, b"", 0.0)
+    monkeypatch.setattr(proxy_clients, "INSTANCES_MAX", 2)
+    try:
+        instances.create(everyone, "g-idle", {"name": "a"})
+        instances.create(everyone, "g-idle", {"name": "b"})
+        with pytest.raises(ProxyError) as full:
+            instances.create(everyone, "g-idle", {"name": "c"})
+        assert (full.value.status, full.value.code) == (429, 42901)
+        now[0] = proxy_clients.INSTANCE_IDLE - 1
+        instances.get(everyone, "g-idle", "b")  # used: b stays
+        now[0] = proxy_clients.INSTANCE_IDLE + 1
+        instances.expire()
+        with pytest.raises(ProxyError) as gone:
+            instances.get(everyone, "g-idle", "a")
+        assert (gone.value.status, gone.value.code) == (404, 40403)
+        assert len(instances) == 1
+        instances.create(everyone, "g-idle", {"name": "c"})  # a's place is free again
+    finally:
+        instances.close()
+
+
+def test_a_slow_client_does_not_hold_up_the_others(proxy):
+    import socket
+    from urllib.parse import urlsplit
+    where = urlsplit(proxy)
+    slow = [socket.create_connection((where.hostname, where.port), timeout=10) for _ in range(20)]
+    try:
+        for s in slow:  # more half-sent requests than the proxy has worker threads
+            s.sendall(b"POST /v3/clusters/odradek/topics/x/records HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        began = time.monotonic()
+        assert requests.get(f"{proxy}/v3/clusters", timeout=10).status_code == 200
+        assert time.monotonic() - began < 5
+    finally:
+        for s in slow:
+            s.close()
