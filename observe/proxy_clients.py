@@ -12,7 +12,8 @@ the user's ACLs to what the proxy does for it, exactly as for any client of that
 user's clients are kept at most ``PRINCIPALS_MAX`` at once (the least recently used closed
 first) and ``PRINCIPAL_IDLE`` seconds unused; a kept user's password is checked again after
 ``RECHECK`` seconds (a deleted user or a changed password is refused within that time). The
-password is kept only as a keyed hash to recognise it, and never logged.
+password is recognised by a keyed hash; in clear it is held only in memory by the user's
+clients (they need it to connect again), never logged nor written.
 
 Consumers. A v2 consumer instance is a bundled ``Consumer`` in its group, owned by the
 principal that created it (another principal is answered 40403, as for an unknown one); at
@@ -132,7 +133,10 @@ class Principals:
                 return p
         fresh = Principal(user, *self._connection(user, password), digest, now)
         with self._lock:
-            old = self._kept.pop(user, None)
+            old = self._kept.get(user)
+            if old is not None and hmac.compare_digest(old.digest, digest):
+                return old  # another request of the user made it meanwhile (``fresh`` has no client yet)
+            self._kept.pop(user, None)
             self._kept[user] = fresh
             dropped = [old] if old is not None else []
             while len(self._kept) > PRINCIPALS_MAX:

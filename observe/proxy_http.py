@@ -62,9 +62,7 @@ class ProxyError(Exception):
 def broker_error(exc: OdradekError, topic: str | None = None) -> ProxyError:
     """The proxy's answer to a broker error."""
     code = exc.code
-    if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:
-        if "partition" in exc.message.lower() and "does not exist" in exc.message.lower():
-            return ProxyError(404, 40402, exc.message)
+    if code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION:  # a partition is checked before (40402)
         return ProxyError(404, 40401, f"Topic {topic!r} not found: {exc.message}" if topic else exc.message)
     if code in REFUSED:
         return ProxyError(403, 40301, f"Not authorized: {exc.message}")
