@@ -31,10 +31,10 @@ import urllib.request
 from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
+from odradek.network.basic_auth import BasicAuth
 from odradek.network.protocol import http_address
 from odradek.observe.proxy_clients import Instances, Principals
 from odradek.observe.proxy_http import MAX_BODY, ProxyError, make_app
-from odradek.observe.signin import SignIn
 
 log = logging.getLogger("odradek.proxy")
 
@@ -63,7 +63,7 @@ class HttpProxyActor(Actor):
         if address is None:
             log.info("http.proxy.listener is empty: no HTTP proxy")
             return
-        self.principals = Principals(self.config, SignIn(self.config, self.args["data_dir"], address[0]),
+        self.principals = Principals(self.config, BasicAuth(self.config, self.args["data_dir"]),
                                      self._supervisor_info)
         self.instances = Instances()
         app = make_app(self.principals, self.instances, self.config.get("cluster.id", "odradek"), self._schema)

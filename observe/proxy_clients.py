@@ -5,15 +5,16 @@ map is behind a lock, every client object is used by one thread at a time.
 Who. Without SASL listeners the proxy is open like the console on loopback: every request
 is served by one shared set of clients over the broker's PLAINTEXT (else SSL) listener. With
 SASL listeners each request needs HTTP Basic credentials, checked against the user's stored
-SCRAM credential (``observe.signin.SignIn.check``: SaltedPassword derived from the password,
-its StoredKey compared in constant time; RFC 5802), and is served by clients that connect as
+SCRAM credential by ``network.basic_auth`` (the schema registry's check: RFC 5802's StoredKey
+compared in constant time, successes remembered while the stored credential is unchanged, a
+failure delayed and logged without the password), and is served by clients that connect as
 that user over the broker's SASL_PLAINTEXT (else SASL_SSL) listener, so the broker applies
 the user's ACLs to what the proxy does for it, exactly as for any client of that user. A
 user's clients are kept at most ``PRINCIPALS_MAX`` at once (the least recently used closed
-first) and ``PRINCIPAL_IDLE`` seconds unused; a kept user's password is checked again after
-``RECHECK`` seconds (a deleted user or a changed password is refused within that time). The
-password is recognised by a keyed hash; in clear it is held only in memory by the user's
-clients (they need it to connect again), never logged nor written.
+first) and ``PRINCIPAL_IDLE`` seconds unused; other credentials of a kept user (a new
+password) get new clients. The password is recognised by a keyed hash; in clear it is held
+only in memory by the user's clients (they need it to connect again), never logged nor
+written.
 
 Consumers. A v2 consumer instance is a bundled ``Consumer`` in its group, owned by the
 principal that created it (another principal is answered 40403, as for an unknown one); at
@@ -22,8 +23,6 @@ is closed (leaving its group), as Confluent's ``consumer.instance.timeout.ms``.
 """
 from __future__ import annotations
 
-import base64
-import binascii
 import collections
 import hashlib
 import hmac
@@ -33,6 +32,7 @@ import threading
 import time
 from typing import Any, Callable
 
+from odradek.network import basic_auth, listeners
 from odradek.observe.console import _broker_tls, _listener_address
 from odradek.observe.proxy_http import ProxyError
 from odradek.types import TopicPartition
@@ -41,7 +41,6 @@ log = logging.getLogger("odradek.proxy")
 
 PRINCIPALS_MAX = 32  # users whose clients are kept at once
 PRINCIPAL_IDLE = 300.0  # seconds: a user's clients unused this long are closed
-RECHECK = 60.0  # seconds: a kept user's password is checked against the store again after this
 INSTANCES_MAX = 100  # v2 consumer instances at once, every principal together
 INSTANCE_IDLE = 300.0  # seconds: Confluent's consumer.instance.timeout.ms default
 CLIENT_TIMEOUT_MS = 30000
@@ -53,7 +52,7 @@ class Principal:
 
     def __init__(self, user: str, address: str, security: dict, digest: bytes, now: float):
         self.user, self.address, self.security, self.digest = user, address, security, digest
-        self.checked = self.used = now
+        self.used = now
         self._lock = threading.Lock()
         self._producer = self._admin = None
 
@@ -94,13 +93,13 @@ class Principal:
 class Principals:
     """Authenticates requests and hands out each principal's clients (module docstring)."""
 
-    def __init__(self, config: dict, sign_in, status: Callable[[], dict], clock=time.monotonic):
+    def __init__(self, config: dict, auth, status: Callable[[], dict], clock=time.monotonic):
         self.config = config
-        self.sign_in = sign_in  # observe.signin.SignIn: the SCRAM password check, the failure delay
+        self.auth = auth  # network.basic_auth.BasicAuth
         self.status = status  # the supervisor's info (the bound listeners), asked on the actor's loop
         self.clock = clock
-        self.sasl = any(_is_sasl(p) for p in _protocols(config))
-        self._key = secrets.token_bytes(32)  # recognises a password already checked, without keeping it
+        self.sasl = any(l.sasl for l in listeners.of_config(config))
+        self._key = secrets.token_bytes(32)  # tells a user's passwords apart without keeping them
         self._lock = threading.Lock()
         self._kept: collections.OrderedDict[str, Principal] = collections.OrderedDict()
 
@@ -108,30 +107,25 @@ class Principals:
         """The principal of a request; ProxyError 401 40101 without valid credentials."""
         if not self.sasl:
             return self._get(ANONYMOUS, None, b"")
-        user, password = _basic(environ.get("HTTP_AUTHORIZATION") or "")
+        header = environ.get("HTTP_AUTHORIZATION")
+        given = basic_auth.parse(header)
+        if given is None or self.auth.principal(header, environ.get("REMOTE_ADDR") or "?", "http proxy") is None:
+            raise ProxyError(401, 40101, "Unauthorized: this proxy needs the HTTP Basic credentials of a SCRAM user "
+                                         "of the broker (curl -u user:password)" if given is None else
+                                         "Unauthorized: wrong user name or password")
+        user, password = given
         digest = hmac.new(self._key, f"{user}\0{password}".encode("utf-8", "surrogatepass"), hashlib.sha256).digest()
-        return self._get(user, password, digest, environ.get("REMOTE_ADDR") or "?")
+        return self._get(user, password, digest)
 
-    def _get(self, user: str, password: str | None, digest: bytes, peer: str = "") -> Principal:
-        now = self.clock()
-        with self._lock:
-            p = self._kept.get(user)
-            if p is not None and hmac.compare_digest(p.digest, digest) and now - p.checked < RECHECK:
-                p.used = now
-                self._kept.move_to_end(user)
-                return p
-        if password is not None and not self.sign_in.check(user, password):
-            log.warning("audit: http proxy: authentication of %r from %s failed (wrong user name or password)",
-                        user[:256], peer)
-            time.sleep(self.sign_in.delay)
-            raise ProxyError(401, 40101, "Unauthorized: wrong user name or password (HTTP Basic, a SCRAM user)")
+    def _get(self, user: str, password: str | None, digest: bytes) -> Principal:
+        """The kept clients of ``user`` with these credentials, else new ones."""
         with self._lock:
             p = self._kept.get(user)
             if p is not None and hmac.compare_digest(p.digest, digest):
-                p.checked = p.used = now
+                p.used = self.clock()
                 self._kept.move_to_end(user)
                 return p
-        fresh = Principal(user, *self._connection(user, password), digest, now)
+        fresh = Principal(user, *self._connection(user, password), digest, self.clock())
         with self._lock:
             old = self._kept.get(user)
             if old is not None and hmac.compare_digest(old.digest, digest):
@@ -185,29 +179,6 @@ class Principals:
 
     def __len__(self) -> int:
         return len(self._kept)
-
-
-def _protocols(config: dict) -> list[str]:
-    from odradek.network import listeners
-    return [l.protocol for l in listeners.of_config(config)]
-
-
-def _is_sasl(protocol: str) -> bool:
-    return protocol in ("SASL_PLAINTEXT", "SASL_SSL")
-
-
-def _basic(header: str) -> tuple[str, str]:
-    scheme, _, token = header.strip().partition(" ")
-    if scheme.lower() != "basic" or not token.strip():
-        raise ProxyError(401, 40101, "Unauthorized: this proxy needs HTTP Basic credentials (a SCRAM user of the "
-                                     "broker: curl -u user:password)")
-    try:
-        user, sep, password = base64.b64decode(token.strip(), validate=True).decode("utf-8").partition(":")
-    except (binascii.Error, ValueError):
-        raise ProxyError(401, 40101, "Unauthorized: the Basic credentials are not base64 of user:password") from None
-    if not sep or not user:
-        raise ProxyError(401, 40101, "Unauthorized: the Basic credentials are not user:password")
-    return user, password
 
 
 # ---- v2 consumer instances ------------------------------------------------------------------

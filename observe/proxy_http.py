@@ -32,6 +32,7 @@ import logging
 import struct
 from typing import Any
 
+from odradek.network.basic_auth import challenge
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
 
@@ -290,7 +291,7 @@ def make_app(principals, instances, cluster_id: str, schema):
         except ProxyError as exc:
             status, answer = exc.status, {"error_code": exc.code, "message": exc.message}
             if exc.status == 401:
-                extra = (("WWW-Authenticate", 'Basic realm="odradek"'),)
+                extra = (challenge("odradek http proxy"),)
         except Exception:  # a bug here, not the client's fault: say so, keep serving
             log.exception("http proxy: %s %s failed", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
             status, answer = 500, {"error_code": 50001, "message": "internal error of the proxy (logged)"}

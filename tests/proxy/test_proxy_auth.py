@@ -4,68 +4,27 @@ against the SCRAM credentials, and each user's ACLs applied to what the proxy do
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import time
-import uuid
 
 import pytest
 import requests
 
-from odradek import Admin
-from odradek.local import LocalBroker
-from odradek.network import secstore
-from tests.security.fixtures import listeners_of, warm_kafka
+from tests.security.test_acls import USERS, acl_broker, topics  # noqa: F401 (its broker, users and ACLs)
 
-USERS = {"alice": "alice-pw", "bob": "bob-pw", "admin": "admin-pw"}
 V2 = "application/vnd.kafka.v2+json"
 
 
 @pytest.fixture(scope="module")
-def secured(tmp_path_factory):
-    data = os.path.abspath(str(tmp_path_factory.mktemp("proxy-acl-broker")))
-    users = secstore.Users(data)
-    for name, password in USERS.items():
-        users.add(name, password, iterations=4096)
-    broker = LocalBroker(data, {"listeners": "PLAINTEXT://127.0.0.1:0,SASL_PLAINTEXT://127.0.0.1:0",
-                                "authorizer": True, "super.users": "User:admin",
-                                "failed.authentication.delay.ms": 100, "shutdown.timeout.ms": 10000},
-                         start_timeout=240).start()
-    try:
-        broker.listeners = listeners_of(broker)
-        warm_kafka(*broker.listeners["PLAINTEXT"][:2])
-        yield broker
-    finally:
-        broker.discard()
-
-
-def as_user(user: str) -> dict:
-    return {"security_protocol": "SASL_PLAINTEXT", "sasl_mechanism": "SCRAM-SHA-512", "sasl_plain_username": user,
-            "sasl_plain_password": USERS[user]}
-
-
-def sasl_addr(broker) -> str:
-    host, port, _ = broker.listeners["SASL_PLAINTEXT"]
-    return f"{host}:{port}"
+def secured(acl_broker):
+    """tests/security/test_acls.py's broker (PLAINTEXT and SASL_PLAINTEXT, authorizer on)."""
+    return acl_broker
 
 
 @pytest.fixture(scope="module")
-def topic(secured) -> str:
-    """``a-<random>``: alice may Write and Read it (and Read the group alice-g), bob only Read."""
-    name = f"a-{uuid.uuid4().hex[:6]}"
-    with Admin(sasl_addr(secured), **as_user("admin")) as admin:
-        admin.create_topic(name)
-    for args in (["--allow-principal", "User:alice", "--operation", "Write", "--operation", "Read", "--topic", name],
-                 ["--allow-principal", "User:bob", "--operation", "Read", "--topic", name],
-                 ["--allow-principal", "User:alice", "--operation", "Read", "--group", "alice-g"]):
-        cmd = [sys.executable, "-m", "odradek", "acls", "--bootstrap-server", sasl_addr(secured),
-               "--security-protocol", "SASL_PLAINTEXT", "--sasl-mechanism", "SCRAM-SHA-512", "--user", "admin",
-               "--password", USERS["admin"], "--add", *args]
-        out = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
-        assert out.returncode == 0, out.stderr
-    time.sleep(0.5)  # handlers re-read the ACL file at most every 0.2 s
-    return name
+def topic(topics) -> str:
+    """That module's ACLs: alice may Write and Read ``a-*`` (and Read the group alice-group),
+    bob only Read ``a-*``."""
+    return topics["a"]
 
 
 def produce(broker, topic: str, auth, value) -> requests.Response:
@@ -106,10 +65,10 @@ def v2(broker, method: str, path: str, auth, body=None, fmt: str = "json") -> re
 def test_consumer_instances_belong_to_their_user_and_its_group_acls(secured, topic):
     alice, bob = ("alice", USERS["alice"]), ("bob", USERS["bob"])
     assert produce(secured, topic, alice, {"n": 1}).status_code == 200
-    created = v2(secured, "POST", "/consumers/alice-g", alice, {"name": "a1", "format": "json",
+    created = v2(secured, "POST", "/consumers/alice-group", alice, {"name": "a1", "format": "json",
                                                                  "auto.offset.reset": "earliest"})
     assert created.status_code == 200, created.text
-    base = "/consumers/alice-g/instances/a1"
+    base = "/consumers/alice-group/instances/a1"
     assert v2(secured, "POST", f"{base}/subscription", alice, {"topics": [topic]}).status_code == 204
     foreign = v2(secured, "GET", f"{base}/records", bob)
     assert (foreign.status_code, foreign.json()["error_code"]) == (404, 40403)
