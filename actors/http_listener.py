@@ -9,6 +9,7 @@ with ``Actor.post`` when it needs the actor.
 """
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any, Callable
 
@@ -36,3 +37,21 @@ def stop(server) -> None:
     if server is not None:
         server.task_dispatcher.shutdown(timeout=2)
         server.close()
+
+
+def read_json(environ: dict, max_body: int, refuse: Callable[[int, str], Exception]) -> Any:
+    """A WSGI request's JSON body, None when empty. ``refuse(status, why)`` is raised with 400
+    for a Content-Length that is not a number or a body that is not JSON, 413 past ``max_body``."""
+    try:
+        length = int(environ.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        raise refuse(400, "Content-Length is not a number") from None
+    if length > max_body:
+        raise refuse(413, f"the request body is {length} bytes; at most {max_body} are read")
+    raw = environ["wsgi.input"].read(length) if length > 0 else b""
+    if not raw.strip():
+        return None
+    try:
+        return json.loads(raw)
+    except ValueError as exc:
+        raise refuse(400, f"the request body is not JSON: {exc}") from None

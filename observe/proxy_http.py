@@ -32,6 +32,7 @@ import logging
 import struct
 from typing import Any
 
+from odradek.actors import http_listener
 from odradek.network.basic_auth import challenge
 from odradek.network.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
@@ -74,21 +75,12 @@ def broker_error(exc: OdradekError, topic: str | None = None) -> ProxyError:
 
 # ---- request bodies ----------------------------------------------------------------------------
 def read_body(environ: dict) -> Any:
-    """The request's JSON body (None when empty); 413 past MAX_BODY, 400 40001 if not JSON."""
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise ProxyError(400, 40001, "Content-Length is not a number") from None
-    if length > MAX_BODY:
-        raise ProxyError(413, 41301, f"the request body is {length} bytes; at most {MAX_BODY} are read")
-    raw = environ["wsgi.input"].read(length) if length > 0 else b""
-    if not raw.strip():
-        return None
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise ProxyError(400, 40001, f"the request body is not one JSON object (streamed produce requests are "
-                                     f"not supported: one record per request): {exc}") from None
+    """The request's JSON body (None when empty); 413 41301 past MAX_BODY, 400 40001 if not JSON."""
+    def refuse(status: int, why: str) -> ProxyError:
+        if status == 413:
+            return ProxyError(413, 41301, why)
+        return ProxyError(400, 40001, f"{why} (one JSON object a request: streamed produce is not supported)")
+    return http_listener.read_json(environ, MAX_BODY, refuse)
 
 
 def _b64(text: Any, what: str) -> bytes:
