@@ -44,6 +44,7 @@ PRINCIPAL_IDLE = 300.0  # seconds: a user's clients unused this long are closed
 INSTANCES_MAX = 100  # v2 consumer instances at once, every principal together
 INSTANCE_IDLE = 300.0  # seconds: Confluent's consumer.instance.timeout.ms default
 CLIENT_TIMEOUT_MS = 30000
+FETCH_MAX_BYTES = 8 << 20  # an instance's fetch answers (the bundled consumer's default, 50 MiB, times 100 instances)
 ANONYMOUS = ""
 
 
@@ -77,7 +78,7 @@ class Principal:
         from odradek.consumer import Consumer
         return Consumer(self.address, client_id=f"odradek-http-proxy-{name}"[:200], group_id=group,
                         auto_offset_reset=auto_offset_reset, enable_auto_commit=auto_commit,
-                        request_timeout_ms=CLIENT_TIMEOUT_MS, **self.security)
+                        fetch_max_bytes=FETCH_MAX_BYTES, request_timeout_ms=CLIENT_TIMEOUT_MS, **self.security)
 
     def close(self) -> None:
         with self._lock:

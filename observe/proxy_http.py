@@ -31,6 +31,7 @@ import json
 import logging
 import struct
 from typing import Any
+from urllib.parse import parse_qs
 
 from odradek.actors import http_listener
 from odradek.network.basic_auth import challenge
@@ -441,7 +442,6 @@ def _int_query(query: dict, name: str, default: int, most: int) -> int:
 
 
 def _records(instance, environ: dict) -> list:
-    from urllib.parse import parse_qs
     asked = accepted_format(environ.get("HTTP_ACCEPT") or "")
     if asked is not None and asked != instance.format:
         raise ProxyError(406, 40601, f"consumer instance {instance.name!r} reads {instance.format}; ask with "
