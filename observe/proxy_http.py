@@ -223,19 +223,24 @@ def v2_record(record, fmt: str) -> dict:
         key = None if record.key is None else base64.b64encode(record.key).decode()
         value = None if record.value is None else base64.b64encode(record.value).decode()
     else:
-        try:
-            key = None if record.key is None else json.loads(record.key)
-            value = None if record.value is None else json.loads(record.value)
-        except ValueError:
-            raise ProxyError(500, 50002, f"the record at offset {record.offset} of {record.topic}-"
-                                         f"{record.partition} is not JSON: read it with a binary consumer "
-                                         f"instance") from None
+        key, value = _json_of(record.key), _json_of(record.value)
     return {"topic": record.topic, "key": key, "value": value, "partition": record.partition,
             "offset": record.offset}
 
 
+def _json_of(data: bytes | None) -> Any:
+    """A key or value for a json instance: its JSON, else (not JSON) its text as a string
+    (invalid UTF-8 replaced), so one such record never jams the instance; binary reads bytes."""
+    if data is None:
+        return None
+    try:
+        return json.loads(data)
+    except ValueError:
+        return data.decode("utf-8", errors="replace")
+
+
 def respond(start_response, status: int, answer: Any, content_type: str, extra: tuple = ()) -> list:
-    data = b"" if status == 204 else json.dumps(answer).encode()
+    data = b"" if answer is None else json.dumps(answer).encode()
     headers = [("Content-Type", content_type), ("Content-Length", str(len(data))), *extra]
     start_response(STATUS.get(status, f"{status} Error"), headers)
     return [data]
