@@ -54,6 +54,7 @@ PROCESSOR = "processor"
 ACCEPTOR = "acceptor"
 METRICS = "metrics"
 SCHEMA_REGISTRY = "schema_registry"
+HTTP_PROXY = "http_proxy"
 
 
 def pool_member(role: str, index: int) -> str:

@@ -29,10 +29,8 @@ from __future__ import annotations
 import collections
 import concurrent.futures
 import logging
-import threading
 
-import waitress
-
+from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, LogBounds, PartitionBounds, ProducePart, log_host
 from odradek.actors.runtime import Actor
@@ -46,9 +44,7 @@ log = logging.getLogger("odradek.schemas")
 
 ANSWER_TIMEOUT = 30.0  # seconds an HTTP request waits for the loop (a write: the topic's creation and an fsync)
 WRITE_TIMEOUT_MS = 10_000  # an acks=-1 append of registry records waits this long for the ISR
-HTTP_SETTINGS = dict(threads=4, connection_limit=100, channel_timeout=30, max_request_header_size=64 * 1024,
-                     max_request_body_size=MAX_BODY, asyncore_use_poll=True, ident="odradek-schema-registry",
-                     expose_tracebacks=False)
+HTTP_SETTINGS = http_listener.http_settings("odradek-schema-registry", MAX_BODY)
 
 
 class SchemaRegistryActor(Actor):
@@ -78,15 +74,12 @@ class SchemaRegistryActor(Actor):
                       SCHEMAS_TOPIC, getattr(exc, "message", exc))
             return
         try:
-            server = waitress.create_server(make_app(self.submit), host=address[0], port=address[1], **HTTP_SETTINGS)
+            self.server, self.host, self.port = http_listener.serve(make_app(self.submit), address, HTTP_SETTINGS,
+                                                                    "schema-registry-http")
         except OSError as exc:  # the broker serves Kafka clients all the same; say why there is no registry
             log.error("schema.registry.listener %s:%d cannot be bound (%s): no schema registry; set it to a free "
                       "address, or empty to turn it off", *address, exc.strerror or exc)
             return
-        self.server = server
-        port = getattr(server, "effective_port", None)
-        self.host, self.port = address[0], int(port if port is not None else server.effective_listen[0][1])
-        threading.Thread(target=server.run, name="schema-registry-http", daemon=True).start()
         log.info("schema registry on http://%s:%d/ (%d subjects)", self.host, self.port,
                  len(self.registry.subjects))
 
@@ -123,9 +116,7 @@ class SchemaRegistryActor(Actor):
         return log_host(SCHEMAS_TOPIC, 0, self.log_hosts)
 
     def on_stop(self) -> None:
-        if self.server is not None:
-            self.server.task_dispatcher.shutdown(timeout=2)
-            self.server.close()
+        http_listener.stop(self.server)
         while self._writes:
             _op, done = self._writes.popleft()
             done(RegistryError(500, 50001, "the schema registry is stopping"))

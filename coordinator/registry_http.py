@@ -17,6 +17,7 @@ import logging
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
+from odradek.actors import http_listener
 from odradek.coordinator.schema_registry import RegistryError, SchemaRegistry
 
 log = logging.getLogger("odradek.schemas")
@@ -129,16 +130,5 @@ def _serve(environ: dict, submit) -> Any:
 
 
 def _body(environ: dict) -> Any:
-    try:
-        length = int(environ.get("CONTENT_LENGTH") or 0)
-    except ValueError:
-        raise RegistryError(400, 400, "Content-Length is not a number") from None
-    if length > MAX_BODY:
-        raise RegistryError(413, 413, f"the request body is {length} bytes; at most {MAX_BODY} are read")
-    raw = environ["wsgi.input"].read(length) if length else b""
-    if not raw:
-        return {}
-    try:
-        return json.loads(raw)
-    except ValueError as exc:
-        raise RegistryError(400, 400, f"the request body is not JSON: {exc}") from None
+    body = http_listener.read_json(environ, MAX_BODY, lambda status, why: RegistryError(status, status, why))
+    return {} if body is None else body

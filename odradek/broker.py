@@ -10,7 +10,7 @@ which it creates on first use), the transaction coordinator (hands out producer 
 a client can connect only once everything behind the listener is ready, and on shutdown the
 listener closes first while the actors behind it still answer in-flight requests. The schema
 registry (``coordinator.registry_actor``: replays ``_schemas``, then serves HTTP) follows the
-acceptor. The
+acceptor, then the HTTP proxy (``observe.proxy_actor``: a client of the broker's listeners). The
 metrics actor (``observe.metrics_actor``: Prometheus metrics, health, the web console) comes
 after the acceptor: it asks every other actor at scrape time, so they all exist first.
 """
@@ -20,8 +20,8 @@ import logging
 import resource
 import sys
 
-from odradek.actors.names import (ACCEPTOR, CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, LOG, METRICS, PROCESSOR,
-                                   REPLICA_FETCHER, SCHEMA_REGISTRY, TXN_COORDINATOR)
+from odradek.actors.names import (ACCEPTOR, CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, HTTP_PROXY, LOG, METRICS,
+                                   PROCESSOR, REPLICA_FETCHER, SCHEMA_REGISTRY, TXN_COORDINATOR)
 from odradek.actors.supervisor import ChildSpec, RestartPolicy, Supervisor, run_supervisor
 from odradek import config as cfg
 
@@ -59,6 +59,8 @@ def actor_specs(config: dict) -> list[ChildSpec]:
         ChildSpec(ACCEPTOR, "odradek.network.acceptor:Acceptor", count=1, args=dict(args)),
         # Confluent's Schema Registry API on its own listener; state in _schemas through the log actors
         ChildSpec(SCHEMA_REGISTRY, "odradek.coordinator.registry_actor:SchemaRegistryActor", count=1, args=args),
+        # Confluent REST Proxy's produce and consumers, as a client of this broker (observe.proxy_actor)
+        ChildSpec(HTTP_PROXY, "odradek.observe.proxy_actor:HttpProxyActor", count=1, args=args),
         # Last: everything it asks exists; first to stop, so no scrape sees a half-stopped tree.
         ChildSpec(METRICS, "odradek.observe.metrics_actor:MetricsActor", count=1, args=args),
     ]
@@ -92,6 +94,10 @@ def build(config: dict, out=sys.stdout) -> Supervisor:
         if registry.get("registry_port"):
             sup.info["schema_registry"] = f"http://{registry['registry_host']}:{registry['registry_port']}"
             print(f"odradek schema registry on {sup.info['schema_registry']}", file=out, flush=True)
+        proxy = sup.children[HTTP_PROXY].ready_info
+        if proxy.get("proxy_port"):
+            sup.info["http_proxy"] = f"http://{proxy['proxy_host']}:{proxy['proxy_port']}"
+            print(f"odradek http proxy on {sup.info['http_proxy']}", file=out, flush=True)
         admin = sup.children[METRICS].ready_info
         if admin.get("admin_port"):
             sup.info["console"] = f"http://{admin['admin_host']}:{admin['admin_port']}/"

@@ -157,6 +157,11 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in [
             "HTTP address of the schema registry (Confluent's Schema Registry REST API, docs/SCHEMAS.md). "
             "`host:port`, or `host:+N` for the Kafka listener's port plus N (an ephemeral port when that is 0 "
             "or the sum is over 65535); empty turns it off. Not served in cluster mode yet.", _admin_listener),
+    Setting("http.proxy.listener", str, "127.0.0.1:+3000",
+            "HTTP address of the HTTP proxy (Confluent REST Proxy's v3 produce and v2 consumers, docs/SCHEMAS.md). "
+            "`host:port`, or `host:+N` for the Kafka listener's port plus N (an ephemeral port when that is 0 "
+            "or the sum is over 65535); empty turns it off. With SASL listeners it asks for HTTP Basic "
+            "credentials (a SCRAM user) and acts as that user.", _admin_listener),
     Setting("metrics.partition.level", bool, False,
             "Export per-partition series on `/metrics` (log size, segments, offsets, leadership, replica "
             "health; a group's committed offset and lag per partition). Off: the same numbers summed per "

@@ -28,6 +28,7 @@ import psutil
 READY = re.compile(r"odradek ready on (\S+):(\d+) \(broker (\d+)\)")
 CONSOLE = re.compile(r"odradek console on (\S+) ")
 SCHEMA_REGISTRY = re.compile(r"odradek schema registry on (http://\S+)")
+HTTP_PROXY = re.compile(r"odradek http proxy on (http://\S+)")
 
 
 def _private_opener(path: str, flags: int) -> int:
@@ -127,6 +128,12 @@ class LocalBroker:
         """The schema registry's base URL, as the broker printed it before its ready line;
         None if ``schema.registry.listener`` is off."""
         return self._printed(SCHEMA_REGISTRY)
+
+    @property
+    def http_proxy_url(self) -> str | None:
+        """The HTTP proxy's base URL, as the broker printed it before its ready line; None if
+        ``http.proxy.listener`` is off."""
+        return self._printed(HTTP_PROXY)
 
     def _printed(self, pattern: re.Pattern) -> str | None:
         if self.detached:
