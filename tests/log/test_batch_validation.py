@@ -13,6 +13,7 @@ import lz4.frame
 import pytest
 
 from odradek.log import inflate, kafka_batch
+from odradek.log import records as records_module
 from odradek.log.errors import (CorruptRecordError, InvalidRecordError, RecordErrors, RecordTooLargeError)
 from odradek.log.records import (HEADER, HEADER_SIZE, OFFSET_CRC, BatchHeader, Record, decode_batch, encode_batch,
                                  validate_produced)
@@ -402,3 +403,24 @@ def test_the_c_checker_agrees_with_the_python_walk_on_random_and_mutated_batches
                 if not mutation:
                     assert native[0] in ("ok", "keyless")
     assert {"ok", "keyless", "InvalidRecordError"} <= verdicts
+
+
+def test_each_view_of_the_header_reads_the_fields_header_reads():
+    """The batch header's layout is spelled once (log/kafka_batch.py); the few-field views the
+    hot paths use agree with HEADER and the named offsets on a header of distinct values."""
+    values = (1001, 2002, 3003, 2, 4004, 0x15, 6006, 7007, 8008, 9009, 1010, 1111, 1212)
+    raw = kafka_batch.HEADER.pack(*values)
+    base, length, epoch, magic, crc, attributes, _last, _first, max_ts, pid, pepoch, seq, count = values
+    assert kafka_batch.PATCHED_HEAD.unpack_from(raw) == (base, length, epoch)
+    assert kafka_batch.PATCHED_HEAD.size == kafka_batch.PATCHED_PREFIX
+    assert kafka_batch.APPEND_VIEW.unpack_from(raw) == (base, length, magic, crc, attributes, _last, max_ts, pid,
+                                                        pepoch, seq, count)
+    assert kafka_batch.LENGTH_AND_MAGIC.unpack_from(raw) == (length, magic)
+    assert kafka_batch.PRODUCER_FIELDS.unpack_from(raw, kafka_batch.OFFSET_PRODUCER_ID) == (pid, pepoch, seq)
+    at = {kafka_batch.OFFSET_BASE: (">q", base), kafka_batch.OFFSET_LENGTH: (">i", length),
+          kafka_batch.OFFSET_LEADER_EPOCH: (">i", epoch), kafka_batch.OFFSET_MAGIC: (">b", magic),
+          kafka_batch.OFFSET_CRC: (">I", crc), kafka_batch.OFFSET_ATTRIBUTES: (">h", attributes),
+          kafka_batch.OFFSET_MAX_TIMESTAMP: (">q", max_ts), kafka_batch.OFFSET_PRODUCER_ID: (">q", pid),
+          kafka_batch.OFFSET_PRODUCER_EPOCH: (">h", pepoch)}
+    assert {o: struct.unpack_from(f, raw, o)[0] for o, (f, _) in at.items()} == {o: v for o, (_, v) in at.items()}
+    assert kafka_batch.HEADER is records_module.HEADER
