@@ -247,15 +247,20 @@ lg.close()
     assert int(grown_mib) < 64 + 96, f"the cleaner's peak grew by {grown_mib} MiB"
 
 
+def random_records(rng, n: int, value_sizes: tuple, key_max: int, header_max: int) -> list:
+    """``n`` records at offsets 0..n-1: random timestamps, null or random keys, values of one of
+    ``value_sizes`` bytes, zero to three headers with null or random values."""
+    return [Record(i, 1000 + rng.randrange(-5000, 5000), rng.choice([None, rng.randbytes(rng.randrange(0, key_max))]),
+                   rng.randbytes(rng.choice(value_sizes)),
+                   [[f"h{j}", rng.choice([None, rng.randbytes(rng.randrange(0, header_max))])]
+                    for j in range(rng.choice([0, 0, 1, 3]))]) for i in range(n)]
+
+
 def test_the_walk_agrees_with_the_decoder_on_random_batches_and_never_raises_anything_else():
     import random
     rng = random.Random(27)
     for trial in range(60):
-        n = rng.randrange(1, 40)
-        recs = [Record(i, 1000 + rng.randrange(-5000, 5000), rng.choice([None, rng.randbytes(rng.randrange(0, 300))]),
-                       rng.randbytes(rng.choice([0, 5, 70, 9000, 200_000])),
-                       [[f"h{j}", rng.choice([None, rng.randbytes(rng.randrange(0, 100))])]
-                        for j in range(rng.choice([0, 0, 1, 3]))]) for i in range(n)]
+        recs = random_records(rng, rng.randrange(1, 40), (0, 5, 70, 9000, 200_000), 300, 100)
         codec = rng.choice(list(CODEC))
         b = bytearray(kafka_batch.encode(recs, base_offset=0, first_timestamp=1000, max_timestamp=6000,
                                          compression=codec))
@@ -376,10 +381,7 @@ def test_the_c_checker_agrees_with_the_python_walk_on_random_and_mutated_batches
     verdicts = set()
     for trial in range(80):
         n = rng.randrange(1, 30)
-        recs = [Record(i, 1000 + rng.randrange(-5000, 5000), rng.choice([None, rng.randbytes(rng.randrange(0, 40))]),
-                       rng.randbytes(rng.choice([0, 5, 100, 300, 70_000])),
-                       [[f"h{j}", rng.choice([None, rng.randbytes(rng.randrange(0, 20))])]
-                        for j in range(rng.choice([0, 0, 1, 3]))]) for i in range(n)]
+        recs = random_records(rng, n, (0, 5, 100, 300, 70_000), 40, 20)
         raw = kafka_batch.encode(recs, base_offset=0, first_timestamp=1000, max_timestamp=6000)[HEADER_SIZE:]
         codec = rng.choice(CODECS_ALL)
         for mutation in range(8):
