@@ -1,5 +1,5 @@
 # Shared by bin/odradek and bin/test: make sure .venv exists and holds the project with the
-# requested extras. Re-installs only when pyproject.toml or the extras change.
+# requested extras. Re-installs only when pyproject.toml, setup.py, the C extension or the extras change.
 # Usage: source bin/_env.sh; ensure_env "extra1,extra2"   (empty string for none)
 ODRADEK_ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ODRADEK_ROOT/.venv"
@@ -7,7 +7,9 @@ VENV="$ODRADEK_ROOT/.venv"
 ensure_env() {
     local extras="$1"
     local want
-    want="$(cat "$ODRADEK_ROOT/pyproject.toml" | sha256sum | cut -c1-16)"
+    # setup.py and the C source it builds too: a changed extension is rebuilt, never left stale
+    want="$(cat "$ODRADEK_ROOT/pyproject.toml" "$ODRADEK_ROOT/setup.py" "$ODRADEK_ROOT/log/_recordscan.c" \
+        | sha256sum | cut -c1-16)"
     local stamp="$VENV/.odradek-installed"
     if [ ! -x "$VENV/bin/python" ]; then
         local py="${PYTHON:-}"

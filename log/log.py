@@ -43,22 +43,16 @@ from odradek.log.txn_index import AbortedTxn, TxnIndex
 from odradek.log.recovery import RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
-from odradek.log.records import (COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
-                                 HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, BatchHeader, Record,
-                                 check_header, patch_base_offset, set_log_append_time,
-                                 validate_batches)
+from odradek.log.records import (APPEND_VIEW, COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
+                                 HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, PATCHED_HEAD,
+                                 PATCHED_PREFIX, BatchHeader, Record, check_header, patch_base_offset,
+                                 set_log_append_time, validate_batches)
 from odradek.log.loader import CHECKPOINT, Checkpoint, LoadedLog, load_log
 from odradek.log.segment import (CLEAN_SHUTDOWN, CLEANED_SUFFIX, DELETED_SUFFIX, INDEX_SUFFIX, LOG_SUFFIX,
                                  SEGMENT_RE, SWAP_SUFFIX, TIMEINDEX_SUFFIX, TMP_SUFFIX)
 from odradek.log.segment_writer import LogSegment, create_segment
 
 MAX_RELATIVE_OFFSET = (1 << 31) - 1
-PATCHED_PREFIX = 16  # baseOffset, batchLength, partitionLeaderEpoch: what an append rewrites
-_PATCHED_HEAD = struct.Struct(">qii")  # those 16 bytes
-# What the one-batch guard (in Log.append) reads of a header in one unpack (records.HEADER without the
-# leader epoch and first timestamp): baseOffset, batchLength, magic, crc, attributes,
-# lastOffsetDelta, maxTimestamp, producerId, producerEpoch, baseSequence, recordCount.
-_APPEND_VIEW = struct.Struct(">qi4xbIhi8xqqhii")
 SCAN_CHUNK = 1 << 20  # bytes read at once when replaying batch headers into the producer state
 
 
@@ -239,7 +233,7 @@ class Log:
                     mv.readonly or not isinstance(batch, (bytearray, memoryview)))))
                     and HEADER_SIZE <= n <= cfg.max_message_bytes and n <= cfg.segment_bytes
                     and cfg.message_timestamp_type == "CreateTime"):
-                base0, blen, magic, crc, attributes, delta, _, pid, _, _, count = _APPEND_VIEW.unpack_from(mv)
+                base0, blen, magic, crc, attributes, delta, _, pid, _, _, count = APPEND_VIEW.unpack_from(mv)
                 h = None
                 if blen + LOG_OVERHEAD != n:
                     pass
@@ -262,7 +256,7 @@ class Log:
                         if dup is not None:
                             return self._duplicate(dup)
                     # the 16 bytes an append rewrites, packed anew; the rest from the caller's buffer
-                    parts = (_PATCHED_HEAD.pack(base, blen, leader_epoch), mv[PATCHED_PREFIX:])
+                    parts = (PATCHED_HEAD.pack(base, blen, leader_epoch), mv[PATCHED_PREFIX:])
                     return self._commit((h,), (base,), base + delta, count, parts, n, now, leader_epoch, True)
         return self._append_general(batch, leader_epoch, assign_offsets, crc_checked)
 

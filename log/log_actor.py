@@ -88,7 +88,8 @@ from odradek.log.config import LogConfig
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
-from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, TRANSACTIONAL_BIT, BatchHeader
+from odradek.log.records import (HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, OFFSET_LENGTH,
+                                 OFFSET_PRODUCER_EPOCH, OFFSET_PRODUCER_ID, TRANSACTIONAL_BIT, BatchHeader)
 from odradek.log.segment import LOG_SUFFIX
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 
@@ -101,11 +102,10 @@ DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
 TXN_HOLD = 2.0  # seconds a batch sent before its partition's AddPartitionsToTxn was stored waits for the word
 _ATTRIBUTES = struct.Struct(">h")  # at OFFSET_ATTRIBUTES
-_EPOCH = struct.Struct(">h")  # right after the producer id
+_EPOCH = struct.Struct(">h")  # at OFFSET_PRODUCER_EPOCH
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
-_BATCH_LENGTH = struct.Struct(">i")  # at byte 8 of a batch
-_PRODUCER_ID = struct.Struct(">q")  # at byte 43 of a batch
-OFFSET_PRODUCER_ID = 43
+_BATCH_LENGTH = struct.Struct(">i")  # at OFFSET_LENGTH
+_PRODUCER_ID = struct.Struct(">q")  # at OFFSET_PRODUCER_ID
 
 
 # The background opening after a start: partitions per slice, and the most work a slice
@@ -419,7 +419,7 @@ class LogActor(Actor):
             return None  # the usual append answers
         mv = memoryview(batch)
         pid = _PRODUCER_ID.unpack_from(mv, OFFSET_PRODUCER_ID)[0]
-        epoch = _EPOCH.unpack_from(mv, OFFSET_PRODUCER_ID + 8)[0]
+        epoch = _EPOCH.unpack_from(mv, OFFSET_PRODUCER_EPOCH)[0]
         if pid < 0 or not _ATTRIBUTES.unpack_from(mv, OFFSET_ATTRIBUTES)[0] & TRANSACTIONAL_BIT \
                 or p.txn_added.get(pid) == epoch:
             return None
@@ -493,7 +493,7 @@ class LogActor(Actor):
                 if not producer_ids.is_handed_out(pid, self._pid_key):
                     raise OdradekError(f"producer id {pid} was not handed out by this cluster (InitProducerId "
                                        f"gives one)", ErrorCode.INVALID_PRODUCER_ID_MAPPING)
-            step = _BATCH_LENGTH.unpack_from(mv, pos + 8)[0] + LOG_OVERHEAD
+            step = _BATCH_LENGTH.unpack_from(mv, pos + OFFSET_LENGTH)[0] + LOG_OVERHEAD
             if step < HEADER_SIZE:
                 break  # not a batch: the log's own checks refuse it
             pos += step

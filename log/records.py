@@ -31,23 +31,14 @@ from odradek.log import inflate, kafka_batch
 from odradek.log.errors import (CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordErrors,
                                 RecordTooLargeError)
 
-# baseOffset i64 | batchLength i32 | partitionLeaderEpoch i32 | magic i8 | crc u32 |
-# attributes i16 | lastOffsetDelta i32 | firstTimestamp i64 | maxTimestamp i64 |
-# producerId i64 | producerEpoch i16 | baseSequence i32 | recordCount i32
-HEADER = struct.Struct(">qiibIhiqqqhii")
-HEADER_SIZE = HEADER.size  # 61
-LOG_OVERHEAD = 12  # baseOffset + batchLength: the bytes batchLength does not count
-MIN_BATCH_LENGTH = HEADER_SIZE - LOG_OVERHEAD  # 49
-MAGIC = 0x4F  # 'O': Odradek's format 1; distinct from Kafka's magic 2 on purpose
+# The 61-byte header both formats share: its layout is spelled once, in kafka_batch
+from odradek.log.kafka_batch import (APPEND_VIEW, CRC_START, HEADER, HEADER_SIZE, LENGTH_AND_MAGIC,  # noqa: F401
+                                     LOG_OVERHEAD, MIN_BATCH_LENGTH, OFFSET_ATTRIBUTES, OFFSET_BASE, OFFSET_CRC,
+                                     OFFSET_LEADER_EPOCH, OFFSET_LENGTH, OFFSET_MAGIC, OFFSET_MAX_TIMESTAMP,
+                                     OFFSET_PRODUCER_EPOCH, OFFSET_PRODUCER_ID, PATCHED_HEAD, PATCHED_PREFIX,
+                                     PRODUCER_FIELDS)
 
-OFFSET_BASE = 0
-OFFSET_LENGTH = 8
-OFFSET_LEADER_EPOCH = 12
-OFFSET_MAGIC = 16
-OFFSET_CRC = 17
-OFFSET_ATTRIBUTES = 21  # the CRC covers [21, end)
-OFFSET_MAX_TIMESTAMP = 35
-CRC_START = OFFSET_ATTRIBUTES
+MAGIC = 0x4F  # 'O': Odradek's format 1; distinct from Kafka's magic 2 on purpose
 
 COMPRESSION_MASK = 0x07
 COMPRESSION_NONE = 0
@@ -231,9 +222,8 @@ def validate_produced(buf, max_size: int | None = None, *, compacted: bool = Fal
     read through the bounded inflater (``limit`` bytes at most, ``inflate``):
 
     - a Kafka (magic 2) batch alone in its partition's records, a sequence number if it has a
-      producer id, and its records' framing (count, lengths, nothing left over), on a
-      compacted topic every record parsed, offsets and keys included
-      (``kafka_batch.check_records``);
+      producer id, and every record parsed as Kafka's DefaultRecord reader does, offset
+      deltas and (on a compacted topic) keys included (``kafka_batch.check_records``);
     - a native batch's payload is what the compression bit says (an lz4 block, or raw msgpack)
       and an array of exactly ``recordCount`` entries, the first at offset delta 0 (the
       consumer checks the last one's against ``lastOffsetDelta``); on a compacted topic

@@ -156,7 +156,7 @@ ANSWERED_HERE = (*SASL_APIS, ApiKey.BROKER_PROOF)  # native requests the process
 BEFORE_AUTH = (ApiKey.API_VERSIONS, *SASL_APIS)  # all a SASL connection may send before it authenticates
 TLS_CHUNK = 256 * 1024  # bytes per SSL write (a TLS record stream, no sendmsg)
 KNOWN_APIS = frozenset(int(k) for k in ApiKey)  # metric labels: a client's made-up key counts as -1
-_KAFKA_HEAD = struct.Struct(">8xi4xb")  # a stored batch's batch_length and magic (either format)
+_KAFKA_HEAD = records.LENGTH_AND_MAGIC  # a stored batch's batch_length and magic (either format)
 HEADER_WINDOW = 4096  # bytes read at a time while checking a Kafka fetch's batch headers
 
 

@@ -128,8 +128,8 @@ RECORD_OVERHEAD = 8  # bytes counted per record besides key and value (msgpack r
 _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
 _CRC_PACK = struct.Struct(">I").pack_into
-_STAMP_PACK = struct.Struct(">qhi").pack_into  # producerId, producerEpoch, baseSequence
-OFFSET_PRODUCER_ID = 43  # of the batch header (docs/FORMAT.md)
+_STAMP_PACK = fmt.PRODUCER_FIELDS.pack_into  # producerId, producerEpoch, baseSequence
+OFFSET_PRODUCER_ID = fmt.OFFSET_PRODUCER_ID  # then producerEpoch and baseSequence (docs/FORMAT.md)
 MAX_EPOCH = 32767
 # Refusals that wrote nothing and that a new producer epoch (or id) and sequence cure (KIP-360).
 SEQUENCE_RESETS = (ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER, ErrorCode.UNKNOWN_PRODUCER_ID,

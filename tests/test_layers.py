@@ -22,7 +22,8 @@ import re
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 FOLDERS = {"actors": 2, "network": 3, "log": 3, "coordinator": 3, "odradek": 4, "pipeline": 4, "observe": 4}
 PURE = ("network/protocol.py", "network/codec.py", "network/kafka/", "log/records.py", "log/kafka_batch.py",
-        "log/inflate.py", "log/errors.py", "log/config.py", "network/sasl.py", "network/fields.py")
+        "log/inflate.py", "log/errors.py", "log/config.py", "network/sasl.py", "network/fields.py",
+        "log/_recordscan.c")
 NAMES = {1: "pure", 2: "runtime", 3: "roles", 4: "top"}
 ROLES = ("network", "log", "coordinator")
 # A role's library that another role uses as a library (not an actor, no state shared): each
@@ -56,6 +57,8 @@ def _modules() -> dict[str, pathlib.Path]:
 
 
 MODULES = _modules()
+# C extensions (setup.py): importable, their source imports nothing of the project
+EXTENSIONS = {"odradek.log._recordscan": ROOT / "log" / "_recordscan.c"}
 
 
 def _layer(path: pathlib.Path) -> int:
@@ -77,7 +80,8 @@ def _imports(tree: ast.AST):
             base = "." * node.level + (node.module or "")
             for alias in node.names:
                 sub = f"{base}.{alias.name}"
-                yield (node.lineno, sub, ()) if sub in MODULES else (node.lineno, base, (alias.name,))
+                known = sub in MODULES or sub in EXTENSIONS
+                yield (node.lineno, sub, ()) if known else (node.lineno, base, (alias.name,))
 
 
 def _actor_modules() -> set[str]:
@@ -106,7 +110,7 @@ def _offences_of(module: str, text: str, actors: set[str]):
             continue
         if top != "odradek":
             continue  # the standard library or a dependency
-        target = MODULES.get(imported)
+        target = MODULES.get(imported) or EXTENSIONS.get(imported)
         assert target is not None, f"{where}:{line}: {imported} is no module of the project"
         theirs = _layer(target)
         if theirs > mine:

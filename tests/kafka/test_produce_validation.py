@@ -13,7 +13,8 @@ from confluent_kafka import KafkaError, Producer as KafkaProducer
 from odradek import Admin, Consumer, TopicPartition
 from odradek.network.kafka import schema
 from odradek.network.protocol import ApiKey, ErrorCode
-from tests.log.test_batch_validation import batch, bomb, record
+from tests.kafka.test_clients import kafka_consume
+from tests.log.test_batch_validation import GOOD, SECOND, TAIL, batch, bomb, record
 
 
 def raw_produce(bootstrap: str, topic: str, records: bytes, version: int = 8) -> dict:
@@ -22,13 +23,14 @@ def raw_produce(bootstrap: str, topic: str, records: bytes, version: int = 8) ->
         "transactional_id": None, "acks": 1, "timeout": 30000,
         "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": records}]}]})
     client = b"raw"
-    head = struct.pack(">hhih", ApiKey.PRODUCE, version, 7, len(client)) + client
+    flexible = version >= 9  # request header v2 and response header v1: tagged fields (none here)
+    head = struct.pack(">hhih", ApiKey.PRODUCE, version, 7, len(client)) + client + (b"\x00" if flexible else b"")
     host, port = bootstrap.split(":")
     with socket.create_connection((host, int(port)), timeout=60) as s:
         s.sendall(struct.pack(">i", len(head) + len(body)) + head + body)
         size = struct.unpack(">i", _exactly(s, 4))[0]
         answer = _exactly(s, size)
-    response = schema.decode_response(ApiKey.PRODUCE, version, answer[4:])  # after the correlation id
+    response = schema.decode_response(ApiKey.PRODUCE, version, answer[5 if flexible else 4:])  # after the header
     return response["responses"][0]["partition_responses"][0]
 
 
@@ -121,3 +123,28 @@ def test_a_compression_bomb_is_refused_at_produce_naming_the_bound(kafka_broker,
     grown = sum(p.memory_info().rss for p in handlers) - before
     assert grown < 100 << 20, f"the handlers grew by {grown >> 20} MiB"
     assert end_offset(bootstrap, topic) == 0
+
+
+BROKEN_SECOND = {  # behind a good CRC, on a topic that is not compacted (issue 27 item 4)
+    "a broken inner varint": SECOND["an offsetDelta varint longer than 5 bytes"],
+    "a header with a negative key length": SECOND["a header with a negative key length"],
+    "a record that ends early": SECOND["a record that ends early (its length holds two more bytes)"],
+}
+
+
+@pytest.mark.parametrize("version", [3, 9])
+@pytest.mark.parametrize("case", list(BROKEN_SECOND))
+def test_a_malformed_record_on_a_plain_topic_is_refused_and_readers_go_on(bootstrap, topic, case, version):
+    """Kafka parses every record of a produced batch (DefaultRecord.readFrom) on every topic:
+    the second record's fields are broken behind a good CRC, so the batch is refused with
+    INVALID_RECORD naming the record and nothing is stored; a consumer then reads what comes
+    next instead of stopping at a batch it cannot decode."""
+    make_topic(bootstrap, topic)
+    part = raw_produce(bootstrap, topic, bytes(batch(GOOD + BROKEN_SECOND[case] + TAIL, 3)), version)
+    assert part["error_code"] == ErrorCode.INVALID_RECORD, part
+    if version >= 8:  # error_message came in v8
+        assert f"{topic}-0" in part["error_message"] and "record 1" in part["error_message"], part
+    assert end_offset(bootstrap, topic) == 0
+    fine = batch(GOOD + record(b"k1", b"v", 1), 2)
+    assert raw_produce(bootstrap, topic, bytes(fine), version)["error_code"] == 0
+    assert [m.key() for m in kafka_consume(bootstrap, topic, 0, 2)] == [b"k0", b"k1"]

@@ -19,7 +19,7 @@ from odradek.log import kafka_batch
 from odradek.log.errors import OdradekError
 from odradek.log.log import Log
 from odradek.log.producer_state import InvalidTxnStateError
-from odradek.log.records import (HEADER, MAGIC, TRANSACTIONAL_BIT, BatchHeader, Record, check_header,
+from odradek.log.records import (APPEND_VIEW, HEADER, MAGIC, TRANSACTIONAL_BIT, BatchHeader, Record, check_header,
                                  encode_batch, validate_batches)
 from tests.log.support import Clock
 
@@ -101,7 +101,7 @@ def test_the_fast_path_matches_the_general_path_on_good_and_bad_batches(tmp_path
 def test_the_fast_checks_never_accept_what_check_header_refuses():
     """Random headers: whatever the fast path would take, validate_batches takes too."""
     from odradek.log import log as log_module
-    view = log_module._APPEND_VIEW
+    view = APPEND_VIEW
     rnd = random.Random(3)
     body = b"x" * 40
     for _ in range(20000):
@@ -134,8 +134,8 @@ def test_the_append_view_reads_the_same_fields_as_the_header():
     good = encode_batch([(b"k", b"v")] * 3, None, timestamp_ms=12345, producer_id=9,
                         base_sequence=4, producer_epoch=2, partition_leader_epoch=6)
     h = BatchHeader.read(good)
-    assert log_module._APPEND_VIEW.size == HEADER.size
-    assert log_module._APPEND_VIEW.unpack_from(good) == (
+    assert APPEND_VIEW.size == HEADER.size
+    assert APPEND_VIEW.unpack_from(good) == (
         h.base_offset, h.batch_length, h.magic, h.crc, h.attributes, h.last_offset_delta,
         h.max_timestamp, h.producer_id, h.producer_epoch, h.base_sequence, h.record_count)
     assert struct.unpack(">qii", good[:16]) == (h.base_offset, h.batch_length, h.partition_leader_epoch)

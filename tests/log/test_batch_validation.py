@@ -13,6 +13,7 @@ import lz4.frame
 import pytest
 
 from odradek.log import inflate, kafka_batch
+from odradek.log import records as records_module
 from odradek.log.errors import (CorruptRecordError, InvalidRecordError, RecordErrors, RecordTooLargeError)
 from odradek.log.records import (HEADER, HEADER_SIZE, OFFSET_CRC, BatchHeader, Record, decode_batch, encode_batch,
                                  validate_produced)
@@ -83,7 +84,7 @@ FRAMING = [  # what the broker's offsets depend on: checked on every topic
     varint(-5) + b"\x00" * 8,                               # a negative record length
     varint(30) + b"\x00" * 8,                               # a record running past the batch
 ]
-FIELDS = [  # inside a record: parsed where the broker reads records (compacted topics), else by readers
+FIELDS = [  # inside a record: parsed on every topic too (Kafka's DefaultRecord reader), and by readers
     varint(3) + b"\x00" + b"\xff" * 11,                     # a timestamp varlong longer than 10 bytes
     varint(20) + b"\x00" + varint(0) + varint(0) + varint(-7) + b"\x00" * 16,  # a key length below -1 ... runs on
     varint(5) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(0) + varint(-3),  # a negative header count
@@ -97,17 +98,19 @@ def test_malformed_framing_is_invalid_record_on_every_topic(bad, compacted):
     assert code_of(batch(bad, 1), compacted=compacted) == ErrorCode.INVALID_RECORD
 
 
+@pytest.mark.parametrize("compacted", [False, True])
 @pytest.mark.parametrize("bad", FIELDS)
-def test_malformed_record_fields_are_invalid_record_where_records_are_parsed(bad):
-    assert code_of(batch(bad, 1), compacted=True) == ErrorCode.INVALID_RECORD
+def test_malformed_record_fields_are_invalid_record_on_every_topic(bad, compacted):
+    assert code_of(batch(bad, 1), compacted=compacted) == ErrorCode.INVALID_RECORD
     with pytest.raises(CorruptRecordError):  # and every reader's decoder refuses them
         decode_batch(batch(bad, 1))
 
 
-def test_offset_deltas_out_of_order_are_invalid():
+@pytest.mark.parametrize("compacted", [False, True])
+def test_offset_deltas_out_of_order_are_invalid(compacted):
     b = batch(record(b"k", b"x", 0) + record(b"k", b"y", 7), 2)
     with pytest.raises(InvalidRecordError, match="offset delta 7"):
-        validate_produced(b, compacted=True)
+        validate_produced(b, compacted=compacted)
 
 
 def test_compression_bits_on_raw_bytes_are_a_corrupt_message():
@@ -245,15 +248,20 @@ lg.close()
     assert int(grown_mib) < 64 + 96, f"the cleaner's peak grew by {grown_mib} MiB"
 
 
+def random_records(rng, n: int, value_sizes: tuple, key_max: int, header_max: int) -> list:
+    """``n`` records at offsets 0..n-1: random timestamps, null or random keys, values of one of
+    ``value_sizes`` bytes, zero to three headers with null or random values."""
+    return [Record(i, 1000 + rng.randrange(-5000, 5000), rng.choice([None, rng.randbytes(rng.randrange(0, key_max))]),
+                   rng.randbytes(rng.choice(value_sizes)),
+                   [[f"h{j}", rng.choice([None, rng.randbytes(rng.randrange(0, header_max))])]
+                    for j in range(rng.choice([0, 0, 1, 3]))]) for i in range(n)]
+
+
 def test_the_walk_agrees_with_the_decoder_on_random_batches_and_never_raises_anything_else():
     import random
     rng = random.Random(27)
     for trial in range(60):
-        n = rng.randrange(1, 40)
-        recs = [Record(i, 1000 + rng.randrange(-5000, 5000), rng.choice([None, rng.randbytes(rng.randrange(0, 300))]),
-                       rng.randbytes(rng.choice([0, 5, 70, 9000, 200_000])),
-                       [[f"h{j}", rng.choice([None, rng.randbytes(rng.randrange(0, 100))])]
-                        for j in range(rng.choice([0, 0, 1, 3]))]) for i in range(n)]
+        recs = random_records(rng, rng.randrange(1, 40), (0, 5, 70, 9000, 200_000), 300, 100)
         codec = rng.choice(list(CODEC))
         b = bytearray(kafka_batch.encode(recs, base_offset=0, first_timestamp=1000, max_timestamp=6000,
                                          compression=codec))
@@ -267,3 +275,155 @@ def test_the_walk_agrees_with_the_decoder_on_random_batches_and_never_raises_any
             bad[at] ^= 1 << rng.randrange(8)
             struct.pack_into(">I", bad, OFFSET_CRC, kafka_batch.crc_of(bad, 0, len(bad)))
             code_of(bad)
+
+
+# ----------------------------------------------------------------------------- the C checker and its reference
+
+def test_the_c_record_checker_is_built():
+    """bin/odradek and bin/test install it (setup.py); without it the produce path falls back
+    to the Python walk, about a hundred times slower, and says so in the broker's log."""
+    assert kafka_batch._recordscan is not None, "odradek.log._recordscan is not built: pip install -e . with gcc"
+
+
+def outcome(b, compacted: bool, native: bool) -> tuple:
+    """What ``check_records`` makes of batch ``b``: by the C Scanner (``native``) or the Python
+    walk, its reference: ("ok",), ("keyless", indexes) or (exception class,)."""
+    saved = kafka_batch._recordscan
+    kafka_batch._recordscan = saved if native else None
+    try:
+        kafka_batch.check_records(b, BatchHeader.read(b), compacted=compacted)
+    except RecordErrors as exc:
+        return "keyless", [i for i, _ in exc.record_errors]
+    except (CorruptRecordError, InvalidRecordError, RecordTooLargeError) as exc:
+        return type(exc).__name__, exc.code
+    finally:
+        kafka_batch._recordscan = saved
+    return ("ok",)
+
+
+def body(*fields: bytes, length: int | None = None) -> bytes:
+    """One record from its raw fields after the length (attributes first), its length right or ``length``."""
+    raw = b"".join(fields)
+    return varint(len(raw) if length is None else length) + raw
+
+
+GOOD = record(b"k0", b"v" * 100, 0)
+TAIL = record(None, b"w" * 100, 2)  # the third record, after the malformed second
+HDR = varint(1) + varint(1) + b"h" + varint(1) + b"x"  # one header "h": b"x"
+SECOND = {  # the second record of three, malformed each way Kafka's DefaultRecord reader refuses
+    "an offsetDelta varint longer than 5 bytes": body(b"\x00", varint(0), b"\x81\x80\x80\x80\x80\x00",
+                                                     varint(1) + b"k", varint(1) + b"v", varint(0)),
+    "a timestampDelta varlong longer than 10 bytes": body(b"\x00", b"\x80" * 10 + b"\x00", varint(1),
+                                                         varint(-1), varint(0), varint(0)),
+    "a timestampDelta varlong beyond 64 bits": body(b"\x00", b"\xff" * 9 + b"\x03", varint(1), varint(-1),
+                                                   varint(0), varint(0)),
+    "a key length varint beyond 32 bits": body(b"\x00", varint(0), varint(1), b"\xff\xff\xff\xff\x1f",
+                                               varint(0), varint(0)),
+    "a value length varint truncated at the record's end": body(b"\x00", varint(0), varint(1), varint(-1),
+                                                                b"\x80"),
+    "a negative record length": varint(-3) + b"\x00" + varint(0) + varint(1) + varint(-1) + varint(0) + varint(0),
+    "a record longer than its length": body(b"\x00", varint(0), varint(1), varint(1) + b"k", varint(1) + b"v",
+                                            varint(0), length=7),
+    "a record length taking the next record's first byte": body(b"\x00", varint(0), varint(1), varint(1) + b"k",
+                                                                varint(1) + b"v", varint(0), length=9),
+    "a record that ends early (its length holds two more bytes)": body(b"\x00", varint(0), varint(1), varint(-1),
+                                                                      varint(1) + b"v", varint(0), b"\x00\x00"),
+    "a negative header count": body(b"\x00", varint(0), varint(1), varint(-1), varint(0), varint(-1)),
+    "a header count beyond the record's length": body(b"\x00", varint(0), varint(1), varint(-1), varint(0),
+                                                      varint(1000)),
+    "a header with a negative key length": body(b"\x00", varint(0), varint(1), varint(-1), varint(0), varint(1),
+                                                varint(-1), varint(1) + b"x"),
+    "a header value running past the record": body(b"\x00", varint(0), varint(1), varint(-1), varint(0),
+                                                   varint(1), varint(1) + b"h", varint(90) + b"x"),
+    "an offset delta out of order": record(b"k", b"v", 5),
+    "a value running past the batch": body(b"\x00", varint(0), varint(1), varint(-1), varint(10 ** 6) + b"v",
+                                          varint(0)),
+}
+WHOLE = {  # the batch as a whole
+    "bytes after the last record": (GOOD + record(b"k", b"v", 1) + TAIL + b"\x00", 3),
+    "fewer records than recordCount": (GOOD + record(b"k", b"v", 1), 3),
+    "more records than recordCount": (GOOD + record(b"k", b"v", 1) + TAIL, 2),
+    "a varint truncated at the batch's end": (GOOD + b"\x80", 2),
+    "no records at all": (b"", 1),
+}
+CODECS_ALL = list(CODEC)
+
+
+@pytest.mark.parametrize("codec", CODECS_ALL)
+@pytest.mark.parametrize("case", list(SECOND) + list(WHOLE))
+def test_the_c_checker_and_the_python_walk_refuse_each_malformed_batch_alike(case, codec):
+    records, count = WHOLE[case] if case in WHOLE else (GOOD + SECOND[case] + TAIL, 3)
+    b = batch(records, count, codec)
+    # (no records at all under gzip is an empty gzip member: it does not decompress, CORRUPT_MESSAGE)
+    expect = ("CorruptRecordError", ErrorCode.CORRUPT_MESSAGE) if case == "no records at all" and codec == "gzip" \
+        else ("InvalidRecordError", ErrorCode.INVALID_RECORD)
+    for compacted in (False, True):
+        assert outcome(b, compacted, native=True) == outcome(b, compacted, native=False) == expect, \
+            (case, codec, compacted)
+
+
+@pytest.mark.parametrize("codec", CODECS_ALL)
+def test_the_c_checker_passes_sound_batches_with_headers_nulls_and_records_across_windows(codec):
+    good = GOOD + body(b"\x00", varint(-7), varint(1), varint(-1), varint(-1), HDR) \
+        + record(b"k", bytes(3 * inflate.CHUNK + 5), 2) \
+        + body(b"\x00", varint(0), varint(3), varint(-5), varint(-9), varint(2), varint(0), varint(-1),
+               varint(2) + b"hh", varint(0))  # lengths below -1 are nulls, as Kafka reads them
+    b = batch(good, 4, codec)
+    assert outcome(b, False, True) == outcome(b, False, False) == ("ok",)
+    assert outcome(b, True, True) == outcome(b, True, False) == ("keyless", [1, 3])
+
+
+def test_the_c_checker_agrees_with_the_python_walk_on_random_and_mutated_batches():
+    """Sound random batches (every codec, headers, nulls, records across inflate windows), then
+    each with bytes of its records flipped, inserted, dropped or cut before compression and the
+    CRC made right: the two checkers give the same verdict, every time."""
+    import random
+    rng = random.Random(2027)
+    verdicts = set()
+    for trial in range(80):
+        n = rng.randrange(1, 30)
+        recs = random_records(rng, n, (0, 5, 100, 300, 70_000), 40, 20)
+        raw = kafka_batch.encode(recs, base_offset=0, first_timestamp=1000, max_timestamp=6000)[HEADER_SIZE:]
+        codec = rng.choice(CODECS_ALL)
+        for mutation in range(8):
+            records = bytearray(raw)
+            if mutation:
+                at = rng.randrange(len(records))
+                kind = rng.randrange(4)
+                if kind == 0:
+                    records[at] ^= 1 << rng.randrange(8)
+                elif kind == 1:
+                    records[at:at] = rng.randbytes(rng.randrange(1, 4))
+                elif kind == 2:
+                    del records[at:at + rng.randrange(1, 4)]
+                else:
+                    del records[at:]
+            b = batch(bytes(records), n, codec)
+            for compacted in (False, True):
+                native = outcome(b, compacted, native=True)
+                assert native == outcome(b, compacted, native=False), (trial, mutation, codec, compacted)
+                verdicts.add(native[0])
+                if not mutation:
+                    assert native[0] in ("ok", "keyless")
+    assert {"ok", "keyless", "InvalidRecordError"} <= verdicts
+
+
+def test_each_view_of_the_header_reads_the_fields_header_reads():
+    """The batch header's layout is spelled once (log/kafka_batch.py); the few-field views the
+    hot paths use agree with HEADER and the named offsets on a header of distinct values."""
+    values = (1001, 2002, 3003, 2, 4004, 0x15, 6006, 7007, 8008, 9009, 1010, 1111, 1212)
+    raw = kafka_batch.HEADER.pack(*values)
+    base, length, epoch, magic, crc, attributes, _last, _first, max_ts, pid, pepoch, seq, count = values
+    assert kafka_batch.PATCHED_HEAD.unpack_from(raw) == (base, length, epoch)
+    assert kafka_batch.PATCHED_HEAD.size == kafka_batch.PATCHED_PREFIX
+    assert kafka_batch.APPEND_VIEW.unpack_from(raw) == (base, length, magic, crc, attributes, _last, max_ts, pid,
+                                                        pepoch, seq, count)
+    assert kafka_batch.LENGTH_AND_MAGIC.unpack_from(raw) == (length, magic)
+    assert kafka_batch.PRODUCER_FIELDS.unpack_from(raw, kafka_batch.OFFSET_PRODUCER_ID) == (pid, pepoch, seq)
+    at = {kafka_batch.OFFSET_BASE: (">q", base), kafka_batch.OFFSET_LENGTH: (">i", length),
+          kafka_batch.OFFSET_LEADER_EPOCH: (">i", epoch), kafka_batch.OFFSET_MAGIC: (">b", magic),
+          kafka_batch.OFFSET_CRC: (">I", crc), kafka_batch.OFFSET_ATTRIBUTES: (">h", attributes),
+          kafka_batch.OFFSET_MAX_TIMESTAMP: (">q", max_ts), kafka_batch.OFFSET_PRODUCER_ID: (">q", pid),
+          kafka_batch.OFFSET_PRODUCER_EPOCH: (">h", pepoch)}
+    assert {o: struct.unpack_from(f, raw, o)[0] for o, (f, _) in at.items()} == {o: v for o, (_, v) in at.items()}
+    assert kafka_batch.HEADER is records_module.HEADER
