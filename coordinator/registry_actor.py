@@ -37,7 +37,7 @@ from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, LogBounds, PartitionBounds, ProducePart, log_host
 from odradek.actors.runtime import Actor
 from odradek.coordinator.internal_replay import InternalReplay
-from odradek.coordinator.registry_http import MAX_BODY, make_app
+from odradek.coordinator.registry_http import MAX_BODY, Gate, make_app
 from odradek.coordinator.schema_registry import Plan, RegistryError, SchemaRegistry
 from odradek.log.records import encode_batch
 from odradek.network.protocol import SCHEMAS_TOPIC, ErrorCode, OdradekError, http_address
@@ -78,7 +78,7 @@ class SchemaRegistryActor(Actor):
                       SCHEMAS_TOPIC, getattr(exc, "message", exc))
             return
         try:
-            server = waitress.create_server(make_app(self.submit), host=address[0], port=address[1], **HTTP_SETTINGS)
+            server = waitress.create_server(make_app(self.submit, Gate(self.config, self.data_dir)), host=address[0], port=address[1], **HTTP_SETTINGS)
         except OSError as exc:  # the broker serves Kafka clients all the same; say why there is no registry
             log.error("schema.registry.listener %s:%d cannot be bound (%s): no schema registry; set it to a free "
                       "address, or empty to turn it off", *address, exc.strerror or exc)

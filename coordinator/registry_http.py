@@ -6,6 +6,14 @@ a request into an operation on the ``SchemaRegistry`` (a function of it) and han
 ``RegistryError``). ``write`` operations return a ``schema_registry.Plan`` whose records the
 actor stores before the answer is sent.
 
+Authentication and ACLs (``Gate``), once the broker has SASL users: every request needs
+HTTP Basic with a user's password, checked against the stored SCRAM credentials
+(``network.basic_auth``, the HTTP proxy's check too); without it 401 (40101) with
+``WWW-Authenticate``. With ``authorizer`` on, reads (GET, lookup, compatibility checks) need
+only an authenticated user; a registration under ``<topic>-key`` or ``<topic>-value`` needs
+Write on that topic or Alter on the cluster; every other write (deletes, levels, modes)
+needs Alter on the cluster; else 403 (40301). docs/SCHEMAS.md, docs/SECURITY.md.
+
 Bodies: JSON, at most ``MAX_BODY`` bytes; a bad body is 422 with code 42201 (Confluent's
 "unprocessable entity") or 400 (not JSON), a larger one 413. Answers are
 ``application/vnd.schemaregistry.v1+json``; errors ``{"error_code", "message"}``.
@@ -18,15 +26,20 @@ from typing import Any, Callable
 from urllib.parse import parse_qs
 
 from odradek.coordinator.schema_registry import RegistryError, SchemaRegistry
+from odradek.network.authorizer import CLUSTER
+from odradek.network.basic_auth import BasicAuth, challenge
+from odradek.network.guard import Guard
 
 log = logging.getLogger("odradek.schemas")
 
 MAX_BODY = 4 * 1024 * 1024  # bytes of one request body (a schema with its JSON quoting)
 CONTENT_TYPE = "application/vnd.schemaregistry.v1+json"
-STATUS = {200: "200 OK", 400: "400 Bad Request", 404: "404 Not Found", 405: "405 Method Not Allowed",
+STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "403 Forbidden", 404: "404 Not Found", 405: "405 Method Not Allowed",
           409: "409 Conflict", 413: "413 Payload Too Large", 415: "415 Unsupported Media Type",
           422: "422 Unprocessable Entity", 500: "500 Internal Server Error", 504: "504 Gateway Timeout"}
 SCHEMA_TYPES = ["JSON", "PROTOBUF", "AVRO"]
+REALM = "odradek schema registry"
+SUBJECT_SUFFIXES = ("-key", "-value")  # Confluent's TopicNameStrategy: the topic a subject's schema is for
 
 Op = Callable[[SchemaRegistry], Any]
 
@@ -100,31 +113,71 @@ def _compatible(why: list[str], verbose: bool) -> dict:
     return {"is_compatible": not why, **({"messages": why} if verbose else {})}
 
 
-def make_app(submit: Callable[[Op, bool], Any]):
-    """The WSGI application; ``submit(op, write)`` runs ``op`` on the actor's loop."""
+class Gate:
+    """Who may do what on the registry (the module's docstring): ``authenticate`` raises 401,
+    ``authorize`` 403."""
+
+    def __init__(self, config: dict, data_dir: str):
+        self.auth, self.guard = BasicAuth(config, data_dir), Guard(config, data_dir)
+
+    def authenticate(self, environ: dict) -> str | None:
+        """The request's principal (None: no authentication asked for)."""
+        if not self.auth.required():
+            return None
+        principal = self.auth.principal(environ.get("HTTP_AUTHORIZATION"), environ.get("REMOTE_ADDR") or "",
+                                        "schema registry")
+        if principal is None:
+            raise RegistryError(401, 40101, "Unauthorized: HTTP Basic with a user name and password of the "
+                                            "broker's SCRAM users is required")
+        return principal
+
+    def authorize(self, principal: str | None, host: str, method: str, parts: list[str], write: bool) -> None:
+        if principal is None or not write or not self.guard.enabled:
+            return
+        az = self.guard.authorizer()
+        if az.authorize(principal, host, "Alter", "Cluster", CLUSTER):
+            return
+        if method == "POST" and len(parts) == 3 and parts[0] == "subjects":
+            topic = next((parts[1][:-len(s)] for s in SUBJECT_SUFFIXES if parts[1].endswith(s)), None)
+            if topic and az.authorize(principal, host, "Write", "Topic", topic):
+                return
+            raise RegistryError(403, 40301, f"{principal} may not register schemas under '{parts[1]}': it needs "
+                                            f"Write on the topic the subject names (<topic>-key, <topic>-value) "
+                                            f"or Alter on the cluster")
+        raise RegistryError(403, 40301, f"{principal} may not {method} /{'/'.join(parts)}: it needs Alter on "
+                                        f"the cluster")
+
+
+def make_app(submit: Callable[[Op, bool], Any], gate: Gate | None = None):
+    """The WSGI application; ``submit(op, write)`` runs ``op`` on the actor's loop; ``gate``
+    authenticates and authorizes each request first."""
 
     def app(environ, start_response):
         try:
-            status, answer = 200, _serve(environ, submit)
+            status, answer = 200, _serve(environ, submit, gate)
         except RegistryError as exc:
             status, answer = exc.status, {"error_code": exc.code, "message": exc.message}
         except Exception:  # a bug here, not the client's fault: say so, keep serving
             log.exception("schema registry: %s %s failed", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
             status, answer = 500, {"error_code": 50001, "message": "internal error of the registry (logged)"}
         data = json.dumps(answer).encode()
-        start_response(STATUS.get(status, f"{status} Error"),
-                       [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))])
+        headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))]
+        start_response(STATUS.get(status, f"{status} Error"), headers + ([challenge(REALM)] if status == 401 else []))
         return [data]
 
     return app
 
 
-def _serve(environ: dict, submit) -> Any:
+def _serve(environ: dict, submit, gate: Gate | None) -> Any:
     method = environ.get("REQUEST_METHOD", "GET")
     parts = [p for p in (environ.get("PATH_INFO") or "/").split("/") if p]
     query = parse_qs(environ.get("QUERY_STRING") or "")
+    # authenticated before the body is read or the route known: a stranger learns nothing
+    principal = gate.authenticate(environ) if gate is not None else None
     body = _body(environ) if method in ("POST", "PUT") else None
     op, write = route(method, parts, query, body)
+    if gate is not None:
+        gate.authorize(principal, environ.get("REMOTE_ADDR") or "", method, parts, write)
     return submit(op, write)
 
 
