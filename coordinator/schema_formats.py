@@ -11,7 +11,10 @@ parsed form, as the registry must decide them:
             narrowed, required properties added, properties added to an open content model
             or removed from a closed one, additionalProperties closed, bounds narrowed, enums
             narrowed), recursively through properties and items. Not every rule Confluent has.
-  PROTOBUF  ``proto_schema_parser`` (a pure-Python .proto parser); the rules: a message the
+  PROTOBUF  ``proto_schema_parser`` (a pure-Python .proto parser) for .proto text, and
+            ``google.protobuf``'s ``FileDescriptorProto`` for the base64 form confluent-kafka's
+            ProtobufSerializer registers (a serialized descriptor, kept as given, so that
+            ``?format=serialized`` answers it back); the rules: a message the
             writer has must still exist, and a field number both have keeps a wire-compatible
             type (Confluent's MESSAGE_REMOVED and FIELD_KIND_CHANGED / FIELD_SCALAR_KIND_CHANGED).
 
@@ -254,6 +257,11 @@ WIRE_GROUPS = [{"int32", "uint32", "int64", "uint64", "bool"}, {"sint32", "sint6
 
 
 def _parse_protobuf(text: str) -> Parsed:
+    descriptor = _descriptor(text.strip())
+    if descriptor is not None:
+        messages: dict[str, dict[int, str]] = {}
+        _descriptor_messages(descriptor.message_type, "", messages)
+        return Parsed(PROTOBUF, text.strip(), messages)
     from antlr4.error.ErrorListener import ErrorListener
     from proto_schema_parser.parser import Parser
 
@@ -283,6 +291,40 @@ def _proto_messages(elements, prefix: str, out: dict) -> None:
             name = f"{prefix}{el.name}"
             out[name] = {f.number: f.type for f in el.elements if isinstance(f, pa.Field)}
             _proto_messages(el.elements, name + ".", out)
+
+
+def _descriptor(text: str):
+    """The ``FileDescriptorProto`` of a base64 serialized descriptor, or None if ``text`` is not
+    one (.proto text has spaces, which base64 has not)."""
+    import base64
+    import binascii
+
+    if not text or any(c.isspace() for c in text):
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+    try:
+        descriptor = descriptor_pb2.FileDescriptorProto.FromString(raw)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidSchema(f"invalid Protobuf schema: base64 but not a serialized FileDescriptorProto ({exc})") from None
+    if not descriptor.message_type and not descriptor.enum_type and not descriptor.name:
+        raise InvalidSchema("invalid Protobuf schema: a serialized FileDescriptorProto with neither name nor types")
+    return descriptor
+
+
+def _descriptor_messages(messages, prefix: str, out: dict) -> None:
+    """As ``_proto_messages``, from descriptors: a scalar's type by its .proto name, a message
+    or enum field by its type's last name (as .proto text usually spells it)."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto
+    for m in messages:
+        name = f"{prefix}{m.name}"
+        out[name] = {f.number: (f.type_name.rpartition(".")[2] if f.type_name else
+                                FieldDescriptorProto.Type.Name(f.type)[len("TYPE_"):].lower()) for f in m.field}
+        _descriptor_messages(m.nested_type, name + ".", out)
 
 
 def _same_wire(a: str, b: str) -> bool:
