@@ -39,9 +39,19 @@ STATUS = {200: "200 OK", 400: "400 Bad Request", 401: "401 Unauthorized", 403: "
           422: "422 Unprocessable Entity", 500: "500 Internal Server Error", 504: "504 Gateway Timeout"}
 SCHEMA_TYPES = ["JSON", "PROTOBUF", "AVRO"]
 REALM = "odradek schema registry"
+OFFSET_HEADER = "X-Odradek-Schemas-Offset"  # cluster mode: _schemas-0's offset a write's answer reflects
 SUBJECT_SUFFIXES = ("-key", "-value")  # Confluent's TopicNameStrategy: the topic a subject's schema is for
 
 Op = Callable[[SchemaRegistry], Any]
+
+
+class Forward(Exception):
+    """What the loop answers on a broker that does not lead ``_schemas``-0 (cluster mode): the
+    request goes to broker ``broker_id``'s registry, whose answer is the client's."""
+
+    def __init__(self, broker_id: int):
+        super().__init__(broker_id)
+        self.broker_id = broker_id
 
 
 def _flag(query: dict, name: str) -> bool:
@@ -148,27 +158,32 @@ class Gate:
                                         f"the cluster")
 
 
-def make_app(submit: Callable[[Op, bool], Any], gate: Gate | None = None):
+def make_app(submit: Callable[[Op, bool], Any], gate: Gate | None = None, forward=None,
+             position: Callable[[], int] | None = None):
     """The WSGI application; ``submit(op, write)`` runs ``op`` on the actor's loop; ``gate``
-    authenticates and authorizes each request first."""
+    authenticates and authorizes each request first; ``forward(broker_id, environ, body)``
+    sends it to another broker's registry when the loop answers ``Forward`` (its status and
+    answer); ``position()``, the offset of ``_schemas``-0 the state has reached, is sent with
+    the answer to a write (``OFFSET_HEADER``: a forwarding broker waits until it has it too)."""
 
     def app(environ, start_response):
+        extra: list = []
         try:
-            status, answer = 200, _serve(environ, submit, gate)
+            status, answer = _serve(environ, submit, gate, forward, position, extra)
         except RegistryError as exc:
             status, answer = exc.status, {"error_code": exc.code, "message": exc.message}
         except Exception:  # a bug here, not the client's fault: say so, keep serving
             log.exception("schema registry: %s %s failed", environ.get("REQUEST_METHOD"), environ.get("PATH_INFO"))
             status, answer = 500, {"error_code": 50001, "message": "internal error of the registry (logged)"}
         data = json.dumps(answer).encode()
-        headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))]
+        headers = [("Content-Type", CONTENT_TYPE), ("Content-Length", str(len(data)))] + extra
         start_response(STATUS.get(status, f"{status} Error"), headers + ([challenge(REALM)] if status == 401 else []))
         return [data]
 
     return app
 
 
-def _serve(environ: dict, submit, gate: Gate | None) -> Any:
+def _serve(environ: dict, submit, gate: Gate | None, forward, position, extra: list) -> tuple[int, Any]:
     method = environ.get("REQUEST_METHOD", "GET")
     parts = [p for p in (environ.get("PATH_INFO") or "/").split("/") if p]
     query = parse_qs(environ.get("QUERY_STRING") or "")
@@ -178,7 +193,15 @@ def _serve(environ: dict, submit, gate: Gate | None) -> Any:
     op, write = route(method, parts, query, body)
     if gate is not None:
         gate.authorize(principal, environ.get("REMOTE_ADDR") or "", method, parts, write)
-    return submit(op, write)
+    try:
+        answer = submit(op, write)
+        if write and position is not None:
+            extra.append((OFFSET_HEADER, str(position())))
+        return 200, answer
+    except Forward as to:
+        if forward is None:
+            raise RegistryError(500, 50003, "this registry cannot forward requests") from None
+        return forward(to.broker_id, environ, body)
 
 
 def _body(environ: dict) -> Any:

@@ -43,6 +43,7 @@ SHARED_LIBRARIES = {
     ("coordinator/registry_http.py", "odradek.network.basic_auth"): "HTTP Basic against the SCRAM users",
     ("coordinator/registry_http.py", "odradek.network.guard"): "the registry's writes are authorized by the ACLs",
     ("coordinator/registry_http.py", "odradek.network.authorizer"): "CLUSTER, the cluster resource's name",
+    ("coordinator/registry_actor.py", "odradek.network.secstore"): "ZkStore: each broker's registry address, in ZooKeeper",
 }
 
 
