@@ -20,9 +20,10 @@ registrations never hand out one id twice.
 Cluster mode (``zookeeper.connect`` set): every broker serves the registry, one writes.
 ``_schemas`` is created with a replication factor of up to ``REPLICATION`` (the live brokers,
 at most 3). Each broker's registry follows its own replica: every ``FOLLOW_INTERVAL`` it asks
-the controller for the metadata (who leads ``_schemas``-0) and its log actor for the bounds,
-and replays the new records up to the high watermark (``_follow``, ``_sync``), so reads are
-answered locally. Writes are made by the registry of the broker leading ``_schemas``-0 only:
+its log actor for the partition's bounds (``get_bounds`` of that one partition) and replays
+the new records up to the high watermark (``_follow``, ``_sync``), so reads are answered
+locally; who leads the partition it learns from the controller's metadata before each write
+(and every ``METADATA_INTERVAL`` while it hosts no replica). Writes are made by the registry of the broker leading ``_schemas``-0 only:
 before planning one it replays up to its log end (everything an earlier leader wrote that
 reached it), and it appends with acks=-1, fenced by the partition's leader epoch (a deposed
 leader's append fails); the records are applied by the replay that follows the append. A
@@ -40,8 +41,8 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
-import logging
 import json
+import logging
 import threading
 import time
 import urllib.error
@@ -65,6 +66,7 @@ log = logging.getLogger("odradek.schemas")
 ANSWER_TIMEOUT = 30.0  # seconds an HTTP request waits for the loop (a write: the topic's creation and an fsync)
 WRITE_TIMEOUT_MS = 10_000  # an acks=-1 append of registry records waits this long for the ISR
 FOLLOW_INTERVAL = 0.2  # seconds between two looks at _schemas-0 of a registry in cluster mode
+METADATA_INTERVAL = 2.0  # seconds between two reads of the metadata by a broker hosting no replica of it
 REPLICATION = 3  # _schemas' replication factor in cluster mode (fewer brokers: all of them)
 LEADER_WAIT = 10.0  # seconds a write waits for _schemas-0 to have a leader (just created, or moving)
 ADDRESSES = "/config/odradek-schema-registry"  # ZooKeeper: {broker id: the registry's URL}
@@ -97,6 +99,7 @@ class SchemaRegistryActor(Actor):
         self._parked: list = []  # reads waiting for the first replay
         self._waiters: list = []  # (offset, done): forwarded writes waiting to be replayed here
         self._following = False
+        self._metadata_at = -1e9  # when the controller's metadata was last read (monotonic)
         address = http_address(self.config.get("schema.registry.listener"), self.config["listeners"])
         if address is None:
             log.info("schema.registry.listener is empty: no schema registry")
@@ -110,7 +113,7 @@ class SchemaRegistryActor(Actor):
                 return
         try:
             server = waitress.create_server(make_app(self.submit, Gate(self.config, self.data_dir), self.forward,
-                                                     lambda: self.applied),
+                                                     (lambda: self.applied) if self.cluster else None),
                                             host=address[0], port=address[1], **HTTP_SETTINGS)
         except OSError as exc:  # the broker serves Kafka clients all the same; say why there is no registry
             log.error("schema.registry.listener %s:%d cannot be bound (%s): no schema registry; set it to a free "
@@ -145,7 +148,7 @@ class SchemaRegistryActor(Actor):
         self.exists = SCHEMAS_TOPIC in (snapshot.get("topics") or {})
         if not self.exists:
             return
-        fields = self.call(self._host(), "get_bounds", timeout=60.0).fields
+        fields = self.call(self._host(), "get_bounds", {"only": [[SCHEMAS_TOPIC, 0]]}, timeout=60.0).fields
         bounds = next((PartitionBounds(*p).bounds for p in fields.get("parts") or ()
                        if p[0] == SCHEMAS_TOPIC and p[1] == 0), None)
         if bounds is None:
@@ -184,7 +187,8 @@ class SchemaRegistryActor(Actor):
 
     def stats(self) -> dict:
         return {"subjects": len(self.registry.subjects), "schemas": len(self.registry.by_id),
-                "writes": self.writes, "skipped_records": self.skipped, "queued_writes": len(self._writes)}
+                "writes": self.writes, "skipped_records": self.skipped, "queued_writes": len(self._writes),
+                **({"leading": int(self.leading), "replayed_to": self.applied} if self.cluster else {})}
 
     # ---- called from HTTP threads ----------------------------------------------------------
     def submit(self, op, write: bool):
@@ -246,35 +250,30 @@ class SchemaRegistryActor(Actor):
 
     # ---- cluster mode ----------------------------------------------------------------------
     def _cluster_write(self, deadline: float) -> None:
-        """The head of the queue: created ``_schemas`` first if need be, forwarded unless this
-        broker leads ``_schemas``-0, else planned after a replay to the log end, stored, and
-        applied by the replay that follows (``_stored_by_leader``)."""
-        if not self.exists:
-            if time.monotonic() > deadline:
-                self._fail_writes(RegistryError(500, 50003, f"{SCHEMAS_TOPIC} was created but is not in the "
-                                                            f"metadata yet; retry"))
-                return
-            self._create(lambda why: self._fail_writes(RegistryError(500, 50001, why)) if why
-                         else self.call_later(0.1, lambda: self._catch_up(True, lambda: self._cluster_write(deadline))))
-            return
-        if not self.leading:
-            if self.leader_id < 0 or self.leader_id == self.broker_id:  # no leader yet, or not told so yet
-                if time.monotonic() > deadline:
-                    self._fail_writes(RegistryError(500, 50003, f"{SCHEMAS_TOPIC}-0 has no leader; retry"))
-                else:
-                    self.call_later(0.1, lambda: self._catch_up(True, lambda: self._cluster_write(deadline)))
-                return
-            self._fail_writes(self._forward_to_leader())
-            return
-        self._catch_up(True, self._plan_as_leader)
+        """The head of the queue: who leads ``_schemas``-0 learnt again (and, leading, the log
+        replayed to its end), then ``_route_write``."""
+        self._catch_up(True, lambda: self._route_write(deadline), metadata=True)
 
-    def _plan_as_leader(self) -> None:
+    def _route_write(self, deadline: float) -> None:
+        """``_schemas`` created first if need be; forwarded unless this broker leads
+        ``_schemas``-0, else planned, stored, and applied by the replay that follows
+        (``_stored_by_leader``)."""
         if not self._writes:
             self._writing = False
-            return
-        if not self.leading:  # lost the leadership while replaying
-            self._cluster_write(time.monotonic() + LEADER_WAIT)
-            return
+        elif self.leading:
+            self._plan_as_leader()
+        elif self.exists and self.leader_id >= 0 and self.leader_id != self.broker_id:
+            self._fail_writes(Forward(self.leader_id))
+        elif time.monotonic() > deadline:
+            self._fail_writes(RegistryError(500, 50003, f"{SCHEMAS_TOPIC}-0 has no leader (or this broker has "
+                                                        f"not opened it yet); retry"))
+        elif not self.exists:
+            self._create(lambda why: self._fail_writes(RegistryError(500, 50001, why)) if why
+                         else self.call_later(0.1, lambda: self._cluster_write(deadline)))
+        else:  # no leader yet (just created, or moving), or this broker leads it but has not opened it yet
+            self.call_later(0.1, lambda: self._cluster_write(deadline))
+
+    def _plan_as_leader(self) -> None:
         op, done = self._writes.popleft()
         try:
             plan: Plan = op(self.registry)
@@ -316,31 +315,44 @@ class SchemaRegistryActor(Actor):
             self._following = True
             self._catch_up(False, lambda: setattr(self, "_following", False))
 
-    def _catch_up(self, to_log_end: bool, then) -> None:
-        """Learn who leads ``_schemas``-0 and replay what this broker's replica has that was not
-        replayed yet: to the high watermark, or (``to_log_end``, the leader before a write) to
-        the log end; then ``then()``."""
-        def bounds(reply: Message) -> None:
+    def _catch_up(self, to_log_end: bool, then, metadata: bool = False) -> None:
+        """Replay what this broker's replica of ``_schemas``-0 has that was not replayed yet: to
+        the high watermark, or (``to_log_end``, the leader before a write) to the log end; then
+        ``then()``. Who leads it comes from the controller's metadata, asked first with
+        ``metadata`` (a write), or when this broker hosts no replica (at most every
+        ``METADATA_INTERVAL``): a follow of a hosted replica costs one filtered ``get_bounds``."""
+        def bounds(reply: Message, asked: bool) -> None:
             parts = () if reply.is_error else reply.fields.get("parts") or ()
             p = next((PartitionBounds(*p) for p in parts if p[0] == SCHEMAS_TOPIC and p[1] == 0), None)
+            if p is None and not asked and (not self.synced or
+                                            time.monotonic() - self._metadata_at >= METADATA_INTERVAL):
+                self._metadata(lambda: (self._sync(None, False), then()))
+                return
             try:
                 self._sync(p, to_log_end)
             except (OdradekError, OSError) as exc:
                 log.warning("cannot replay %s-0 (%s); retrying", SCHEMAS_TOPIC, getattr(exc, "message", exc))
             then()
 
-        def metadata(reply: Message) -> None:
+        def ask_bounds(asked: bool) -> None:
+            self.request(self._host(), "get_bounds", {"only": [[SCHEMAS_TOPIC, 0]]},
+                         callback=lambda reply: bounds(reply, asked), timeout=10.0)
+
+        if metadata:
+            self._metadata(lambda: ask_bounds(True))
+        else:
+            ask_bounds(False)
+
+    def _metadata(self, then) -> None:
+        """Learn from the controller whether ``_schemas`` exists and who leads partition 0."""
+        def adopt(reply: Message) -> None:
             if not reply.is_error:
+                self._metadata_at = time.monotonic()
                 leaders = offsets_leaders(reply.fields, self.broker_id, SCHEMAS_TOPIC)
                 self.exists = bool(leaders)
                 self.leader_id = leaders[0][0] if leaders else -1
-            if not self.exists:
-                self._sync(None, False)
-                then()
-                return
-            self.request(self._host(), "get_bounds", callback=bounds, timeout=10.0)
-
-        self.request(CONTROLLER, "get_metadata", callback=metadata, timeout=10.0)
+            then()
+        self.request(CONTROLLER, "get_metadata", callback=adopt, timeout=10.0)
 
     def _sync(self, p: PartitionBounds | None, to_log_end: bool) -> None:
         if p is None:
@@ -353,7 +365,9 @@ class SchemaRegistryActor(Actor):
                 log.info("%s-0: %s; replaying it from the start", SCHEMAS_TOPIC,
                          "no longer the leader" if self.leading and not p.leader else "truncated or moved")
                 self.registry, self.applied = SchemaRegistry(), 0
-            self.hosted, self.leading = True, bool(p.leader)
+            self.exists, self.hosted, self.leading = True, True, bool(p.leader)
+            if p.leader:
+                self.leader_id = self.broker_id
             upto = p.log_end_offset if to_log_end and p.leader else p.high_watermark
             start = max(self.applied, p.log_start_offset)
             if upto > start:
@@ -405,15 +419,18 @@ class SchemaRegistryActor(Actor):
     def _wait_for(self, offset: int) -> None:
         future: concurrent.futures.Future = concurrent.futures.Future()
 
+        waiter = (offset, lambda _r: future.done() or future.set_result(None))
+
         def wait() -> None:
             if offset <= self.applied or not self.hosted:
                 future.set_result(None)
             else:
-                self._waiters.append((offset, lambda _r: future.done() or future.set_result(None)))
+                self._waiters.append(waiter)
         self.post(wait)
         try:
             future.result(REPLAY_WAIT)
         except concurrent.futures.TimeoutError:
+            self.post(lambda: waiter in self._waiters and self._waiters.remove(waiter))
             log.info("%s-0 offset %d not replayed here within %gs: answering all the same", SCHEMAS_TOPIC,
                      offset, REPLAY_WAIT)
 
@@ -465,9 +482,12 @@ class SchemaRegistryActor(Actor):
             self.exists = True
             then(None)
 
-        def create(reply: Message) -> None:
-            brokers = len((reply.fields or {}).get("brokers") or ()) if self.cluster and not reply.is_error else 1
+        def create(brokers: int) -> None:
             self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
                 "name": SCHEMAS_TOPIC, "num_partitions": 1, "replication_factor": max(1, min(REPLICATION, brokers)),
                 "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
-        self.request(CONTROLLER, "get_metadata", callback=create, timeout=10.0)
+        if self.cluster:  # as many replicas as there are brokers, up to REPLICATION
+            self.request(CONTROLLER, "get_metadata", timeout=10.0, callback=lambda reply: create(
+                1 if reply.is_error else len(reply.fields.get("brokers") or ())))
+        else:
+            create(1)
