@@ -84,3 +84,32 @@ def test_every_broker_serves_one_writes_and_ids_stay_unique_when_the_leader_dies
     # and the old subjects are all still there, with their versions, on both
     for i in survivors:
         assert http(urls[i], "GET", "/subjects/orders-value/versions")[1] == [1, 2]
+
+
+def test_a_write_forwarded_to_the_leader_carries_the_users_credentials(make_cluster):
+    """With SASL users (in ZooKeeper, the same for every broker), the broker a client talks to
+    checks its credentials, and the leader checks them again on the forwarded write."""
+    from confluent_kafka.schema_registry.error import SchemaRegistryError
+
+    from odradek.network import secstore
+
+    cluster = make_cluster(2)
+    urls = {i: cluster.broker(i).schema_registry_url for i in cluster.ids}
+    users = secstore.Users("", {"zookeeper.connect": cluster.zookeeper_connect})
+    try:
+        users.add("alice", "alice-pw", iterations=4096)
+    finally:
+        users.store.close()
+    authed = {i: SchemaRegistryClient({"url": u, "basic.auth.user.info": "alice:alice-pw"}) for i, u in urls.items()}
+    end = time.monotonic() + 30
+    while http(urls[1], "GET", "/subjects")[0] != 401:  # the users reach every broker through a ZooKeeper watch
+        assert time.monotonic() < end
+        time.sleep(0.2)
+    first = authed[1].register_schema("auth-value", Schema(avro("Auth"), "AVRO"))  # creates _schemas
+    follower = next(i for i in urls if i != cluster.leader(SCHEMAS_TOPIC, 0))
+    second = authed[follower].register_schema("auth-value", Schema(avro("Auth", 1), "AVRO"))
+    assert second != first and authed[follower].get_latest_version("auth-value").schema_id == second
+    with pytest.raises(SchemaRegistryError) as err:
+        SchemaRegistryClient({"url": urls[follower], "basic.auth.user.info": "alice:wrong"}).register_schema(
+            "auth-value", Schema(avro("Auth", 2), "AVRO"))
+    assert err.value.http_status_code == 401 and err.value.error_code == 40101
