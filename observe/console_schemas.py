@@ -34,6 +34,7 @@ MAGIC = 0
 CACHE_SIZE = 1000  # schema ids remembered
 TIMEOUT = 5.0  # seconds the console waits for its registry
 MAX_VERSIONS_SHOWN = 100  # versions of one subject shown with their text
+MAX_SUBJECTS_SHOWN = 200  # subjects listed (two registry requests each), the first by name
 
 
 class Registry:
@@ -43,9 +44,12 @@ class Registry:
         self.actor = actor
         self._ids: collections.OrderedDict[int, dict | None] = collections.OrderedDict()
         self._lock = threading.Lock()
+        self._url: str | None = None
 
     def url(self) -> str | None:
-        return self.actor.status()["supervisor"].get("schema_registry")
+        if self._url is None:  # asked again after a failure: a restarted registry may have a new port
+            self._url = self.actor.status()["supervisor"].get("schema_registry")
+        return self._url
 
     def get(self, path: str, auth: str | None = None):
         """The registry's JSON answer to GET ``path``; raises bottle.HTTPError with its status."""
@@ -63,6 +67,7 @@ class Registry:
                 why = exc.reason
             raise bottle.HTTPError(exc.code, f"The schema registry answered {exc.code}: {why}") from None
         except (OSError, ValueError) as exc:
+            self._url = None
             raise bottle.HTTPError(502, f"The schema registry does not answer: {exc}") from None
 
     def schema(self, schema_id: int, auth: str | None) -> dict | None:
@@ -188,14 +193,14 @@ def install(app: bottle.Bottle, actor, view) -> Registry:
     def schemas():
         auth = authorization()
         q = urllib.parse.quote
-        subjects = registry.get("/subjects", auth)
+        subjects = sorted(registry.get("/subjects", auth))
         rows = []
-        for subject in sorted(subjects):
+        for subject in subjects[:MAX_SUBJECTS_SHOWN]:
             latest = registry.get(f"/subjects/{q(subject, safe='')}/versions/latest", auth)
             level = registry.get(f"/config/{q(subject, safe='')}?defaultToGlobal=true", auth)
             rows.append({"subject": subject, "version": latest.get("version"), "id": latest.get("id"),
                          "type": latest.get("schemaType") or "AVRO", "level": level.get("compatibilityLevel")})
-        return view("schemas", title="Schemas", rows=rows, url=registry.url(),
+        return view("schemas", title="Schemas", rows=rows, url=registry.url(), total=len(subjects),
                     level=registry.get("/config", auth).get("compatibilityLevel"),
                     mode=registry.get("/mode", auth).get("mode"))
 

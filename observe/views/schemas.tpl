@@ -7,4 +7,4 @@ mode <b id="mode">{{mode}}</b> (docs/SCHEMAS.md).</p>
 <td>{{r["type"]}}</td><td>{{r["level"]}}</td></tr>
 % end
 </table>
-<p>{{len(rows)}} subject(s).</p>
+<p>{{total}} subject(s){{f", the first {len(rows)} by name shown" if total > len(rows) else ""}}.</p>
