@@ -23,7 +23,8 @@ at most 3). Each broker's registry follows its own replica: every ``FOLLOW_INTER
 its log actor for the partition's bounds (``get_bounds`` of that one partition) and replays
 the new records up to the high watermark (``_follow``, ``_sync``), so reads are answered
 locally; who leads the partition it learns from the controller's metadata before each write
-(and every ``METADATA_INTERVAL`` while it hosts no replica). Writes are made by the registry of the broker leading ``_schemas``-0 only:
+(and, while it hosts no replica, every ``METADATA_INTERVAL`` and before a read when what it
+knows is older than ``FOLLOW_INTERVAL``). Writes are made by the registry of the broker leading ``_schemas``-0 only:
 before planning one it replays up to its log end (everything an earlier leader wrote that
 reached it), and it appends with acks=-1, fenced by the partition's leader epoch (a deposed
 leader's append fails); the records are applied by the replay that follows the append. A
@@ -207,9 +208,13 @@ class SchemaRegistryActor(Actor):
                                             f"retry") from None
 
     # ---- on the loop ----------------------------------------------------------------------
-    def _read(self, op, done) -> None:
+    def _read(self, op, done, fresh: bool = False) -> None:
         if not self.synced:
             self._parked.append((op, done))
+            return
+        if self.cluster and not self.hosted and not fresh and \
+                time.monotonic() - self._metadata_at > FOLLOW_INTERVAL:  # created meanwhile? the leader moved?
+            self._metadata(lambda: self._read(op, done, fresh=True))
             return
         if self.cluster and self.exists and not self.hosted:
             done(self._forward_to_leader())

@@ -113,3 +113,19 @@ def test_a_write_forwarded_to_the_leader_carries_the_users_credentials(make_clus
         SchemaRegistryClient({"url": urls[follower], "basic.auth.user.info": "alice:wrong"}).register_schema(
             "auth-value", Schema(avro("Auth", 2), "AVRO"))
     assert err.value.http_status_code == 401 and err.value.error_code == 40101
+
+
+def test_a_broker_hosting_no_replica_forwards_reads_and_writes(make_cluster):
+    """Four brokers, three replicas of _schemas-0: the fourth has no replica to follow and
+    sends every request to the leader's registry."""
+    cluster = make_cluster(4)
+    urls = {i: cluster.broker(i).schema_registry_url for i in cluster.ids}
+    first = register(urls[1], "far-value", avro("Far"))
+    replicas = cluster.topic_assignment(SCHEMAS_TOPIC)[0]
+    assert len(replicas) == 3
+    outside = next(i for i in urls if i not in replicas)
+    status, answer, _ = http(urls[outside], "GET", f"/schemas/ids/{first}")
+    assert status == 200 and json.loads(answer["schema"]) == json.loads(avro("Far")), answer
+    second = register(urls[outside], "far-value", avro("Far", 1))
+    assert second != first
+    assert http(urls[outside], "GET", "/subjects/far-value/versions")[1] == [1, 2]
