@@ -25,6 +25,7 @@ import logging
 from typing import Any, Callable
 from urllib.parse import parse_qs
 
+from odradek.coordinator.schema_formats import protobuf_descriptor
 from odradek.coordinator.schema_registry import RegistryError, SchemaRegistry
 from odradek.network.authorizer import CLUSTER
 from odradek.network.basic_auth import BasicAuth, challenge
@@ -195,6 +196,8 @@ def _serve(environ: dict, submit, gate: Gate | None, forward, position, extra: l
         gate.authorize(principal, environ.get("REMOTE_ADDR") or "", method, parts, write)
     try:
         answer = submit(op, write)
+        if method == "GET" and (query.get("format") or [""])[0] == "serialized":  # here, not on the loop
+            answer = _serialized(answer)
         if write and position is not None:
             extra.append((OFFSET_HEADER, str(position())))
         return 200, answer
@@ -202,6 +205,20 @@ def _serve(environ: dict, submit, gate: Gate | None, forward, position, extra: l
         if forward is None:
             raise RegistryError(500, 50003, "this registry cannot forward requests") from None
         return forward(to.broker_id, environ, body)
+
+
+def _serialized(answer: Any) -> Any:
+    """A Protobuf schema registered as .proto text, answered as the base64 serialized
+    ``FileDescriptorProto`` ``?format=serialized`` asks for (as it is when it cannot be built)."""
+    if isinstance(answer, dict) and answer.get("schemaType") == "PROTOBUF" and isinstance(answer.get("schema"), str):
+        try:
+            built = protobuf_descriptor(answer["schema"])
+        except Exception:  # noqa: BLE001 - the stored text parsed once; answer it as stored rather than fail
+            log.exception("schema registry: cannot build the descriptor of a stored Protobuf schema")
+            built = None
+        if built is not None:
+            return {**answer, "schema": built}
+    return answer
 
 
 def _body(environ: dict) -> Any:

@@ -11,9 +11,10 @@ A schema id's answer never changes, so it is cached (at most ``CACHE_SIZE`` ids)
 
 Decoding: AVRO with fastavro (``schemaless_reader``, the writer's schema; references are not
 resolved: such a record is shown undecoded, saying why); JSON as JSON; PROTOBUF after the
-message indexes, with the message class built from the schema when it is the serialized
-descriptor confluent-kafka's serializer registers (google.protobuf's descriptor pool), else
-(.proto text: no protoc here) field by field from the wire (number, wire type, value). A
+message indexes, with the message class built from the serialized descriptor the registry
+answers for ``?format=serialized`` (google.protobuf's descriptor pool), else (a .proto text
+importing another subject's file, answered as text) field by field from the wire (number,
+wire type, value). A
 value that is not in the wire format, or whose id the registry does not know, is rendered as
 the browser would without this module.
 """
@@ -149,7 +150,7 @@ def _protobuf(schema: str, payload: bytes) -> str:
         from google.protobuf.unknown_fields import UnknownFieldSet
         empty = empty_pb2.Empty.FromString(body)
         rows = [f"field {f.field_number} (wire type {f.wire_type}): {f.data!r}" for f in UnknownFieldSet(empty)]
-        return "(fields by number: the schema is .proto text, no descriptor to name them)\n" + "\n".join(rows)
+        return "(fields by number: the registry has no descriptor to name them)\n" + "\n".join(rows)
     except (DecodeError, IndexError, KeyError, TypeError) as exc:
         raise ValueError(f"does not decode as its Protobuf schema: {exc}") from None
 

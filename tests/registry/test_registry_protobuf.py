@@ -87,3 +87,65 @@ def test_a_base64_that_is_not_a_descriptor_is_42201(registry):
     status, answer, _ = http(registry, "POST", f"/subjects/pb-{uuid.uuid4().hex[:8]}/versions",
                              {"schema": "AAAA////", "schemaType": "PROTOBUF"})
     assert (status, answer["error_code"]) == (422, 42201), answer
+
+
+PROTO_TEXT = """syntax = "proto3";
+package shop;
+message Order {
+  string name = 1;
+  int64 count = 2;
+  repeated Line lines = 3;
+  map<string, int32> tags = 4;
+  Status status = 5;
+  message Line { string sku = 1; int32 qty = 2; }
+  enum Status { NEW = 0; PAID = 1; }
+}
+"""
+
+
+def test_a_schema_registered_as_proto_text_is_answered_as_a_descriptor_to_the_deserializer(shared_broker, registry):
+    """Java's KafkaProtobufSerializer registers .proto text; confluent-kafka's deserializer asks
+    for the writer's schema with ?format=serialized and builds its descriptor pool from that:
+    a record framed as the Java serializer frames it is read back through the broker."""
+    from confluent_kafka import Producer
+
+    name = f"pb-{uuid.uuid4().hex[:8]}"
+    status, answer, _ = http(registry, "POST", f"/subjects/{name}-value/versions",
+                             {"schema": PROTO_TEXT, "schemaType": "PROTOBUF"})
+    assert status == 200, answer
+    sid = answer["id"]
+    # the text stays the text; serialized, it is a descriptor of the same messages
+    assert "message Order" in http(registry, "GET", f"/schemas/ids/{sid}")[1]["schema"]
+    import base64
+    served = http(registry, "GET", f"/schemas/ids/{sid}?format=serialized")[1]["schema"]
+    fdp = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(served))
+    assert fdp.package == "shop" and [m.name for m in fdp.message_type] == ["Order"]
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(fdp)
+    order = message_factory.GetMessageClass(pool.FindMessageTypeByName("shop.Order"))
+    value = order(name="java", count=9, tags={"x": 1}, status=1)
+    value.lines.add(sku="s-1", qty=2)
+    framed = b"\x00" + sid.to_bytes(4, "big") + b"\x00" + value.SerializeToString()  # message index [0]
+    producer = Producer({"bootstrap.servers": shared_broker.bootstrap})
+    producer.produce(name, value=framed)
+    assert producer.flush(30) == 0
+    client = SchemaRegistryClient({"url": registry})
+    got = _consume_one(shared_broker, name, ProtobufDeserializer(order, {"use.deprecated.format": False}, client))
+    assert got == value
+    # the subject's version answered serialized too (the serializer's use.latest.version asks for it)
+    latest = http(registry, "GET", f"/subjects/{name}-value/versions/latest?format=serialized")[1]
+    assert descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(latest["schema"])) == fdp
+
+
+def _consume_one(broker, topic: str, deserializer):
+    from confluent_kafka import Consumer
+    consumer = Consumer({"bootstrap.servers": broker.bootstrap, "group.id": topic, "auto.offset.reset": "earliest"})
+    consumer.subscribe([topic])
+    try:
+        for _ in range(120):
+            msg = consumer.poll(0.5)
+            if msg is not None and not msg.error():
+                return deserializer(msg.value(), SerializationContext(topic, MessageField.VALUE))
+    finally:
+        consumer.close()
+    raise AssertionError(f"nothing consumed from {topic}")
