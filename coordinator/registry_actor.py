@@ -17,8 +17,22 @@ loop, reads are answered at once; writes run one at a time (``_writes``, a queue
 against the state, their records appended, then applied and answered, so two concurrent
 registrations never hand out one id twice.
 
-Cluster mode is not served yet: with ``zookeeper.connect`` set the actor logs so and idles
-(docs/SCHEMAS.md).
+Cluster mode (``zookeeper.connect`` set): every broker serves the registry, one writes.
+``_schemas`` is created with a replication factor of up to ``REPLICATION`` (the live brokers,
+at most 3). Each broker's registry follows its own replica: every ``FOLLOW_INTERVAL`` it asks
+its log actor for the partition's bounds (``get_bounds`` of that one partition) and replays
+the new records up to the high watermark (``_follow``, ``_sync``), so reads are answered
+locally; who leads the partition it learns from the controller's metadata before each write
+(and, while it hosts no replica, every ``METADATA_INTERVAL`` and before a read when what it
+knows is older than ``FOLLOW_INTERVAL``). Writes are made by the registry of the broker leading ``_schemas``-0 only:
+before planning one it replays up to its log end (everything an earlier leader wrote that
+reached it), and it appends with acks=-1, fenced by the partition's leader epoch (a deposed
+leader's append fails); the records are applied by the replay that follows the append. A
+broker that does not lead answers ``Forward``: its HTTP thread sends the request to the
+leader's registry, whose URL every registry publishes in ZooKeeper (``ADDRESSES``,
+``{broker id: url}``). A registry that stops leading, or finds its log truncated, replays
+from the start. A broker hosting no replica forwards reads too. Until its first replay a
+broker holds reads (at most ``ANSWER_TIMEOUT``). docs/SCHEMAS.md, "Cluster mode".
 
 Sends: ``get_metadata`` and ``create_topics`` to the controller; ``get_bounds`` and
 ``produce`` to the log actor hosting ``_schemas``-0. Accepts nothing but the runtime's own
@@ -28,22 +42,36 @@ from __future__ import annotations
 
 import collections
 import concurrent.futures
+import json
 import logging
+import threading
+import time
+import urllib.error
+import urllib.request
 
 from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, LogBounds, PartitionBounds, ProducePart, log_host
 from odradek.actors.runtime import Actor
 from odradek.coordinator.internal_replay import InternalReplay
-from odradek.coordinator.registry_http import MAX_BODY, make_app
+from odradek.coordinator.offsets import offsets_leaders
+from odradek.coordinator.registry_http import MAX_BODY, OFFSET_HEADER, Forward, Gate, make_app
 from odradek.coordinator.schema_registry import Plan, RegistryError, SchemaRegistry
 from odradek.log.records import encode_batch
 from odradek.network.protocol import SCHEMAS_TOPIC, ErrorCode, OdradekError, http_address
+from odradek.network.secstore import ZkStore
 
 log = logging.getLogger("odradek.schemas")
 
 ANSWER_TIMEOUT = 30.0  # seconds an HTTP request waits for the loop (a write: the topic's creation and an fsync)
 WRITE_TIMEOUT_MS = 10_000  # an acks=-1 append of registry records waits this long for the ISR
+FOLLOW_INTERVAL = 0.2  # seconds between two looks at _schemas-0 of a registry in cluster mode
+METADATA_INTERVAL = 2.0  # seconds between two reads of the metadata by a broker hosting no replica of it
+REPLICATION = 3  # _schemas' replication factor in cluster mode (fewer brokers: all of them)
+LEADER_WAIT = 10.0  # seconds a write waits for _schemas-0 to have a leader (just created, or moving)
+ADDRESSES = "/config/odradek-schema-registry"  # ZooKeeper: {broker id: the registry's URL}
+FORWARD_TIMEOUT = 25.0  # seconds a forwarded request waits for the leader's registry
+REPLAY_WAIT = 5.0  # seconds a forwarded write's answer waits for this broker to replay it
 HTTP_SETTINGS = http_listener.http_settings("odradek-schema-registry", MAX_BODY)
 
 
@@ -60,28 +88,54 @@ class SchemaRegistryActor(Actor):
         self._writes: collections.deque = collections.deque()  # (op, done) waiting their turn
         self._writing = False
         self.skipped = self.writes = 0
+        self.cluster = bool(self.config.get("zookeeper.connect"))
+        self.broker_id = int(self.args.get("broker_id", self.config["broker.id"]))
+        self.applied = 0  # cluster mode: the next offset of _schemas-0 to replay
+        self.hosted = self.leading = False  # cluster mode: this broker hosts / leads _schemas-0
+        self.leader_id = -1
+        self.synced = not self.cluster  # replayed once (reads wait for it)
+        self._parked: list = []  # reads waiting for the first replay
+        self._waiters: list = []  # (offset, done): forwarded writes waiting to be replayed here
+        self._following = False
+        self._metadata_at = -1e9  # when the controller's metadata was last read (monotonic)
         address = http_address(self.config.get("schema.registry.listener"), self.config["listeners"])
         if address is None:
             log.info("schema.registry.listener is empty: no schema registry")
             return
-        if self.config.get("zookeeper.connect"):
-            log.warning("the schema registry is not served in cluster mode yet (docs/SCHEMAS.md)")
-            return
+        if not self.cluster:
+            try:
+                self._replay_at_start()
+            except (OdradekError, OSError) as exc:  # the broker serves Kafka clients all the same; say why not this
+                log.error("the schema registry cannot read %s (%s): no schema registry until the broker restarts",
+                          SCHEMAS_TOPIC, getattr(exc, "message", exc))
+                return
         try:
-            self._replay_at_start()
-        except (OdradekError, OSError) as exc:  # the broker serves Kafka clients all the same; say why not this
-            log.error("the schema registry cannot read %s (%s): no schema registry until the broker restarts",
-                      SCHEMAS_TOPIC, getattr(exc, "message", exc))
-            return
-        try:
-            self.server, self.host, self.port = http_listener.serve(make_app(self.submit), address, HTTP_SETTINGS,
-                                                                    "schema-registry-http")
+            self.server, self.host, self.port = http_listener.serve(
+                make_app(self.submit, Gate(self.config, self.data_dir), self.forward,
+                         (lambda: self.applied) if self.cluster else None),
+                address, HTTP_SETTINGS, "schema-registry-http")
         except OSError as exc:  # the broker serves Kafka clients all the same; say why there is no registry
             log.error("schema.registry.listener %s:%d cannot be bound (%s): no schema registry; set it to a free "
                       "address, or empty to turn it off", *address, exc.strerror or exc)
             return
         log.info("schema registry on http://%s:%d/ (%d subjects)", self.host, self.port,
                  len(self.registry.subjects))
+        if self.cluster:
+            self.addresses = ZkStore(self.config["zookeeper.connect"], ADDRESSES, dict,
+                                     self.config.get("zookeeper.connection.timeout.ms", 10000) / 1000)
+            threading.Thread(target=self._publish, name="schema-registry-publish", daemon=True).start()
+            self.call_every(FOLLOW_INTERVAL, self._follow)
+
+    def _publish(self) -> None:
+        """Write this registry's URL under ``ADDRESSES`` (retried until ZooKeeper takes it)."""
+        url = f"http://{self.host}:{self.port}"
+        while self.server is not None:
+            try:
+                self.addresses.update(lambda d: d.__setitem__(str(self.broker_id), url))
+                return
+            except Exception as exc:  # noqa: BLE001 - ZooKeeper unreachable: try again
+                log.warning("cannot publish the schema registry's address in ZooKeeper (%s); retrying", exc)
+                time.sleep(1.0)
 
     def _replay_at_start(self) -> None:
         """Read ``_schemas``-0 back into the registry (blocking: before the actor is ready)."""
@@ -89,7 +143,7 @@ class SchemaRegistryActor(Actor):
         self.exists = SCHEMAS_TOPIC in (snapshot.get("topics") or {})
         if not self.exists:
             return
-        fields = self.call(self._host(), "get_bounds", timeout=60.0).fields
+        fields = self.call(self._host(), "get_bounds", {"only": [[SCHEMAS_TOPIC, 0]]}, timeout=60.0).fields
         bounds = next((PartitionBounds(*p).bounds for p in fields.get("parts") or ()
                        if p[0] == SCHEMAS_TOPIC and p[1] == 0), None)
         if bounds is None:
@@ -97,7 +151,7 @@ class SchemaRegistryActor(Actor):
                                ErrorCode.UNKNOWN_TOPIC_OR_PARTITION)
         self._replay(bounds)
 
-    def _replay(self, bounds: LogBounds) -> None:
+    def _replay(self, bounds: LogBounds, quiet: bool = False) -> None:
         files = InternalReplay(self.data_dir, SCHEMAS_TOPIC, 0, bounds)
         try:
             records = 0
@@ -109,7 +163,7 @@ class SchemaRegistryActor(Actor):
         finally:
             self.skipped += files.skipped
             files.close()
-        log.info("replayed %s-0: %d records, %d subjects, %d schemas", SCHEMAS_TOPIC, records,
+        (log.debug if quiet else log.info)("replayed %s-0: %d records, %d subjects, %d schemas", SCHEMAS_TOPIC, records,
                  len(self.registry.subjects), len(self.registry.by_id))
 
     def _host(self) -> str:
@@ -126,7 +180,8 @@ class SchemaRegistryActor(Actor):
 
     def stats(self) -> dict:
         return {"subjects": len(self.registry.subjects), "schemas": len(self.registry.by_id),
-                "writes": self.writes, "skipped_records": self.skipped, "queued_writes": len(self._writes)}
+                "writes": self.writes, "skipped_records": self.skipped, "queued_writes": len(self._writes),
+                **({"leading": int(self.leading), "replayed_to": self.applied} if self.cluster else {})}
 
     # ---- called from HTTP threads ----------------------------------------------------------
     def submit(self, op, write: bool):
@@ -145,7 +200,17 @@ class SchemaRegistryActor(Actor):
                                             f"retry") from None
 
     # ---- on the loop ----------------------------------------------------------------------
-    def _read(self, op, done) -> None:
+    def _read(self, op, done, fresh: bool = False) -> None:
+        if not self.synced:
+            self._parked.append((op, done))
+            return
+        if self.cluster and not self.hosted and not fresh and \
+                time.monotonic() - self._metadata_at > FOLLOW_INTERVAL:  # created meanwhile? the leader moved?
+            self._metadata(lambda: self._read(op, done, fresh=True))
+            return
+        if self.cluster and self.exists and not self.hosted:
+            done(self._forward_to_leader())
+            return
         try:
             done(op(self.registry))
         except Exception as exc:  # RegistryError for the client; anything else is a bug, logged by the app
@@ -158,6 +223,13 @@ class SchemaRegistryActor(Actor):
 
     def _next_write(self) -> None:
         """Plan the next queued write against the state now, store its records, apply, answer."""
+        if self.cluster:
+            if self._writes:
+                self._writing = True
+                self._cluster_write(time.monotonic() + LEADER_WAIT)
+            else:
+                self._writing = False
+            return
         while self._writes:
             op, done = self._writes.popleft()
             try:
@@ -172,6 +244,192 @@ class SchemaRegistryActor(Actor):
             self._store(plan.records, lambda error, plan=plan, done=done: self._stored(plan, done, error))
             return
         self._writing = False
+
+    # ---- cluster mode ----------------------------------------------------------------------
+    def _cluster_write(self, deadline: float) -> None:
+        """The head of the queue: who leads ``_schemas``-0 learnt again (and, leading, the log
+        replayed to its end), then ``_route_write``."""
+        self._catch_up(True, lambda: self._route_write(deadline), metadata=True)
+
+    def _route_write(self, deadline: float) -> None:
+        """``_schemas`` created first if need be; forwarded unless this broker leads
+        ``_schemas``-0, else planned, stored, and applied by the replay that follows
+        (``_stored_by_leader``)."""
+        if not self._writes:
+            self._writing = False
+        elif self.leading:
+            self._plan_as_leader()
+        elif self.exists and self.leader_id >= 0 and self.leader_id != self.broker_id:
+            self._fail_writes(Forward(self.leader_id))
+        elif time.monotonic() > deadline:
+            self._fail_writes(RegistryError(500, 50003, f"{SCHEMAS_TOPIC}-0 has no leader (or this broker has "
+                                                        f"not opened it yet); retry"))
+        elif not self.exists:
+            self._create(lambda why: self._fail_writes(RegistryError(500, 50001, why)) if why
+                         else self.call_later(0.1, lambda: self._cluster_write(deadline)))
+        else:  # no leader yet (just created, or moving), or this broker leads it but has not opened it yet
+            self.call_later(0.1, lambda: self._cluster_write(deadline))
+
+    def _plan_as_leader(self) -> None:
+        op, done = self._writes.popleft()
+        try:
+            plan: Plan = op(self.registry)
+        except Exception as exc:
+            done(exc)
+            self._next_write()
+            return
+        if not plan.records:
+            done(plan.answer)
+            self._next_write()
+            return
+        self._store(plan.records, lambda error: self._stored_by_leader(plan, done, error))
+
+    def _stored_by_leader(self, plan: Plan, done, error: str | None) -> None:
+        if error:
+            done(RegistryError(500, 50001, f"Error while storing the schema: {error}"))
+            self._next_write()
+            return
+        self.writes += 1
+
+        def applied() -> None:
+            done(plan.answer)
+            self._next_write()
+        self._catch_up(True, applied)
+
+    def _fail_writes(self, answer) -> None:
+        """Every queued write answered ``answer`` (a Forward, or the error of all of them)."""
+        while self._writes:
+            self._writes.popleft()[1](answer)
+        self._writing = False
+
+    def _forward_to_leader(self):
+        if self.leader_id < 0:
+            return RegistryError(500, 50003, f"{SCHEMAS_TOPIC}-0 has no leader right now; retry")
+        return Forward(self.leader_id)
+
+    def _follow(self) -> None:
+        if not self._following:
+            self._following = True
+            self._catch_up(False, lambda: setattr(self, "_following", False))
+
+    def _catch_up(self, to_log_end: bool, then, metadata: bool = False) -> None:
+        """Replay what this broker's replica of ``_schemas``-0 has that was not replayed yet: to
+        the high watermark, or (``to_log_end``, the leader before a write) to the log end; then
+        ``then()``. Who leads it comes from the controller's metadata, asked first with
+        ``metadata`` (a write), or when this broker hosts no replica (at most every
+        ``METADATA_INTERVAL``): a follow of a hosted replica costs one filtered ``get_bounds``."""
+        def bounds(reply: Message, asked: bool) -> None:
+            parts = () if reply.is_error else reply.fields.get("parts") or ()
+            p = next((PartitionBounds(*p) for p in parts if p[0] == SCHEMAS_TOPIC and p[1] == 0), None)
+            if p is None and not asked and (not self.synced or
+                                            time.monotonic() - self._metadata_at >= METADATA_INTERVAL):
+                self._metadata(lambda: (self._sync(None, False), then()))
+                return
+            try:
+                self._sync(p, to_log_end)
+            except (OdradekError, OSError) as exc:
+                log.warning("cannot replay %s-0 (%s); retrying", SCHEMAS_TOPIC, getattr(exc, "message", exc))
+            then()
+
+        def ask_bounds(asked: bool) -> None:
+            self.request(self._host(), "get_bounds", {"only": [[SCHEMAS_TOPIC, 0]]},
+                         callback=lambda reply: bounds(reply, asked), timeout=10.0)
+
+        if metadata:
+            self._metadata(lambda: ask_bounds(True))
+        else:
+            ask_bounds(False)
+
+    def _metadata(self, then) -> None:
+        """Learn from the controller whether ``_schemas`` exists and who leads partition 0."""
+        def adopt(reply: Message) -> None:
+            if not reply.is_error:
+                self._metadata_at = time.monotonic()
+                leaders = offsets_leaders(reply.fields, self.broker_id, SCHEMAS_TOPIC)
+                self.exists = bool(leaders)
+                self.leader_id = leaders[0][0] if leaders else -1
+            then()
+        self.request(CONTROLLER, "get_metadata", callback=adopt, timeout=10.0)
+
+    def _sync(self, p: PartitionBounds | None, to_log_end: bool) -> None:
+        if p is None:
+            self.hosted = self.leading = False
+            if not self.exists and self.applied:  # the topic is gone: so is every schema
+                self.registry, self.applied = SchemaRegistry(), 0
+        else:
+            if (self.leading and not p.leader) or p.log_end_offset < self.applied or \
+                    (self.applied and p.log_start_offset > self.applied):
+                log.info("%s-0: %s; replaying it from the start", SCHEMAS_TOPIC,
+                         "no longer the leader" if self.leading and not p.leader else "truncated or moved")
+                self.registry, self.applied = SchemaRegistry(), 0
+            self.exists, self.hosted, self.leading = True, True, bool(p.leader)
+            if p.leader:
+                self.leader_id = self.broker_id
+            upto = p.log_end_offset if to_log_end and p.leader else p.high_watermark
+            start = max(self.applied, p.log_start_offset)
+            if upto > start:
+                self._replay(p.bounds._replace(log_start_offset=start, log_end_offset=upto), quiet=start > 0)
+                self.applied = upto
+        if not self.synced:
+            self.synced = True
+            parked, self._parked = self._parked, []
+            for op, done in parked:
+                self._read(op, done)
+        if self._waiters:
+            reached = [w for w in self._waiters if w[0] <= self.applied or not self.hosted]
+            self._waiters = [w for w in self._waiters if w not in reached]
+            for _offset, done in reached:
+                done(None)
+
+    # ---- called from HTTP threads: a request for the leader --------------------------------------
+    def forward(self, broker_id: int, environ: dict, body) -> tuple[int, object]:
+        """Send a request to broker ``broker_id``'s registry; its (status, answer)."""
+        if environ.get("HTTP_X_ODRADEK_FORWARDED"):  # the leader moved meanwhile: no second hop
+            raise RegistryError(500, 50003, f"broker {broker_id} leads {SCHEMAS_TOPIC}-0 now; retry")
+        url = (self.addresses.data() or {}).get(str(broker_id))
+        if not url:
+            raise RegistryError(500, 50003, f"broker {broker_id} leads {SCHEMAS_TOPIC}-0 but has published no "
+                                            f"registry address; retry")
+        query = environ.get("QUERY_STRING")
+        headers = {"Content-Type": "application/json", "X-Odradek-Forwarded": str(self.broker_id)}
+        if environ.get("HTTP_AUTHORIZATION"):
+            headers["Authorization"] = environ["HTTP_AUTHORIZATION"]
+        request = urllib.request.Request(url + (environ.get("PATH_INFO") or "/") + (f"?{query}" if query else ""),
+                                         data=None if body is None else json.dumps(body).encode(),
+                                         method=environ.get("REQUEST_METHOD", "GET"), headers=headers)
+        try:
+            with urllib.request.urlopen(request, timeout=FORWARD_TIMEOUT) as resp:
+                answer = json.loads(resp.read())
+                offset = resp.headers.get(OFFSET_HEADER)
+        except urllib.error.HTTPError as exc:
+            try:
+                return exc.code, json.loads(exc.read())
+            except ValueError:
+                raise RegistryError(500, 50003, f"broker {broker_id}'s registry answered {exc.code}") from None
+        except (OSError, ValueError) as exc:
+            raise RegistryError(500, 50003, f"cannot forward the request to broker {broker_id}'s registry "
+                                            f"({url}): {exc}; retry") from None
+        if offset and offset.isdigit():  # read-your-writes here: wait (a little) until this replica has it
+            self._wait_for(int(offset))
+        return resp.status, answer
+
+    def _wait_for(self, offset: int) -> None:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+
+        waiter = (offset, lambda _r: future.done() or future.set_result(None))
+
+        def wait() -> None:
+            if offset <= self.applied or not self.hosted:
+                future.set_result(None)
+            else:
+                self._waiters.append(waiter)
+        self.post(wait)
+        try:
+            future.result(REPLAY_WAIT)
+        except concurrent.futures.TimeoutError:
+            self.post(lambda: waiter in self._waiters and self._waiters.remove(waiter))
+            log.info("%s-0 offset %d not replayed here within %gs: answering all the same", SCHEMAS_TOPIC,
+                     offset, REPLAY_WAIT)
 
     def _stored(self, plan: Plan, done, error: str | None) -> None:
         if error:
@@ -221,6 +479,12 @@ class SchemaRegistryActor(Actor):
             self.exists = True
             then(None)
 
-        self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
-            "name": SCHEMAS_TOPIC, "num_partitions": 1, "replication_factor": 1,
-            "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
+        def create(brokers: int) -> None:
+            self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+                "name": SCHEMAS_TOPIC, "num_partitions": 1, "replication_factor": max(1, min(REPLICATION, brokers)),
+                "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
+        if self.cluster:  # as many replicas as there are brokers, up to REPLICATION
+            self.request(CONTROLLER, "get_metadata", timeout=10.0, callback=lambda reply: create(
+                1 if reply.is_error else len(reply.fields.get("brokers") or ())))
+        else:
+            create(1)

@@ -11,7 +11,11 @@ parsed form, as the registry must decide them:
             narrowed, required properties added, properties added to an open content model
             or removed from a closed one, additionalProperties closed, bounds narrowed, enums
             narrowed), recursively through properties and items. Not every rule Confluent has.
-  PROTOBUF  ``proto_schema_parser`` (a pure-Python .proto parser); the rules: a message the
+  PROTOBUF  ``proto_schema_parser`` (a pure-Python .proto parser) for .proto text (and
+            ``protobuf_descriptor``: its serialized descriptor, built from that tree), and
+            ``google.protobuf``'s ``FileDescriptorProto`` for the base64 form confluent-kafka's
+            ProtobufSerializer registers (a serialized descriptor, kept as given, so that
+            ``?format=serialized`` answers it back); the rules: a message the
             writer has must still exist, and a field number both have keeps a wire-compatible
             type (Confluent's MESSAGE_REMOVED and FIELD_KIND_CHANGED / FIELD_SCALAR_KIND_CHANGED).
 
@@ -254,6 +258,11 @@ WIRE_GROUPS = [{"int32", "uint32", "int64", "uint64", "bool"}, {"sint32", "sint6
 
 
 def _parse_protobuf(text: str) -> Parsed:
+    descriptor = _descriptor(text.strip())
+    if descriptor is not None:
+        messages: dict[str, dict[int, str]] = {}
+        _descriptor_messages(descriptor.message_type, "", messages)
+        return Parsed(PROTOBUF, text.strip(), messages)
     from antlr4.error.ErrorListener import ErrorListener
     from proto_schema_parser.parser import Parser
 
@@ -283,6 +292,159 @@ def _proto_messages(elements, prefix: str, out: dict) -> None:
             name = f"{prefix}{el.name}"
             out[name] = {f.number: f.type for f in el.elements if isinstance(f, pa.Field)}
             _proto_messages(el.elements, name + ".", out)
+
+
+def _descriptor(text: str):
+    """The ``FileDescriptorProto`` of a base64 serialized descriptor, or None if ``text`` is not
+    one (.proto text has spaces, which base64 has not)."""
+    import base64
+    import binascii
+
+    if not text or any(c.isspace() for c in text):
+        return None
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        return None
+    from google.protobuf import descriptor_pb2
+    from google.protobuf.message import DecodeError
+    try:
+        descriptor = descriptor_pb2.FileDescriptorProto.FromString(raw)
+    except (DecodeError, RuntimeError, ValueError) as exc:
+        raise InvalidSchema(f"invalid Protobuf schema: base64 but not a serialized FileDescriptorProto ({exc})") from None
+    if not descriptor.message_type and not descriptor.enum_type and not descriptor.name:
+        raise InvalidSchema("invalid Protobuf schema: a serialized FileDescriptorProto with neither name nor types")
+    return descriptor
+
+
+def _descriptor_messages(messages, prefix: str, out: dict) -> None:
+    """As ``_proto_messages``, from descriptors: a scalar's type by its .proto name, a message
+    or enum field by its type's last name (as .proto text usually spells it)."""
+    from google.protobuf.descriptor_pb2 import FieldDescriptorProto
+    for m in messages:
+        name = f"{prefix}{m.name}"
+        out[name] = {f.number: (f.type_name.rpartition(".")[2] if f.type_name else
+                                FieldDescriptorProto.Type.Name(f.type)[len("TYPE_"):].lower()) for f in m.field}
+        _descriptor_messages(m.nested_type, name + ".", out)
+
+
+SCALARS = {"double", "float", "int64", "uint64", "int32", "fixed64", "fixed32", "bool", "string", "bytes",
+           "uint32", "sfixed32", "sfixed64", "sint32", "sint64"}
+
+
+def protobuf_descriptor(text: str) -> str | None:
+    """The base64 serialized ``FileDescriptorProto`` of a .proto text (what confluent-kafka's
+    Protobuf deserializer asks for with ``?format=serialized``), built from
+    proto-schema-parser's tree: messages (nested), fields, maps, oneofs, enums, the package,
+    the imports. None if the text is already a serialized descriptor, or if a type it names
+    is neither declared in it nor in one of the well-known ``google/protobuf/*.proto`` it
+    imports (a reference to another subject's file is not resolved here)."""
+    import base64
+    import importlib
+    import re
+
+    from google.protobuf import descriptor_pb2, descriptor_pool
+    from proto_schema_parser import ast as pa
+    from proto_schema_parser.parser import Parser
+
+    if _descriptor(text.strip()) is not None:
+        return None
+    tree = Parser().parse(text)
+    F = descriptor_pb2.FieldDescriptorProto
+    fdp = descriptor_pb2.FileDescriptorProto(name="default.proto", syntax=tree.syntax or "proto2")
+    package = next((e.name for e in tree.file_elements if isinstance(e, pa.Package)), "")
+    fdp.package = package
+    fdp.dependency.extend(e.name for e in tree.file_elements if isinstance(e, pa.Import))
+    declared: dict[str, int] = {}  # full name (".pkg.Outer.Inner") -> TYPE_MESSAGE / TYPE_ENUM
+
+    def names(elements, scope: str) -> None:
+        for e in elements:
+            if isinstance(e, (pa.Message, pa.Enum)):
+                declared[f"{scope}.{e.name}"] = F.TYPE_MESSAGE if isinstance(e, pa.Message) else F.TYPE_ENUM
+                if isinstance(e, pa.Message):
+                    names(e.elements, f"{scope}.{e.name}")
+    root = f".{package}" if package else ""
+    names(tree.file_elements, root)
+    known = descriptor_pool.Default()
+    for dependency in fdp.dependency:  # the well-known types' modules put them in the default pool
+        well_known = re.fullmatch(r"google/protobuf/(\w+)\.proto", dependency)
+        if well_known:
+            try:
+                importlib.import_module(f"google.protobuf.{well_known.group(1)}_pb2")
+            except ImportError:
+                pass
+
+    def resolve(name: str, scope: str) -> tuple[int, str]:
+        """Protobuf's scoping: the innermost scope first, then each enclosing one."""
+        if name.startswith("."):
+            candidates = [name]
+        else:
+            parts = scope.split(".")
+            candidates = [".".join(parts[:i] + [name]) for i in range(len(parts), 0, -1)] + [f".{name}"]
+        for c in candidates:
+            if c in declared:
+                return declared[c], c
+        for c in candidates:
+            for find, kind in ((known.FindMessageTypeByName, F.TYPE_MESSAGE), (known.FindEnumTypeByName, F.TYPE_ENUM)):
+                try:
+                    find(c[1:])
+                    return kind, c
+                except KeyError:
+                    pass
+        raise KeyError(name)
+
+    def field(out, name: str, number: int, kind: str, label: int, scope: str):
+        f = out.field.add(name=name, number=number, label=label, json_name=_json_name(name))
+        if kind in SCALARS:
+            f.type = F.Type.Value(f"TYPE_{kind.upper()}")
+        else:
+            f.type, f.type_name = resolve(kind, scope)
+        return f
+
+    def message(out, m, scope: str) -> None:
+        here = f"{scope}.{m.name}"
+        for e in m.elements:
+            if isinstance(e, pa.Field):
+                label = {pa.FieldCardinality.REPEATED: F.LABEL_REPEATED,
+                         pa.FieldCardinality.REQUIRED: F.LABEL_REQUIRED}.get(e.cardinality, F.LABEL_OPTIONAL)
+                field(out, e.name, e.number, e.type, label, here)
+            elif isinstance(e, pa.MapField):
+                entry = out.nested_type.add(name="".join(p[:1].upper() + p[1:] for p in e.name.split("_")) + "Entry")
+                entry.options.map_entry = True
+                field(entry, "key", 1, e.key_type, F.LABEL_OPTIONAL, here)
+                field(entry, "value", 2, e.value_type, F.LABEL_OPTIONAL, here)
+                out.field.add(name=e.name, number=e.number, label=F.LABEL_REPEATED, type=F.TYPE_MESSAGE,
+                              type_name=f"{here}.{entry.name}", json_name=_json_name(e.name))
+            elif isinstance(e, pa.OneOf):
+                index = len(out.oneof_decl)
+                out.oneof_decl.add(name=e.name)
+                for o in e.elements:
+                    if isinstance(o, pa.Field):
+                        field(out, o.name, o.number, o.type, F.LABEL_OPTIONAL, here).oneof_index = index
+            elif isinstance(e, pa.Message):
+                message(out.nested_type.add(name=e.name), e, here)
+            elif isinstance(e, pa.Enum):
+                enum(out.enum_type.add(name=e.name), e)
+
+    def enum(out, e) -> None:
+        for v in e.elements:
+            if isinstance(v, pa.EnumValue):
+                out.value.add(name=v.name, number=v.number)
+
+    try:
+        for e in tree.file_elements:
+            if isinstance(e, pa.Message):
+                message(fdp.message_type.add(name=e.name), e, root)
+            elif isinstance(e, pa.Enum):
+                enum(fdp.enum_type.add(name=e.name), e)
+    except KeyError:
+        return None
+    return base64.standard_b64encode(fdp.SerializeToString()).decode("ascii")
+
+
+def _json_name(name: str) -> str:
+    head, *rest = name.split("_")
+    return head + "".join(p[:1].upper() + p[1:] for p in rest)
 
 
 def _same_wire(a: str, b: str) -> bool:

@@ -21,8 +21,9 @@ Accepts (addresses and message parts: ``odradek.actors.names``):
   become {parts: [...]}             from the controller (cluster mode): leader or follower
   replica_progress {parts: [ReplicaProgress]}   one-way from the fetch actor: a follower fetched
   follower_state / truncate / truncate_fully / replicate   from the replica fetcher
-  get_bounds                        from the fetch actor (after it restarts) and the group and
-                                    transaction coordinators; answered {parts: [PartitionBounds], host}
+  get_bounds {only?: [[topic, partition]]}   from the fetch actor (after it restarts), the group
+                                    and transaction coordinators and (only its _schemas-0, every
+                                    0.2 s) the schema registry; answered {parts: [PartitionBounds], host}
   write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]],
                  acks, timeout_ms}  from the transaction coordinator: a commit or abort
                                     marker (control batch) per partition led here, answered
@@ -1237,8 +1238,10 @@ class LogActor(Actor):
         first: the coordinators asking load them at once."""
         for key in [k for k in self.unopened if is_internal_topic(k[0])]:
             self._partition(key)
-        self.reply(msg, {"parts": [self._bounds(pl) for pl in self.logs.values()], "host": self.name,
-                         "opening": [list(k) for k in self.unopened]})
+        only = msg.get("only")  # a few partitions: not every one's bounds (10,000 of them) for them
+        logs = self.logs.values() if only is None else [self.logs[k] for k in map(tuple, only) if k in self.logs]
+        self.reply(msg, {"parts": [self._bounds(pl) for pl in logs], "host": self.name,
+                         "opening": [list(k) for k in self.unopened] if only is None else []})
 
     def _bounds(self, p: PartitionLog) -> list:
         """The partition's ``PartitionBounds``, built as a plain list (after every batch of

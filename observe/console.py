@@ -42,6 +42,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from odradek.cli import fmt_bytes
 from odradek.network import listeners as listeners_mod
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
+from odradek.observe import console_schemas
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
 from odradek.observe.collector import BrokerCollector, families
@@ -235,6 +236,7 @@ def make_app(actor) -> bottle.Bottle:
     collector = BrokerCollector(actor.gather, bool(actor.config.get("metrics.partition.level", False)))
     view = _viewer()
     signin = SignIn(actor.config, actor.args.get("data_dir") or ".", (admin_address(actor.config) or ("",))[0])
+    schemas = console_schemas.install(app, actor, view)  # /schemas pages; decodes registry-encoded records
 
     def gate(callback):
         """Every route: no POST from another origin; with sign-in required, a live session
@@ -489,7 +491,7 @@ def make_app(actor) -> bottle.Bottle:
                     message=q.getunicode("msg") or "", internal=is_internal_topic(name),
                     newest=newest, offset=offset, timestamp=timestamp, fmt=fmt, key=key, value=value,
                     records=page.records,
-                    error=page.error, render=render, when=human_time,
+                    error=page.error, render=console_schemas.renderer(schemas, render), when=human_time,
                     next_url=f"?{urlencode({**here, 'cursor': page.cursor})}" if page.cursor else "",
                     first_url=f"?{urlencode(here)}")
 

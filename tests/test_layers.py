@@ -41,6 +41,10 @@ SHARED_LIBRARIES = {
     ("log/replica_fetcher.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",
     ("coordinator/txn_coordinator.py", "odradek.network.client"): "WRITE_TXN_MARKERS to other brokers",
     ("coordinator/txn_coordinator.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener, for markers",
+    ("coordinator/registry_http.py", "odradek.network.basic_auth"): "HTTP Basic against the SCRAM users",
+    ("coordinator/registry_http.py", "odradek.network.guard"): "the registry's writes are authorized by the ACLs",
+    ("coordinator/registry_http.py", "odradek.network.authorizer"): "CLUSTER, the cluster resource's name",
+    ("coordinator/registry_actor.py", "odradek.network.secstore"): "ZkStore: each broker's registry address, in ZooKeeper",
 }
 
 

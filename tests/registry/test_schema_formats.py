@@ -133,3 +133,26 @@ def test_protobuf_field_kinds_and_removed_messages():
     assert not incompatibilities(parse(PROTOBUF, 'syntax = "proto3"; message A { int64 a = 1; bytes s = 2; int32 n = 3; }'), old)
     assert incompatibilities(parse(PROTOBUF, 'syntax = "proto3"; message A { string a = 1; }'), old)
     assert incompatibilities(parse(PROTOBUF, 'syntax = "proto3"; message B { int32 a = 1; }'), old)
+
+
+def test_protobuf_descriptor_of_proto_text_resolves_types_by_scope():
+    import base64
+
+    from google.protobuf import descriptor_pb2
+
+    from odradek.coordinator.schema_formats import protobuf_descriptor
+    text = """syntax = "proto3"; package a.b; import "google/protobuf/timestamp.proto";
+    message Outer { message Inner { Kind kind = 1; } enum Kind { K0 = 0; } Inner inner = 1;
+      google.protobuf.Timestamp at = 2; map<string, Inner> by_name = 3; oneof x { string s = 4; int32 i = 5; } }"""
+    fdp = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(protobuf_descriptor(text)))
+    outer = fdp.message_type[0]
+    fields = {f.name: f for f in outer.field}
+    assert fields["inner"].type_name == ".a.b.Outer.Inner" and fields["at"].type_name == ".google.protobuf.Timestamp"
+    assert outer.nested_type[0].field[0].type_name == ".a.b.Outer.Kind"  # found in the enclosing scope
+    entry = next(n for n in outer.nested_type if n.name == "ByNameEntry")
+    assert entry.options.map_entry and fields["by_name"].label == descriptor_pb2.FieldDescriptorProto.LABEL_REPEATED
+    assert fields["s"].oneof_index == fields["i"].oneof_index == 0 and outer.oneof_decl[0].name == "x"
+    assert list(fdp.dependency) == ["google/protobuf/timestamp.proto"]
+    # a type from another subject's file cannot be resolved here: no descriptor (the text is answered)
+    assert protobuf_descriptor('syntax = "proto3"; import "other.proto"; message M { other.T t = 1; }') is None
+    assert protobuf_descriptor(base64.b64encode(fdp.SerializeToString()).decode()) is None  # already one
