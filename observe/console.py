@@ -196,7 +196,8 @@ def accepts_gzip(header: str) -> bool:
 
 
 ACL_COLUMNS = ("principal", "host", "resource", "pattern", "name", "operation", "permission")  # secstore.Acls rows
-RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift"}
+RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift",
+                 "offset": "offset"}  # the page's words -> GroupAdmin.reset_offsets' (the CLI's --to-*)
 NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
 REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                      ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
@@ -540,14 +541,20 @@ def make_app(actor) -> bottle.Bottle:
         group must have no members, as Kafka's tool requires)."""
         need("Read", "Group", group)  # OffsetCommit's ACLs: Read on the group and on each topic
         f = bottle.request.forms
-        form = {"topic": f.getunicode("topic") or "", "to": f.get("to") or "", "value": f.getunicode("value") or ""}
-        topics = [form["topic"]] if form["topic"] else None
+        form = {"topic": f.getunicode("topic") or "", "partition": f.get("partition") or "", "to": f.get("to") or "",
+                "value": f.getunicode("value") or ""}
+        partition = number(form["partition"], "partition", None)
+        if partition is not None and not form["topic"]:
+            raise bottle.HTTPError(400, "a partition is a partition of one topic: choose the topic too")
+        topics = [form["topic"] if partition is None else f"{form['topic']}:{partition}"] if form["topic"] else None
         to = RESET_TARGETS.get(form["to"])
         if to is None:
             raise bottle.HTTPError(400, f"reset to {form['to'][:40]!r}: one of {', '.join(RESET_TARGETS)}")
-        value = number(form["value"], "the timestamp or shift", None) if to in ("datetime", "shift") else None
-        if to in ("datetime", "shift") and value is None:
-            raise bottle.HTTPError(400, f"reset to {form['to']} needs a value (ms since the epoch, or +/- records)")
+        value = number(form["value"], "the timestamp, shift or offset", None) \
+            if to in ("datetime", "shift", "offset") else None
+        if to in ("datetime", "shift", "offset") and value is None:
+            raise bottle.HTTPError(400, f"reset to {form['to']} needs a value (ms since the epoch, +/- records, "
+                                        f"or an offset)")
         execute = f.get("execute") == "1"
         admin = clients_now().groups()
         try:
@@ -563,7 +570,10 @@ def make_app(actor) -> bottle.Bottle:
             bottle.redirect(f"/groups/{quote(group)}?msg=" + quote(f"Reset {len(plan)} partition(s) to "
                                                                    f"{form['to']}: {moved} moved"))
         rows = [(tp.topic, tp.partition, old, new) for tp, (old, new) in plan.items()]
-        return group_page(group, "Dry run: nothing committed yet. Apply to commit these offsets.",
+        clamped = sum(1 for *_, new in rows if to == "offset" and new != value)
+        note = f" {clamped} partition(s) do not hold offset {value}: their new offset is the log's nearest end " \
+               f"(as kafka-consumer-groups --to-offset)." if clamped else ""
+        return group_page(group, "Dry run: nothing committed yet. Apply to commit these offsets." + note,
                           preview=rows, form=form)
 
     @app.post("/groups/<group>/delete")
