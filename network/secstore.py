@@ -89,10 +89,11 @@ class JsonStore:
         self._refused: tuple | None = None  # the stamp of the untrusted file last refused
         self.version = 0  # bumped whenever the content was (re)loaded
 
-    def data(self, now: float | None = None) -> Any:
-        """The file's content, re-read if it changed (checked at most every CHECK_INTERVAL)."""
+    def data(self, now: float | None = None, fresh: bool = False) -> Any:
+        """The file's content, re-read if it changed (checked at most every CHECK_INTERVAL;
+        at once with ``fresh``: a page showing a change just made)."""
         now = time.monotonic() if now is None else now
-        if now - self._checked >= CHECK_INTERVAL or self._stamp is None:
+        if fresh or now - self._checked >= CHECK_INTERVAL or self._stamp is None:
             self._checked = now
             self._reload()
         return self._data
@@ -190,7 +191,7 @@ class ZkStore:
             self._data = self.default()
         self.version += 1
 
-    def data(self, now: float | None = None) -> Any:
+    def data(self, now: float | None = None, fresh: bool = False) -> Any:  # a watch keeps it fresh
         self._client()
         return self._data
 
@@ -308,10 +309,10 @@ class Users:
     def delete(self, user: str) -> bool:
         return self.update(lambda data: data.pop(user, None) is not None)
 
-    def describe(self) -> dict[str, list]:
+    def describe(self, fresh: bool = False) -> dict[str, list]:
         """user -> [(mechanism, iterations)] (never a key or salt)."""
         return {u: sorted((m, int(c["iterations"])) for m, c in creds.items())
-                for u, creds in sorted(self.data().items())}
+                for u, creds in sorted(self.data(fresh=fresh).items())}
 
 
 def check_user(user: str) -> None:

@@ -40,7 +40,9 @@ import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.cli import fmt_bytes
+from odradek.network import authorizer as az
 from odradek.network import listeners as listeners_mod
+from odradek.network import sasl
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
@@ -196,6 +198,8 @@ def accepts_gzip(header: str) -> bool:
 
 
 ACL_COLUMNS = ("principal", "host", "resource", "pattern", "name", "operation", "permission")  # secstore.Acls rows
+ACL_CHOICES = {"resource": ("Topic", "Group", "Cluster", "TransactionalId"), "pattern": ("Literal", "Prefixed"),
+               "operation": tuple(op for op in az.OPERATIONS if op != "Any"), "permission": ("Allow", "Deny")}
 RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift",
                  "offset": "offset"}  # the page's words -> GroupAdmin.reset_offsets' (the CLI's --to-*)
 NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
@@ -392,12 +396,84 @@ def make_app(actor) -> bottle.Bottle:
         the broker reads them. Describe on the cluster, as DescribeAcls and
         DescribeUserScramCredentials need."""
         need("Describe", "Cluster", "kafka-cluster")
-        acls = [dict(zip(ACL_COLUMNS, a)) for a in signin.acls.data()]
+        acls = [dict(zip(ACL_COLUMNS, a)) for a in signin.acls.data(fresh=True)]
         search = (bottle.request.query.getunicode("q") or "").strip().lower()
         if search:
             acls = [a for a in acls if any(search in str(v).lower() for v in a.values())]
-        return view("security", title="ACLs and users", acls=acls, users=signin.users.describe(), search=search,
-                    authorizer=signin.guard.enabled)
+        return view("security", title="ACLs and users", acls=acls, users=signin.users.describe(fresh=True),
+                    search=search, authorizer=signin.guard.enabled, editable=may("Alter", "Cluster", az.CLUSTER),
+                    message=bottle.request.query.getunicode("msg") or "", choices=ACL_CHOICES,
+                    mechanisms=tuple(sasl.SCRAM), iterations=sasl.DEFAULT_ITERATIONS)
+
+    def acl_of_form() -> az.Acl:
+        f = bottle.request.forms
+        return az.Acl.make((f.getunicode("principal") or "").strip(), f.get("resource") or "",
+                           (f.getunicode("name") or "").strip(), f.get("operation") or "",
+                           f.get("permission") or "", f.get("pattern") or "", (f.getunicode("host") or "").strip())
+
+    def security_done(message: str):
+        bottle.redirect("/security?" + urlencode({"msg": message}))
+
+    @app.post("/security/acls")
+    def create_acl():
+        """One ACL from the page's form, sent as CreateAcls (Alter on the cluster, as Kafka)."""
+        need("Alter", "Cluster", az.CLUSTER)
+        try:
+            acl = acl_of_form()
+            if acl.resource == "Cluster" and acl.name != az.CLUSTER:
+                raise ValueError(f"the cluster resource is named {az.CLUSTER}")
+            clients_now().admin().create_acls([acl])
+        except (ValueError, OdradekError) as exc:
+            if isinstance(exc, OdradekError) and exc.code in REFUSED:
+                raise
+            security_done(f"ACL not added: {exc}")
+        security_done(f"Added ACL: {acl.principal} {acl.permission} {acl.operation} on "
+                      f"{acl.resource}:{acl.pattern.upper()}:{acl.name} from host {acl.host}")
+
+    @app.post("/security/acls/delete")
+    def delete_acl():
+        """One ACL of the list, removed with DeleteAcls (a filter naming each of its fields)."""
+        need("Alter", "Cluster", az.CLUSTER)
+        try:
+            acl = acl_of_form()
+        except ValueError as exc:
+            raise bottle.HTTPError(400, f"not an ACL: {exc}") from None
+        removed = clients_now().admin().delete_acls([acl])
+        security_done(f"Removed {removed} ACL(s): {acl.principal} {acl.permission} {acl.operation} on "
+                      f"{acl.resource}:{acl.pattern.upper()}:{acl.name}")
+
+    @app.post("/security/users")
+    def upsert_user():
+        """A SCRAM user added (or its password changed), sent as AlterUserScramCredentials:
+        the console salts and hashes the password (the request carries no password); it is
+        never logged nor put back in a page."""
+        need("Alter", "Cluster", az.CLUSTER)
+        f = bottle.request.forms
+        user, password = (f.getunicode("user") or "").strip(), f.getunicode("password") or ""
+        chosen = f.get("mechanism") or "both"
+        mechanisms = tuple(sasl.SCRAM) if chosen == "both" else (chosen,)
+        iterations = number(f.get("iterations"), "iterations", sasl.DEFAULT_ITERATIONS)
+        if not user or not password:
+            security_done("User not stored: a user name and a password are needed.")
+        try:
+            clients_now().admin().upsert_scram_user(user, password, mechanisms, iterations)
+        except (ValueError, OdradekError) as exc:
+            if isinstance(exc, OdradekError) and exc.code in REFUSED:
+                raise
+            security_done(f"User not stored: {exc}")
+        security_done(f"Stored user {user} ({', '.join(mechanisms)}, {iterations} iterations).")
+
+    @app.post("/security/users/delete")
+    def delete_user():
+        need("Alter", "Cluster", az.CLUSTER)
+        user = (bottle.request.forms.getunicode("user") or "").strip()
+        mechanisms = [m for m, _ in signin.users.describe(fresh=True).get(user, ())]
+        if not mechanisms:
+            raise bottle.HTTPError(404, f"Not found: no user '{user[:100]}'")
+        if bottle.request.forms.getunicode("confirm") != user:
+            security_done(f"User not deleted: type the user's name ({user}) to confirm.")
+        clients_now().admin().delete_scram_user(user, mechanisms)
+        security_done(f"Deleted user {user}.")
 
     @app.get("/topics")
     def topics():
