@@ -169,16 +169,7 @@ class ZkStore:
 
     def _client_locked(self):
         if self._zk is None:
-            zk = _SESSIONS.get(self.connect)
-            if zk is None:  # one ZooKeeper session per process, shared by its stores
-                from kazoo.client import KazooClient
-                hosts, _, chroot = self.connect.partition("/")
-                zk = KazooClient(hosts=hosts, timeout=self.timeout)
-                zk.start(timeout=self.timeout)
-                if chroot:
-                    zk.ensure_path("/" + chroot)
-                    zk.chroot = "/" + chroot
-                _SESSIONS[self.connect] = zk
+            zk = _session_locked(self.connect, self.timeout)
             zk.ensure_path(self.zpath)
             self._zk = zk
             zk.DataWatch(self.zpath, self._changed)
@@ -220,6 +211,27 @@ class ZkStore:
 
 _SESSIONS: dict = {}  # zookeeper.connect -> the process's KazooClient
 _SESSIONS_LOCK = threading.Lock()
+
+
+def zk_session(connect: str, timeout: float = 10.0):
+    """This process's ZooKeeper session for ``connect`` (``host:port[/chroot]``), started on
+    first use and shared by its stores (and by readers such as the console's brokers page)."""
+    with _SESSIONS_LOCK:
+        return _session_locked(connect, timeout)
+
+
+def _session_locked(connect: str, timeout: float):
+    zk = _SESSIONS.get(connect)
+    if zk is None:  # one ZooKeeper session per process, shared by its stores
+        from kazoo.client import KazooClient
+        hosts, _, chroot = connect.partition("/")
+        zk = KazooClient(hosts=hosts, timeout=timeout)
+        zk.start(timeout=timeout)
+        if chroot:
+            zk.ensure_path("/" + chroot)
+            zk.chroot = "/" + chroot
+        _SESSIONS[connect] = zk
+    return zk
 
 
 def _store(config: dict, data_dir: str, name: str, zpath: str, default):

@@ -42,7 +42,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from odradek.cli import fmt_bytes
 from odradek.network import authorizer as az
 from odradek.network import listeners as listeners_mod
-from odradek.network import sasl
+from odradek.network import sasl, secstore
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
@@ -381,14 +381,16 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/brokers")
     def brokers():
-        need("Describe", "Cluster", "kafka-cluster")
-        snap = actor.gather()
-        here = (snap.status.get("supervisor") or {}).get("broker_id")
-        disk = sum(row[0] for answer in snap.answers.values() for name, _, row in (answer or {}).get("gauges") or ()
-                   if name == "partition")
-        rows, controller, offline = _broker_rows(_metadata(clients_now().admin()))
-        return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline, here=here,
-                    disk=disk, size=human_bytes)
+        need("Describe", "Cluster", az.CLUSTER)
+        admin = clients_now().admin()
+        sup = actor.status()["supervisor"]
+        rows, controller, offline = _broker_rows(_metadata(admin))
+        listeners = _listeners(actor.config, sup)
+        for row in rows:
+            row["listeners"] = listeners.get(row["id"], [])
+            row.update(_disk(admin, row["id"]))
+        return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline,
+                    here=sup.get("broker_id"), size=human_bytes)
 
     @app.get("/security")
     def security():
@@ -714,6 +716,38 @@ def _broker_rows(body: dict) -> tuple[list[dict], int | None, int]:
             else:
                 offline += 1
     return sorted(rows.values(), key=lambda r: r["id"]), body.get("controller_id"), offline
+
+
+def _listeners(config: dict, sup: dict) -> dict[int, list[str]]:
+    """broker id -> its listeners (``NAME host:port``): in a cluster, as each broker registered
+    them in ZooKeeper (``/brokers/ids/<id>``, the addresses it advertises, what the controller
+    hands to clients); on one broker, the addresses its listeners are bound to."""
+    if not config.get("zookeeper.connect"):
+        return {sup.get("broker_id"): [f"{name} {address}" for name, address in (sup.get("listeners") or {}).items()]}
+    from odradek.coordinator.active_controller import registered_endpoints
+    zk = secstore.zk_session(config["zookeeper.connect"], config.get("zookeeper.connection.timeout.ms", 10000) / 1000)
+    out = {}
+    for child in zk.get_children("/brokers/ids"):
+        try:
+            raw, _ = zk.get(f"/brokers/ids/{child}")
+            out[int(child)] = [f"{name} {host}:{port}" for name, (host, port) in
+                               sorted(registered_endpoints(json.loads(raw)).items())]
+        except Exception as exc:  # a broker gone between the listing and the read, a bad node: shown without
+            log.debug("console: broker registration %s: %s", child, exc)
+    return out
+
+
+def _disk(admin, broker: int) -> dict:
+    """A broker's disk from DescribeLogDirs: ``logs`` (bytes of the partitions it hosts),
+    ``free`` and ``total`` (of its log directories' volumes), or ``disk_error``."""
+    try:
+        dirs = admin.describe_log_dirs(broker)
+    except OdradekError as exc:  # refused, or the broker did not answer: the row says so
+        return {"disk_error": str(exc)}
+    return {"logs": sum(p.get("partition_size", 0) for d in dirs for t in d.get("topics") or ()
+                        for p in t.get("partitions") or ()),
+            "free": sum(max(0, d.get("usable_bytes", 0)) for d in dirs),
+            "total": sum(max(0, d.get("total_bytes", 0)) for d in dirs)}
 
 
 class TopicRow(NamedTuple):
