@@ -46,7 +46,7 @@ from odradek.network import sasl, secstore
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
-from odradek.observe.collector import BrokerCollector, families
+from odradek.observe.collector import BrokerCollector, group_numbers
 from odradek.observe.history import INTERVAL, totals
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
 
@@ -791,16 +791,12 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
 def _group_numbers(snap) -> dict[str, dict]:
     """group -> {"members", "lag", "topics"} as this broker knows them (the groups it
     coordinates; lag where it also hosts the partitions: all of them on one broker)."""
-    out: dict[str, dict] = {}
-    for fam in families(snap):
-        if fam.name == "odradek_consumer_group_members":
-            for sample in fam.samples:
-                out.setdefault(sample.labels["group"], {})["members"] = int(sample.value)
-        elif fam.name == "odradek_consumer_group_topic_lag":
-            for sample in fam.samples:
-                g = out.setdefault(sample.labels["group"], {})
-                g["lag"] = g.get("lag", 0) + int(sample.value)
-                g.setdefault("topics", []).append(sample.labels["topic"])
+    members, lag = group_numbers(snap)
+    out: dict[str, dict] = {g: {"members": n} for g, n in members.items()}
+    for (group, topic), n in sorted(lag.items()):
+        g = out.setdefault(group, {})
+        g["lag"] = g.get("lag", 0) + int(n)
+        g.setdefault("topics", []).append(topic)
     return out
 
 
