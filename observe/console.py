@@ -7,13 +7,15 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (read only); ``/brokers``
-each live broker's replicas, leaders and under-replicated partitions; ``/topics`` sizes, record counts, search, internal
+Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (added and deleted by
+those who may Alter the cluster: CreateAcls, DeleteAcls, AlterUserScramCredentials); ``/brokers``
+each live broker's listeners, replicas, leaders, under-replicated partitions and disk
+(DescribeLogDirs); ``/topics`` sizes, record counts, search, internal
 topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
 partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
 the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
 ``/groups`` (members, lag, topics, search) and ``/groups/<g>`` (assignments, lag per
-partition; offset reset with a dry run first, delete); ``/charts`` the last hour
+partition; offset reset, to an offset too, with a dry run first, delete); ``/charts`` (uPlot) the last hour
 (``/api/history``, kept by ``observe.history``) then live (``/api/totals``); ``/login`` and
 ``/logout``. A broker's error answer is a page with its status (404 for a missing topic or
 group, ``broker_error``), never a traceback.

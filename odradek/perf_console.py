@@ -20,6 +20,7 @@ import http.client
 import json
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 import urllib.parse
@@ -112,6 +113,7 @@ def main(argv: list[str]) -> int:
     try:
         broker.start()
         t0 = time.monotonic()
+        print(f"creating {args.topics} topics and {args.groups} groups on {broker.bootstrap} ...", file=sys.stderr)
         topic, group = populate(broker.bootstrap, args.topics, args.groups)
         setup_s = time.monotonic() - t0
         time.sleep(11)  # one history sample (every 10 s) for the charts' first load
