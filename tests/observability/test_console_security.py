@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select
 from selenium.webdriver.support.wait import WebDriverWait
@@ -18,6 +19,11 @@ from tests.observability.browser import headless_chromium
 from tests.observability.test_console_signin import USERS, Http, acl_broker, signed_in  # noqa: F401 (a fixture)
 
 CAROL = "carol-Pa55-w0rd-never-shown"
+
+
+def wait(browser) -> WebDriverWait:
+    """A wait that reads again what a page being replaced (after a form's POST) left stale."""
+    return WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
 
 
 def test_only_who_may_alter_the_cluster_changes_acls_and_users_and_only_with_the_csrf_token(acl_broker):
@@ -54,17 +60,17 @@ def test_in_a_real_browser_an_admin_adds_and_deletes_an_acl_and_a_user(acl_broke
     data = acl_broker.data_dir
     with headless_chromium() as browser:
         browser.get(acl_broker.console_url + "security")
-        form = WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "sign-in"))[0]
+        form = wait(browser).until(lambda d: d.find_elements(By.ID, "sign-in"))[0]
         form.find_element(By.NAME, "user").send_keys("admin")
         form.find_element(By.NAME, "password").send_keys(USERS["admin"])
         form.find_element(By.TAG_NAME, "button").click()
-        add = WebDriverWait(browser, 30).until(lambda d: d.find_elements(By.ID, "add-acl"))[0]
+        add = wait(browser).until(lambda d: d.find_elements(By.ID, "add-acl"))[0]
         add.find_element(By.NAME, "principal").send_keys("User:carol")
         for field, choice in (("operation", "Describe"), ("resource", "Topic"), ("pattern", "Prefixed")):
             Select(add.find_element(By.NAME, field)).select_by_visible_text(choice)
         add.find_element(By.NAME, "name").send_keys("carol-")
         add.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(lambda d: "Added ACL: User:carol Allow Describe on Topic:PREFIXED:carol-"
+        wait(browser).until(lambda d: "Added ACL: User:carol Allow Describe on Topic:PREFIXED:carol-"
                                          in d.find_element(By.ID, "security-message").text)
         assert ["User:carol", "*", "Topic", "Prefixed", "carol-", "Describe", "Allow"] in \
             [list(a) for a in secstore.Acls(data).data()]
@@ -76,7 +82,7 @@ def test_in_a_real_browser_an_admin_adds_and_deletes_an_acl_and_a_user(acl_broke
         user.find_element(By.NAME, "password").send_keys(CAROL)
         assert user.find_element(By.NAME, "password").get_attribute("type") == "password"
         user.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(lambda d: "Stored user carol (SCRAM-SHA-256, SCRAM-SHA-512, 8192 iterations)"
+        wait(browser).until(lambda d: "Stored user carol (SCRAM-SHA-256, SCRAM-SHA-512, 8192 iterations)"
                                          in d.find_element(By.ID, "security-message").text)
         assert CAROL not in browser.page_source and CAROL not in browser.current_url
         assert "carol" in browser.find_element(By.ID, "users").text
@@ -90,17 +96,17 @@ def test_in_a_real_browser_an_admin_adds_and_deletes_an_acl_and_a_user(acl_broke
         # delete the ACL from its row, then the user (its name typed again)
         row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#acls tr") if "User:carol" in r.text)
         row.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(lambda d: "Removed 1 ACL(s): User:carol Allow Describe"
+        wait(browser).until(lambda d: "Removed 1 ACL(s): User:carol Allow Describe"
                                          in d.find_element(By.ID, "security-message").text)
         assert not [a for a in secstore.Acls(data).data() if a[0] == "User:carol"]
         row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#users tr") if r.text.startswith("carol"))
         row.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(lambda d: "User not deleted: type the user's name (carol)"
+        wait(browser).until(lambda d: "User not deleted: type the user's name (carol)"
                                          in d.find_element(By.ID, "security-message").text)
         row = next(r for r in browser.find_elements(By.CSS_SELECTOR, "#users tr") if r.text.startswith("carol"))
         row.find_element(By.NAME, "confirm").send_keys("carol")
         row.find_element(By.TAG_NAME, "button").click()
-        WebDriverWait(browser, 30).until(lambda d: "Deleted user carol." in d.find_element(By.ID, "security-message").text)
+        wait(browser).until(lambda d: "Deleted user carol." in d.find_element(By.ID, "security-message").text)
         assert "carol" not in secstore.Users(data).data()
     assert Http(acl_broker.console_url).sign_in("carol", CAROL)[0] == 401
     for name in os.listdir(data):  # the broker's own output: the password is nowhere in it
