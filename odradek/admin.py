@@ -1,4 +1,5 @@
-"""Admin: topics and configs, one blocking request per call (like kafka-python's admin client).
+"""Admin: topics, configs, log directories, ACLs and SCRAM users, one blocking request per
+call (like kafka-python's admin client).
 
 Runs in the caller's thread; starts no thread. Thread-safe: every request goes through the
 ``Cluster``'s lock and private connections.
@@ -275,6 +276,10 @@ class Admin:
         """AlterUserScramCredentials: store ``user``'s password for each SCRAM mechanism. The
         request carries a salt and the salted password (RFC 5802's Hi), never the password,
         as Kafka's admin client sends it."""
+        if not sasl.MIN_ITERATIONS <= int(iterations) <= sasl.MAX_ITERATIONS:  # checked before hashing: the
+            # broker refuses such a count anyway, and a huge one would keep this thread hashing
+            raise ValueError(f"iterations must be {sasl.MIN_ITERATIONS} to {sasl.MAX_ITERATIONS} (as Kafka's "
+                             f"AlterUserScramCredentials), not {iterations}")
         upsertions = []
         for mechanism in mechanisms:
             if mechanism not in sasl.SCRAM:

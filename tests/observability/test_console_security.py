@@ -6,6 +6,7 @@ logged. On the broker of test_console_signin (admin a super user, alice without 
 from __future__ import annotations
 
 import os
+import time
 
 from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
@@ -54,6 +55,12 @@ def test_only_who_may_alter_the_cluster_changes_acls_and_users_and_only_with_the
                                                                 "csrf": admin.csrf("/security")})
     body = admin.call("GET", headers["Location"][headers["Location"].index("/security"):])[2]
     assert "User not stored:" in body and "4096" in body and "weak" not in secstore.Users(data).data()
+    began = time.monotonic()  # a huge count is refused before any hashing, not hashed for minutes
+    status, headers, _ = admin.call("POST", "/security/users", {"user": "slow", "password": "pw",
+                                                                "iterations": str(2_000_000_000),
+                                                                "csrf": admin.csrf("/security")})
+    body = admin.call("GET", headers["Location"][headers["Location"].index("/security"):])[2]
+    assert "iterations must be 4096 to 16384" in body and time.monotonic() - began < 10
 
 
 def test_in_a_real_browser_an_admin_adds_and_deletes_an_acl_and_a_user(acl_broker):
