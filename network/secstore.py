@@ -89,10 +89,11 @@ class JsonStore:
         self._refused: tuple | None = None  # the stamp of the untrusted file last refused
         self.version = 0  # bumped whenever the content was (re)loaded
 
-    def data(self, now: float | None = None) -> Any:
-        """The file's content, re-read if it changed (checked at most every CHECK_INTERVAL)."""
+    def data(self, now: float | None = None, fresh: bool = False) -> Any:
+        """The file's content, re-read if it changed (checked at most every CHECK_INTERVAL;
+        at once with ``fresh``: a page showing a change just made)."""
         now = time.monotonic() if now is None else now
-        if now - self._checked >= CHECK_INTERVAL or self._stamp is None:
+        if fresh or now - self._checked >= CHECK_INTERVAL or self._stamp is None:
             self._checked = now
             self._reload()
         return self._data
@@ -168,16 +169,7 @@ class ZkStore:
 
     def _client_locked(self):
         if self._zk is None:
-            zk = _SESSIONS.get(self.connect)
-            if zk is None:  # one ZooKeeper session per process, shared by its stores
-                from kazoo.client import KazooClient
-                hosts, _, chroot = self.connect.partition("/")
-                zk = KazooClient(hosts=hosts, timeout=self.timeout)
-                zk.start(timeout=self.timeout)
-                if chroot:
-                    zk.ensure_path("/" + chroot)
-                    zk.chroot = "/" + chroot
-                _SESSIONS[self.connect] = zk
+            zk = _session_locked(self.connect, self.timeout)
             zk.ensure_path(self.zpath)
             self._zk = zk
             zk.DataWatch(self.zpath, self._changed)
@@ -190,7 +182,7 @@ class ZkStore:
             self._data = self.default()
         self.version += 1
 
-    def data(self, now: float | None = None) -> Any:
+    def data(self, now: float | None = None, fresh: bool = False) -> Any:  # a watch keeps it fresh
         self._client()
         return self._data
 
@@ -219,6 +211,27 @@ class ZkStore:
 
 _SESSIONS: dict = {}  # zookeeper.connect -> the process's KazooClient
 _SESSIONS_LOCK = threading.Lock()
+
+
+def zk_session(connect: str, timeout: float = 10.0):
+    """This process's ZooKeeper session for ``connect`` (``host:port[/chroot]``), started on
+    first use and shared by its stores (and by readers such as the console's brokers page)."""
+    with _SESSIONS_LOCK:
+        return _session_locked(connect, timeout)
+
+
+def _session_locked(connect: str, timeout: float):
+    zk = _SESSIONS.get(connect)
+    if zk is None:  # one ZooKeeper session per process, shared by its stores
+        from kazoo.client import KazooClient
+        hosts, _, chroot = connect.partition("/")
+        zk = KazooClient(hosts=hosts, timeout=timeout)
+        zk.start(timeout=timeout)
+        if chroot:
+            zk.ensure_path("/" + chroot)
+            zk.chroot = "/" + chroot
+        _SESSIONS[connect] = zk
+    return zk
 
 
 def _store(config: dict, data_dir: str, name: str, zpath: str, default):
@@ -308,10 +321,10 @@ class Users:
     def delete(self, user: str) -> bool:
         return self.update(lambda data: data.pop(user, None) is not None)
 
-    def describe(self) -> dict[str, list]:
+    def describe(self, fresh: bool = False) -> dict[str, list]:
         """user -> [(mechanism, iterations)] (never a key or salt)."""
         return {u: sorted((m, int(c["iterations"])) for m, c in creds.items())
-                for u, creds in sorted(self.data().items())}
+                for u, creds in sorted(self.data(fresh=fresh).items())}
 
 
 def check_user(user: str) -> None:

@@ -334,9 +334,9 @@ def _partitions(sums: _Sums, partition_level: bool, cache: LabelCache, text: Par
         text.rotate()
 
 
-def _groups(sums: _Sums, partition_level: bool, cache: LabelCache) -> Iterator:
-    """Committed offsets (per partition: opt-in) and lag, where the high watermark is
-    known here: per partition (opt-in) and summed per group and topic (always)."""
+def _lag(sums: _Sums) -> tuple[list, dict]:
+    """Lag where the high watermark is known here: ``[((group, topic, partition), lag)]``
+    and ``{(group, topic): lag summed}``."""
     committed = sums.gauges.get("committed_offset", {})
     hw = {(labels[0], labels[1]): values[_HW] for labels, values in sums.partitions} if committed else {}
     lag_rows, per_topic = [], {}
@@ -346,6 +346,28 @@ def _groups(sums: _Sums, partition_level: bool, cache: LabelCache) -> Iterator:
             lag = max(end - offset, 0)
             lag_rows.append(((group, topic, partition), lag))
             per_topic[(group, topic)] = per_topic.get((group, topic), 0) + lag
+    return lag_rows, per_topic
+
+
+def group_numbers(snap: Snapshot) -> tuple[dict[str, int], dict[tuple[str, str], int]]:
+    """The groups' numbers alone, without building every family (the console's group list):
+    ``{group: members}`` of the groups this broker coordinates, ``{(group, topic): lag}``
+    where the high watermark is known here."""
+    sums = _Sums()
+    for answer in snap.answers.values():
+        if answer:
+            sums.add(answer)
+    members: dict[str, int] = {}
+    for (group, _state), n in sums.gauges.get("group_members", {}).items():
+        members[group] = members.get(group, 0) + int(n)
+    return members, _lag(sums)[1]
+
+
+def _groups(sums: _Sums, partition_level: bool, cache: LabelCache) -> Iterator:
+    """Committed offsets (per partition: opt-in) and lag, where the high watermark is
+    known here: per partition (opt-in) and summed per group and topic (always)."""
+    committed = sums.gauges.get("committed_offset", {})
+    lag_rows, per_topic = _lag(sums)
     spec = GROUP_PARTITION["lag"]
     fam = GaugeMetricFamily(spec.per_topic, spec.per_topic_help, labels=["group", "topic"])
     for (group, topic), lag in sorted(per_topic.items()):

@@ -7,13 +7,15 @@ a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Noth
 page loads from the internet: the stylesheet and the chart script are served from
 ``observe/static``.
 
-Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (read only); ``/brokers``
-each live broker's replicas, leaders and under-replicated partitions; ``/topics`` sizes, record counts, search, internal
+Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (added and deleted by
+those who may Alter the cluster: CreateAcls, DeleteAcls, AlterUserScramCredentials); ``/brokers``
+each live broker's listeners, replicas, leaders, under-replicated partitions and disk
+(DescribeLogDirs); ``/topics`` sizes, record counts, search, internal
 topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
 partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
 the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
 ``/groups`` (members, lag, topics, search) and ``/groups/<g>`` (assignments, lag per
-partition; offset reset with a dry run first, delete); ``/charts`` the last hour
+partition; offset reset, to an offset too, with a dry run first, delete); ``/charts`` (uPlot) the last hour
 (``/api/history``, kept by ``observe.history``) then live (``/api/totals``); ``/login`` and
 ``/logout``. A broker's error answer is a page with its status (404 for a missing topic or
 group, ``broker_error``), never a traceback.
@@ -40,12 +42,14 @@ import bottle
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from odradek.cli import fmt_bytes
+from odradek.network import authorizer as az
 from odradek.network import listeners as listeners_mod
+from odradek.network import sasl, secstore
 from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe import console_schemas
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS
-from odradek.observe.collector import BrokerCollector, families
+from odradek.observe.collector import BrokerCollector, group_numbers
 from odradek.observe.history import INTERVAL, totals
 from odradek.observe.signin import COOKIE, SESSION_MAX, SignIn, same_origin
 
@@ -197,7 +201,10 @@ def accepts_gzip(header: str) -> bool:
 
 
 ACL_COLUMNS = ("principal", "host", "resource", "pattern", "name", "operation", "permission")  # secstore.Acls rows
-RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift"}
+ACL_CHOICES = {"resource": ("Topic", "Group", "Cluster", "TransactionalId"), "pattern": ("Literal", "Prefixed"),
+               "operation": tuple(op for op in az.OPERATIONS if op != "Any"), "permission": ("Allow", "Deny")}
+RESET_TARGETS = {"earliest": "earliest", "latest": "latest", "timestamp": "datetime", "shift": "shift",
+                 "offset": "offset"}  # the page's words -> GroupAdmin.reset_offsets' (the CLI's --to-*)
 NOT_FOUND = frozenset({ErrorCode.UNKNOWN_TOPIC_OR_PARTITION, ErrorCode.GROUP_ID_NOT_FOUND})
 REFUSED = frozenset({ErrorCode.TOPIC_AUTHORIZATION_FAILED, ErrorCode.GROUP_AUTHORIZATION_FAILED,
                      ErrorCode.CLUSTER_AUTHORIZATION_FAILED})
@@ -378,14 +385,16 @@ def make_app(actor) -> bottle.Bottle:
 
     @app.get("/brokers")
     def brokers():
-        need("Describe", "Cluster", "kafka-cluster")
-        snap = actor.gather()
-        here = (snap.status.get("supervisor") or {}).get("broker_id")
-        disk = sum(row[0] for answer in snap.answers.values() for name, _, row in (answer or {}).get("gauges") or ()
-                   if name == "partition")
-        rows, controller, offline = _broker_rows(_metadata(clients_now().admin()))
-        return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline, here=here,
-                    disk=disk, size=human_bytes)
+        need("Describe", "Cluster", az.CLUSTER)
+        admin = clients_now().admin()
+        sup = actor.status()["supervisor"]
+        rows, controller, offline = _broker_rows(_metadata(admin))
+        listeners = _listeners(actor.config, sup)
+        for row in rows:
+            row["listeners"] = listeners.get(row["id"], [])
+            row.update(_disk(admin, row["id"]))
+        return view("brokers", title="Brokers", brokers=rows, controller=controller, offline=offline,
+                    here=sup.get("broker_id"), size=human_bytes)
 
     @app.get("/security")
     def security():
@@ -393,12 +402,84 @@ def make_app(actor) -> bottle.Bottle:
         the broker reads them. Describe on the cluster, as DescribeAcls and
         DescribeUserScramCredentials need."""
         need("Describe", "Cluster", "kafka-cluster")
-        acls = [dict(zip(ACL_COLUMNS, a)) for a in signin.acls.data()]
+        acls = [dict(zip(ACL_COLUMNS, a)) for a in signin.acls.data(fresh=True)]
         search = (bottle.request.query.getunicode("q") or "").strip().lower()
         if search:
             acls = [a for a in acls if any(search in str(v).lower() for v in a.values())]
-        return view("security", title="ACLs and users", acls=acls, users=signin.users.describe(), search=search,
-                    authorizer=signin.guard.enabled)
+        return view("security", title="ACLs and users", acls=acls, users=signin.users.describe(fresh=True),
+                    search=search, authorizer=signin.guard.enabled, editable=may("Alter", "Cluster", az.CLUSTER),
+                    message=bottle.request.query.getunicode("msg") or "", choices=ACL_CHOICES,
+                    mechanisms=tuple(sasl.SCRAM), iterations=sasl.DEFAULT_ITERATIONS)
+
+    def acl_of_form() -> az.Acl:
+        f = bottle.request.forms
+        return az.Acl.make((f.getunicode("principal") or "").strip(), f.get("resource") or "",
+                           (f.getunicode("name") or "").strip(), f.get("operation") or "",
+                           f.get("permission") or "", f.get("pattern") or "", (f.getunicode("host") or "").strip())
+
+    def security_done(message: str):
+        bottle.redirect("/security?" + urlencode({"msg": message}))
+
+    @app.post("/security/acls")
+    def create_acl():
+        """One ACL from the page's form, sent as CreateAcls (Alter on the cluster, as Kafka)."""
+        need("Alter", "Cluster", az.CLUSTER)
+        try:
+            acl = acl_of_form()
+            if acl.resource == "Cluster" and acl.name != az.CLUSTER:
+                raise ValueError(f"the cluster resource is named {az.CLUSTER}")
+            clients_now().admin().create_acls([acl])
+        except (ValueError, OdradekError) as exc:
+            if isinstance(exc, OdradekError) and exc.code in REFUSED:
+                raise
+            security_done(f"ACL not added: {exc}")
+        security_done(f"Added ACL: {acl.principal} {acl.permission} {acl.operation} on "
+                      f"{acl.resource}:{acl.pattern.upper()}:{acl.name} from host {acl.host}")
+
+    @app.post("/security/acls/delete")
+    def delete_acl():
+        """One ACL of the list, removed with DeleteAcls (a filter naming each of its fields)."""
+        need("Alter", "Cluster", az.CLUSTER)
+        try:
+            acl = acl_of_form()
+        except ValueError as exc:
+            raise bottle.HTTPError(400, f"not an ACL: {exc}") from None
+        removed = clients_now().admin().delete_acls([acl])
+        security_done(f"Removed {removed} ACL(s): {acl.principal} {acl.permission} {acl.operation} on "
+                      f"{acl.resource}:{acl.pattern.upper()}:{acl.name}")
+
+    @app.post("/security/users")
+    def upsert_user():
+        """A SCRAM user added (or its password changed), sent as AlterUserScramCredentials:
+        the console salts and hashes the password (the request carries no password); it is
+        never logged nor put back in a page."""
+        need("Alter", "Cluster", az.CLUSTER)
+        f = bottle.request.forms
+        user, password = (f.getunicode("user") or "").strip(), f.getunicode("password") or ""
+        chosen = f.get("mechanism") or "both"
+        mechanisms = tuple(sasl.SCRAM) if chosen == "both" else (chosen,)
+        iterations = number(f.get("iterations"), "iterations", sasl.DEFAULT_ITERATIONS)
+        if not user or not password:
+            security_done("User not stored: a user name and a password are needed.")
+        try:
+            clients_now().admin().upsert_scram_user(user, password, mechanisms, iterations)
+        except (ValueError, OdradekError) as exc:
+            if isinstance(exc, OdradekError) and exc.code in REFUSED:
+                raise
+            security_done(f"User not stored: {exc}")
+        security_done(f"Stored user {user} ({', '.join(mechanisms)}, {iterations} iterations).")
+
+    @app.post("/security/users/delete")
+    def delete_user():
+        need("Alter", "Cluster", az.CLUSTER)
+        user = (bottle.request.forms.getunicode("user") or "").strip()
+        mechanisms = [m for m, _ in signin.users.describe(fresh=True).get(user, ())]
+        if not mechanisms:
+            raise bottle.HTTPError(404, f"Not found: no user '{user[:100]}'")
+        if bottle.request.forms.getunicode("confirm") != user:
+            security_done(f"User not deleted: type the user's name ({user}) to confirm.")
+        clients_now().admin().delete_scram_user(user, mechanisms)
+        security_done(f"Deleted user {user}.")
 
     @app.get("/topics")
     def topics():
@@ -542,14 +623,20 @@ def make_app(actor) -> bottle.Bottle:
         group must have no members, as Kafka's tool requires)."""
         need("Read", "Group", group)  # OffsetCommit's ACLs: Read on the group and on each topic
         f = bottle.request.forms
-        form = {"topic": f.getunicode("topic") or "", "to": f.get("to") or "", "value": f.getunicode("value") or ""}
-        topics = [form["topic"]] if form["topic"] else None
+        form = {"topic": f.getunicode("topic") or "", "partition": f.get("partition") or "", "to": f.get("to") or "",
+                "value": f.getunicode("value") or ""}
+        partition = number(form["partition"], "partition", None)
+        if partition is not None and not form["topic"]:
+            raise bottle.HTTPError(400, "a partition is a partition of one topic: choose the topic too")
+        topics = [form["topic"] if partition is None else f"{form['topic']}:{partition}"] if form["topic"] else None
         to = RESET_TARGETS.get(form["to"])
         if to is None:
             raise bottle.HTTPError(400, f"reset to {form['to'][:40]!r}: one of {', '.join(RESET_TARGETS)}")
-        value = number(form["value"], "the timestamp or shift", None) if to in ("datetime", "shift") else None
-        if to in ("datetime", "shift") and value is None:
-            raise bottle.HTTPError(400, f"reset to {form['to']} needs a value (ms since the epoch, or +/- records)")
+        value = number(form["value"], "the timestamp, shift or offset", None) \
+            if to in ("datetime", "shift", "offset") else None
+        if to in ("datetime", "shift", "offset") and value is None:
+            raise bottle.HTTPError(400, f"reset to {form['to']} needs a value (ms since the epoch, +/- records, "
+                                        f"or an offset)")
         execute = f.get("execute") == "1"
         admin = clients_now().groups()
         try:
@@ -565,7 +652,10 @@ def make_app(actor) -> bottle.Bottle:
             bottle.redirect(f"/groups/{quote(group)}?msg=" + quote(f"Reset {len(plan)} partition(s) to "
                                                                    f"{form['to']}: {moved} moved"))
         rows = [(tp.topic, tp.partition, old, new) for tp, (old, new) in plan.items()]
-        return group_page(group, "Dry run: nothing committed yet. Apply to commit these offsets.",
+        clamped = sum(1 for *_, new in rows if to == "offset" and new != value)
+        note = f" {clamped} partition(s) do not hold offset {value}: their new offset is the log's nearest end " \
+               f"(as kafka-consumer-groups --to-offset)." if clamped else ""
+        return group_page(group, "Dry run: nothing committed yet. Apply to commit these offsets." + note,
                           preview=rows, form=form)
 
     @app.post("/groups/<group>/delete")
@@ -632,6 +722,38 @@ def _broker_rows(body: dict) -> tuple[list[dict], int | None, int]:
     return sorted(rows.values(), key=lambda r: r["id"]), body.get("controller_id"), offline
 
 
+def _listeners(config: dict, sup: dict) -> dict[int, list[str]]:
+    """broker id -> its listeners (``NAME host:port``): in a cluster, as each broker registered
+    them in ZooKeeper (``/brokers/ids/<id>``, the addresses it advertises, what the controller
+    hands to clients); on one broker, the addresses its listeners are bound to."""
+    if not config.get("zookeeper.connect"):
+        return {sup.get("broker_id"): [f"{name} {address}" for name, address in (sup.get("listeners") or {}).items()]}
+    from odradek.coordinator.active_controller import registered_endpoints
+    zk = secstore.zk_session(config["zookeeper.connect"], config.get("zookeeper.connection.timeout.ms", 10000) / 1000)
+    out = {}
+    for child in zk.get_children("/brokers/ids"):
+        try:
+            raw, _ = zk.get(f"/brokers/ids/{child}")
+            out[int(child)] = [f"{name} {host}:{port}" for name, (host, port) in
+                               sorted(registered_endpoints(json.loads(raw)).items())]
+        except Exception as exc:  # a broker gone between the listing and the read, a bad node: shown without
+            log.debug("console: broker registration %s: %s", child, exc)
+    return out
+
+
+def _disk(admin, broker: int) -> dict:
+    """A broker's disk from DescribeLogDirs: ``logs`` (bytes of the partitions it hosts),
+    ``free`` and ``total`` (of its log directories' volumes), or ``disk_error``."""
+    try:
+        dirs = admin.describe_log_dirs(broker)
+    except OdradekError as exc:  # refused, or the broker did not answer: the row says so
+        return {"disk_error": str(exc)}
+    return {"logs": sum(p.get("partition_size", 0) for d in dirs for t in d.get("topics") or ()
+                        for p in t.get("partitions") or ()),
+            "free": sum(max(0, d.get("usable_bytes", 0)) for d in dirs),
+            "total": sum(max(0, d.get("total_bytes", 0)) for d in dirs)}
+
+
 class TopicRow(NamedTuple):
     name: str
     partitions: int
@@ -673,16 +795,12 @@ def _topic_rows(admin, snap, search: str, internal: bool, shown) -> tuple[list[T
 def _group_numbers(snap) -> dict[str, dict]:
     """group -> {"members", "lag", "topics"} as this broker knows them (the groups it
     coordinates; lag where it also hosts the partitions: all of them on one broker)."""
-    out: dict[str, dict] = {}
-    for fam in families(snap):
-        if fam.name == "odradek_consumer_group_members":
-            for sample in fam.samples:
-                out.setdefault(sample.labels["group"], {})["members"] = int(sample.value)
-        elif fam.name == "odradek_consumer_group_topic_lag":
-            for sample in fam.samples:
-                g = out.setdefault(sample.labels["group"], {})
-                g["lag"] = g.get("lag", 0) + int(sample.value)
-                g.setdefault("topics", []).append(sample.labels["topic"])
+    members, lag = group_numbers(snap)
+    out: dict[str, dict] = {g: {"members": n} for g, n in members.items()}
+    for (group, topic), n in sorted(lag.items()):
+        g = out.setdefault(group, {})
+        g["lag"] = g.get("lag", 0) + int(n)
+        g.setdefault("topics", []).append(topic)
     return out
 
 

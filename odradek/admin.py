@@ -1,4 +1,5 @@
-"""Admin: topics and configs, one blocking request per call (like kafka-python's admin client).
+"""Admin: topics, configs, log directories, ACLs and SCRAM users, one blocking request per
+call (like kafka-python's admin client).
 
 Runs in the caller's thread; starts no thread. Thread-safe: every request goes through the
 ``Cluster``'s lock and private connections.
@@ -19,10 +20,13 @@ prefixed by what was being done.
 """
 from __future__ import annotations
 
+import hashlib
 import logging
+import os
 import time
 from typing import Callable, Iterable
 
+from odradek.network import sasl
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster
@@ -226,6 +230,74 @@ class Admin:
         ms (the first offset with a timestamp at or after it; -1 if none). Asked of each leader."""
         return list_offsets(self._cluster, [TopicPartition(*tp) for tp in partitions], timestamp,
                             self.request_timeout_ms / 1000)
+
+    # ---- log directories --------------------------------------------------------------------
+    def describe_log_dirs(self, broker: int, topics: list[tuple[str, list[int]]] | None = None) -> list[dict]:
+        """DescribeLogDirs of one broker: its log directories, each ``{log_dir, total_bytes,
+        usable_bytes, topics: [{name, partitions: [{partition_index, partition_size, ...}]}]}``
+        (``topics`` None: every partition it hosts; ``[]``: none, the volumes only)."""
+        body = {"topics": None if topics is None else [{"topic": t, "partitions": list(ps)} for t, ps in topics]}
+
+        def once() -> dict:
+            if self._cluster.address(broker) is None:
+                self._cluster.refresh([])
+            return self._cluster.request_node(broker, ApiKey.DESCRIBE_LOG_DIRS, body).header["body"]
+        answer = _retrying(self._cluster, self.request_timeout_ms / 1000, once)
+        check(answer.get("error_code"), answer.get("error_message"), f"describe log dirs of broker {broker}")
+        return answer.get("results") or []
+
+    # ---- ACLs and SCRAM users (kafka-acls, kafka-configs --entity-type users) -------------------
+    def create_acls(self, acls: Iterable) -> None:
+        """CreateAcls of ``authorizer.Acl`` rows (Alter on the cluster, as Kafka)."""
+        acls = list(acls)
+        body = {"creations": [{"principal": a.principal, "host": a.host, "resource_type": a.resource,
+                               "resource_name": a.name, "resource_pattern_type": a.pattern, "operation": a.operation,
+                               "permission_type": a.permission} for a in acls]}
+        answer = self._call(ApiKey.CREATE_ACLS, body)
+        for a, r in zip(acls, answer.get("results") or ()):
+            check(r.get("error_code"), r.get("error_message"), f"create ACL {a.permission} {a.principal} "
+                                                                f"{a.operation} on {a.resource}:{a.name}")
+
+    def delete_acls(self, acls: Iterable) -> int:
+        """DeleteAcls of exactly these ``authorizer.Acl`` rows (each a filter naming every
+        field): how many ACLs were removed."""
+        filters = [{"resource_type_filter": a.resource, "resource_name_filter": a.name,
+                    "pattern_type_filter": a.pattern, "principal_filter": a.principal, "host_filter": a.host,
+                    "operation": a.operation, "permission_type": a.permission} for a in acls]
+        answer = self._call(ApiKey.DELETE_ACLS, {"filters": filters})
+        removed = 0
+        for r in answer.get("filter_results") or ():
+            check(r.get("error_code"), r.get("error_message"), "delete ACLs")
+            removed += len(r.get("matching_acls") or ())
+        return removed
+
+    def upsert_scram_user(self, user: str, password: str, mechanisms: Iterable[str],
+                          iterations: int = sasl.DEFAULT_ITERATIONS) -> None:
+        """AlterUserScramCredentials: store ``user``'s password for each SCRAM mechanism. The
+        request carries a salt and the salted password (RFC 5802's Hi), never the password,
+        as Kafka's admin client sends it."""
+        if not sasl.MIN_ITERATIONS <= int(iterations) <= sasl.MAX_ITERATIONS:  # checked before hashing: the
+            # broker refuses such a count anyway, and a huge one would keep this thread hashing
+            raise ValueError(f"iterations must be {sasl.MIN_ITERATIONS} to {sasl.MAX_ITERATIONS} (as Kafka's "
+                             f"AlterUserScramCredentials), not {iterations}")
+        upsertions = []
+        for mechanism in mechanisms:
+            if mechanism not in sasl.SCRAM:
+                raise ValueError(f"{mechanism!r} is not a SCRAM mechanism ({', '.join(sasl.SCRAM)})")
+            salt = os.urandom(32)
+            upsertions.append({"name": user, "mechanism": mechanism, "iterations": int(iterations), "salt": salt,
+                               "salted_password": hashlib.pbkdf2_hmac(sasl.SCRAM[mechanism], password.encode("utf-8"),
+                                                                      salt, int(iterations))})
+        self._alter_scram(user, {"deletions": [], "upsertions": upsertions}, "store the credentials of")
+
+    def delete_scram_user(self, user: str, mechanisms: Iterable[str]) -> None:
+        """AlterUserScramCredentials: delete ``user``'s credential of each mechanism."""
+        self._alter_scram(user, {"deletions": [{"name": user, "mechanism": m} for m in mechanisms],
+                                 "upsertions": []}, "delete the credentials of")
+
+    def _alter_scram(self, user: str, body: dict, doing: str) -> None:
+        for r in self._call(ApiKey.ALTER_USER_SCRAM_CREDENTIALS, body).get("results") or ():
+            check(r.get("error_code"), r.get("error_message"), f"{doing} user '{user}'")
 
     @staticmethod
     def _one(items: list, name: str, doing: str) -> dict:

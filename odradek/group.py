@@ -696,22 +696,31 @@ class GroupAdmin:
 
     def reset_offsets(self, group: str, topics: list[str] | None, *, to: str, value=None,
                       execute: bool = False) -> dict:
-        """New committed offsets for an inactive group. ``to``: "earliest", "latest",
-        "datetime" (``value`` in ms since the epoch), "shift" (``value``: +/- N), "offset"
-        (``value``: N, within each log's bounds) or "current" (the committed offsets).
-        Without ``execute`` nothing is committed (a dry run, as Kafka's tool)."""
+        """New committed offsets for an inactive group. ``topics``: names, each ``T`` (every
+        partition) or ``T:P,P`` (those partitions, Kafka's ``--topic`` spelling); None: every
+        topic the group committed. ``to``: "earliest", "latest", "datetime" (``value`` in ms
+        since the epoch), "shift" (``value``: +/- N), "offset" (``value``: N, clamped to each
+        log's range as Kafka's ``--to-offset``: above the log end it becomes the log end,
+        below the log start the log start) or "current" (the committed offsets). Without
+        ``execute`` nothing is committed (a dry run, as Kafka's tool)."""
         d = self._describe(group)
         if not d.get("error_code") and d.get("members"):
             raise error_for(ErrorCode.NON_EMPTY_GROUP, f"group '{group}' has {len(d['members'])} active members; "
                             f"offsets can be reset only while it is inactive (stop its consumers)")
         committed = self.committed(group)
         if topics:
-            meta = self.cluster.refresh(sorted(topics))
+            chosen = parse_topics(topics)
+            meta = self.cluster.refresh(sorted(chosen))
             tps = set()
             for t in meta.get("topics", []):
                 if t.get("error_code"):
                     raise error_for(t["error_code"], f"topic '{t['name']}': {t.get('error_message', '')}")
-                tps |= {TopicPartition(t["name"], p["index"]) for p in t.get("partitions", [])}
+                have = {p["index"] for p in t.get("partitions", [])}
+                wanted = chosen[t["name"]] or have
+                if wanted - have:
+                    raise error_for(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION,
+                                    f"topic '{t['name']}' has no partition {min(wanted - have)} (it has {len(have)})")
+                tps |= {TopicPartition(t["name"], p) for p in wanted}
         else:
             tps = set(committed)
         if not tps:
@@ -770,6 +779,25 @@ class GroupAdmin:
     def _describe(self, group: str) -> dict:
         return self._group_body(group, ApiKey.DESCRIBE_GROUPS, {"group_ids": [group]},
                                 item_codes=lambda b: [g.get("error_code", 0) for g in b.get("groups", [])])["groups"][0]
+
+
+def parse_topics(topics: list[str]) -> dict[str, set[int]]:
+    """``["t", "u:0,2"]`` -> ``{"t": set(), "u": {0, 2}}`` (an empty set: every partition),
+    as kafka-consumer-groups reads ``--topic``."""
+    out: dict[str, set[int]] = {}
+    for item in topics:
+        name, colon, parts = item.partition(":")
+        try:
+            indexes = {int(p) for p in parts.split(",") if p.strip()} if colon else set()
+        except ValueError:
+            raise error_for(ErrorCode.INVALID_REQUEST, f"--topic {item!r}: partitions are numbers (T:0,1)") from None
+        if colon and not indexes:
+            raise error_for(ErrorCode.INVALID_REQUEST, f"--topic {item!r}: name the partitions (T:0,1) or none (T)")
+        if name in out and (not out[name] or not indexes):
+            out[name] = set()  # the whole topic named once covers it
+        else:
+            out[name] = out.get(name, set()) | indexes
+    return out
 
 
 # KIP-848 groups' states as the coordinator names them -> Kafka's spelling (ConsumerGroupState);

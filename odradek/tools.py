@@ -128,8 +128,8 @@ def add_parsers(sub, config_args, bootstrap) -> None:
                         "LAST-STABLE-OFFSET (read_committed: what a read_committed consumer can reach; open "
                         "transactions do not count)")
     p.add_argument("--topic", action="append", default=[], help="reset: a topic (repeatable; default: every "
-                                                                  "topic the group has committed offsets for); "
-                                                                  "delete-offsets: T or T:P,P")
+                                                                  "topic the group has committed offsets for), "
+                                                                  "T or T:P,P (those partitions)")
     to = p.add_mutually_exclusive_group()
     to.add_argument("--to-earliest", action="store_true")
     to.add_argument("--to-latest", action="store_true")
@@ -535,19 +535,13 @@ def cmd_groups(args) -> int:
 
 def _delete_offsets(admin, group: str, topics: list[str]) -> None:
     """kafka-consumer-groups --delete-offsets: ``--topic T`` (every partition) or ``T:0,2``."""
+    from odradek.group import parse_topics
     from odradek.types import TopicPartition
     if not topics:
         raise OdradekError("--delete-offsets needs --topic T or T:P,P", ErrorCode.INVALID_REQUEST)
     tps = []
-    for item in topics:
-        name, _, parts = item.partition(":")
-        if parts:
-            try:
-                indexes = [int(p) for p in parts.split(",")]
-            except ValueError:
-                raise OdradekError(f"--topic {item!r}: partitions are numbers (T:0,1)",
-                                   ErrorCode.INVALID_REQUEST) from None
-        else:
+    for name, indexes in parse_topics(topics).items():
+        if not indexes:
             admin.cluster.refresh([name])
             indexes = [p.partition for p in admin.cluster.partitions(name) or ()]
             if not indexes:

@@ -1,13 +1,14 @@
 // The charts: the history from /api/history (sampled by the metrics actor every 10 s, an
-// hour kept), then /api/totals every 2 s; counters become rates between samples. Drawn on
-// canvases with a time axis (local time; from 5 minutes to an hour wide, as old as the
-// history) and a value axis. No library, nothing from the internet.
+// hour kept), then /api/totals every 2 s; counters become rates between samples. Drawn by
+// uPlot (vendored in /static/vendor, see its README there) with a time axis in the reader's
+// zone (from 5 minutes to an hour wide, as old as the history) and a labelled value axis.
+// Nothing from the internet.
 const WINDOW = 3600;  // seconds kept and shown at most
 const MIN_WINDOW = 300;  // seconds shown at least (a young broker's history fills the width)
 const LIVE_EVERY = 2000;  // ms between live samples
 const COLORS = ["#4c72b0", "#dd8452", "#55a868", "#c44e52", "#8172b3", "#937860"];
-const PAD = {left: 64, right: 12, top: 22, bottom: 26};
-let samples = [];
+let samples = [], span = MIN_WINDOW, now = Date.now() / 1000;
+const charts = {};  // id -> {plot, names}
 
 function human(v) {
   const a = Math.abs(v);
@@ -15,70 +16,69 @@ function human(v) {
   return a >= 10 || v === 0 ? v.toFixed(0) : v.toPrecision(2);
 }
 
-function niceStep(max, n) {  // a round step giving about n ticks up to max
-  const raw = max / n, p = Math.pow(10, Math.floor(Math.log10(raw)));
-  for (const m of [1, 2, 5, 10]) if (m * p >= raw) return m * p;
-  return 10 * p;
-}
-
 function clock(t) {
   const d = new Date(t * 1000), pad = (n) => String(n).padStart(2, "0");
   return pad(d.getHours()) + ":" + pad(d.getMinutes());
 }
 
-// series: {name: [[time, value], ...]}; the x axis spans the last `span` seconds to now
-function draw(id, series, now, span) {
-  const c = document.getElementById(id), g = c.getContext("2d");
-  const w = c.width - PAD.left - PAD.right, h = c.height - PAD.top - PAD.bottom;
-  g.clearRect(0, 0, c.width, c.height);
-  const names = Object.keys(series);
-  let max = 0;
-  for (const n of names) for (const [, v] of series[n]) max = Math.max(max, v);
-  const step = niceStep(max > 0 ? max : 1, 4), top = Math.max(step, Math.ceil(max / step) * step);
-  const t0 = now - span, x = (t) => PAD.left + ((t - t0) / span) * w, y = (v) => PAD.top + h - (v / top) * h;
-  g.font = "11px sans-serif"; g.strokeStyle = "#ddd"; g.fillStyle = "#555"; g.lineWidth = 1;
-  const yTicks = [], xTicks = [];
-  for (let v = 0; v <= top + step / 2; v += step) {  // value axis: grid lines and labels
-    g.beginPath(); g.moveTo(PAD.left, y(v)); g.lineTo(PAD.left + w, y(v)); g.stroke();
-    g.textAlign = "right"; g.fillText(human(v), PAD.left - 6, y(v) + 4); yTicks.push(human(v));
-  }
-  const every = [60, 120, 300, 600].find((e) => span / e <= 8) || 600;  // time axis, local time
-  for (let t = Math.ceil(t0 / every) * every; t <= now; t += every) {
-    g.beginPath(); g.moveTo(x(t), PAD.top); g.lineTo(x(t), PAD.top + h); g.stroke();
-    g.textAlign = "center"; g.fillText(clock(t), x(t), PAD.top + h + 16); xTicks.push(clock(t));
-  }
-  g.strokeStyle = "#888"; g.strokeRect(PAD.left, PAD.top, w, h);
-  let points = 0;
-  names.forEach((n, i) => {
-    const pts = series[n].filter(([t]) => t >= t0);
-    g.strokeStyle = g.fillStyle = COLORS[i % COLORS.length]; g.lineWidth = 1.5; g.beginPath();
-    pts.forEach(([t, v], k) => (k ? g.lineTo(x(t), y(v)) : g.moveTo(x(t), y(v))));
-    g.stroke(); g.textAlign = "left"; g.fillText(n, PAD.left + 8 + i * 150, 14);
-    points += pts.length;
-  });
-  c.dataset.xTicks = xTicks.join(" "); c.dataset.yTicks = yTicks.join(" ");
-  c.dataset.points = points; c.dataset.since = samples.length ? samples[0].time : "";
+// A chart in the element `id` of the series `names` (x: seconds since the epoch). The ticks
+// each axis drew and the points plotted are left on the element (data-x-ticks, data-y-ticks,
+// data-points, data-since) for the tests and for anyone reading the page's source.
+function chart(id, names) {
+  const el = document.getElementById(id), ticks = {x: [], y: []};
+  const every = () => [60, 120, 300, 600].find((e) => span / e <= 8) || 600;  // a line every 1 to 10 minutes
+  const opts = {
+    width: 960, height: 240,
+    series: [{}, ...names.map((n, i) => ({label: n, stroke: COLORS[i % COLORS.length], width: 1.5, spanGaps: true,
+                                           value: (u, v) => (v == null ? "-" : human(v))}))],
+    scales: {x: {time: true, range: () => [now - span, now]},
+             y: {range: (u, min, max) => [0, max > 0 ? max * 1.1 : 1]}},
+    axes: [
+      {space: 60, incrs: [60, 120, 300, 600, 1200],
+       splits: (u, i, min, max) => { const e = every(), out = [];
+                                     for (let t = Math.ceil(min / e) * e; t <= max; t += e) out.push(t); return out; },
+       values: (u, splits) => (ticks.x = splits.map(clock))},
+      {size: 56, values: (u, splits) => (ticks.y = splits.map(human))},
+    ],
+    hooks: {draw: [(u) => {
+      el.dataset.xTicks = ticks.x.join(" "); el.dataset.yTicks = ticks.y.join(" ");
+      let points = 0;
+      for (let s = 1; s < u.data.length; s++) points += u.data[s].filter((v, k) => v != null && u.data[0][k] >= now - span).length;
+      el.dataset.points = points; el.dataset.since = samples.length ? samples[0].time : "";
+    }]},
+  };
+  return {plot: new uPlot(opts, [[], ...names.map(() => [])], el), names};
 }
 
-function rates(key) {
-  const out = [];
+// [xs, ys...]: the rate of each counter key between consecutive samples
+function rates(keys) {
+  const data = [[], ...keys.map(() => [])];
   for (let i = 1; i < samples.length; i++) {
     const dt = samples[i].time - samples[i - 1].time;
-    if (dt > 0) out.push([samples[i].time, Math.max(0, samples[i][key] - samples[i - 1][key]) / dt]);
+    if (dt <= 0) continue;
+    data[0].push(samples[i].time);
+    keys.forEach((k, j) => data[j + 1].push(Math.max(0, samples[i][k] - samples[i - 1][k]) / dt));
   }
-  return out;
+  return data;
+}
+
+function show(id, names, data) {
+  let c = charts[id];
+  if (!c || c.names.join("\n") !== names.join("\n")) {  // new series (a group appeared): a new chart
+    if (c) c.plot.destroy();
+    c = charts[id] = chart(id, names);
+  }
+  c.plot.setData(data);
 }
 
 function render() {
-  const now = Date.now() / 1000;
+  now = Date.now() / 1000;
   samples = samples.filter((s) => s.time >= now - WINDOW);
-  const span = Math.min(WINDOW, Math.max(MIN_WINDOW, samples.length ? now - samples[0].time : 0));
-  draw("throughput", {"bytes in": rates("bytes_in"), "bytes out": rates("bytes_out")}, now, span);
-  draw("records", {"records in": rates("records_in"), "records out": rates("records_out")}, now, span);
-  const lag = {};
-  for (const s of samples) for (const g of Object.keys(s.lag)) lag[g] = [];
-  for (const s of samples) for (const g of Object.keys(lag)) lag[g].push([s.time, s.lag[g] || 0]);
-  draw("lag", lag, now, span);
+  span = Math.min(WINDOW, Math.max(MIN_WINDOW, samples.length ? now - samples[0].time : 0));
+  show("throughput", ["bytes in", "bytes out"], rates(["bytes_in", "bytes_out"]));
+  show("records", ["records in", "records out"], rates(["records_in", "records_out"]));
+  const groups = [...new Set(samples.flatMap((s) => Object.keys(s.lag)))].sort();
+  show("lag", groups, [samples.map((s) => s.time), ...groups.map((g) => samples.map((s) => s.lag[g] || 0))]);
 }
 
 async function tick() {

@@ -28,11 +28,13 @@ assignor {{group.get("assignor_name", "")}}</p>
 </table>
 <form method="post" action="/groups/{{group["group_id"]}}/reset" id="apply-reset" class="inline">
 <input type="hidden" name="csrf" value="{{csrf}}"><input type="hidden" name="execute" value="1">
-<input type="hidden" name="topic" value="{{form.get("topic", "")}}"><input type="hidden" name="to" value="{{form.get("to", "")}}">
+<input type="hidden" name="topic" value="{{form.get("topic", "")}}"><input type="hidden" name="partition" value="{{form.get("partition", "")}}">
+<input type="hidden" name="to" value="{{form.get("to", "")}}">
 <input type="hidden" name="value" value="{{form.get("value", "")}}"><button type="submit">Apply</button></form>
 % end
 <h2>Reset offsets</h2>
-<p class="hint">Only while the group has no members (stop its consumers first). Shows a dry run before anything is committed.</p>
+<p class="hint">Only while the group has no members (stop its consumers first). Shows a dry run before anything is committed.
+To an offset: the same offset on every chosen partition (one partition, or all of the topic), kept inside each log's range as <code>kafka-consumer-groups --to-offset</code> keeps it.</p>
 <form method="post" action="/groups/{{group["group_id"]}}/reset" id="reset" class="inline">
 <input type="hidden" name="csrf" value="{{csrf}}">
 <select name="topic"><option value="">every topic it committed</option>
@@ -40,12 +42,13 @@ assignor {{group.get("assignor_name", "")}}</p>
 <option {{"selected" if form.get("topic") == t else ""}}>{{t}}</option>
 % end
 </select>
+<input name="partition" value="{{form.get("partition", "")}}" placeholder="partition (all)" size="10" title="one partition of the chosen topic; empty: every partition">
 to <select name="to">
-% for choice in ("earliest", "latest", "timestamp", "shift"):
+% for choice in ("earliest", "latest", "timestamp", "shift", "offset"):
 <option {{"selected" if form.get("to") == choice else ""}}>{{choice}}</option>
 % end
 </select>
-<input name="value" value="{{form.get("value", "")}}" placeholder="timestamp (ms) or shift (+/-N)">
+<input name="value" value="{{form.get("value", "")}}" placeholder="timestamp (ms), shift (+/-N) or offset">
 <button type="submit">Dry run</button></form>
 <h2>Delete the group</h2>
 <form method="post" action="/groups/{{group["group_id"]}}/delete" id="delete-group" class="inline delete">

@@ -63,3 +63,28 @@ def test_offsets_are_reset_only_while_the_group_is_inactive(loaded):
         with pytest.raises(OdradekError) as e:
             admin.delete("g")
         assert e.value.code == ErrorCode.GROUP_ID_NOT_FOUND
+
+
+def test_to_offset_is_clamped_to_each_log_and_named_partitions_only_move(loaded):
+    """Kafka's --to-offset N: above a log's end the new offset is the log end, below its start
+    the log start; ``T:P`` resets partition P only (kafka-consumer-groups' --topic T:P)."""
+    from odradek import Admin
+    t0, t1 = TopicPartition("t", 0), TopicPartition("t", 1)
+    with Admin(loaded.bootstrap) as a:
+        a.delete_records({t1: 4})  # partition 1 now starts at 4 (10 records each)
+    with connect(loaded) as c, GroupAdmin(loaded.bootstrap) as admin:
+        m = join(c)
+        commit(c, {("t", 0): 2, ("t", 1): 5}, m)
+        hb(c, member_id=m["member_id"], member_epoch=-1)
+        assert admin.reset_offsets("g", ["t"], to="offset", value=3) == {t0: (2, 3), t1: (5, 4)}  # 3 < start 4
+        assert admin.reset_offsets("g", ["t"], to="offset", value=99) == {t0: (2, 10), t1: (5, 10)}  # past the end
+        assert admin.reset_offsets("g", ["t:1"], to="offset", value=7, execute=True) == {t1: (5, 7)}
+        assert admin.committed("g") == {t0: 2, t1: 7}
+        admin.reset_offsets("g", ["t:0", "t:1"], to="offset", value=6, execute=True)
+        assert admin.committed("g") == {t0: 6, t1: 6}
+        with pytest.raises(OdradekError) as e:
+            admin.reset_offsets("g", ["t:5"], to="offset", value=1)
+        assert e.value.code == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION and "no partition 5" in str(e.value)
+        with pytest.raises(OdradekError) as e:
+            admin.reset_offsets("g", ["t:x"], to="offset", value=1)
+        assert e.value.code == ErrorCode.INVALID_REQUEST

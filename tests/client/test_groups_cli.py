@@ -37,6 +37,12 @@ def test_groups_list_describe_reset_and_delete(broker):
     assert done.returncode == 0, done.stderr
     with Consumer(broker.bootstrap, group_id="g") as c:
         assert c.committed(TopicPartition("t", 0)) == 0 and c.committed(TopicPartition("t", 1)) == 0
+    # --topic T:P: that partition only; --to-offset past the log end (5) becomes the log end
+    one = odradek("groups", "--reset-offsets", "g", "--topic", "t:1", "--to-offset", "99", "--execute", *bs)
+    assert one.returncode == 0, one.stderr
+    assert [line.split()[-3:] for line in one.stdout.splitlines()[1:]] == [["1", "0", "5"]]
+    with Consumer(broker.bootstrap, group_id="g") as c:
+        assert c.committed(TopicPartition("t", 0)) == 0 and c.committed(TopicPartition("t", 1)) == 5
     assert odradek("groups", "--delete", "g", *bs).returncode == 0
     missing = odradek("groups", "--describe", "g", *bs)
     assert missing.returncode == 1 and "GROUP_ID_NOT_FOUND" in missing.stderr

@@ -42,6 +42,23 @@ def test_a_chart_opened_now_shows_the_history_on_axes(shared_broker):
         assert float(records.get_attribute("data-since")) <= samples[0]["time"] < opened
         x_ticks = records.get_attribute("data-x-ticks").split()
         y_ticks = records.get_attribute("data-y-ticks").split()
+        # drawn by the vendored uPlot, loaded from this broker (no other script, nothing remote)
+        assert records.find_elements(By.CSS_SELECTOR, ".uplot canvas")
+        assert browser.execute_script("return typeof uPlot") == "function"
+        scripts = [e.get_attribute("src") for e in browser.find_elements(By.TAG_NAME, "script")]
+        assert scripts == [shared_broker.console_url + "static/vendor/uPlot.iife.min.js",
+                           shared_broker.console_url + "static/charts.js"]
+        assert browser.execute_script(
+            "return performance.getEntriesByType('resource').every(r => r.name.startsWith(location.origin))")
     # a young history spans the least window, 5 minutes: a tick every minute
     assert len(x_ticks) >= 4 and all(re.fullmatch(r"\d\d:\d\d", t) for t in x_ticks), x_ticks
     assert y_ticks[0] == "0" and len(y_ticks) >= 2 and "e" not in "".join(y_ticks)  # no e-notation
+
+
+def test_the_vendored_chart_library_is_served_with_its_licence(shared_broker):
+    status, script = http_get(shared_broker.console_url + "static/vendor/uPlot.iife.min.js")
+    assert status == 200 and script.startswith("/*! https://github.com/leeoniya/uPlot (v1.6.32) */")
+    status, readme = http_get(shared_broker.console_url + "static/vendor/README.md")
+    assert status == 200 and "1.6.32" in readme and "MIT" in readme
+    status, licence = http_get(shared_broker.console_url + "static/vendor/uPlot.LICENSE")
+    assert status == 200 and licence.startswith("The MIT License (MIT)")

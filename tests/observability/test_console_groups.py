@@ -99,6 +99,35 @@ def test_a_shift_reset_and_an_active_group_refused(shared_broker, browser):
     assert committed(shared_broker.bootstrap, "shifted") == {("shift-topic", 0): 6}
 
 
+def test_a_reset_to_an_offset_of_one_partition_is_clamped_to_its_log(shared_broker, browser):
+    """To offset N on one partition (the CLI's --topic T:P --to-offset N): past the log end the
+    dry run shows the log end and says so; only that partition moves. Then one offset for
+    every partition of the topic."""
+    committed_group(shared_broker.bootstrap, "to-offset", "offset-topic", {0: 3, 1: 7})  # 15 records each
+    browser.get(shared_broker.console_url + "groups/to-offset")
+    form = browser.find_element(By.ID, "reset")
+    Select(form.find_element(By.NAME, "topic")).select_by_visible_text("offset-topic")
+    form.find_element(By.NAME, "partition").send_keys("1")
+    Select(form.find_element(By.NAME, "to")).select_by_visible_text("offset")
+    form.find_element(By.NAME, "value").send_keys("100")
+    form.find_element(By.TAG_NAME, "button").click()
+    table = wait_for(browser, "preview")
+    rows = [[td.text for td in tr.find_elements(By.TAG_NAME, "td")] for tr in table.find_elements(By.TAG_NAME, "tr")[1:]]
+    assert rows == [["offset-topic", "1", "7", "15"]]
+    assert "1 partition(s) do not hold offset 100" in browser.find_element(By.ID, "group-message").text
+    browser.find_element(By.CSS_SELECTOR, "#apply-reset button").click()
+    WebDriverWait(browser, 20).until(lambda d: "Reset 1 partition(s) to offset: 1 moved" in d.page_source)
+    assert committed(shared_broker.bootstrap, "to-offset") == {("offset-topic", 0): 3, ("offset-topic", 1): 15}
+    form = browser.find_element(By.ID, "reset")
+    Select(form.find_element(By.NAME, "topic")).select_by_visible_text("offset-topic")
+    Select(form.find_element(By.NAME, "to")).select_by_visible_text("offset")
+    form.find_element(By.NAME, "value").send_keys("5")
+    form.find_element(By.TAG_NAME, "button").click()
+    wait_for(browser, "apply-reset").find_element(By.TAG_NAME, "button").click()
+    WebDriverWait(browser, 20).until(lambda d: "Reset 2 partition(s) to offset: 2 moved" in d.page_source)
+    assert committed(shared_broker.bootstrap, "to-offset") == {("offset-topic", 0): 5, ("offset-topic", 1): 5}
+
+
 def test_deleting_a_group_needs_its_name_typed_again(shared_broker, browser):
     committed_group(shared_broker.bootstrap, "deletable", "deletable-topic", {0: 1})
     browser.get(shared_broker.console_url + "groups/deletable")
