@@ -32,13 +32,13 @@ SHARED_LIBRARIES = {
     ("log/replica_fetcher.py", "odradek.network.client"): "a follower's connection to its leader",
     ("coordinator/internal_replay.py", "odradek.log.reader"): "replays an internal topic from its files, read-only",
     ("coordinator/group_api_offsets.py", "odradek.log.reader"): "LATEST_TIMESTAMP, ListOffsets' -1",
-    ("coordinator/txn_coordinator.py", "odradek.log.producer_ids"): "the producer-id tag the log actors check",
+    ("coordinator/txn_producer_ids.py", "odradek.log.producer_ids"): "the producer-id tag the log actors check",
     ("coordinator/throttles.py", "odradek.log.throttle"): "UNLIMITED, the throttle rate's default",
     ("coordinator/topics.py", "odradek.log.files"): "the file layer the topic registry saves through",
     ("coordinator/cluster_controller.py", "odradek.network.listeners"): "the broker's listeners, registered in ZooKeeper",
     ("coordinator/cluster_controller.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",
     ("log/replica_fetcher.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",
-    ("coordinator/txn_coordinator.py", "odradek.network.client"): "WRITE_TXN_MARKERS to other brokers",
+    ("coordinator/txn_markers.py", "odradek.network.client"): "WRITE_TXN_MARKERS to other brokers",
     ("coordinator/txn_coordinator.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener, for markers",
 }
 
