@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
-from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter
@@ -16,6 +15,7 @@ from odradek.coordinator.txn_pipeline import PipelinedRequests
 from odradek.coordinator.txn_producer_ids import ProducerIds
 from odradek.coordinator.txn_state_log import COMPLETE_DEFER, TxnSite, TxnStateLog
 from odradek.network.protocol import TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+from tests.coordinator.outbox_recorder import Recorder
 
 
 class Clock:
@@ -24,34 +24,6 @@ class Clock:
 
     def __call__(self) -> int:
         return self.now
-
-
-class Timer:
-    def __init__(self, delay, callback):
-        self.delay, self.callback, self.cancelled = delay, callback, False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class Recorder:
-    """What the parts sent through their outbox."""
-
-    def __init__(self):
-        self.requests, self.replies, self.errors, self.timers = [], [], [], []
-        self.outbox = Outbox(send=None, request=self.request,
-                             reply=lambda msg, fields: self.replies.append((msg, fields)),
-                             reply_error=lambda msg, code, why: self.errors.append((msg, code, why)),
-                             post=lambda fn: fn(), members=lambda role: [], later=self.later,
-                             cancel_request=lambda corr: None)
-
-    def request(self, to, type_, fields=None, frames=(), callback=None, timeout=None):
-        self.requests.append((to, type_, fields, callback))
-
-    def later(self, delay, callback):
-        timer = Timer(delay, callback)
-        self.timers.append(timer)
-        return timer
 
 
 def snapshot(version: int, leaders: list[int], epoch: int = 3, **topics) -> dict:
