@@ -109,7 +109,8 @@ class AdminApi:
                         return
                     out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
                                 "error_message": exc.message})
-            self.outbox.reply(msg, {"body": {"coordinators": out} if keys is not None else {**out[0], "key": body.get("key")}})
+            self.outbox.reply(msg, {"body": {"coordinators": out} if keys is not None
+                                    else {**out[0], "key": body.get("key")}})
         self._own_address(answer)
 
     def _txn_coordinator_of(self, key, own) -> tuple[int, tuple | None]:

@@ -212,8 +212,16 @@ class GroupCoordinator(Actor):
             max_size=config["group.max.size"],
             join_wait_cap_ms=max(1000, config["request.timeout.ms"] - CLASSIC_MARGIN_MS),
             max_metadata_bytes=config["group.classic.max.metadata.bytes"])
-        outbox = Outbox.of(self)
-        clock = Clock(now=lambda: self.clock() * 1000, wall=wall_ms)
+        self.assemble(config, group_config, classic_config, Outbox.of(self),
+                      Clock(now=lambda: self.clock() * 1000, wall=wall_ms))
+        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields, starting=True)
+        self.call_every(TICK_INTERVAL, self._tick)
+        self.call_every(METADATA_REFRESH, self._refresh_metadata)
+        self.call_every(config["offsets.retention.check.interval.ms"] / 1000, self.offsets.expire)
+
+    def assemble(self, config, group_config: GroupConfig, classic_config: ClassicConfig, outbox: Outbox,
+                 clock: Clock) -> None:
+        """Make the parts and hand each its collaborators."""
         self.times = clock
         self.table = table = GroupTable(group_config, classic_config)
         self.meta = meta = TopicView(int(self.args.get("broker_id", config["broker.id"])))
@@ -246,10 +254,6 @@ class GroupCoordinator(Actor):
             ApiKey.SYNC_GROUP: self.classic.sync_group,
             ApiKey.HEARTBEAT: self.classic.classic_heartbeat,
         }
-        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields, starting=True)
-        self.call_every(TICK_INTERVAL, self._tick)
-        self.call_every(METADATA_REFRESH, self._refresh_metadata)
-        self.call_every(config["offsets.retention.check.interval.ms"] / 1000, self.offsets.expire)
 
     def _dropped(self, partition: int, mine: Callable[[str], bool], why: str) -> list[str]:
         """``partition`` is no longer led here: what is held for its groups is answered

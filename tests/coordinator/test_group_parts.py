@@ -9,12 +9,14 @@ from odradek.coordinator.classic_group import ClassicConfig
 from odradek.coordinator.group import GroupConfig
 from odradek.coordinator.group_api_consumer import ConsumerApi
 from odradek.coordinator.group_api_offsets import OffsetsApi
+from odradek.coordinator.group_coordinator import GroupCoordinator
 from odradek.coordinator.group_leadership import Leadership
 from odradek.coordinator.group_purgatory import Purgatory
 from odradek.coordinator.group_table import Clock, GroupTable, TopicView
 from odradek.coordinator.group_writes import GroupWriter
 from odradek.coordinator.offsets import Committed, OffsetsView, group_record, offset_record, partition_for
 from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode
+from odradek import config as cfg
 from tests.coordinator.outbox_recorder import Recorder
 
 
@@ -199,3 +201,16 @@ def test_a_transactions_offsets_before_the_topic_exists_ask_for_it_and_are_retri
     rec.requests[-1][3](stored())
     assert table.offsets["g"][("t", 0)].offset == 5 and rec.replies[-1][1] == {"error_code": 0, "message": ""}
     assert api.commits == 1
+
+
+# ---- the actor's assembly ----------------------------------------------------------------------
+def test_the_actor_hands_every_part_the_same_table_view_and_objects(tmp_path):
+    config = cfg.load(None, [f"log.dirs={tmp_path}", "num.log.threads=1", "broker.id=1"])
+    c = GroupCoordinator("group_coordinator", str(tmp_path), {"config": config, "data_dir": str(tmp_path)})
+    times = Times()
+    c.assemble(config, GroupConfig(), ClassicConfig(), Recorder().outbox, times.clock())
+    objects = (c.writer, c.purgatory, c.consumer, c.classic, c.offsets, c.admin)
+    assert all(o.table is c.table for o in objects) and isinstance(c.table.classic, dict)
+    assert all(o.meta is c.meta for o in (c.leadership, c.writer, c.purgatory, c.consumer, c.offsets, c.admin))
+    assert c.admin.classic is c.classic and c.purgatory.writer is c.writer and c.writer.leadership is c.leadership
+    assert c.consumer.clock is c.purgatory.clock is c.times
