@@ -4,9 +4,11 @@
 elected, its ``ActiveController``).
 
 Process: ``controller`` (plain objects and functions; no actor of its own, no messages).
-``Outbox`` is the one way the controller's parts send messages: the actor's own ``send``,
+``Outbox`` is the one way the controller's parts (and the transaction coordinator's, in its
+process) send messages: the actor's own ``send``,
 ``request``, ``reply``, ``reply_error``, ``post`` (the thread-safe entry, for kazoo's and
-the channel's threads) and the running members of a role, handed to each part explicitly.
+the channel's threads), the running members of a role, a timer, and the chained messages of
+``Actor.expect``/``answer_chained``, handed to each part explicitly.
 """
 from __future__ import annotations
 
@@ -33,11 +35,18 @@ class Outbox:
     post: Callable[[Callable[[], Any]], None]
     members: Callable[[str], list]  # role -> the names of its running instances
     later: Callable[[float, Callable[[], Any]], Any]  # the actor's call_later
+    # a request's answer or a message sent by another actor on this one's behalf (``then``)
+    expect: Callable[..., int] | None = None
+    cancel_request: Callable[[int], None] | None = None
+    answer_chained: Callable[..., list] | None = None
+    answered_elsewhere: Callable[[Any], None] | None = None
+    call: Callable[..., Any] | None = None  # a blocking request (only while starting)
 
     @classmethod
     def of(cls, actor) -> Outbox:
         return cls(actor.send, actor.request, actor.reply, actor.reply_error, actor.post,
-                   lambda role: actor.members.get(role, []), actor.call_later)
+                   lambda role: actor.members.get(role, []), actor.call_later, actor.expect, actor.cancel_request,
+                   actor.answer_chained, actor.answered_elsewhere, actor.call)
 
 
 class HandlerRoster:

@@ -3,17 +3,30 @@ for this broker's transaction coordinator), LIST_GROUPS, DESCRIBE_GROUPS and
 CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (a forced removal, or a classic member's
 leave).
 
-Runs in the ``group_coordinator`` process, as part of ``GroupCoordinator`` (a mixin).
+Process: ``group_coordinator`` (a plain object its actor owns, ``coordinator.group_coordinator``).
+Owns this broker's own address once learned. Collaborators, handed in: the ``GroupTable``,
+the ``TopicView`` (the brokers' addresses, this broker's id), the ``Leadership`` (who
+coordinates a group), the ``GroupWriter`` (tombstones), the ``Purgatory`` (a removed member's
+held heartbeat), the ``ClassicApi`` (a classic member's leave, a classic group described),
+``create_topic()`` (the actor's creation of ``__consumer_offsets``), the actor's ``Outbox``,
+the config (listeners, cluster mode) and the supervisor's name.
 Sends ``status`` to the supervisor (this broker's own address, while the snapshot has no port
-for it).
+for it), ``create_state_topic`` to the transaction coordinator.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from odradek.actors.message import Message
 from odradek.actors.names import TXN_COORDINATOR
+from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import EMPTY, GroupError
+from odradek.coordinator.group_api_classic import ClassicApi
+from odradek.coordinator.group_leadership import Leadership
+from odradek.coordinator.group_purgatory import Purgatory
 from odradek.coordinator.group_requests import group_id, valid_group_id
-from odradek.coordinator.group_writes import group_write_error
+from odradek.coordinator.group_table import GroupTable, TopicView
+from odradek.coordinator.group_writes import GroupWriter, group_write_error
 from odradek.coordinator.offsets import group_record, offset_record, offsets_leaders, partition_for
 from odradek.network.fields import BadRequest, field
 from odradek.network.kafka.groups import decode_subscription
@@ -21,7 +34,14 @@ from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, Err
 
 
 class AdminApi:
-    """The group coordinator's administrative APIs (a mixin of ``GroupCoordinator``)."""
+    def __init__(self, table: GroupTable, meta: TopicView, leadership: Leadership, writer: GroupWriter,
+                 purgatory: Purgatory, classic: ClassicApi, create_topic: Callable[[], None], outbox: Outbox,
+                 config, supervisor: str | None):
+        self.table, self.meta, self.leadership, self.writer = table, meta, leadership, writer
+        self.purgatory, self.classic, self.create_topic, self.outbox = purgatory, classic, create_topic, outbox
+        self.config, self.supervisor = config, supervisor
+        self.cluster_mode = bool(config.get("zookeeper.connect"))
+        self.address: tuple[str, int] | None = None
 
     # ---- administration --------------------------------------------------------------------------
     def find_coordinator(self, msg: Message, body: dict) -> None:
@@ -45,9 +65,9 @@ class AdminApi:
                 try:
                     node_id, (host, port) = self._coordinator_of(key, own)
                 except OdradekError as exc:
-                    self.reply_error(msg, exc.code, exc.message)
+                    self.outbox.reply_error(msg, exc.code, exc.message)
                     return
-                self.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port,
+                self.outbox.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port,
                                           "key": key}})
             self._own_address(answer)
             return
@@ -63,7 +83,7 @@ class AdminApi:
                 except OdradekError as exc:
                     out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
                                 "error_message": exc.message})
-            self.reply(msg, {"body": {"coordinators": out}})
+            self.outbox.reply(msg, {"body": {"coordinators": out}})
         self._own_address(answer_all)
 
     def _find_txn_coordinator(self, msg: Message, body: dict) -> None:
@@ -85,27 +105,28 @@ class AdminApi:
                     out.append({"key": key, "node_id": node_id, "host": host, "port": port, "error_code": 0})
                 except OdradekError as exc:
                     if keys is None:
-                        self.reply_error(msg, exc.code, exc.message)
+                        self.outbox.reply_error(msg, exc.code, exc.message)
                         return
                     out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
                                 "error_message": exc.message})
-            self.reply(msg, {"body": {"coordinators": out} if keys is not None else {**out[0], "key": body.get("key")}})
+            self.outbox.reply(msg, {"body": {"coordinators": out} if keys is not None
+                                    else {**out[0], "key": body.get("key")}})
         self._own_address(answer)
 
     def _txn_coordinator_of(self, key, own) -> tuple[int, tuple | None]:
         if not isinstance(key, str) or not key:
             raise BadRequest("a transactional id must be a non-empty string")
         if not self.cluster_mode:
-            return self.broker_id, own
-        leaders = offsets_leaders(self.snapshot, self.broker_id, TXN_STATE_TOPIC)
+            return self.meta.broker_id, own
+        leaders = offsets_leaders(self.meta.snapshot, self.meta.broker_id, TXN_STATE_TOPIC)
         if not leaders:
-            self.send(TXN_COORDINATOR, "create_state_topic", {})
+            self.outbox.send(TXN_COORDINATOR, "create_state_topic", {})
             raise OdradekError(f"{TXN_STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
         p = partition_for(key, len(leaders))
         leader = leaders[p][0]
-        if leader == self.broker_id:
-            return self.broker_id, own
-        entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        if leader == self.meta.broker_id:
+            return self.meta.broker_id, own
+        entry = (self.meta.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
         if not entry or not entry[1]:
             why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
             raise OdradekError(f"the coordinator of transactional id {key!r} is not available: "
@@ -115,18 +136,16 @@ class AdminApi:
     def _coordinator_of(self, key, own) -> tuple[int, tuple | None]:
         """``(node_id, (host, port))`` of group ``key``'s coordinator (``own``: this broker's
         address, None while not known yet); raises why there is none."""
-        if not self.partitions:
+        if not self.leadership.partitions:
             if self.cluster_mode:  # clients reach a coordinator only through FindCoordinator: create it now
-                if not self._creating:
-                    self._create_topic()
+                self.create_topic()
                 raise OdradekError(f"{OFFSETS_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
-            return self.broker_id, own  # created on the first write
+            return self.meta.broker_id, own  # created on the first write
         gid = group_id({"key": key}, "key")
-        p = partition_for(gid, self.partitions)
-        leader = self.leaders[p][0] if p < len(self.leaders) else -1
-        if leader == self.broker_id:
-            return self.broker_id, own
-        entry = (self.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
+        p, leader = self.leadership.leader_of(gid)
+        if leader == self.meta.broker_id:
+            return self.meta.broker_id, own
+        entry = (self.meta.snapshot.get("brokers") or {}).get(str(leader)) if leader >= 0 else None
         if not entry or not entry[1]:
             why = "has no leader" if leader < 0 else f"is led by broker {leader}, whose address is unknown here"
             raise OdradekError(f"the coordinator of group '{gid}' is not available: {OFFSETS_TOPIC}-{p} {why}; retry",
@@ -134,7 +153,7 @@ class AdminApi:
         return leader, (entry[0], entry[1])
 
     def _own_address(self, then) -> None:
-        entry = (self.snapshot.get("brokers") or {}).get(str(self.broker_id))
+        entry = (self.meta.snapshot.get("brokers") or {}).get(str(self.meta.broker_id))
         if entry and entry[1]:
             then((entry[0], entry[1]))
         else:
@@ -160,37 +179,25 @@ class AdminApi:
                 then(self.address)
             else:
                 then((host, port))
-        self.request(self.supervisor, "status", callback=learned, timeout=5.0)
-
-    def _known_groups(self) -> list[str]:
-        return sorted(set(self.groups) | set(self.classic) | set(self.offsets))
-
-    def _has_members(self, gid: str) -> bool:
-        g = self.groups.get(gid)
-        cg = self.classic.get(gid)
-        return bool((g is not None and g.members) or (cg is not None and cg.members))
-
-    def _state_of(self, gid: str) -> str:
-        g = self.groups.get(gid)
-        return g.state if g is not None else EMPTY
+        self.outbox.request(self.supervisor, "status", callback=learned, timeout=5.0)
 
     def list_groups(self, msg: Message, body: dict) -> None:
         states = {str(s).lower() for s in field(body, "states_filter", list, [])}
         types = {str(t).lower() for t in field(body, "types_filter", list, [])}
         out = []
-        for gid in self._known_groups():
-            cg = self.classic.get(gid)
+        for gid in self.table.known():
+            cg = self.table.classic.get(gid)
             if cg is not None:
                 out.append({"group_id": gid, "protocol_type": cg.protocol_type or "", "group_type": "classic",
                             "group_state": cg.state})
             else:
                 out.append({"group_id": gid, "protocol_type": "consumer", "group_type": "consumer",
-                            "group_state": self._state_of(gid)})
+                            "group_state": self.table.state_of(gid)})
         if states:
             out = [g for g in out if g["group_state"].lower() in states]
         if types:
             out = [g for g in out if g["group_type"] in types]
-        self.reply(msg, {"body": {"error_code": 0, "groups": out}})
+        self.outbox.reply(msg, {"body": {"error_code": 0, "groups": out}})
 
     def describe_groups(self, msg: Message, body: dict) -> None:
         ids = body.get("group_ids", body.get("groups"))
@@ -198,29 +205,29 @@ class AdminApi:
             raise BadRequest("missing field 'group_ids' (a list of group ids)")
         out = []
         for gid in ids:
-            error = self._coordinator_error(gid) if valid_group_id(gid) else None
+            error = self.leadership.coordinator_error(gid) if valid_group_id(gid) else None
             if error is not None:
                 out.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue
-            if not isinstance(gid, str) or (gid not in self.groups and gid not in self.offsets
-                                            and gid not in self.classic):
+            if not isinstance(gid, str) or (gid not in self.table.groups and gid not in self.table.offsets
+                                            and gid not in self.table.classic):
                 out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                             "error_message": f"group {gid!r} does not exist"})
                 continue
-            if gid in self.classic:
+            if gid in self.table.classic:
                 if msg.get("api") == ApiKey.CONSUMER_GROUP_DESCRIBE:
                     out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                                 "error_message": f"group '{gid}' is a classic group, not a consumer group"})
                 else:
-                    out.append({"error_code": 0, **self._describe_classic(self.classic[gid])})
+                    out.append({"error_code": 0, **self.classic.describe(self.table.classic[gid])})
                 continue
-            g = self.groups.get(gid)
+            g = self.table.groups.get(gid)
             d = g.describe() if g is not None else {"group_id": gid, "group_state": EMPTY, "group_epoch": 0,
                                                      "assignment_epoch": 0, "assignor_name": "", "members": []}
-            d["members"] = [{**m, "assignment": self._ids(m["assignment"]),
-                             "target_assignment": self._ids(m["target_assignment"])} for m in d["members"]]
+            d["members"] = [{**m, "assignment": self.meta.ids(m["assignment"]),
+                             "target_assignment": self.meta.ids(m["target_assignment"])} for m in d["members"]]
             out.append({"error_code": 0, **d})
-        self.reply(msg, {"body": {"groups": out}})
+        self.outbox.reply(msg, {"body": {"groups": out}})
 
     def delete_groups(self, msg: Message, body: dict) -> None:
         names = body.get("groups_names", body.get("group_ids"))
@@ -231,15 +238,15 @@ class AdminApi:
         def finish() -> None:
             pending["n"] -= 1
             if pending["n"] == 0:
-                self.reply(msg, {"body": {"results": results}})
+                self.outbox.reply(msg, {"body": {"results": results}})
 
         for gid in names:
-            error = self._coordinator_error(gid) if valid_group_id(gid) else None
+            error = self.leadership.coordinator_error(gid) if valid_group_id(gid) else None
             if error is not None:
                 results.append({"group_id": gid, "error_code": int(error.code), "error_message": error.message})
                 continue
-            g = (self.groups.get(gid) or self.classic.get(gid)) if isinstance(gid, str) else None
-            if not isinstance(gid, str) or (g is None and gid not in self.offsets):
+            g = (self.table.groups.get(gid) or self.table.classic.get(gid)) if isinstance(gid, str) else None
+            if not isinstance(gid, str) or (g is None and gid not in self.table.offsets):
                 results.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                                 "error_message": f"group {gid!r} does not exist"})
                 continue
@@ -247,13 +254,13 @@ class AdminApi:
                 results.append({"group_id": gid, "error_code": int(ErrorCode.NON_EMPTY_GROUP),
                                 "error_message": f"group '{gid}' has {len(g.members)} members; stop them first"})
                 continue
-            recs = [offset_record(gid, t, p, None) for t, p in self.offsets.pop(gid, {})]
+            recs = [offset_record(gid, t, p, None) for t, p in self.table.offsets.pop(gid, {})]
             recs.append(group_record(gid, None))
             if g is not None:
                 g.deleted = True
-            self.groups.pop(gid, None)
-            self.classic.pop(gid, None)
-            self.empty_since.pop(gid, None)
+            self.table.groups.pop(gid, None)
+            self.table.classic.pop(gid, None)
+            self.table.empty_since.pop(gid, None)
             entry = {"group_id": gid, "error_code": 0}
             results.append(entry)
             pending["n"] += 1
@@ -263,7 +270,7 @@ class AdminApi:
                     entry.update(error_code=int(group_write_error(code)),
                                  error_message=f"deleted here, but the tombstones were not stored: {error}")
                 finish()
-            self._append(gid, recs, stored)
+            self.writer.append(gid, recs, stored)
         finish()
 
     def delete_offsets(self, msg: Message, body: dict) -> None:
@@ -272,8 +279,8 @@ class AdminApi:
         to is refused (GROUP_SUBSCRIBED_TO_TOPIC); a group with members of another protocol
         than the consumer's is NON_EMPTY_GROUP; a partition without an offset is answered 0."""
         gid = group_id(body)
-        g = self.groups.get(gid) or self.classic.get(gid)
-        committed = self.offsets.get(gid)
+        g = self.table.groups.get(gid) or self.table.classic.get(gid)
+        committed = self.table.offsets.get(gid)
         if g is None and committed is None:
             raise OdradekError(f"group '{gid}' does not exist", ErrorCode.GROUP_ID_NOT_FOUND)
         subscribed = self._subscribed_topics(g)
@@ -295,18 +302,18 @@ class AdminApi:
             out.append({"name": name, "partitions": parts})
         answer = {"error_code": 0, "topics": out}
         if not gone:
-            self.reply(msg, {"body": answer})
+            self.outbox.reply(msg, {"body": answer})
             return
         for tp in gone:
             del committed[tp]
 
         def stored(code, error) -> None:
             if code:
-                self.reply_error(msg, group_write_error(code), f"offsets deleted here, but the tombstones were "
+                self.outbox.reply_error(msg, group_write_error(code), f"offsets deleted here, but the tombstones were "
                                                                f"not stored: {error}")
             else:
-                self.reply(msg, {"body": answer})
-        self._append(gid, [offset_record(gid, t, p, None) for t, p in gone], stored)
+                self.outbox.reply(msg, {"body": answer})
+        self.writer.append(gid, [offset_record(gid, t, p, None) for t, p in gone], stored)
 
     def _subscribed_topics(self, g) -> set | None:
         """The topics a group's members subscribe to (none for an empty or unknown group); None
@@ -326,27 +333,27 @@ class AdminApi:
         for m in g.members.values():
             topics |= set(m.subscribed_topic_names)
             if m.subscribed_topic_regex:
-                topics |= {t for t in self.topics if m.subscribes(t)}
+                topics |= {t for t in self.meta.topics if m.subscribes(t)}
         return topics
 
     def leave_group(self, msg: Message, body: dict) -> None:
         """Remove members by id (a tool's forced removal; KIP-848 members leave by heartbeat,
         classic members by this request, by member id or ``group_instance_id``)."""
         gid = group_id(body)
-        if gid in self.classic:
-            self._classic_leave(msg, body, self.classic[gid])
+        if gid in self.table.classic:
+            self.classic.leave(msg, body, self.table.classic[gid])
             return
-        g = self.groups.get(gid)
+        g = self.table.groups.get(gid)
         if g is None:
             raise OdradekError(f"group '{gid}' does not exist", ErrorCode.GROUP_ID_NOT_FOUND)
         out = []
         for m in field(body, "members", list):
             member_id = m.get("member_id") if isinstance(m, dict) else None
             try:
-                g.remove_member(member_id, self.topics)
-                self._answer_held((gid, member_id))
+                g.remove_member(member_id, self.meta.topics)
+                self.purgatory.answer((gid, member_id))
                 out.append({"member_id": member_id, "error_code": 0})
             except GroupError as exc:
                 out.append({"member_id": member_id, "error_code": int(exc.code), "error_message": exc.message})
-        self._changed(g)
-        self._after_write(g, lambda: self.reply(msg, {"body": {"error_code": 0, "members": out}}), msg)
+        self.purgatory.changed(g)
+        self.writer.after_write(g, lambda: self.outbox.reply(msg, {"body": {"error_code": 0, "members": out}}), msg)

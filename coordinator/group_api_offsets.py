@@ -1,20 +1,31 @@
 """The group coordinator's offsets APIs: OFFSET_COMMIT, OFFSET_FETCH, a committed transaction's
 offsets (``txn_offsets_end``), and their expiry (``offsets.retention.minutes``).
 
-Runs in the ``group_coordinator`` process, as part of ``GroupCoordinator`` (a mixin).
-Accepts ``txn_offsets_end {producer_id, commit, offsets}`` from the transaction coordinator.
-Sends ``list_offsets`` to the fetch actor (a commit beyond the high watermark is refused) and
-writes through ``group_writes``.
+Process: ``group_coordinator`` (a plain object its actor owns, ``coordinator.group_coordinator``).
+Owns the count of commits stored and the offsets' settings (``offsets.retention.minutes``,
+``offset.metadata.max.bytes``). Collaborators, handed in: the ``GroupTable`` (the committed
+offsets), the ``TopicView`` (which partitions exist), the ``Leadership`` (whether a group is
+coordinated here), the ``GroupWriter``, ``create_topic()`` (the actor's creation of
+``__consumer_offsets``, for a transaction's offsets arriving before it exists), the actor's
+``Outbox`` and the ``Clock``.
+Serves ``txn_offsets_end {producer_id, commit, offsets}`` from the transaction coordinator
+(the actor's ``on_txn_offsets_end``). Sends ``list_offsets`` to the fetch actor (a commit
+beyond the high watermark is refused) and writes through the ``GroupWriter``.
 """
 from __future__ import annotations
 
 import logging
 
+from typing import Callable
+
 from odradek.actors.message import Message
 from odradek.actors.names import FETCH_ACTOR
+from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import GroupError
-from odradek.coordinator.group_requests import group_id, wall_ms
-from odradek.coordinator.group_writes import WRITE_TIMEOUT, commit_error
+from odradek.coordinator.group_leadership import Leadership
+from odradek.coordinator.group_requests import group_id
+from odradek.coordinator.group_table import Clock, GroupTable, TopicView
+from odradek.coordinator.group_writes import WRITE_TIMEOUT, GroupWriter, commit_error
 from odradek.coordinator.offsets import Committed, group_record, offset_record
 from odradek.coordinator.offsets import expired as expired_offsets
 from odradek.log.reader import LATEST_TIMESTAMP
@@ -25,7 +36,13 @@ log = logging.getLogger("odradek.groups")
 
 
 class OffsetsApi:
-    """The group coordinator's offsets APIs (a mixin of ``GroupCoordinator``)."""
+    def __init__(self, table: GroupTable, meta: TopicView, leadership: Leadership, writer: GroupWriter,
+                 create_topic: Callable[[], None], outbox: Outbox, clock: Clock, retention_ms: int,
+                 metadata_max: int):
+        self.table, self.meta, self.leadership, self.writer = table, meta, leadership, writer
+        self.create_topic, self.outbox, self.clock = create_topic, outbox, clock
+        self.retention_ms, self.metadata_max = retention_ms, metadata_max
+        self.commits = 0
 
     # ---- offsets ------------------------------------------------------------------------------
     def offset_commit(self, msg: Message, body: dict) -> None:
@@ -35,7 +52,7 @@ class OffsetsApi:
         topics = field(body, "topics", list)
         results: dict[tuple[str, int], tuple[int, str]] = {}
         wanted: dict[tuple[str, int], Committed] = {}
-        now_ms = wall_ms()
+        now_ms = self.clock.wall()
         for t in topics:
             if not isinstance(t, dict) or not isinstance(t.get("name"), str) or not isinstance(t.get("partitions"), list):
                 raise BadRequest("each topic must be a map with 'name' and a list of 'partitions'")
@@ -49,8 +66,8 @@ class OffsetsApi:
                 else:
                     wanted[tp] = Committed(p["committed_offset"], p.get("committed_leader_epoch", -1) or -1,
                                            p.get("committed_metadata") or "", now_ms)
-        g = self.groups.get(gid)
-        cg = self.classic.get(gid)
+        g = self.table.groups.get(gid)
+        cg = self.table.classic.get(gid)
         try:
             if cg is not None:
                 cg.check_commit(member_id, epoch, field(body, "group_instance_id", str, None))
@@ -64,7 +81,7 @@ class OffsetsApi:
             results[tp] = (int(err.code), err.message)
             del wanted[tp]
         if not wanted:
-            self._commit_reply(msg, results)
+            self._reply(msg, results)
             return
         if body.get("any_offset") is True:  # a Kafka client's commit: Kafka takes any offset >= 0
             self._write_commit(msg, gid, wanted, results)
@@ -73,7 +90,7 @@ class OffsetsApi:
 
     def _offset_problem(self, tp: tuple[str, int], p: dict) -> tuple[int, str] | None:
         topic, partition = tp
-        n = self.topics.get(topic)
+        n = self.meta.topics.get(topic)
         if n is None or not 0 <= partition < n:
             return int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION), f"{topic}-{partition} does not exist"
         offset = p.get("committed_offset")
@@ -113,7 +130,7 @@ class OffsetsApi:
                             continue
                         if p.get("error_code") == ErrorCode.NOT_LEADER_OR_FOLLOWER or (
                                 p.get("error_code") == ErrorCode.UNKNOWN_TOPIC_OR_PARTITION
-                                and tp[1] < self.topics.get(tp[0], 0)):
+                                and tp[1] < self.meta.topics.get(tp[0], 0)):
                             continue  # led by another broker, or hosted elsewhere (cluster mode): not checkable here
                         if p.get("error_code"):
                             results[tp] = (p["error_code"], p.get("error_message") or "")
@@ -125,12 +142,12 @@ class OffsetsApi:
                             del wanted[tp]
             then()
 
-        self.request(FETCH_ACTOR, "list_offsets", {"body": body, "readable": True}, callback=checked,
-                     timeout=WRITE_TIMEOUT)
+        self.outbox.request(FETCH_ACTOR, "list_offsets", {"body": body, "readable": True}, callback=checked,
+                            timeout=WRITE_TIMEOUT)
 
     def _write_commit(self, msg: Message, gid: str, wanted: dict, results: dict) -> None:
         if not wanted:
-            self._commit_reply(msg, results)
+            self._reply(msg, results)
             return
         recs = [offset_record(gid, t, p, c) for (t, p), c in wanted.items()]
 
@@ -139,66 +156,65 @@ class OffsetsApi:
                 if code:
                     results[tp] = (int(commit_error(code)), f"the commit was not stored: {error}")
                 else:
-                    self.offsets.setdefault(gid, {})[tp] = c
+                    self.table.offsets.setdefault(gid, {})[tp] = c
                     results[tp] = (0, "")
             if not code:
                 self.commits += 1
-                if not self._has_members(gid):
-                    self.empty_since.setdefault(gid, wall_ms())
-            self._commit_reply(msg, results)
+                if not self.table.has_members(gid):
+                    self.table.empty_since.setdefault(gid, self.clock.wall())
+            self._reply(msg, results)
 
-        self._append(gid, recs, done)
+        self.writer.append(gid, recs, done)
 
     # ---- a committed transaction's offsets ------------------------------------------------------
-    def on_txn_offsets_end(self, msg: Message) -> None:
+    def txn_offsets_end(self, msg: Message) -> None:
         """From the transaction coordinator: {producer_id, commit, offsets: {group: [[topic,
         partition, offset, leader_epoch, metadata]]}}, the offsets a committed transaction
         carried (TxnOffsetCommit). Stored (acks=all) like an OffsetCommit, then answered
         {error_code, message}; a failure is retried by the transaction coordinator."""
         offsets = msg.get("offsets") or {}
         if not msg.get("commit") or not offsets:
-            self.reply(msg, {"error_code": 0, "message": ""})
+            self.outbox.reply(msg, {"error_code": 0, "message": ""})
             return
-        if not self.partitions:
-            if not self._creating:
-                self._create_topic()
-            self.reply(msg, {"error_code": int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+        if not self.leadership.partitions:
+            self.create_topic()
+            self.outbox.reply(msg, {"error_code": int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
                              "message": f"{OFFSETS_TOPIC} is being created"})
             return
         left = {"n": len(offsets), "code": 0, "why": ""}
-        now_ms = wall_ms()
+        now_ms = self.clock.wall()
 
         def one_done(code: int = 0, why: str = "") -> None:
             if code:
                 left["code"], left["why"] = code, why
             left["n"] -= 1
             if left["n"] <= 0:
-                self.reply(msg, {"error_code": left["code"], "message": left["why"]})
+                self.outbox.reply(msg, {"error_code": left["code"], "message": left["why"]})
 
         for gid, entries in offsets.items():
             wanted = {(str(t), int(p)): Committed(int(o), int(e), str(m or ""), now_ms) for t, p, o, e, m in entries}
 
             def done(code: int, error: str, gid=gid, wanted=wanted) -> None:
                 if not code:
-                    self.offsets.setdefault(gid, {}).update(wanted)
+                    self.table.offsets.setdefault(gid, {}).update(wanted)
                     self.commits += 1
                 one_done(code, error)
-            self._append(gid, [offset_record(gid, t, p, c) for (t, p), c in wanted.items()], done)
+            self.writer.append(gid, [offset_record(gid, t, p, c) for (t, p), c in wanted.items()], done)
 
-    def _commit_reply(self, msg: Message, results: dict) -> None:
+    def _reply(self, msg: Message, results: dict) -> None:
         by_topic: dict[str, list] = {}
         for (t, p), (code, message) in sorted(results.items()):
             entry = {"partition_index": p, "error_code": code}
             if code:
                 entry["error_message"] = message
             by_topic.setdefault(t, []).append(entry)
-        self.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}})
+        self.outbox.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}})
 
     def offset_fetch(self, msg: Message, body: dict) -> None:
         """One group (``group_id``, ``topics``), or several (``groups``: OffsetFetch v8+)."""
         groups = field(body, "groups", list, None)
         if groups is None:
-            self.reply(msg, {"body": self._fetched(group_id(body), field(body, "topics", list, None))})
+            self.outbox.reply(msg, {"body": self._fetched(group_id(body), field(body, "topics", list, None))})
             return
         out = []
         for entry in groups:
@@ -206,17 +222,17 @@ class OffsetsApi:
                 raise BadRequest("each entry of 'groups' must be a map with 'group_id' and 'topics'")
             try:
                 gid = group_id(entry)
-                error = self._coordinator_error(gid)
+                error = self.leadership.coordinator_error(gid)
                 if error is not None:
                     raise error
                 out.append(self._fetched(gid, field(entry, "topics", list, None)))
             except OdradekError as exc:
                 out.append({"group_id": entry.get("group_id"), "error_code": int(exc.code),
                             "error_message": exc.message, "topics": []})
-        self.reply(msg, {"body": {"groups": out}})
+        self.outbox.reply(msg, {"body": {"groups": out}})
 
     def _fetched(self, gid: str, topics: list | None) -> dict:
-        committed = self.offsets.get(gid, {})
+        committed = self.table.offsets.get(gid, {})
         if topics is None:
             wanted = sorted(committed)
         else:
@@ -235,13 +251,14 @@ class OffsetsApi:
                 "error_code": 0})
         return {"error_code": 0, "group_id": gid, "topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}
 
-    def _expire_offsets(self, now_ms: int | None = None) -> None:
+    def expire(self, now_ms: int | None = None) -> None:
         """``offsets.retention.minutes``: offsets of a group without members expire."""
-        now_ms = wall_ms() if now_ms is None else now_ms
-        for gid, committed in list(self.offsets.items()):
-            if self._has_members(gid):
+        now_ms = self.clock.wall() if now_ms is None else now_ms
+        table = self.table
+        for gid, committed in list(table.offsets.items()):
+            if table.has_members(gid):
                 continue
-            since = self.empty_since.get(gid, now_ms)
+            since = table.empty_since.get(gid, now_ms)
             expired = expired_offsets(committed, since, self.retention_ms, now_ms)
             if not expired:
                 continue
@@ -250,9 +267,6 @@ class OffsetsApi:
                 del committed[tp]
             recs = [offset_record(gid, t, p, None) for t, p in expired]
             if not committed:
-                del self.offsets[gid]
-                self.groups.pop(gid, None)
-                self.classic.pop(gid, None)
-                self.empty_since.pop(gid, None)
+                table.forget(gid)
                 recs.append(group_record(gid, None))
-            self._append(gid, recs, lambda code, error: code and log.error("expiry not stored: %s", error))
+            self.writer.append(gid, recs, lambda code, error: code and log.error("expiry not stored: %s", error))

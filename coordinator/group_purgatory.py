@@ -2,18 +2,27 @@
 member (``held``), classic JoinGroup/SyncGroup requests waiting for their group to move on
 (``held_classic``).
 
-Runs in the ``group_coordinator`` process, as part of ``GroupCoordinator`` (a mixin). A held
-heartbeat is answered when its group changes for that member (``_wake_held``, called from
-``_changed`` after every operation on a group), when the member sends a newer one
-(``_release_held``), or at its ``wait_ms`` deadline; answers that carry a changed group wait
-for its record (``_after_write``). The same purgatory idea as the fetch actor's long polls.
+Process: ``group_coordinator`` (a plain object its actor owns, ``coordinator.group_coordinator``).
+Owns the held requests. Collaborators, handed in: the ``GroupTable`` (the groups), the
+``GroupWriter`` (answers that carry a changed group wait for its record), the ``TopicView``
+(topic ids in answers), the actor's ``Outbox`` (answers, timers) and the ``Clock``.
+A held heartbeat is answered when its group changes for that member (``wake``, called from
+``changed`` after every operation on a group), when the member sends a newer one
+(``release``), or at its ``wait_ms`` deadline. The same purgatory idea as the fetch actor's
+long polls.
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from odradek.actors.message import Message
+from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import ConsumerGroup, GroupError, tps_of
-from odradek.coordinator.group_requests import wall_ms
+from odradek.coordinator.group_requests import classic_error
+from odradek.coordinator.group_table import Clock, GroupTable, TopicView
+from odradek.coordinator.group_writes import GroupWriter
 from odradek.network.protocol import ErrorCode
+
 
 class Held:
     """A heartbeat held in purgatory."""
@@ -25,49 +34,78 @@ class Held:
 
 
 class Purgatory:
-    """The group coordinator's held requests (a mixin of ``GroupCoordinator``)."""
+    def __init__(self, table: GroupTable, writer: GroupWriter, meta: TopicView, outbox: Outbox, clock: Clock):
+        self.table, self.writer, self.meta, self.outbox, self.clock = table, writer, meta, outbox, clock
+        self.held: dict[tuple[str, str], Held] = {}
+        self.held_classic: dict[tuple[str, str, str], Message] = {}  # (group, "join"|"sync", member) -> request
 
-    def _release_held(self, gid: str, member_id: str) -> None:
+    def close(self) -> None:
+        for held in list(self.held.values()):
+            held.timer.cancel()
+        self.held.clear()
+        self.held_classic.clear()
+
+    # ---- KIP-848 heartbeats ----------------------------------------------------------------------
+    def hold(self, key: tuple[str, str], msg: Message, wait_ms: int, epoch: int, owned: set) -> None:
+        timer = self.outbox.later(wait_ms / 1000, lambda: self.answer(key))
+        self.held[key] = Held(msg, timer, epoch, owned)
+
+    def release(self, gid: str, member_id: str) -> None:
         """A member's newer heartbeat supersedes its held one: answer that one now."""
         if member_id and (gid, member_id) in self.held:
-            self._answer_held((gid, member_id))
+            self.answer((gid, member_id))
 
-    def _answer_held(self, key: tuple[str, str]) -> None:
+    def answer(self, key: tuple[str, str]) -> None:
         held = self.held.pop(key, None)
         if held is None:
             return
         held.timer.cancel()
-        g = self.groups.get(key[0])
-        resp = g.refresh(key[1], self._now()) if g is not None else None
+        g = self.table.groups.get(key[0])
+        resp = g.refresh(key[1], self.clock.now()) if g is not None else None
         if resp is None:
-            self.reply(held.msg, {"body": {"error_code": int(ErrorCode.UNKNOWN_MEMBER_ID),
-                                           "error_message": f"member {key[1]} was removed from group '{key[0]}'"}})
+            self.outbox.reply(held.msg, {"body": {"error_code": int(ErrorCode.UNKNOWN_MEMBER_ID),
+                                                  "error_message": f"member {key[1]} was removed from group "
+                                                                   f"'{key[0]}'"}})
             return
-        self._after_write(g, lambda: self.reply(held.msg, {"body": {"error_code": 0, **self._with_ids(resp)}}),
-                          held.msg)
+        self.writer.after_write(g, lambda: self.outbox.reply(held.msg, {"body": {"error_code": 0,
+                                                                                 **self.meta.with_ids(resp)}}),
+                                held.msg)
 
-    def _wake_held(self, g: ConsumerGroup) -> None:
+    def wake(self, g: ConsumerGroup) -> None:
         """The group changed: answer each held heartbeat whose member has news."""
-        now = self._now()
+        now = self.clock.now()
         for key in [k for k in self.held if k[0] == g.group_id]:
             held = self.held[key]
             resp = g.refresh(key[1], now)
             if resp is None or resp["member_epoch"] != held.epoch or tps_of(resp["assignment"]) != held.owned:
-                self._answer_held(key)
+                self.answer(key)
 
-    def _changed(self, g: ConsumerGroup) -> None:
+    def changed(self, g: ConsumerGroup) -> None:
         """After any operation on ``g``: wake held heartbeats, note emptiness."""
         if not g.changed:
             return
-        if not g.members:
-            self.empty_since.setdefault(g.group_id, wall_ms())
-        else:
-            self.empty_since.pop(g.group_id, None)
-        self._wake_held(g)
+        self.table.note_members(g.group_id, bool(g.members), self.clock.wall())
+        self.wake(g)
 
-    def _hold_classic(self, key: tuple[str, str, str], msg: Message) -> None:
+    # ---- classic JoinGroup / SyncGroup -----------------------------------------------------------
+    def hold_classic(self, key: tuple[str, str, str], msg: Message) -> None:
         old = self.held_classic.pop(key, None)
         if old is not None:  # the member asked again: its older request is superseded
-            self.reply(old, {"body": self._classic_error(GroupError(
+            self.outbox.reply(old, {"body": classic_error(GroupError(
                 "superseded by a newer request of the same member", ErrorCode.REBALANCE_IN_PROGRESS), key[2])})
         self.held_classic[key] = msg
+
+    def take_classic(self, key: tuple[str, str, str]) -> Message | None:
+        return self.held_classic.pop(key, None)
+
+    # ---- a partition lost ---------------------------------------------------------------------------
+    def drop(self, mine: Callable[[str], bool], why: str) -> None:
+        """The groups for which ``mine(gid)`` moved to another broker: what is held for them
+        is answered NOT_COORDINATOR (``why`` names the partition and the reason)."""
+        for key in [k for k in self.held if mine(k[0])]:
+            held = self.held.pop(key)
+            held.timer.cancel()
+            self.outbox.reply_error(held.msg, ErrorCode.NOT_COORDINATOR, f"group '{key[0]}' moved: {why}")
+        for key in [k for k in self.held_classic if mine(k[0])]:
+            self.outbox.reply_error(self.held_classic.pop(key), ErrorCode.NOT_COORDINATOR,
+                                    f"group '{key[0]}' moved: {why}")

@@ -1,6 +1,6 @@
 """What the group coordinator's API handlers share: the checks of group ids and of
-topic-partition lists (the generic field check is ``network.fields``), and the wall clock of
-committed offsets and emptiness.
+topic-partition lists (the generic field check is ``network.fields``), a classic request's
+error answer, and the wall clock of committed offsets and emptiness.
 
 Pure (no I/O); runs in the ``group_coordinator`` process.
 """
@@ -49,6 +49,12 @@ def tp_pairs(entries, what: str) -> list[tuple[str, int]]:
                 raise BadRequest(f"'{what}': partitions must be integers, got {p!r}")
             out.append((e["topic"], p))
     return out
+
+
+def classic_error(exc: OdradekError, member_id: str = "") -> dict:
+    """A classic JoinGroup/SyncGroup answer carrying ``exc``."""
+    return {"error_code": int(exc.code), "error_message": exc.message, "generation_id": -1,
+            "member_id": member_id, "leader": "", "members": [], "assignment": b""}
 
 
 def wall_ms() -> int:

@@ -2,16 +2,25 @@
 ``__consumer_offsets`` partition through its log actor (``produce`` acks=-1, answered once the
 ISR has the batch), and how a failed write maps to the request's error.
 
-Runs in the ``group_coordinator`` process, as part of ``GroupCoordinator`` (a mixin).
+Process: ``group_coordinator`` (a plain object its actor owns, ``coordinator.group_coordinator``);
+no state of its own. Collaborators, handed in: the ``Leadership`` (the partition of a group,
+whether it is still led and loaded here: its load token), the ``GroupTable`` (the group's
+emptiness, stored with its record), the ``TopicView`` (this broker's id), the actor's
+``Outbox`` and ``refresh()`` (a write refused for leadership asks the controller again).
 Sends: ``produce {acks: -1, timeout_ms, parts: [ProducePart]}`` + the batch to a log actor.
 """
 from __future__ import annotations
 
 import logging
 
+from typing import Callable
+
 from odradek.actors.message import Message
 from odradek.actors.names import ProducePart
+from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import ConsumerGroup
+from odradek.coordinator.group_leadership import Leadership
+from odradek.coordinator.group_table import GroupTable, TopicView
 from odradek.coordinator.offsets import group_record, partition_for
 from odradek.log.records import encode_batch
 from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode
@@ -49,10 +58,12 @@ def group_write_error(code: int) -> ErrorCode:
     return ErrorCode.NOT_COORDINATOR if ErrorCode.of(code) in LEADERSHIP_LOST else ErrorCode.COORDINATOR_NOT_AVAILABLE
 
 
-class Writes:
-    """The group coordinator's writes (a mixin of ``GroupCoordinator``)."""
+class GroupWriter:
+    def __init__(self, leadership: Leadership, table: GroupTable, meta: TopicView, outbox: Outbox,
+                 refresh: Callable[[], None]):
+        self.leadership, self.table, self.meta, self.outbox, self.refresh = leadership, table, meta, outbox, refresh
 
-    def _after_write(self, g: ConsumerGroup, then, msg: Message | None = None) -> None:
+    def after_write(self, g: ConsumerGroup, then, msg: Message | None = None) -> None:
         """Append the group's record if it changed, then run ``then`` (answers wait for it).
         If the write fails, ``msg`` (the request waiting for it) gets the retriable error
         instead (the member retries with the epoch it had, which the group accepts), and the
@@ -62,42 +73,44 @@ class Writes:
             return
         g.changed = False
         state = None if g.deleted else g.to_record()
-        key, value = group_record(g.group_id, state, self.empty_since.get(g.group_id))
+        key, value = group_record(g.group_id, state, self.table.empty_since.get(g.group_id))
 
         def done(code: int, error: str) -> None:
             if not code:
                 then()
                 return
             log.warning("group %s: its record was not written: %s", g.group_id, error)
-            if self.groups.get(g.group_id) is g:
+            if self.table.groups.get(g.group_id) is g:
                 g.changed = True
             if msg is None:
                 then()
             else:
-                self.reply_error(msg, group_write_error(code), f"group '{g.group_id}': its new state was not "
-                                                               f"stored ({error}); retry")
+                self.outbox.reply_error(msg, group_write_error(code), f"group '{g.group_id}': its new state was "
+                                                                      f"not stored ({error}); retry")
 
-        self._append(g.group_id, [(key, value)], done)
+        self.append(g.group_id, [(key, value)], done)
 
     # ---- writing records ---------------------------------------------------------------------------
-    def _append(self, gid: str, recs: list, done) -> None:
+    def append(self, gid: str, recs: list, done) -> None:
         """Append ``[(key, value)]`` to the group's partition with acks=-1; ``done(0, "")``
         once the ISR has it, else ``done(error_code, message)`` with the write's own code
         (callers map it: ``commit_error``, ``group_write_error``). A partition unloaded
         while the write was in flight answers NOT_COORDINATOR: its state here is gone."""
-        if not self.partitions:
+        leadership = self.leadership
+        if not leadership.partitions:
             done(int(ErrorCode.COORDINATOR_NOT_AVAILABLE), f"{OFFSETS_TOPIC} does not exist")
             return
-        partition = partition_for(gid, self.partitions)
-        token = self.owned.get(partition)
+        partition = partition_for(gid, leadership.partitions)
+        token = leadership.owned.get(partition)
         if token is None:
-            done(int(ErrorCode.NOT_COORDINATOR), f"broker {self.broker_id} does not lead {OFFSETS_TOPIC}-{partition}")
+            done(int(ErrorCode.NOT_COORDINATOR), f"broker {self.meta.broker_id} does not lead "
+                                                 f"{OFFSETS_TOPIC}-{partition}")
             return
         batch = encode_batch(recs)
 
         def answered(reply: Message) -> None:
-            if self.owned.get(partition) != token:
-                done(int(ErrorCode.NOT_COORDINATOR), f"broker {self.broker_id} stopped leading "
+            if leadership.owned.get(partition) != token:
+                done(int(ErrorCode.NOT_COORDINATOR), f"broker {self.meta.broker_id} stopped leading "
                                                      f"{OFFSETS_TOPIC}-{partition} during the write")
                 return
             if reply.is_error:
@@ -111,9 +124,9 @@ class Writes:
             if code:
                 why = f"{OFFSETS_TOPIC}-{partition}: {ErrorCode.of(code).name}" + (f": {why}" if why else "")
                 if ErrorCode.of(code) in LEADERSHIP_LOST:
-                    self._refresh_metadata()  # learn the new leader; the push may be on its way too
+                    self.refresh()  # learn the new leader; the push may be on its way too
             done(code, why)
 
-        self.request(self._host(partition), "produce",
+        self.outbox.request(leadership.host(partition), "produce",
                      {"acks": -1, "timeout_ms": COMMIT_TIMEOUT_MS, "parts": [ProducePart(OFFSETS_TOPIC, partition, 0)]},
-                     [batch], callback=answered, timeout=WRITE_TIMEOUT)
+                            [batch], callback=answered, timeout=WRITE_TIMEOUT)

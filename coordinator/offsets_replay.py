@@ -18,12 +18,12 @@ from odradek.coordinator.offsets import OffsetsView
 from odradek.network.protocol import OFFSETS_TOPIC
 
 
-def bounds_of(fields: dict, partition: int) -> LogBounds | None:
-    """The partition's bounds in a ``get_bounds`` answer; None if the log actor does not host
-    it, or hosts it but (still) as a follower."""
+def bounds_of(fields: dict, partition: int, topic: str = OFFSETS_TOPIC) -> LogBounds | None:
+    """The bounds of ``topic``'s ``partition`` (an internal topic's) in a ``get_bounds``
+    answer; None if the log actor does not host it, or hosts it but (still) as a follower."""
     for part in fields.get("parts") or ():
         part = PartitionBounds(*part)
-        if part.topic == OFFSETS_TOPIC and part.partition == partition:
+        if part.topic == topic and part.partition == partition:
             return part.bounds if part.leader else None  # a follower: not the leader yet
     return None
 

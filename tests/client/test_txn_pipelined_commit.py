@@ -14,7 +14,7 @@ import pytest
 
 from odradek import Producer
 from odradek.cluster import Cluster, Connection
-from odradek.coordinator.txn_coordinator import TXN_CHECK_WAIT_MS
+from odradek.coordinator.txn_pipeline import TXN_CHECK_WAIT_MS
 from odradek.errors import ProducerFencedError
 from odradek.log.log_actor import TXN_HOLD
 from odradek.network.protocol import ApiKey, ErrorCode

@@ -96,49 +96,6 @@ def test_the_coordinator_hands_its_answer_to_the_chain_and_forgets_it_only_once_
     assert actor._unanswered == {}
 
 
-def test_the_next_transactions_add_partitions_waits_for_the_markers_in_flight_instead_of_being_refused():
-    """The EndTxn answer chained to the markers can reach the client before the markers'
-    answer reaches the coordinator: the next transaction's AddPartitionsToTxn (or
-    AddOffsetsToTxn) for that id is parked until they land, not refused
-    CONCURRENT_TRANSACTIONS; other ids' requests go on."""
-    from odradek.coordinator.txn_coordinator import TxnCoordinator
-    from odradek.network.protocol import ApiKey
-    c = TxnCoordinator("txn_coordinator", "/nonexistent")
-    c.markers_in_flight, c.parked, c.checking = {"t1"}, {}, {}
-    handled = []
-    c.add_partitions = lambda msg, body: handled.append(body["transactional_id"])
-    c.add_offsets = lambda msg, body: handled.append(("offsets", body["transactional_id"]))
-    for txn_id in ("t1", "t2"):
-        c.on_txn_request(Message("txn_request", 3, "processor-0", {"api": ApiKey.ADD_PARTITIONS_TO_TXN,
-                                                                    "body": {"transactional_id": txn_id}}))
-    c.on_txn_request(Message("txn_request", 4, "processor-0", {"api": ApiKey.ADD_OFFSETS_TO_TXN,
-                                                                "body": {"transactional_id": "t1"}}))
-    assert handled == ["t2"] and len(c.parked["t1"]) == 2
-    c.markers_in_flight.discard("t1")
-    c._release_parked("t1")
-    assert handled == ["t2", "t1", ("offsets", "t1")] and c.parked == {}
-
-
-def test_an_end_txn_behind_a_parked_add_partitions_of_its_id_waits_behind_it():
-    """The pipelined commit writes EndTxn right behind the transaction's AddPartitionsToTxn on
-    one connection: if that one is parked (the previous transaction's markers in flight), the
-    EndTxn must not overtake it (it would find the previous transaction complete and commit
-    nothing): every later request of the id is parked behind it, and all go in order."""
-    from odradek.coordinator.txn_coordinator import TxnCoordinator
-    from odradek.network.protocol import ApiKey
-    c = TxnCoordinator("txn_coordinator", "/nonexistent")
-    c.markers_in_flight, c.parked, c.checking = {"t1"}, {}, {}
-    handled = []
-    c.add_partitions = lambda msg, body: handled.append(("add", body["transactional_id"]))
-    c.end_txn = lambda msg, body: handled.append(("end", body["transactional_id"]))
-    for api, txn_id in ((ApiKey.ADD_PARTITIONS_TO_TXN, "t1"), (ApiKey.END_TXN, "t1"), (ApiKey.END_TXN, "t2")):
-        c.on_txn_request(Message("txn_request", 3, "processor-0", {"api": api, "body": {"transactional_id": txn_id}}))
-    assert handled == [("end", "t2")] and len(c.parked["t1"]) == 2
-    c.markers_in_flight.discard("t1")
-    c._release_parked("t1")
-    assert handled == [("end", "t2"), ("add", "t1"), ("end", "t1")] and c.parked == {}
-
-
 class _Timer:
     def cancel(self) -> None:
         pass
