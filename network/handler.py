@@ -272,7 +272,7 @@ class RequestHandler(Actor):
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
             self.guard.check_inter_broker(fields, api, body)  # only a proven broker (CLUSTER_AUTHORIZATION_FAILED)
-            denied = self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
+            denied = self.guard.check(fields, api, body, msg.frames)  # raises *_AUTHORIZATION_FAILED if denied
             if denied:  # Produce, Fetch: some topics denied, the others served
                 self._partly_denied(msg, api, body, denied)
             else:

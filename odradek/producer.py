@@ -1428,8 +1428,10 @@ class _Sender:
         body = {"acks": self.acks, "timeout_ms": self.ack_timeout_ms,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         txn = self.txn
-        if txn is not None and any(tp not in txn.partitions for tp, _ in layout):
-            body["txn_unverified"] = True  # sent before AddPartitionsToTxn's answer (may_go_unverified)
+        if txn is not None:
+            body["transactional_id"] = txn.txn_id  # what the broker checks Write on (docs/SECURITY.md)
+            if any(tp not in txn.partitions for tp, _ in layout):
+                body["txn_unverified"] = True  # sent before AddPartitionsToTxn's answer (may_go_unverified)
         for b in group:
             b.attempts += 1
             b.unwritten = False
