@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import socket
 import struct
 import subprocess
 import threading
@@ -32,9 +31,8 @@ from odradek.log import kafka_batch
 from odradek.log.records import OFFSET_ATTRIBUTES, OFFSET_CRC, TRANSACTIONAL_BIT, Record, crc_of, encode_batch
 from odradek.network import secstore
 from odradek.network.client import BrokerConnection
-from odradek.network.kafka import framing, schema
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
-from tests.security.fixtures import listeners_of, warm_kafka
+from tests.security.fixtures import RawKafka, listeners_of, warm_kafka
 
 MECHANISM = "SCRAM-SHA-256"
 TOPIC = f"m-{uuid.uuid4().hex[:8]}"
@@ -404,65 +402,12 @@ def test_a_transactional_producer(broker, client, user, expected):
 
 
 # ---- the Produce itself (issue 27): transactional batches need Write on the request's transactional id --
-# A real client's InitProducerId is refused first (above), so these send the Produce raw: a legitimate
+# A real client's InitProducerId is refused first (above), so these send the Produce raw (RawKafka): a legitimate
 # producer id of an id the user may write ('tx-...'), then its transactional batches under an id it may
 # not write, or under none. Kafka's handleProduceRequest fails the whole request
 # TRANSACTIONAL_ID_AUTHORIZATION_FAILED; before the fix each was appended (error 0).
 
 TXN_DENIED = 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
-
-
-class RawKafka:
-    """A Kafka-protocol connection signed in with SCRAM (kio's schemas, the broker's SCRAM client)."""
-
-    def __init__(self, address: str, user: str):
-        from odradek.network import sasl
-        host, port = address.rsplit(":", 1)
-        self.sock, self.corr = socket.create_connection((host, int(port)), timeout=TIMEOUT), 0
-        assert self.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": MECHANISM})["error_code"] == 0
-        scram = sasl.ScramClient(MECHANISM, user, PASSWORD(user))
-        first = self.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": scram.first()})
-        final = self.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": scram.final(bytes(first["auth_bytes"]))})
-        assert final["error_code"] == 0, final
-
-    def call(self, api: int, version: int, body: dict) -> dict:
-        self.corr += 1
-        head = struct.pack(">hhih", api, version, self.corr, 3) + b"raw"
-        if schema.request_header_flexible(api, version):
-            head += b"\x00"
-        data = head + schema.encode_request(api, version, body)
-        self.sock.sendall(struct.pack(">i", len(data)) + data)
-        answer = self._exactly(struct.unpack(">i", self._exactly(4))[0])
-        assert struct.unpack_from(">i", answer)[0] == self.corr
-        at = framing.skip_tagged(memoryview(answer), 4) if schema.response_header_flexible(api, version) else 4
-        return schema.decode_response(api, version, answer[at:])
-
-    def _exactly(self, n: int) -> bytes:
-        out = b""
-        while len(out) < n:
-            chunk = self.sock.recv(n - len(out))
-            assert chunk, "the broker closed the connection"
-            out += chunk
-        return out
-
-    def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
-        deadline = time.monotonic() + TIMEOUT
-        while True:  # the coordinator may still be loading __transaction_state
-            r = self.call(ApiKey.INIT_PRODUCER_ID, 1, {"transactional_id": transactional_id,
-                                                       "transaction_timeout": 60000})
-            if r["error_code"] == 0 or time.monotonic() > deadline:
-                assert r["error_code"] == 0, r
-                return r["producer_id"], r["producer_epoch"]
-            time.sleep(0.2)
-
-    def produce(self, version: int, transactional_id, batch: bytes) -> list[int]:
-        r = self.call(ApiKey.PRODUCE, version, {
-            "transactional_id": transactional_id, "acks": -1, "timeout": 30000,
-            "topic_data": [{"name": TOPIC, "partition_data": [{"index": 0, "records": batch}]}]})
-        return [p["error_code"] for t in r["responses"] for p in t["partition_responses"]]
-
-    def close(self):
-        self.sock.close()
 
 
 def _txn_batch(pid: int, epoch: int, value: bytes = b"raw") -> bytes:
@@ -475,19 +420,19 @@ def _txn_batch(pid: int, epoch: int, value: bytes = b"raw") -> bytes:
 @pytest.mark.parametrize("version", range(3, 10))
 def test_a_kafka_produce_of_transactional_batches_needs_write_on_its_transactional_id(broker, version):
     own, other = f"tx-raw-{uuid.uuid4().hex[:6]}", f"not-mine-{uuid.uuid4().hex[:6]}"
-    conn = RawKafka(broker.address, "transactional")
+    conn = RawKafka(broker.address, "transactional", PASSWORD("transactional"), MECHANISM)
     try:
         pid, epoch = conn.init_producer_id(own)
         batch = _txn_batch(pid, epoch)
-        assert conn.produce(version, other, batch) == [TXN_DENIED], f"v{version} under '{other}'"
-        assert conn.produce(version, None, batch) == [TXN_DENIED], f"v{version} under no transactional id"
+        assert conn.produce(version, other, TOPIC, batch) == [TXN_DENIED], f"v{version} under '{other}'"
+        assert conn.produce(version, None, TOPIC, batch) == [TXN_DENIED], f"v{version} under no transactional id"
         # the same batch under its own id, in the transaction as a client does it: written
         added = conn.call(ApiKey.ADD_PARTITIONS_TO_TXN, 3, {
             "v3_and_below_transactional_id": own, "v3_and_below_producer_id": pid,
             "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]})
         assert [p["partition_error_code"] for t in added["results_by_topic_v3_and_below"]
                 for p in t["results_by_partition"]] == [0]
-        assert conn.produce(version, own, batch) == [0]
+        assert conn.produce(version, own, TOPIC, batch) == [0]
         assert conn.call(ApiKey.END_TXN, 1, {"transactional_id": own, "producer_id": pid, "producer_epoch": epoch,
                                              "committed": False})["error_code"] == 0
     finally:
@@ -496,11 +441,12 @@ def test_a_kafka_produce_of_transactional_batches_needs_write_on_its_transaction
 
 def test_a_user_without_write_on_any_transactional_id_cannot_produce_transactional_batches(broker):
     """No InitProducerId of its own: a producer id made up (the check comes before the producer id's)."""
-    conn = RawKafka(broker.address, "transactional-without-id")
+    conn = RawKafka(broker.address, "transactional-without-id", PASSWORD("transactional-without-id"),
+                    MECHANISM)
     try:
         batch = _txn_batch(123456, 0)
-        assert conn.produce(9, f"tx-{uuid.uuid4().hex[:6]}", batch) == [TXN_DENIED]
-        assert conn.produce(3, None, batch) == [TXN_DENIED]
+        assert conn.produce(9, f"tx-{uuid.uuid4().hex[:6]}", TOPIC, batch) == [TXN_DENIED]
+        assert conn.produce(3, None, TOPIC, batch) == [TXN_DENIED]
     finally:
         conn.close()
 
@@ -508,7 +454,7 @@ def test_a_user_without_write_on_any_transactional_id_cannot_produce_transaction
 def test_a_native_produce_of_transactional_batches_needs_write_on_its_transactional_id(broker):
     """The bundled client's protocol: its PRODUCE names its ``transactional_id`` (odradek/producer.py)."""
     own, other = f"tx-native-{uuid.uuid4().hex[:6]}", f"not-mine-{uuid.uuid4().hex[:6]}"
-    raw = RawKafka(broker.address, "transactional")
+    raw = RawKafka(broker.address, "transactional", PASSWORD("transactional"), MECHANISM)
     try:
         pid, epoch = raw.init_producer_id(own)
     finally:
