@@ -1396,22 +1396,7 @@ class _Sender:
         return batches
 
     def _conn(self, node: int) -> Connection | None:
-        conn = self.conns.get(node)
-        if conn is not None and conn.connected:
-            return conn
-        broker = self.cluster.broker(node)
-        if broker is None:
-            return None
-        if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
-            conn = self.conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms,
-                                                       security=self.cluster.security)
-        try:
-            conn.connect()
-        except OdradekError as exc:
-            log.info("cannot connect to broker %s: %s", node, exc)
-            self.cluster.node_failed((broker.host, broker.port))
-            return None
-        return conn
+        return self.cluster.connect(self.conns, node, self.client_id, self.request_timeout_ms, log)
 
     def _send_request(self, conn: Connection, node: int, group: list) -> None:
         """One PRODUCE request: a frame per partition holding its batches concatenated."""
