@@ -108,7 +108,7 @@ import zlib
 from operator import add
 from typing import Optional
 
-import lz4.block
+import cramjam
 import msgpack
 
 from odradek.accumulator import Batch, FutureRecordMetadata, RecordAccumulator
@@ -198,7 +198,7 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
     payload = pack_rows(rows, keys)
     attributes = 0
     if compression == "lz4":
-        payload = lz4.block.compress(payload, store_size=True)
+        payload = cramjam.lz4.compress_block(payload)  # lz4 block, little-endian u32 size first
         attributes = fmt.COMPRESSION_LZ4
     out = bytearray(fmt.HEADER_SIZE + len(payload))
     _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
