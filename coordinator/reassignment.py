@@ -31,7 +31,7 @@ import logging
 import random
 
 from odradek.actors.message import Message
-from odradek.coordinator.topics import MAX_PARTITIONS
+from odradek.coordinator.topics import check_partition_count
 from odradek.coordinator.zk_state import TOPICS, PartitionState, state_path, topic_data
 from odradek.network.protocol import ErrorCode, OdradekError
 
@@ -324,12 +324,7 @@ way to answer (``controller_kit.Outbox``)."""
     def _placement_of_new(self, name, count, assignments) -> list[list[int]]:
         topic = self.ctl.registry.get(name)
         have = topic.partitions
-        if not isinstance(count, int) or isinstance(count, bool) or count <= have:
-            raise OdradekError(f"topic '{name}' has {have} partitions; the new count ({count!r}) must be larger "
-                               f"(partitions cannot be removed)", ErrorCode.INVALID_PARTITIONS)
-        if count > MAX_PARTITIONS:
-            raise OdradekError(f"{count} partitions is more than the limit of {MAX_PARTITIONS}",
-                               ErrorCode.INVALID_PARTITIONS)
+        check_partition_count(name, have, count)
         rf = len(self.ctl.assignment[name][0])
         if assignments is None:
             return self.ctl.place(count - have, rf, first_partition=have)

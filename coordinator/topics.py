@@ -36,6 +36,15 @@ MAX_PARTITIONS = 10000
 FILE_VERSION = 1
 
 
+def check_partition_count(name: str, have: int, count) -> None:
+    """CreatePartitions' new count (standalone and cluster alike): more than the ``have``
+    partitions (none can be removed), at most MAX_PARTITIONS, else INVALID_PARTITIONS."""
+    if not isinstance(count, int) or isinstance(count, bool) or count <= have:
+        raise OdradekError(f"topic '{name}' has {have} partitions; the new count ({count!r}) must be larger "
+                           f"(partitions cannot be removed)", ErrorCode.INVALID_PARTITIONS)
+    if count > MAX_PARTITIONS:
+        raise OdradekError(f"{count} partitions is more than the limit of {MAX_PARTITIONS}",
+                           ErrorCode.INVALID_PARTITIONS)
 
 
 @dataclasses.dataclass
@@ -226,12 +235,7 @@ class TopicRegistry:
         ``broker_id``; an explicit assignment must say so). Returns (before, after)."""
         topic = self.get(name)
         have = topic.partitions
-        if not isinstance(count, int) or isinstance(count, bool) or count <= have:
-            raise OdradekError(f"topic '{name}' has {have} partitions; the new count ({count!r}) must be larger "
-                               f"(partitions cannot be removed)", ErrorCode.INVALID_PARTITIONS)
-        if count > MAX_PARTITIONS:
-            raise OdradekError(f"{count} partitions is more than the limit of {MAX_PARTITIONS}",
-                               ErrorCode.INVALID_PARTITIONS)
+        check_partition_count(name, have, count)
         if assignments is not None:
             wanted = [a.get("broker_ids") if isinstance(a, dict) else a for a in assignments] \
                 if isinstance(assignments, list) else None

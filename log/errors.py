@@ -5,7 +5,8 @@ raises is one of these, so the log actor turns any of them into ``(code, message
 reply without a lookup table. Whose fault it is: ``CorruptRecordError`` and
 ``RecordTooLargeError`` blame the batch the caller handed in (or bytes found on disk, during
 reads); ``StorageError`` blames the disk (retriable once the fault clears);
-``OffsetOutOfRangeError`` blames the requested offset.
+``OffsetOutOfRangeError`` blames the requested offset. These are the classes of their codes in
+the client's family too (odradek/errors.py registers them, under both names): one class a code.
 """
 from __future__ import annotations
 

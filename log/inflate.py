@@ -1,6 +1,6 @@
 """Bounded, streaming decompression of one batch's records: the only place the project inflates.
 
-Layer 1 (pure, no I/O; stdlib, lz4, cramjam). Every path that reads records inside a compressed
+Layer 1 (pure, no I/O; stdlib, cramjam). Every path that reads records inside a compressed
 batch comes here (produce validation, the timestamp lookup, the cleaner, dump-log, the
 consumers), so a compression bomb costs each of them at most the bound, never what the batch
 claims. ``chunks`` yields the decompressed bytes ``CHUNK`` at a time and raises
@@ -10,15 +10,16 @@ a reader that wants the whole payload.
 How each codec is bounded (docs/FORMAT.md, "Compressed records"):
 
 - gzip (Kafka codec 1): ``zlib.decompressobj`` with ``max_length``: streaming, ``CHUNK`` at a time.
-- lz4 frame (Kafka codec 3): ``lz4.frame.LZ4FrameDecompressor`` with ``max_length``: the same.
 - snappy (Kafka codec 2): raw snappy and each xerial chunk state their inflated size up front;
   it is checked against the bound before anything is inflated (snappy cannot expand a byte by
   more than about 22).
-- zstd (Kafka codec 4): cramjam has no incremental zstd reader, so the frame is inflated into a
-  lazily mapped buffer of ``limit`` bytes: it fails when the buffer is full, having touched at
-  most ``limit`` bytes of memory.
+- zstd (Kafka codec 4) and lz4 frame (Kafka codec 3): cramjam has no incremental reader for
+  them, so the frames are inflated into a buffer of ``GUESS`` times their size, grown eightfold
+  while it fills up to ``limit + 1`` bytes (lazily mapped: pages are committed as written); full
+  at that size, it fails having touched at most ``limit`` bytes of memory.
 - lz4 block (Odradek's native batch): the block states its inflated size up front; checked
-  first.
+  first (cramjam's lz4 block functions read and write the bytes the ``lz4`` package did, which
+  wrote the segments of earlier versions: tests/log/test_lz4_blocks.py).
 
 Errors: ``InflateLimitError`` (MESSAGE_TOO_LARGE) when the bound is hit, ``CorruptRecordError``
 (CORRUPT_MESSAGE) when the bytes do not decompress. The caller adds which batch it was.
@@ -32,8 +33,6 @@ import zlib
 from typing import Iterator
 
 import cramjam
-import lz4.block
-import lz4.frame
 
 from odradek.log.errors import CorruptRecordError, RecordTooLargeError
 
@@ -43,6 +42,8 @@ DEFAULT_LIMIT = INFLATE_FACTOR * (1 << 20)  # 64 MiB: readers that do not know t
 
 GZIP, SNAPPY, LZ4_FRAME, ZSTD = "gzip", "snappy", "lz4", "zstd"
 LZ4_BLOCK = "lz4-block"  # Odradek's native batch: one lz4 block with a little-endian u32 size prefix
+GUESS = 8  # zstd and lz4 frames: the first buffer, in times the compressed size (records rarely inflate more)
+MAPPED = 1 << 20  # a buffer larger than this is a lazily mapped one
 LZ4_MAX_RATIO = 255  # lz4 cannot expand a block by more than this (plus a small constant)
 _XERIAL = b"\x82SNAPPY\x00"
 _U32 = struct.Struct(">I")
@@ -70,7 +71,7 @@ def chunks(codec: str, data, limit: int = DEFAULT_LIMIT) -> Iterator:
             yield piece
     except (CorruptRecordError, RecordTooLargeError):
         raise
-    except Exception as exc:  # zlib.error, lz4's RuntimeError, cramjam's DecompressionError
+    except Exception as exc:  # zlib.error, cramjam's DecompressionError
         raise CorruptRecordError(f"{codec} records do not decompress: {exc}") from None
 
 
@@ -105,22 +106,6 @@ def _gzip(data, limit: int) -> Iterator[bytes]:
             return
 
 
-def _lz4_frame(data, limit: int) -> Iterator[bytes]:
-    rest = bytes(data)
-    while rest:
-        d = lz4.frame.LZ4FrameDecompressor()
-        out = d.decompress(rest, CHUNK)
-        while True:
-            if out:
-                yield out
-            if d.eof:
-                break
-            if d.needs_input:
-                raise CorruptRecordError("lz4 records are truncated")
-            out = d.decompress(b"", CHUNK)
-        rest = d.unused_data
-
-
 def _snappy(data, limit: int) -> Iterator[bytes]:
     """Raw snappy (librdkafka) or the Java client's xerial framing (8-byte magic, two
     versions, then [u32 length, raw block] chunks)."""
@@ -143,19 +128,43 @@ def _snappy_block(block: bytes, limit: int) -> bytes:
     return bytes(cramjam.snappy.decompress_raw(block))
 
 
-def _zstd(data, limit: int) -> Iterator:
-    out = mmap.mmap(-1, limit + 1)  # pages are committed only as they are written
-    try:
+def _into_bounded(codec: str, decompress_into):
+    """A codec's frames (one or more, concatenated) inflated into a buffer, handed out
+    ``CHUNK`` at a time. The buffer starts at ``GUESS`` times the compressed size and grows
+    eightfold while it fills, to ``limit + 1`` bytes at most: full then means beyond the bound.
+    Large buffers are lazily mapped (pages are committed only as they are written)."""
+    def inflate_into(data, limit: int) -> Iterator:
+        data = bytes(data)
+        size = min(limit + 1, max(CHUNK, GUESS * len(data)))
+        while True:
+            out = bytearray(size) if size <= MAPPED else mmap.mmap(-1, size)
+            try:
+                n = decompress_into(data, out)
+                break
+            except cramjam.DecompressionError as exc:
+                _close(out)
+                if "whole buffer" not in str(exc):
+                    raise
+                if size > limit:  # full at the bound
+                    raise InflateLimitError(_too_big(codec, limit)) from None
+                size = min(limit + 1, size * 8)
+        view = memoryview(out)
         try:
-            n = cramjam.zstd.decompress_into(bytes(data), out)
-        except cramjam.DecompressionError as exc:
-            if "whole buffer" in str(exc):  # the output buffer is full: beyond the bound
-                raise InflateLimitError(_too_big(ZSTD, limit)) from None
-            raise
-        for at in range(0, n, CHUNK):
-            yield out[at:min(at + CHUNK, n)]
-    finally:
+            for at in range(0, n, CHUNK):
+                yield view[at:min(at + CHUNK, n)].tobytes()
+        finally:
+            view.release()
+            _close(out)
+    return inflate_into
+
+
+def _close(out) -> None:
+    if isinstance(out, mmap.mmap):
         out.close()
+
+
+_zstd = _into_bounded(ZSTD, cramjam.zstd.decompress_into)
+_lz4_frame = _into_bounded(LZ4_FRAME, cramjam.lz4.decompress_into)
 
 
 def _lz4_block(data, limit: int) -> Iterator[bytes]:
@@ -166,7 +175,7 @@ def _lz4_block(data, limit: int) -> Iterator[bytes]:
         raise CorruptRecordError(f"lz4 block claims {size} bytes from {len(data)}: impossible")
     if size > limit:
         raise InflateLimitError(_too_big(LZ4_BLOCK, limit))
-    yield lz4.block.decompress(data)
+    yield cramjam.lz4.decompress_block(data)
 
 
 _CODECS = {GZIP: _gzip, SNAPPY: _snappy, LZ4_FRAME: _lz4_frame, ZSTD: _zstd, LZ4_BLOCK: _lz4_block}

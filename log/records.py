@@ -1,7 +1,7 @@
 """The record-batch format: one binary layout shared by producer, broker log and consumer.
 
 Layer 1 (pure, no I/O): imported by the client and by the broker alike; it imports only the
-stdlib, msgpack, lz4 and ``log.errors``. Nothing here holds state, so every function is safe
+stdlib, msgpack, cramjam and ``log.errors``. Nothing here holds state, so every function is safe
 to call from any thread or process. Byte-level description: docs/FORMAT.md.
 
 Who does what:
@@ -24,7 +24,7 @@ import time
 import zlib
 from typing import Iterator, NamedTuple, Sequence
 
-import lz4.block
+import cramjam
 import msgpack
 
 from odradek.log import inflate, kafka_batch
@@ -349,7 +349,7 @@ def _build(entries: list, base_offset: int, last_offset_delta: int, first_ts: in
     payload = msgpack.packb(entries, use_bin_type=True)
     attributes = 0
     if compression == "lz4":
-        payload = lz4.block.compress(payload, store_size=True)
+        payload = cramjam.lz4.compress_block(payload)  # lz4 block, little-endian u32 size first
         attributes |= COMPRESSION_LZ4
     elif compression not in (None, "none"):
         raise ValueError(f"unsupported compression {compression!r} (use 'lz4' or None)")

@@ -14,14 +14,18 @@ Fast: ACLs are indexed by resource type, then literal name or prefix; a decision
 the name, ``*`` and each prefix of the name (a dict lookup per length), and decisions are
 cached until the ACLs change.
 
-``requirements(api, body)`` is Kafka's per-API operation table over the internal request
-shapes (docs/PROTOCOL.md): the (operation, resource type, name) each request needs.
+``requirements(api, body, transactional)`` is Kafka's per-API operation table over the
+internal request shapes (docs/PROTOCOL.md): the (operation, resource type, name) each request
+needs; ``transactional`` is what the broker read in a Produce's batches
+(``has_transactional_batch``), never what the client says.
 """
 from __future__ import annotations
 
 import collections
+import struct
 from typing import Iterable, NamedTuple
 
+from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, OFFSET_LENGTH, TRANSACTIONAL_BIT
 from odradek.network.protocol import ApiKey, ErrorCode
 
 # Kafka's wire codes (AclOperation, ResourceType, PatternType, AclPermissionType).
@@ -240,18 +244,42 @@ def broker_claim(api: int, body: dict) -> str | None:
     return field
 
 
+_ATTRIBUTES, _LENGTH = struct.Struct(">h"), struct.Struct(">i")
+
+
+def has_transactional_batch(frames) -> bool:
+    """Whether any batch of a Produce's record frames has the transactional bit (Kafka's
+    RequestUtils.hasTransactionalRecords reads each partition's first batch; here every batch
+    of a frame is read, as the native protocol carries several per partition). Two header
+    fields per batch; a frame that does not frame as batches is left to the produce path's
+    validation (it is refused there)."""
+    for frame in frames:
+        pos, end = 0, len(frame)
+        while end - pos >= HEADER_SIZE:
+            if _ATTRIBUTES.unpack_from(frame, pos + OFFSET_ATTRIBUTES)[0] & TRANSACTIONAL_BIT:
+                return True
+            length = _LENGTH.unpack_from(frame, pos + OFFSET_LENGTH)[0]
+            if length < HEADER_SIZE - LOG_OVERHEAD:
+                break
+            pos += LOG_OVERHEAD + length
+    return False
+
+
 FREE = (ApiKey.API_VERSIONS, ApiKey.PING, ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE,
         ApiKey.METADATA,  # Metadata filters its answer instead
         ApiKey.DESCRIBE_CLUSTER)  # Kafka's too: the brokers and the controller, to anyone signed in
 
 
-def requirements(api: int, body: dict) -> list[tuple[str, str, str]]:
+def requirements(api: int, body: dict, transactional: bool = False) -> list[tuple[str, str, str]]:
     """(operation, resource type, name) triples the request needs; an API this table does not
-    know needs Alter on the cluster (closed by default)."""
+    know needs Alter on the cluster (closed by default). A Produce holding transactional
+    batches (``transactional``) needs Write on its ``transactional_id`` first (Kafka's
+    handleProduceRequest: the whole request fails, before any topic is looked at)."""
     if api in FREE:
         return []
     if api == ApiKey.PRODUCE:
-        return [("Write", "Topic", n) for n in _names(body)]
+        topics = [("Write", "Topic", n) for n in _names(body)]
+        return [("Write", "TransactionalId", str(body.get("transactional_id")))] + topics if transactional else topics
     if api == ApiKey.FETCH:
         return [("ClusterAction", "Cluster", CLUSTER)] if claims_replica(body) else \
             [("Read", "Topic", n) for n in _names(body)]

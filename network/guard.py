@@ -8,7 +8,9 @@ before dispatch: with ``authorizer`` off it allows everything; on, every (operat
 resource) of ``authorizer.requirements`` must be allowed for the request's ``principal``
 (set by the processor that authenticated the connection) or the request is answered with
 TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED; Produce and Fetch are answered per topic (the
-handler serves the allowed topics and fails the denied ones' partitions). ``allowed`` is
+handler serves the allowed topics and fails the denied ones' partitions), but a Produce of
+transactional batches without Write on its ``transactional_id`` (or without one, authorizer
+on or off) fails whole, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka's. ``allowed`` is
 Metadata's: all topics lists those the principal may Describe, a named one it may not
 is answered TOPIC_AUTHORIZATION_FAILED, and is auto-created only with Create on it. The ACLs are re-read when the file changes (any handler, any
 ``odradek acls`` writes it), so a change reaches every handler within
@@ -52,17 +54,24 @@ class Guard:
     def who(fields: dict) -> tuple[str, str]:
         return fields.get("principal") or ANONYMOUS, str(fields.get("peer") or "").rpartition(":")[0]
 
-    def check(self, fields: dict, api: int, body: dict) -> dict[str, str]:
+    def check(self, fields: dict, api: int, body: dict, frames=()) -> dict[str, str]:
         """Raises OdradekError (an *_AUTHORIZATION_FAILED code) for a request not allowed.
         Produce and a consumer's Fetch are answered per topic, as Kafka does: their denied
         topics are returned (name -> why) for TOPIC_AUTHORIZATION_FAILED on each of their
-        partitions, and the other topics are served."""
+        partitions, and the other topics are served. A Produce whose batches (``frames``) are
+        transactional needs a ``transactional_id`` (authorizer on or off, as Kafka's) and Write
+        on it, else the whole request fails TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
+        transactional = api == ApiKey.PRODUCE and az.has_transactional_batch(frames)
+        if transactional and not isinstance(body.get("transactional_id"), str):
+            raise OdradekError("a Produce of transactional batches must name its transactional_id (the one its "
+                               "producer id was given for by InitProducerId)",
+                               ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED)
         if not self.enabled:
             return {}
         principal, host = self.who(fields)
         auth = self.authorizer()
         denied: dict[str, str] = {}
-        for operation, resource, name in az.requirements(api, body):
+        for operation, resource, name in az.requirements(api, body, transactional):
             if not auth.authorize(principal, host, operation, resource, name) and not (
                     (operation, resource, name) == az.IDEMPOTENT and auth.authorize_any(principal, host, "Write", "Topic")):
                 self._audit(principal, fields.get("peer"), operation, resource, name)

@@ -272,7 +272,7 @@ class RequestHandler(Actor):
         self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
         try:
             self.guard.check_inter_broker(fields, api, body)  # only a proven broker (CLUSTER_AUTHORIZATION_FAILED)
-            denied = self.guard.check(fields, api, body)  # raises *_AUTHORIZATION_FAILED for a denied request
+            denied = self.guard.check(fields, api, body, msg.frames)  # raises *_AUTHORIZATION_FAILED if denied
             if denied:  # Produce, Fetch: some topics denied, the others served
                 self._partly_denied(msg, api, body, denied)
             else:
@@ -566,7 +566,18 @@ class RequestHandler(Actor):
         self.reply(msg, {**reply.fields, "body": body})
 
     def to_txn_coordinator(self, msg: Message, body: dict) -> None:
-        """InitProducerId and the transaction APIs: the transaction coordinator answers the processor."""
+        """InitProducerId and the transaction APIs: the transaction coordinator answers the processor.
+        An AddPartitionsToTxn naming an internal topic's partitions adds none (Kafka's
+        handleAddPartitionsToTxnRequest: a client may not write them, authorizer or not): they
+        get TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED."""
+        if msg.get("api") == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
+            self.reply(msg, {"body": {"results": [
+                {"name": t.get("name"), "results": [
+                    {"partition_index": p, "partition_error_code": int(
+                        ErrorCode.TOPIC_AUTHORIZATION_FAILED if is_internal_topic(t.get("name"))
+                        else ErrorCode.OPERATION_NOT_ATTEMPTED)} for p in field(t, "partitions", list)]}
+                for t in field(body, "topics", list) if isinstance(t, dict)]}})
+            return
         self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.get("api"), "body": body}, ())
 
     def to_controller(self, msg: Message, body: dict) -> None:
@@ -973,16 +984,19 @@ def _internal_topic_refusal(name: str, change: str) -> str:
             f"transactions), which only its coordinator writes")
 
 
+def _names_internal_topic(body: dict) -> bool:
+    topics = body.get("topics")
+    return isinstance(topics, list) and any(isinstance(t, dict) and is_internal_topic(t.get("name")) for t in topics)
+
+
 def _without_internal_partitions(body: dict, change: str) -> tuple[dict, list]:
     """A Produce's or DeleteRecords' body without its internal topics, and a PartError
     (INVALID_TOPIC_EXCEPTION) for each of their partitions. A body of another shape is
     returned as it is, for the API's own checks to refuse."""
-    topics = body.get("topics")
-    if not isinstance(topics, list) or not any(isinstance(t, dict) and is_internal_topic(t.get("name"))
-                                               for t in topics):
+    if not _names_internal_topic(body):
         return body, []
     kept, refused = [], []
-    for t in topics:
+    for t in body["topics"]:
         if not (isinstance(t, dict) and is_internal_topic(t.get("name"))):
             kept.append(t)
             continue

@@ -169,6 +169,7 @@ class ErrorCode(enum.IntEnum):
     TRANSACTION_COORDINATOR_FENCED = (52, False, "Indicates that the transaction coordinator sending a WriteTxnMarker is no longer the current coordinator for a given producer.")
     TRANSACTIONAL_ID_AUTHORIZATION_FAILED = (53, False, "Transactional Id authorization failed.")
     SECURITY_DISABLED = (54, False, "Security features are disabled.")
+    OPERATION_NOT_ATTEMPTED = (55, False, "The broker did not attempt to execute this operation. This may happen for batched RPCs where some operations in the batch failed, causing the broker to respond without trying the rest.")
     KAFKA_STORAGE_ERROR = (56, True, "Disk error when trying to access log file on the disk.")
     LOG_DIR_NOT_FOUND = (57, False, "The user-specified log directory is not found in the broker config.")
     SASL_AUTHENTICATION_FAILED = (58, False, "SASL Authentication failed.")

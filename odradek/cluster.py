@@ -7,7 +7,8 @@ Runs in the client's process. Nothing here starts a thread.
   several) whose errors are ``odradek.errors`` classes (``error_for``), so a caller can catch
   ``NetworkExceptionError`` and the like.
 - ``Cluster``: brokers and topic metadata (partitions, leaders), refreshed on demand with a
-  METADATA request. **Thread-safe**: ``refresh`` and ``request`` serialize on a lock and use
+  METADATA request; ``connect`` opens (or reuses) the producer's and consumer's connection
+  to a broker by its node id. **Thread-safe**: ``refresh`` and ``request`` serialize on a lock and use
   a private connection; the snapshot attributes (``brokers``, ``topics``) are replaced whole,
   so readers in other threads see either the old or the new map, never a half-built one.
 
@@ -18,6 +19,7 @@ closes the connection the same way (as Kafka does). A top-level error body becom
 """
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from typing import Any, NamedTuple, Sequence
@@ -28,6 +30,9 @@ from odradek.network.connection import Connection as _Connection, parse_bootstra
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.errors import error_for
 from odradek.types import BrokerMetadata, PartitionMetadata
+
+log = logging.getLogger("odradek.cluster")
+
 
 class Connection(_Connection):
     """``network.connection.Connection`` raising the ``odradek.errors`` class of each code."""
@@ -124,6 +129,29 @@ class Cluster:
 
     def node_ok(self, address) -> None:
         self._failed.pop(tuple(address), None)
+
+    def connect(self, conns: dict, node: int, client_id: str, request_timeout_ms: int,
+                logger: logging.Logger = log) -> "Connection | None":
+        """The producer's and consumer's connection to broker ``node``, kept in their ``conns``
+        (node -> Connection; not thread-safe: the caller's own thread): reused while connected,
+        made anew when the node moved; None if the node is unknown or cannot be reached (then
+        marked failed)."""
+        conn = conns.get(node)
+        if conn is not None and conn.connected:
+            return conn
+        broker = self.broker(node)
+        if broker is None:
+            return None
+        if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
+            conn = conns[node] = Connection(broker.host, broker.port, client_id, request_timeout_ms,
+                                            security=self.security)
+        try:
+            conn.connect()
+        except OdradekError as exc:
+            logger.info("cannot connect to broker %s: %s", node, exc)
+            self.node_failed((broker.host, broker.port))
+            return None
+        return conn
 
     # ---- refresh ---------------------------------------------------------------------------------
     def refresh(self, topics: Sequence[str] | None = None, timeout: float | None = None) -> dict:

@@ -647,23 +647,9 @@ class Consumer:
         wait_any(conns, timeout, wake)
 
     def _conn(self, node: int) -> Connection | None:
-        conn = self._conns.get(node)
-        if conn is not None and conn.connected:
-            return conn
-        broker = self._cluster.broker(node)
-        if broker is None:
+        conn = self._cluster.connect(self._conns, node, self.client_id, self.request_timeout_ms, log)
+        if conn is None:  # an unknown or unreachable node: its leadership may have moved
             self._metadata_wanted = True
-            return None
-        if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
-            conn = self._conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms,
-                                                     security=self._cluster.security)
-        try:
-            conn.connect()
-        except OdradekError as exc:
-            log.info("cannot connect to broker %s: %s", node, exc)
-            self._cluster.node_failed((broker.host, broker.port))
-            self._metadata_wanted = True
-            return None
         return conn
 
     # ---- metadata, offsets, errors -----------------------------------------------------------------

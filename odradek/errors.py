@@ -9,18 +9,25 @@ instance of the subclass for a code, so callers can catch the precise failure::
         ...
 
 Every class is named after its code in CamelCase with an ``Error`` suffix
-(UNKNOWN_TOPIC_OR_PARTITION -> ``UnknownTopicOrPartitionError``), and every one is an
+(UNKNOWN_TOPIC_OR_PARTITION -> ``UnknownTopicOrPartitionError``; the storage library's classes,
+log/errors.py, are those of their codes under their own names too), and every one is an
 ``OdradekError`` whose ``.code`` is that ``ErrorCode`` (so ``except OdradekError`` and
 ``exc.code.retriable`` still work). Misuse of the client API raises ``TypeError`` /
 ``ValueError`` instead: those are the caller's bugs, not the broker's answers.
 """
 from __future__ import annotations
 
+from odradek.log import errors as _log
 from odradek.network.protocol import ErrorCode, OdradekError
 
 __all__ = ["OdradekError", "ErrorCode", "error_for"]
 
-_BY_CODE: dict[ErrorCode, type] = {}
+# One family: the storage library's classes (log/errors.py, the pure layer the client reads
+# records with) are the classes of their codes here, under both names (``CorruptRecordError``
+# is ``CorruptMessageError``), so ``except errors.OffsetOutOfRangeError`` catches the log's too.
+_BY_CODE: dict[ErrorCode, type] = {cls.code: cls for cls in (
+    _log.CorruptRecordError, _log.RecordTooLargeError, _log.RecordListTooLargeError, _log.InvalidRecordError,
+    _log.InvalidTimestampError, _log.OffsetOutOfRangeError, _log.StorageError, _log.InvalidConfigError)}
 
 
 def _class_name(code: ErrorCode) -> str:
@@ -31,11 +38,12 @@ def _class_name(code: ErrorCode) -> str:
 for _code in ErrorCode:
     if _code is ErrorCode.NONE:
         continue
-    _cls = type(_class_name(_code), (OdradekError,), {"code": _code, "__doc__": _code.meaning,
-                                                      "__module__": __name__})
+    _cls = _BY_CODE.get(_code) or type(_class_name(_code), (OdradekError,), {
+        "code": _code, "__doc__": _code.meaning, "__module__": __name__})
     _BY_CODE[_code] = _cls
-    globals()[_cls.__name__] = _cls
-    __all__.append(_cls.__name__)
+    for _name in {_class_name(_code), _cls.__name__}:
+        globals()[_name] = _cls
+        __all__.append(_name)
 
 # Names Python users look for first (the generated ones, spelled out for readers and linters).
 UnknownTopicOrPartitionError = _BY_CODE[ErrorCode.UNKNOWN_TOPIC_OR_PARTITION]

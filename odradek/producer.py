@@ -108,7 +108,7 @@ import zlib
 from operator import add
 from typing import Optional
 
-import lz4.block
+import cramjam
 import msgpack
 
 from odradek.accumulator import Batch, FutureRecordMetadata, RecordAccumulator
@@ -198,7 +198,7 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
     payload = pack_rows(rows, keys)
     attributes = 0
     if compression == "lz4":
-        payload = lz4.block.compress(payload, store_size=True)
+        payload = cramjam.lz4.compress_block(payload)  # lz4 block, little-endian u32 size first
         attributes = fmt.COMPRESSION_LZ4
     out = bytearray(fmt.HEADER_SIZE + len(payload))
     _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
@@ -1396,22 +1396,7 @@ class _Sender:
         return batches
 
     def _conn(self, node: int) -> Connection | None:
-        conn = self.conns.get(node)
-        if conn is not None and conn.connected:
-            return conn
-        broker = self.cluster.broker(node)
-        if broker is None:
-            return None
-        if conn is None or (conn.host, conn.port) != (broker.host, broker.port):
-            conn = self.conns[node] = Connection(broker.host, broker.port, self.client_id, self.request_timeout_ms,
-                                                       security=self.cluster.security)
-        try:
-            conn.connect()
-        except OdradekError as exc:
-            log.info("cannot connect to broker %s: %s", node, exc)
-            self.cluster.node_failed((broker.host, broker.port))
-            return None
-        return conn
+        return self.cluster.connect(self.conns, node, self.client_id, self.request_timeout_ms, log)
 
     def _send_request(self, conn: Connection, node: int, group: list) -> None:
         """One PRODUCE request: a frame per partition holding its batches concatenated."""
@@ -1428,8 +1413,10 @@ class _Sender:
         body = {"acks": self.acks, "timeout_ms": self.ack_timeout_ms,
                 "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
         txn = self.txn
-        if txn is not None and any(tp not in txn.partitions for tp, _ in layout):
-            body["txn_unverified"] = True  # sent before AddPartitionsToTxn's answer (may_go_unverified)
+        if txn is not None:
+            body["transactional_id"] = txn.txn_id  # what the broker checks Write on (docs/SECURITY.md)
+            if any(tp not in txn.partitions for tp, _ in layout):
+                body["txn_unverified"] = True  # sent before AddPartitionsToTxn's answer (may_go_unverified)
         for b in group:
             b.attempts += 1
             b.unwritten = False

@@ -156,7 +156,10 @@ def produce_to_internal(version: int, request: dict) -> tuple[dict, list]:
             parts.append({"index": p["index"], "frame": len(frames)})
             frames.append(p["records"] or b"")
         topics.append({"name": t["name"], "partitions": parts})
-    return {"acks": request["acks"], "timeout_ms": request["timeout"], "topics": topics}, frames
+    body = {"acks": request["acks"], "timeout_ms": request["timeout"], "topics": topics}
+    if request.get("transactional_id") is not None:  # v3+: what transactional batches need Write on
+        body["transactional_id"] = request["transactional_id"]
+    return body, frames
 
 
 def decode_produce(version: int, view: memoryview) -> dict:

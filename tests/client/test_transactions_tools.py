@@ -60,7 +60,7 @@ def hanging_batch(broker, topic: str, partition: int) -> int:
                                        base_sequence=0))
         batch[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT
         struct.pack_into(">I", batch, fmt.OFFSET_CRC, fmt.crc_of(batch, 0, len(batch)))
-        body = {"acks": -1, "timeout_ms": 5000,
+        body = {"acks": -1, "timeout_ms": 5000, "transactional_id": "never-initialised",  # a name, unchecked then
                 "topics": [{"name": topic, "partitions": [{"index": partition, "frame": 0}]}]}
         answer = c.request(ApiKey.PRODUCE, body, [bytes(batch)]).header["body"]["topics"][0]["partitions"][0]
         assert answer["error_code"] == 0, answer

@@ -186,8 +186,9 @@ def _txn_batch(pid: int, epoch: int, seq: int, values: list) -> bytes:
     return bytes(data)
 
 
-def _produce(conn: Connection, topic: str, batch: bytes, unverified: bool) -> dict:
-    body = {"acks": -1, "timeout_ms": 10000, "topics": [{"name": topic, "partitions": [{"index": 0, "frame": 0}]}]}
+def _produce(conn: Connection, topic: str, batch: bytes, unverified: bool, txn_id: str) -> dict:
+    body = {"acks": -1, "timeout_ms": 10000, "transactional_id": txn_id,
+            "topics": [{"name": topic, "partitions": [{"index": 0, "frame": 0}]}]}
     if unverified:
         body["txn_unverified"] = True
     return conn.request(ApiKey.PRODUCE, body, [batch], timeout=15).header["body"]["topics"][0]["partitions"][0]
@@ -211,7 +212,7 @@ def test_a_batch_sent_before_its_partition_joined_the_transaction_is_appended_on
         pid, epoch = init["producer_id"], init["producer_epoch"]
         batch = _txn_batch(pid, epoch, 0, [b"a", b"b"])
         started = time.monotonic()
-        refused = _produce(conn, topic, batch, unverified=True)
+        refused = _produce(conn, topic, batch, unverified=True, txn_id=txn_id)
         held_for = time.monotonic() - started
         assert refused["error_code"] == ErrorCode.CONCURRENT_TRANSACTIONS, refused
         assert held_for >= TXN_HOLD * 0.9  # it waited for the coordinator's word, then gave up
@@ -223,7 +224,7 @@ def test_a_batch_sent_before_its_partition_joined_the_transaction_is_appended_on
                                                             "topics": [{"name": topic, "partitions": [0]}]})
         assert added.header["body"]["results"][0]["results"][0]["partition_error_code"] == 0
         started = time.monotonic()
-        written = _produce(conn, topic, batch, unverified=True)
+        written = _produce(conn, topic, batch, unverified=True, txn_id=txn_id)
         assert written["error_code"] == 0 and written["base_offset"] == 0, written
         assert time.monotonic() - started < TXN_HOLD / 2  # the word came with the stored partition: no wait
         ended = conn.request(ApiKey.END_TXN, {"transactional_id": txn_id, "producer_id": pid, "producer_epoch": epoch,

@@ -9,7 +9,6 @@ import sys
 import zlib
 
 import cramjam
-import lz4.frame
 import pytest
 
 from odradek.log import inflate, kafka_batch
@@ -41,7 +40,7 @@ def batch(body: bytes, count: int, codec: str = "none", *, compress: bool = True
     if compress and codec != "none":
         body = {"gzip": lambda b: bytes(cramjam.gzip.compress(b)),
                 "snappy": lambda b: bytes(cramjam.snappy.compress_raw(b)),
-                "lz4": lz4.frame.compress, "zstd": lambda b: bytes(cramjam.zstd.compress(b))}[codec](body)
+                "lz4": lambda b: bytes(cramjam.lz4.compress(b)), "zstd": lambda b: bytes(cramjam.zstd.compress(b))}[codec](body)
     out = bytearray(HEADER_SIZE + len(body))
     HEADER.pack_into(out, 0, 0, len(out) - 12, -1, kafka_batch.MAGIC, 0, CODEC[codec], count - 1, 1000, 1000,
                      producer_id, 0 if producer_id >= 0 else -1, base_sequence, count)
@@ -153,13 +152,13 @@ def bomb(codec: str) -> bytearray:
     prefix = varint(body_len) + b"\x00" + varint(0) + varint(0) + varint(-1) + varint(BOMB_MIB << 20)
     if codec == "snappy":
         return batch(prefix + zeros * BOMB_MIB + varint(0), 1, codec)
-    if codec == "zstd":  # cramjam's Compressor takes input and hands the frame back at the end
-        c = cramjam.zstd.Compressor()
+    if codec in ("zstd", "lz4"):  # cramjam's Compressor takes input and hands the frame back at the end
+        c = {"zstd": cramjam.zstd, "lz4": cramjam.lz4}[codec].Compressor()
         for piece in (prefix, *[zeros] * BOMB_MIB, varint(0)):
             c.compress(piece)
         return batch(bytes(c.finish()), 1, codec, compress=False)
-    c = zlib.compressobj(9, zlib.DEFLATED, 31) if codec == "gzip" else lz4.frame.LZ4FrameCompressor()
-    out = [c.begin()] if codec == "lz4" else []
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    out = []
     for piece in (prefix, *[zeros] * BOMB_MIB, varint(0)):
         out.append(c.compress(piece))
     out.append(c.flush())

@@ -4,7 +4,7 @@ from __future__ import annotations
 import struct
 import zlib
 
-import lz4.block
+import cramjam
 import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -171,7 +171,7 @@ def test_random_payloads_behind_a_valid_crc_only_ever_raise_corrupt_record_error
 def test_well_formed_msgpack_of_the_wrong_shape_is_corrupt(entries, attrs):
     payload = msgpack.packb(entries)
     if attrs:
-        payload = lz4.block.compress(payload, store_size=True)
+        payload = bytes(cramjam.lz4.compress_block(payload))
     try:
         decode_batch(_raw_batch(payload, attrs, max(len(entries), 1)))
     except CorruptRecordError:
@@ -183,7 +183,7 @@ def _forged(entries: list, compressed: bool = False, count: int | None = None, l
     """A batch with a valid CRC whose header says what the arguments say, whatever it holds."""
     payload = msgpack.packb(entries, use_bin_type=True)
     if compressed:
-        payload = lz4.block.compress(payload, store_size=True)
+        payload = bytes(cramjam.lz4.compress_block(payload))
     count = len(entries) if count is None else count
     b = bytearray(HEADER_SIZE + len(payload))
     HEADER.pack_into(b, 0, 0, len(b) - 12, 0, MAGIC, 0, attributes, count - 1 if last_delta is None else last_delta,

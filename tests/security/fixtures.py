@@ -7,12 +7,16 @@ from __future__ import annotations
 import os
 import re
 import socket
+import struct
 import subprocess
+import time
 
 import pytest
 
 from odradek.local import LocalBroker
-from odradek.network import secstore
+from odradek.network import sasl, secstore
+from odradek.network.kafka import framing, schema
+from odradek.network.protocol import ApiKey
 
 LISTENER = re.compile(r"odradek listener (\S+) on (\S+):(\d+) \((\S+)\)")
 
@@ -99,3 +103,60 @@ def secure_broker(tmp_path_factory, certs):
         yield broker
     finally:
         broker.discard()  # kill -9: its data is thrown away; a graceful stop takes seconds
+
+
+class RawKafka:
+    """A Kafka-protocol connection speaking kio's schemas request by request, signed in with
+    SCRAM when given a user (the broker's own SCRAM client): for requests no real client
+    sends (transactional batches under another transactional id, internal partitions)."""
+
+    def __init__(self, address: str, user: str | None = None, password: str = "", mechanism: str = "SCRAM-SHA-256",
+                 timeout: float = 30.0):
+        host, port = address.rsplit(":", 1)
+        self.sock, self.corr, self.timeout = socket.create_connection((host, int(port)), timeout=timeout), 0, timeout
+        if user is not None:
+            assert self.call(ApiKey.SASL_HANDSHAKE, 1, {"mechanism": mechanism})["error_code"] == 0
+            scram = sasl.ScramClient(mechanism, user, password)
+            first = self.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": scram.first()})
+            final = self.call(ApiKey.SASL_AUTHENTICATE, 2, {"auth_bytes": scram.final(bytes(first["auth_bytes"]))})
+            assert final["error_code"] == 0, final
+
+    def call(self, api: int, version: int, body: dict) -> dict:
+        self.corr += 1
+        head = struct.pack(">hhih", api, version, self.corr, 3) + b"raw"
+        if schema.request_header_flexible(api, version):
+            head += b"\x00"
+        data = head + schema.encode_request(api, version, body)
+        self.sock.sendall(struct.pack(">i", len(data)) + data)
+        answer = self._exactly(struct.unpack(">i", self._exactly(4))[0])
+        assert struct.unpack_from(">i", answer)[0] == self.corr
+        at = framing.skip_tagged(memoryview(answer), 4) if schema.response_header_flexible(api, version) else 4
+        return schema.decode_response(api, version, answer[at:])
+
+    def _exactly(self, n: int) -> bytes:
+        out = b""
+        while len(out) < n:
+            chunk = self.sock.recv(n - len(out))
+            assert chunk, "the broker closed the connection"
+            out += chunk
+        return out
+
+    def init_producer_id(self, transactional_id: str) -> tuple[int, int]:
+        deadline = time.monotonic() + self.timeout
+        while True:  # the coordinator may still be loading __transaction_state
+            r = self.call(ApiKey.INIT_PRODUCER_ID, 1, {"transactional_id": transactional_id,
+                                                       "transaction_timeout": 60000})
+            if r["error_code"] == 0 or time.monotonic() > deadline:
+                assert r["error_code"] == 0, r
+                return r["producer_id"], r["producer_epoch"]
+            time.sleep(0.2)
+
+    def produce(self, version: int, transactional_id, topic: str, batch: bytes) -> list[int]:
+        """A Produce (acks all) of ``batch`` to partition 0: each partition's error code."""
+        r = self.call(ApiKey.PRODUCE, version, {
+            "transactional_id": transactional_id, "acks": -1, "timeout": 30000,
+            "topic_data": [{"name": topic, "partition_data": [{"index": 0, "records": batch}]}]})
+        return [p["error_code"] for t in r["responses"] for p in t["partition_responses"]]
+
+    def close(self):
+        self.sock.close()

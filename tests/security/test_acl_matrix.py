@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import struct
 import subprocess
 import threading
 import time
@@ -26,9 +27,12 @@ import pytest
 
 from odradek import Admin, Consumer, Producer
 from odradek.local import LocalBroker
+from odradek.log import kafka_batch
+from odradek.log.records import OFFSET_ATTRIBUTES, OFFSET_CRC, TRANSACTIONAL_BIT, Record, crc_of, encode_batch
 from odradek.network import secstore
-from odradek.network.protocol import OdradekError
-from tests.security.fixtures import listeners_of, warm_kafka
+from odradek.network.client import BrokerConnection
+from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from tests.security.fixtures import RawKafka, listeners_of, warm_kafka
 
 MECHANISM = "SCRAM-SHA-256"
 TOPIC = f"m-{uuid.uuid4().hex[:8]}"
@@ -395,3 +399,74 @@ def test_an_idempotent_producer(broker, client, user, expected):
 @pytest.mark.parametrize("user,expected", TRANSACTIONAL)
 def test_a_transactional_producer(broker, client, user, expected):
     assert CLIENTS[client].produce(broker.address, user, f"tx-{client}-{uuid.uuid4().hex[:6]}") == expected
+
+
+# ---- the Produce itself (issue 27): transactional batches need Write on the request's transactional id --
+# A real client's InitProducerId is refused first (above), so these send the Produce raw (RawKafka): a legitimate
+# producer id of an id the user may write ('tx-...'), then its transactional batches under an id it may
+# not write, or under none. Kafka's handleProduceRequest fails the whole request
+# TRANSACTIONAL_ID_AUTHORIZATION_FAILED; before the fix each was appended (error 0).
+
+TXN_DENIED = 53  # TRANSACTIONAL_ID_AUTHORIZATION_FAILED
+
+
+def _txn_batch(pid: int, epoch: int, value: bytes = b"raw") -> bytes:
+    now = int(time.time() * 1000)
+    return kafka_batch.encode([Record(0, now, None, value, [])], base_offset=0, first_timestamp=now,
+                              max_timestamp=now, attributes=kafka_batch.TRANSACTIONAL_BIT, producer_id=pid,
+                              producer_epoch=epoch, base_sequence=0)
+
+
+@pytest.mark.parametrize("version", range(3, 10))
+def test_a_kafka_produce_of_transactional_batches_needs_write_on_its_transactional_id(broker, version):
+    own, other = f"tx-raw-{uuid.uuid4().hex[:6]}", f"not-mine-{uuid.uuid4().hex[:6]}"
+    conn = RawKafka(broker.address, "transactional", PASSWORD("transactional"), MECHANISM)
+    try:
+        pid, epoch = conn.init_producer_id(own)
+        batch = _txn_batch(pid, epoch)
+        assert conn.produce(version, other, TOPIC, batch) == [TXN_DENIED], f"v{version} under '{other}'"
+        assert conn.produce(version, None, TOPIC, batch) == [TXN_DENIED], f"v{version} under no transactional id"
+        # the same batch under its own id, in the transaction as a client does it: written
+        added = conn.call(ApiKey.ADD_PARTITIONS_TO_TXN, 3, {
+            "v3_and_below_transactional_id": own, "v3_and_below_producer_id": pid,
+            "v3_and_below_producer_epoch": epoch, "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}]})
+        assert [p["partition_error_code"] for t in added["results_by_topic_v3_and_below"]
+                for p in t["results_by_partition"]] == [0]
+        assert conn.produce(version, own, TOPIC, batch) == [0]
+        assert conn.call(ApiKey.END_TXN, 1, {"transactional_id": own, "producer_id": pid, "producer_epoch": epoch,
+                                             "committed": False})["error_code"] == 0
+    finally:
+        conn.close()
+
+
+def test_a_user_without_write_on_any_transactional_id_cannot_produce_transactional_batches(broker):
+    """No InitProducerId of its own: a producer id made up (the check comes before the producer id's)."""
+    conn = RawKafka(broker.address, "transactional-without-id", PASSWORD("transactional-without-id"),
+                    MECHANISM)
+    try:
+        batch = _txn_batch(123456, 0)
+        assert conn.produce(9, f"tx-{uuid.uuid4().hex[:6]}", TOPIC, batch) == [TXN_DENIED]
+        assert conn.produce(3, None, TOPIC, batch) == [TXN_DENIED]
+    finally:
+        conn.close()
+
+
+def test_a_native_produce_of_transactional_batches_needs_write_on_its_transactional_id(broker):
+    """The bundled client's protocol: its PRODUCE names its ``transactional_id`` (odradek/producer.py)."""
+    own, other = f"tx-native-{uuid.uuid4().hex[:6]}", f"not-mine-{uuid.uuid4().hex[:6]}"
+    raw = RawKafka(broker.address, "transactional", PASSWORD("transactional"), MECHANISM)
+    try:
+        pid, epoch = raw.init_producer_id(own)
+    finally:
+        raw.close()
+    host, port = broker.address.rsplit(":", 1)
+    data = bytearray(encode_batch([(None, b"native")], compression=None, producer_id=pid, producer_epoch=epoch,
+                                  base_sequence=0))
+    data[OFFSET_ATTRIBUTES + 1] |= TRANSACTIONAL_BIT
+    struct.pack_into(">I", data, OFFSET_CRC, crc_of(data, 0, len(data)))
+    body = {"acks": -1, "timeout_ms": 30000, "topics": [{"name": TOPIC, "partitions": [{"index": 0, "frame": 0}]}]}
+    with BrokerConnection(host, int(port), **_python_security("transactional")) as conn:
+        for txn in (other, None):
+            with pytest.raises(OdradekError) as refused:
+                conn.request(ApiKey.PRODUCE, {**body, "transactional_id": txn} if txn else body, [bytes(data)])
+            assert refused.value.code == ErrorCode.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, refused.value

@@ -96,3 +96,25 @@ def test_requirements_name_what_each_version_of_each_api_carries(key, version):
 
 def test_describe_cluster_is_free_as_in_kafka():
     assert az.requirements(ApiKey.DESCRIBE_CLUSTER, {"include_cluster_authorized_operations": False}) == []
+
+
+@pytest.mark.parametrize("version", [v for v in range(apis.REGISTRY[ApiKey.PRODUCE].min_version,
+                                                     apis.REGISTRY[ApiKey.PRODUCE].max_version + 1)])
+def test_a_transactional_produce_needs_write_on_its_transactional_id_at_every_version(version):
+    """Issue 27: the Produce's ``transactional_id`` (v3+) reaches the internal body, and a
+    request whose batches are transactional needs Write on it, before any topic."""
+    from odradek.log import kafka_batch
+    from odradek.log.records import Record
+    batch = kafka_batch.encode([Record(0, 1, None, b"v", [])], base_offset=0, first_timestamp=1, max_timestamp=1,
+                               attributes=kafka_batch.TRANSACTIONAL_BIT, producer_id=7, producer_epoch=0,
+                               base_sequence=0)
+    request = {"transactional_id": "s-transactional_id", "acks": -1, "timeout": 1000,
+               "topic_data": [{"name": "s-name", "partition_data": [{"index": 0, "records": batch}]}]}
+    wire = (b"\x00" if version >= 9 else b"") + schema.encode_request(ApiKey.PRODUCE, version, request)
+    body, frames = apis.REGISTRY[ApiKey.PRODUCE].to_internal(version, apis.decode_produce(version, memoryview(wire)))
+    assert az.has_transactional_batch(frames)
+    assert az.requirements(ApiKey.PRODUCE, body, transactional=True) == [
+        ("Write", "TransactionalId", "s-transactional_id"), ("Write", "Topic", "s-name")]
+    plain = kafka_batch.encode([Record(0, 1, None, b"v", [])], base_offset=0, first_timestamp=1, max_timestamp=1)
+    assert not az.has_transactional_batch([plain, plain + batch[:20]])  # a torn tail is left to validation
+    assert az.has_transactional_batch([plain + batch])  # a transactional batch after a plain one counts

@@ -141,3 +141,57 @@ def test_no_client_can_write_delete_or_alter_an_internal_topic_and_offsets_survi
     broker.stop()
     broker = start_broker(data)  # ready, with the group's own commit and nothing a client wrote
     assert committed(broker.bootstrap, "victim", "orders") == 5
+
+
+# ---- AddPartitionsToTxn of an internal topic's partitions (issue 27) ------------------------------
+# Kafka's handleAddPartitionsToTxnRequest leaves internal topics out of the topics a client may add
+# (authorizer or not): they get TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED, and
+# nothing joins the transaction. Before the fix each was added (error 0). v4+ (the brokers' batched
+# verify form, KIP-890) is not served here: ApiVersions advertises 0 to 3.
+
+TOPIC_DENIED, NOT_ATTEMPTED = int(ErrorCode.TOPIC_AUTHORIZATION_FAILED), int(ErrorCode.OPERATION_NOT_ATTEMPTED)
+
+
+def test_add_partitions_to_txn_of_an_internal_topic_adds_nothing_at_every_version(broker):
+    from odradek.network.kafka import apis
+    from tests.security.fixtures import RawKafka
+    assert apis.REGISTRY[ApiKey.ADD_PARTITIONS_TO_TXN].max_version == 3
+    topic_with_records(broker.bootstrap, "orders", 1)
+    commit(broker.bootstrap, "g", "orders", 1)  # creates __consumer_offsets
+    conn = RawKafka(broker.bootstrap)
+    try:
+        for version in range(0, 4):
+            txn = f"tx-internal-{version}"
+            pid, epoch = conn.init_producer_id(txn)
+            r = conn.call(ApiKey.ADD_PARTITIONS_TO_TXN, version, {
+                "v3_and_below_transactional_id": txn, "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch,
+                "v3_and_below_topics": [{"name": OFFSETS_TOPIC, "partitions": [0]}, {"name": "orders", "partitions": [0]},
+                                        {"name": TXN_STATE_TOPIC, "partitions": [0, 1]}]})
+            got = {(t["name"], p["partition_index"]): p["partition_error_code"]
+                   for t in r["results_by_topic_v3_and_below"] for p in t["results_by_partition"]}
+            assert got == {(OFFSETS_TOPIC, 0): TOPIC_DENIED, ("orders", 0): NOT_ATTEMPTED,
+                           (TXN_STATE_TOPIC, 0): TOPIC_DENIED, (TXN_STATE_TOPIC, 1): TOPIC_DENIED}, f"v{version}"
+            assert _partitions_in(broker, txn) == [], f"v{version}: partitions joined the transaction"
+    finally:
+        conn.close()
+    # the native protocol: the bundled client's transaction APIs take the same path
+    host, port = broker.bootstrap.rsplit(":", 1)
+    with BrokerConnection(host, int(port)) as native:
+        txn = "tx-internal-native"
+        init = native.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": txn, "transaction_timeout_ms": 60000,
+                                                        "producer_id": -1, "producer_epoch": -1}).body
+        added = native.request(ApiKey.ADD_PARTITIONS_TO_TXN, {
+            "transactional_id": txn, "producer_id": init["producer_id"], "producer_epoch": init["producer_epoch"],
+            "topics": [{"name": OFFSETS_TOPIC, "partitions": [0]}]}).body
+        assert [p["partition_error_code"] for t in added["results"] for p in t["results"]] == [TOPIC_DENIED]
+    assert _partitions_in(broker, txn) == []
+
+
+def _partitions_in(broker, txn: str) -> list:
+    """The partitions of ``txn``'s open transaction (DescribeTransactions, native protocol)."""
+    host, port = broker.bootstrap.rsplit(":", 1)
+    with BrokerConnection(host, int(port)) as conn:
+        states = conn.request(ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [txn]}).body["transaction_states"]
+    assert [s["error_code"] for s in states] == [0], states
+    return [(t["topic"], p) for s in states for t in s["topics"] for p in t["partitions"]]
