@@ -19,6 +19,9 @@ do the work, each handed its collaborators (the kazoo client, a channel, the con
 Accepts:
   get_metadata, get_assignment, get_broker_epochs, alter_isr, set_throttle_rates, _drain
         -> the agent (``coordinator.broker_agent`` says what each does)
+  get_broker_configs, set_broker_configs {configs}   this broker's run-time values of Kafka's
+        dynamic broker configs Odradek does not implement, as in single-broker mode
+        (``coordinator.controller_kit.BrokerConfigStore``, in this broker's data directory)
   broker_request {api, body}   LEADER_AND_ISR / UPDATE_METADATA / STOP_REPLICA -> the agent;
         ELECT_LEADERS, CONTROLLED_SHUTDOWN, CREATE_PARTITIONS, ALTER/LIST_PARTITION_REASSIGNMENTS
         -> the active controller, or relayed to its broker (CONTROLLED_SHUTDOWN: refused here)
@@ -36,7 +39,8 @@ from odradek.actors.runtime import Actor
 from odradek.coordinator.active_controller import WRITE_RETRIES, ActiveController
 from odradek.coordinator.broker_agent import BrokerAgent
 from odradek.coordinator.channel import ControllerChannel
-from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, HandlerRoster, Outbox, remove_deleted_dirs
+from odradek.coordinator.controller_kit import (SEND_TIMEOUT, ZK_RETRY, BrokerConfigStore, HandlerRoster, Outbox,
+                                               remove_deleted_dirs)
 from odradek.coordinator.reassignment import MOVE_CHECK_INTERVAL
 from odradek.coordinator.stray_logs import STRAY_CHECK_INTERVAL, StrayLogs
 from odradek.coordinator.zk_client import bounded_client
@@ -58,6 +62,7 @@ class ClusterController(Actor):
         self.config = config
         self.broker_id = int(self.args.get("broker_id", config["broker.id"]))
         remove_deleted_dirs(self.args["data_dir"])
+        self.broker_configs = BrokerConfigStore(self.args["data_dir"])
         self.registered = False
         self.address: tuple[str, int] | None = None
         self.own_endpoints: dict[str, tuple[str, int]] = {}
@@ -169,6 +174,12 @@ class ClusterController(Actor):
         """From a handler (IncrementalAlterConfigs on the broker): ``coordinator.throttles``."""
         self.agent.set_throttle_rates(msg.get("rates") or {})
         self.reply(msg, {})
+
+    def on_get_broker_configs(self, msg: Message) -> None:
+        self.reply(msg, {"configs": self.broker_configs.values})
+
+    def on_set_broker_configs(self, msg: Message) -> None:
+        self.broker_configs.answer_set(msg, self.outbox)
 
     def on__drain(self, msg: Message) -> None:
         """SIGTERM: before the broker's actors stop, stop following and ask the controller to

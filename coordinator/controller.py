@@ -14,6 +14,10 @@ Accepts:
   create_topics {body}         forwarded by a handler; answered to the client's processor
   delete_topics {body}         likewise
   alter_topic_configs {body}   likewise (the topic resources of IncrementalAlterConfigs)
+  get_broker_configs           -> {configs: {name: value}}: the run-time values of Kafka's dynamic
+                               broker configs Odradek does not implement (controller_kit.BrokerConfigStore)
+  set_broker_configs {configs: {name: value or null}}   from a handler (AlterConfigs on the
+                               broker, checked there); answered {} once written
   broker_request {api, body}   the controller APIs a handler forwards (CREATE_PARTITIONS; on one
                                broker ELECT_LEADERS has no election to make and there are no
                                reassignments to list or make)
@@ -35,7 +39,7 @@ from typing import Callable
 from odradek.actors.message import Message
 from odradek.actors.names import GROUP_COORDINATOR, HANDLER, log_host
 from odradek.actors.runtime import Actor
-from odradek.coordinator.controller_kit import HandlerRoster, Outbox, remove_deleted_dirs
+from odradek.coordinator.controller_kit import BrokerConfigStore, HandlerRoster, Outbox, remove_deleted_dirs
 from odradek.coordinator.topics import TopicRegistry
 from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
 
@@ -59,6 +63,7 @@ class Controller(Actor):
             max_replication=1, min_segment_bytes=config["log.segment.bytes.min"])
         remove_deleted_dirs(self.args["data_dir"])
         self.roster = HandlerRoster(Outbox.of(self), self.snapshot, PUSH_TIMEOUT)
+        self.broker_configs = BrokerConfigStore(self.args["data_dir"])
 
     def stats(self) -> dict:
         return {"topics": len(self.registry.topics), "metadata_version": self.registry.version}
@@ -206,6 +211,12 @@ class Controller(Actor):
                 text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
                 results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
         self._push(configure=changed, done=lambda _failed: self.reply(msg, {"body": {"resources": results}}))
+
+    def on_get_broker_configs(self, msg: Message) -> None:
+        self.reply(msg, {"configs": self.broker_configs.values})
+
+    def on_set_broker_configs(self, msg: Message) -> None:
+        self.broker_configs.answer_set(msg, Outbox.of(self))
 
     def on_broker_request(self, msg: Message) -> None:
         """The controller APIs, as one broker answers them (cluster mode: ClusterController's)."""

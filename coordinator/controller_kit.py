@@ -4,6 +4,9 @@
 elected, its ``ActiveController``).
 
 Process: ``controller`` (plain objects and functions; no actor of its own, no messages).
+``BrokerConfigStore`` keeps the broker configs Kafka changes at run time and Odradek does
+not implement (each controller actor answers ``get_broker_configs`` / ``set_broker_configs``
+from it).
 ``Outbox`` is the one way the controller's parts (and the transaction coordinator's, in its
 process) send messages: the actor's own ``send``,
 ``request``, ``reply``, ``reply_error``, ``post`` (the thread-safe entry, for kazoo's and
@@ -13,12 +16,15 @@ the channel's threads), the running members of a role, a timer, and the chained 
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import os
 import shutil
 from typing import Any, Callable
 
 from odradek.actors.names import HANDLER
+from odradek.log.files import FileLayer
+from odradek.network.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 
@@ -63,6 +69,52 @@ class HandlerRoster:
             for name in set(members) - self.known:
                 self.outbox.request(name, "metadata", snapshot, timeout=self.timeout)
             self.known = set(members)
+
+
+class BrokerConfigStore:
+    """This broker's run-time values of Kafka's dynamic broker configs that Odradek accepts
+    without implementing them (``odradek.kafka_configs.DYNAMIC``; the handler checks each one
+    as Kafka does before it gets here): ``<log.dirs>/meta/broker_configs.json``, replaced
+    atomically, so DescribeConfigs reports them after a restart too, as Kafka keeps its
+    dynamic configs. ``values``: ``{name: value as text}``."""
+
+    def __init__(self, data_dir: str):
+        self.path = os.path.join(data_dir, "meta", "broker_configs.json")
+        self.values: dict[str, str] = {}
+        try:
+            with open(self.path) as f:
+                self.values = {str(k): str(v) for k, v in json.load(f).get("configs", {}).items()}
+        except FileNotFoundError:
+            pass
+        except (OSError, ValueError, AttributeError) as exc:
+            log.warning("%s unreadable (%s): the broker's run-time configs start empty", self.path, exc)
+
+    def apply(self, changes: dict) -> None:
+        """``{name: value, or None to remove it}``; KAFKA_STORAGE_ERROR if it cannot be
+        written (nothing changed then)."""
+        new = {**self.values, **{k: str(v) for k, v in changes.items() if v is not None}}
+        for name in [k for k, v in changes.items() if v is None]:
+            new.pop(name, None)
+        try:
+            os.makedirs(os.path.dirname(self.path), exist_ok=True)
+            FileLayer().write_file_atomically(self.path, json.dumps({"configs": new}, indent=1,
+                                                                    sort_keys=True).encode())
+        except OSError as exc:
+            raise OdradekError(f"could not write {self.path}: {exc.strerror or exc}; nothing was changed",
+                               ErrorCode.KAFKA_STORAGE_ERROR) from None
+        self.values = new
+        for name, value in changes.items():
+            log.warning("broker config %r %s at run time: accepted as Kafka does, but it has no effect in Odradek",
+                        name, "removed" if value is None else f"set to {value!r}")
+
+    def answer_set(self, msg, outbox: Outbox) -> None:
+        """``set_broker_configs {configs}``: answered ``{}`` once written, else its error."""
+        try:
+            self.apply(dict(msg.get("configs") or {}))
+        except OdradekError as exc:
+            outbox.reply_error(msg, exc.code, exc.message)
+            return
+        outbox.reply(msg, {})
 
 
 def remove_deleted_dirs(data_dir: str) -> None:

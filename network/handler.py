@@ -135,25 +135,14 @@ BODY_SHAPES = {
     ApiKey.INCREMENTAL_ALTER_CONFIGS: {"resources": [{"configs": (None, list)}]},  # each config: checked per resource
 }
 
-# Broker configs that IncrementalAlterConfigs may change at run time.
+# Broker configs that IncrementalAlterConfigs may change at run time, with effect. The broker
+# assembly adds Kafka's other dynamic broker configs that Odradek does not implement (args
+# ``kafka_run_time_configs``: name -> Kafka's check, for ``kafka_value``): each is checked as
+# Kafka checks it, kept by the controller actor (``get/set_broker_configs``, kept across
+# restarts), reported by DescribeConfigs, and has no effect (a warning says so), as when it is
+# set at start (odradek/kafka_configs.py).
 THROTTLE_RATES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")  # bytes/s
-# Kafka's per-listener dynamic SASL configs for a login Odradek does not have (Kerberos, and
-# the OAUTHBEARER login refresh; DynamicListenerConfig's "SASL configs"): a change is checked
-# as Kafka checks the value (Kafka's type) and accepted, with no effect, as for the static ones
-# (odradek/kafka_configs.py). The SASL configs Odradek implements are not among them.
-UNUSED_LISTENER_CONFIGS = {
-    "sasl.kerberos.kinit.cmd": ("string", None, None, None, None),
-    "sasl.kerberos.min.time.before.relogin": ("long", None, None, None, None),
-    "sasl.kerberos.principal.to.local.rules": ("list", None, None, None, None),
-    "sasl.kerberos.service.name": ("string", None, None, None, None),
-    "sasl.kerberos.ticket.renew.jitter": ("double", None, None, None, None),
-    "sasl.kerberos.ticket.renew.window.factor": ("double", None, None, None, None),
-    "sasl.login.refresh.buffer.seconds": ("short", 0, 3600, None, None),
-    "sasl.login.refresh.min.period.seconds": ("short", 0, 900, None, None),
-    "sasl.login.refresh.window.factor": ("double", 0.5, 1.0, None, None),
-    "sasl.login.refresh.window.jitter": ("double", 0.0, 0.25, None, None),
-}
-DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES, *UNUSED_LISTENER_CONFIGS}
+DYNAMIC_CONFIGS = {"num.io.threads", *THROTTLE_RATES}
 SCALE_TIMEOUT = 60.0  # seconds the supervisor has to add or retire handlers
 GATHER_TIMEOUT = 30.0  # seconds the log actors have to answer a scattered request
 TOPIC_CHANGE_TIMEOUT = 120.0  # seconds the controller has for a topic change (it may open thousands of partitions)
@@ -193,6 +182,7 @@ class RequestHandler(Actor):
         super().__init__(name, run_dir, args, supervisor, **kw)
         self.config: dict = dict(self.args.get("config", {}))
         self.broker_id = int(self.args.get("broker_id", self.config.get("broker.id", 0)))
+        self.run_time_configs: dict = dict(self.args.get("kafka_run_time_configs") or {})
         self.advertised = _advertised(self.config)
         self.listener_addresses = listeners_mod.advertised(self.config)  # the request's listener's, in Metadata
         self.topics: dict[str, dict] = {}
@@ -733,27 +723,39 @@ class RequestHandler(Actor):
             self.reply(msg, {"body": {"resources": topic_out}})
             return
 
-        def answer(status: Message) -> None:
+        def answer(stored: dict, status: Message) -> None:
             live = self._handler_count(status)
+            current = {**self.config, **stored}
             out = []
             for res, problem in resources:
                 if problem:
                     out.append(problem)
                     continue
                 wanted = res.get("configs")
-                names = sorted(self.config) if not wanted else [
+                # as Kafka, every config it changes at run time, one without a value too (null)
+                names = sorted({*current, *self.run_time_configs}) if not wanted else [
                     c["name"] if isinstance(c, dict) else c for c in wanted]
                 configs = []
                 for name in names:
-                    if name not in self.config:
+                    if name not in current and name not in self.run_time_configs:
                         continue
-                    value = live if name == "num.io.threads" and live else self.config[name]
-                    configs.append({"name": name, "value": _text(value), "dynamic": name in DYNAMIC_CONFIGS})
+                    value = live if name == "num.io.threads" and live else current.get(name)
+                    source = "broker" if name in stored else "default" if name not in current else None
+                    configs.append({"name": name, "value": None if value is None else _text(value),
+                                    "dynamic": name in DYNAMIC_CONFIGS or name in self.run_time_configs,
+                                    **({"source": source} if source else {})})
                 out.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": "",
                             "configs": configs})
             self.reply(msg, {"body": {"resources": out + topic_out}})
 
-        self._ask_status(answer)
+        def with_stored(reply: Message) -> None:
+            if reply.is_error:
+                log.warning("the broker configs set at run time are not known (%s): described without them",
+                            reply.error_message)
+            stored = {} if reply.is_error else dict((reply.fields or {}).get("configs") or {})
+            self._ask_status(lambda status: answer(stored, status))
+
+        self.request(CONTROLLER, "get_broker_configs", {}, callback=with_stored, timeout=GATHER_TIMEOUT)
 
     def incremental_alter_configs(self, msg: Message, body: dict) -> None:
         resources = _topic_resources(body)
@@ -784,22 +786,39 @@ class RequestHandler(Actor):
 
     def _alter_broker(self, msg: Message, body: dict, done: list) -> None:
         resources = self._broker_resources(body)
-        results, scale_to, rates = list(done), None, {}
+        results, scale_to, rates, kept = list(done), None, {}, {}
         for res, problem in resources:
             if problem:
                 results.append(problem)
                 continue
+            mine_rates, mine_kept = {}, {}  # a resource is changed whole or not at all
             try:
-                scale_to = self._check_alter(res.get("configs") or [], rates) or scale_to
+                scale_to = self._check_alter(res.get("configs") or [], mine_rates, mine_kept) or scale_to
             except OdradekError as exc:
                 results.append(_resource_error(res["name"], exc.code, exc.message))
                 continue
+            rates.update(mine_rates)
+            kept.update(mine_kept)
             results.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": ""})
-        if rates and not body.get("validate_only"):  # the controller actor keeps them (coordinator.throttles)
-            self.request(CONTROLLER, "set_throttle_rates", {"rates": rates}, timeout=GATHER_TIMEOUT,
-                         callback=lambda _r: self._alter_broker(msg, {**body, "resources": [
-                             {**r, "configs": [c for c in r.get("configs") or [] if c.get("name") not in rates]}
-                             for r in body.get("resources") or []]}, done))
+        # the controller actor keeps them: the throttle rates (coordinator.throttles), then the
+        # configs accepted without effect (controller_kit.BrokerConfigStore); then the rest
+        stores = [(what, key, changes) for what, key, changes in (
+            ("set_throttle_rates", "rates", rates), ("set_broker_configs", "configs", kept)) if changes]
+        if stores and not body.get("validate_only"):
+            what, key, changes = stores[0]
+            rest = {**body, "resources": [{**r, "configs": [c for c in r.get("configs") or []
+                                                            if c.get("name") not in changes]}
+                                          for r in body.get("resources") or []]}
+
+            def stored(reply: Message) -> None:
+                if not reply.is_error:
+                    self._alter_broker(msg, rest, done)
+                    return
+                for r in results[len(done):]:
+                    if r["error_code"] == 0:
+                        r["error_code"], r["error_message"] = reply.error_code, reply.error_message
+                self.reply(msg, {"body": {"resources": results}})
+            self.request(CONTROLLER, what, {key: changes}, timeout=GATHER_TIMEOUT, callback=stored)
             return
         if scale_to is None:
             self.reply(msg, {"body": {"resources": results}})
@@ -867,25 +886,28 @@ class RequestHandler(Actor):
                 out.append(({**res, "name": str(self.broker_id)}, None))
         return out
 
-    def _check_alter(self, configs: list, rates: dict) -> int | None:
+    def _check_alter(self, configs: list, rates: dict, kept: dict) -> int | None:
         """Validate a resource's changes; the new handler count, if any (throttle rates go
-        into ``rates``, None for a delete). Raises INVALID_CONFIG."""
+        into ``rates``, Kafka's dynamic configs Odradek does not implement into ``kept``, None
+        for a delete). Raises INVALID_CONFIG."""
         count = None
         for c in configs:
             if not isinstance(c, dict) or not isinstance(c.get("name"), str):
                 raise BadRequest("each config must be a map with a 'name'")
             name, value, op = c["name"], c.get("value"), c.get("op", "set")
+            if name in self.run_time_configs:
+                if op not in ("set", "delete"):
+                    raise OdradekError(f"operation {op!r} on '{name}' is not supported (only 'set' and 'delete')",
+                                       ErrorCode.INVALID_CONFIG)
+                kept[name] = kafka_value(name, value, self.run_time_configs) if op == "set" else None
+                continue
             if name not in DYNAMIC_CONFIGS:
-                raise OdradekError(f"'{name}' is not a dynamic broker config (dynamic: "
-                                   f"{', '.join(sorted(DYNAMIC_CONFIGS))})", ErrorCode.INVALID_CONFIG)
+                raise OdradekError(f"'{name}' is not a dynamic broker config here: Odradek changes "
+                                   f"{', '.join(sorted(DYNAMIC_CONFIGS))} at run time and takes Kafka's other "
+                                   f"dynamic broker configs without effect; set it in the broker's configuration",
+                                   ErrorCode.INVALID_CONFIG)
             if name in THROTTLE_RATES:
                 rates[name] = _throttle_rate(name, value, op)
-                continue
-            if name in UNUSED_LISTENER_CONFIGS:
-                if op == "set":
-                    kafka_value(name, value, UNUSED_LISTENER_CONFIGS)  # InvalidConfigError (INVALID_CONFIG)
-                log.warning("broker config %r accepted as Kafka does, with no effect: Odradek has no Kerberos or "
-                            "OAUTHBEARER login", name)
                 continue
             if op != "set":
                 raise OdradekError(f"operation {op!r} on '{name}' is not supported (only 'set')",

@@ -34,7 +34,8 @@ def cluster_mode(config: dict) -> bool:
 
 def actor_specs(config: dict) -> list[ChildSpec]:
     args = {"config": config, "broker_id": config["broker.id"], "data_dir": cfg.data_dir(config),
-            "topic_defaults": cfg.topic_defaults(config), "log_hosts": config["num.log.threads"]}
+            "topic_defaults": cfg.topic_defaults(config), "log_hosts": config["num.log.threads"],
+            "kafka_run_time_configs": cfg.kafka_run_time_configs()}
     cluster = cluster_mode(config)
     controller = "odradek.coordinator.cluster_controller:ClusterController" if cluster else "odradek.coordinator.controller:Controller"
     replication = [ChildSpec(REPLICA_FETCHER, "odradek.log.replica_fetcher:ReplicaFetcher", count=1, args=args,

@@ -156,6 +156,8 @@ def cmd_configs(args) -> int:
                 raise OdradekError(res.get("error_message") or "describe failed", res["error_code"])
             print(f"Configs for broker {res.get('name', entity)} are:")
             for c in res.get("configs", []):
+                if c.get("value") is None:  # a Kafka config Odradek takes at run time, not set
+                    continue
                 flag = " (dynamic)" if c.get("dynamic") else ""
                 print(f"  {c['name']}={c['value']}{flag}")
         return 0

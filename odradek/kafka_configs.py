@@ -12,6 +12,52 @@ DEPRECATED = frozenset({"auto.include.jmx.reporter", "delegation.token.master.ke
                         "log.message.timestamp.difference.max.ms", "offsets.commit.required.acks",
                         "remote.log.manager.thread.pool.size"})
 
+# The broker configs Kafka 3.0 to 3.9 change at run time (AlterConfigs / IncrementalAlterConfigs
+# on a broker resource): those whose "Update Mode" is per-broker or cluster-wide in each
+# release's docs (kafka_config.html; Kafka's DynamicBrokerConfig.AllDynamicConfigs). The others
+# are read-only: Kafka refuses to change them at run time ("Cannot update these configs
+# dynamically").
+DYNAMIC = frozenset({
+    'advertised.listeners', 'background.threads', 'compression.gzip.level', 'compression.lz4.level',
+    'compression.type', 'compression.zstd.level', 'listener.security.protocol.map', 'listeners',
+    'log.cleaner.backoff.ms', 'log.cleaner.dedupe.buffer.size', 'log.cleaner.delete.retention.ms',
+    'log.cleaner.io.buffer.load.factor', 'log.cleaner.io.buffer.size',
+    'log.cleaner.io.max.bytes.per.second', 'log.cleaner.max.compaction.lag.ms',
+    'log.cleaner.min.cleanable.ratio', 'log.cleaner.min.compaction.lag.ms', 'log.cleaner.threads',
+    'log.cleanup.policy', 'log.flush.interval.messages', 'log.flush.interval.ms',
+    'log.index.interval.bytes', 'log.index.size.max.bytes', 'log.local.retention.bytes',
+    'log.local.retention.ms', 'log.message.downconversion.enable',
+    'log.message.timestamp.after.max.ms', 'log.message.timestamp.before.max.ms',
+    'log.message.timestamp.difference.max.ms', 'log.message.timestamp.type', 'log.preallocate',
+    'log.retention.bytes', 'log.retention.ms', 'log.roll.jitter.ms', 'log.roll.ms',
+    'log.segment.bytes', 'log.segment.delete.delay.ms', 'max.connection.creation.rate',
+    'max.connections', 'max.connections.per.ip', 'max.connections.per.ip.overrides',
+    'message.max.bytes', 'metric.reporters', 'min.insync.replicas', 'num.io.threads',
+    'num.network.threads', 'num.recovery.threads.per.data.dir', 'num.replica.fetchers',
+    'principal.builder.class', 'producer.id.expiration.ms', 'remote.fetch.max.wait.ms',
+    'remote.log.index.file.cache.total.size.bytes', 'remote.log.manager.copy.max.bytes.per.second',
+    'remote.log.manager.fetch.max.bytes.per.second', 'sasl.enabled.mechanisms', 'sasl.jaas.config',
+    'sasl.kerberos.kinit.cmd', 'sasl.kerberos.min.time.before.relogin',
+    'sasl.kerberos.principal.to.local.rules', 'sasl.kerberos.service.name',
+    'sasl.kerberos.ticket.renew.jitter', 'sasl.kerberos.ticket.renew.window.factor',
+    'sasl.login.refresh.buffer.seconds', 'sasl.login.refresh.min.period.seconds',
+    'sasl.login.refresh.window.factor', 'sasl.login.refresh.window.jitter',
+    'sasl.mechanism.inter.broker.protocol', 'ssl.cipher.suites', 'ssl.enabled.protocols',
+    'ssl.endpoint.identification.algorithm', 'ssl.engine.factory.class', 'ssl.key.password',
+    'ssl.keymanager.algorithm', 'ssl.keystore.certificate.chain', 'ssl.keystore.key',
+    'ssl.keystore.location', 'ssl.keystore.password', 'ssl.keystore.type', 'ssl.protocol',
+    'ssl.provider', 'ssl.secure.random.implementation', 'ssl.trustmanager.algorithm',
+    'ssl.truststore.certificates', 'ssl.truststore.location', 'ssl.truststore.password',
+    'ssl.truststore.type', 'transaction.partition.verification.enable',
+    'unclean.leader.election.enable'})
+# Of those, the ones Kafka takes at run time only with a listener prefix
+# (listener.name.<listener>.<name>; SslConfigs.RECONFIGURABLE_CONFIGS): without one Kafka
+# refuses them ("can be dynamically updated only per-listener using the listener prefix").
+LISTENER_PREFIX_ONLY = frozenset({
+    "ssl.keystore.type", "ssl.keystore.location", "ssl.keystore.password", "ssl.key.password",
+    "ssl.truststore.type", "ssl.truststore.location", "ssl.truststore.password",
+    "ssl.keystore.certificate.chain", "ssl.keystore.key", "ssl.truststore.certificates"})
+
 BROKER_CONFIGS = {
     'advertised.listeners': ('string', None, None, None, None),
     'alter.config.policy.class.name': ('class', None, None, None, None),

@@ -36,6 +36,7 @@ SHARED_LIBRARIES = {
     ("coordinator/txn_producer_ids.py", "odradek.log.producer_ids"): "the producer-id tag the log actors check",
     ("coordinator/throttles.py", "odradek.log.throttle"): "UNLIMITED, the throttle rate's default",
     ("coordinator/topics.py", "odradek.log.files"): "the file layer the topic registry saves through",
+    ("coordinator/controller_kit.py", "odradek.log.files"): "the file layer the broker config store saves through",
     ("coordinator/cluster_controller.py", "odradek.network.listeners"): "the broker's listeners, registered in ZooKeeper",
     ("coordinator/cluster_controller.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",
     ("log/replica_fetcher.py", "odradek.network.clientauth"): "TLS/SASL of the inter-broker listener",

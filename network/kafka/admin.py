@@ -263,7 +263,9 @@ def _config_entry(kind: str, c: dict, version: int, synonyms: bool) -> dict:
         source = DYNAMIC_TOPIC_CONFIG if c.get("source") == "topic" else DEFAULT_CONFIG
         read_only = bool(c.get("read_only"))
     else:
-        source, read_only = STATIC_BROKER_CONFIG, not c.get("dynamic")
+        # set at run time, not set at all (a config Kafka changes at run time), or set at start
+        source = {"broker": DYNAMIC_BROKER_CONFIG, "default": DEFAULT_CONFIG}.get(c.get("source"), STATIC_BROKER_CONFIG)
+        read_only = not c.get("dynamic")
     entry = {"name": name, "value": None if sensitive else value, "read_only": read_only,
              "is_default": source == DEFAULT_CONFIG, "config_source": source, "is_sensitive": sensitive,
              "synonyms": [], "config_type": 0, "documentation": None}

@@ -48,10 +48,14 @@ def test_clients_bootstrapped_on_a_non_controller_create_replicated_topics_and_m
     for _ in range(200):
         producer.produce("moving", value=b"x" * 5000)  # ~1 MB: a hundred seconds at the throttle below
     assert producer.flush(WAIT) == 0
-    for b in (1, 2, 3):
+    for b in (1, 2, 3):  # with a Kafka config Odradek takes without effect, kept by each broker
         res = ConfigResource("broker", str(b), incremental_configs=[ConfigEntry(
-            "follower.replication.throttled.rate", "10000", incremental_operation=AlterConfigOpType.SET)])
+            "follower.replication.throttled.rate", "10000", incremental_operation=AlterConfigOpType.SET),
+            ConfigEntry("log.cleaner.threads", str(b), incremental_operation=AlterConfigOpType.SET)])
         assert outcome(admin.incremental_alter_configs([res])[res]) is None
+    for b in (1, 2, 3):
+        res = ConfigResource("broker", str(b))
+        assert admin.describe_configs([res])[res].result(timeout=WAIT)["log.cleaner.threads"].value == str(b)
     # the rate applies to the replicas the topic lists (Kafka's rule): all of them here, so
     # the move cannot finish before it is cancelled
     res = ConfigResource("topic", "moving", incremental_configs=[ConfigEntry(
