@@ -160,6 +160,7 @@ ACKS = (0, 1, -1)
 SUPPORTED_OPERATIONS = {
     "Topic": ("Read", "Write", "Create", "Delete", "Alter", "Describe", "DescribeConfigs", "AlterConfigs"),
     "Cluster": ("Create", "ClusterAction", "DescribeConfigs", "AlterConfigs", "IdempotentWrite", "Alter", "Describe"),
+    "Group": ("Read", "Describe", "Delete"),
 }
 
 
@@ -513,6 +514,12 @@ class RequestHandler(Actor):
             self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
                          callback=lambda reply: self._describable_offsets(msg, reply))
             return
+        if body.get("include_authorized_operations") and msg.get("api") in (ApiKey.DESCRIBE_GROUPS,
+                                                                         ApiKey.CONSUMER_GROUP_DESCRIBE):
+            # Kafka's include_authorized_operations (KIP-430): the principal's operations on each group
+            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
+                         callback=lambda reply: self._with_group_operations(msg, reply))
+            return
         if msg.get("api") == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields or {}, "Describe", "Cluster",
                                                                            "kafka-cluster"):
             # Kafka's ListGroups: without Describe on the cluster, the groups one may Describe, no error
@@ -528,6 +535,17 @@ class RequestHandler(Actor):
         body = dict(reply.get("body") or {})
         body["groups"] = [g for g in body.get("groups") or () if isinstance(g, dict) and
                           self.guard.allowed(msg.fields or {}, "Describe", "Group", str(g.get("group_id")))]
+        self.reply(msg, {**reply.fields, "body": body})
+
+    def _with_group_operations(self, msg: Message, reply: Message) -> None:
+        if reply.is_error:
+            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
+            return
+        body = dict(reply.get("body") or {})
+        body["groups"] = [{**g, "authorized_operations": self._operations(msg.fields or {}, "Group",
+                                                                          str(g.get("group_id")))}
+                          if isinstance(g, dict) and not g.get("error_code") else g
+                          for g in body.get("groups") or ()]
         self.reply(msg, {**reply.fields, "body": body})
 
     def _describable_offsets(self, msg: Message, reply: Message) -> None:

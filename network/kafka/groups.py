@@ -336,7 +336,8 @@ register(Api(ApiKey.LIST_GROUPS, 0, 5, list_groups_to_internal, list_groups_from
 
 
 def describe_groups_to_internal(version: int, request: dict) -> tuple[dict, list]:
-    return {"group_ids": list(request["groups"])}, []
+    return {"group_ids": list(request["groups"]),
+            "include_authorized_operations": bool(request.get("include_authorized_operations"))}, []
 
 
 def _described(g: dict) -> dict:
@@ -361,7 +362,7 @@ def _described(g: dict) -> dict:
     return {"error_code": 0, "group_id": g["group_id"], "group_state": _state(g),
             "protocol_type": (g.get("protocol_type") or "") if classic else "consumer",
             "protocol_data": (g.get("protocol_data") or "") if classic else (g.get("assignor_name") or ""),
-            "members": members, "authorized_operations": OPERATIONS_NOT_ASKED}
+            "members": members, "authorized_operations": g.get("authorized_operations", OPERATIONS_NOT_ASKED)}
 
 
 def describe_groups_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
@@ -450,7 +451,8 @@ register(Api(ApiKey.CONSUMER_GROUP_HEARTBEAT, 0, 1, consumer_heartbeat_to_intern
 
 
 def consumer_describe_to_internal(version: int, request: dict) -> tuple[dict, list]:
-    return {"group_ids": list(request["group_ids"]), "topic_ids": True}, []
+    return {"group_ids": list(request["group_ids"]), "topic_ids": True,
+            "include_authorized_operations": bool(request.get("include_authorized_operations"))}, []
 
 
 def _topic_partitions(entries) -> dict:
@@ -468,7 +470,7 @@ def consumer_describe_from_internal(version: int, request: dict, reply: dict, pa
         out.append({"error_code": 0, "group_id": g["group_id"], "group_state": _state(g),
                     "group_epoch": g.get("group_epoch", 0), "assignment_epoch": g.get("assignment_epoch", 0),
                     "assignor_name": g.get("assignor_name") or "",
-                    "authorized_operations": OPERATIONS_NOT_ASKED,
+                    "authorized_operations": g.get("authorized_operations", OPERATIONS_NOT_ASKED),
                     "members": [{"member_id": m["member_id"], "instance_id": m.get("instance_id"),
                                  "member_epoch": m.get("member_epoch", 0), "client_id": m.get("client_id") or "",
                                  "client_host": m.get("client_host") or "",

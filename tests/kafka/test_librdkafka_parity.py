@@ -7,7 +7,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from confluent_kafka import KafkaError, Producer, TopicCollection, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, KafkaError, Producer, TopicCollection, TopicPartition
 from confluent_kafka.admin import (AclOperation, AdminClient, AlterConfigOpType, ConfigEntry, ConfigResource, NewTopic,
                                    OffsetSpec)
 
@@ -19,6 +19,7 @@ TOPIC_OPERATIONS = {AclOperation.READ, AclOperation.WRITE, AclOperation.CREATE, 
 CLUSTER_OPERATIONS = {AclOperation.CREATE, AclOperation.CLUSTER_ACTION, AclOperation.DESCRIBE_CONFIGS,
                       AclOperation.ALTER_CONFIGS, AclOperation.IDEMPOTENT_WRITE, AclOperation.ALTER,
                       AclOperation.DESCRIBE}
+GROUP_OPERATIONS = {AclOperation.READ, AclOperation.DESCRIBE, AclOperation.DELETE}
 
 
 def _admin(bootstrap: str) -> AdminClient:
@@ -124,3 +125,31 @@ def test_the_authorized_operations_are_the_principals_by_its_acls(acl_broker, us
     """With the authorizer on, each operation is the principal's as its ACLs decide."""
     admin = AdminClient({"bootstrap.servers": acl_broker.address, **_librdkafka_security(user)})
     assert _operations(admin, ACL_TOPIC) == expected
+
+
+def _group_operations(admin: AdminClient, topic: str, group: str) -> set:
+    """The group is made by committing an offset for it; then described with its operations."""
+    admin.alter_consumer_group_offsets([ConsumerGroupTopicPartitions(group, [TopicPartition(topic, 0, 0)])])[
+        group].result(60)
+    described = admin.describe_consumer_groups([group], include_authorized_operations=True)[group].result(60)
+    return set(described.authorized_operations or ())
+
+
+def test_describe_groups_answers_the_authorized_operations_asked_for(bootstrap, topic):
+    """0081's DescribeConsumerGroups_with_authorized_ops (run by the suite with TEST_SASL):
+    the group's operations were never filled in ("Expected 3 authorized operations, got 0"):
+    with the authorizer off every one Kafka supports on a group (Read, Describe, Delete)."""
+    _create(bootstrap, topic)
+    admin = _admin(bootstrap)
+    assert _group_operations(admin, topic, f"{topic}-g") == GROUP_OPERATIONS
+    plain = admin.describe_consumer_groups([f"{topic}-g"])[f"{topic}-g"].result(60)
+    assert not plain.authorized_operations
+
+
+@pytest.mark.parametrize("user,expected", [
+    ("admin", GROUP_OPERATIONS),  # a super user
+    ("consumer", {AclOperation.READ, AclOperation.DESCRIBE}),  # Read on g-* implies Describe; no Delete
+])
+def test_a_groups_authorized_operations_are_the_principals_by_its_acls(acl_broker, user, expected):
+    admin = AdminClient({"bootstrap.servers": acl_broker.address, **_librdkafka_security(user)})
+    assert _group_operations(admin, ACL_TOPIC, f"g-ops-{user}") == expected
