@@ -81,7 +81,7 @@ import struct
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, FETCH_ACTOR, chain_sent, partition_dir
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, chain_sent, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
@@ -244,6 +244,7 @@ class LogActor(Actor):
     flush_before_ack = False
     _sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
     _unsynced: set = frozenset()
+    _fsynced_out: dict | None = None
 
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
@@ -269,6 +270,8 @@ class LogActor(Actor):
         self.flush_before_ack = bool(config.get("log.flush.before.ack", True))
         self._unsynced: set[tuple[str, int]] = set()  # appended since their last sync began
         self._syncing: set[tuple[str, int]] = set()  # a sync in flight (one per partition)
+        # followed partitions whose durable end moved, to tell the replica fetcher (``fsynced``)
+        self._fsynced_out: dict[tuple[str, int], int] = {}
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync") \
             if self.flush_before_ack else None
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
@@ -686,12 +689,15 @@ class LogActor(Actor):
             raise OdradekError(f"{topic}-{partition}: follower is at leader epoch {p.leader_epoch}, not {epoch}", code)
         return p
 
-    def _per_partition(self, msg: Message, fn) -> None:
+    def _per_partition(self, msg: Message, fn, wait_for_sync: bool = True) -> None:
         """Run ``fn(*part)`` (it returns the partition) for each part; reply ``[topic, partition,
         error_code, log_end_offset, fsynced_offset]`` each: the offset below which this
-        follower's log is on its disk, the one its next fetch tells the leader. With
-        ``log.flush.before.ack`` the reply waits until every partition's log end is fsynced
-        (the group commit after this batch of messages), so it is the log end; without, a
+        follower's log is on its disk, what the fetcher tells the leader. With
+        ``log.flush.before.ack`` and ``wait_for_sync`` (a truncation) the reply waits until
+        every partition's log end is fsynced, so it is the log end; without ``wait_for_sync``
+        (``replicate``) it goes at once with what is fsynced so far, and the group commit's
+        end is told to the replica fetcher on its own (``fsynced``, ``_synced``), so the
+        fetcher's next FETCH never waits for this broker's disk. With the setting off a
         follower vouches for its log end as Kafka's does."""
         out, waits = [], []
         for part in msg.get("parts") or ():
@@ -703,7 +709,9 @@ class LogActor(Actor):
                 self._dirty.add((topic, partition))
                 if self.flush_before_ack and p.log.durable_end < p.log.log_end_offset:
                     row[4] = p.log.durable_end
-                    waits.append((p, row))
+                    self._unsynced.add((topic, partition))
+                    if wait_for_sync:
+                        waits.append((p, row))
             except OdradekError as exc:
                 out.append([topic, partition, int(exc.code), -1, -1])
                 log.warning("%s-%d: %s", topic, partition, exc.message)
@@ -722,7 +730,6 @@ class LogActor(Actor):
                 self._answers.append((msg, {"parts": out}))
 
         for p, row in waits:
-            self._unsynced.add((p.topic, p.partition))
             p.on_synced.append((row[3], lambda error, p=p, row=row: synced(p, row, error)))
 
     def on_write_markers(self, msg: Message) -> None:
@@ -944,7 +951,7 @@ class LogActor(Actor):
             if log_start > p.log.log_start_offset and log_start <= p.log.high_watermark:
                 p.log.delete_records_before(log_start)
             return p
-        self._per_partition(msg, replicate)
+        self._per_partition(msg, replicate, wait_for_sync=False)
 
     def on_delete_records(self, msg: Message) -> None:
         out: dict[str, list] = {}
@@ -1298,6 +1305,8 @@ class LogActor(Actor):
             p.log.end_sync(job)
             self._run_synced(p)
             self._advance_high_watermark(p)
+            if p.leader != self.broker_id:
+                self._fsynced_out[key] = p.log.durable_end  # the fetcher tells the leader at once
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)  # appended while it ran: the next fsync covers them
         self.after_batch()
@@ -1317,6 +1326,13 @@ class LogActor(Actor):
     def after_batch(self) -> None:
         if self._unsynced and self._sync_pool is not None:
             self._start_syncs()
+        if self._fsynced_out:
+            try:
+                self.send(REPLICA_FETCHER, "fsynced", {"parts": [[t, q, end] for (t, q), end in
+                                                                 self._fsynced_out.items()]})
+                self._fsynced_out.clear()
+            except MailboxFull:  # the next batch tries again
+                pass
         if self._dirty or self._closed or self._announce_opening:
             dirty, closed, announce = set(self._dirty), list(self._closed), self._announce_opening
             try:

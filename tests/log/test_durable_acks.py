@@ -53,6 +53,11 @@ class Actor(LeaderUnderTest):
         self.posted: list = []
         self.appends, self._pid_key = 0, None
         self.replies: list[tuple[Message, dict]] = []
+        self.sent: list[tuple[str, str, dict]] = []
+        self._fsynced_out = {}
+
+    def send(self, to, type_, fields=None, frames=(), **kwargs):
+        self.sent.append((to, type_, fields))
 
     def post(self, callback) -> None:
         self.posted.append(callback)
@@ -64,11 +69,13 @@ class Actor(LeaderUnderTest):
         self.replies.append((msg, fields))
 
     def settle(self) -> None:
-        """Wait for the fsyncs begun, then run their completions on 'the loop' (this thread)."""
+        """Wait for the fsyncs begun, then run their completions on 'the loop' (this thread);
+        not those of the fsyncs the completions begin (the next ``settle``'s)."""
         self._sync_pool.shutdown(wait=True)
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(2)
-        while self.posted:
-            self.posted.pop(0)()
+        posted, self.posted = self.posted, []
+        for callback in posted:
+            callback()
 
 
 @pytest.fixture
@@ -185,17 +192,23 @@ def test_kafkas_setting_acknowledges_before_any_fsync(make):
     assert (files.synced, p.log.durable_end) == (0, 0), "Kafka's way fsyncs nothing before acknowledging"
 
 
-def test_a_follower_answers_replicate_once_its_append_is_fsynced_and_says_so(make):
+def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsync_ends(make):
+    """The fetcher's next FETCH does not wait for this broker's disk: ``replicate`` is answered
+    after the append with what is fsynced so far, and the group commit's end goes to the
+    replica fetcher on its own (``fsynced``), which tells the leader at once."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)  # broker 2 follows broker 1
     msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
     actor.after_batch()
-    assert p.log.log_end_offset == 10 and not actor.replies, "answered before its fsync"
+    assert p.log.log_end_offset == 10
+    assert actor.replies, "replicate waited for the follower's fsync: its next FETCH waits for the disk"
+    ((_, fields),) = actor.replies
+    assert fields == {"parts": [["t", 0, 0, 10, 0]]}  # log end 10, nothing fsynced yet
+    assert not [m for m in actor.sent if m[1] == "fsynced"], "said fsynced before the fsync"
     files.release()
     actor.settle()
-    ((_, fields),) = actor.replies
-    assert fields == {"parts": [["t", 0, 0, 10, 10]]}  # log end 10, fsynced through 10
+    assert [m for m in actor.sent if m[1] == "fsynced"] == [("replica_fetcher", "fsynced", {"parts": [["t", 0, 10]]})]
 
 
 def test_a_failed_fsync_acknowledges_nothing(make):
