@@ -81,10 +81,11 @@ import struct
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, chain_sent, partition_dir
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, SUPERVISOR, chain_sent, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
+from odradek.log.errors import StorageError
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
@@ -146,7 +147,13 @@ class Follower:
         elif offset >= self.leader_end_at_last_fetch:
             self.caught_up_ms = max(self.caught_up_ms, self.last_fetch_ms)
         self.log_end_offset, self.last_fetch_ms, self.leader_end_at_last_fetch = offset, now_ms, leader_end
-        self.fsynced_offset = offset if fsynced is None else min(fsynced, offset)
+        synced = offset if fsynced is None else min(fsynced, offset)
+        if offset >= self.fsynced_offset:
+            # A progress report and a FETCH travel on two connections: one sent earlier may
+            # arrive later, saying less. The follower's fsynced offset goes down only with a
+            # truncation, and then its next FETCH is from below it (this branch not taken).
+            synced = max(synced, self.fsynced_offset)
+        self.fsynced_offset = synced
 
 
 def _same_form(found: str, topic_id: str) -> bool:
@@ -245,6 +252,7 @@ class LogActor(Actor):
     _sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
     _unsynced: set = frozenset()
     _fsynced_out: dict | None = None
+    dir_offline: str | None = None  # why the log directory is offline (a failed fsync), or None
 
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
@@ -1294,13 +1302,7 @@ class LogActor(Actor):
         if self.logs.get(key) is not p:
             return  # closed meanwhile (its waiters were answered then)
         if job.error is not None:
-            # Not retried until the next append (a failing disk is not hammered); what waited
-            # is refused, retriable. Linux may drop the pages whose write-back failed once it
-            # has reported the error, so a later fsync that succeeds does not prove them on the
-            # disk; Kafka takes the log directory offline there, which is not done here
-            # (docs/RELIABILITY.md, "Not done").
-            log.error("%s-%d: %s; the batches it held are not acknowledged", p.topic, p.partition, job.error.message)
-            self._run_synced(p, job.error)
+            self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
         else:
             p.log.end_sync(job)
             self._run_synced(p)
@@ -1310,6 +1312,35 @@ class LogActor(Actor):
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)  # appended while it ran: the next fsync covers them
         self.after_batch()
+
+    def _take_dir_offline(self, why: str) -> None:
+        """A failed fsync takes the log directory offline, as Kafka does: Linux may drop the
+        pages whose write-back failed once it has reported the error, so a later fsync that
+        succeeds would not prove them on the disk, and nothing in the directory is trusted
+        again. Every partition of this actor goes offline (``Log.take_offline``: no flush, no
+        clean-shutdown marker, so the next start recovers each from the disk); what waited for
+        an fsync or the high watermark is refused KAFKA_STORAGE_ERROR, and so is every later
+        request. The directory is the broker's only one (``log.dirs``' first), so the broker
+        shuts down, as Kafka halts when its last log directory fails: in a cluster its drain
+        hands leadership to the other in-sync replicas (docs/RELIABILITY.md, "Durable by
+        default")."""
+        if self.dir_offline is not None:
+            return
+        self.dir_offline = why
+        log.critical("log directory %s is offline: %s; it is this broker's only log directory: the broker "
+                     "shuts down (its partitions' leadership moves to other in-sync replicas)", self.data_dir, why)
+        error = StorageError(f"the log directory is offline ({why})")
+        for p in list(self.logs.values()):
+            p.log.take_offline(why)
+            self._run_synced(p, error)
+            if p.waiting:
+                self._complete_waiting(p, (error.code, f"{p.topic}-{p.partition}: {error.message}"))
+        self._unsynced.clear()
+        self.unopened.clear()  # never opened from an offline directory
+        try:
+            self.send(SUPERVISOR, "shutdown", {"fatal": f"log directory {self.data_dir} is offline: {why}"})
+        except MailboxFull:
+            log.critical("could not ask the supervisor to shut the broker down")
 
     def _run_synced(self, p: PartitionLog, error: OdradekError | None = None) -> None:
         """Run the ``on_synced`` callbacks the durable end has passed (every one, with ``error``)."""
@@ -1375,8 +1406,8 @@ class LogActor(Actor):
         keys = list(self.logs) if keys is None else keys
         for key in keys[start:start + EACH_SLICE]:
             p = self.logs.get(key)
-            if p is None:
-                continue  # closed meanwhile
+            if p is None or p.log.offline:
+                continue  # closed meanwhile, or its directory offline: not touched again
             try:
                 if fn(p.log) and changes_bounds:
                     self._dirty.add(key)

@@ -11,6 +11,7 @@ checked against the same actor."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from odradek.actors.message import Message
 from odradek.log.config import LogConfig
 from odradek.log.files import FileLayer
-from odradek.log.log import Log
+from odradek.log.log import CLEAN_SHUTDOWN, Log
 from odradek.log.log_actor import PartitionLog
 from odradek.log.records import encode_batch
 from tests.log.test_isr_changes import LeaderUnderTest
@@ -55,6 +56,7 @@ class Actor(LeaderUnderTest):
         self.replies: list[tuple[Message, dict]] = []
         self.sent: list[tuple[str, str, dict]] = []
         self._fsynced_out = {}
+        self.data_dir = "/data"
 
     def send(self, to, type_, fields=None, frames=(), **kwargs):
         self.sent.append((to, type_, fields))
@@ -164,6 +166,22 @@ def test_a_followers_reported_fsynced_offset_bounds_the_high_watermark(make):
     assert p.log.high_watermark == 10 and answered(actor, msg)["error_code"] == 0
 
 
+def test_a_fetch_arriving_after_a_later_progress_report_does_not_take_the_fsynced_offset_back(make):
+    """A progress report and a FETCH travel on two connections: the FETCH sent first (fsynced
+    4) may be read after the report sent later (fsynced 10). The leader keeps 10; only a
+    FETCH from below it (the follower truncated) lowers it."""
+    actor, p, files = make(isr=[1, 2])
+    files.release()
+    produce(actor, acks=-1)
+    actor.settle()
+    progress = [["t", 0, 1, 10, 10], ["t", 0, 1, 10, 4]]  # the report, then the earlier FETCH
+    for part in progress:
+        actor.on_replica_progress(Message("replica_progress", fields={"parts": [part]}))
+    assert p.followers[1].fsynced_offset == 10 and p.log.high_watermark == 10
+    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 6, 6]]}))
+    assert p.followers[1].fsynced_offset == 6
+
+
 def test_a_fetch_that_does_not_say_what_it_fsynced_vouches_for_its_log_end(make):
     """Kafka's Fetch has no such field: a follower speaking it is taken at its log end."""
     actor, p, files = make(isr=[1, 2])
@@ -211,18 +229,45 @@ def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsy
     assert [m for m in actor.sent if m[1] == "fsynced"] == [("replica_fetcher", "fsynced", {"parts": [["t", 0, 10]]})]
 
 
-def test_a_failed_fsync_acknowledges_nothing(make):
+def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_down(make, tmp_path):
+    """EIO from an fsync: Linux may drop the pages whose write-back failed once it reported
+    the error, so a later fsync that succeeds proves nothing. As Kafka does, the directory
+    goes offline: what waited is refused, every partition of it refuses every later append
+    (KAFKA_STORAGE_ERROR) and is never fsynced or marked clean again, and since it is the
+    broker's only log directory the broker is asked to shut down (Kafka halts)."""
     actor, p, files = make(isr=[2])
+    other = PartitionLog("u", 0, "id2", Log(str(tmp_path / "u-0"), LogConfig(), files=files))
+    actor.logs[("u", 0)] = other
+    actor._become(other, {"leader": 2, "leader_epoch": 1, "isr": [2], "replicas": [2], "zk_version": 1})
 
     def fail(fd):
         raise OSError(5, "Input/output error")
     files.fsync = fail
     msg = produce(actor, acks=1)
+    waiting = produce(actor, acks=-1, corr=2)  # appended while the failing fsync ran: held
     actor.settle()
-    entry = answered(actor, msg)
-    assert entry["error_code"] == 56 and "fsync failed" in entry["error_message"]  # KAFKA_STORAGE_ERROR
+    for m in (msg, waiting):
+        entry = answered(actor, m)
+        assert entry["error_code"] == 56 and "fsync failed" in entry["error_message"]  # KAFKA_STORAGE_ERROR
     assert (p.log.durable_end, p.log.high_watermark) == (0, 0)
-    del files.fsync  # the disk heals: the log closes
+    assert [m[1:] for m in actor.sent if m[0] == "supervisor"] == [
+        ("shutdown", {"fatal": f"log directory {actor.data_dir} is offline: an fsync of t-0 failed: "
+                               f"fsync failed: Input/output error (errno 5)"})]
+
+    del files.fsync  # the disk "heals": its next fsync would succeed, and prove nothing
+    synced = files.synced
+    for topic in ("t", "u"):  # every partition of the directory, not only the one that failed
+        m = Message("produce", 9, "client", {"acks": 1, "timeout_ms": 30000, "parts": [[topic, 0, 0]]},
+                    [encode_batch([(None, b"v")])])
+        actor.on_produce(m)
+        actor.after_batch()
+        actor.settle()
+        entry = answered(actor, m)
+        assert entry["error_code"] == 56 and "offline" in entry["error_message"], (topic, entry)
+    assert files.synced == synced and p.log.durable_end == 0, "fsynced a log whose directory is offline"
+    for lg in (p.log, other.log):
+        lg.close()  # a stop: no clean-shutdown marker, so the next start recovers the log
+        assert not os.path.exists(os.path.join(lg.dir, CLEAN_SHUTDOWN)), lg.dir
 
 
 def test_a_sync_begun_before_a_truncation_does_not_vouch_for_what_came_after(tmp_path):
