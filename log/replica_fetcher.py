@@ -313,7 +313,7 @@ class LeaderSession:
     def __init__(self, leader: int, host: str, port: int, client_id: str, post: Callable, security=None,
                  role: str = ""):
         self.leader, self.host, self.port = leader, host, int(port)
-        self.security, self.role = security, role
+        self.security = security
         # progress reports (``fsynced``): their own connection and thread, made when first needed,
         # since this one's FETCH may be parked at the leader
         self.reporter: LeaderSession | None = None
@@ -470,8 +470,9 @@ class ReplicaFetcher(Actor):
             states[p.state] = states.get(p.state, 0) + 1
         return {"partitions": len(self.parts), "partition_states": states,
                 "replicated_bytes": self.replicated_bytes, "replicated_batches": self.replicated_batches,
-                "truncations": self.truncations, "progress_reports": self.progress_reports, "throttle": {"rate": self.quota.rate, "partitions": len(self.throttled),
-                                                              "bytes": self.throttled_bytes, "at": self.clock()},
+                "truncations": self.truncations, "progress_reports": self.progress_reports,
+                "throttle": {"rate": self.quota.rate, "partitions": len(self.throttled),
+                             "bytes": self.throttled_bytes, "at": self.clock()},
                 "leaders": {str(s.leader): {"address": s.address, "state": s.state, "connected": s.connected,
                                             "partitions": len(s.parts), "fetches": s.fetches, "errors": s.errors,
                                             "last_error": s.last_error}
