@@ -1307,8 +1307,8 @@ class LogActor(Actor):
             p.log.end_sync(job)
             self._run_synced(p)
             self._advance_high_watermark(p)
-            if p.leader != self.broker_id:
-                self._fsynced_out[key] = p.log.durable_end  # the fetcher tells the leader at once
+            if 0 <= p.leader != self.broker_id:  # following: the fetcher tells the leader at once
+                self._fsynced_out[key] = p.log.durable_end
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)  # appended while it ran: the next fsync covers them
         self.after_batch()
