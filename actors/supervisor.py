@@ -376,6 +376,12 @@ class Supervisor(Actor):
                 "actors": [r for r in rows if r["state"] != "stopped"]}
 
     def on_shutdown(self, msg: Message) -> None:
+        """From the control endpoint, or one-way from an actor that cannot go on (``fatal``:
+        why, e.g. a log actor whose log directory failed): then logged, and the exit code 1."""
+        fatal = msg.get("fatal")
+        if fatal and self.fatal is None:
+            self.fatal, self.exit_code = f"{fatal}; shutting the broker down", 1
+            log.critical(self.fatal)
         self.reply(msg, {"pid": os.getpid()})
         self.stop()
 

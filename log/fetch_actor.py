@@ -272,6 +272,12 @@ class FetchActor(Actor):
                            committed=isolation == 1 and replica < 0)
         if replica >= 0:
             self._tell_progress(replica, parts, body)
+        if body.get("progress_only") is True:  # a follower's progress report: nothing to read
+            if replica < 0:
+                raise OdradekError("progress_only is a follower's progress report (replica_id >= 0)",
+                                   ErrorCode.INVALID_REQUEST)
+            self.reply(msg, {"body": {"error_code": 0, "topics": []}, "files": []})
+            return
         if self._try(req, final=max_wait == 0):
             return
         req.since = time.monotonic()

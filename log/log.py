@@ -117,6 +117,7 @@ class Log:
         self._dirty_tail: tuple[LogSegment, int] | None = None
         self._generation = 0
         self._closed = False
+        self.offline: str | None = None  # why the log is offline (take_offline), or None
         self.leader_epochs = LeaderEpochCache(directory, self._files)
         self.producers = ProducerStateManager(directory, self._files)
         self.txn_index = TxnIndex(directory, self._files)
@@ -264,7 +265,7 @@ class Log:
                         crc_checked: bool) -> AppendInfo:
         """Any append: concatenated batches, writable buffers, followers, LogAppendTime."""
         if self._closed:
-            raise StorageError(f"log {self.dir} is closed")
+            self._check_open()
         cfg = self.config
         size = len(batch)
         headers = validate_batches(batch, cfg.max_message_bytes, not crc_checked)
@@ -657,7 +658,7 @@ class Log:
         """On the log's thread, after ``job.run()`` returned: what it fsynced is durable (unless
         the log was truncated meanwhile: then bytes past the cut may be new ones, written after
         the fsync began, and the next sync covers them)."""
-        if job.truncations != self._truncations:
+        if job.truncations != self._truncations or self._closed:
             return
         self._durable_end = max(self._durable_end, min(job.end, self._log_end_offset))
         if job.segments:
@@ -990,9 +991,19 @@ class Log:
                 pass
         self._closed = True
 
+    def take_offline(self, reason: str) -> None:
+        """Its directory failed (an fsync's EIO: Linux may have dropped the pages whose write
+        failed, so a later fsync that succeeds would vouch for data that is not on the disk):
+        dropped as by a crash, no flush, no checkpoint, no clean-shutdown marker, so the next
+        start recovers it from what the disk holds; every later operation raises StorageError
+        saying ``reason``. ``durable_end`` never moves again."""
+        self.offline = reason
+        self.abandon()
+
     def _check_open(self) -> None:
         if self._closed:
-            raise StorageError(f"log {self.dir} is closed")
+            raise StorageError(f"log {self.dir} is offline: {self.offline}" if self.offline else
+                               f"log {self.dir} is closed")
 
     # ------------------------------------------------------------------ loading
     def _load(self) -> RecoveryReport:

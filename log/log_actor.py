@@ -82,10 +82,11 @@ import struct
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, FETCH_ACTOR, chain_sent, partition_dir
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, SUPERVISOR, chain_sent, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.log.config import LogConfig
+from odradek.log.errors import StorageError
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
@@ -147,7 +148,13 @@ class Follower:
         elif offset >= self.leader_end_at_last_fetch:
             self.caught_up_ms = max(self.caught_up_ms, self.last_fetch_ms)
         self.log_end_offset, self.last_fetch_ms, self.leader_end_at_last_fetch = offset, now_ms, leader_end
-        self.fsynced_offset = offset if fsynced is None else min(fsynced, offset)
+        synced = offset if fsynced is None else min(fsynced, offset)
+        if offset >= self.fsynced_offset:
+            # A progress report and a FETCH travel on two connections: one sent earlier may
+            # arrive later, saying less. The follower's fsynced offset goes down only with a
+            # truncation, and then its next FETCH is from below it (this branch not taken).
+            synced = max(synced, self.fsynced_offset)
+        self.fsynced_offset = synced
 
 
 def _same_form(found: str, topic_id: str) -> bool:
@@ -245,6 +252,8 @@ class LogActor(Actor):
     flush_before_ack = False
     _sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
     _unsynced: set = frozenset()
+    _fsynced_out: dict | None = None
+    dir_offline: str | None = None  # why the log directory is offline (a failed fsync), or None
 
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
@@ -270,6 +279,8 @@ class LogActor(Actor):
         self.flush_before_ack = bool(config.get("log.flush.before.ack", True))
         self._unsynced: set[tuple[str, int]] = set()  # appended since their last sync began
         self._syncing: set[tuple[str, int]] = set()  # a sync in flight (one per partition)
+        # followed partitions whose durable end moved, to tell the replica fetcher (``fsynced``)
+        self._fsynced_out: dict[tuple[str, int], int] = {}
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync") \
             if self.flush_before_ack else None
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
@@ -687,12 +698,15 @@ class LogActor(Actor):
             raise OdradekError(f"{topic}-{partition}: follower is at leader epoch {p.leader_epoch}, not {epoch}", code)
         return p
 
-    def _per_partition(self, msg: Message, fn) -> None:
+    def _per_partition(self, msg: Message, fn, wait_for_sync: bool = True) -> None:
         """Run ``fn(*part)`` (it returns the partition) for each part; reply ``[topic, partition,
         error_code, log_end_offset, fsynced_offset]`` each: the offset below which this
-        follower's log is on its disk, the one its next fetch tells the leader. With
-        ``log.flush.before.ack`` the reply waits until every partition's log end is fsynced
-        (the group commit after this batch of messages), so it is the log end; without, a
+        follower's log is on its disk, what the fetcher tells the leader. With
+        ``log.flush.before.ack`` and ``wait_for_sync`` (a truncation) the reply waits until
+        every partition's log end is fsynced, so it is the log end; without ``wait_for_sync``
+        (``replicate``) it goes at once with what is fsynced so far, and the group commit's
+        end is told to the replica fetcher on its own (``fsynced``, ``_synced``), so the
+        fetcher's next FETCH never waits for this broker's disk. With the setting off a
         follower vouches for its log end as Kafka's does."""
         out, waits = [], []
         for part in msg.get("parts") or ():
@@ -704,7 +718,9 @@ class LogActor(Actor):
                 self._dirty.add((topic, partition))
                 if self.flush_before_ack and p.log.durable_end < p.log.log_end_offset:
                     row[4] = p.log.durable_end
-                    waits.append((p, row))
+                    self._unsynced.add((topic, partition))
+                    if wait_for_sync:
+                        waits.append((p, row))
             except OdradekError as exc:
                 out.append([topic, partition, int(exc.code), -1, -1])
                 log.warning("%s-%d: %s", topic, partition, exc.message)
@@ -723,7 +739,6 @@ class LogActor(Actor):
                 self._answers.append((msg, {"parts": out}))
 
         for p, row in waits:
-            self._unsynced.add((p.topic, p.partition))
             p.on_synced.append((row[3], lambda error, p=p, row=row: synced(p, row, error)))
 
     def on_write_markers(self, msg: Message) -> None:
@@ -945,7 +960,7 @@ class LogActor(Actor):
             if log_start > p.log.log_start_offset and log_start <= p.log.high_watermark:
                 p.log.delete_records_before(log_start)
             return p
-        self._per_partition(msg, replicate)
+        self._per_partition(msg, replicate, wait_for_sync=False)
 
     def on_delete_records(self, msg: Message) -> None:
         out: dict[str, list] = {}
@@ -1290,20 +1305,45 @@ class LogActor(Actor):
         if self.logs.get(key) is not p:
             return  # closed meanwhile (its waiters were answered then)
         if job.error is not None:
-            # Not retried until the next append (a failing disk is not hammered); what waited
-            # is refused, retriable. Linux may drop the pages whose write-back failed once it
-            # has reported the error, so a later fsync that succeeds does not prove them on the
-            # disk; Kafka takes the log directory offline there, which is not done here
-            # (docs/RELIABILITY.md, "Not done").
-            log.error("%s-%d: %s; the batches it held are not acknowledged", p.topic, p.partition, job.error.message)
-            self._run_synced(p, job.error)
+            self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
         else:
             p.log.end_sync(job)
             self._run_synced(p)
             self._advance_high_watermark(p)
+            if 0 <= p.leader != self.broker_id:  # following: the fetcher tells the leader at once
+                self._fsynced_out[key] = p.log.durable_end
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)  # appended while it ran: the next fsync covers them
         self.after_batch()
+
+    def _take_dir_offline(self, why: str) -> None:
+        """A failed fsync takes the log directory offline, as Kafka does: Linux may drop the
+        pages whose write-back failed once it has reported the error, so a later fsync that
+        succeeds would not prove them on the disk, and nothing in the directory is trusted
+        again. Every partition of this actor goes offline (``Log.take_offline``: no flush, no
+        clean-shutdown marker, so the next start recovers each from the disk); what waited for
+        an fsync or the high watermark is refused KAFKA_STORAGE_ERROR, and so is every later
+        request. The directory is the broker's only one (``log.dirs``' first), so the broker
+        shuts down, as Kafka halts when its last log directory fails: in a cluster its drain
+        hands leadership to the other in-sync replicas (docs/RELIABILITY.md, "Durable by
+        default")."""
+        if self.dir_offline is not None:
+            return
+        self.dir_offline = why
+        log.critical("log directory %s is offline: %s; it is this broker's only log directory: the broker "
+                     "shuts down (its partitions' leadership moves to other in-sync replicas)", self.data_dir, why)
+        error = StorageError(f"the log directory is offline ({why})")
+        for p in list(self.logs.values()):
+            p.log.take_offline(why)
+            self._run_synced(p, error)
+            if p.waiting:
+                self._complete_waiting(p, (error.code, f"{p.topic}-{p.partition}: {error.message}"))
+        self._unsynced.clear()
+        self.unopened.clear()  # never opened from an offline directory
+        try:
+            self.send(SUPERVISOR, "shutdown", {"fatal": f"log directory {self.data_dir} is offline: {why}"})
+        except MailboxFull:
+            log.critical("could not ask the supervisor to shut the broker down")
 
     def _run_synced(self, p: PartitionLog, error: OdradekError | None = None) -> None:
         """Run the ``on_synced`` callbacks the durable end has passed (every one, with ``error``)."""
@@ -1320,6 +1360,13 @@ class LogActor(Actor):
     def after_batch(self) -> None:
         if self._unsynced and self._sync_pool is not None:
             self._start_syncs()
+        if self._fsynced_out:
+            try:
+                self.send(REPLICA_FETCHER, "fsynced", {"parts": [[t, q, end] for (t, q), end in
+                                                                 self._fsynced_out.items()]})
+                self._fsynced_out.clear()
+            except MailboxFull:  # the next batch tries again
+                pass
         if self._dirty or self._closed or self._announce_opening:
             dirty, closed, announce = set(self._dirty), list(self._closed), self._announce_opening
             try:
@@ -1362,8 +1409,8 @@ class LogActor(Actor):
         keys = list(self.logs) if keys is None else keys
         for key in keys[start:start + EACH_SLICE]:
             p = self.logs.get(key)
-            if p is None:
-                continue  # closed meanwhile
+            if p is None or p.log.offline:
+                continue  # closed meanwhile, or its directory offline: not touched again
             try:
                 if fn(p.log) and changes_bounds:
                     self._dirty.add(key)

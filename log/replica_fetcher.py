@@ -25,16 +25,25 @@ Sends, to the log actor hosting a partition (``log-<placement>``):
         -> {parts: [[topic, partition, error_code, log_end_offset]]}
   truncate_fully {parts: [[topic, partition, offset]]}  -> same reply
   replicate {parts: [[topic, partition, frame, leader_epoch, high_watermark, log_start_offset]]}
-        + the leader's batches as frames (frame -1: watermarks only) -> same reply
+        + the leader's batches as frames (frame -1: watermarks only) -> same reply, at once
+        (not waiting for the group commit: the fsynced offset it carries may be behind)
 and, to the leader's listener (TCP): OFFSET_FOR_LEADER_EPOCH (23) and FETCH (1) with
 ``replica_id`` = this broker's id.
+Accepts from the log actors, one-way:
+  fsynced {parts: [[topic, partition, fsynced_offset]]}  a group commit of a followed
+        partition ended (``log.flush.before.ack``): its log is on the disk below that offset.
+        If the session's FETCH is in flight (parked at the leader for want of data), a
+        progress report (a FETCH with ``progress_only``, answered at once, no data) tells
+        the leader on a second connection, so the high watermark does not wait for new data
+        or the fetch's max wait; otherwise the next FETCH carries it.
 
 Per partition: truncate first (newly followed, new leader or epoch, or the leader said
 OFFSET_OUT_OF_RANGE): ask the log actor for its latest epoch and end, ask the leader where
 that epoch ends (KIP-101/KIP-279), have the log actor cut there; then fetch from the log end
 the log actor reports. Per leader: one FETCH in flight, and the next only after the log
 actors have appended the last one's batches, because the leader takes our fetch offset for
-our log end (that advances its high watermark and keeps us in its ISR).
+our log end (that advances its high watermark and keeps us in its ISR); but not after their
+fsync, which runs while the next FETCH is on its way (``fsynced`` above).
 
 Errors per partition: FENCED_LEADER_EPOCH (the leader is at a newer epoch than we were told)
 stops the partition until the next ``follow`` for it; NOT_LEADER_OR_FOLLOWER and
@@ -96,23 +105,27 @@ def setting(config: dict, name: str, default: int) -> int:
     return default if value is None else int(value)
 
 
-def fetch_body(replica_id: int, config: dict, parts, broker_epoch: int = -1) -> dict:
+def fetch_body(replica_id: int, config: dict, parts, broker_epoch: int = -1, progress_only: bool = False) -> dict:
     """The FETCH body for ``parts`` = ``[(topic, partition, fetch_offset, leader_epoch,
     fsynced_offset)]``; ``broker_epoch`` (the czxid of this broker's registration) proves
     ``replica_id``. ``fsynced_offset`` (not in Kafka's Fetch): how much of the log below
     ``fetch_offset`` this follower has on its disk, all the leader counts towards its high
-    watermark under ``log.flush.before.ack`` (docs/REPLICATION.md)."""
+    watermark under ``log.flush.before.ack`` (docs/REPLICATION.md). ``progress_only`` (not in
+    Kafka's Fetch either): a progress report, answered at once with no data."""
     topics: dict[str, list] = {}
     part_max = setting(config, "replica.fetch.max.bytes", 1048576)
     for topic, partition, offset, epoch, fsynced in parts:
         topics.setdefault(topic, []).append({"index": partition, "fetch_offset": offset,
                                              "partition_max_bytes": part_max, "current_leader_epoch": epoch,
                                              "fsynced_offset": fsynced})
-    return {"replica_id": replica_id, "broker_epoch": broker_epoch,
-            "max_wait_ms": setting(config, "replica.fetch.wait.max.ms", 500),
+    body = {"replica_id": replica_id, "broker_epoch": broker_epoch,
+            "max_wait_ms": 0 if progress_only else setting(config, "replica.fetch.wait.max.ms", 500),
             "min_bytes": setting(config, "replica.fetch.min.bytes", 1),
             "max_bytes": setting(config, "replica.fetch.response.max.bytes", 10485760),
             "topics": [{"name": t, "partitions": ps} for t, ps in topics.items()]}
+    if progress_only:
+        body["progress_only"] = True
+    return body
 
 
 def epoch_body(replica_id: int, parts) -> dict:
@@ -297,8 +310,14 @@ class LeaderSession:
     ``BrokerConnection`` and posts each outcome, ``done(body, frames, error)``, to the actor's
     loop. Everything else here belongs to the actor's loop."""
 
-    def __init__(self, leader: int, host: str, port: int, client_id: str, post: Callable, security=None):
+    def __init__(self, leader: int, host: str, port: int, client_id: str, post: Callable, security=None,
+                 role: str = ""):
         self.leader, self.host, self.port = leader, host, int(port)
+        self.security = security
+        # progress reports (``fsynced``): their own connection and thread, made when first needed,
+        # since this one's FETCH may be parked at the leader
+        self.reporter: LeaderSession | None = None
+        self.reporting = False
         self.parts: set[tuple[str, int]] = set()
         self.busy = False  # a FETCH is in flight or its batches are being appended
         self.retry_at = 0.0  # the session backs off until then (connection failures)
@@ -313,7 +332,7 @@ class LeaderSession:
         self._closing = threading.Event()
         self.conn = BrokerConnection(host, port, client_id=client_id, connect_timeout_ms=CONNECT_TIMEOUT_MS,
                                      reconnect_backoff_ms=50, reconnect_backoff_max_ms=200, security=security)
-        self.thread = threading.Thread(target=self._run, name=f"replica-fetcher-{leader}", daemon=True)
+        self.thread = threading.Thread(target=self._run, name=f"replica-fetcher-{leader}{role}", daemon=True)
         self.thread.start()
 
     @property
@@ -322,6 +341,18 @@ class LeaderSession:
 
     def submit(self, api: int, body: dict, timeout: float, done: Callable) -> None:
         self._jobs.put((api, body, timeout, done))
+
+    def report(self, body: dict, timeout: float, done: Callable) -> None:
+        """Send a progress report on the second connection."""
+        if self.reporter is None:
+            self.reporter = LeaderSession(self.leader, self.host, self.port, self.conn.client_id, self._post,
+                                          self.security, role="-report")
+        self.reporting = True
+        self.reporter.submit(ApiKey.FETCH, body, timeout, done)
+
+    @property
+    def threads(self) -> list:
+        return [self.thread] + ([self.reporter.thread] if self.reporter is not None else [])
 
     def _run(self) -> None:
         try:
@@ -347,6 +378,8 @@ class LeaderSession:
 
     def close(self) -> None:
         """Ask the thread to finish now: no new job, and a blocked read wakes at once."""
+        if self.reporter is not None:
+            self.reporter.close()
         self._closing.set()
         self._jobs.put(None)
         if self.timer is not None:
@@ -363,7 +396,7 @@ class Followed:
     """What the fetcher knows of one followed partition."""
 
     __slots__ = ("topic", "partition", "leader", "leader_epoch", "state", "gen", "fetch_offset", "fsynced_offset",
-                 "high_watermark", "log_start_offset", "retry_at", "why", "out_of_range", "failed_truncations",
+                 "told", "high_watermark", "log_start_offset", "retry_at", "why", "out_of_range", "failed_truncations",
                  "bytes", "batches")
 
     def __init__(self, topic: str, partition: int, leader: int, leader_epoch: int):
@@ -372,6 +405,7 @@ class Followed:
         self.gen = 0  # bumped whenever in-flight answers about this partition become stale
         self.fetch_offset = -1
         self.fsynced_offset = -1  # how much of the log below fetch_offset is on the disk (the log actor says)
+        self.told = -1  # the fsynced offset the last FETCH or progress report carried
         self.high_watermark = -1  # as last told to the log actor
         self.log_start_offset = -1
         self.retry_at = 0.0
@@ -407,6 +441,7 @@ class ReplicaFetcher(Actor):
         self.replicated_bytes = 0
         self.replicated_batches = 0
         self.truncations = 0
+        self.progress_reports = 0
         self.quota = Quota(setting(config, "follower.replication.throttled.rate", UNLIMITED), self.clock())
         self.throttled: set[tuple[str, int]] = set()
         self.throttled_bytes = 0
@@ -423,9 +458,10 @@ class ReplicaFetcher(Actor):
             s.close()
         deadline = time.monotonic() + STOP_JOIN_TIMEOUT
         for s in sessions:
-            s.thread.join(max(0.0, deadline - time.monotonic()))
-            if s.thread.is_alive():
-                log.error("the fetch thread for broker %d did not stop within %gs", s.leader, STOP_JOIN_TIMEOUT)
+            for thread in s.threads:
+                thread.join(max(0.0, deadline - time.monotonic()))
+                if thread.is_alive():
+                    log.error("the fetch thread %s did not stop within %gs", thread.name, STOP_JOIN_TIMEOUT)
         self.closed_sessions = []
 
     def stats(self) -> dict:
@@ -434,12 +470,56 @@ class ReplicaFetcher(Actor):
             states[p.state] = states.get(p.state, 0) + 1
         return {"partitions": len(self.parts), "partition_states": states,
                 "replicated_bytes": self.replicated_bytes, "replicated_batches": self.replicated_batches,
-                "truncations": self.truncations, "throttle": {"rate": self.quota.rate, "partitions": len(self.throttled),
-                                                              "bytes": self.throttled_bytes, "at": self.clock()},
+                "truncations": self.truncations, "progress_reports": self.progress_reports,
+                "throttle": {"rate": self.quota.rate, "partitions": len(self.throttled),
+                             "bytes": self.throttled_bytes, "at": self.clock()},
                 "leaders": {str(s.leader): {"address": s.address, "state": s.state, "connected": s.connected,
                                             "partitions": len(s.parts), "fetches": s.fetches, "errors": s.errors,
                                             "last_error": s.last_error}
                             for s in self.sessions.values()}}
+
+    # ---- from the log actors ------------------------------------------------------------
+    def on_fsynced(self, msg: Message) -> None:
+        """A group commit ended: tell the leaders whose FETCH is in flight at once (a progress
+        report), as that FETCH may wait at the leader for data until its max wait; a session
+        between fetches carries it in its next one."""
+        sessions = set()
+        for topic, partition, end in msg.get("parts") or ():
+            p = self.parts.get((topic, partition))
+            if p is None or p.state != FETCHING or not isinstance(end, int):
+                continue  # a truncation under way answers with its own fsynced offset
+            synced = min(end, p.fetch_offset)
+            if synced > p.fsynced_offset:
+                p.fsynced_offset = synced
+                s = self.sessions.get(p.leader)
+                if s is not None and p.key in s.parts:
+                    sessions.add(s)
+        for s in sessions:
+            self._report(s)
+
+    def _report(self, s: LeaderSession) -> None:
+        """One progress report at a time per leader, while its FETCH is in flight: the
+        partitions whose fsynced offset passed what the leader was last told."""
+        if self.closing or not self._current(s) or s.reporting or s.state != "fetching":
+            return
+        due = [p for p in (self.parts.get(k) for k in s.parts) if p is not None and p.state == FETCHING
+               and p.fsynced_offset > p.told]
+        if not due:
+            return
+        body = fetch_body(self.broker_id, self.config,
+                          [(p.topic, p.partition, p.fetch_offset, p.leader_epoch, p.fsynced_offset) for p in due],
+                          self.broker_epoch, progress_only=True)
+        for p in due:
+            p.told = p.fsynced_offset
+        self.progress_reports += 1
+        s.report(body, self.answer_timeout, lambda body, frames, err, s=s: self._on_reported(s, err))
+
+    def _on_reported(self, s: LeaderSession, err: OdradekError | None) -> None:
+        s.reporting = False
+        if err is not None:  # the next FETCH says it anyway
+            log.debug("a progress report to broker %d failed: %s", s.leader, err)
+            return
+        self._report(s)  # more came meanwhile
 
     # ---- from the controller -----------------------------------------------------------
     def on_broker_epochs(self, msg: Message) -> None:
@@ -540,7 +620,7 @@ class ReplicaFetcher(Actor):
         self.closed_sessions.append(s)
 
     def _reap(self) -> None:
-        self.closed_sessions = [s for s in self.closed_sessions if s.thread.is_alive()]
+        self.closed_sessions = [s for s in self.closed_sessions if any(t.is_alive() for t in s.threads)]
 
     def _attach_waiting(self) -> None:
         """Partitions whose leader had no known address join its session once it has one."""
@@ -731,6 +811,8 @@ class ReplicaFetcher(Actor):
         body = fetch_body(self.broker_id, self.config,
                           [(p.topic, p.partition, p.fetch_offset, p.leader_epoch, p.fsynced_offset) for p in parts],
                           self.broker_epoch)
+        for p in parts:
+            p.told = p.fsynced_offset
         s.submit(ApiKey.FETCH, body, self.fetch_timeout,
                  lambda body, frames, err, s=s, sent=sent: self._on_fetch(s, sent, body, frames, err))
 
@@ -815,7 +897,8 @@ class ReplicaFetcher(Actor):
                 if p is None:
                     continue
                 if code == 0 and isinstance(end, int) and end >= 0:
-                    p.fetch_offset, p.fsynced_offset = end, _synced(fsynced, end)
+                    # an ``fsynced`` message may have come first (the log end only grew since)
+                    p.fetch_offset, p.fsynced_offset = end, max(p.fsynced_offset, _synced(fsynced, end))
                     p.high_watermark, p.log_start_offset = data.high_watermark, data.log_start_offset
                     p.why = ""
                     if action.kind == APPEND:

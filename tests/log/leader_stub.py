@@ -5,9 +5,10 @@ Adds, per partition: a leader epoch, the epoch cache (each epoch's start offset,
 batches' ``partitionLeaderEpoch``), a log start; answers OFFSET_FOR_LEADER_EPOCH and follower
 FETCHes (``replica_id`` >= 0: read to the log end, ``current_leader_epoch`` checked: older is
 FENCED_LEADER_EPOCH, newer UNKNOWN_LEADER_EPOCH; OFFSET_OUT_OF_RANGE outside [log start, end]).
-A fetch finding no data waits a little (``max_wait_ms``, at most 20 ms: one thread serves
-every connection) instead of spinning its client. ``fail_next`` queues a per-partition error
-for the next FETCH of that partition. Tests change the log only through ``append``,
+A fetch finding no data waits a little (``max_wait_ms``, at most ``park_ms``, 20 ms: one
+thread serves every connection) instead of spinning its client. A progress report
+(``progress_only``) is recorded in ``reports`` and answered with no data. ``fail_next``
+queues a per-partition error for the next FETCH of that partition. Tests change the log only through ``append``,
 ``set_epoch`` and ``delete_before``, under ``lock``.
 """
 from __future__ import annotations
@@ -29,6 +30,8 @@ class LeaderStub(ScriptedBroker):
         self.refuse_epochs: dict[tuple, ErrorCode] = {}  # OFFSET_FOR_LEADER_EPOCH answers this while set
         self.fetches: list = []  # [(topic, partition, fetch_offset, current_leader_epoch, replica_id)]
         self.fsynced: list = []  # [(topic, partition, fetch_offset, fsynced_offset)] as each fetch said
+        self.reports: list = []  # the same, as each progress report (``progress_only`` FETCH) said
+        self.park_ms = 20  # the longest a fetch finding no data waits (this one thread serves all)
         super().__init__(topics)
 
     # ---- the test's side -------------------------------------------------------------------------
@@ -111,7 +114,13 @@ class LeaderStub(ScriptedBroker):
         return {"topics": out}
 
     def _replica_fetch(self, body: dict) -> tuple[dict, list]:
-        deadline = time.monotonic() + min(body.get("max_wait_ms", 0), 20) / 1000
+        if body.get("progress_only"):  # a follower's progress report: recorded, answered with no data
+            with self.lock:
+                for t in body["topics"]:
+                    for p in t["partitions"]:
+                        self.reports.append((t["name"], p["index"], p["fetch_offset"], p.get("fsynced_offset")))
+            return {"error_code": 0, "topics": []}, []
+        deadline = time.monotonic() + min(body.get("max_wait_ms", 0), self.park_ms) / 1000
         while True:
             reply, blob = self._replica_read(body)
             if blob or any(p["error_code"] for t in reply["topics"] for p in t["partitions"]) \

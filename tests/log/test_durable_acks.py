@@ -11,6 +11,7 @@ checked against the same actor."""
 from __future__ import annotations
 
 import concurrent.futures
+import os
 import threading
 
 import pytest
@@ -18,7 +19,7 @@ import pytest
 from odradek.actors.message import Message
 from odradek.log.config import LogConfig
 from odradek.log.files import FileLayer
-from odradek.log.log import Log
+from odradek.log.log import CLEAN_SHUTDOWN, Log
 from odradek.log.log_actor import PartitionLog
 from odradek.log.records import encode_batch
 from tests.log.test_isr_changes import LeaderUnderTest
@@ -53,6 +54,12 @@ class Actor(LeaderUnderTest):
         self.posted: list = []
         self.appends, self._pid_key = 0, None
         self.replies: list[tuple[Message, dict]] = []
+        self.sent: list[tuple[str, str, dict]] = []
+        self._fsynced_out = {}
+        self.data_dir = "/data"
+
+    def send(self, to, type_, fields=None, frames=(), **kwargs):
+        self.sent.append((to, type_, fields))
 
     def post(self, callback) -> None:
         self.posted.append(callback)
@@ -64,11 +71,13 @@ class Actor(LeaderUnderTest):
         self.replies.append((msg, fields))
 
     def settle(self) -> None:
-        """Wait for the fsyncs begun, then run their completions on 'the loop' (this thread)."""
+        """Wait for the fsyncs begun, then run their completions on 'the loop' (this thread);
+        not those of the fsyncs the completions begin (the next ``settle``'s)."""
         self._sync_pool.shutdown(wait=True)
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(2)
-        while self.posted:
-            self.posted.pop(0)()
+        posted, self.posted = self.posted, []
+        for callback in posted:
+            callback()
 
 
 @pytest.fixture
@@ -157,6 +166,22 @@ def test_a_followers_reported_fsynced_offset_bounds_the_high_watermark(make):
     assert p.log.high_watermark == 10 and answered(actor, msg)["error_code"] == 0
 
 
+def test_a_fetch_arriving_after_a_later_progress_report_does_not_take_the_fsynced_offset_back(make):
+    """A progress report and a FETCH travel on two connections: the FETCH sent first (fsynced
+    4) may be read after the report sent later (fsynced 10). The leader keeps 10; only a
+    FETCH from below it (the follower truncated) lowers it."""
+    actor, p, files = make(isr=[1, 2])
+    files.release()
+    produce(actor, acks=-1)
+    actor.settle()
+    progress = [["t", 0, 1, 10, 10], ["t", 0, 1, 10, 4]]  # the report, then the earlier FETCH
+    for part in progress:
+        actor.on_replica_progress(Message("replica_progress", fields={"parts": [part]}))
+    assert p.followers[1].fsynced_offset == 10 and p.log.high_watermark == 10
+    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 6, 6]]}))
+    assert p.followers[1].fsynced_offset == 6
+
+
 def test_a_fetch_that_does_not_say_what_it_fsynced_vouches_for_its_log_end(make):
     """Kafka's Fetch has no such field: a follower speaking it is taken at its log end."""
     actor, p, files = make(isr=[1, 2])
@@ -185,31 +210,64 @@ def test_kafkas_setting_acknowledges_before_any_fsync(make):
     assert (files.synced, p.log.durable_end) == (0, 0), "Kafka's way fsyncs nothing before acknowledging"
 
 
-def test_a_follower_answers_replicate_once_its_append_is_fsynced_and_says_so(make):
+def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsync_ends(make):
+    """The fetcher's next FETCH does not wait for this broker's disk: ``replicate`` is answered
+    after the append with what is fsynced so far, and the group commit's end goes to the
+    replica fetcher on its own (``fsynced``), which tells the leader at once."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)  # broker 2 follows broker 1
     msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
     actor.after_batch()
-    assert p.log.log_end_offset == 10 and not actor.replies, "answered before its fsync"
+    assert p.log.log_end_offset == 10
+    assert actor.replies, "replicate waited for the follower's fsync: its next FETCH waits for the disk"
+    ((_, fields),) = actor.replies
+    assert fields == {"parts": [["t", 0, 0, 10, 0]]}  # log end 10, nothing fsynced yet
+    assert not [m for m in actor.sent if m[1] == "fsynced"], "said fsynced before the fsync"
     files.release()
     actor.settle()
-    ((_, fields),) = actor.replies
-    assert fields == {"parts": [["t", 0, 0, 10, 10]]}  # log end 10, fsynced through 10
+    assert [m for m in actor.sent if m[1] == "fsynced"] == [("replica_fetcher", "fsynced", {"parts": [["t", 0, 10]]})]
 
 
-def test_a_failed_fsync_acknowledges_nothing(make):
+def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_down(make, tmp_path):
+    """EIO from an fsync: Linux may drop the pages whose write-back failed once it reported
+    the error, so a later fsync that succeeds proves nothing. As Kafka does, the directory
+    goes offline: what waited is refused, every partition of it refuses every later append
+    (KAFKA_STORAGE_ERROR) and is never fsynced or marked clean again, and since it is the
+    broker's only log directory the broker is asked to shut down (Kafka halts)."""
     actor, p, files = make(isr=[2])
+    other = PartitionLog("u", 0, "id2", Log(str(tmp_path / "u-0"), LogConfig(), files=files))
+    actor.logs[("u", 0)] = other
+    actor._become(other, {"leader": 2, "leader_epoch": 1, "isr": [2], "replicas": [2], "zk_version": 1})
 
     def fail(fd):
         raise OSError(5, "Input/output error")
     files.fsync = fail
     msg = produce(actor, acks=1)
+    waiting = produce(actor, acks=-1, corr=2)  # appended while the failing fsync ran: held
     actor.settle()
-    entry = answered(actor, msg)
-    assert entry["error_code"] == 56 and "fsync failed" in entry["error_message"]  # KAFKA_STORAGE_ERROR
+    for m in (msg, waiting):
+        entry = answered(actor, m)
+        assert entry["error_code"] == 56 and "fsync failed" in entry["error_message"]  # KAFKA_STORAGE_ERROR
     assert (p.log.durable_end, p.log.high_watermark) == (0, 0)
-    del files.fsync  # the disk heals: the log closes
+    assert [m[1:] for m in actor.sent if m[0] == "supervisor"] == [
+        ("shutdown", {"fatal": f"log directory {actor.data_dir} is offline: an fsync of t-0 failed: "
+                               f"fsync failed: Input/output error (errno 5)"})]
+
+    del files.fsync  # the disk "heals": its next fsync would succeed, and prove nothing
+    synced = files.synced
+    for topic in ("t", "u"):  # every partition of the directory, not only the one that failed
+        m = Message("produce", 9, "client", {"acks": 1, "timeout_ms": 30000, "parts": [[topic, 0, 0]]},
+                    [encode_batch([(None, b"v")])])
+        actor.on_produce(m)
+        actor.after_batch()
+        actor.settle()
+        entry = answered(actor, m)
+        assert entry["error_code"] == 56 and "offline" in entry["error_message"], (topic, entry)
+    assert files.synced == synced and p.log.durable_end == 0, "fsynced a log whose directory is offline"
+    for lg in (p.log, other.log):
+        lg.close()  # a stop: no clean-shutdown marker, so the next start recovers the log
+        assert not os.path.exists(os.path.join(lg.dir, CLEAN_SHUTDOWN)), lg.dir
 
 
 def test_a_sync_begun_before_a_truncation_does_not_vouch_for_what_came_after(tmp_path):

@@ -269,11 +269,11 @@ class Cluster:
     """A replica fetcher (broker 2) and a stand-in log-0, on threads of this process, following
     partitions led by a LeaderStub (broker 1)."""
 
-    def __init__(self, run_dir, leader: LeaderStub, logs: dict):
+    def __init__(self, run_dir, leader: LeaderStub, logs: dict, config: dict | None = None):
         self.leader, self.logs, self.lock, self.seen = leader, logs, threading.Lock(), []
         self.brokers = {"1": ["127.0.0.1", leader.port], "2": ["127.0.0.1", 1]}
         self.log_actor = StandInLog("log-0", run_dir, {"logs": logs, "lock": self.lock, "seen": self.seen})
-        self.fetcher = rf.ReplicaFetcher("replica_fetcher", run_dir, {"config": CONFIG, "broker_id": 2,
+        self.fetcher = rf.ReplicaFetcher("replica_fetcher", run_dir, {"config": config or CONFIG, "broker_id": 2,
                                                                       "log_hosts": 1, "data_dir": run_dir})
         self.threads = [threading.Thread(target=a.run) for a in (self.log_actor, self.fetcher)]
         for t in self.threads:
@@ -316,8 +316,8 @@ class Cluster:
 def cluster(tmp_path):
     made = []
 
-    def make(leader, logs):
-        c = Cluster(str(tmp_path), leader, logs)
+    def make(leader, logs, config=None):
+        c = Cluster(str(tmp_path), leader, logs, config)
         made.append(c)
         return c
 
@@ -512,3 +512,30 @@ def test_each_fetch_tells_the_leader_how_much_of_its_log_end_the_follower_has_fs
         said = [(off, synced) for _, _, off, synced in leader.fsynced]
     assert (4, 3) in said and (7, 6) in said, said
     assert all(synced is not None and synced <= off for off, synced in said), said
+
+
+def test_a_group_commit_that_ends_while_the_fetch_waits_at_the_leader_is_reported_at_once(cluster):
+    """The log actor answers ``replicate`` before its fsync, so the next FETCH goes out with
+    the fsynced offset behind its fetch offset and, with no new data, waits at the leader up
+    to its max wait (400 ms here: this stub serves its connections on one thread, and the
+    report's connection must be set up within the fetcher's 1 s). When the fsync ends (``fsynced`` from the log actor), a
+    progress report (a FETCH with ``progress_only``, on a second connection) tells the leader
+    at once: the high watermark does not wait for new data or that max wait."""
+    leader = LeaderStub({"t": 1}, epoch=1)
+    leader.park_ms = 400
+    leader.append("t", 0, 4)
+    follower = FollowerLog(1)
+    follower.unsynced = 4  # the log actor answers before its fsync: nothing on the disk yet
+    c = cluster(leader, {("t", 0): follower}, {**CONFIG, "replica.fetch.wait.max.ms": 400})
+    c.follow([("t", 0, 1)])
+    assert c.wait_for(lambda: (("t", 0, 4, 0) in leader.fsynced))  # the next FETCH, parked at the leader
+    assert not leader.reports
+    with c.lock:
+        follower.unsynced = 0
+    c.client.send("replica_fetcher", "fsynced", {"parts": [["t", 0, 4]]})
+    assert c.wait_for(lambda: leader.reports == [("t", 0, 4, 4)], timeout=5), leader.reports
+    assert c.stats()["progress_reports"] == 1
+    c.client.send("replica_fetcher", "fsynced", {"parts": [["t", 0, 4]]})  # nothing new: no report
+    c.client.send("replica_fetcher", "fsynced", {"parts": [["t", 0, 9]]})  # past the log end: capped
+    time.sleep(0.2)
+    assert leader.reports == [("t", 0, 4, 4)]
