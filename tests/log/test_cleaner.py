@@ -4,6 +4,8 @@ from __future__ import annotations
 import os
 import shutil
 
+import pytest
+
 from odradek.log import cleaner, kafka_batch
 from odradek.log.config import LogConfig
 from odradek.log.log import Log
@@ -160,60 +162,61 @@ def kafka_txn_batch(rows, ts, pid, seq, codec="gzip"):
                               base_sequence=seq)
 
 
-def close_segments(lg, clock, n=12):
-    """Plain records under other keys, enough to roll what came before into closed segments."""
+def compact(lg, clock, n=12):
+    """Plain records under other keys, enough to roll what came before into closed segments;
+    then a forced pass."""
     for i in range(n):
         lg.append(encode_batch([(b"filler%d" % i, b"x" * 40)], timestamp_ms=clock.now))
     clock.advance(10)
+    return clean(lg, force=True)
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    clock = Clock()
+    return Log(str(tmp_path / "t-0"), CFG, now_ms=clock), clock
 
 
 def values_of(lg, key):
     return [r.value for r in log_records(lg) if r.key == key]
 
 
-def test_an_aborted_transaction_never_displaces_a_committed_value_and_its_records_go(tmp_path):
+def test_an_aborted_transaction_never_displaces_a_committed_value_and_its_records_go(fresh):
     # Kafka's cleaner skips aborted records when it maps keys and removes them. Without that,
     # the committed value was dropped for the aborted one, which read_committed never shows:
     # the key lost its value.
-    clock = Clock()
-    lg = Log(str(tmp_path / "t-0"), CFG, now_ms=clock)
+    lg, clock = fresh
     lg.append(kafka_txn_batch([(b"k", b"committed")], clock.now, PID_A, 0))
     lg.append_marker(PID_A, 0, commit=True)
     lg.append(kafka_txn_batch([(b"k", b"aborted")], clock.now, PID_B, 0))
     lg.append_marker(PID_B, 0, commit=False)
-    close_segments(lg, clock)
-    clean(lg, force=True)
+    compact(lg, clock)
     assert values_of(lg, b"k") == [b"committed"]
 
 
-def test_an_open_transaction_is_not_compacted_and_shields_what_it_may_replace(tmp_path):
+def test_an_open_transaction_is_not_compacted_and_shields_what_it_may_replace(fresh):
     # Kafka's cleaner stops at the last stable offset: an open transaction may still abort, so
     # the value before it must survive.
-    clock = Clock()
-    lg = Log(str(tmp_path / "t-0"), CFG, now_ms=clock)
+    lg, clock = fresh
     lg.append(encode_batch([(b"k", b"before")], timestamp_ms=clock.now))
     lg.append(kafka_txn_batch([(b"k", b"undecided")], clock.now, PID_A, 0))
-    close_segments(lg, clock)
-    clean(lg, force=True)
+    compact(lg, clock)
     assert values_of(lg, b"k") == [b"before", b"undecided"]
     lg.append_marker(PID_A, 0, commit=False)
-    close_segments(lg, clock)
-    clean(lg, force=True)
+    compact(lg, clock)
     assert values_of(lg, b"k") == [b"before"]
 
 
-def test_a_rewritten_batch_keeps_its_format_codec_flags_and_producer_span(tmp_path):
+def test_a_rewritten_batch_keeps_its_format_codec_flags_and_producer_span(fresh):
     # The rewrite turned a client's transactional magic-2 gzip batch into a native lz4 batch
     # without its transactional bit (read_committed consumers then treated its records as
     # non-transactional), and moved its base offset and sequence.
-    clock = Clock()
-    lg = Log(str(tmp_path / "t-0"), CFG, now_ms=clock)
+    lg, clock = fresh
     lg.append(kafka_txn_batch([(b"x", b"1"), (b"y", b"1"), (b"z", b"1")], clock.now, PID_A, 0))
     lg.append_marker(PID_A, 0, commit=True)
     lg.append(encode_batch([(b"x", b"2"), (b"z", b"2")], timestamp_ms=clock.now))
-    close_segments(lg, clock)
     before = BatchHeader.read(lg.fetch(0, 1 << 20))
-    assert clean(lg, force=True).records_removed == 2
+    assert compact(lg, clock).records_removed == 2
     data = lg.fetch(0, 1 << 20)
     h = BatchHeader.read(data)
     assert (h.magic, h.compression) == (kafka_batch.MAGIC, 1)  # Kafka's magic 2, gzip
@@ -223,15 +226,13 @@ def test_a_rewritten_batch_keeps_its_format_codec_flags_and_producer_span(tmp_pa
     assert [(r.offset, r.key) for r in decode_batch(memoryview(data)[:h.size])] == [(1, b"y")]
 
 
-def test_a_rewritten_native_transactional_batch_keeps_its_transactional_bit(tmp_path):
-    clock = Clock()
-    lg = Log(str(tmp_path / "t-0"), CFG, now_ms=clock)
+def test_a_rewritten_native_transactional_batch_keeps_its_transactional_bit(fresh):
+    lg, clock = fresh
     rows = [Record(i, clock.now, k, b"1", []) for i, k in enumerate((b"x", b"y"))]
     lg.append(encode_records(rows, producer_id=PID_A, producer_epoch=0, base_sequence=0, transactional=True))
     lg.append_marker(PID_A, 0, commit=True)
     lg.append(encode_batch([(b"x", b"2")], timestamp_ms=clock.now))
-    close_segments(lg, clock)
-    clean(lg, force=True)
+    compact(lg, clock)
     h = BatchHeader.read(lg.fetch(0, 1 << 20))
     assert (h.base_offset, h.base_sequence, h.record_count) == (1, 1, 1)
     assert h.attributes & TRANSACTIONAL_BIT
