@@ -49,7 +49,7 @@ SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_VERSION = 1
 # Kafka's ProducerStateEntry.NumBatchesToRetain is 5 (its producers have at most 5 requests
 # in flight); the bundled producer stamps up to this many batches of a partition in flight
-# (odradek.producer.MAX_STAMPED), several per request, so a leader keeps more. Kafka clients
+# (odradek.producer_sender.MAX_STAMPED), several per request, so a leader keeps more. Kafka clients
 # are served the same (a superset: more of their retries are recognised). Kept as four
 # 8-byte integers a batch in one array (~1.1 KB for 32 batches; 16 named tuples took ~2.5 KB).
 MAX_CACHED_BATCHES = 32

@@ -182,7 +182,7 @@ PERF_TESTS = {
     "reassign": ("odradek.bench.reassign:main", False),  # moves 1 GiB to a new broker (issue 17)
     "security": ("odradek.bench.security:main", False),  # PLAINTEXT vs SASL_SSL, 1,000 ACLs vs none (issue 13)
     "txn": ("odradek.bench.txn:main", False),  # transactions of 1,000 records, commit latency (issue 12)
-    "console": ("odradek.perf_console:main", False),  # console page loads, 1,000 topics and 100 groups (issue 29)
+    "console": ("odradek.perf.console:main", False),  # console page loads, 1,000 topics and 100 groups (issue 29)
 }
 
 

@@ -14,6 +14,6 @@ docs/BENCHMARKS.md.
 * ``reassign``: moving 1 GiB of partition data to a new broker (``odradek perf reassign``);
 * ``security``: PLAINTEXT against SASL_SSL, and 1,000 ACLs against none (``odradek perf security``).
 
-``odradek/perf.py`` holds the client benchmarks (produce, consume, end-to-end latency,
+``odradek/perf/`` holds the client benchmarks (produce, consume, end-to-end latency,
 replicated, scrape) behind ``odradek perf``.
 """

@@ -28,11 +28,11 @@ class _Producer:
 
     def __init__(self, bootstrap: str, size: int):
         from odradek.producer import Producer
-        from odradek.perf import _payload
+        from odradek.perf import random_payload
         self.acked = 0
         self.lock = threading.Lock()
         self.stop = threading.Event()
-        self.payload = _payload(size)
+        self.payload = random_payload(size)
         self.producer = Producer(bootstrap, acks="all", linger_ms=5, batch_size=262144, compression=None)
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -65,8 +65,8 @@ def _rate(a: tuple[float, int], b: tuple[float, int]) -> float:
 
 def _fill(bootstrap: str, total: int, size: int) -> None:
     from odradek.producer import Producer
-    from odradek.perf import _payload
-    payload = _payload(size)
+    from odradek.perf import random_payload
+    payload = random_payload(size)
     with Producer(bootstrap, acks=1, linger_ms=20, batch_size=1048576, compression=None) as producer:  # bytes on disk = --bytes
         for _ in range(total // size):
             producer.send(TOPIC, payload)
@@ -126,7 +126,7 @@ def _replicated_bytes(cluster, broker: int) -> int:
 
 
 def main(argv: list[str]) -> int:
-    from odradek.perf import _create_replicated, _local_cluster, _stop_cluster
+    from odradek.perf import create_replicated, local_cluster, stop_cluster
     ap = argparse.ArgumentParser(prog="odradek perf reassign", description=__doc__.split("\n\n")[0])
     ap.add_argument("--bytes", type=int, default=1 << 30, help="data in the topic before the moves (default 1 GiB)")
     ap.add_argument("--partitions", type=int, default=4)
@@ -136,10 +136,10 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--keep", metavar="DIR", help="run the cluster in DIR and keep it")
     args = ap.parse_args(argv)
     throttles = [int(t) for t in args.throttles.split(",")]
-    cluster, base = _local_cluster(2, {"replica.lag.time.max.ms": 10000}, args.keep)
+    cluster, base = local_cluster(2, {"replica.lag.time.max.ms": 10000}, args.keep)
     results = []
     try:
-        _create_replicated(cluster.bootstrap, TOPIC, args.partitions, 2, 1)
+        create_replicated(cluster.bootstrap, TOPIC, args.partitions, 2, 1)
         t0 = time.monotonic()
         _fill(cluster.bootstrap, args.bytes, args.record_size)
         print(json.dumps({"filled_bytes": args.bytes, "fill_seconds": round(time.monotonic() - t0, 2)}), flush=True)
@@ -151,7 +151,7 @@ def main(argv: list[str]) -> int:
         finally:
             producer.close()
     finally:
-        _stop_cluster(cluster, base, bool(args.keep))
+        stop_cluster(cluster, base, bool(args.keep))
     for r in results:
         what = f"at {r['throttle_bytes_per_s'] / 1e6:g} MB/s" if r["throttle_bytes_per_s"] else "unthrottled"
         print(f"move of {r['moved_bytes'] / 2**30:.2f} GiB {what}: {r['move_seconds']} s "

@@ -15,7 +15,7 @@ from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.cluster import Connection
 from odradek.log.records import encode_batch
 from odradek.network.protocol import ApiKey, ErrorCode
-from odradek.producer import MAX_STAMPED
+from odradek.producer_sender import MAX_STAMPED
 
 PARTITIONS = 3
 SETTINGS = {"supervisor_max_restarts": 10000}

@@ -55,7 +55,7 @@ def test_unknown_producer_properties_are_refused_by_name():
 def test_the_redis_comparison_is_skipped_with_a_reason_when_redis_server_is_missing(monkeypatch, capsys):
     monkeypatch.setenv("PATH", "/nonexistent")
     assert "redis-server" in perf.redis_available()
-    assert perf._with_redis(lambda r: 1 / 0) is None
+    assert perf.with_redis(lambda r: 1 / 0) is None
     assert "Redis Streams comparison skipped: redis-server is not installed" in capsys.readouterr().out
 
 

@@ -141,7 +141,7 @@ def test_a_batch_of_explicit_timestamps_carries_their_maximum_not_the_send_time(
 def test_a_lone_record_is_sent_at_once_not_when_the_next_one_wakes_the_sender(scripted, monkeypatch):
     import time as _time
 
-    from odradek import producer
+    from odradek import producer_sender as producer  # the sender thread and its IDLE_WAIT
     monkeypatch.setattr(producer, "IDLE_WAIT", 60.0)  # a lost wake-up would now cost a minute
     send_ready = producer._Sender._send_ready
 

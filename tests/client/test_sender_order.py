@@ -23,7 +23,8 @@ import time
 from odradek.accumulator import RecordAccumulator
 from odradek.cluster import Cluster
 from odradek.network.connection import wait_any
-from odradek.producer import _Sender, encode_rows
+from odradek.producer import encode_rows
+from odradek.producer_sender import _Sender
 
 
 def three_batches(acc: RecordAccumulator) -> tuple[list, list]:

@@ -17,8 +17,8 @@ def _summary(capsys) -> dict:
 
 
 def test_librdkafka_keeps_its_own_batch_size_unless_told_and_never_gets_the_bundled_request_size():
-    assert "batch.size" not in perf._confluent_props({"acks": "1"})  # librdkafka's 1,000,000 bytes
-    props = perf._confluent_props({"batch.size": "65536", "max.request.size": "1000", "linger.ms": "5"})
+    assert "batch.size" not in perf.confluent_props({"acks": "1"})  # librdkafka's 1,000,000 bytes
+    props = perf.confluent_props({"batch.size": "65536", "max.request.size": "1000", "linger.ms": "5"})
     assert props["batch.size"] == "65536" and props["linger.ms"] == "5"
     assert "max.request.size" not in props and "message.max.bytes" not in props
 

@@ -49,7 +49,7 @@ def test_a_retried_batch_among_the_last_cached_is_a_duplicate_with_its_original_
 def test_the_producer_never_stamps_more_batches_of_a_partition_than_a_leader_remembers():
     """A retry in doubt must be recognised: the bundled producer's window of stamped batches
     per partition fits in what a leader keeps per producer."""
-    from odradek.producer import MAX_STAMPED
+    from odradek.producer_sender import MAX_STAMPED
     assert MAX_STAMPED <= MAX_CACHED_BATCHES
 
 

@@ -25,7 +25,7 @@ import tempfile
 import time
 import urllib.parse
 
-from odradek.perf import _loadavg, percentile
+from odradek.perf import loadavg, percentile
 
 GOAL_MS = 200.0
 
@@ -118,8 +118,8 @@ def main(argv: list[str]) -> int:
         setup_s = time.monotonic() - t0
         time.sleep(11)  # one history sample (every 10 s) for the charts' first load
         result = {"topics": args.topics, "groups": args.groups, "runs": args.runs, "setup_s": round(setup_s, 1),
-                  "loadavg_before": _loadavg(), "pages": measure(broker.console_url, topic, group, args.runs),
-                  "loadavg_after": _loadavg()}
+                  "loadavg_before": loadavg(), "pages": measure(broker.console_url, topic, group, args.runs),
+                  "loadavg_after": loadavg()}
     finally:
         broker.stop()
         shutil.rmtree(data, ignore_errors=True)

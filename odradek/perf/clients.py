@@ -229,7 +229,7 @@ def producer_kwargs(props: dict) -> dict:
     return out
 
 
-def _payload(size: int) -> bytes:
+def random_payload(size: int) -> bytes:
     """Like Kafka's perf tool: one random payload of uppercase letters, reused."""
     import random
     rnd = random.Random(42)
@@ -299,7 +299,7 @@ def produce_main(argv: list[str]) -> int:
         write_plot(args.plot, f"perf produce: {args.num_records} x {args.record_size} B to {args.topic}", ours)
     theirs = None
     if not args.no_redis:
-        theirs = _with_redis(lambda r: redis_produce(r, args.num_records, args.record_size, args.throughput,
+        theirs = with_redis(lambda r: redis_produce(r, args.num_records, args.record_size, args.throughput,
                                                      args.latency_sample, args.reporting_interval))
         _compare(ours, theirs, "throughput")
     if args.json:
@@ -316,7 +316,7 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
                 sample_every: int = 100, report_ms: int = REPORT_INTERVAL_MS, started=None, stopped=None,
                 keys: int = 0) -> dict:
     from odradek.producer import Producer
-    value = _payload(size)
+    value = random_payload(size)
     key_list = _keys(keys)
     stats = Stats(report_ms)
     errors = []
@@ -372,7 +372,7 @@ def _connections_child(bootstrap: str, topic: str, n: int, size: int, kwargs: di
     connection each to a single broker), ``n`` records dealt round robin in runs of
     ``sample_every`` per producer; waits for ``go`` once every producer is connected."""
     from odradek.producer import Producer
-    value = _payload(size)
+    value = random_payload(size)
     latencies: list[float] = []
     errors: list = []
     monotonic = time.monotonic
@@ -501,7 +501,7 @@ def consume_main(argv: list[str]) -> int:
         write_plot(args.plot, f"perf consume: {args.messages} records of {args.topic}", ours, latency=False)
     theirs = None
     if not args.no_redis:
-        theirs = _with_redis(lambda r: redis_consume(r, args.messages, args.record_size, args.reporting_interval))
+        theirs = with_redis(lambda r: redis_consume(r, args.messages, args.record_size, args.reporting_interval))
         _compare(ours, theirs, "throughput")
     if args.json:
         print(json.dumps({"odradek": ours, "redis": theirs}))
@@ -518,7 +518,7 @@ def _prefill(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> 
     if have >= n:
         return
     print(f"Prefilling '{topic}' with {n - have} records of {size} bytes (not timed).", flush=True)
-    value = _payload(size)
+    value = random_payload(size)
     with Producer(bootstrap, acks=1, linger_ms=5) as p:
         for _ in range(n - have):
             p.send(topic, value)
@@ -645,7 +645,7 @@ class _BrokerCpu:
         return self._total() - self.before
 
 
-def _confluent_props(props: dict) -> dict:
+def confluent_props(props: dict) -> dict:
     """Kafka producer properties for librdkafka (the same names). Nothing is changed from
     librdkafka's defaults but its local queue (a million records, 1 GiB, so ``produce`` does
     not block on it): ``batch.size`` stays librdkafka's 1,000,000 bytes unless given.
@@ -663,7 +663,7 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
                           stopped=None, keys: int = 0) -> dict:
     """``run_produce`` through confluent-kafka: the same records, acks, codec and keys."""
     from confluent_kafka import Producer as KafkaProducer
-    value = _payload(size)
+    value = random_payload(size)
     key_list = _keys(keys)
     stats = Stats(report_ms)
     errors: list = []
@@ -676,7 +676,7 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
         brokers = json.loads(text).get("brokers") or {}
         counts["Produce"] = sum((b.get("req") or {}).get("Produce", 0) for b in brokers.values())
 
-    producer = KafkaProducer({"bootstrap.servers": bootstrap, **_confluent_props(props),
+    producer = KafkaProducer({"bootstrap.servers": bootstrap, **confluent_props(props),
                               "statistics.interval.ms": 1000, "stats_cb": on_stats})
 
     def on_done(err, _msg, t0):
@@ -739,8 +739,8 @@ def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size
         return
     print(f"Prefilling '{topic}' with {n - have} records of {size} bytes through confluent-kafka (not timed).",
           flush=True)
-    value = _payload(size)
-    p = KafkaProducer({"bootstrap.servers": bootstrap, **_confluent_props({"acks": "1", "linger.ms": 5,
+    value = random_payload(size)
+    p = KafkaProducer({"bootstrap.servers": bootstrap, **confluent_props({"acks": "1", "linger.ms": 5,
                                                                           "compression.type": "lz4"})})
     for _ in range(n - have):
         while True:
@@ -857,7 +857,7 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
         if broker is not None:
             broker.stop()
             shutil.rmtree(base, ignore_errors=True)
-    print(f"\n{what}: medians of {args.runs} run(s) per client, one broker, load average {_loadavg()}")
+    print(f"\n{what}: medians of {args.runs} run(s) per client, one broker, load average {loadavg()}")
     print("client     records/s    MB/s   p50 ms  p99 ms  batches  records/batch  broker cpu s  "
           "cpu ms/batch  cpu us/record")
     summary = {}
@@ -918,7 +918,7 @@ def e2e_main(argv: list[str]) -> int:
                 args.record_size, lambda: _odradek_sender(args.bootstrap_server, args.topic, producer_kwargs(props)))
     theirs = None
     if not args.no_redis:
-        theirs = _with_redis(lambda r: _e2e(["redis", str(r.port)], args.num_records, args.throughput,
+        theirs = with_redis(lambda r: _e2e(["redis", str(r.port)], args.num_records, args.throughput,
                                             args.record_size, lambda: _redis_sender(r.port)))
         _compare(ours, theirs, "latency")
     nats = None if args.no_nats else _e2e_nats(args.num_records, args.throughput, args.record_size)
@@ -953,14 +953,14 @@ def _odradek_sender(bootstrap: str, topic: str, kwargs: dict):
 def _e2e(child_args: list[str], n: int, rate: float, size: int, make_sender) -> dict:
     """Start the consumer child, wait until it is reading, send n stamped records at ``rate``,
     collect the child's latencies."""
-    child = subprocess.Popen([sys.executable, "-c", "import sys; from odradek.perf import e2e_child; "
+    child = subprocess.Popen([sys.executable, "-c", "import sys; from odradek.perf.clients import e2e_child; "
                               "sys.exit(e2e_child(sys.argv[1:]))", *child_args, str(n)],
                              stdout=subprocess.PIPE, text=True)
     try:
         if child.stdout.readline().strip() != "ready":
             raise SystemExit("perf e2e: the consumer process did not start")
         send, close = make_sender()
-        filler = _payload(size - _STAMP.size)
+        filler = random_payload(size - _STAMP.size)
         throttle = Throttle(rate)
         monotonic_ns = time.monotonic_ns
         start = time.monotonic()
@@ -1042,7 +1042,7 @@ def redis_available() -> str | None:
     return None
 
 
-def _with_redis(run):
+def with_redis(run):
     why = redis_available()
     if why:
         print(f"\nRedis Streams comparison skipped: {why}.", flush=True)
@@ -1065,7 +1065,7 @@ def redis_produce(server: RedisServer, n: int, size: int, rate: float, sample_ev
                   pipeline_size: int = 1000) -> dict:
     """Pipelined XADD; a record's latency is its enqueue to its pipeline's reply."""
     r = server.client
-    value = _payload(size)
+    value = random_payload(size)
     stats = Stats(report_ms)
     throttle = Throttle(rate)
     start = time.monotonic()
@@ -1087,7 +1087,7 @@ def redis_produce(server: RedisServer, n: int, size: int, rate: float, sample_ev
 
 def redis_consume(server: RedisServer, n: int, size: int, report_ms: int, count: int = 10000) -> dict:
     r = server.client
-    value = _payload(size)
+    value = random_payload(size)
     print(f"Prefilling stream with {n} records (not timed).", flush=True)
     for i in range(0, n, 10000):
         pipe = r.pipeline(transaction=False)
@@ -1130,14 +1130,14 @@ def _median(values: list[float]) -> float:
     return statistics.median(values) if values else float("nan")
 
 
-def _loadavg() -> list[float]:
+def loadavg() -> list[float]:
     try:
         return [round(x, 2) for x in os.getloadavg()]
     except OSError:
         return []
 
 
-def _local_cluster(brokers: int, settings: dict, keep: str | None = None):
+def local_cluster(brokers: int, settings: dict, keep: str | None = None):
     """A started LocalCluster in a temp dir (or ``keep``), ready (a controller known to all)."""
     from odradek.local import LocalCluster, zookeeper_missing
     missing = zookeeper_missing()
@@ -1156,7 +1156,7 @@ def _local_cluster(brokers: int, settings: dict, keep: str | None = None):
     return cluster, base
 
 
-def _stop_cluster(cluster, base: str, keep: bool) -> None:
+def stop_cluster(cluster, base: str, keep: bool) -> None:
     try:
         cluster.stop(graceful=False)  # kill -9 of every broker, then our ZooKeeper: the data is thrown away
     finally:
@@ -1164,7 +1164,7 @@ def _stop_cluster(cluster, base: str, keep: bool) -> None:
             shutil.rmtree(base, ignore_errors=True)
 
 
-def _create_replicated(bootstrap: str, topic: str, partitions: int, rf: int, min_isr: int,
+def create_replicated(bootstrap: str, topic: str, partitions: int, rf: int, min_isr: int,
                        extra: dict | None = None, timeout: float = 60.0) -> None:
     """Create the topic (retrying retriable errors while the cluster settles) and wait until
     every partition has a leader and its full ISR in the brokers' metadata."""
@@ -1274,12 +1274,12 @@ def replicated_main(argv: list[str]) -> int:
     base_props = {"linger.ms": "5", "compression.type": "lz4", **_props(args.producer_props)}
     base_props.pop("acks", None)
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    load_before = _loadavg()
+    load_before = loadavg()
     cluster = base = None
     if args.bootstrap_server:
         bootstrap = args.bootstrap_server
     else:
-        cluster, base = _local_cluster(args.brokers, _props(args.broker_props), args.keep_dir)
+        cluster, base = local_cluster(args.brokers, _props(args.broker_props), args.keep_dir)
         bootstrap = cluster.bootstrap
     results = {f"acks={a} rf={rf}": {"acks": a, "replication_factor": rf, "runs": [], "cpu": []}
                for a, rf in configs}
@@ -1294,7 +1294,7 @@ def replicated_main(argv: list[str]) -> int:
                 key = f"acks={acks} rf={rf}"
                 topic = f"perf-rep-acks{acks}-rf{rf}-{run}-{tag}"
                 min_isr = min(args.min_insync_replicas, rf)
-                _create_replicated(bootstrap, topic, args.partitions, rf, min_isr)
+                create_replicated(bootstrap, topic, args.partitions, rf, min_isr)
                 props = {"acks": acks, **base_props}
                 print(f"\nrun {run}, {key} (min.insync.replicas {min_isr}): topic {topic}, "
                       f"{' '.join(f'{k}={v}' for k, v in props.items())}", flush=True)
@@ -1311,11 +1311,11 @@ def replicated_main(argv: list[str]) -> int:
                 results[key]["runs"].append(r)
     finally:
         if cluster is not None:
-            _stop_cluster(cluster, base, bool(args.keep_dir))
+            stop_cluster(cluster, base, bool(args.keep_dir))
     errors = 0
     print(f"\nSummary ({args.num_records} x {args.record_size} B per run, {args.partitions} partitions, "
           f"medians of {args.runs} run(s); started {started}, load average before "
-          f"{' '.join(map(str, load_before))}, after {' '.join(map(str, _loadavg()))}):", flush=True)
+          f"{' '.join(map(str, load_before))}, after {' '.join(map(str, loadavg()))}):", flush=True)
     print(f"{'config':<16} {'records/s':>12} {'MB/s':>8} {'p50 ms':>8} {'p99 ms':>8}  runs (records/s)")
     for key, res in results.items():
         runs = res["runs"]
@@ -1333,7 +1333,7 @@ def replicated_main(argv: list[str]) -> int:
             print(f"{key} / {next(iter(results))}: {res['median_records_per_sec'] / first['median_records_per_sec']:.2f}x",
                   flush=True)
     if args.json:
-        print(json.dumps({"started": started, "load_before": load_before, "load_after": _loadavg(),
+        print(json.dumps({"started": started, "load_before": load_before, "load_after": loadavg(),
                           "num_records": args.num_records, "record_size": args.record_size,
                           "partitions": args.partitions, "min_insync_replicas": args.min_insync_replicas,
                           "results": results}))
@@ -1349,7 +1349,7 @@ class _FailoverProducer:
         from odradek.producer import Producer
         self.producer = Producer(bootstrap, **kwargs)
         self.topic, self.partition, self.rate = topic, partition, rate
-        self.value = _payload(size)
+        self.value = random_payload(size)
         self.acks: list = []  # (sent, acked, ok)
         self.sent = 0
         self._stop = threading.Event()
@@ -1415,7 +1415,7 @@ def failover_main(argv: list[str]) -> int:
     args = ap.parse_args(argv)
     props = {"acks": "all", "linger.ms": "0", "compression.type": "lz4", **_props(args.producer_props)}
     started = time.strftime("%Y-%m-%d %H:%M:%S")
-    load_before = _loadavg()
+    load_before = loadavg()
     print(f"odradek perf failover: {args.brokers} brokers, RF {args.brokers}, min.insync.replicas "
           f"{args.min_insync_replicas}, producer {args.rate:g} records/s to one partition "
           f"({' '.join(f'{k}={v}' for k, v in props.items())}), {args.runs} kill(s) per session timeout; "
@@ -1433,7 +1433,7 @@ def failover_main(argv: list[str]) -> int:
         failed += set_failed
         out["sets"].append({"session_timeout_ms": session_ms, "settings": settings, "runs": runs,
                             "summary": _failover_summary(runs)})
-    out["load_after"] = _loadavg()
+    out["load_after"] = loadavg()
     print(f"\nSummary (started {started}; load average before {' '.join(map(str, load_before))}, after "
           f"{' '.join(map(str, out['load_after']))}); seconds after the kill -9, median / max of the runs:",
           flush=True)
@@ -1475,13 +1475,13 @@ def _failover_set(args, settings: dict, props: dict) -> tuple[list[dict], int]:
     """One cluster at one session timeout: ``args.runs`` kills of a partition's leader."""
     keep = os.path.join(args.keep_dir, f"session-{settings['zookeeper.session.timeout.ms']}") if args.keep_dir \
         else None
-    cluster, base = _local_cluster(args.brokers, settings, keep)
+    cluster, base = local_cluster(args.brokers, settings, keep)
     runs: list[dict] = []
     failed = 0
     topic = "perf-failover"
     try:
         min_isr = min(args.min_insync_replicas, args.brokers)
-        _create_replicated(cluster.bootstrap, topic, args.partitions, args.brokers, min_isr)
+        create_replicated(cluster.bootstrap, topic, args.partitions, args.brokers, min_isr)
         for run in range(1, args.runs + 1):
             try:
                 r = _failover_run(cluster, topic, args, props, run)
@@ -1490,7 +1490,7 @@ def _failover_set(args, settings: dict, props: dict) -> tuple[list[dict], int]:
                 failed += 1
                 print(f"run {run}: FAILED: {exc}", flush=True)
     finally:
-        _stop_cluster(cluster, base, bool(keep))
+        stop_cluster(cluster, base, bool(keep))
     return runs, failed
 
 
@@ -1670,14 +1670,14 @@ def scrape_main(argv: list[str]) -> int:
                     help="scrape with metrics.partition.level=true (per-partition series; default: per topic)")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
-    result = {"loadavg_before": _loadavg()}
+    result = {"loadavg_before": loadavg()}
     if args.exposition:
         result["exposition"] = _exposition_time(args.partitions, args.scrapes, args.partition_level)
     elif not args.skip_cost:
         result["cost"] = _scrape_cost(args)
     if args.partitions and not args.exposition:
         result["scrape_time"] = _scrape_time(args)
-    result["loadavg_after"] = _loadavg()
+    result["loadavg_after"] = loadavg()
     if args.json:
         print(json.dumps(result))
     return 0

@@ -1,0 +1,184 @@
+"""The producer's encoding (odradek/producer.py, "Life of a record" and "Partitioning"): Kafka's
+default partitioner (``murmur2``, ``partition_for_key``) and a batch's bytes (``encode_rows``:
+the rows packed by ``pack_rows`` as msgpack, compressed, under the ``log.records`` header and its
+CRC, or Kafka's magic-2 batch for the Kafka codecs). Runs on whichever thread closes a batch.
+"""
+from __future__ import annotations
+
+import struct
+import zlib
+from operator import add
+from typing import Optional
+
+import cramjam
+import msgpack
+
+from odradek.log import kafka_batch
+from odradek.log import records as fmt
+
+
+_packb = msgpack.Packer(use_bin_type=True).pack
+_HEADER_PACK = fmt.HEADER.pack_into
+_CRC_PACK = struct.Struct(">I").pack_into
+_crc32 = zlib.crc32
+
+
+def murmur2(key: bytes) -> int:
+    """Kafka's murmur2 of the key bytes (Utils.murmur2), as an unsigned 32-bit value."""
+    m, n = 0x5BD1E995, len(key)
+    h = (0x9747B28C ^ n) & 0xFFFFFFFF
+    end = n & ~3
+    for (k,) in struct.iter_unpack("<I", key[:end]):
+        k = (k * m) & 0xFFFFFFFF
+        k ^= k >> 24
+        h = ((h * m) & 0xFFFFFFFF) ^ ((k * m) & 0xFFFFFFFF)
+    extra = n & 3
+    if extra == 3:
+        h ^= key[end + 2] << 16
+    if extra >= 2:
+        h ^= key[end + 1] << 8
+    if extra >= 1:
+        h = ((h ^ key[end]) * m) & 0xFFFFFFFF
+    h ^= h >> 13
+    h = (h * m) & 0xFFFFFFFF
+    return h ^ (h >> 15)
+
+
+def partition_for_key(key: bytes, num_partitions: int) -> int:
+    """The partition of a keyed record: Kafka's default partitioner, so a Kafka producer and
+    this one put a key on the same partition."""
+    return (murmur2(key) & 0x7FFFFFFF) % num_partitions
+
+
+# Codecs the native batch format does not have (it compresses with lz4 blocks): a batch
+# compressed with one of them is written as Kafka's magic-2 batch (``log.kafka_batch``, what a
+# Kafka producer sends; the broker stores and serves both kinds, docs/FORMAT.md).
+KAFKA_CODECS = ("gzip", "snappy", "zstd")
+CODECS = (None, "lz4", *KAFKA_CODECS)
+
+
+def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str], keys: list | None = None) -> bytes:
+    """One record batch (``log.records`` layout, base offset 0) from ``rows``: each item is
+    either a value (bytes: a record with no headers and the batch's timestamp; its key is
+    ``keys[i]``, or None when ``keys`` is None) or a full row ``(offset_delta,
+    timestamp_delta, key, value, headers)``; offset deltas are the positions 0..n-1.
+    ``KAFKA_CODECS``: a magic-2 batch instead."""
+    if compression in KAFKA_CODECS:
+        return kafka_batch.encode([fmt.Record(i, base_ts, None if keys is None else keys[i], r, [])
+                                   if isinstance(r, (bytes, bytearray, memoryview))
+                                   else fmt.Record(r[0], base_ts + r[1], r[2], r[3], r[4] or [])
+                                   for i, r in enumerate(rows)],
+                                  base_offset=0, first_timestamp=base_ts, max_timestamp=max_ts, compression=compression)
+    n = len(rows)
+    payload = pack_rows(rows, keys)
+    attributes = 0
+    if compression == "lz4":
+        payload = cramjam.lz4.compress_block(payload)  # lz4 block, little-endian u32 size first
+        attributes = fmt.COMPRESSION_LZ4
+    out = bytearray(fmt.HEADER_SIZE + len(payload))
+    _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
+                 base_ts, max_ts, -1, -1, -1, n)
+    out[fmt.HEADER_SIZE:] = payload
+    _CRC_PACK(out, fmt.OFFSET_CRC, _crc32(memoryview(out)[fmt.CRC_START:]))
+    return bytes(out)
+
+
+def pack_rows(rows: list, keys: list | None = None) -> bytes:
+    """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows
+    (``keys``, when given, holds the key of each plain value; see ``encode_rows``).
+
+    A batch of plain values (the common case) is assembled with slice assignments and one
+    ``join`` from cached byte strings: no Python code and no object per record. That is why
+    ``send`` can queue a bare value (and its key, in ``keys``) instead of a row tuple. When
+    every value has the same length (the usual benchmark and a common workload), each
+    value's framing is one cached string: "end of the previous row + this row's position,
+    timestamp, key and bin header"; keyed values the same, with the key between."""
+    n = len(rows)
+    types = set(map(type, rows))
+    if keys is not None:
+        if types == _ONLY_BYTES and None not in keys:
+            return _pack_keyed(rows, keys)
+        rows = [(i, 0, k, r, ()) if r.__class__ is bytes else r for i, (r, k) in enumerate(zip(rows, keys))]
+        types = _ONLY_TUPLES
+    if types != _ONLY_BYTES:
+        if types == _ONLY_TUPLES:  # full rows only: msgpack packs them as they are
+            return _packb(rows)
+        return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+    parts = [None] * (2 * n)
+    parts[1::2] = rows
+    lengths = set(map(len, rows))
+    if len(lengths) == 1:
+        parts[0::2] = _framing_for(lengths.pop(), n)[:n]
+    else:
+        heads = [None] * (2 * n)
+        heads[0::2] = _row_prefixes(n)
+        heads[1::2] = map(_BIN_HEADER.__getitem__, map(len, rows))
+        parts[0::2] = map(b"".join, zip(heads[0::2], heads[1::2]))
+        parts[2::2] = map(b"\x90".__add__, parts[2::2])
+    return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+def _pack_keyed(rows: list, keys: list) -> bytes:
+    """``pack_rows`` of plain values with a key each (bytes): four strings per record, (end
+    of the previous row + position, timestamp, key's bin header), key, value's bin header,
+    value, the first and third cached when the keys, or the values, have one length."""
+    n = len(rows)
+    parts = [None] * (4 * n)
+    parts[1::4] = keys
+    parts[3::4] = rows
+    key_lengths = set(map(len, keys))
+    if len(key_lengths) == 1:
+        parts[0::4] = _framing_for(key_lengths.pop(), n, keyed=True)[:n]
+    else:
+        parts[0::4] = map(add, _framing_for(None, n, keyed=True)[:n], map(_BIN_HEADER.__getitem__, map(len, keys)))
+    lengths = set(map(len, rows))
+    if len(lengths) == 1:
+        parts[2::4] = [_BIN_HEADER[lengths.pop()]] * n
+    else:
+        parts[2::4] = map(_BIN_HEADER.__getitem__, map(len, rows))
+    return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+def _row_prefixes(n: int) -> list:
+    """Position i -> fixarray(5), i, timestamp delta 0, key nil (grown on demand)."""
+    if len(_ROW_PREFIX) < n:
+        _ROW_PREFIX.extend(b"\x95" + _packb(i) + b"\x00\xc0" for i in range(len(_ROW_PREFIX), n))
+    return _ROW_PREFIX[:n]
+
+
+def _framing_for(length: int | None, n: int, keyed: bool = False) -> list:
+    """Position i -> (end of row i-1) + row i's prefix + the bin header of a ``length``-byte
+    value (none for None). ``keyed``: the prefix stops before the key (its header follows)
+    instead of ending with a nil key."""
+    framing = _FRAMING.get((keyed, length))
+    if framing is None or len(framing) < n:
+        if len(_FRAMING) >= 64:
+            _FRAMING.clear()
+        head = b"" if length is None else _BIN_HEADER[length]
+        framing = [(p[:-1] if keyed else p) + head for p in _row_prefixes(max(n, 256))]
+        framing[1:] = [b"\x90" + f for f in framing[1:]]
+        _FRAMING[(keyed, length)] = framing
+    return framing
+
+
+def _array_header(n: int) -> bytes:
+    if n < 16:
+        return bytes((0x90 | n,))
+    return b"\xdc" + n.to_bytes(2, "big") if n < 65536 else b"\xdd" + n.to_bytes(4, "big")
+
+
+class _BinHeaders(dict):
+    """length -> msgpack bin header (cached; values of one size share one entry)."""
+
+    def __missing__(self, n: int) -> bytes:
+        h = b"\xc4" + bytes((n,)) if n < 256 else b"\xc5" + n.to_bytes(2, "big") if n < 65536 \
+            else b"\xc6" + n.to_bytes(4, "big")
+        self[n] = h
+        return h
+
+
+_ONLY_BYTES = {bytes}
+_ONLY_TUPLES = {tuple}
+_ROW_PREFIX: list = []
+_FRAMING: dict = {}  # (keyed, key or value length) -> framing strings by position (at most 64 kept)
+_BIN_HEADER = _BinHeaders()
