@@ -16,7 +16,7 @@ instance, 40601 a consumer's format not the one asked, 40902 a consumer instance
 broker's error (50003: worth a retry).
 
 Values (v3 ``key``/``value``: ``{"type", "data"}``): BINARY (base64), JSON, STRING, and
-schema-registry types AVRO and JSONSCHEMA, named by ``schema_id``, by ``subject`` (with
+schema-registry types AVRO, JSONSCHEMA and PROTOBUF, named by ``schema_id``, by ``subject`` (with
 ``schema_version``, default latest) or by neither (the topic's ``<topic>-value`` /
 ``<topic>-key`` subject, Confluent's TopicNameStrategy): encoded in the registry's wire
 format (a zero byte, the schema id in 4 bytes big endian, the Avro binary or the JSON text).
@@ -152,7 +152,8 @@ class Encoder:
                 return data.encode("utf-8"), kind
             return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode(), kind
         if kind is None and not by_schema:
-            raise ProxyError(400, 40001, f"{which}.type is missing: one of BINARY, JSON, STRING, AVRO, JSONSCHEMA")
+            raise ProxyError(400, 40001, f"{which}.type is missing: one of BINARY, JSON, STRING, AVRO, JSONSCHEMA, "
+                                         f"PROTOBUF")
         if kind is not None and kind not in SCHEMA_TYPES:
             raise ProxyError(400, 40001, f"{which}.type {kind!r} is not one of BINARY, JSON, STRING, AVRO, "
                                          f"JSONSCHEMA, PROTOBUF")
@@ -198,8 +199,39 @@ def _serialize(schema_type: str, found: dict, data: Any, which: str) -> bytes:
         except (ValueError, jsonschema.SchemaError) as exc:
             raise ProxyError(422, 42201, f"schema {found['id']} cannot be used: {exc}") from None
         return json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
-    raise ProxyError(400, 40001, f"{which}: {schema_type} schemas are not encoded by this proxy (AVRO and "
-                                 f"JSONSCHEMA are); send the serialized bytes as BINARY")
+    if schema_type == "PROTOBUF":
+        return _protobuf(found, data, which)
+    raise ProxyError(400, 40001, f"{which}: {schema_type} schemas are not encoded by this proxy (AVRO, "
+                                 f"JSONSCHEMA and PROTOBUF are); send the serialized bytes as BINARY")
+
+
+def _protobuf(found: dict, data: Any, which: str) -> bytes:
+    """``data`` (the JSON form of a message, as protobuf's json_format reads it) as the schema's
+    first message type, after its message indexes (a single 0: the first message, as
+    Confluent's serializer writes them). The schema is the serialized descriptor
+    confluent-kafka registers, or .proto text (read by the registry's own parser)."""
+    from google.protobuf import descriptor_pb2, descriptor_pool, json_format, message_factory
+    from google.protobuf.message import DecodeError
+
+    from odradek.coordinator.schema_formats import protobuf_descriptor
+
+    text = found["schema"]
+    try:
+        serialized = protobuf_descriptor(text) or text
+        fdp = descriptor_pb2.FileDescriptorProto.FromString(base64.b64decode(serialized, validate=True))
+        if fdp.dependency or not fdp.message_type:
+            raise ValueError("it imports other files or declares no message")
+        pool = descriptor_pool.DescriptorPool()
+        pool.Add(fdp)
+        cls = message_factory.GetMessageClass(pool.FindMessageTypeByName(
+            ".".join(filter(None, (fdp.package, fdp.message_type[0].name)))))
+    except (ValueError, TypeError, KeyError, DecodeError, binascii.Error) as exc:
+        raise ProxyError(422, 42201, f"schema {found['id']} cannot be used to encode {which}.data: {exc}") from None
+    try:
+        message = json_format.ParseDict(data, cls())
+    except (json_format.ParseError, TypeError, ValueError) as exc:
+        raise ProxyError(422, 42201, f"{which}.data does not match Protobuf schema {found['id']}: {exc}") from None
+    return b"\x00" + message.SerializeToString()
 
 
 # ---- v2 consumer answers -----------------------------------------------------------------------

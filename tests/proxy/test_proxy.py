@@ -132,6 +132,29 @@ def test_avro_and_json_schema_values_are_encoded_with_the_registry(shared_broker
     assert (missing.status_code, missing.json()["error_code"]) == (404, 40401), missing.text
 
 
+def test_protobuf_values_are_encoded_with_the_registry(shared_broker, proxy, cluster):
+    # A schema registered as confluent-kafka's serializer registers it (a serialized
+    # descriptor) and one registered as .proto text: both encoded for ProtobufDeserializer.
+    from confluent_kafka.schema_registry.protobuf import ProtobufDeserializer, ProtobufSerializer
+    from tests.registry.test_registry_protobuf import V1, message_class
+    registry = SchemaRegistryClient({"url": shared_broker.schema_registry_url})
+    topic = new_topic(shared_broker)
+    order = message_class(V1)
+    ctx = SerializationContext(topic, MessageField.VALUE)
+    ProtobufSerializer(order, registry, {"use.deprecated.format": False})(order(name="x", count=1), ctx)  # registers
+    text_id = registry.register_schema(f"{topic}-text", Schema(
+        'syntax = "proto3"; package shop; message Order { string name = 1; int64 count = 2; }', "PROTOBUF"))
+    by_subject = produce(proxy, cluster, topic, {"value": {"type": "PROTOBUF", "data": {"name": "ann", "count": 7}}})
+    as_text = produce(proxy, cluster, topic, {"value": {"schema_id": text_id, "data": {"name": "bo", "count": "8"}}})
+    assert [a.status_code for a in (by_subject, as_text)] == [200, 200], by_subject.text + as_text.text
+    assert by_subject.json()["value"]["type"] == "PROTOBUF"
+    read = ProtobufDeserializer(order, {"use.deprecated.format": False})
+    values = [m.value() for m in consume_all(shared_broker, topic, 2)]
+    assert [read(v, ctx) for v in values] == [order(name="ann", count=7), order(name="bo", count=8)]
+    wrong = produce(proxy, cluster, topic, {"value": {"type": "PROTOBUF", "data": {"nom": "ann"}}})
+    assert (wrong.status_code, wrong.json()["error_code"]) == (422, 42201), wrong.text
+
+
 def v2(proxy: str, method: str, path: str, body=None, accept: str = V2) -> requests.Response:
     return requests.request(method, proxy + path, data=None if body is None else json.dumps(body), timeout=60,
                             headers={"Content-Type": V2, "Accept": accept})
