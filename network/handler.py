@@ -164,6 +164,12 @@ SUPPORTED_OPERATIONS = {
 }
 
 
+def _wanted(resource: dict):
+    """The config names a DescribeConfigs resource asks for (the bundled Admin's ``keys``, the
+    Kafka codec's ``configs``); none: every config."""
+    return resource.get("keys") or resource.get("configs")
+
+
 def _throttle_rate(name: str, value, op: str) -> int | None:
     """A throttle rate change: bytes/s >= 1, or None (op 'delete': back to the broker config)."""
     if op == "delete":
@@ -749,7 +755,7 @@ class RequestHandler(Actor):
                 if problem:
                     out.append(problem)
                     continue
-                wanted = res.get("configs")
+                wanted = _wanted(res)
                 # as Kafka, every config it changes at run time, one without a value too (null)
                 names = sorted({*current, *self.run_time_configs}) if not wanted else [
                     c["name"] if isinstance(c, dict) else c for c in wanted]
@@ -877,7 +883,7 @@ class RequestHandler(Actor):
         if meta is None:
             return {"type": "topic", "name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
                     "error_message": f"topic '{name}' does not exist", "configs": []}
-        wanted = res.get("keys") or res.get("configs")
+        wanted = _wanted(res)
         overrides = meta["configs"]
         configs = [{"name": k, "value": _text(overrides.get(k, v)), "source": "topic" if k in overrides else "default",
                     "read_only": False}  # with Kafka's configs accepted but not implemented that the topic sets

@@ -108,3 +108,15 @@ def test_compaction_keeps_the_latest_value_of_each_key_on_a_live_topic(fast_brok
     assert offsets == sorted(set(offsets)) and offsets[-1] == len(records) - 1  # offsets kept, gaps allowed
     latest = {k: v for k, v in records}
     assert {r.key: r.value for r in compacted} == latest  # the last value of every key survives
+
+
+def test_describe_configs_of_a_broker_answers_only_the_keys_asked_for(fast_broker):
+    # Admin.describe_configs(keys=...) on a broker answered every config: the handler read the
+    # names only from the Kafka codec's field ('configs'), not the bundled Admin's ('keys').
+    with Admin(fast_broker.bootstrap) as admin:
+        broker = admin.describe_configs("0", keys=["log.retention.check.interval.ms"], resource_type="broker")
+        assert [(c.name, c.value) for c in broker] == [("log.retention.check.interval.ms", "100")]
+        admin.create_topic("keys", config={"retention.ms": 7200000})
+        topic = admin.describe_configs("keys", keys=["retention.ms"])
+        assert [(c.name, c.value) for c in topic] == [("retention.ms", "7200000")]
+        assert len(admin.describe_configs("0", resource_type="broker")) > 100  # no keys: every config
