@@ -64,6 +64,7 @@ PATCHED_HEAD = struct.Struct(">qii")  # those 16 bytes
 # producerEpoch, baseSequence, recordCount
 APPEND_VIEW = struct.Struct(">qi4xbIhi8xqqhii")
 LENGTH_AND_MAGIC = struct.Struct(">8xi4xb")  # batchLength and magic, from a batch's start
+LENGTH_AND_ATTRIBUTES = struct.Struct(">8xi9xh")  # batchLength and attributes, from a batch's start
 PRODUCER_FIELDS = struct.Struct(">qhi")  # producerId, producerEpoch, baseSequence, at OFFSET_PRODUCER_ID
 
 COMPRESSION_MASK = 0x07

@@ -22,10 +22,9 @@ needs; ``transactional`` is what the broker read in a Produce's batches
 from __future__ import annotations
 
 import collections
-import struct
 from typing import Iterable, NamedTuple
 
-from odradek.log.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, OFFSET_LENGTH, TRANSACTIONAL_BIT
+from odradek.log.kafka_batch import HEADER_SIZE, LENGTH_AND_ATTRIBUTES, LOG_OVERHEAD, TRANSACTIONAL_BIT
 from odradek.network.protocol import ApiKey, ErrorCode
 
 # Kafka's wire codes (AclOperation, ResourceType, PatternType, AclPermissionType).
@@ -244,9 +243,6 @@ def broker_claim(api: int, body: dict) -> str | None:
     return field
 
 
-_ATTRIBUTES, _LENGTH = struct.Struct(">h"), struct.Struct(">i")
-
-
 def has_transactional_batch(frames) -> bool:
     """Whether any batch of a Produce's record frames has the transactional bit (Kafka's
     RequestUtils.hasTransactionalRecords reads each partition's first batch; here every batch
@@ -256,9 +252,9 @@ def has_transactional_batch(frames) -> bool:
     for frame in frames:
         pos, end = 0, len(frame)
         while end - pos >= HEADER_SIZE:
-            if _ATTRIBUTES.unpack_from(frame, pos + OFFSET_ATTRIBUTES)[0] & TRANSACTIONAL_BIT:
+            length, attributes = LENGTH_AND_ATTRIBUTES.unpack_from(frame, pos)
+            if attributes & TRANSACTIONAL_BIT:
                 return True
-            length = _LENGTH.unpack_from(frame, pos + OFFSET_LENGTH)[0]
             if length < HEADER_SIZE - LOG_OVERHEAD:
                 break
             pos += LOG_OVERHEAD + length

@@ -418,6 +418,7 @@ def test_each_view_of_the_header_reads_the_fields_header_reads():
     assert kafka_batch.APPEND_VIEW.unpack_from(raw) == (base, length, magic, crc, attributes, _last, max_ts, pid,
                                                         pepoch, seq, count)
     assert kafka_batch.LENGTH_AND_MAGIC.unpack_from(raw) == (length, magic)
+    assert kafka_batch.LENGTH_AND_ATTRIBUTES.unpack_from(raw) == (length, attributes)
     assert kafka_batch.PRODUCER_FIELDS.unpack_from(raw, kafka_batch.OFFSET_PRODUCER_ID) == (pid, pepoch, seq)
     at = {kafka_batch.OFFSET_BASE: (">q", base), kafka_batch.OFFSET_LENGTH: (">i", length),
           kafka_batch.OFFSET_LEADER_EPOCH: (">i", epoch), kafka_batch.OFFSET_MAGIC: (">b", magic),
