@@ -33,7 +33,8 @@ import threading
 import time
 from urllib.parse import urlsplit
 
-from odradek.network import sasl, secstore
+from odradek.network import secstore
+from odradek.network.basic_auth import BasicAuth
 from odradek.network.guard import Guard
 
 log = logging.getLogger("odradek.console")
@@ -42,7 +43,6 @@ COOKIE = "odradek_session"
 SESSION_IDLE = 3600  # seconds: a session unused this long ends
 SESSION_MAX = 12 * 3600  # seconds: and every session ends this long after its sign-in
 SESSIONS_MAX = 1000  # sessions kept at once; a new one ends the oldest
-MECHANISMS = ("SCRAM-SHA-512", "SCRAM-SHA-256")  # checked in this order: the first the user has
 
 
 def loopback(host: str) -> bool:
@@ -80,20 +80,15 @@ class SignIn:
         self.clock = clock
         self._sessions: dict[str, Session] = {}
         self._lock = threading.Lock()
-        # checked for a user that does not exist, so that its answer takes as long as a wrong password
-        self._decoy = sasl.scram_credential("SCRAM-SHA-256", secrets.token_hex(16))
+        self.basic = BasicAuth(config, data_dir, self.users)  # the broker's HTTP listeners' one password check
 
     def required(self) -> bool:
         return self.beyond_loopback or bool(self.users.data())
 
     def check(self, user: str, password: str) -> bool:
-        """True if ``password`` is ``user``'s (against the stored SCRAM credential)."""
-        for mechanism in MECHANISMS:
-            credential = self.users.lookup(user, mechanism)
-            if credential:
-                return sasl.check_password(credential, mechanism, password)
-        sasl.check_password(self._decoy, "SCRAM-SHA-256", password)
-        return False
+        """True if ``password`` is ``user``'s (against the stored SCRAM credential; an unknown
+        user takes as long as a wrong password)."""
+        return self.basic.verify(user, password)
 
     def failed(self, user: str, peer: str) -> None:
         log.warning("audit: console: sign-in as %r from %s failed (wrong user name or password)", user[:256], peer)
