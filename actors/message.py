@@ -11,7 +11,7 @@ the name of the actor the answer goes to (``None`` for one-way messages); ``fiel
 msgpack-able dict (or ``None``). Types starting with ``_`` belong to the runtime.
 
 Replies reuse the request's ``corr``: ``_reply`` carries the answer's fields, ``_error``
-carries ``{"code": int, "message": str}`` with a code from ``network.protocol.ErrorCode``.
+carries ``{"code": int, "message": str}`` with a code from ``core.protocol.ErrorCode``.
 """
 from __future__ import annotations
 

@@ -56,7 +56,7 @@ import zmq
 
 from odradek.actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
 from odradek.actors.metrics import Metrics
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.actors")
 

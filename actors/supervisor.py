@@ -46,7 +46,7 @@ from odradek.actors.launch import SOCKET_GLOB, Launcher
 from odradek.actors.message import Message
 from odradek.actors.names import SUPERVISOR, pool_member
 from odradek.actors.runtime import Actor, actor_main
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.supervisor")
 

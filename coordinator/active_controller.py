@@ -33,7 +33,7 @@ from odradek.coordinator.reassignment import Reassignments, check_target, place_
 from odradek.coordinator.topics import Topic, TopicRegistry
 from odradek.coordinator.zk_state import (BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, PartitionState, parse_topic,
                                           state_path, to_json, topic_data)
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError, is_internal_topic
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.controller")
 

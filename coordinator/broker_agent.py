@@ -34,7 +34,7 @@ from odradek.actors.names import FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, REPLIC
 from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, Outbox, all_then
 from odradek.coordinator.throttles import Throttles
 from odradek.coordinator.zk_state import BROKERS, NOTIFICATIONS, PartitionState, state_path, to_json
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.controller")
 
@@ -205,7 +205,7 @@ class BrokerAgent:
             meta = self.snapshot_data["topics"].get(topic)
             if meta is not None and meta.get("configs") != (old_topics.get(topic) or {}).get("configs"):
                 config = self.topic_defaults | meta["configs"]
-                from odradek.log.config import LogConfig
+                from odradek.core.config import LogConfig
                 entry["config"] = LogConfig.from_properties(config).to_properties()
                 per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(entry)
         for host, parts in per_host.items():

@@ -23,7 +23,7 @@ import time
 from typing import Any, Callable
 
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import OdradekError
+from odradek.core.protocol import OdradekError
 
 log = logging.getLogger("odradek.controller.channel")
 

@@ -71,7 +71,7 @@ import uuid
 from typing import Callable
 
 from odradek.coordinator.group import GroupError
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 EMPTY, PREPARING, COMPLETING, STABLE, DEAD = "Empty", "PreparingRebalance", "CompletingRebalance", "Stable", "Dead"
 PROTOCOL_TYPE = "consumer"

@@ -47,7 +47,7 @@ from odradek.coordinator.zk_client import bounded_client
 from odradek.coordinator.zk_state import BROKERS, CONFIGS, NOTIFICATIONS, TOPICS, to_json
 from odradek.network import listeners as listeners_mod
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 

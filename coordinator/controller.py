@@ -41,7 +41,7 @@ from odradek.actors.names import GROUP_COORDINATOR, HANDLER, log_host
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import BrokerConfigStore, HandlerRoster, Outbox, remove_deleted_dirs
 from odradek.coordinator.topics import TopicRegistry
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 

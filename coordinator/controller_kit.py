@@ -24,7 +24,7 @@ from typing import Any, Callable
 
 from odradek.actors.names import HANDLER
 from odradek.log.files import FileLayer
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 

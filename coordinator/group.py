@@ -52,7 +52,7 @@ from typing import Callable, Iterable
 import re2
 
 from odradek.coordinator import assignors
-from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
+from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
 
 TP = tuple[str, int]
 

@@ -28,9 +28,9 @@ from odradek.coordinator.group_requests import group_id, valid_group_id
 from odradek.coordinator.group_table import GroupTable, TopicView
 from odradek.coordinator.group_writes import GroupWriter, group_write_error
 from odradek.coordinator.offsets import group_record, offset_record, offsets_leaders, partition_for
-from odradek.network.fields import BadRequest, field
-from odradek.network.kafka.groups import decode_subscription
-from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.fields import BadRequest, field
+from odradek.core.kafka.groups import decode_subscription
+from odradek.core.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 
 
 class AdminApi:
@@ -163,7 +163,7 @@ class AdminApi:
         if self.address is not None:
             then(self.address)
             return
-        from odradek.network.protocol import parse_listener
+        from odradek.core.protocol import parse_listener
         cfg = self.config
         host, port = parse_listener(cfg.get("advertised.listeners") or cfg["listeners"])
         if port != 0 or not self.supervisor:

@@ -21,9 +21,9 @@ from odradek.coordinator.group_requests import classic_error, group_id
 from odradek.coordinator.group_table import Clock, GroupTable
 from odradek.coordinator.group_writes import GroupWriter, group_write_error
 from odradek.coordinator.offsets import group_record
-from odradek.network.fields import BadRequest, field
-from odradek.network.kafka.groups import decode_assignment, decode_subscription
-from odradek.network.protocol import ErrorCode
+from odradek.core.fields import BadRequest, field
+from odradek.core.kafka.groups import decode_assignment, decode_subscription
+from odradek.core.protocol import ErrorCode
 
 log = logging.getLogger("odradek.groups")
 

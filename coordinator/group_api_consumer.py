@@ -17,8 +17,8 @@ from odradek.coordinator.group_purgatory import Purgatory
 from odradek.coordinator.group_requests import group_id, tp_pairs
 from odradek.coordinator.group_table import Clock, GroupTable, TopicView
 from odradek.coordinator.group_writes import GroupWriter
-from odradek.network.fields import BadRequest, field
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.fields import BadRequest, field
+from odradek.core.protocol import ErrorCode, OdradekError
 
 MAX_WAIT_MS = 30_000  # a heartbeat is held at most this long
 

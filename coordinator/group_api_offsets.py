@@ -29,8 +29,8 @@ from odradek.coordinator.group_writes import WRITE_TIMEOUT, GroupWriter, commit_
 from odradek.coordinator.offsets import Committed, group_record, offset_record
 from odradek.coordinator.offsets import expired as expired_offsets
 from odradek.log.reader import LATEST_TIMESTAMP
-from odradek.network.fields import BadRequest, field
-from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode, OdradekError
+from odradek.core.fields import BadRequest, field
+from odradek.core.protocol import OFFSETS_TOPIC, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 

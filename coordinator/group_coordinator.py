@@ -92,7 +92,7 @@ objects it works with) in ``on_start``; each module's opening says what it owns:
   ``group_api_classic``   ``ClassicApi``: JOIN_GROUP, SYNC_GROUP, HEARTBEAT (the classic protocol)
   ``group_api_offsets``   ``OffsetsApi``: OFFSET_COMMIT, OFFSET_FETCH, a transaction's offsets, expiry
   ``group_api_admin``     ``AdminApi``: FIND_COORDINATOR, LIST/DESCRIBE/DELETE_GROUPS, LEAVE_GROUP
-  ``group_requests``      group ids, topic-partition lists (fields: ``network.fields``)
+  ``group_requests``      group ids, topic-partition lists (fields: ``core.fields``)
 This module keeps the assembly, the topic's creation on first use (``TopicCreation``), the
 entry point (``group_request``: queueing, the coordinator check, the dispatch table), the
 metadata messages and the tick.
@@ -117,8 +117,8 @@ from odradek.coordinator.group_purgatory import Purgatory
 from odradek.coordinator.group_requests import group_id, wall_ms
 from odradek.coordinator.group_table import Clock, GroupTable, TopicView
 from odradek.coordinator.group_writes import GroupWriter
-from odradek.network.fields import BadRequest
-from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.fields import BadRequest
+from odradek.core.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 

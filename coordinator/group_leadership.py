@@ -29,7 +29,7 @@ from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group_table import TopicView
 from odradek.coordinator.offsets import led_partitions, offsets_leaders, partition_for
 from odradek.coordinator.offsets_replay import OffsetsReplay, bounds_of
-from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode, OdradekError
+from odradek.core.protocol import OFFSETS_TOPIC, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.groups")
 

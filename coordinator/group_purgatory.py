@@ -21,7 +21,7 @@ from odradek.coordinator.group import ConsumerGroup, GroupError, tps_of
 from odradek.coordinator.group_requests import classic_error
 from odradek.coordinator.group_table import Clock, GroupTable, TopicView
 from odradek.coordinator.group_writes import GroupWriter
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 
 class Held:

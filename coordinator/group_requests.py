@@ -1,5 +1,5 @@
 """What the group coordinator's API handlers share: the checks of group ids and of
-topic-partition lists (the generic field check is ``network.fields``), a classic request's
+topic-partition lists (the generic field check is ``core.fields``), a classic request's
 error answer, and the wall clock of committed offsets and emptiness.
 
 Pure (no I/O); runs in the ``group_coordinator`` process.
@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import time
 
-from odradek.network.fields import BadRequest
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.fields import BadRequest
+from odradek.core.protocol import ErrorCode, OdradekError
 
 GROUP_ID_MAX_BYTES = 32767  # Kafka's STRING (an int16 length): the longest group id a Kafka client can send
 

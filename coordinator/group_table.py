@@ -19,8 +19,8 @@ from typing import Callable, NamedTuple
 from odradek.coordinator.classic_group import ClassicConfig, ClassicGroup
 from odradek.coordinator.group import EMPTY, ConsumerGroup, GroupConfig
 from odradek.coordinator.offsets import Committed, OffsetsView
-from odradek.network.fields import BadRequest
-from odradek.network.kafka.groups import kafka_topic_id
+from odradek.core.fields import BadRequest
+from odradek.core.kafka.groups import kafka_topic_id
 
 
 class Clock(NamedTuple):

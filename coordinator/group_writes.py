@@ -22,8 +22,8 @@ from odradek.coordinator.group import ConsumerGroup
 from odradek.coordinator.group_leadership import Leadership
 from odradek.coordinator.group_table import GroupTable, TopicView
 from odradek.coordinator.offsets import group_record, partition_for
-from odradek.log.records import encode_batch
-from odradek.network.protocol import OFFSETS_TOPIC, ErrorCode
+from odradek.core.records import encode_batch
+from odradek.core.protocol import OFFSETS_TOPIC, ErrorCode
 
 log = logging.getLogger("odradek.groups")
 

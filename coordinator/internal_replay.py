@@ -20,9 +20,9 @@ import os
 from typing import Iterator
 
 from odradek.actors.names import LogBounds, partition_dir
-from odradek.log.errors import CorruptRecordError, StorageError
+from odradek.core.errors import CorruptRecordError, StorageError
 from odradek.log.reader import LogReader, list_log_bases
-from odradek.log.records import Record, decode_batch, iter_batches
+from odradek.core.records import Record, decode_batch, iter_batches
 
 log = logging.getLogger("odradek.coordinator")
 

@@ -5,7 +5,7 @@ them through the log actors, and rebuilds ``OffsetsView`` from the topic at star
 topic is compacted, so only the latest record per key is kept; a record whose value is
 None (a tombstone) deletes its key.
 
-Records (msgpack keys and values; the batch format is ``log.records``):
+Records (msgpack keys and values; the batch format is ``core.records``):
 
   key ``["o", group, topic, partition]``  value ``{"offset", "leader_epoch", "metadata",
                                                    "commit_ms"}``   a committed offset
@@ -23,7 +23,7 @@ import zlib
 
 import msgpack
 
-from odradek.network.protocol import OFFSETS_TOPIC
+from odradek.core.protocol import OFFSETS_TOPIC
 
 OFFSET_KEY, GROUP_KEY = "o", "g"
 

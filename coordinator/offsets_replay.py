@@ -15,7 +15,7 @@ import time
 from odradek.actors.names import LogBounds, PartitionBounds
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import OffsetsView
-from odradek.network.protocol import OFFSETS_TOPIC
+from odradek.core.protocol import OFFSETS_TOPIC
 
 
 def bounds_of(fields: dict, partition: int, topic: str = OFFSETS_TOPIC) -> LogBounds | None:

@@ -33,7 +33,7 @@ import random
 from odradek.actors.message import Message
 from odradek.coordinator.topics import check_partition_count
 from odradek.coordinator.zk_state import TOPICS, PartitionState, state_path, topic_data
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.controller")
 

@@ -57,8 +57,8 @@ from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders
 from odradek.coordinator.registry_http import MAX_BODY, OFFSET_HEADER, Forward, Gate, make_app
 from odradek.coordinator.schema_registry import Plan, RegistryError, SchemaRegistry
-from odradek.log.records import encode_batch
-from odradek.network.protocol import SCHEMAS_TOPIC, ErrorCode, OdradekError, http_address
+from odradek.core.records import encode_batch
+from odradek.core.protocol import SCHEMAS_TOPIC, ErrorCode, OdradekError, http_address
 from odradek.network.secstore import ZkStore
 
 log = logging.getLogger("odradek.schemas")

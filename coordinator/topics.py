@@ -10,7 +10,7 @@ whose partitions could not be opened) can still be saved; a creation or an alter
 disk is refused, and the reserve is taken again on a later save.
 
 Topic names follow Kafka's rule: 1 to 249 characters of ``[a-zA-Z0-9._-]``, not ``.`` or
-``..``. The internal topics (``network.protocol.INTERNAL_TOPICS``) are created here too, at
+``..``. The internal topics (``core.protocol.INTERNAL_TOPICS``) are created here too, at
 their coordinators' request; clients cannot delete or alter them, nor create them otherwise
 (the handlers refuse).
 """
@@ -24,10 +24,10 @@ import os
 import time
 import uuid
 
-from odradek.log.config import LogConfig
-from odradek.log.errors import InvalidConfigError
+from odradek.core.config import LogConfig
+from odradek.core.errors import InvalidConfigError
 from odradek.log.files import FileLayer
-from odradek.network.protocol import ErrorCode, OdradekError, check_topic_name  # noqa: F401 (re-exported)
+from odradek.core.protocol import ErrorCode, OdradekError, check_topic_name  # noqa: F401 (re-exported)
 
 log = logging.getLogger("odradek.controller")
 

@@ -28,7 +28,7 @@ from typing import Callable
 
 import msgpack
 
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 MAX_EPOCH = 32767  # producer epochs are int16; at the top a new producer id is handed out
 DEFAULT_MAX_TIMEOUT_MS = 900000  # Kafka's transaction.max.timeout.ms

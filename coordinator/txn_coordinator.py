@@ -98,8 +98,8 @@ from odradek.coordinator.txn_producer_ids import ProducerIds
 from odradek.coordinator.offsets_replay import bounds_of
 from odradek.coordinator.txn_state_log import LOAD_RETRY, TxnSite, TxnStateLog
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.fields import BadRequest, field
-from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.fields import BadRequest, field
+from odradek.core.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 
@@ -113,7 +113,7 @@ def wall_ms() -> int:
 
 
 def _name(body: dict, name: str) -> str:
-    """A required non-empty string field (``network.fields.field``, INVALID_REQUEST)."""
+    """A required non-empty string field (``core.fields.field``, INVALID_REQUEST)."""
     value = field(body, name, str)
     if not value:
         raise BadRequest(f"field '{name}' must not be empty")

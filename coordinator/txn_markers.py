@@ -28,7 +28,7 @@ from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState
 from odradek.coordinator.txn_state_log import TxnSite, TxnStateLog, topic_leaders
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 

@@ -26,7 +26,7 @@ from odradek.actors.names import log_host
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import TxnState
 from odradek.coordinator.txn_state_log import TxnStateLog
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 # AddPartitionsToTxn / AddOffsetsToTxn for an id whose markers are in flight wait for them
 PARKED_APIS = (ApiKey.ADD_PARTITIONS_TO_TXN, ApiKey.ADD_OFFSETS_TO_TXN)

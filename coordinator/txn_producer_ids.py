@@ -14,7 +14,7 @@ from __future__ import annotations
 import logging
 
 from odradek.log import producer_ids
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 

@@ -29,8 +29,8 @@ from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.offsets_replay import bounds_of
 from odradek.coordinator.transaction import COMPLETE, Transaction, TransactionManager
-from odradek.log.records import encode_batch
-from odradek.network.protocol import TXN_STATE_TOPIC, ErrorCode, OdradekError
+from odradek.core.records import encode_batch
+from odradek.core.protocol import TXN_STATE_TOPIC, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.txn")
 

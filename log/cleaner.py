@@ -33,14 +33,14 @@ import os
 from dataclasses import dataclass, field
 
 from odradek.log import index as ix
-from odradek.log.errors import StorageError
-from odradek.network.protocol import OdradekError
+from odradek.core.errors import StorageError
+from odradek.core.protocol import OdradekError
 from odradek.log.index import IndexPolicy
 from odradek.log.log import Log
 from odradek.log.segment import CLEANED_SUFFIX, SWAP_SUFFIX
 from odradek.log.segment_writer import LogSegment, read_file
-from odradek.log import kafka_batch
-from odradek.log.records import (COMPRESSION_LZ4, HEADER_SIZE, TRANSACTIONAL_BIT, BatchHeader, check_header,
+from odradek.core import kafka_batch
+from odradek.core.records import (COMPRESSION_LZ4, HEADER_SIZE, TRANSACTIONAL_BIT, BatchHeader, check_header,
                                  decode_batch, encode_records)
 
 CLEANER_CHECKPOINT = "cleaner.checkpoint"
@@ -139,7 +139,7 @@ def _latest_offsets(segments: list[LogSegment], aborted: dict) -> dict:
 
 
 def _records(h: BatchHeader, raw) -> list:
-    """The batch's records, compressed ones inflated within the bound (log/inflate.py: a
+    """The batch's records, compressed ones inflated within the bound (core/inflate.py: a
     batch written before produce validation may be a compression bomb). An error names the
     batch; the log actor logs it with the partition and the pass is abandoned."""
     try:

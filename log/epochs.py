@@ -24,9 +24,9 @@ import logging
 import os
 from typing import NamedTuple
 
-from odradek.log.errors import StorageError
+from odradek.core.errors import StorageError
 from odradek.log.files import FileLayer
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 LEADER_EPOCH_CHECKPOINT = "leader-epoch-checkpoint"
 EPOCH_CHECKPOINT_VERSION = 0

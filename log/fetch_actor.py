@@ -72,13 +72,13 @@ import time
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log.epochs import epoch_mismatch
-from odradek.log.errors import OffsetOutOfRangeError
+from odradek.core.errors import OffsetOutOfRangeError
 from odradek.actors.names import CONTROLLER, LOG, LogBounds, partition_dir
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, LogReader
 from odradek.log.throttle import BURST_SECONDS, UNLIMITED, Quota
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.fetch")
 

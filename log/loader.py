@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Callable, NamedTuple
 
 from odradek.log import index as ix
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.files import FileLayer
 from odradek.log.index import MIN_TS, IndexPolicy
 from odradek.log.recovery import RecoveryReport, log, scan_segment

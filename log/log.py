@@ -30,20 +30,20 @@ import time
 import zlib
 from typing import Callable, NamedTuple
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.epochs import LeaderEpochCache
-from odradek.log.errors import (CorruptRecordError, InvalidRecordError, OdradekError, OffsetOutOfRangeError,
+from odradek.core.errors import (CorruptRecordError, InvalidRecordError, OdradekError, OffsetOutOfRangeError,
                                 RecordListTooLargeError, StorageError)
 from odradek.log.files import FileLayer, system_now_ms
-from odradek.log import kafka_batch
+from odradek.core import kafka_batch
 from odradek.log.producer_state import (DuplicateSequenceError, InvalidProducerEpochError, InvalidTxnStateError,
                                         OutOfOrderSequenceError, ProducerStateManager, last_sequence)
-from odradek.log.kafka_batch import TRANSACTIONAL_BIT
+from odradek.core.kafka_batch import TRANSACTIONAL_BIT
 from odradek.log.txn_index import AbortedTxn, TxnIndex
 from odradek.log.recovery import RecoveryReport, log
 from odradek.log.reader import (LogBounds, ReadResult, TimestampOffset, plan_offset_for_time,
                         plan_read)
-from odradek.log.records import (APPEND_VIEW, COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
+from odradek.core.records import (APPEND_VIEW, COMPRESSION_LZ4, COMPRESSION_MASK, CONTROL_BIT, CRC_START, HEADER,
                                  HEADER_SIZE, KNOWN_ATTRIBUTE_BITS, LOG_OVERHEAD, MAGIC, PATCHED_HEAD,
                                  PATCHED_PREFIX, BatchHeader, Record, check_header, patch_base_offset,
                                  set_log_append_time, validate_batches)

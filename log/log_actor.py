@@ -85,15 +85,15 @@ from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, SUPERVISOR, chain_sent, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
-from odradek.log.config import LogConfig
-from odradek.log.errors import StorageError
+from odradek.core.config import LogConfig
+from odradek.core.errors import StorageError
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
-from odradek.log.records import (HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, OFFSET_LENGTH,
+from odradek.core.records import (HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, OFFSET_LENGTH,
                                  OFFSET_PRODUCER_EPOCH, OFFSET_PRODUCER_ID, TRANSACTIONAL_BIT, BatchHeader)
 from odradek.log.segment import LOG_SUFFIX
-from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
+from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.log")
 

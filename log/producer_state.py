@@ -41,9 +41,9 @@ from typing import NamedTuple
 
 import msgpack
 
-from odradek.log.errors import StorageError
+from odradek.core.errors import StorageError
 from odradek.log.files import FileLayer
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 SNAPSHOT_SUFFIX = ".snapshot"
 SNAPSHOT_VERSION = 1

@@ -27,9 +27,9 @@ from typing import NamedTuple, Sequence
 
 from odradek.actors.names import LogBounds
 from odradek.log import index as ix
-from odradek.log.errors import OffsetOutOfRangeError, StorageError
+from odradek.core.errors import OffsetOutOfRangeError, StorageError
 from odradek.log.files import descriptors
-from odradek.log.records import BatchHeader, CorruptRecordError
+from odradek.core.records import BatchHeader, CorruptRecordError
 from odradek.log.segment import LOG_SUFFIX, SEGMENT_RE, SegmentView, segment_paths
 
 TAIL_HINTS = 1024  # tail positions a LogReader remembers (see LogReader._tail)

@@ -16,9 +16,9 @@ import logging
 import zlib
 from dataclasses import dataclass, field
 
-from odradek.log import kafka_batch
+from odradek.core import kafka_batch
 from odradek.log.index import IndexPolicy
-from odradek.log.records import CRC_START, HEADER_SIZE, BatchHeader, CorruptRecordError, check_header
+from odradek.core.records import CRC_START, HEADER_SIZE, BatchHeader, CorruptRecordError, check_header
 
 log = logging.getLogger("odradek.log")
 

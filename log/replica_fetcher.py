@@ -65,12 +65,12 @@ from typing import Any, Callable, NamedTuple
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
 from odradek.actors.runtime import Actor
-from odradek.log import records as fmt
-from odradek.log.errors import CorruptRecordError
+from odradek.core import records as fmt
+from odradek.core.errors import CorruptRecordError
 from odradek.log.throttle import UNLIMITED, Quota
 from odradek.network.client import BrokerConnection
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.replica_fetcher")
 

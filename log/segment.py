@@ -17,8 +17,8 @@ import re
 from typing import NamedTuple
 
 from odradek.log import index as ix
-from odradek.log.records import HEADER_SIZE, BatchHeader, CorruptRecordError, record_times
-from odradek.network.protocol import OdradekError
+from odradek.core.records import HEADER_SIZE, BatchHeader, CorruptRecordError, record_times
+from odradek.core.protocol import OdradekError
 
 SEGMENT_RE = re.compile(r"(\d{20})\.(log|index|timeindex)((?:\.[a-z]+)?)")  # always fullmatch
 LOG_SUFFIX = ".log"
@@ -145,7 +145,7 @@ class SegmentView:
         if hit is None:
             return None
         h = hit.header
-        try:  # offsets and timestamps only, streamed: no record is built (log/inflate.py bounds the rest)
+        try:  # offsets and timestamps only, streamed: no record is built (core/inflate.py bounds the rest)
             for offset, ts in record_times(self.pread(h.size, hit.position), h):
                 if ts >= timestamp:
                     return offset, ts

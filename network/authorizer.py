@@ -24,8 +24,8 @@ from __future__ import annotations
 import collections
 from typing import Iterable, NamedTuple
 
-from odradek.log.kafka_batch import HEADER_SIZE, LENGTH_AND_ATTRIBUTES, LOG_OVERHEAD, TRANSACTIONAL_BIT
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.kafka_batch import HEADER_SIZE, LENGTH_AND_ATTRIBUTES, LOG_OVERHEAD, TRANSACTIONAL_BIT
+from odradek.core.protocol import ApiKey, ErrorCode
 
 # Kafka's wire codes (AclOperation, ResourceType, PatternType, AclPermissionType).
 OPERATIONS = {"Any": 1, "All": 2, "Read": 3, "Write": 4, "Create": 5, "Delete": 6, "Alter": 7, "Describe": 8,

@@ -30,7 +30,8 @@ import secrets
 import threading
 import time
 
-from odradek.network import sasl, secstore
+from odradek.core import sasl
+from odradek.network import secstore
 
 log = logging.getLogger("odradek.audit")
 

@@ -26,10 +26,10 @@ from __future__ import annotations
 import time
 from typing import Any, NamedTuple, Sequence
 
-from odradek.network import codec
+from odradek.core import codec
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.connection import Connection, parse_bootstrap
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 __all__ = ["BrokerConnection", "Response", "parse_bootstrap", "bootstrap"]
 

@@ -16,9 +16,10 @@ import socket
 import ssl
 from typing import Any
 
-from odradek.network import codec, sasl, tls
+from odradek.core import codec, sasl
+from odradek.network import tls
 from odradek.network.listeners import PROTOCOLS
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 OPTIONS = ("security_protocol", "sasl_mechanism", "sasl_plain_username", "sasl_plain_password", "ssl_cafile",
            "ssl_certfile", "ssl_keyfile", "ssl_check_hostname")

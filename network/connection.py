@@ -29,9 +29,9 @@ import socket
 import time
 from typing import Any, Callable, Optional, Sequence
 
-from odradek.network import codec
+from odradek.core import codec
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 RECV_SIZE = 1 << 20
 Callback = Callable[[Optional[codec.Frame], Optional[OdradekError]], None]

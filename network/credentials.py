@@ -21,8 +21,9 @@ together or not at all; secrets never appear in an answer or a log line.
 """
 from __future__ import annotations
 
-from odradek.network import sasl, secstore
-from odradek.network.protocol import ErrorCode
+from odradek.core import sasl
+from odradek.network import secstore
+from odradek.core.protocol import ErrorCode
 
 MAX_USERS_DESCRIBED = 10000  # names in one describe request (Kafka bounds it by the request size)
 

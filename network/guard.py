@@ -23,7 +23,7 @@ import time
 
 from odradek.network import authorizer as az
 from odradek.network import secstore
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.audit")
 ANONYMOUS = "User:ANONYMOUS"

@@ -52,16 +52,16 @@ from odradek.actors.message import Message
 from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
                                    DeleteRecordsPart, EpochQuery, PartError, log_host, log_host_name)
 from odradek.actors.runtime import Actor
-from odradek.log.config import kafka_value
-from odradek.log.errors import RecordErrors
-from odradek.log.inflate import DEFAULT_LIMIT, limit_for
-from odradek.log.records import validate_produced
+from odradek.core.config import kafka_value
+from odradek.core.errors import RecordErrors
+from odradek.core.inflate import DEFAULT_LIMIT, limit_for
+from odradek.core.records import validate_produced
 from odradek.network import listeners as listeners_mod
 from odradek.network.authorizer import CLUSTER, OPERATIONS, offset_fetch_groups
 from odradek.network.credentials import Credentials
-from odradek.network.fields import BadRequest, check_shape, field
+from odradek.core.fields import BadRequest, check_shape, field
 from odradek.network.guard import ACL_APIS, Guard
-from odradek.network.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, check_topic_name,
+from odradek.core.protocol import (GROUP_APIS, TXN_APIS, ApiKey, ErrorCode, OdradekError, check_topic_name,
                                       is_internal_topic, parse_listener)
 
 log = logging.getLogger("odradek.handler")
@@ -122,7 +122,7 @@ CONTROLLER_APIS = (ApiKey.LEADER_AND_ISR, ApiKey.UPDATE_METADATA, ApiKey.STOP_RE
 
 # The shapes of the bodies the handler passes on to actors that read them as given (the
 # controllers, the log actors): a body of another shape is answered INVALID_REQUEST naming the
-# field, never an actor's TypeError (network/fields.py, check_shape).
+# field, never an actor's TypeError (core/fields.py, check_shape).
 PARTITIONS = [{"name": str, "partitions": [dict]}]
 BODY_SHAPES = {
     ApiKey.ELECT_LEADERS: {"topic_partitions": (None, [{"topic": str, "partitions": [int]}])},
@@ -695,7 +695,7 @@ class RequestHandler(Actor):
             self._metadata(msg, topics)
 
     def _auto_create(self, body: dict) -> bool:
-        # Only on request: Kafka clients always say (network/kafka/apis.py); the bundled client does not.
+        # Only on request: Kafka clients always say (core/kafka/apis.py); the bundled client does not.
         return bool(self.config.get("auto.create.topics.enable")) and body.get("allow_auto_topic_creation") is True
 
     def _topic_metadata(self, name: str, meta: dict) -> dict:

@@ -76,7 +76,7 @@ its arrival (else it is closed, as a TLS handshake must finish in that time), se
 over ``sasl.server.max.receive.size`` meanwhile, and is served nothing but ApiVersions,
 SaslHandshake and SaslAuthenticate (a Kafka connection that sends anything else is closed,
 as Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
-those itself (``network.sasl``; credentials from ``network.secstore``). A failed
+those itself (``core.sasl``; credentials from ``network.secstore``). A failed
 authentication is answered after ``failed.authentication.delay.ms`` and the connection
 closed. Every request carries its connection's ``principal`` (``User:name``, the
 certificate's ``User:<subject>``, or ``User:ANONYMOUS``) and ``listener`` to the handler,
@@ -104,10 +104,11 @@ from odradek.actors.message import Message
 from odradek.actors.metrics import BoundedLabels
 from odradek.actors.names import ACCEPTOR, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, socket_path
 from odradek.actors.runtime import Actor, MailboxFull, make_private
-from odradek.log import kafka_batch, records
-from odradek.network import codec, listeners as listeners_mod, quotas, sasl, secstore, tls
-from odradek.network.kafka import framing as kafka_framing
-from odradek.network.protocol import FETCH_ACTOR_APIS, GROUP_APIS, TXN_APIS, ApiKey, ErrorCode
+from odradek.core import kafka_batch, records
+from odradek.core import codec, sasl
+from odradek.network import listeners as listeners_mod, quotas, secstore, tls
+from odradek.core.kafka import framing as kafka_framing
+from odradek.core.protocol import FETCH_ACTOR_APIS, GROUP_APIS, TXN_APIS, ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.processor")
 
@@ -271,7 +272,7 @@ class Connection:
         # Protocol: decided on the first bytes (``_sniff``); ``kafka`` holds a Kafka
         # connection's state, None for a native one (``decoder`` is then codec.Decoder).
         self.sniff: bytearray | None = bytearray()
-        self.kafka = None  # network.kafka.connection.KafkaConnection
+        self.kafka = None  # core.kafka.connection.KafkaConnection
         self.listener = "PLAINTEXT"
         self.tls = False  # the socket is an ssl.SSLSocket (no sendmsg, no sendfile)
         self.handshaking = False  # TLS handshake under way
@@ -362,8 +363,8 @@ class Processor(Actor):
         # reports ready, not on its first Kafka connection: that load took 0.2 s of CPU quiet
         # and 4-6 s at load 19, while the processor served nobody and librdkafka's first
         # ApiVersions gave up after 10 s.
-        importlib.import_module("odradek.network.kafka.connection")
-        importlib.import_module("odradek.network.kafka.security")
+        importlib.import_module("odradek.core.kafka.connection")
+        importlib.import_module("odradek.core.kafka.security")
 
     def on_stop(self) -> None:
         self._drain_before_stop()
@@ -555,7 +556,7 @@ class Processor(Actor):
         self._pump(conn)
 
     def _sniff(self, conn: Connection, data: bytes) -> bytes | None:
-        """Tell the protocol from a connection's first bytes (rule: network/kafka/framing.py,
+        """Tell the protocol from a connection's first bytes (rule: core/kafka/framing.py,
         docs/PROTOCOL.md); the bytes to feed its decoder, or None until enough are known."""
         conn.sniff += data
         kind = kafka_framing.sniff(conn.sniff)
@@ -564,7 +565,7 @@ class Processor(Actor):
         data, conn.sniff = bytes(conn.sniff), None
         if kind == "kafka":
             # Imported on the first Kafka connection: kio's schemas cost a native-only broker nothing.
-            from odradek.network.kafka.connection import KafkaConnection
+            from odradek.core.kafka.connection import KafkaConnection
             conn.kafka = KafkaConnection(self.max_request, conn.peer)
             conn.kafka.intercept = functools.partial(self._kafka_gate, conn)
             conn.decoder = conn.kafka
@@ -576,14 +577,14 @@ class Processor(Actor):
         """A Kafka request before translation: SaslHandshake/SaslAuthenticate answered here;
         anything but ApiVersions before authentication closes the connection (as Kafka)."""
         if req.api == kafka_framing.RAW_SASL:  # a token after SaslHandshake v0, answered raw
-            from odradek.network.kafka import security
+            from odradek.core.kafka import security
             bufs, failure = security.raw_sasl_answer(conn.sasl, bytes(req.rest))
             if failure is not None or (conn.sasl is not None and conn.sasl.principal):
                 conn.kafka.decoder.raw = False  # done: Kafka requests again (or the connection closes)
             return self._auth_answer(conn, req.corr, bufs, failure)
         if req.api in SASL_APIS:
-            from odradek.network.kafka import schema, security
-            from odradek.network.kafka.apis import REGISTRY
+            from odradek.core.kafka import schema, security
+            from odradek.core.kafka.apis import REGISTRY
             api = REGISTRY[req.api]
             if not api.min_version <= req.version <= api.max_version:
                 return None  # answered UNSUPPORTED_VERSION by the translation

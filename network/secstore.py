@@ -34,8 +34,8 @@ import time
 from typing import Any, Callable
 
 from odradek.actors.runtime import private_dir
-from odradek.network import sasl
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core import sasl
+from odradek.core.protocol import ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.security")
 CHECK_INTERVAL = 0.2  # seconds between stat() calls of a reader

@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 from typing import NamedTuple
 
-from odradek.network.protocol import OdradekError
+from odradek.core.protocol import OdradekError
 from odradek.types import TopicPartition
 
 PAGE = 50  # records on a page, and the most read from one partition for it

@@ -35,7 +35,7 @@ from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
 from odradek.actors.metrics import BUCKETS_MS
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 from odradek.observe.catalogue import COUNTED, DERIVED, GAUGES, GROUP_PARTITION, PARTITION_COLUMNS, Spec
 
 _COLUMNS = list(PARTITION_COLUMNS)  # the log actor's row order

@@ -44,8 +44,9 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from odradek.cli import fmt_bytes
 from odradek.network import authorizer as az
 from odradek.network import listeners as listeners_mod
-from odradek.network import sasl, secstore
-from odradek.network.protocol import ErrorCode, OdradekError, is_internal_topic
+from odradek.core import sasl
+from odradek.network import secstore
+from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
 from odradek.observe import console_schemas
 from odradek.observe.browse import browse, parse_cursor
 from odradek.observe.catalogue import PARTITION_COLUMNS

@@ -35,7 +35,7 @@ import waitress
 
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
-from odradek.network.protocol import ErrorCode, OdradekError, http_address
+from odradek.core.protocol import ErrorCode, OdradekError, http_address
 from odradek.observe.collector import Snapshot
 from odradek.observe.history import History, Sampler
 
@@ -54,7 +54,7 @@ HTTP_SETTINGS = dict(threads=HTTP_THREADS, connection_limit=100, channel_timeout
 
 def admin_address(config: dict) -> tuple[str, int] | None:
     """``admin.listener`` as (host, port); None when empty (off). ``HOST:+N`` is the Kafka
-    listener's port plus N (``network.protocol.http_address``)."""
+    listener's port plus N (``core.protocol.http_address``)."""
     return http_address(config.get("admin.listener"), config["listeners"])
 
 

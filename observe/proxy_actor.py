@@ -32,7 +32,7 @@ from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.network.basic_auth import BasicAuth
-from odradek.network.protocol import http_address
+from odradek.core.protocol import http_address
 from odradek.observe.proxy_clients import Instances, Principals
 from odradek.observe.proxy_http import MAX_BODY, ProxyError, make_app
 

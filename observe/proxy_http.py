@@ -35,7 +35,7 @@ from urllib.parse import parse_qs
 
 from odradek.actors import http_listener
 from odradek.network.basic_auth import challenge
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
 
 log = logging.getLogger("odradek.proxy")

@@ -9,7 +9,7 @@ The client classes load on first use, so ``odradek serve`` does not import them.
 """
 __version__ = "0.1.0"
 
-from odradek.network.protocol import ErrorCode, OdradekError  # noqa: E402
+from odradek.core.protocol import ErrorCode, OdradekError  # noqa: E402
 from odradek.types import Record, RecordMetadata, TopicPartition  # noqa: E402
 
 __all__ = ["Producer", "Consumer", "Admin", "TopicPartition", "RecordMetadata", "Record",

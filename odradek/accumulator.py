@@ -27,7 +27,7 @@ import time
 from typing import Callable
 
 from odradek.errors import error_for
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 from odradek.network.connection import wait_any
 from odradek.types import RecordMetadata
 

@@ -26,9 +26,9 @@ import os
 import time
 from typing import Callable, Iterable
 
-from odradek.network import sasl
+from odradek.core import sasl
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster
 from odradek.errors import check, error_for
 from odradek.types import ConfigEntry, PartitionMetadata, TopicDescription, TopicPartition

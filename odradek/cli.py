@@ -21,7 +21,7 @@ import json
 import logging
 import sys
 
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 from odradek import config as cfg
 
 
@@ -127,7 +127,7 @@ def cmd_configs(args) -> int:
         from odradek.security_tools import cmd_quotas
         return cmd_quotas(args)
     from odradek.network.client import BrokerConnection, parse_bootstrap
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     host, port = parse_bootstrap(_bootstrap(args))[0]
     entity = args.entity_name if args.entity_name is not None else "0"
     from odradek.client_properties import options_of

@@ -28,7 +28,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 _JAAS_OPTION = re.compile(r'(\w+)\s*=\s*("(?:[^"\\]|\\.)*"|\S+?)(?=\s|;|$)')
 

@@ -24,10 +24,10 @@ import threading
 import time
 from typing import Any, NamedTuple, Sequence
 
-from odradek.network import codec
+from odradek.core import codec
 from odradek.network.clientauth import ClientSecurity
 from odradek.network.connection import Connection as _Connection, parse_bootstrap
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.errors import error_for
 from odradek.types import BrokerMetadata, PartitionMetadata
 

@@ -29,10 +29,10 @@ from odradek.kafka_configs import BROKER_CONFIGS as KAFKA_BROKER_CONFIGS
 from odradek.kafka_configs import DEPRECATED as KAFKA_DEPRECATED
 from odradek.kafka_configs import DYNAMIC as KAFKA_DYNAMIC
 from odradek.kafka_configs import LISTENER_PREFIX_ONLY as KAFKA_LISTENER_PREFIX_ONLY
-from odradek.log.config import kafka_value
-from odradek.log.errors import InvalidConfigError
+from odradek.core.config import kafka_value
+from odradek.core.errors import InvalidConfigError
 from odradek.network import listeners as _listeners
-from odradek.network.protocol import ErrorCode, OdradekError, parse_listener
+from odradek.core.protocol import ErrorCode, OdradekError, parse_listener
 
 
 log = logging.getLogger("odradek.config")
@@ -493,7 +493,7 @@ def load(path: str | None = None, overrides: list[str] | None = None) -> dict[st
 def kafka_run_time_configs() -> dict:
     """Kafka's dynamic broker configs that Odradek does not implement, which AlterConfigs on
     the broker accepts without effect as the config file does (name -> Kafka's check, for
-    ``log.config.kafka_value``; the request handlers get it). Left out, so refused at run time:
+    ``core.config.kafka_value``; the request handlers get it). Left out, so refused at run time:
     those Kafka takes only with a listener prefix, and passwords (Kafka stores a dynamic
     password only encrypted with password.encoder.secret; Odradek has no such encoder)."""
     return {name: KAFKA_BROKER_CONFIGS[name] for name in sorted(KAFKA_DYNAMIC - KAFKA_LISTENER_PREFIX_ONLY)

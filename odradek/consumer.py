@@ -53,10 +53,10 @@ from typing import Iterable, NamedTuple, Optional
 
 import msgpack
 
-from odradek.log import inflate, kafka_batch
-from odradek.log import records as fmt
+from odradek.core import inflate, kafka_batch
+from odradek.core import records as fmt
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.network.connection import wait_any
 from odradek.cluster import STALE_METADATA, Cluster, Connection
 from odradek.errors import error_for
@@ -130,7 +130,7 @@ def _decode_native(view, pos: int, end: int, h, topic: str, partition: int, min_
     n = h.record_count
     try:
         data = view[pos + _HEADER_SIZE:end]
-        if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (log/inflate.py)
+        if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (core/inflate.py)
             data = inflate.inflate(inflate.LZ4_BLOCK, data)
         rows = _unpackb(data, use_list=False, raw=False)
         if len(rows) != n:
@@ -168,7 +168,7 @@ def _decode_kafka(view, pos: int, h, topic: str, partition: int, min_offset: int
                         f"at offset {h.base_offset}")
     try:
         rows = kafka_batch.decode(batch, h, fmt.Record)
-    except OdradekError as exc:  # corrupt, or inflating beyond the bound (log/inflate.py)
+    except OdradekError as exc:  # corrupt, or inflating beyond the bound (core/inflate.py)
         raise _unreadable(exc, topic, partition, h) from None
     return [_new_record((topic, partition, r.offset, r.timestamp, r.key, r.value,
                          tuple((k, v) for k, v in r.headers)))

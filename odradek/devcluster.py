@@ -26,7 +26,7 @@ import time
 import psutil
 
 from odradek.actors.runtime import private_dir
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 from odradek import config as cfg
 from odradek.local import LocalCluster, four_letter, stop_pid
 

@@ -10,19 +10,19 @@ instance of the subclass for a code, so callers can catch the precise failure::
 
 Every class is named after its code in CamelCase with an ``Error`` suffix
 (UNKNOWN_TOPIC_OR_PARTITION -> ``UnknownTopicOrPartitionError``; the storage library's classes,
-log/errors.py, are those of their codes under their own names too), and every one is an
+core/errors.py, are those of their codes under their own names too), and every one is an
 ``OdradekError`` whose ``.code`` is that ``ErrorCode`` (so ``except OdradekError`` and
 ``exc.code.retriable`` still work). Misuse of the client API raises ``TypeError`` /
 ``ValueError`` instead: those are the caller's bugs, not the broker's answers.
 """
 from __future__ import annotations
 
-from odradek.log import errors as _log
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core import errors as _log
+from odradek.core.protocol import ErrorCode, OdradekError
 
 __all__ = ["OdradekError", "ErrorCode", "error_for"]
 
-# One family: the storage library's classes (log/errors.py, the pure layer the client reads
+# One family: the storage library's classes (core/errors.py, the pure layer the client reads
 # records with) are the classes of their codes here, under both names (``CorruptRecordError``
 # is ``CorruptMessageError``), so ``except errors.OffsetOutOfRangeError`` catches the log's too.
 _BY_CODE: dict[ErrorCode, type] = {cls.code: cls for cls in (

@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Callable, Iterable, Optional
 
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.network.connection import wait_any
 from odradek.cluster import NETWORK_ERRORS, Connection
 from odradek.errors import error_for

@@ -732,7 +732,7 @@ class LocalCluster:
     def metadata(self, broker_id: int, topics: list | None = None, timeout: float = 5.0) -> dict:
         """The METADATA answer of one broker (``brokers``, ``controller_id``, ``topics``)."""
         from odradek.network.client import BrokerConnection
-        from odradek.network.protocol import ApiKey
+        from odradek.core.protocol import ApiKey
         b = self.brokers[broker_id]
         conn = BrokerConnection(b.host, b.port, client_id="odradek-local", request_timeout_ms=int(timeout * 1000),
                                 **self.client_security)

@@ -22,7 +22,7 @@ Life of a record:
    (batch, index) over the batch's one ``concurrent.futures.Future``.
 2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
    a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
-3. The thread that closes a batch encodes it (msgpack + lz4 + CRC, ``log.records``
+3. The thread that closes a batch encodes it (msgpack + lz4 + CRC, ``core.records``
    layout). The sender groups closed batches by leader into PRODUCE requests of at most
    ``max_request_size`` bytes (several partitions, and several batches of a partition, per
    request) and pipelines up to ``max_in_flight`` requests per broker.
@@ -109,7 +109,7 @@ from typing import Optional
 
 from odradek.accumulator import FutureRecordMetadata, RecordAccumulator
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 from odradek.cluster import Cluster
 from odradek.errors import error_for
 # murmur2, pack_rows and TransactionAbortableError are re-exported: odradek.producer's public names

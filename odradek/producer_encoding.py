@@ -1,6 +1,6 @@
 """The producer's encoding (odradek/producer.py, "Life of a record" and "Partitioning"): Kafka's
 default partitioner (``murmur2``, ``partition_for_key``) and a batch's bytes (``encode_rows``:
-the rows packed by ``pack_rows`` as msgpack, compressed, under the ``log.records`` header and its
+the rows packed by ``pack_rows`` as msgpack, compressed, under the ``core.records`` header and its
 CRC, or Kafka's magic-2 batch for the Kafka codecs). Runs on whichever thread closes a batch.
 """
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Optional
 import cramjam
 import msgpack
 
-from odradek.log import kafka_batch
-from odradek.log import records as fmt
+from odradek.core import kafka_batch
+from odradek.core import records as fmt
 
 
 _packb = msgpack.Packer(use_bin_type=True).pack
@@ -51,14 +51,14 @@ def partition_for_key(key: bytes, num_partitions: int) -> int:
 
 
 # Codecs the native batch format does not have (it compresses with lz4 blocks): a batch
-# compressed with one of them is written as Kafka's magic-2 batch (``log.kafka_batch``, what a
+# compressed with one of them is written as Kafka's magic-2 batch (``core.kafka_batch``, what a
 # Kafka producer sends; the broker stores and serves both kinds, docs/FORMAT.md).
 KAFKA_CODECS = ("gzip", "snappy", "zstd")
 CODECS = (None, "lz4", *KAFKA_CODECS)
 
 
 def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str], keys: list | None = None) -> bytes:
-    """One record batch (``log.records`` layout, base offset 0) from ``rows``: each item is
+    """One record batch (``core.records`` layout, base offset 0) from ``rows``: each item is
     either a value (bytes: a record with no headers and the batch's timestamp; its key is
     ``keys[i]``, or None when ``keys`` is None) or a full row ``(offset_delta,
     timestamp_delta, key, value, headers)``; offset deltas are the positions 0..n-1.

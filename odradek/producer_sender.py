@@ -13,9 +13,9 @@ import zlib
 from typing import TYPE_CHECKING
 
 from odradek.accumulator import Batch, RecordAccumulator
-from odradek.log import kafka_batch
-from odradek.log import records as fmt
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core import kafka_batch
+from odradek.core import records as fmt
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, STALE_METADATA, Cluster, Connection
 from odradek.errors import error_for
 

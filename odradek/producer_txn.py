@@ -11,7 +11,7 @@ import time
 from typing import TYPE_CHECKING
 
 from odradek.log.producer_state import last_sequence
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.cluster import NETWORK_ERRORS, Cluster, Connection
 from odradek.errors import error_for
 from odradek.group import TRANSACTION_KEY, Coordinator

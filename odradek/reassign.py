@@ -34,7 +34,7 @@ import sys
 
 from odradek import client_properties
 from odradek.coordinator.reassignment import assign_replicas, assign_replicas_rack_aware
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
 
 THROTTLES = ("leader.replication.throttled.rate", "follower.replication.throttled.rate")

@@ -24,7 +24,7 @@ import urllib.request
 
 from odradek.coordinator.registry_http import CONTENT_TYPE
 from odradek.coordinator.schema_registry import LEVELS
-from odradek.network.protocol import ErrorCode, OdradekError, http_address
+from odradek.core.protocol import ErrorCode, OdradekError, http_address
 
 TIMEOUT = 30.0  # seconds for one answer of the registry
 

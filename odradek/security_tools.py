@@ -21,8 +21,9 @@ from odradek import client_properties
 from odradek import config as cfg
 from odradek.actors.runtime import private_dir
 from odradek.network import authorizer as az
-from odradek.network import sasl, secstore
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core import sasl
+from odradek.network import secstore
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 
 def add_parsers(sub, config_args, bootstrap) -> None:

@@ -23,7 +23,7 @@ import sys
 import time
 
 from odradek import client_properties
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 _bootstrap_of = None  # set by add_parsers: args -> "host:port"
 DUMPED = (".log", ".index", ".timeindex", ".snapshot", ".txnindex")  # what dump-log reads in a directory
@@ -199,7 +199,7 @@ def run_dir_of(bootstrap: str) -> str:
     directory of the process listening on that port."""
     from odradek import config as cfg
     from odradek.network.client import BrokerConnection, parse_bootstrap
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     host, port = parse_bootstrap(bootstrap)[0]
     with BrokerConnection(host, port, client_id="odradek-status", request_timeout_ms=TIMEOUT_MS,
                           connect_timeout_ms=TIMEOUT_MS) as conn:
@@ -668,7 +668,7 @@ def _base_offset(path: str) -> int:
 def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> None:
     """Print each batch of a segment (and its records); a torn or zero-filled tail is reported,
     not fatal."""
-    from odradek.log import records as fmt
+    from odradek.core import records as fmt
     out.write(f"Log starting offset: {_base_offset(path)}\n")
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
@@ -701,15 +701,15 @@ def dump_segment(path: str, out, records: bool = True, max_bytes: int = 0) -> No
 
 def _codec_name(h) -> str:
     """A batch's compression as Kafka's dump-log names it, for native and magic-2 batches."""
-    from odradek.log import kafka_batch
-    from odradek.log import records as fmt
+    from odradek.core import kafka_batch
+    from odradek.core import records as fmt
     if h.magic == kafka_batch.MAGIC:
         return kafka_batch.CODECS[h.attributes & kafka_batch.COMPRESSION_MASK].upper()
     return "LZ4" if h.compression == fmt.COMPRESSION_LZ4 else "NONE"
 
 
 def _batch_problem(buf, pos: int, size: int) -> str | None:
-    from odradek.log import records as fmt
+    from odradek.core import records as fmt
     if size - pos < fmt.HEADER_SIZE:
         return "partial batch header"
     h = fmt.BatchHeader.read(buf, pos)
@@ -723,7 +723,7 @@ def _batch_problem(buf, pos: int, size: int) -> str | None:
 
 
 def _dump_records(data: bytes, out, max_bytes: int, control: bool = False) -> None:
-    from odradek.log import records as fmt
+    from odradek.core import records as fmt
     try:
         recs = fmt.decode_batch(data)
     except OdradekError as exc:

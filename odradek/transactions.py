@@ -31,7 +31,7 @@ import time
 from odradek import client_properties
 from odradek.cluster import Cluster
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 TIMEOUT_MS = 10000
 OPEN_STATES = ("Ongoing", "PrepareCommit", "PrepareAbort")

@@ -26,11 +26,11 @@ import logging
 import time
 from typing import Iterator
 
-from odradek.log import records as fmt
+from odradek.core import records as fmt
 from odradek.network.client import BrokerConnection, parse_bootstrap
 # one walk of a fetch answer's batches and the read_committed rule, shared with the client
 from odradek.consumer import AbortedTransactions, split_batches
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 log = logging.getLogger("odradek.pipeline")
 

@@ -112,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipeline.cli", description="Run an example Spark pipeline.")
     _arguments(parser)
     args = parser.parse_args(argv)
-    from odradek.network.protocol import OdradekError
+    from odradek.core.protocol import OdradekError
     try:
         return cmd_pipeline(args)
     except OdradekError as exc:

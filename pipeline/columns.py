@@ -21,9 +21,9 @@ import msgpack
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from odradek.log import inflate, kafka_batch
-from odradek.log import records as fmt
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core import inflate, kafka_batch
+from odradek.core import records as fmt
+from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.pipeline.broker import check_crc
 
 SCHEMA_DDL = ("key BINARY, value BINARY, topic STRING, partition INT, offset BIGINT, timestamp TIMESTAMP, "
@@ -121,12 +121,12 @@ def _row(base: int, first_ts: int):
 
 def _rows(view, pos: int, h, name: str) -> tuple:
     """The batch's records as msgpack decodes them: ``(offset delta, ts delta, key, value, headers)``.
-    A Kafka client's magic-2 batch is decoded by ``log/kafka_batch.py`` into the same rows."""
+    A Kafka client's magic-2 batch is decoded by ``core/kafka_batch.py`` into the same rows."""
     try:
         if h.magic == kafka_batch.MAGIC:
             return tuple(kafka_batch.decode(view[pos:pos + h.size], h, _row(h.base_offset, h.first_timestamp)))
         data = view[pos + fmt.HEADER_SIZE:pos + h.size]
-        if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (log/inflate.py)
+        if h.attributes & fmt.COMPRESSION_MASK:  # inflated within the bound (core/inflate.py)
             data = inflate.inflate(inflate.LZ4_BLOCK, data)
         rows = _unpackb(data, use_list=False, raw=False)
         if type(rows) is not tuple or len(rows) != h.record_count or len(rows[0]) != 5:

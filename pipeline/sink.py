@@ -43,7 +43,7 @@ from pyspark.sql.datasource import (DataSourceArrowWriter, DataSourceStreamArrow
 
 from odradek.network.client import BrokerConnection, parse_bootstrap
 from odradek.group import GroupAdmin
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.producer import Producer, encode_rows, partition_for_key
 from odradek.types import TopicPartition
 from odradek.pipeline import options as opt

@@ -1,7 +1,7 @@
 """Imports point down only: the layers of docs/CONTRIBUTING.md, checked by walking every module's
 imports (``ast``), function-level imports included.
 
-1. pure: the wire and record formats (``PURE`` below), standard library and their own layer;
+1. pure: ``core/``, the wire and record formats, the standard library and their own layer;
 2. runtime: ``actors/``;
 3. roles: ``network/``, ``log/``, ``coordinator/``;
 4. top: ``odradek/``, ``pipeline/``, ``observe/``.
@@ -20,10 +20,8 @@ import pathlib
 import re
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-FOLDERS = {"actors": 2, "network": 3, "log": 3, "coordinator": 3, "odradek": 4, "pipeline": 4, "observe": 4}
-PURE = ("network/protocol.py", "network/codec.py", "network/kafka/", "log/records.py", "log/kafka_batch.py",
-        "log/inflate.py", "log/errors.py", "log/config.py", "network/sasl.py", "network/fields.py",
-        "log/_recordscan.c")
+FOLDERS = {"core": 1, "actors": 2, "network": 3, "log": 3, "coordinator": 3, "odradek": 4, "pipeline": 4,
+           "observe": 4}
 NAMES = {1: "pure", 2: "runtime", 3: "roles", 4: "top"}
 ROLES = ("network", "log", "coordinator")
 # A role's library that another role uses as a library (not an actor, no state shared): each
@@ -50,7 +48,7 @@ SHARED_LIBRARIES = {
 
 
 def _modules() -> dict[str, pathlib.Path]:
-    """Every module of the installed namespace, ``odradek.log.records`` -> log/records.py."""
+    """Every module of the installed namespace, ``odradek.core.records`` -> core/records.py."""
     found = {}
     for folder in FOLDERS:
         for path in (ROOT / folder).rglob("*.py"):
@@ -63,19 +61,16 @@ def _modules() -> dict[str, pathlib.Path]:
 
 MODULES = _modules()
 # C extensions (setup.py): importable, their source imports nothing of the project
-EXTENSIONS = {"odradek.log._recordscan": ROOT / "log" / "_recordscan.c"}
+EXTENSIONS = {"odradek.core._recordscan": ROOT / "core" / "_recordscan.c"}
 
 
 def _layer(path: pathlib.Path) -> int:
-    rel = path.relative_to(ROOT).as_posix()
-    if any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in PURE):
-        return 1
-    return FOLDERS[rel.split("/")[0]]
+    return FOLDERS[path.relative_to(ROOT).parts[0]]
 
 
 def _imports(tree: ast.AST):
     """(line, imported module, names) for every import of the project in ``tree``;
-    ``from odradek.log import records`` names the module odradek.log.records."""
+    ``from odradek.log import records`` names the module odradek.core.records."""
     for node in sorted((n for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))),
                        key=lambda n: n.lineno):
         if isinstance(node, ast.Import):
@@ -151,15 +146,15 @@ def test_every_shared_library_listed_is_still_imported():
 def test_the_walk_reports_an_upward_import_an_actor_import_and_a_bare_import():
     """The check itself, on a made-up source for a pure module and for an actor."""
     actors = _actor_modules()
-    pure = list(_offences_of("odradek.log.records", "def f():\n    from odradek.log import reader\n"
-                                                   "import network.protocol\n", actors))
-    assert pure == ["log/records.py:2: imports odradek.log.reader, layer 3 (roles), from layer 1 (pure)",
-                    "log/records.py:3: bare `import network.protocol`: spell it odradek.network.protocol"]
+    pure = list(_offences_of("odradek.core.records", "def f():\n    from odradek.log import reader\n"
+                                                   "import core.protocol\n", actors))
+    assert pure == ["core/records.py:2: imports odradek.log.reader, layer 3 (roles), from layer 1 (pure)",
+                    "core/records.py:3: bare `import core.protocol`: spell it odradek.core.protocol"]
     actor = list(_offences_of("odradek.log.fetch_actor", "from odradek.log.log_actor import LogActor\n"
                                                          "from odradek.log import log_actor\n"
                                                          "class Mine(LogActor):\n    pass\n", actors))
     assert actor == ["log/fetch_actor.py:2: imports the actor module odradek.log.log_actor: actors talk by message"]
     role = list(_offences_of("odradek.network.handler", "from odradek.coordinator.topics import TopicRegistry\n"
-                                                        "from odradek.log.records import encode_batch\n", actors))
+                                                        "from odradek.core.records import encode_batch\n", actors))
     assert len(role) == 1 and role[0].startswith("network/handler.py:1: imports odradek.coordinator.topics, "
                                                  "another role's code"), role

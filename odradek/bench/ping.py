@@ -23,7 +23,7 @@ import sys
 import time
 
 from odradek.network.client import BrokerConnection, parse_bootstrap
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:

@@ -36,7 +36,7 @@ import time
 
 import psutil
 
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 from odradek.local import LocalBroker
 
 MiB = 1 << 20
@@ -109,7 +109,7 @@ def _memory(broker: Broker) -> dict:
 def _produce(port: int, topics: list[tuple[str, int]], batches: int, per_request: int = 50,
              depth: int = 8) -> dict:
     from odradek.network.client import BrokerConnection
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     batch = encode_batch([(None, os.urandom(100)) for _ in range(16)], None)
     parts = [(t, p) for t, n in topics for p in range(n)]
     conn = BrokerConnection("127.0.0.1", port, client_id="placement-bench", request_timeout_ms=120000)

@@ -87,7 +87,7 @@ def _acl_lists(count: int) -> list:
 
 def _check_cost(base: str, count: int, runs: int) -> None:
     from odradek.network.guard import Guard
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     data = os.path.join(base, "check")
     os.makedirs(data)
     secstore.Acls(data).add(_acl_lists(count))

@@ -33,11 +33,11 @@ import time
 
 import psutil
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.files import FileLayer
 from odradek.log.log import Log
 from odradek.log.reader import LogReader
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 
 MiB = 1 << 20
 
@@ -226,7 +226,7 @@ def bench_memory(root: str, total: int, budget: int) -> dict:
 
 
 def _next_offset(data: bytes) -> int:
-    from odradek.log.records import iter_batches
+    from odradek.core.records import iter_batches
     last = None
     for _, h in iter_batches(data):
         last = h

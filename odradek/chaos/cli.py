@@ -45,7 +45,7 @@ def add_parser(sub) -> None:
 def cmd_chaos(args) -> int:
     import time
     from odradek.chaos.runner import ChaosOptions, run
-    from odradek.network.protocol import OdradekError
+    from odradek.core.protocol import OdradekError
     from odradek.local import zookeeper_missing
     missing = zookeeper_missing()
     if missing:

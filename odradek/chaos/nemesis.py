@@ -334,7 +334,7 @@ def power_loss(data_dir: str, rng: random.Random) -> list[tuple[str, int]]:
     batch at or after it and 1-4096 random bytes (a torn write) appended; segments that
     start after it are removed. Index files are left as they are (recovery checks them).
     Returns ``[(file, bytes removed)]``."""
-    from odradek.log.records import CorruptRecordError, iter_batches
+    from odradek.core.records import CorruptRecordError, iter_batches
     cut = []
     for name in sorted(os.listdir(data_dir)):
         directory = os.path.join(data_dir, name)

@@ -15,8 +15,8 @@ import time
 
 from odradek import Admin, TopicPartition
 from odradek.cluster import NETWORK_ERRORS
-from odradek.network.protocol import OdradekError
-from odradek.log.records import CorruptRecordError, iter_batches
+from odradek.core.protocol import OdradekError
+from odradek.core.records import CorruptRecordError, iter_batches
 from odradek.log.segment import SEGMENT_RE
 
 log = logging.getLogger("odradek.chaos")

@@ -193,7 +193,7 @@ def mount_tmpfs(path: str, size: str) -> str | None:
 
 def create_topic(bootstrap: str, topic: str, opts: ChaosOptions) -> None:
     from odradek import Admin
-    from odradek.network.protocol import OdradekError
+    from odradek.core.protocol import OdradekError
     config = {"min.insync.replicas": 2}
     if opts.flush_messages:
         config["flush.messages"] = opts.flush_messages

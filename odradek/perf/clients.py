@@ -1168,7 +1168,7 @@ def create_replicated(bootstrap: str, topic: str, partitions: int, rf: int, min_
                        extra: dict | None = None, timeout: float = 60.0) -> None:
     """Create the topic (retrying retriable errors while the cluster settles) and wait until
     every partition has a leader and its full ISR in the brokers' metadata."""
-    from odradek.network.protocol import OdradekError
+    from odradek.core.protocol import OdradekError
     from odradek.admin import Admin
     config = {"min.insync.replicas": min_isr, **(extra or {})}
     deadline = time.monotonic() + timeout

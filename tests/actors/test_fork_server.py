@@ -11,7 +11,7 @@ from odradek.actors.launch import forkserver_available, preload_modules
 from odradek.actors.supervisor import ChildSpec
 from odradek.local import LocalBroker, free_port_is
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 from tests.actors.test_runtime import ECHO, run_tree
 

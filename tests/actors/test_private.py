@@ -8,7 +8,7 @@ import stat
 import pytest
 
 from odradek.actors.supervisor import prepare_run_dir
-from odradek.network.protocol import OdradekError
+from odradek.core.protocol import OdradekError
 
 from tests.actors.test_runtime import ECHO
 

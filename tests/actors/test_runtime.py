@@ -13,7 +13,7 @@ import pytest
 from odradek.actors.client import MailboxClient
 from odradek.actors.message import Message, decode, encode_header, MalformedMessage
 from odradek.actors.runtime import Actor
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -32,9 +32,9 @@ import select
 import socket
 import threading
 
-from odradek.log import records as fmt
-from odradek.network import codec
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import records as fmt
+from odradek.core import codec
+from odradek.core.protocol import ApiKey, ErrorCode
 
 NOT_LEADER = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
 

@@ -10,7 +10,7 @@ import pytest
 from odradek import errors
 from odradek.accumulator import RecordAccumulator
 from odradek.cluster import Cluster
-from odradek.log import records as fmt
+from odradek.core import records as fmt
 from odradek.producer import encode_rows
 
 

@@ -1,10 +1,10 @@
-"""The producer's batch encoder against the shared record-batch format (log/records.py)."""
+"""The producer's batch encoder against the shared record-batch format (core/records.py)."""
 from __future__ import annotations
 
 import msgpack
 import pytest
 
-from odradek.log import records as fmt
+from odradek.core import records as fmt
 from odradek.producer import encode_rows, pack_rows
 
 

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 from odradek import Admin, Consumer, Producer, TopicPartition, errors
 from odradek.cluster import Cluster
 

@@ -12,7 +12,7 @@ from odradek.cluster import Connection as ClusterConnection
 from odradek.network import client, connection
 from odradek.network.client import BrokerConnection
 from odradek.network.connection import Connection, parse_bootstrap, wait_any
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 
 @pytest.fixture

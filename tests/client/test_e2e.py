@@ -9,11 +9,11 @@ import time
 
 import pytest
 
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 from odradek import Admin, Consumer, Producer, TopicPartition, errors
 from odradek.cluster import Connection
 from odradek.producer import encode_rows
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 
 @pytest.fixture

@@ -190,7 +190,7 @@ def _killed_while_held(broker, actor: str, api: int, body: dict, before=None) ->
     EndTxn its coordinator is completing), kill -9 ``actor`` 0.5 s later, and return how long
     the answer took and its error code."""
     from odradek.cluster import Connection
-    from odradek.network.protocol import OdradekError
+    from odradek.core.protocol import OdradekError
     conn = Connection(broker.host, broker.port, request_timeout_ms=60000)
     conn.connect()
     try:
@@ -216,7 +216,7 @@ def test_a_join_group_held_by_a_group_coordinator_killed_9_is_failed_at_once(sta
     group.initial.rebalance.delay.ms for more members) died with it; nobody answered it until
     the request timeout (30 s). Now the processor fails it when the supervisor says the
     coordinator died: COORDINATOR_NOT_AVAILABLE, and the client looks the coordinator up again."""
-    from odradek.network.protocol import ApiKey, ErrorCode
+    from odradek.core.protocol import ApiKey, ErrorCode
     broker = start_broker(request_timeout_ms=30000, group_initial_rebalance_delay_ms=20000)
     join = {"group_id": "held", "member_id": "", "group_instance_id": None, "session_timeout_ms": 30000,
             "rebalance_timeout_ms": 30000, "protocol_type": "consumer", "protocols": [{"name": "range", "metadata": b""}]}
@@ -238,7 +238,7 @@ def test_an_end_txn_held_by_a_transaction_coordinator_killed_9_is_failed_at_once
     """An EndTxn the transaction coordinator holds (here: checking records that never come)
     died with it, unanswered until the request timeout. Now: COORDINATOR_NOT_AVAILABLE at once
     (retriable: the client ends the transaction again at the restarted coordinator)."""
-    from odradek.network.protocol import ApiKey, ErrorCode
+    from odradek.core.protocol import ApiKey, ErrorCode
     broker = start_broker(request_timeout_ms=30000)
     with Admin(broker.bootstrap) as admin:
         admin.create_topic("txn-held", partitions=1)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.log import records as fmt
+from odradek.core import records as fmt
 from odradek import Record, errors
 from odradek.consumer import decode_records, split_batches
 

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 from odradek import Consumer, Producer, TopicPartition
 from tests.conftest import ROOT
 from tests.network.helpers import actor, connect, kill9, wait_until

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer, TopicPartition
 from odradek.group import GroupAdmin
 from tests.coordinator.test_group_coordinator import commit, hb, join

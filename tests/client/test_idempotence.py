@@ -13,8 +13,8 @@ import pytest
 
 from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.cluster import Connection
-from odradek.log.records import encode_batch
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.records import encode_batch
+from odradek.core.protocol import ApiKey, ErrorCode
 from odradek.producer_sender import MAX_STAMPED
 
 PARTITIONS = 3
@@ -381,7 +381,7 @@ def test_init_producer_id_with_a_transactional_id_keeps_the_id_and_bumps_the_epo
 
 
 def test_init_producer_id_refuses_a_timeout_over_the_broker_maximum(conn):
-    from odradek.network.protocol import OdradekError
+    from odradek.core.protocol import OdradekError
     with pytest.raises(OdradekError) as e:
         conn.request(ApiKey.INIT_PRODUCER_ID, {"transactional_id": "app-2", "transaction_timeout_ms": 10 ** 9,
                                                "producer_id": -1, "producer_epoch": -1})

@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 from odradek import Producer, RecordMetadata, errors
 
 
@@ -127,7 +127,7 @@ def test_many_threads_may_share_one_producer(scripted):
 
 
 def test_a_batch_of_explicit_timestamps_carries_their_maximum_not_the_send_time(scripted):
-    from odradek.log import records as fmt
+    from odradek.core import records as fmt
     broker = scripted({"t": 1})
     with Producer(broker.bootstrap, linger_ms=60000) as p:
         handles = [p.send("t", b"a", timestamp_ms=3000), p.send("t", b"b", timestamp_ms=1000)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from odradek import Producer
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 
 RETRIABLE = [ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
              ErrorCode.REQUEST_TIMED_OUT, ErrorCode.NOT_LEADER_OR_FOLLOWER]

@@ -17,7 +17,7 @@ import time
 
 from odradek.accumulator import RecordAccumulator
 from odradek.cluster import Cluster
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 from odradek.producer import encode_rows
 from odradek.producer_sender import _Sender
 from tests.client.test_sender_order import three_batches

@@ -5,7 +5,7 @@ import os
 import subprocess
 import sys
 
-from odradek.log import records as fmt
+from odradek.core import records as fmt
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -16,10 +16,10 @@ from odradek import Admin, Producer
 from odradek.cli import main
 from odradek.cluster import Connection
 from odradek.local import LocalBroker
-from odradek.log import records as fmt
-from odradek.log.records import encode_batch
-from odradek.network.kafka import schema
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import records as fmt
+from odradek.core.records import encode_batch
+from odradek.core.kafka import schema
+from odradek.core.protocol import ApiKey, ErrorCode
 
 
 @pytest.fixture(scope="module")
@@ -166,10 +166,10 @@ def test_the_kafka_listener_serves_list_and_describe_transactions_and_describe_p
 
 
 def test_dump_log_shows_markers_producer_snapshots_and_the_aborted_transactions_index(tmp_path, capsys):
-    from odradek.log import kafka_batch
-    from odradek.log.config import LogConfig
+    from odradek.core import kafka_batch
+    from odradek.core.config import LogConfig
     from odradek.log.log import Log
-    from odradek.log.records import Record
+    from odradek.core.records import Record
 
     def txn_batch(pid: int, seq: int) -> bytes:
         recs = [Record(i, 1_700_000_000_000, None, b"v%d" % (seq + i), []) for i in range(2)]

@@ -17,7 +17,7 @@ from odradek.cluster import Cluster, Connection
 from odradek.coordinator.txn_pipeline import TXN_CHECK_WAIT_MS
 from odradek.errors import ProducerFencedError
 from odradek.log.log_actor import TXN_HOLD
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 from odradek.transactions import describe
 from tests.client.test_txn_commit_path import new_topic, read_committed
 
@@ -178,7 +178,7 @@ def test_a_fenced_producer_is_fenced_by_its_pipelined_commit(shared_broker):
 # ---- a batch sent before its partition's AddPartitionsToTxn was answered (``txn_unverified``) ----
 def _txn_batch(pid: int, epoch: int, seq: int, values: list) -> bytes:
     import zlib
-    from odradek.log import records as fmt
+    from odradek.core import records as fmt
     data = bytearray(fmt.encode_batch([(None, v) for v in values], producer_id=pid, producer_epoch=epoch,
                                       base_sequence=seq))
     data[fmt.OFFSET_ATTRIBUTES + 1] |= fmt.TRANSACTIONAL_BIT

@@ -27,7 +27,7 @@ from odradek.chaos import checker
 from odradek.chaos.nemesis import power_loss
 from odradek.chaos.proxy import FaultProxy, source_of
 from odradek.chaos.replicas import replica_batches
-from odradek.network import codec
+from odradek.core import codec
 from tests.cluster.test_verify import write_log
 
 

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError
 from odradek.actors.names import partition_dir

@@ -20,7 +20,7 @@ import time
 
 import pytest
 
-from odradek.log.records import CorruptRecordError, iter_batches
+from odradek.core.records import CorruptRecordError, iter_batches
 from odradek.log.segment import SEGMENT_RE
 from odradek import Admin, Producer
 from odradek.errors import NotEnoughReplicasError, OdradekError, TopicAlreadyExistsError

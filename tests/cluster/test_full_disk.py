@@ -10,7 +10,7 @@ import os
 import pytest
 
 from odradek import Admin, Producer
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 from tests.cluster.test_faults import wait_healed
 from tests.odradek.test_storage_defects import fill
 

@@ -16,7 +16,7 @@ import os
 import pytest
 
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode, OdradekError
 from tests.cluster.fixtures import as_broker
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
 from tests.cluster.test_replica_claims import produce, stays

@@ -115,7 +115,7 @@ def test_move_every_partition_to_a_new_broker_under_load_then_change_the_replica
 def group_coordinated_by(cluster, broker: int) -> str:
     """A group id whose coordinator is ``broker``."""
     from odradek.network.client import BrokerConnection
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     b = cluster.broker(broker)
     conn = BrokerConnection(b.host, b.port, client_id="test")
     try:

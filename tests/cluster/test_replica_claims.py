@@ -17,7 +17,7 @@ import pytest
 from odradek import Producer
 from odradek.errors import NotEnoughReplicasError
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from tests.cluster.fixtures import as_broker
 from tests.cluster.test_faults import create_replicated_topic, wait_healed
 from tests.cluster.verify import AckedLog, check_logs, read_all

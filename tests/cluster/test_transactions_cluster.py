@@ -19,7 +19,7 @@ from odradek.cli import main
 from odradek.cluster import Connection
 from odradek.local import LocalCluster
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from tests.cluster.fixtures import TEST_SETTINGS, as_broker
 
 pytestmark = pytest.mark.slow

@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 from odradek import Admin
 from tests.cluster.verify import (AckedLog, ConsumedLog, Workload, check_logs, read_all, replica_batches,
                                   replica_problems)

@@ -11,8 +11,8 @@ import threading
 import time
 
 from odradek.coordinator.channel import ControllerChannel
-from odradek.network import codec
-from odradek.network.protocol import ApiKey
+from odradek.core import codec
+from odradek.core.protocol import ApiKey
 
 
 class SilentFirstConnection:

@@ -9,7 +9,7 @@ import pytest
 from odradek.coordinator.classic_group import (COMPLETING, EMPTY, PREPARING, STABLE, ClassicConfig, ClassicGroup,
                                                JoinRequest)
 from odradek.coordinator.group import GroupError
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 RANGE = ("range", b"r-meta")
 RR = ("roundrobin", b"rr-meta")

@@ -13,7 +13,7 @@ from __future__ import annotations
 from odradek.coordinator.active_controller import ActiveController
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.zk_state import PartitionState
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 
 class DroppingChannel:

@@ -12,7 +12,7 @@ import pytest
 
 from odradek.actors.client import MailboxClient
 from odradek.coordinator.offsets import OFFSETS_TOPIC, partition_for
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
 from tests.coordinator.test_group_coordinator import commit, coordinator_stats, fetch_offsets, hb, join
 from tests.network.helpers import connect, wait_until

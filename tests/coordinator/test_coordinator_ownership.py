@@ -21,7 +21,7 @@ from odradek.actors.runtime import Actor
 from odradek.coordinator.group_coordinator import GroupCoordinator
 from odradek.coordinator.group_writes import commit_error, group_write_error
 from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
 from tests.network.helpers import wait_until
 

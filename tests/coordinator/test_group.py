@@ -9,7 +9,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from odradek.coordinator.group import (EMPTY, STABLE_GROUP, UNRELEASED, UNREVOKED, ConsumerGroup,
                                GroupConfig, GroupError, HeartbeatRequest, tps_of)
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 TOPICS = {"t": 6}
 

@@ -9,7 +9,7 @@ import pytest
 
 from odradek.coordinator.group import tps_of
 from odradek.coordinator.offsets import Committed, OffsetsView, expired, group_record, offset_record
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
 from tests.network.helpers import actor, connect, kill9, wait_until
 

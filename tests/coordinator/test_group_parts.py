@@ -15,7 +15,7 @@ from odradek.coordinator.group_purgatory import Purgatory
 from odradek.coordinator.group_table import Clock, GroupTable, TopicView
 from odradek.coordinator.group_writes import GroupWriter
 from odradek.coordinator.offsets import Committed, OffsetsView, group_record, offset_record, partition_for
-from odradek.network.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode
+from odradek.core.protocol import OFFSETS_TOPIC, ApiKey, ErrorCode
 from odradek import config as cfg
 from tests.coordinator.outbox_recorder import Recorder
 

@@ -9,7 +9,7 @@ import pytest
 
 from odradek.coordinator.reassignment import assign_replicas_rack_aware, rack_alternated
 from odradek.reassign import decommission, generate, parse_plan, plan_json
-from odradek.network.protocol import OdradekError
+from odradek.core.protocol import OdradekError
 from odradek.types import TopicPartition
 
 SIX = {1: "a", 2: "a", 3: "b", 4: "b", 5: "c", 6: "c"}

@@ -17,8 +17,8 @@ from confluent_kafka import TopicPartition as CKTopicPartition
 from odradek import Admin
 from odradek.actors.names import partition_dir
 from odradek.coordinator.offsets import partition_for
-from odradek.log.records import HEADER_SIZE, OFFSET_CRC, BatchHeader, crc_of, encode_batch
-from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC
+from odradek.core.records import HEADER_SIZE, OFFSET_CRC, BatchHeader, crc_of, encode_batch
+from odradek.core.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC
 from tests.security.test_internal_topics import commit, committed, topic_with_records
 
 GROUPS = [f"group-{i}" for i in range(12)]

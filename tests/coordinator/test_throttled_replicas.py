@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from odradek.coordinator.throttles import throttled_replicas as parse
-from odradek.log.config import LogConfig
-from odradek.log.errors import InvalidConfigError
+from odradek.core.config import LogConfig
+from odradek.core.errors import InvalidConfigError
 from odradek.reassign import throttled_replicas
 from odradek.types import TopicPartition as TP
 

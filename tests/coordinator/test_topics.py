@@ -6,7 +6,7 @@ import pytest
 
 from odradek.actors.names import placement
 from odradek.coordinator.topics import TopicRegistry, check_topic_name
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 DEFAULTS = {"retention.ms": 604800000, "segment.bytes": 1073741824}
 

@@ -6,7 +6,7 @@ import itertools
 import pytest
 
 from odradek.coordinator.transaction import MAX_EPOCH, Transaction, TransactionManager, TxnState
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 T = 60000
 

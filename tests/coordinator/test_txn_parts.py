@@ -14,7 +14,7 @@ from odradek.coordinator.txn_markers import MarkerWriter
 from odradek.coordinator.txn_pipeline import PipelinedRequests
 from odradek.coordinator.txn_producer_ids import ProducerIds
 from odradek.coordinator.txn_state_log import COMPLETE_DEFER, TxnSite, TxnStateLog
-from odradek.network.protocol import TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 from tests.coordinator.outbox_recorder import Recorder
 
 

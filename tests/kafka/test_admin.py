@@ -1,4 +1,4 @@
-"""Kafka's admin APIs (network/kafka/admin.py) judged by real clients: confluent-kafka's
+"""Kafka's admin APIs (core/kafka/admin.py) judged by real clients: confluent-kafka's
 AdminClient, kafka-python's KafkaAdminClient and kcat, against one broker per module."""
 from __future__ import annotations
 

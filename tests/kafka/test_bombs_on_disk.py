@@ -1,6 +1,6 @@
 """A compression bomb already in a segment (written before produce validation existed, here
 appended to the files directly while the broker is down) costs every reader at most the
-bound of log/inflate.py: the fetch actor's lookup by timestamp, the console's message browser
+bound of core/inflate.py: the fetch actor's lookup by timestamp, the console's message browser
 (the metrics actor), the bundled consumer, dump-log and the cleaner. Peak memory is each
 process's VmHWM (the kernel's high-water mark of its resident set), read beside psutil's RSS."""
 from __future__ import annotations
@@ -15,10 +15,10 @@ import psutil
 import pytest
 
 from odradek import Admin
-from odradek.log.config import LogConfig
-from odradek.log.inflate import DEFAULT_LIMIT
+from odradek.core.config import LogConfig
+from odradek.core.inflate import DEFAULT_LIMIT
 from odradek.log.log import Log
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 from tests.conftest import BrokerProcess
 from tests.log.test_batch_validation import BOMB_MIB, bomb
 

@@ -6,12 +6,12 @@ import struct
 import msgpack
 import pytest
 
-from odradek.log import kafka_batch, records
-from odradek.log.errors import CorruptRecordError
-from odradek.network import codec
-from odradek.network.kafka import apis, framing, schema
-from odradek.network.kafka.connection import KafkaConnection
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import kafka_batch, records
+from odradek.core.errors import CorruptRecordError
+from odradek.core import codec
+from odradek.core.kafka import apis, framing, schema
+from odradek.core.kafka.connection import KafkaConnection
+from odradek.core.protocol import ApiKey, ErrorCode
 
 
 def kafka_request(api: int, version: int, corr: int, body: dict, client: bytes = b"test") -> bytes:

@@ -8,8 +8,8 @@ from __future__ import annotations
 import time
 import uuid
 
-from odradek.network.kafka import schema
-from odradek.network.protocol import ApiKey
+from odradek.core.kafka import schema
+from odradek.core.protocol import ApiKey
 from tests.kafka.test_fuzz_apis import exchange, request_bytes, unknown_server_errors
 
 

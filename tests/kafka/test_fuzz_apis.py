@@ -35,8 +35,8 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings, strategies as st
 
 from odradek.local import LocalBroker
-from odradek.network.kafka import apis, framing, schema
-from odradek.network.protocol import ApiKey, OFFSETS_TOPIC, TXN_STATE_TOPIC
+from odradek.core.kafka import apis, framing, schema
+from odradek.core.protocol import ApiKey, OFFSETS_TOPIC, TXN_STATE_TOPIC
 
 FUZZ_EXAMPLES = int(os.environ.get("ODRADEK_FUZZ_EXAMPLES", "4"))
 # Shrinking a failure takes minutes of round trips: only in a longer run
@@ -342,7 +342,7 @@ def test_hostile_bodies_get_a_kafka_answer(fuzz_broker, api, version):
 @pytest.mark.parametrize("version", [0, 1])
 def test_a_heartbeat_owning_the_zero_topic_id_is_answered(fuzz_broker, version):
     """kio reads the all-zero topic id as None: ConsumerGroupHeartbeat's translation took its
-    .hex and closed the connection as malformed (network/kafka/groups.py)."""
+    .hex and closed the connection as malformed (core/kafka/groups.py)."""
     assert_answered(fuzz_broker, ApiKey.CONSUMER_GROUP_HEARTBEAT, version, {
         "group_id": f"fuzz-{uuid.uuid4().hex[:8]}", "member_id": uuid.uuid4().hex, "member_epoch": 0,
         "rebalance_timeout": 1000, "subscribed_topic_names": [KNOWN_TOPIC],

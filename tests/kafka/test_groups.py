@@ -91,7 +91,7 @@ def poll_values(c: KafkaConsumer, count: int, wait: float = 60) -> list:
 # ---- the consumer protocol's bytes (no broker) --------------------------------------------------
 
 def test_consumer_protocol_assignment_and_subscription_round_trip_and_garbage_decodes_to_nothing():
-    from odradek.network.kafka.groups import (decode_assignment, decode_subscription, encode_assignment,
+    from odradek.core.kafka.groups import (decode_assignment, decode_subscription, encode_assignment,
                                               encode_subscription)
     entries = [{"topic": "orders", "partitions": [0, 2]}, {"topic": "é", "partitions": []}]
     assert decode_assignment(encode_assignment(entries)) == entries
@@ -101,7 +101,7 @@ def test_consumer_protocol_assignment_and_subscription_round_trip_and_garbage_de
 
 
 def test_every_group_api_a_kafka_client_sends_is_advertised_by_api_versions():
-    from odradek.network.kafka.apis import REGISTRY, api_versions
+    from odradek.core.kafka.apis import REGISTRY, api_versions
     advertised = {k["api_key"]: (k["min_version"], k["max_version"]) for k in api_versions(3, {})["api_keys"]}
     # the versions librdkafka 2.x, kafka-python 3.x and aiokafka negotiate fall inside these ranges
     wanted = {8: (2, 9), 9: (1, 9), 10: (0, 5), 11: (0, 9), 12: (0, 4), 13: (0, 5), 14: (0, 5), 15: (0, 5),
@@ -494,7 +494,7 @@ def test_a_bundled_kip848_member_cannot_join_a_classic_group_with_members(bootst
 
 def test_a_classic_join_to_a_kip848_group_with_members_is_inconsistent_group_protocol(bootstrap, group):
     from odradek import Consumer
-    from odradek.network.kafka import schema
+    from odradek.core.kafka import schema
     topic = make_topic(bootstrap, 1)
     ours = Consumer(bootstrap, group_id=group, auto_offset_reset="earliest")
     try:
@@ -530,7 +530,7 @@ def kafka_request(bootstrap: str, api: int, version: int, body: bytes, corr: int
 
 def test_garbage_and_huge_group_requests_leave_the_coordinator_serving(broker, bootstrap, group):
     import random
-    from odradek.network.kafka import schema
+    from odradek.core.kafka import schema
     rng = random.Random(7)
     for i in range(120):
         api = rng.choice([8, 9, 10, 11, 12, 13, 14, 15, 16, 42])

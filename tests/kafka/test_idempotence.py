@@ -15,9 +15,9 @@ from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer
 
 from odradek import Admin
 from odradek.cluster import Connection
-from odradek.log import kafka_batch
-from odradek.log.records import Record
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import kafka_batch
+from odradek.core.records import Record
+from odradek.core.protocol import ApiKey, ErrorCode
 
 
 def consume_all(bootstrap: str, topic: str, partitions: int, wait: float = 60) -> dict[int, list]:

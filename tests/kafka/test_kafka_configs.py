@@ -14,7 +14,7 @@ from kafka.admin import ConfigResource as KConfigResource
 from kafka.admin import ConfigResourceType as KConfigResourceType
 from kafka.admin import NewTopic as KNewTopic
 
-from odradek.log.config import KAFKA_TOPIC_CONFIGS, LogConfig
+from odradek.core.config import KAFKA_TOPIC_CONFIGS, LogConfig
 from tests.kafka.test_admin import name, outcome
 
 WAIT = 60

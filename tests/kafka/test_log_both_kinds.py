@@ -5,11 +5,11 @@ import os
 import subprocess
 import sys
 
-from odradek.log import kafka_batch
+from odradek.core import kafka_batch
 from odradek.log.cleaner import clean
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
-from odradek.log.records import Record, encode_batch
+from odradek.core.records import Record, encode_batch
 from tests.log.support import Clock, log_records
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -11,8 +11,8 @@ import pytest
 from confluent_kafka import KafkaError, Producer as KafkaProducer
 
 from odradek import Admin, Consumer, TopicPartition
-from odradek.network.kafka import schema
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.kafka import schema
+from odradek.core.protocol import ApiKey, ErrorCode
 from tests.kafka.test_clients import kafka_consume
 from tests.log.test_batch_validation import GOOD, SECOND, TAIL, batch, bomb, record
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
 from tests.log.support import Clock, FaultyFiles
 

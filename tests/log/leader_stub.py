@@ -16,9 +16,9 @@ from __future__ import annotations
 import os
 import time
 
-from odradek.log import records as fmt
-from odradek.network import codec
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import records as fmt
+from odradek.core import codec
+from odradek.core.protocol import ApiKey, ErrorCode
 from tests.client.scripted_broker import ScriptedBroker
 
 

@@ -6,7 +6,7 @@ import errno
 import os
 
 from odradek.log.files import FileLayer
-from odradek.log.records import decode_batch, encode_batch, iter_batches
+from odradek.core.records import decode_batch, encode_batch, iter_batches
 
 
 class Clock:

@@ -14,12 +14,12 @@ import zlib
 import pytest
 import zmq
 
-from odradek.log.config import LogConfig
-from odradek.log import kafka_batch
-from odradek.log.errors import OdradekError
+from odradek.core.config import LogConfig
+from odradek.core import kafka_batch
+from odradek.core.errors import OdradekError
 from odradek.log.log import Log
 from odradek.log.producer_state import InvalidTxnStateError
-from odradek.log.records import (APPEND_VIEW, HEADER, MAGIC, TRANSACTIONAL_BIT, BatchHeader, Record, check_header,
+from odradek.core.records import (APPEND_VIEW, HEADER, MAGIC, TRANSACTIONAL_BIT, BatchHeader, Record, check_header,
                                  encode_batch, validate_batches)
 from tests.log.support import Clock
 

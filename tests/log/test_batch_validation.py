@@ -1,6 +1,6 @@
-"""A client's batch is validated as Kafka's LogValidator does (log.records.validate_produced,
-log.kafka_batch.check_records), and compressed records inflate through one bounded helper
-(log.inflate): pure tests, bytes in, the error code out."""
+"""A client's batch is validated as Kafka's LogValidator does (core.records.validate_produced,
+core.kafka_batch.check_records), and compressed records inflate through one bounded helper
+(core.inflate): pure tests, bytes in, the error code out."""
 from __future__ import annotations
 
 import struct
@@ -11,12 +11,12 @@ import zlib
 import cramjam
 import pytest
 
-from odradek.log import inflate, kafka_batch
-from odradek.log import records as records_module
-from odradek.log.errors import (CorruptRecordError, InvalidRecordError, RecordErrors, RecordTooLargeError)
-from odradek.log.records import (HEADER, HEADER_SIZE, OFFSET_CRC, BatchHeader, Record, decode_batch, encode_batch,
+from odradek.core import inflate, kafka_batch
+from odradek.core import records as records_module
+from odradek.core.errors import (CorruptRecordError, InvalidRecordError, RecordErrors, RecordTooLargeError)
+from odradek.core.records import (HEADER, HEADER_SIZE, OFFSET_CRC, BatchHeader, Record, decode_batch, encode_batch,
                                  validate_produced)
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 CODEC = {"none": 0, "gzip": 1, "snappy": 2, "lz4": 3, "zstd": 4}
 
@@ -180,8 +180,8 @@ def test_a_compression_bomb_is_refused_at_the_bound_with_bounded_memory(codec, t
     path.write_bytes(bomb(codec))
     script = f"""
 import resource, sys
-from odradek.log import inflate
-from odradek.log.records import decode_batch, validate_produced
+from odradek.core import inflate
+from odradek.core.records import decode_batch, validate_produced
 data = open({str(path)!r}, "rb").read()
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 for fn in (lambda: validate_produced(data), lambda: decode_batch(data)):
@@ -221,10 +221,11 @@ def test_the_cleaner_stops_at_a_bomb_naming_its_offset_with_bounded_memory(tmp_p
     path.write_bytes(bomb("gzip"))
     script = f"""
 import resource
-from odradek.log import cleaner, inflate
-from odradek.log.config import LogConfig
+from odradek.core import inflate
+from odradek.log import cleaner
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 lg = Log({str(tmp_path / "t-0")!r}, LogConfig(cleanup_policy="compact", min_cleanable_dirty_ratio=0.0))
 lg.append(bytearray(encode_batch([(b"k", b"old")])))
 lg.append(bytearray(open({str(path)!r}, "rb").read()))
@@ -281,7 +282,7 @@ def test_the_walk_agrees_with_the_decoder_on_random_batches_and_never_raises_any
 def test_the_c_record_checker_is_built():
     """bin/odradek and bin/test install it (setup.py); without it the produce path falls back
     to the Python walk, about a hundred times slower, and says so in the broker's log."""
-    assert kafka_batch._recordscan is not None, "odradek.log._recordscan is not built: pip install -e . with gcc"
+    assert kafka_batch._recordscan is not None, "odradek.core._recordscan is not built: pip install -e . with gcc"
 
 
 def outcome(b, compacted: bool, native: bool) -> tuple:
@@ -408,7 +409,7 @@ def test_the_c_checker_agrees_with_the_python_walk_on_random_and_mutated_batches
 
 
 def test_each_view_of_the_header_reads_the_fields_header_reads():
-    """The batch header's layout is spelled once (log/kafka_batch.py); the few-field views the
+    """The batch header's layout is spelled once (core/kafka_batch.py); the few-field views the
     hot paths use agree with HEADER and the named offsets on a header of distinct values."""
     values = (1001, 2002, 3003, 2, 4004, 0x15, 6006, 7007, 8008, 9009, 1010, 1111, 1212)
     raw = kafka_batch.HEADER.pack(*values)

@@ -6,10 +6,11 @@ import shutil
 
 import pytest
 
-from odradek.log import cleaner, kafka_batch
-from odradek.log.config import LogConfig
+from odradek.core import kafka_batch
+from odradek.log import cleaner
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
-from odradek.log.records import (TRANSACTIONAL_BIT, BatchHeader, Record, decode_batch, encode_batch,
+from odradek.core.records import (TRANSACTIONAL_BIT, BatchHeader, Record, decode_batch, encode_batch,
                                  encode_records)
 from tests.log.support import Clock, Crash, FaultyFiles, log_records
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 
 from odradek.log import index as ix
-from odradek.log.config import LogConfig
-from odradek.log.errors import InvalidConfigError
+from odradek.core.config import LogConfig
+from odradek.core.errors import InvalidConfigError
 
 
 def test_defaults_are_kafkas():

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.files import DescriptorCache, active_segments, descriptors
 from odradek.log.log import Log
 from odradek.log.reader import LogReader

@@ -17,11 +17,11 @@ import threading
 import pytest
 
 from odradek.actors.message import Message
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.files import FileLayer
 from odradek.log.log import CLEAN_SHUTDOWN, Log
 from odradek.log.log_actor import PartitionLog
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 from tests.log.test_isr_changes import LeaderUnderTest
 
 

@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.epochs import LEADER_EPOCH_CHECKPOINT, LeaderEpochCache
-from odradek.log.errors import InvalidRecordError
+from odradek.core.errors import InvalidRecordError
 from odradek.log.log import Log
-from odradek.log.records import BatchHeader
+from odradek.core.records import BatchHeader
 from tests.log.support import Clock, batch, log_batches
 
 

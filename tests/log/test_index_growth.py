@@ -7,8 +7,8 @@ import os
 import pytest
 
 from odradek.log import index as ix
-from odradek.log.config import LogConfig
-from odradek.log.errors import StorageError
+from odradek.core.config import LogConfig
+from odradek.core.errors import StorageError
 from tests.log.support import batch, log_batches, log_records
 
 

@@ -13,11 +13,11 @@ import pytest
 
 from odradek.actors.message import ERROR, REPLY, Message, error_fields
 from odradek.actors.metrics import Metrics
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
 from odradek.log.log_actor import LogActor, PartitionLog
-from odradek.log.records import encode_batch
-from odradek.network.protocol import ErrorCode
+from odradek.core.records import encode_batch
+from odradek.core.protocol import ErrorCode
 
 
 class LeaderUnderTest(LogActor):

@@ -6,10 +6,10 @@ import os
 
 import pytest
 
-from odradek.log.config import LogConfig
-from odradek.log.errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError,
+from odradek.core.config import LogConfig
+from odradek.core.errors import (CorruptRecordError, InvalidRecordError, OffsetOutOfRangeError,
                         RecordTooLargeError, StorageError)
-from odradek.log.records import BatchHeader, decode_batch, iter_batches
+from odradek.core.records import BatchHeader, decode_batch, iter_batches
 from tests.log.support import batch, log_batches, log_records
 
 
@@ -280,7 +280,7 @@ def Log_reopen(open_log):
 def test_follower_appends_keep_leader_offsets_and_refuse_going_backwards(open_log):
     open_log()  # the leader's log, beside the follower's
     b1 = bytearray(batch(3))
-    from odradek.log.records import patch_base_offset
+    from odradek.core.records import patch_base_offset
     patch_base_offset(b1, 10, 7)
     follower = open_log()
     info = follower.append_as_follower(bytes(b1))

@@ -10,9 +10,9 @@ from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from odradek.log.cleaner import clean
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
-from odradek.log.records import BatchHeader, decode_batch, encode_batch, iter_batches
+from odradek.core.records import BatchHeader, decode_batch, encode_batch, iter_batches
 from tests.log.support import Clock, log_records
 
 CFG = LogConfig(segment_bytes=1200, index_interval_bytes=200, segment_index_bytes=120,

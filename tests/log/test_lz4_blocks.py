@@ -21,7 +21,7 @@ import cramjam
 import msgpack
 import pytest
 
-from odradek.log import inflate
+from odradek.core import inflate
 
 GOLDEN = os.path.join(os.path.dirname(__file__), "data", "lz4_blocks.json")
 

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.fetch_actor import FetchActor
 from odradek.log.log import Log
 from odradek.log.log_actor import PartitionLog
-from odradek.log.records import encode_batch
-from odradek.network.kafka.apis import list_offsets_from_internal
-from odradek.network.protocol import ErrorCode
+from odradek.core.records import encode_batch
+from odradek.core.kafka.apis import list_offsets_from_internal
+from odradek.core.protocol import ErrorCode
 from tests.log.test_isr_changes import LeaderUnderTest, progress
 
 LATEST, EARLIEST = -1, -2

@@ -6,13 +6,13 @@ import os
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.producer_state import (INT32_MAX, MAX_CACHED_BATCHES, BatchMetadata, DuplicateSequenceError,
                                         InvalidProducerEpochError, OutOfOrderSequenceError,
                                         ProducerStateManager, UnknownProducerIdError, decode_snapshot,
                                         encode_snapshot, last_sequence, snapshot_name)
-from odradek.log.records import encode_batch
-from odradek.network.protocol import ErrorCode
+from odradek.core.records import encode_batch
+from odradek.core.protocol import ErrorCode
 from tests.log.support import log_records
 
 PID = 4000
@@ -243,9 +243,9 @@ def test_expired_producers_must_start_again_at_sequence_zero(open_log, clock):
 
 
 def test_a_kafka_transactional_batch_without_a_producer_id_is_refused(open_log):
-    from odradek.log import kafka_batch
+    from odradek.core import kafka_batch
     from odradek.log.producer_state import InvalidTxnStateError
-    from odradek.log.records import Record
+    from odradek.core.records import Record
     recs = [Record(0, 1_700_000_000_000, None, b"v", [])]
     txn = kafka_batch.encode(recs, base_offset=0, first_timestamp=1_700_000_000_000, max_timestamp=1_700_000_000_000,
                              attributes=kafka_batch.TRANSACTIONAL_BIT, producer_id=-1, producer_epoch=-1,

@@ -5,11 +5,11 @@ import multiprocessing
 
 import pytest
 
-from odradek.log.config import LogConfig
-from odradek.log.errors import OffsetOutOfRangeError
+from odradek.core.config import LogConfig
+from odradek.core.errors import OffsetOutOfRangeError
 from odradek.log.log import Log
 from odradek.log.reader import LogReader
-from odradek.log.records import iter_batches
+from odradek.core.records import iter_batches
 from tests.log.support import Clock, batch, log_batches
 
 CFG = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_index_bytes=240,

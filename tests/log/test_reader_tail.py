@@ -2,10 +2,10 @@
 exactly what the indexed path returns (also after rolls and truncation)."""
 import time
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
 from odradek.log.reader import LogReader
-from odradek.log.records import BatchHeader, encode_batch
+from odradek.core.records import BatchHeader, encode_batch
 
 
 def fill(tmp_path, batches, segment_bytes=1 << 30):

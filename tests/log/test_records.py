@@ -9,8 +9,8 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odradek.log.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
-from odradek.log.records import (HEADER, HEADER_SIZE, MAGIC, BatchHeader, Record, decode_batch,
+from odradek.core.errors import CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordTooLargeError
+from odradek.core.records import (HEADER, HEADER_SIZE, MAGIC, BatchHeader, Record, decode_batch,
                          encode_batch, encode_records, iter_batches, patch_base_offset,
                          set_log_append_time, validate_batch, validate_batches, validate_produced)
 

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from odradek.log.config import LogConfig
+from odradek.core.config import LogConfig
 from odradek.log.log import Log
-from odradek.log.records import BatchHeader
+from odradek.core.records import BatchHeader
 from tests.log.support import Crash, FaultyFiles, batch, log_batches
 
 CFG = LogConfig(segment_bytes=2048, index_interval_bytes=256, segment_index_bytes=240,

@@ -11,9 +11,9 @@ import pytest
 from odradek.actors.client import MailboxClient
 from odradek.actors.runtime import Actor
 from odradek.actors.names import placement
-from odradek.log import records as fmt
+from odradek.core import records as fmt
 from odradek.log import replica_fetcher as rf
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 from tests.log.leader_stub import LeaderStub
 
 

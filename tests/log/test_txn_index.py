@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.log import kafka_batch
-from odradek.log.records import Record
+from odradek.core import kafka_batch
+from odradek.core.records import Record
 from odradek.log.txn_index import AbortedTxn, TxnIndex
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 PID_A, PID_B = 7000, 8000
 

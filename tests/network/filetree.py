@@ -13,7 +13,7 @@ import sys
 
 from odradek.actors.supervisor import Supervisor, run_supervisor
 from odradek.network.handler import SUPPORTED, RequestHandler
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 from odradek import config as cfg
 from odradek.broker import actor_specs
 

@@ -10,9 +10,9 @@ import time
 
 import msgpack
 
-from odradek.network import codec
+from odradek.core import codec
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, OdradekError
+from odradek.core.protocol import ApiKey, OdradekError
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "condition"):

@@ -12,7 +12,7 @@ from confluent_kafka.admin import AdminClient
 
 from odradek import Admin
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 BAD_BODIES = [
     (ApiKey.ELECT_LEADERS, {"topic_partitions": "all"}, "topic_partitions"),

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 
 from tests.network.helpers import (PingLoad, actor, connect, packed_header, raw_frame, raw_request, raw_socket,
                                    read_responses, wait_until)

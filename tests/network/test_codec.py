@@ -7,8 +7,8 @@ import msgpack
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from odradek.network import codec
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import codec
+from odradek.core.protocol import ApiKey, ErrorCode
 
 
 def wire(bufs) -> bytes:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 from tests.network.helpers import actor, connect, kill9, raw_socket, read_responses, retrying, wait_until
 

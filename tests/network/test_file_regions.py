@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

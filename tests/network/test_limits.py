@@ -12,7 +12,7 @@ import time
 
 import msgpack
 
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 
 from tests.network.helpers import connect, raw_request, raw_socket, read_responses, wait_until
 

@@ -1,5 +1,5 @@
 """docs/PROTOCOL.md lists every API key the handler supports and every error code, as
-``network/protocol.py`` defines them. ``python -m tests.network.test_protocol_doc`` rewrites
+``core/protocol.py`` defines them. ``python -m tests.network.test_protocol_doc`` rewrites
 the error table."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 import re
 
 from odradek.network.handler import SUPPORTED
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 DOC = os.path.join(os.path.dirname(__file__), "..", "..", "docs", "PROTOCOL.md")
 START, END = "<!-- error-codes:start -->", "<!-- error-codes:end -->"

@@ -5,7 +5,7 @@ import pytest
 
 from odradek.network.client import parse_bootstrap
 from odradek.network.handler import SUPPORTED
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 from tests.network.helpers import actors_of, connect, raw_request, raw_socket, read_responses, wait_until
 

@@ -1,7 +1,7 @@
 """Scaling the handler pool at run time (IncrementalAlterConfigs num.io.threads) under load."""
 from __future__ import annotations
 
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 from tests.network.helpers import PingLoad, actors_of, connect, wait_until
 

@@ -22,7 +22,7 @@ import pytest
 from odradek import Admin, Consumer, Producer
 from odradek.network import secstore
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 from odradek.types import TopicPartition
 
 from tests.network.helpers import connect, raw_request, raw_socket, read_responses, wait_until

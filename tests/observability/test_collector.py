@@ -7,7 +7,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from odradek.actors.metrics import BUCKETS_MS, BoundedLabels, Metrics
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 from odradek.observe.collector import BrokerCollector, Snapshot
 
 

@@ -12,7 +12,7 @@ import pytest
 from selenium.webdriver.common.by import By
 
 from odradek import Admin, Consumer, Producer
-from odradek.network.protocol import OFFSETS_TOPIC
+from odradek.core.protocol import OFFSETS_TOPIC
 from odradek.types import TopicPartition
 from tests.observability.browser import headless_chromium
 from tests.observability.conftest import http_get

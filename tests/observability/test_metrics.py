@@ -11,7 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from odradek import Admin, Consumer, Producer
 from odradek.observe.catalogue import GROUP_PARTITION, PARTITION_COLUMNS, all_specs
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.types import TopicPartition
 from tests.observability.conftest import http_get
 
@@ -259,7 +259,7 @@ def test_a_long_poll_fetch_shows_its_wait_as_remote_time(shared_broker):
 def test_the_processors_log_line_about_a_bad_request_names_the_client_id(shared_broker):
     import socket
     import struct
-    from odradek.network import codec
+    from odradek.core import codec
     host, port = shared_broker.bootstrap.split(":")
     with socket.create_connection((host, int(port)), timeout=10) as sock:
         sock.sendall(b"".join(codec.encode_request(ApiKey.METADATA, 0, 1, "obs-who-am-i", {})))

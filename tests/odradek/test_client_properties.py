@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.client_properties import client_options
-from odradek.network.protocol import OdradekError
+from odradek.core.protocol import OdradekError
 
 
 def write(tmp_path, text: str) -> str:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 from odradek import config as cfg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -14,7 +14,7 @@ import time
 import pytest
 
 from odradek import Admin, OdradekError
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 from tests.odradek.test_storage_defects import fill, produce
 
 

@@ -1,7 +1,8 @@
-"""One installed namespace: Odradek's layers are ``odradek.actors``, ``odradek.network``,
-``odradek.log``, ``odradek.coordinator`` and ``odradek.pipeline``, never top-level packages.
+"""One installed namespace: Odradek's layers are ``odradek.core``, ``odradek.actors``,
+``odradek.network``, ``odradek.log``, ``odradek.coordinator`` and ``odradek.pipeline``, never
+top-level packages.
 
-An application directory holding its own ``log.py``, ``network.py``, ``pipeline.py``,
+An application directory holding its own ``core.py``, ``log.py``, ``network.py``, ``pipeline.py``,
 ``actors.py`` and ``coordinator.py`` (common file names) must be able to use the client, the
 broker and the Spark connector; and no module of the repository may import a layer by its
 bare folder name, which would find the user's file instead of ours.
@@ -16,7 +17,7 @@ import sys
 import textwrap
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
-LAYERS = ("actors", "network", "log", "coordinator", "pipeline", "observe")
+LAYERS = ("core", "actors", "network", "log", "coordinator", "pipeline", "observe")
 SHADOWS = {name: f"raise ImportError('the application\\'s own {name}.py was imported by Odradek')\n"
            for name in LAYERS}
 
@@ -91,7 +92,7 @@ def test_the_broker_starts_from_a_directory_that_shadows_every_layer(tmp_path):
 
 def test_the_installed_package_list_names_every_subpackage_of_every_layer():
     """setuptools' package-dir mapping installs only the packages listed in pyproject.toml: a
-    subpackage left out (network/kafka was) works from an editable checkout and is missing
+    subpackage left out (network/kafka, now core/kafka, was) works from an editable checkout and is missing
     from a built wheel."""
     import tomllib
 

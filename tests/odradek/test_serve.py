@@ -9,7 +9,7 @@ import time
 import psutil
 
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, OdradekError
+from odradek.core.protocol import ApiKey, OdradekError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -9,7 +9,7 @@ import pytest
 
 from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 
 
 def produce(bootstrap, topic, values):

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 from odradek import Admin, Consumer, Producer, TopicPartition
 from tests.conftest import BrokerProcess
 

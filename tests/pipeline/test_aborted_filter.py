@@ -3,7 +3,7 @@ the bundled Consumer and by the Spark connector's fetcher): headers only, no bro
 from __future__ import annotations
 
 from odradek.consumer import AbortedTransactions
-from odradek.log.records import CONTROL_BIT, MAGIC, TRANSACTIONAL_BIT, BatchHeader
+from odradek.core.records import CONTROL_BIT, MAGIC, TRANSACTIONAL_BIT, BatchHeader
 
 A, B = 1000, 2000  # producer ids
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.log.records import encode_records, Record
+from odradek.core.records import encode_records, Record
 from odradek.pipeline import options as opt
 from odradek.consumer import split_batches as split
 from odradek.pipeline.columns import ARROW_SCHEMA, ARROW_SCHEMA_HEADERS, to_arrow

@@ -5,7 +5,8 @@ from __future__ import annotations
 import base64
 import logging
 
-from odradek.network import basic_auth, sasl, secstore
+from odradek.core import sasl
+from odradek.network import basic_auth, secstore
 
 
 def _header(user: str, password: str) -> str:

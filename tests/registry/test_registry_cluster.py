@@ -11,7 +11,7 @@ import time
 import pytest
 from confluent_kafka.schema_registry import Schema, SchemaRegistryClient
 
-from odradek.network.protocol import SCHEMAS_TOPIC
+from odradek.core.protocol import SCHEMAS_TOPIC
 from tests.registry.client import http
 
 VISIBLE_WITHIN = 5.0  # seconds: a registration reaches every broker's registry (docs/SCHEMAS.md says why)

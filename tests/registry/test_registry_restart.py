@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from odradek.actors.names import partition_dir
-from odradek.network.protocol import SCHEMAS_TOPIC
+from odradek.core.protocol import SCHEMAS_TOPIC
 from tests.coordinator.test_replay_poison import _append_poison
 from tests.registry.client import http
 

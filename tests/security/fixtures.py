@@ -14,9 +14,10 @@ import time
 import pytest
 
 from odradek.local import LocalBroker
-from odradek.network import sasl, secstore
-from odradek.network.kafka import framing, schema
-from odradek.network.protocol import ApiKey
+from odradek.core import sasl
+from odradek.network import secstore
+from odradek.core.kafka import framing, schema
+from odradek.core.protocol import ApiKey
 
 LISTENER = re.compile(r"odradek listener (\S+) on (\S+):(\d+) \((\S+)\)")
 

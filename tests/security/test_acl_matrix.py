@@ -27,11 +27,11 @@ import pytest
 
 from odradek import Admin, Consumer, Producer
 from odradek.local import LocalBroker
-from odradek.log import kafka_batch
-from odradek.log.records import OFFSET_ATTRIBUTES, OFFSET_CRC, TRANSACTIONAL_BIT, Record, crc_of, encode_batch
+from odradek.core import kafka_batch
+from odradek.core.records import OFFSET_ATTRIBUTES, OFFSET_CRC, TRANSACTIONAL_BIT, Record, crc_of, encode_batch
 from odradek.network import secstore
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from tests.security.fixtures import RawKafka, listeners_of, warm_kafka
 
 MECHANISM = "SCRAM-SHA-256"

@@ -17,7 +17,7 @@ import pytest
 from odradek import Admin, Consumer, Producer
 from odradek.local import LocalBroker
 from odradek.network import secstore
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.types import TopicPartition
 from tests.security.fixtures import listeners_of, warm_kafka
 
@@ -197,9 +197,9 @@ def _confluent_as(broker, user: str, **extra) -> dict:
 
 
 def test_a_produce_to_a_denied_and_an_allowed_topic_fails_only_the_denied_ones_partitions(acl_broker, topics):
-    from odradek.log.records import encode_batch
+    from odradek.core.records import encode_batch
     from odradek.network.client import BrokerConnection
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     writable = f"b-writable-{uuid.uuid4().hex[:6]}"
     with Admin(sasl_addr(acl_broker), **as_user("admin")) as admin:
         admin.create_topic(writable)

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from odradek.network.authorizer import Acl, Authorizer, Filter, requirements
-from odradek.network.protocol import ApiKey
+from odradek.core.protocol import ApiKey
 
 A = "User:alice"
 
@@ -122,7 +122,7 @@ def test_inter_broker_apis_need_a_proven_broker_or_with_the_authorizer_on_cluste
     with the authorizer off only a connection proved as the broker the request names; with it
     on, also a principal granted ClusterAction (Kafka's rule), never another one."""
     from odradek.network.guard import Guard
-    from odradek.network.protocol import ErrorCode, OdradekError
+    from odradek.core.protocol import ErrorCode, OdradekError
 
     def refused(guard, fields, api, body):
         try:

@@ -1,5 +1,5 @@
 """Authorization reads every version of every Kafka API the broker serves: for each API and
-version of the Kafka table (``network.kafka.apis.REGISTRY``), a request built from Kafka's
+version of the Kafka table (``core.kafka.apis.REGISTRY``), a request built from Kafka's
 schema (kio) with every string field set to a marker naming it and one element in every
 array is encoded, decoded and translated to its internal body as a client's would be, and
 ``authorizer.requirements`` must name the resources the request is about (the group, topic
@@ -15,8 +15,8 @@ import uuid
 import pytest
 
 from odradek.network import authorizer as az
-from odradek.network.kafka import apis, schema
-from odradek.network.protocol import ApiKey
+from odradek.core.kafka import apis, schema
+from odradek.core.protocol import ApiKey
 
 # The resource types each API's requirements must name, at every version served.
 EXPECTED = {
@@ -103,8 +103,8 @@ def test_describe_cluster_is_free_as_in_kafka():
 def test_a_transactional_produce_needs_write_on_its_transactional_id_at_every_version(version):
     """Issue 27: the Produce's ``transactional_id`` (v3+) reaches the internal body, and a
     request whose batches are transactional needs Write on it, before any topic."""
-    from odradek.log import kafka_batch
-    from odradek.log.records import Record
+    from odradek.core import kafka_batch
+    from odradek.core.records import Record
     batch = kafka_batch.encode([Record(0, 1, None, b"v", [])], base_offset=0, first_timestamp=1, max_timestamp=1,
                                attributes=kafka_batch.TRANSACTIONAL_BIT, producer_id=7, producer_epoch=0,
                                base_sequence=0)

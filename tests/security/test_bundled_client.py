@@ -9,9 +9,9 @@ import uuid
 import pytest
 
 from odradek import Admin, Consumer, Producer
-from odradek.network import codec
+from odradek.core import codec
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek.types import TopicPartition
 from tests.security.fixtures import USERS
 

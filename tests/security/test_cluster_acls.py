@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from odradek.network.client import BrokerConnection, parse_bootstrap
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.protocol import ApiKey, ErrorCode
 
 
 def _conn(broker) -> BrokerConnection:

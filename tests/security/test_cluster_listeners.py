@@ -19,7 +19,7 @@ import pytest
 from odradek.local import LocalCluster
 from odradek.network import secstore
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from tests.cluster.fixtures import TEST_SETTINGS
 from tests.security.fixtures import listeners_of, warm_kafka
 

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from odradek.local import LocalBroker
-from odradek.network import codec
-from odradek.network.protocol import ApiKey
+from odradek.core import codec
+from odradek.core.protocol import ApiKey
 
 
 @pytest.fixture(scope="module")

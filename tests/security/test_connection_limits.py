@@ -15,8 +15,8 @@ import pytest
 
 from odradek.actors.client import MailboxClient
 from odradek.local import LocalBroker
-from odradek.network import codec
-from odradek.network.protocol import ApiKey
+from odradek.core import codec
+from odradek.core.protocol import ApiKey
 from tests.security.fixtures import listeners_of
 
 LISTENER_MAX = 5

@@ -19,9 +19,9 @@ from confluent_kafka.admin import (AdminClient, AlterConfigOpType, ConfigEntry, 
 
 from odradek import Admin, Producer
 from odradek.coordinator.offsets import Committed, offset_record, partition_for
-from odradek.log.records import encode_batch
+from odradek.core.records import encode_batch
 from odradek.network.client import BrokerConnection
-from odradek.network.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import OFFSETS_TOPIC, TXN_STATE_TOPIC, ApiKey, ErrorCode, OdradekError
 
 INVALID_TOPIC = int(ErrorCode.INVALID_TOPIC_EXCEPTION)
 
@@ -153,7 +153,7 @@ TOPIC_DENIED, NOT_ATTEMPTED = int(ErrorCode.TOPIC_AUTHORIZATION_FAILED), int(Err
 
 
 def test_add_partitions_to_txn_of_an_internal_topic_adds_nothing_at_every_version(broker):
-    from odradek.network.kafka import apis
+    from odradek.core.kafka import apis
     from tests.security.fixtures import RawKafka
     assert apis.REGISTRY[ApiKey.ADD_PARTITIONS_TO_TXN].max_version == 3
     topic_with_records(broker.bootstrap, "orders", 1)

@@ -28,9 +28,10 @@ import pytest
 
 from odradek import Admin
 from odradek.local import LocalBroker
-from odradek.network import sasl, secstore
+from odradek.core import sasl
+from odradek.network import secstore
 from odradek.network.clientauth import ClientSecurity
-from odradek.network.protocol import ApiKey, ErrorCode, OdradekError
+from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from tests.security.fixtures import listeners_of
 
 NOBODY = pwd.getpwnam("nobody").pw_uid

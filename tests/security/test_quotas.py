@@ -99,9 +99,9 @@ def test_a_throttled_kafka_client_reads_the_throttle_time_in_its_produce_and_fet
 
 
 def test_a_throttled_native_produce_answer_carries_the_throttle_time(quota_broker):
-    from odradek.log.records import encode_batch
+    from odradek.core.records import encode_batch
     from odradek.network.client import BrokerConnection
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     _set_quota(quota_broker, "native-throttled", "producer_byte_rate", 10_000)
     topic = f"throttled-native-{uuid.uuid4().hex[:8]}"
     with Admin(quota_broker.bootstrap) as admin:
@@ -143,9 +143,9 @@ def test_two_connections_of_one_client_on_two_processors_share_one_quota_and_los
     acceptor, which holds the buckets. Without it each processor gave the client its rate, so
     two connections got twice the quota."""
     import threading
-    from odradek.log.records import encode_batch
+    from odradek.core.records import encode_batch
     from odradek.network.client import BrokerConnection
-    from odradek.network.protocol import ApiKey
+    from odradek.core.protocol import ApiKey
     rate, size, per_conn = 200_000, 5000, 100
     _set_quota(quota_broker, "two-processors", "producer_byte_rate", rate)
     topic = f"shared-quota-{uuid.uuid4().hex[:8]}"

@@ -1,4 +1,4 @@
-"""network/sasl.py without sockets: SCRAM-SHA-256/512 (RFC 5802/7677) and PLAIN, server and
+"""core/sasl.py without sockets: SCRAM-SHA-256/512 (RFC 5802/7677) and PLAIN, server and
 client sides, against each other and against RFC 7677's published example."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import hmac
 
 import pytest
 
-from odradek.network import sasl
+from odradek.core import sasl
 
 
 def _lookup(creds: dict):

@@ -25,11 +25,11 @@ import importlib
 import struct
 from typing import Callable
 
-from odradek.log import kafka_batch, records
-from odradek.log.errors import CorruptRecordError, RecordTooLargeError
-from odradek.network.kafka import schema
-from odradek.network.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import kafka_batch, records
+from odradek.core.errors import CorruptRecordError, RecordTooLargeError
+from odradek.core.kafka import schema
+from odradek.core.kafka.framing import FrameError, read_uvarint, skip_tagged, uvarint
+from odradek.core.protocol import ApiKey, ErrorCode
 
 
 @dataclasses.dataclass(frozen=True)
@@ -476,7 +476,7 @@ register(Api(ApiKey.OFFSET_FOR_LEADER_EPOCH, 2, 4, epoch_to_internal, epoch_from
 
 for _family in ("groups", "admin", "txn", "security"):
     try:
-        importlib.import_module(f"odradek.network.kafka.{_family}")
+        importlib.import_module(f"odradek.core.kafka.{_family}")
     except ModuleNotFoundError as _exc:
-        if _exc.name != f"odradek.network.kafka.{_family}":
+        if _exc.name != f"odradek.core.kafka.{_family}":
             raise

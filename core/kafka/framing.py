@@ -15,8 +15,8 @@ from __future__ import annotations
 import struct
 from typing import NamedTuple
 
-from odradek.network import codec
-from odradek.network.protocol import ErrorCode
+from odradek.core import codec
+from odradek.core.protocol import ErrorCode
 
 _I32 = struct.Struct(">i")
 _HEAD = struct.Struct(">hhih")

@@ -13,7 +13,7 @@ import logging
 import re
 from dataclasses import dataclass, field
 
-from odradek.log.errors import InvalidConfigError
+from odradek.core.errors import InvalidConfigError
 
 log = logging.getLogger("odradek.config")
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 
 class BadRequest(OdradekError):

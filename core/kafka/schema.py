@@ -36,7 +36,7 @@ finally:
     if _HIDE_HYPOTHESIS:
         del sys.modules["hypothesis"]
 
-from odradek.network.kafka.framing import FrameError, skip_tagged
+from odradek.core.kafka.framing import FrameError, skip_tagged
 
 _EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.timezone.utc)
 

@@ -1,6 +1,6 @@
 """Kafka's record batch (magic 2): checks for the broker, decoding and encoding for clients.
 
-Layer 1 (pure, no I/O), beside ``log.records`` which dispatches here by the magic byte.
+Layer 1 (pure, no I/O), beside ``core.records`` which dispatches here by the magic byte.
 A magic-2 batch has the same 61-byte header as Odradek's native batch (``HEADER``, spelled here);
 what differs is the magic (2), the checksum (CRC-32C over the same covered bytes), the
 attribute bits (compression 0 none, 1 gzip, 2 snappy, 3 lz4 frame, 4 zstd; bit 4
@@ -8,7 +8,7 @@ transactional) and the records, which are varint-framed instead of one msgpack l
 
 - The **broker** calls ``check_header``, ``crc_of`` and, on a client's batch,
   ``check_records`` (via ``records``): header fields, CRC-32C, and every record's fields as
-  Kafka's DefaultRecord reader checks them (in C, log/_recordscan.c; ``walk`` is the Python
+  Kafka's DefaultRecord reader checks them (in C, core/_recordscan.c; ``walk`` is the Python
   reference); base offset and leader epoch are patched like a native batch.
 - **Readers** call ``decode`` (the bundled consumer, the compactor, ``dump-log``) and the
   processor calls ``from_native`` to hand a Kafka consumer a batch written natively.
@@ -23,11 +23,11 @@ from typing import Sequence
 import cramjam
 import crc32c as _crc32c
 
-from odradek.log import inflate
-from odradek.log.errors import CorruptRecordError, InvalidRecordError, RecordErrors
+from odradek.core import inflate
+from odradek.core.errors import CorruptRecordError, InvalidRecordError, RecordErrors
 
-try:  # Kafka's DefaultRecord checks in C (log/_recordscan.c, built by setup.py); check_records
-    from odradek.log import _recordscan  # falls back to the Python walk without it
+try:  # Kafka's DefaultRecord checks in C (core/_recordscan.c, built by setup.py); check_records
+    from odradek.core import _recordscan  # falls back to the Python walk without it
 except ImportError:
     _recordscan = None
 if getattr(_recordscan, "VERSION", None) != 1:  # a build of another version of the C source: not used
@@ -333,7 +333,7 @@ def check_records(buf, h, *, compacted: bool = False, limit: int = inflate.DEFAU
     window at a time within ``limit`` bytes. On a ``compacted`` topic records without a key
     are listed by index (KIP-467) in the ``RecordErrors`` raised (INVALID_RECORD): the batch
     fails and the client learns which records did it. Done by the C ``Scanner``
-    (log/_recordscan.c: 0.2-0.4 ms per 6,400-record batch, a quarter of the Python framing
+    (core/_recordscan.c: 0.2-0.4 ms per 6,400-record batch, a quarter of the Python framing
     check it replaced) or, where it was not built, by ``walk`` (about a hundred times as
     much: the broker says so in its log at the first batch). Figures: docs/FORMAT.md."""
     keyless = [] if compacted else None
@@ -366,9 +366,9 @@ def _check_by_walk(buf, h, keyless: list | None, limit: int, where: str) -> None
     if not _warned:
         _warned = True
         logging.getLogger("odradek.log").warning(
-            "the C record checker (odradek.log._recordscan) is not built: produced batches are checked "
+            "the C record checker (odradek.core._recordscan) is not built: produced batches are checked "
             "in Python, about 100 times slower; reinstall with a C compiler and Python's headers "
-            "(bin/odradek does it when setup.py or log/_recordscan.c change)")
+            "(bin/odradek does it when setup.py or core/_recordscan.c change)")
     expect = 0
     for off_delta, _ts, has_key in walk(buf, h, limit, where):
         if off_delta != expect:

@@ -34,7 +34,7 @@ from typing import Iterator
 
 import cramjam
 
-from odradek.log.errors import CorruptRecordError, RecordTooLargeError
+from odradek.core.errors import CorruptRecordError, RecordTooLargeError
 
 CHUNK = 64 << 10  # decompressed bytes produced per step by the streaming codecs
 INFLATE_FACTOR = 64  # a produced batch may inflate to this many times the topic's max.message.bytes

@@ -38,7 +38,7 @@ from typing import Any, NamedTuple, Sequence
 
 import msgpack
 
-from odradek.network.protocol import ErrorCode
+from odradek.core.protocol import ErrorCode
 
 _U32 = struct.Struct(">I")
 _U32x2 = struct.Struct(">II")

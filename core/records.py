@@ -1,7 +1,7 @@
 """The record-batch format: one binary layout shared by producer, broker log and consumer.
 
 Layer 1 (pure, no I/O): imported by the client and by the broker alike; it imports only the
-stdlib, msgpack, cramjam and ``log.errors``. Nothing here holds state, so every function is safe
+stdlib, msgpack, cramjam and ``core.errors``. Nothing here holds state, so every function is safe
 to call from any thread or process. Byte-level description: docs/FORMAT.md.
 
 Who does what:
@@ -27,12 +27,12 @@ from typing import Iterator, NamedTuple, Sequence
 import cramjam
 import msgpack
 
-from odradek.log import inflate, kafka_batch
-from odradek.log.errors import (CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordErrors,
+from odradek.core import inflate, kafka_batch
+from odradek.core.errors import (CorruptRecordError, InvalidRecordError, InvalidTimestampError, RecordErrors,
                                 RecordTooLargeError)
 
 # The 61-byte header both formats share: its layout is spelled once, in kafka_batch
-from odradek.log.kafka_batch import (APPEND_VIEW, CRC_START, HEADER, HEADER_SIZE, LENGTH_AND_MAGIC,  # noqa: F401
+from odradek.core.kafka_batch import (APPEND_VIEW, CRC_START, HEADER, HEADER_SIZE, LENGTH_AND_MAGIC,  # noqa: F401
                                      LOG_OVERHEAD, MIN_BATCH_LENGTH, OFFSET_ATTRIBUTES, OFFSET_BASE, OFFSET_CRC,
                                      OFFSET_LEADER_EPOCH, OFFSET_LENGTH, OFFSET_MAGIC, OFFSET_MAX_TIMESTAMP,
                                      OFFSET_PRODUCER_EPOCH, OFFSET_PRODUCER_ID, PATCHED_HEAD, PATCHED_PREFIX,
@@ -135,7 +135,7 @@ def check_header(h: BatchHeader, pos: int | None = None) -> None:
 
 
 def _diagnose(h: BatchHeader, where: str) -> None:
-    if h.magic == kafka_batch.MAGIC:  # Kafka's batch: its own rules (log/kafka_batch.py)
+    if h.magic == kafka_batch.MAGIC:  # Kafka's batch: its own rules (core/kafka_batch.py)
         kafka_batch.check_header(h, where)
         return
     if h.magic != MAGIC:

@@ -1,6 +1,6 @@
 """Kafka's admin APIs, translated onto the broker's internal ones (registered in ``apis``).
 
-Pure, no I/O; runs in the processor (imported by ``network/kafka/apis.py``). Each entry
+Pure, no I/O; runs in the processor (imported by ``core/kafka/apis.py``). Each entry
 turns a Kafka request body (kio's field names) into the internal request a native client
 sends for the same job (docs/PROTOCOL.md), and the internal answer back into Kafka's
 response. The handler routes them as it routes the native ones (topic changes, partition
@@ -32,9 +32,9 @@ from __future__ import annotations
 
 import uuid
 
-from odradek.log.config import KAFKA_TOPIC_CONFIGS, LogConfig
-from odradek.network.kafka.apis import OPERATIONS_NOT_ASKED, Api, register
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.config import KAFKA_TOPIC_CONFIGS, LogConfig
+from odradek.core.kafka.apis import OPERATIONS_NOT_ASKED, Api, register
+from odradek.core.protocol import ApiKey, ErrorCode
 
 # Kafka's ConfigResource.Type and ConfigSource numbers.
 TOPIC, BROKER = 2, 4

@@ -1,5 +1,5 @@
 /* The records of a Kafka (magic 2) batch, checked field by field as Kafka's DefaultRecord
- * reader does: the produce path's check on every topic (log/kafka_batch.py, check_records).
+ * reader does: the produce path's check on every topic (core/kafka_batch.py, check_records).
  *
  * Layer 1 (pure, no I/O). kafka_batch.walk is the reference, in Python; this is the same check
  * at about a hundredth of its cost, and tests/log/test_batch_validation.py keeps the two in
@@ -266,7 +266,7 @@ static PyMethodDef scanner_methods[] = {
 
 static PyTypeObject ScannerType = {
     PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "odradek.log._recordscan.Scanner",
+    .tp_name = "odradek.core._recordscan.Scanner",
     .tp_doc = "Scanner(count, keyless=None): the records of a magic-2 batch, fed in pieces",
     .tp_basicsize = sizeof(Scanner),
     .tp_flags = Py_TPFLAGS_DEFAULT,
@@ -279,7 +279,7 @@ static PyTypeObject ScannerType = {
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_recordscan",
-    .m_doc = "Kafka's DefaultRecord checks over a magic-2 batch's records, in C (log/kafka_batch.py)",
+    .m_doc = "Kafka's DefaultRecord checks over a magic-2 batch's records, in C (core/kafka_batch.py)",
     .m_size = -1,
 };
 

@@ -1,6 +1,6 @@
 """The storage library's exceptions: each one an ``OdradekError`` carrying its protocol code.
 
-Pure and I/O-free (imported by ``log.records``, which clients import too). Every error the log
+Pure and I/O-free (imported by ``core.records``, which clients import too). Every error the log
 raises is one of these, so the log actor turns any of them into ``(code, message)`` for its
 reply without a lookup table. Whose fault it is: ``CorruptRecordError`` and
 ``RecordTooLargeError`` blame the batch the caller handed in (or bytes found on disk, during
@@ -10,7 +10,7 @@ the client's family too (odradek/errors.py registers them, under both names): on
 """
 from __future__ import annotations
 
-from odradek.network.protocol import ErrorCode, OdradekError
+from odradek.core.protocol import ErrorCode, OdradekError
 
 
 class CorruptRecordError(OdradekError):

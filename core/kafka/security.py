@@ -10,10 +10,10 @@
 """
 from __future__ import annotations
 
-from odradek.network import sasl
-from odradek.network.kafka import schema
-from odradek.network.kafka.apis import Api, register, top_level_error
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import sasl
+from odradek.core.kafka import schema
+from odradek.core.kafka.apis import Api, register, top_level_error
+from odradek.core.protocol import ApiKey, ErrorCode
 
 SASL_APIS = (ApiKey.SASL_HANDSHAKE, ApiKey.SASL_AUTHENTICATE)
 

@@ -4,7 +4,7 @@ This is the bottom layer (see docs/ARCHITECTURE.md): the broker's actors, the lo
 and the client all import it; it imports nothing of the project. Numbers are Kafka's where
 the meaning is the same, so a Kafka operator reading a log line or an error code knows it.
 
-The wire framing of client requests lives in ``network.codec``; this module holds the
+The wire framing of client requests lives in ``core.codec``; this module holds the
 closed sets of names and numbers, described in docs/PROTOCOL.md, and the one parser of
 listener addresses (``PLAINTEXT://host:port``) that the config, acceptor and handlers share.
 """

@@ -24,8 +24,8 @@ from __future__ import annotations
 import struct
 import uuid
 
-from odradek.network.kafka.apis import OPERATIONS_NOT_ASKED, Api, _uuid, register, top_level_error
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core.kafka.apis import OPERATIONS_NOT_ASKED, Api, _uuid, register, top_level_error
+from odradek.core.protocol import ApiKey, ErrorCode
 
 _I16, _I32 = struct.Struct(">h"), struct.Struct(">i")
 

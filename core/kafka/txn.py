@@ -3,14 +3,14 @@ AddOffsetsToTxn (25), EndTxn (26), TxnOffsetCommit (28), and the admin APIs of
 kafka-transactions.sh: DescribeProducers (61), DescribeTransactions (65), ListTransactions
 (66), all served by the transaction coordinator actor.
 
-Pure, no I/O; registers itself in ``network.kafka.apis`` (the families tuple at the end of
+Pure, no I/O; registers itself in ``core.kafka.apis`` (the families tuple at the end of
 that module imports it). The internal request is the native API of the same key
 (docs/PROTOCOL.md), served by the transaction coordinator actor.
 """
 from __future__ import annotations
 
-from odradek.network.kafka.apis import Api, register
-from odradek.network.protocol import ApiKey
+from odradek.core.kafka.apis import Api, register
+from odradek.core.protocol import ApiKey
 
 
 # ---- InitProducerId (22) ---------------------------------------------------------------------------

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import logging
 
-from odradek.network import codec
-from odradek.network.kafka import framing, schema
-from odradek.network.kafka.apis import REGISTRY, Api, api_versions, top_level_error
-from odradek.network.protocol import ApiKey, ErrorCode
+from odradek.core import codec
+from odradek.core.kafka import framing, schema
+from odradek.core.kafka.apis import REGISTRY, Api, api_versions, top_level_error
+from odradek.core.protocol import ApiKey, ErrorCode
 
 log = logging.getLogger("odradek.kafka")
 
