@@ -28,7 +28,9 @@ from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 log = logging.getLogger("odradek.audit")
 ANONYMOUS = "User:ANONYMOUS"
 ACL_APIS = (ApiKey.DESCRIBE_ACLS, ApiKey.CREATE_ACLS, ApiKey.DELETE_ACLS)
-PER_TOPIC = (ApiKey.PRODUCE, ApiKey.FETCH)  # answered per topic: denied ones fail, the others are served
+# answered per topic: denied ones fail, the others are served (AddPartitionsToTxn: the others are
+# not attempted, as Kafka's handleAddPartitionsToTxnRequest answers)
+PER_TOPIC = (ApiKey.PRODUCE, ApiKey.FETCH, ApiKey.ADD_PARTITIONS_TO_TXN)
 
 
 class Guard:
@@ -56,9 +58,10 @@ class Guard:
 
     def check(self, fields: dict, api: int, body: dict, frames=()) -> dict[str, str]:
         """Raises OdradekError (an *_AUTHORIZATION_FAILED code) for a request not allowed.
-        Produce and a consumer's Fetch are answered per topic, as Kafka does: their denied
-        topics are returned (name -> why) for TOPIC_AUTHORIZATION_FAILED on each of their
-        partitions, and the other topics are served. A Produce whose batches (``frames``) are
+        Produce, a consumer's Fetch and AddPartitionsToTxn are answered per topic, as Kafka
+        does: their denied topics are returned (name -> why) for TOPIC_AUTHORIZATION_FAILED on
+        each of their partitions, and the other topics are served (AddPartitionsToTxn: not
+        attempted). A Produce whose batches (``frames``) are
         transactional needs a ``transactional_id`` (authorizer on or off, as Kafka's) and Write
         on it, else the whole request fails TRANSACTIONAL_ID_AUTHORIZATION_FAILED."""
         transactional = api == ApiKey.PRODUCE and az.has_transactional_batch(frames)

@@ -270,7 +270,7 @@ class RequestHandler(Actor):
         try:
             self.guard.check_inter_broker(fields, api, body)  # only a proven broker (CLUSTER_AUTHORIZATION_FAILED)
             denied = self.guard.check(fields, api, body, msg.frames)  # raises *_AUTHORIZATION_FAILED if denied
-            if denied:  # Produce, Fetch: some topics denied, the others served
+            if denied:  # Produce, Fetch, AddPartitionsToTxn: some topics denied, the others served (or not attempted)
                 self._partly_denied(msg, api, body, denied)
             else:
                 method(msg, body)
@@ -288,6 +288,9 @@ class RequestHandler(Actor):
         """Kafka's per-topic answer: every partition of a denied topic gets
         TOPIC_AUTHORIZATION_FAILED (whether or not the topic exists: its existence is not
         told), the other topics are produced or fetched as usual."""
+        if api == ApiKey.ADD_PARTITIONS_TO_TXN:
+            self._add_partitions_refused(msg, body, set(denied))
+            return
         kept, errors = [], []
         for t in field(body, "topics", list):
             name = t.get("name") if isinstance(t, dict) else None
@@ -582,17 +585,23 @@ class RequestHandler(Actor):
     def to_txn_coordinator(self, msg: Message, body: dict) -> None:
         """InitProducerId and the transaction APIs: the transaction coordinator answers the processor.
         An AddPartitionsToTxn naming an internal topic's partitions adds none (Kafka's
-        handleAddPartitionsToTxnRequest: a client may not write them, authorizer or not): they
-        get TOPIC_AUTHORIZATION_FAILED, the others OPERATION_NOT_ATTEMPTED."""
+        handleAddPartitionsToTxnRequest: a client may not write them, authorizer or not)."""
         if msg.get("api") == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
-            self.reply(msg, {"body": {"results": [
-                {"name": t.get("name"), "results": [
-                    {"partition_index": p, "partition_error_code": int(
-                        ErrorCode.TOPIC_AUTHORIZATION_FAILED if is_internal_topic(t.get("name"))
-                        else ErrorCode.OPERATION_NOT_ATTEMPTED)} for p in field(t, "partitions", list)]}
-                for t in field(body, "topics", list) if isinstance(t, dict)]}})
+            self._add_partitions_refused(msg, body, {t.get("name") for t in field(body, "topics", list)
+                                                     if isinstance(t, dict) and is_internal_topic(t.get("name"))})
             return
         self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.get("api"), "body": body}, ())
+
+    def _add_partitions_refused(self, msg: Message, body: dict, refused: set) -> None:
+        """An AddPartitionsToTxn that adds nothing, as Kafka answers it: the partitions of the
+        ``refused`` topics (internal, or not writable by the principal) get
+        TOPIC_AUTHORIZATION_FAILED, the request's others OPERATION_NOT_ATTEMPTED."""
+        self.reply(msg, {"body": {"results": [
+            {"name": t.get("name"), "results": [
+                {"partition_index": p, "partition_error_code": int(
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.get("name") in refused
+                    else ErrorCode.OPERATION_NOT_ATTEMPTED)} for p in field(t, "partitions", list)]}
+            for t in field(body, "topics", list) if isinstance(t, dict)]}})
 
     def to_controller(self, msg: Message, body: dict) -> None:
         kind = "create_topics" if msg.get("api") == ApiKey.CREATE_TOPICS else "delete_topics"

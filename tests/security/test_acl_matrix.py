@@ -439,6 +439,42 @@ def test_a_kafka_produce_of_transactional_batches_needs_write_on_its_transaction
         conn.close()
 
 
+def test_add_partitions_to_txn_with_a_topic_not_writable_adds_nothing_and_names_the_topic_at_every_version(broker):
+    """Kafka's handleAddPartitionsToTxnRequest: the partitions of a topic the principal may not write
+    get TOPIC_AUTHORIZATION_FAILED, the request's others OPERATION_NOT_ATTEMPTED, and none is
+    added. Before the fix the whole request was refused, so every partition, the writable one
+    too, read TOPIC_AUTHORIZATION_FAILED."""
+    denied, not_attempted = int(ErrorCode.TOPIC_AUTHORIZATION_FAILED), int(ErrorCode.OPERATION_NOT_ATTEMPTED)
+    other = f"other-{uuid.uuid4().hex[:6]}"  # 'transactional' may write m-* only
+    conn = RawKafka(broker.address, "transactional", PASSWORD("transactional"), MECHANISM)
+    host, port = broker.address.rsplit(":", 1)
+    try:
+        for version in range(0, 4):
+            txn = f"tx-partly-{version}-{uuid.uuid4().hex[:6]}"
+            pid, epoch = conn.init_producer_id(txn)
+            r = conn.call(ApiKey.ADD_PARTITIONS_TO_TXN, version, {
+                "v3_and_below_transactional_id": txn, "v3_and_below_producer_id": pid,
+                "v3_and_below_producer_epoch": epoch,
+                "v3_and_below_topics": [{"name": TOPIC, "partitions": [0]}, {"name": other, "partitions": [0, 1]}]})
+            got = {(t["name"], p["partition_index"]): p["partition_error_code"]
+                   for t in r["results_by_topic_v3_and_below"] for p in t["results_by_partition"]}
+            assert got == {(TOPIC, 0): not_attempted, (other, 0): denied, (other, 1): denied}, f"v{version}"
+            with BrokerConnection(host, int(port), **_python_security("admin")) as admin:
+                states = admin.request(ApiKey.DESCRIBE_TRANSACTIONS, {"transactional_ids": [txn]}).body
+            assert [t for s in states["transaction_states"] for t in s["topics"]] == [], f"v{version}: added"
+        # the bundled client's protocol takes the same path
+        txn = f"tx-partly-native-{uuid.uuid4().hex[:6]}"
+        pid, epoch = conn.init_producer_id(txn)
+        with BrokerConnection(host, int(port), **_python_security("transactional")) as native:
+            added = native.request(ApiKey.ADD_PARTITIONS_TO_TXN, {
+                "transactional_id": txn, "producer_id": pid, "producer_epoch": epoch,
+                "topics": [{"name": TOPIC, "partitions": [0]}, {"name": other, "partitions": [0]}]}).body
+        assert {t["name"]: [p["partition_error_code"] for p in t["results"]] for t in added["results"]} == {
+            TOPIC: [not_attempted], other: [denied]}
+    finally:
+        conn.close()
+
+
 def test_a_user_without_write_on_any_transactional_id_cannot_produce_transactional_batches(broker):
     """No InitProducerId of its own: a producer id made up (the check comes before the producer id's)."""
     conn = RawKafka(broker.address, "transactional-without-id", PASSWORD("transactional-without-id"),
