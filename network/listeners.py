@@ -109,3 +109,43 @@ def advertised(config: dict) -> dict[str, tuple[str, int]]:
             if l.name in out:
                 out[l.name] = (l.host, l.port or out[l.name][1])
     return out
+
+
+def own_client(config: dict, bound: dict, user: str | None = None,
+               password: str | None = None) -> tuple[str, dict] | None:
+    """Where and how a client inside the broker (the console, the HTTP proxy) reaches its own
+    broker: ``(host:port, client options)``, or None if no listener serves it. ``bound`` maps
+    listener names to their bound ``host:port`` (the supervisor's status). Without a user: a
+    PLAINTEXT listener, else an SSL one with ``broker_tls``. As ``user``: a SASL_PLAINTEXT
+    listener, else a SASL_SSL one, with the strongest enabled mechanism."""
+    def first(protocol: str) -> str | None:
+        return next((bound[l.name] for l in of_config(config) if l.protocol == protocol and l.name in bound), None)
+
+    if user is None:
+        if (address := first("PLAINTEXT")) is not None:
+            return address, {}
+        if (address := first("SSL")) is not None:
+            return address, {"security_protocol": "SSL", **broker_tls(config)}
+        return None
+    if (address := first("SASL_PLAINTEXT")) is not None:
+        security: dict = {"security_protocol": "SASL_PLAINTEXT"}
+    elif (address := first("SASL_SSL")) is not None:
+        security = {"security_protocol": "SASL_SSL", **broker_tls(config)}
+    else:
+        return None
+    enabled = [m.strip().upper() for m in str(config.get("sasl.enabled.mechanisms") or "").split(",")]
+    mechanism = next((m for m in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN") if m in enabled), "SCRAM-SHA-512")
+    return address, {**security, "sasl_mechanism": mechanism, "sasl_plain_username": user,
+                     "sasl_plain_password": password}
+
+
+def broker_tls(config: dict) -> dict:
+    """Client TLS options from the broker's own settings: its certificate must chain to
+    ``ssl.cafile`` (the system's CAs when empty) and name the listener's address; where the
+    listeners ask for client certificates (``ssl.client.auth`` required or requested) the
+    client presents the broker's own certificate and key, so on an SSL listener it is
+    ``User:<the broker certificate's subject>`` to the ACLs (on SASL_SSL the SASL user)."""
+    options = {"ssl_cafile": config.get("ssl.cafile") or None}
+    if config.get("ssl.client.auth", "none") != "none" and config.get("ssl.certfile"):
+        options.update(ssl_certfile=config["ssl.certfile"], ssl_keyfile=config.get("ssl.keyfile") or None)
+    return options

@@ -66,7 +66,7 @@ class Clients:
     """The console's Kafka clients of its own broker, made on first use (the address is
     known once the broker is ready) and shared by the HTTP threads (they are thread-safe).
     The shared ones connect to a PLAINTEXT listener, else to an SSL one with the broker's own
-    TLS settings (``_broker_tls``); a signed-in session's own (``own``) connect as its user
+    TLS settings (``network.listeners.own_client``); a signed-in session's own (``own``) connect as its user
     with ``security`` (SASL, over TLS on SASL_SSL)."""
 
     def __init__(self, actor, bootstrap: str | None = None, security: dict | None = None):
@@ -82,14 +82,11 @@ class Clients:
             sup = self.actor.status()["supervisor"]
             if not sup.get("address"):
                 raise bottle.HTTPError(503, "the broker is still starting")
-            address = _listener_address(self.actor.config, sup, "PLAINTEXT")
-            if address is None:
-                address = _listener_address(self.actor.config, sup, "SSL")
-                if address is None:
-                    raise bottle.HTTPError(503, "The broker has only SASL listeners: sign in (the console then "
-                                                "connects as you).")
-                self.security = {"security_protocol": "SSL", **_broker_tls(self.actor.config)}
-            self.bootstrap = address
+            found = listeners_mod.own_client(self.actor.config, sup.get("listeners") or {})
+            if found is None:
+                raise bottle.HTTPError(503, "The broker has only SASL listeners: sign in (the console then "
+                                            "connects as you).")
+            self.bootstrap, self.security = found
         return self.bootstrap
 
     def admin(self):
@@ -132,43 +129,12 @@ class Clients:
             self._admin = self._groups = None
 
 
-def _listener_address(config: dict, sup: dict, protocol: str) -> str | None:
-    """The bound ``host:port`` of the broker's first listener of ``protocol``, if any."""
-    bound = sup.get("listeners") or {}
-    for listener in listeners_mod.of_config(config):
-        if listener.protocol == protocol and listener.name in bound:
-            return bound[listener.name]
-    return None
-
-
-def _broker_tls(config: dict) -> dict:
-    """Client TLS options from the broker's own settings: its certificate must chain to
-    ``ssl.cafile`` (the system's CAs when empty) and name the listener's address; where the
-    listeners ask for client certificates (``ssl.client.auth`` required or requested) the
-    console presents the broker's own certificate and key, so on an SSL listener it is
-    ``User:<the broker certificate's subject>`` to the ACLs (on SASL_SSL the SASL user)."""
-    options = {"ssl_cafile": config.get("ssl.cafile") or None}
-    if config.get("ssl.client.auth", "none") != "none" and config.get("ssl.certfile"):
-        options.update(ssl_certfile=config["ssl.certfile"], ssl_keyfile=config.get("ssl.keyfile") or None)
-    return options
-
-
 def _user_clients(actor, user: str, password: str) -> Clients | None:
     """Clients acting as ``user`` over the broker's SASL_PLAINTEXT listener, else its SASL_SSL
-    one (with ``_broker_tls``), or None if it has neither (the shared clients serve the
-    session; the console's own checks still apply)."""
-    sup = actor.status()["supervisor"]
-    options: dict = {"security_protocol": "SASL_PLAINTEXT"}
-    address = _listener_address(actor.config, sup, "SASL_PLAINTEXT")
-    if address is None:
-        address = _listener_address(actor.config, sup, "SASL_SSL")
-        if address is None:
-            return None
-        options = {"security_protocol": "SASL_SSL", **_broker_tls(actor.config)}
-    enabled = [m.strip().upper() for m in str(actor.config.get("sasl.enabled.mechanisms", "PLAIN")).split(",")]
-    mechanism = next((m for m in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN") if m in enabled), "PLAIN")
-    return Clients(actor, address, {**options, "sasl_mechanism": mechanism, "sasl_plain_username": user,
-                                    "sasl_plain_password": password})
+    one, or None if it has neither (the shared clients serve the session; the console's own
+    checks still apply)."""
+    found = listeners_mod.own_client(actor.config, actor.status()["supervisor"].get("listeners") or {}, user, password)
+    return None if found is None else Clients(actor, *found)
 
 
 def render(value: bytes | None, fmt: str) -> str:

@@ -142,27 +142,15 @@ class Principals:
     def _connection(self, user: str, password: str | None) -> tuple[str, dict]:
         """Where and how a principal's clients connect: as ``user`` over a SASL listener, or
         (no SASL) over PLAINTEXT, else SSL with the broker's own TLS settings."""
-        from odradek.observe.console import _broker_tls, _listener_address  # here: 0.8 s to import at start
         sup = self.status()
         if not sup.get("address"):
             raise ProxyError(503, 50003, "the broker is still starting; retry")
-        if password is None:
-            address = _listener_address(self.config, sup, "PLAINTEXT")
-            if address is not None:
-                return address, {}
-            address = _listener_address(self.config, sup, "SSL")
-            if address is None:
-                raise ProxyError(503, 50003, "the broker has no PLAINTEXT or SSL listener for the proxy")
-            return address, {"security_protocol": "SSL", **_broker_tls(self.config)}
-        security: dict = {"security_protocol": "SASL_PLAINTEXT"}
-        address = _listener_address(self.config, sup, "SASL_PLAINTEXT")
-        if address is None:
-            address = _listener_address(self.config, sup, "SASL_SSL")
-            security = {"security_protocol": "SASL_SSL", **_broker_tls(self.config)}
-        enabled = [m.strip().upper() for m in str(self.config.get("sasl.enabled.mechanisms", "")).split(",")]
-        mechanism = next((m for m in ("SCRAM-SHA-512", "SCRAM-SHA-256", "PLAIN") if m in enabled), "SCRAM-SHA-512")
-        return address, {**security, "sasl_mechanism": mechanism, "sasl_plain_username": user,
-                         "sasl_plain_password": password}
+        found = listeners.own_client(self.config, sup.get("listeners") or {}, user if password is not None else None,
+                                     password)
+        if found is None:
+            raise ProxyError(503, 50003, "the broker has no PLAINTEXT or SSL listener for the proxy" if password is None
+                             else "the broker has no SASL listener for the proxy's users")
+        return found
 
     def expire(self) -> None:
         now = self.clock()
