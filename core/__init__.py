@@ -1,4 +1,4 @@
-"""core: the pure layer (layer 1 of docs/CONTRIBUTING.md), shared by the broker, the client and the tools.
+"""core: the pure layer (layer 1 of docs/CONTRIBUTING.md), shared by broker, client and tools.
 
 Holds the protocol's numbers and error codes (``protocol``), the native framing (``codec``),
 request-field checks (``fields``), SASL (``sasl``), the Kafka wire codec (``kafka/``), the

@@ -5,7 +5,8 @@ Process: ``processor-<i>``. Owns the client sockets the acceptor hands it (``rec
 Kafka, told apart by the first bytes), TLS, SASL state, write queue and response slots, and the
 pinning of each connection to one handler; its share of the client quotas (network/quotas.py).
 Accepts:
-  connections: from the acceptor after its restart; answered ``{ips: {ip: n}, listeners: {name: n}}``
+  connections: from the acceptor after its restart; answered
+      ``{ips: {ip: n}, listeners: {name: n}}``
   shed_idle: from the acceptor at ``max.connections``: close the least recently used idle
       connection; answered ``{closed: bool}`` (after its ``conn_closed``)
 and the runtime's ``_members`` (handlers: re-pin; the fetch actor and coordinators: fail what
@@ -13,12 +14,13 @@ was forwarded there when one restarts); ``_reply {body, files?}`` / ``_error`` a
 Sends: ``request {api, v, client, conn, peer, body, t, principal, listener, broker}`` + frames to
 the connection's pinned handler; ``conn_closed`` (one-way) and ``quota_usage`` to the acceptor.
 Answers ApiVersions, SASL and BROKER_PROOF itself.
-Invariants: a connection's answers are written in request order; when its handler dies its
-requests fail at once NETWORK_EXCEPTION (COORDINATOR_NOT_AVAILABLE for a coordinator's, as in
-``FORWARDED_TO``), late answers ignored; back-pressure is always "stop reading", never growth,
-within the limits of docs/ARCHITECTURE.md "Limits and back-pressure"; writes never block; file
-regions go by ``os.sendfile`` except over TLS; before authentication a SASL connection is served
-only ApiVersions and the SASL APIs (docs/SECURITY.md).
+Invariants: a connection's answers are written in request order; when the actor holding its
+requests dies (its handler, or the fetch actor or a coordinator a handler forwarded them to:
+``FORWARDED_TO``) they fail at once, retriable, and late answers are ignored; back-pressure is
+always "stop reading", never growth, within the limits of docs/ARCHITECTURE.md "Limits and
+back-pressure"; writes never block; file regions go by ``os.sendfile`` except over TLS; before
+authentication a SASL connection is served only ApiVersions and the SASL APIs
+(docs/SECURITY.md).
 """
 from __future__ import annotations
 
