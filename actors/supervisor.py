@@ -9,7 +9,7 @@ Accepts: ``status``, ``scale {role, count}``, ``shutdown {fatal?}`` (from the co
 or one-way from an actor that cannot go on); from the children the runtime's ``_ready``,
 ``_heartbeat``, ``_start_failed``.
 Sends: ``_members`` to a role's watchers when its running set changes, ``_retire`` to pool
-members leaving, ``_drain`` then ``_stop`` at shutdown.
+members leaving, ``_drain`` (specs with ``drain``) then ``_stop`` at shutdown.
 Invariants: groups start in spec order, each once the previous reported ``_ready``
 (``start_timeout``); a death is seen at once (sentinels in the poll loop) and restarted
 one-for-one with backoff; more than ``max_restarts`` in ``restart_window`` stops the whole

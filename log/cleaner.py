@@ -4,7 +4,7 @@ Runs in the partition's log actor, between appends, on the same ``Log`` (single 
 one broker-side place that decodes records. One pass, ``clean(log)``:
 1. Cleanable: closed segments, oldest first, up to the first younger than
    ``min.compaction.lag.ms`` or reaching the last stable offset; skipped unless the dirty bytes
-   (past the cleaner checkpoint) are ``min.cleanable.dirty.ratio`` of them.
+   (past the cleaner checkpoint) are at least ``min.cleanable.dirty.ratio`` of them.
 2. Map each key to its latest offset; records of aborted transactions (``aborted.txnindex``)
    never count and are removed.
 3. Rewrite each segment that loses records: whole surviving batches copied byte for byte,

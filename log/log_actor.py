@@ -5,8 +5,9 @@ Process: ``log-<i>`` (``num.log.threads``); a partition lives on the one
 checkpoints, epochs, producer state) and replica state (``PartitionLog``: role, leader epoch,
 ISR, followers' progress, high watermark, the acks=all purgatory, transactional batches held).
 Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``):
-  produce + batch frames: from a handler (or a coordinator, for its internal topic); answered
-      to the client's processor, an acks=all one once the high watermark passes it
+  produce + batch frames: from a handler, or a coordinator or the schema registry for its
+      internal topic; answered to the client's processor (acks=all: once the high watermark
+      passes it)
   delete_records / offset_for_leader_epoch / describe_log_dirs: from a handler
   assign / become: from the controller: open, close, configure; leader or follower
   follower_state / truncate / truncate_fully / replicate: from the replica fetcher
