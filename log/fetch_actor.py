@@ -5,7 +5,9 @@ actors' ``bounds``; the leases of the partitions it watches; the purgatory of fe
 for data; the leader-side replication throttle; the live brokers' epochs (cluster mode).
 Accepts:
   fetch {body}: from a handler; answered straight to the client's processor, with file regions
-  list_offsets {body}: likewise; from the group coordinator also ``{readable: true}``
+  list_offsets {body}: likewise (a new leader below its floor: OFFSET_NOT_AVAILABLE, KIP-207);
+      from the group coordinator also ``{readable: true}``: "latest" is then the highest
+      offset a consumer may have read
   bounds {parts: [PartitionBounds], closed, opening, host}: from the log actors, one-way after
       appends (a request when partitions open or close)
   broker_epochs {epochs}: from the broker agent (cluster mode), when ``/brokers/ids`` changes
