@@ -12,7 +12,7 @@ Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``
   assign / become: from the controller: open, close, configure; leader or follower
   follower_state / truncate / truncate_fully / replicate: from the replica fetcher
   replica_progress: one-way, from the fetch actor: a follower fetched
-  get_bounds: from the fetch actor, the coordinators and the schema registry
+  get_bounds {only?}: from the fetch actor, the coordinators and the schema registry
   watch: from the fetch actor: tell it these partitions' appends for a lease
   write_markers / txn_check / describe_producers: from the transaction coordinator
   txn_added: one-way, chained for the transaction coordinator: a partition joined a

@@ -20,8 +20,8 @@ partition truncates before it fetches (newly followed, new leader or epoch, or
 OFFSET_OUT_OF_RANGE: where the leader says our latest epoch ends, KIP-101/KIP-279); per leader
 one FETCH in flight, the next once the log actors appended the last one's batches, not after
 their fsync; FENCED_LEADER_EPOCH stops a partition until the next ``follow``;
-NOT_LEADER_OR_FOLLOWER and UNKNOWN_LEADER_EPOCH retry after ``replica.fetch.backoff.ms``; a
-failed connection backs the session off and reconnects.
+NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH and a corrupt batch (logged) retry after
+``replica.fetch.backoff.ms``; a failed connection backs the session off and reconnects.
 """
 from __future__ import annotations
 
