@@ -5,9 +5,11 @@ control endpoint. It knows no broker role: the spec (``ChildSpec``: role, class,
 order, watchers), assembled by odradek/broker.py, names them.
 Owns: the children (their processes, states, restart counts, last heartbeat) and the
 ``Launcher``.
-Accepts: ``status``, ``scale {role, count}``, ``shutdown {fatal?}`` (from the control endpoint,
-or one-way from an actor that cannot go on); from the children the runtime's ``_ready``,
-``_heartbeat``, ``_start_failed``.
+Accepts:
+  status: from ``odradek status`` and the handlers; answered with the actor table
+  scale {role, count}: from a handler (the dynamic ``num.io.threads``): grow or shrink a pool
+  shutdown {fatal?}: from the control endpoint, or one-way from an actor that cannot go on
+  _ready / _heartbeat / _start_failed: from the children (the runtime sends them)
 Sends: ``_members`` to a role's watchers when its running set changes, ``_retire`` to pool
 members leaving, ``_drain`` (specs with ``drain``) then ``_stop`` at shutdown.
 Invariants: groups start in spec order, each once the previous reported ``_ready``

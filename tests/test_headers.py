@@ -1,6 +1,6 @@
 """Each actor module's header (its first docstring) lists exactly the messages the actor handles.
 
-The actors are the ``ChildSpec`` class paths of ``odradek/broker.py``. What an actor handles is
+The actors are the ``ChildSpec`` class paths of ``odradek/broker.py`` and the supervisor. What an actor handles is
 every ``on_<type>`` method of its class and of the project's classes between it and
 ``odradek.actors.runtime.Actor``, but the lifecycle hooks (``on_start``, ``on_stop``,
 ``on_message``, ``on_members``) and the runtime's own ``on__<type>`` messages (``_stop``,
@@ -34,9 +34,9 @@ ENTRY = re.compile(r"  (\w+(?:\s*[/,]\s*\w+)*)")
 
 
 def _actor_classes() -> list[tuple[str, str]]:
-    """(module, class) of every actor the broker starts."""
+    """(module, class) of every actor the broker starts, and the supervisor that starts them."""
     text = (ROOT / "odradek" / "broker.py").read_text()
-    return sorted(set(re.findall(r'"(odradek\.[\w.]+):(\w+)"', text)))
+    return sorted(set(re.findall(r'"(odradek\.[\w.]+):(\w+)"', text)) | {("odradek.actors.supervisor", "Supervisor")})
 
 
 def handled(cls: type) -> set[str]:
