@@ -1,8 +1,8 @@
 """A blocking mailbox client for code that is not an actor: the command line, tests.
 
-Runs in the caller's process and thread. It binds a private reply mailbox in the run
-directory (``client-<pid>-<n>.mbox``), sends requests to actors by name and waits for the
-answer with a timeout. Not thread-safe: one client per thread.
+Runs in the caller's process and thread. Owns a private reply mailbox in the run directory
+(``client-<pid>-<n>.mbox``); sends requests to actors by name and waits for the answer with a
+timeout. Not thread-safe: one client per thread.
 """
 from __future__ import annotations
 

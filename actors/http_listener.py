@@ -1,11 +1,11 @@
-"""An actor's HTTP listener: a waitress server on threads of its own, started and stopped by
-the actor that owns it (the schema registry's and the HTTP proxy's; docs/ARCHITECTURE.md).
+"""An actor's HTTP listener: a waitress server on threads of its own, started and stopped by the
+actor that owns it (the schema registry's and the HTTP proxy's; docs/ARCHITECTURE.md).
 
 Threads: waitress's event loop (one thread, named ``thread_name``) reads each request whole
 before one of its ``threads`` workers runs the WSGI application, so a slow client holds a
 connection slot (at most ``connection_limit``, closed after ``channel_timeout`` idle), never a
-worker. The application never touches the actor's sockets: it hands work to the actor's loop
-with ``Actor.post`` when it needs the actor.
+worker. Invariant: the application never touches the actor's sockets; it hands work to the
+actor's loop with ``Actor.post``.
 """
 from __future__ import annotations
 

@@ -1,38 +1,22 @@
 """How the supervisor starts actor processes: forked from a preloaded fork server, or spawned.
 
 Runs in the supervisor's process (``Launcher``) and, for ``ActorProcess.run``, in each actor
-process before the actor's code. Owns the start method and, with ``forkserver``, the one
-fork server of the supervisor's process (multiprocessing's, a module-level singleton).
-
-``forkserver`` (the default where Linux offers it): the first start runs one server
-process (a fresh interpreter, a child of the supervisor) that imports the actor classes'
-modules once (``preload_modules`` of the supervisor's specs); every actor is then a
-``fork()`` of it: ~10 ms instead of the 0.1-0.3 s (seconds under load) an interpreter
-start and the imports cost under ``spawn``. ``spawn`` (``ODRADEK_ACTOR_START=spawn``, or
-where forkserver or pidfds are missing) starts each actor as a fresh interpreter.
-
-Process tree and kill paths, with the fork server (``F``: supervisor -> F -> actors):
-  * The server lives while its "alive" pipe has a writer. multiprocessing hands every
-    child a copy of the write end; ``ActorProcess.run`` closes it first thing, so the
-    supervisor is its only writer: kill -9 of the supervisor -> F reads EOF and exits ->
-    every actor gets its parent-death SIGTERM (``runtime._prctl_setup``). Each actor
-    also watches multiprocessing's parent sentinel, a pipe only the supervisor writes,
-    so it stops even if it missed that signal.
-  * kill -9 of F: the kernel SIGTERMs every actor (their parent died); each stops
-    cleanly and the supervisor restarts it as after any death. ``ensure_running`` starts
-    a new server on the next start (it waits for the dead one's pid).
-  * The supervisor watches each actor by a pidfd, not by the fork server's status pipe:
-    that pipe ends when F dies, while the actor may still be finishing its stop; a
-    successor started then would bind the same mailbox and port. The exit code still
-    comes from F (255, as multiprocessing says, when F died first).
-  * graceful stop: the supervisor stops its actors, then ``Launcher.close`` ends the
-    server (closes the pipe, waits for its pid): nothing is left.
-
-What a preloaded module must not do at import (each actor inherits it at fork): start a
-thread, open a socket or a ZeroMQ context, configure logging, seed a private
-``random.Random`` (the module-level ``random`` is reseeded after fork by Python; a
-private instance is not), or cache ``os.getpid()``. The interpreter's hash seed is the
-server's, so all actors of a broker share it (under spawn each had its own).
+process before the actor's code. Owns the start method and, with ``forkserver``, the one fork
+server of the supervisor's process (multiprocessing's singleton), which imports the actor
+classes' modules once (``preload_modules``); every actor is then a ``fork()`` of it.
+``spawn`` (``ODRADEK_ACTOR_START=spawn``, or where forkserver or pidfds are missing) starts
+each actor as a fresh interpreter.
+Invariants (supervisor -> fork server F -> actors):
+  * kill -9 of the supervisor leaves no actor: F's "alive" pipe has the supervisor as its only
+    writer (``ActorProcess.run`` closes each child's copy), F exits on EOF, every actor gets its
+    parent-death SIGTERM (``runtime._prctl_setup``) and also watches the supervisor's sentinel.
+  * kill -9 of F: every actor stops and is restarted as after any death; ``ensure_running``
+    starts a new server on the next start.
+  * the supervisor watches each actor by a pidfd (the exit code still comes from F: 255 when F
+    died first); ``Launcher.close`` ends the server: a graceful stop leaves nothing.
+A preloaded module must not, at import, start a thread, open a socket or a ZeroMQ context,
+configure logging, seed a private ``random.Random`` or cache ``os.getpid()``: every actor
+inherits it at fork (and shares the server's hash seed).
 """
 from __future__ import annotations
 

@@ -1,17 +1,15 @@
-"""Messages between actors: an envelope, a small msgpack header, and raw payload frames.
+"""Messages between actors: an envelope, a small msgpack header, and raw payload frames. Pure.
 
-Pure and I/O-free. A message on the wire is a ZeroMQ multipart message:
+A message on the wire is a ZeroMQ multipart message::
 
     frame 0   msgpack array [type, corr, reply_to, fields]
     frame 1.. payload frames (record batches, ...), raw bytes, never inside msgpack
 
-``type`` is a short string naming the message (``"produce"``, ``"_reply"``, ...);
-``corr`` a correlation id chosen by the requester (0 for one-way messages); ``reply_to``
-the name of the actor the answer goes to (``None`` for one-way messages); ``fields`` a
-msgpack-able dict (or ``None``). Types starting with ``_`` belong to the runtime.
-
+``type`` names the message (``"produce"``, ``"_reply"``, ...); types starting with ``_`` belong
+to the runtime. ``corr`` is a correlation id chosen by the requester (0 one-way); ``reply_to``
+the actor the answer goes to (``None`` one-way); ``fields`` a msgpack-able dict or ``None``.
 Replies reuse the request's ``corr``: ``_reply`` carries the answer's fields, ``_error``
-carries ``{"code": int, "message": str}`` with a code from ``core.protocol.ErrorCode``.
+``{"code", "message"}`` with a code of ``core.protocol.ErrorCode``.
 """
 from __future__ import annotations
 

@@ -1,12 +1,11 @@
 """Counters and histograms an actor keeps for the metrics actor: plain dicts, no locks.
 
-Single-threaded like its actor: only the actor's loop touches it. The hot path is one dict
-update (``inc``) or a bisect and two updates (``observe``); nothing is formatted, named or
-exported here. Keys are ``(name, labels)`` with ``labels`` a tuple of label *values*; which
-label names they stand for, and the Prometheus name and help of each metric, live in one
-table at the top layer (``odradek.observe.catalogue``). ``snapshot()`` is the plain-data
-answer to a ``_metrics`` request (msgpack: lists, no tuple keys). ``BoundedLabels`` keeps a
-label whose values clients choose (a client id) to a fixed number of series.
+Owned by one actor and touched only by its loop. ``inc`` is one dict update, ``observe`` a
+bisect and two; nothing is formatted or named here. Keys are ``(name, labels)``, ``labels`` a
+tuple of label values; label names, Prometheus names and help live in one table at the top
+layer (``odradek.observe.catalogue``). ``snapshot()`` is the plain-data answer to a
+``_metrics`` request. ``BoundedLabels`` keeps a label whose values clients choose (a client id)
+to a fixed number of series.
 """
 from __future__ import annotations
 

@@ -1,40 +1,26 @@
-"""Who is where and what they tell each other: every actor's address, which log actor hosts a
-partition, where a partition's files and a processor's socket lie, and the typed parts of the
-messages between the handlers, the log actors and the fetch actor.
+"""Who is where and what they tell each other: every actor's address, the log actor hosting a
+partition, a partition's directory, a processor's socket, and the typed parts of messages.
 
-Pure (standard library only), at the bottom of the layers (docs/CONTRIBUTING.md) so that every
-role spells an address and a message the same way without importing another role's code:
-actors talk by message, and this module is how they name each other and the messages.
-
-An address is a ``ChildSpec`` role (``odradek/broker.py``); a pool's members are
-``<role>-<index>`` (``pool_member``): ``log-0``, ``processor-1``, ``handler-2``.
-
-A message is ``type {fields}`` plus raw frames (``actors.message``). Its per-partition entries
-are the NamedTuples below: msgpack packs a tuple as an array, so a receiver gets a plain list
-of the same fields in the same order (it unpacks it positionally, or rebuilds the tuple where
-it reads fields by name). On the produce and fetch path (a handler's produce parts, the log
-actor's bounds after every batch, the fetch actor's replica progress) the sender builds a plain
-tuple or list in the NamedTuple's order and the receiver unpacks it: a NamedTuple's constructor
-is a Python call (~1 us), which that path does not pay per message. Who sends what to whom:
+Pure (standard library only), layer 2, so every role spells an address and a message the same
+way without importing another role's code. An address is a ``ChildSpec`` role
+(odradek/broker.py); a pool's members are ``pool_member(role, i)``: ``log-0``, ``handler-2``.
+Message parts are NamedTuples; msgpack sends a tuple as an array, so a receiver gets a list of
+the same fields in the same order. Invariant: on the produce/fetch path senders build plain
+tuples in that order instead of calling the constructor. The path:
 
     handler -> log-<i>   produce {acks, timeout_ms, parts: [ProducePart], errors: [PartError]}
-                         + one frame per ProducePart (answered to the client's processor)
-    handler -> log-<i>   delete_records {parts: [DeleteRecordsPart]},
+                         + one frame per ProducePart (answered to the client's processor);
+                         delete_records {parts: [DeleteRecordsPart]},
                          offset_for_leader_epoch {parts: [EpochQuery]}
-                         (answered {body}: Kafka's per-partition entries)
     handler -> fetch     fetch {body}, list_offsets {body} (answered to the processor)
-    log-<i> -> fetch     bounds {parts: [PartitionBounds], closed: [[topic, partition]], host}
-                         after every batch of appends (one-way; a request when partitions
-                         open or close)
+    log-<i> -> fetch     bounds {parts: [PartitionBounds], closed, host} (one-way after appends;
+                         a request when partitions open or close)
     fetch -> log-<i>     get_bounds (answered {parts: [PartitionBounds], host});
                          replica_progress {parts: [ReplicaProgress]} (one-way)
     controller -> fetch  throttle {rate, parts: [ThrottledReplica]}
 
-The group and transaction coordinators ask ``get_bounds`` too, to read their internal topics.
-A produce or write_markers from the transaction coordinator may carry ``then: [[to, type,
-fields, corr]]``: messages the log actor sends on its behalf once the answer says every
-partition was written (``chain_sent``: the one rule both sides read).
-Every actor module's opening lists the messages it accepts and sends.
+``chain_sent``: a produce or write_markers may carry ``then: [[to, type, fields, corr]]``,
+messages the log actor sends for its sender once every partition was written.
 """
 from __future__ import annotations
 

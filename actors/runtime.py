@@ -1,38 +1,22 @@
 """The actor runtime: one actor per process, a mailbox, a poll loop, timers, request/reply.
 
-Concurrency model. An actor is one OS process, forked from the supervisor's fork server
-(which imported the actor modules once) or spawned as a fresh interpreter (``actors.launch``
-says which and why; nothing here depends on it). It owns one ZeroMQ context (created after
-the process starts), one mailbox (a PULL socket bound at ``ipc://<run_dir>/<name>.mbox``)
-and one PUSH socket per peer it has sent to. Everything runs on the process's single
-thread: the loop polls the mailbox, any raw file descriptors the actor watches (client TCP
-sockets, process sentinels) and a wake-up pipe for signals, then runs due timers. Nothing
-is shared with other processes but files.
-
-Lifecycle, three visible phases:
-  start   ``on_start()``: open resources; then the runtime reports ``_ready`` to the
-          supervisor (if any)
-  run     the loop dispatches each message to ``on_<type>(msg)`` (``on_message`` if there
-          is none); replies to this actor's own requests go to the callbacks given to
-          ``request()``
-  stop    on ``_stop``, SIGTERM, or ``stop()``: ``on_stop()``, then every request this actor
-          received and has not answered gets an ``_error`` reply (NETWORK_EXCEPTION, retriable:
-          not done, as if the connection had closed), every request it sent and
-          is still waiting for fails its callback, and sockets close with a short linger
-
-Sending never blocks the loop: a peer whose queue is full (``mailbox.hwm``) raises
-``MailboxFull`` to the sender, which answers its own requester with an error instead.
-Nothing is dropped silently.
-
-Privacy. Whatever the operator's umask, an actor's files are its user's alone: ``actor_main``
-sets the umask to ``PRIVATE_UMASK`` (directories 0700, files 0600: segments, indexes,
-metadata), and every ipc socket is chmod-ed 0600 right after it is bound (inside a run
-directory that is itself 0700, see ``actors.supervisor.prepare_run_dir``).
-
-Threads. An actor may run worker threads for blocking work (a TCP client, say); they must
-never touch its ZeroMQ sockets or its state. ``post(callback)`` is the one method they may
-call: it queues ``callback()`` to run on the actor's loop (through a queue and a self-pipe
-the loop watches), in the order posted. Callbacks posted after the actor stopped never run.
+Process: an actor is one OS process (``actors.launch`` forks or spawns it). Owns one ZeroMQ
+context (created after the process starts), one mailbox (a PULL socket bound at
+``ipc://<run_dir>/<name>.mbox``), one PUSH socket per peer it sent to, and a single thread whose
+loop polls the mailbox, watched file descriptors and a signal wake-up pipe, then runs timers.
+Lifecycle: ``on_start()``, then ``_ready`` to the supervisor; each message goes to
+``on_<type>(msg)`` (``on_message`` if none; replies to its own ``request()`` to their
+callbacks); on ``_stop``, SIGTERM or ``stop()``: ``on_stop()``, then every unanswered request
+gets ``_error`` NETWORK_EXCEPTION, every awaited reply fails its callback, sockets close.
+Accepts (every actor, the runtime's own): ``_stop``, ``_drain``, ``_ping``, ``_stats``,
+``_metrics``, ``_members``, ``_retire``, ``_fence``; sends ``_ready`` and ``_heartbeat`` to the
+supervisor.
+Invariants: nothing is shared with other processes but files; sending never blocks the loop (a
+peer with ``MAILBOX_HWM`` messages queued raises ``MailboxFull`` to the sender) and nothing is
+dropped silently; an exception in a handler becomes an ``_error`` reply, never a dead actor;
+files and sockets are the user's alone (umask ``PRIVATE_UMASK``, ipc sockets 0600); worker
+threads never touch the sockets or state, and hand work to the loop only by ``post(callback)``
+(run in order; never after the actor stopped).
 """
 from __future__ import annotations
 

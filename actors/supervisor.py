@@ -1,31 +1,23 @@
 """The generic supervisor: starts a tree of actors from a spec, watches and restarts them.
 
-Runs in the main process of a broker (``odradek serve``), as an actor whose mailbox is also
-the control endpoint (``odradek status``, run-time scaling, shutdown). It knows no broker
-role: the spec names roles, counts and the class to run; the top layer (``odradek/``)
-assembles the spec from the configuration.
-
-What it does:
-  * start: groups in spec order; each group's instances are started together and the next
-    group starts only once all of them reported ``_ready`` (``start_timeout``). Actors are
-    forked from a fork server that has imported the spec's actor modules once, or spawned
-    as fresh interpreters (``start_method``; ``actors.launch`` has the kill paths).
-  * watch: each child's process sentinel is in the poll loop, so a death is seen at once;
-    psutil samples memory, CPU and open files; heartbeats carry each actor's own numbers.
-    A child silent for ``liveness_timeout`` is killed and so restarted, unless the supervisor
-    itself was not running meanwhile (the whole broker SIGSTOPped, a frozen VM): then the
-    silence is its own and every child gets a fresh window.
-  * restart: one-for-one with exponential backoff; a child restarted more than
-    ``max_restarts`` times within ``restart_window`` seconds shuts the whole tree down
-    with a message naming it (exit code 1).
-  * membership: roles listed as a spec's ``watchers`` receive ``_members`` whenever the
-    set of running instances of that role changes.
-  * scaling: ``scale {role, count}`` adds instances (ready before they join) or retires
-    the newest ones without failing a request: watchers stop routing to them and each
-    sends a ``_fence`` after its last request; a retiring actor leaves after every fence.
-  * stop: SIGTERM/SIGINT or ``shutdown``: groups in reverse order get ``_stop`` and
-    ``shutdown_timeout`` in all to leave; stragglers are killed; the fork server is
-    stopped; the run directory is left without socket files.
+Process: the broker's main process (``odradek serve``), as an actor whose mailbox is also the
+control endpoint. It knows no broker role: the spec (``ChildSpec``: role, class, count, start
+order, watchers), assembled by odradek/broker.py, names them.
+Owns: the children (their processes, states, restart counts, last heartbeat) and the
+``Launcher``.
+Accepts:
+  status: from ``odradek status`` and the handlers; answered with the actor table
+  scale {role, count}: from a handler (the dynamic ``num.io.threads``): grow or shrink a pool
+  shutdown {fatal?}: from the control endpoint, or one-way from an actor that cannot go on
+  _ready / _heartbeat / _start_failed: from the children (the runtime sends them)
+Sends: ``_members`` to a role's watchers when its running set changes, ``_retire`` to pool
+members leaving, ``_drain`` (specs with ``drain``) then ``_stop`` at shutdown.
+Invariants: groups start in spec order, each once the previous reported ``_ready``
+(``start_timeout``); a death is seen at once (sentinels in the poll loop) and restarted
+one-for-one with backoff; more than ``max_restarts`` in ``restart_window`` stops the whole
+tree (exit code 1); a child silent for ``liveness_timeout`` is killed, unless the supervisor
+itself was not running meanwhile; scaling down fails no request (watchers re-route and
+``_fence``); a stop leaves no process and no socket file.
 """
 from __future__ import annotations
 

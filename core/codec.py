@@ -1,35 +1,22 @@
-"""The client wire framing over TCP. Pure and I/O-free: bytes in, frames out, and back.
+"""The native wire framing over TCP: bytes in, frames out, and back. Pure, sans-io.
 
-Imported by the processor (broker side) and by ``network.client`` (client side); runs in
-whichever process imports it and owns nothing but its buffers. docs/PROTOCOL.md describes
-the same format for people.
-
-A frame on the wire::
+Used by the processor (broker side) and ``network.client`` (client side); owns only its buffers.
+A frame (docs/PROTOCOL.md)::
 
     u32 size          big-endian; the number of bytes after this field
     u32 header_len    big-endian
     header            msgpack map, header_len bytes
     payload           the concatenation of the frames listed in header["frames"]
 
-Request header  ``{"api": int, "v": int, "corr": int, "client": str, "body": map,
-"frames": [len, ...]}``; response header ``{"corr": int, "body": map, "frames": [len, ...]}``.
-Payloads (record batches, ...) are never inside msgpack: they follow the header raw, and
-the decoder hands them out as ``memoryview`` slices of the received bytes (no copy when a
-frame arrived in one chunk; one copy into a frame-sized buffer when it spanned several).
-
-Errors say whose fault they are: ``FrameError`` is always the peer's (garbage, a size over
-the limit, a header of the wrong shape). It carries the request's correlation id when the
-header could be read, so the broker can answer before it closes the connection.
-``BadRequest`` (a kind of ``FrameError``) is a whole, well-framed request whose header is
-unacceptable (nested deeper than ``MAX_DEPTH``, a map key that is not a string): it is
-answered and the stream stays usable.
-
-Memory grows with bytes received, never with bytes announced: a frame's buffer is extended
-as its bytes arrive. ``head_size()`` tells the reader how large the frame being received
-will be once its size prefix is in, and ``buffered`` how much of it has come: the processor
-charges its byte budget with ``buffered`` and lets one connection read the rest of its
-frame past the budget (a connection-level rule any decoder with a size prefix can follow);
-nothing is ever set aside for a size merely announced.
+Request header ``{"api", "v", "corr", "client", "body", "frames": [len, ...]}``; response
+header ``{"corr", "body", "frames"}``. Payloads (record batches) never go inside msgpack: the
+decoder hands them out as ``memoryview`` slices of the received bytes.
+Errors say whose fault: ``FrameError`` is the peer's (garbage, a size over the limit, a bad
+header) and carries the correlation id when it could be read; ``BadRequest`` (a kind of it) is
+a well-framed request with an unacceptable header (nested deeper than ``MAX_DEPTH``, a
+non-string key): answered, and the stream stays usable.
+Invariants: memory grows with bytes received, never with bytes announced; ``head_size()`` and
+``buffered`` let the reader charge its byte budget with what has actually arrived.
 """
 from __future__ import annotations
 

@@ -1,10 +1,9 @@
-"""Per-log configuration: Kafka's topic-level settings, names and defaults.
+"""Per-log configuration: Kafka's topic-level settings, names and defaults. Pure, no I/O.
 
-Pure (no I/O). ``LogConfig`` is a frozen dataclass: a log holds one and a config change
-builds a new one (``dataclasses.replace``). Each field's docs key is Kafka's topic-level name
-(``LogConfig.KEYS``); ``from_properties`` parses a ``{name: value}`` dict (values may be
-strings, as they come from TOML ``--set`` overrides) and raises ``InvalidConfigError``
-(INVALID_CONFIG) naming the key at fault.
+``LogConfig`` is a frozen dataclass: a log holds one and a config change builds a new one
+(``dataclasses.replace``). ``LogConfig.KEYS`` maps each field to Kafka's topic-level name;
+``from_properties`` parses a ``{name: value}`` dict (values may be strings) and raises
+``InvalidConfigError`` (INVALID_CONFIG) naming the key at fault.
 """
 from __future__ import annotations
 

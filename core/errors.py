@@ -1,12 +1,10 @@
-"""The storage library's exceptions: each one an ``OdradekError`` carrying its protocol code.
+"""The storage library's exceptions: each an ``OdradekError`` carrying its protocol code. Pure.
 
-Pure and I/O-free (imported by ``core.records``, which clients import too). Every error the log
-raises is one of these, so the log actor turns any of them into ``(code, message)`` for its
-reply without a lookup table. Whose fault it is: ``CorruptRecordError`` and
-``RecordTooLargeError`` blame the batch the caller handed in (or bytes found on disk, during
-reads); ``StorageError`` blames the disk (retriable once the fault clears);
-``OffsetOutOfRangeError`` blames the requested offset. These are the classes of their codes in
-the client's family too (odradek/errors.py registers them, under both names): one class a code.
+Every error the log raises is one of these, so the log actor replies ``(code, message)`` with
+no lookup table. Whose fault: ``CorruptRecordError`` and ``RecordTooLargeError`` blame the batch
+handed in (or bytes found on disk); ``StorageError`` the disk (retriable once the fault clears);
+``OffsetOutOfRangeError`` the requested offset. odradek/errors.py registers these as the
+client's classes of their codes: one class a code.
 """
 from __future__ import annotations
 

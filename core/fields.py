@@ -1,8 +1,8 @@
-"""The request-field check every API handler shares: ``field(body, name, kind, default)``.
+"""The request-field check every API handler shares: ``field(body, name, kind, default)``. Pure.
 
-Pure (no I/O), layer 1. A body of the wrong shape is the client's fault: ``BadRequest`` is
-INVALID_REQUEST with a message naming the field, what it must be and what it was. Used by the
-request handlers (``network/handler.py``) and the group coordinator's API handlers.
+A body of the wrong shape is the client's fault: ``BadRequest`` is INVALID_REQUEST with a
+message naming the field, what it must be and what it was. Used by the request handlers
+(network/handler.py) and the coordinators' API handlers.
 """
 from __future__ import annotations
 

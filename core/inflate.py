@@ -1,28 +1,15 @@
 """Bounded, streaming decompression of one batch's records: the only place the project inflates.
 
-Layer 1 (pure, no I/O; stdlib, cramjam). Every path that reads records inside a compressed
-batch comes here (produce validation, the timestamp lookup, the cleaner, dump-log, the
-consumers), so a compression bomb costs each of them at most the bound, never what the batch
-claims. ``chunks`` yields the decompressed bytes ``CHUNK`` at a time and raises
-``InflateLimitError`` as soon as more than ``limit`` bytes come out; ``inflate`` joins them for
-a reader that wants the whole payload.
-
-How each codec is bounded (docs/FORMAT.md, "Compressed records"):
-
-- gzip (Kafka codec 1): ``zlib.decompressobj`` with ``max_length``: streaming, ``CHUNK`` at a time.
-- snappy (Kafka codec 2): raw snappy and each xerial chunk state their inflated size up front;
-  it is checked against the bound before anything is inflated (snappy cannot expand a byte by
-  more than about 22).
-- zstd (Kafka codec 4) and lz4 frame (Kafka codec 3): cramjam has no incremental reader for
-  them, so the frames are inflated into a buffer of ``GUESS`` times their size, grown eightfold
-  while it fills up to ``limit + 1`` bytes (lazily mapped: pages are committed as written); full
-  at that size, it fails having touched at most ``limit`` bytes of memory.
-- lz4 block (Odradek's native batch): the block states its inflated size up front; checked
-  first (cramjam's lz4 block functions read and write the bytes the ``lz4`` package did, which
-  wrote the segments of earlier versions: tests/log/test_lz4_blocks.py).
-
+Pure (stdlib, cramjam). Every path that reads records inside a compressed batch comes here
+(produce validation, the timestamp lookup, the cleaner, dump-log, the consumers). ``chunks``
+yields the decompressed bytes ``CHUNK`` at a time; ``inflate`` joins them.
+Invariant: a compression bomb costs a caller at most ``limit`` bytes, never what the batch
+claims. Per codec (docs/FORMAT.md, "Compressed records"): gzip streams through
+``zlib.decompressobj``, ``CHUNK`` at a time; snappy (raw and xerial chunks) and lz4 block (the
+native batch) state their inflated size, checked before inflating; zstd and lz4 frame inflate
+into a buffer of ``GUESS`` times their size, grown eightfold up to ``limit + 1`` bytes.
 Errors: ``InflateLimitError`` (MESSAGE_TOO_LARGE) when the bound is hit, ``CorruptRecordError``
-(CORRUPT_MESSAGE) when the bytes do not decompress. The caller adds which batch it was.
+(CORRUPT_MESSAGE) when the bytes do not decompress; the caller adds which batch it was.
 """
 from __future__ import annotations
 

@@ -1,18 +1,13 @@
-"""Kafka's record batch (magic 2): checks for the broker, decoding and encoding for clients.
+"""Kafka's record batch (magic 2): checks for the broker, decoding and encoding for clients. Pure.
 
-Layer 1 (pure, no I/O), beside ``core.records`` which dispatches here by the magic byte.
-A magic-2 batch has the same 61-byte header as Odradek's native batch (``HEADER``, spelled here);
-what differs is the magic (2), the checksum (CRC-32C over the same covered bytes), the
-attribute bits (compression 0 none, 1 gzip, 2 snappy, 3 lz4 frame, 4 zstd; bit 4
-transactional) and the records, which are varint-framed instead of one msgpack list.
-
-- The **broker** calls ``check_header``, ``crc_of`` and, on a client's batch,
-  ``check_records`` (via ``records``): header fields, CRC-32C, and every record's fields as
-  Kafka's DefaultRecord reader checks them (in C, core/_recordscan.c; ``walk`` is the Python
-  reference); base offset and leader epoch are patched like a native batch.
-- **Readers** call ``decode`` (the bundled consumer, the compactor, ``dump-log``) and the
-  processor calls ``from_native`` to hand a Kafka consumer a batch written natively.
-Byte-level description: docs/FORMAT.md.
+Beside ``core.records``, which dispatches here by the magic byte. Same 61-byte header as the
+native batch (``HEADER``, spelled here); it differs in the magic (2), the checksum (CRC-32C over
+the same bytes), the attribute bits (compression 0 none, 1 gzip, 2 snappy, 3 lz4 frame, 4 zstd;
+bit 4 transactional) and the records, varint-framed.
+The broker calls ``check_header``, ``crc_of`` and ``check_records`` (every record's fields as
+Kafka's DefaultRecord reader checks them; in C, core/_recordscan.c, with ``walk`` the Python
+reference). Readers call ``decode``; the processor calls ``from_native`` to hand a Kafka
+consumer a natively written batch. Bytes: docs/FORMAT.md.
 """
 from __future__ import annotations
 

@@ -1,12 +1,8 @@
-"""Protocol constants: API keys and error codes. Pure, I/O-free, importable everywhere.
+"""Protocol constants: API keys and error codes. Pure, importable everywhere.
 
-This is the bottom layer (see docs/ARCHITECTURE.md): the broker's actors, the log library
-and the client all import it; it imports nothing of the project. Numbers are Kafka's where
-the meaning is the same, so a Kafka operator reading a log line or an error code knows it.
-
-The wire framing of client requests lives in ``core.codec``; this module holds the
-closed sets of names and numbers, described in docs/PROTOCOL.md, and the one parser of
-listener addresses (``PLAINTEXT://host:port``) that the config, acceptor and handlers share.
+The closed sets of names and numbers (docs/PROTOCOL.md), Kafka's where the meaning is the same,
+and the one parser of listener addresses (``PLAINTEXT://host:port``) the config, acceptor and
+handlers share. Invariant: imports nothing of the project.
 """
 from __future__ import annotations
 

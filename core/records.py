@@ -1,21 +1,13 @@
-"""The record-batch format: one binary layout shared by producer, broker log and consumer.
+"""The record-batch format: one layout shared by producer, broker log and consumer. Pure.
 
-Layer 1 (pure, no I/O): imported by the client and by the broker alike; it imports only the
-stdlib, msgpack, cramjam and ``core.errors``. Nothing here holds state, so every function is safe
-to call from any thread or process. Byte-level description: docs/FORMAT.md.
-
-Who does what:
-
-- The **broker** works on headers only: ``BatchHeader`` (a cheap view of the fixed
-  61-byte header), ``validate_batch`` / ``validate_batches`` (size, magic, CRC, offset span,
-  count), ``patch_base_offset`` (in place; the CRC does not cover base offset and leader
-  epoch) and ``iter_batches`` (walk concatenated batches). It never decodes records.
-- **Clients** and the **compactor** encode and decode records: ``encode_batch`` (from
-  ``(key, value[, headers[, timestamp_ms]])`` tuples), ``encode_records`` (from ``Record``
-  values with their own offsets; used by the compactor to keep offsets), ``decode_batch``.
-
-Decoding or validating arbitrary bytes raises ``CorruptRecordError`` and nothing else
-(``validate_batch`` may also raise ``RecordTooLargeError`` when given a ``max_size``).
+The broker works on headers only: ``BatchHeader`` (a view of the 61-byte header),
+``validate_batch`` / ``validate_batches`` (size, magic, CRC, offset span, count),
+``patch_base_offset`` (in place; the CRC does not cover base offset and leader epoch) and
+``iter_batches``. Clients and the compactor encode and decode records: ``encode_batch``,
+``encode_records`` (keeping each record's offset), ``decode_batch``. Bytes: docs/FORMAT.md.
+Invariants: no state, so any function is safe from any thread or process; decoding or
+validating arbitrary bytes raises ``CorruptRecordError`` and nothing else (``validate_batch``
+also ``RecordTooLargeError`` given a ``max_size``).
 """
 from __future__ import annotations
 

@@ -1,24 +1,17 @@
 """SASL mechanisms, server and client sides: PLAIN (RFC 4616) and SCRAM-SHA-256/512 (RFC 5802,
-RFC 7677) as Kafka speaks them. Pure: no sockets, no files (credentials are looked up through
-a function; network/secstore.py keeps them on disk).
+RFC 7677) as Kafka speaks them. Pure: credentials come through a lookup function
+(network/secstore.py keeps them on disk).
 
-Credentials are never kept in clear: ``scram_credential`` derives Kafka's SCRAM credential
-(salt, iterations >= 4096, StoredKey = H(HMAC(SaltedPassword, "Client Key")), ServerKey =
-HMAC(SaltedPassword, "Server Key")). A PLAIN password is checked by deriving its StoredKey
-with the user's SCRAM-SHA-512 (else SCRAM-SHA-256) salt and comparing in constant time.
-
-Brokers (``broker_key``, ``broker_proof``, ``check_broker_proof``): an inter-broker connection
-proves it is a broker of the cluster with an HMAC over a nonce the processor chose, keyed by a
-key derived from the cluster's shared secret (network/secstore.py ``ServerSecret``).
-
-Server side: ``server(mechanism, lookup, fake)`` returns an object whose ``step(token) -> bytes``
-consumes the client's token and returns the server's; ``done`` and ``user`` tell the outcome;
-a failure raises ``AuthenticationFailed`` whose message never carries a secret. A user that
-does not exist is answered as one that does (RFC 5802 section 9): ``fake(user, mechanism)``
-gives a credential derived from the server's secret (``fake_credential``: the same salt and
-iteration count at every try, keys no password derives), so SCRAM's first answer carries a
-salt either way and the exchange fails at its last step, as for a wrong password; PLAIN
-checks the password against it too, so both take the same time.
+Server side: ``server(mechanism, lookup, fake)`` returns an object whose ``step(token)``
+consumes the client's token and returns the server's; ``done`` and ``user`` tell the outcome; a
+failure raises ``AuthenticationFailed``. Brokers prove membership of the cluster with
+``broker_key``, ``broker_proof``, ``check_broker_proof`` (an HMAC over the processor's nonce,
+keyed from the cluster's shared secret).
+Invariants: credentials are never kept in clear (``scram_credential``: Kafka's salted
+StoredKey/ServerKey; a PLAIN password is checked by deriving its StoredKey, in constant time);
+no error message carries a secret; an unknown user is answered as a known one (RFC 5802
+section 9: ``fake_credential``, the same salt each try), so it fails at the same step and in
+the same time as a wrong password.
 """
 from __future__ import annotations
 

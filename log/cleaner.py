@@ -1,31 +1,22 @@
 """Log compaction (``cleanup.policy=compact`` or ``compact,delete``): keep the latest record per key.
 
-Runs in the partition's log actor, between appends, on the same ``Log`` object (single
-writer; the active segment is never touched). Unlike the broker's append path, the cleaner
-decodes records: it is the one broker-side place that does (with the client codec).
-
-One pass (``clean(log)``):
-
-1. Cleanable segments: the closed ones, oldest first, up to the first whose newest record is
-   younger than ``min.compaction.lag.ms`` or that reaches the last stable offset (as Kafka's
-   cleaner: nothing above the high watermark or in an open transaction is compacted, since
-   an abort could still make an older value the latest).
-2. Skip unless dirty bytes (segments at or past the cleaner checkpoint, the first offset not
-   yet cleaned) are at least ``min.cleanable.dirty.ratio`` of the cleanable bytes.
-3. Map each key to its latest offset over the cleanable segments. Records of aborted
-   transactions (``aborted.txnindex``) never count and are removed, as Kafka removes them.
-4. Rewrite each segment that loses records: batches whose records all survive are copied
-   byte for byte; others are re-encoded with the survivors only, in the batch's own format
-   and codec (a client's magic-2 gzip batch stays one), keeping their offsets (so gaps
-   appear), the producer fields and the transactional and timestamp-type bits; a magic-2
-   batch also keeps its base offset and last offset delta, as Kafka's cleaner does. Empty
-   batches vanish. Tombstones (value None) survive until their segment is older than
-   ``delete.retention.ms``. Batches are read one at a time, never a whole segment.
-5. Swap crash-safely: write ``<base>.log.cleaned`` and both indexes ``.cleaned``; fsync;
-   rename the indexes then the log to ``.swap`` (the log's rename is the commit point);
-   rename each ``.swap`` over its final name; fsync the directory. On open, ``log.loader``
-   completes a swap whose ``.log.swap`` exists and otherwise rolls back, so a crash at any
-   step leaves the log as it was before or after the pass.
+Runs in the partition's log actor, between appends, on the same ``Log`` (single writer); the
+one broker-side place that decodes records. One pass, ``clean(log)``:
+1. Cleanable: closed segments, oldest first, up to the first younger than
+   ``min.compaction.lag.ms`` or reaching the last stable offset; skipped unless the dirty bytes
+   (past the cleaner checkpoint) are at least ``min.cleanable.dirty.ratio`` of them.
+2. Map each key to its latest offset; records of aborted transactions (``aborted.txnindex``)
+   never count and are removed.
+3. Rewrite each segment that loses records: whole surviving batches copied byte for byte,
+   others re-encoded with the survivors in the batch's own format and codec, keeping offsets,
+   producer fields and attribute bits (a magic-2 batch its base offset and last offset delta);
+   empty batches vanish; tombstones survive until their segment is older than
+   ``delete.retention.ms``.
+4. Swap: ``.cleaned`` files, fsync, rename to ``.swap`` (the log's rename is the commit
+   point), rename over the final names, fsync the directory.
+Invariants: the active segment is never touched; nothing above the high watermark or in an open
+transaction is compacted; batches are read one at a time, never a whole segment; a crash at any
+step leaves the log as before or after the pass (``log.loader`` completes or rolls back).
 """
 from __future__ import annotations
 

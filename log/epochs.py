@@ -1,21 +1,16 @@
 """The leader-epoch cache of one partition: where each leader epoch began in the log.
 
-Kafka's ``LeaderEpochFileCache`` (KIP-101, KIP-279): an ordered list of ``(epoch,
-start_offset)`` entries, epochs strictly increasing, start offsets non-decreasing. The
-leader's log records an entry when it first appends in a new epoch; a follower's log records
-the epochs stamped in the batches it copies. A follower that (re)starts asks the leader where
-its own latest epoch ended (``end_offset_for``, OFFSET_FOR_LEADER_EPOCH) and truncates there,
-instead of to its high watermark, which can both lose committed data and keep divergent data.
-
-Persisted in ``<partition dir>/leader-epoch-checkpoint`` (format: docs/FORMAT.md), rewritten
-atomically (``FileLayer.write_file_atomically``) on every change. Single writer: owned by the
-partition's ``Log`` (``Log.leader_epochs``), not thread-safe.
-
-Every mutator changes memory first, then writes the file. A failed write raises
-``StorageError`` and leaves the cache *dirty*: memory is right, the file is stale, and the
-next ``flush()`` writes it again. A stale file is safe to load: the log trims the cache to
-its own [log start, log end] on open. An unreadable or inconsistent file is never fatal: the
-cache starts empty and a warning is logged (the follower then truncates conservatively).
+Kafka's leader-epoch file cache (KIP-101, KIP-279): ``(epoch, start_offset)`` entries. The
+leader records an entry when it first appends in a new epoch; a follower records the epochs
+stamped in the batches it copies and, on (re)start, truncates where the leader says its latest
+epoch ended (``end_offset_for``, OFFSET_FOR_LEADER_EPOCH).
+Owned by the partition's ``Log`` (``Log.leader_epochs``): single writer, not thread-safe.
+Persisted in ``<partition dir>/leader-epoch-checkpoint`` (docs/FORMAT.md), rewritten
+atomically on every change.
+Invariants: epochs strictly increase, start offsets never decrease; every mutator changes
+memory first, then the file: a failed write raises ``StorageError`` and leaves the cache dirty
+(the next ``flush()`` writes it again); a stale file is safe (the log trims the cache to its
+[log start, log end] on open); an unreadable file is never fatal (empty cache, a warning).
 """
 from __future__ import annotations
 

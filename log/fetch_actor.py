@@ -1,67 +1,27 @@
 """The fetch actor: serves reads of every partition, with long polls, without touching a byte.
 
-Process: ``fetch`` (one). It owns a read-only ``LogReader`` per partition, kept current by
-the ``bounds`` the log actors push after every batch of appends to a partition it *watches*,
-and a purgatory of fetches waiting for data. It answers a fetch with *file regions* (path, position, length), which the
-client's processor sends with ``os.sendfile``: no record byte passes through this actor or
-any other process shared by every connection.
-Accepts (addresses and message parts: ``odradek.actors.names``):
-  fetch {body}          (from a handler; answered straight to the client's processor)
-  list_offsets {body}   likewise; "latest" from a new leader whose high watermark has not
-                        reached its floor yet is OFFSET_NOT_AVAILABLE (KIP-207). From the
-                        group coordinator also {readable: true}: "latest" is then the highest
-                        offset a consumer may have read (the floor, in that window)
-  bounds {parts: [PartitionBounds], closed, host}   one-way, from log actors (a part: the
-                        partition's LogBounds, the leader epoch, whether this broker leads the
-                        partition, its replica set, its last stable offset and its high
-                        watermark's floor)
-  broker_epochs {epochs: {"<id>": czxid}}   from the broker agent (cluster mode): the live
-                        brokers and their broker epochs, whenever ``/brokers/ids`` changes
-                        (asked for with ``get_broker_epochs`` at start)
-  throttle {rate, parts: [ThrottledReplica]}   from the controller (broker agent):
-                        the throttled replicas of partitions led here (the topic's
-                        ``leader.replication.throttled.replicas``, out of the ISR); what
-                        they fetch shares ``leader.replication.throttled.rate`` bytes/s, and
-                        over it they get no data until the rate has caught up. In cluster
-                        mode replica fetches wait for the first ``throttle`` after a start (at
-                        most ``THROTTLE_WAIT``): a restarted fetch actor knows no throttled
-                        replica, and served a move's copy at full speed until told
-Watching: a log actor tells the fetch actor of appends (and markers, high-watermark moves)
-only for the partitions it watches, a lease of ``WATCH_LEASE`` seconds asked for with
-``watch``: a fetch or list-offsets touching a partition not watched (or still opening in its
-log actor after a start: ``opening`` in its first ``bounds`` and ``get_bounds`` answer) asks
-``watch`` of that log actor and is served once the fresh bounds are here (one round trip, the
-first time); one touching a lease with less than half left renews it on the way. A producer
-writing to partitions nobody reads (a transaction's ``__transaction_state`` record, a topic
-without consumers yet) costs no message to this actor per append. Leases are forgotten when
-a log actor restarts (it has none).
-Sends: get_bounds to every log actor when it (re)starts; watch (above); replica_progress {parts:
-[ReplicaProgress]} to the leader's log actor when a follower fetched; get_broker_epochs to the
-controller (cluster mode).
-Transactions: a ``read_committed`` fetch (``isolation_level`` 1) of a consumer reads up to the
-last stable offset (pushed with the bounds) and carries, per partition, the aborted
-transactions overlapping what it read (``aborted_transactions: [{producer_id,
-first_offset}]``), from the partition's ``aborted.txnindex`` (``log.txn_index``), re-read
-when the file grows: no fetch scans the log for markers.
-A fetch that finds fewer than ``min_bytes`` waits up to ``max_wait_ms`` (capped at 60 s and
-1 s short of ``request.timeout.ms``, so that it is answered, empty if need be, before its
-processor gives up on it); every ``bounds``
-update of a partition it reads re-checks it, so it answers as soon as data arrives.
-
-Replication: only a partition's leader serves it. A consumer (``replica_id`` -1) reads up
-to the high watermark; a follower (``replica_id`` its broker id) reads up to the log end, and
-its fetch offset, which is its own log end, goes to the log actor at once
-(``replica_progress``): that is how the leader advances the high watermark and the ISR.
-A ``current_leader_epoch`` older than the leader's is FENCED_LEADER_EPOCH, a newer one
-UNKNOWN_LEADER_EPOCH (-1 is not checked).
-
-Who may fetch as a replica (KIP-903's idea): a ``replica_id`` is a claim, checked before it is
-believed. The fetch must carry the ``broker_epoch`` of that broker's live registration (the
-czxid of ``/brokers/ids/<id>``, which only that broker's session knows and which changes with
-every registration), else the whole fetch is refused with STALE_BROKER_EPOCH; a broker outside
-a partition's replica set gets REPLICA_NOT_AVAILABLE for it; and only a fetch offset inside the
-leader's log ``[log start, log end]`` of a partition answered without error is progress (a
-future or out-of-range offset never moves a follower, so never the ISR or the high watermark).
+Process: ``fetch`` (one). Owns a read-only ``LogReader`` per partition, kept current by the log
+actors' ``bounds``; the leases of the partitions it watches; the purgatory of fetches waiting
+for data; the leader-side replication throttle; the live brokers' epochs (cluster mode).
+Accepts:
+  fetch {body}: from a handler; answered straight to the client's processor, with file regions
+  list_offsets {body}: likewise (a new leader below its floor: OFFSET_NOT_AVAILABLE, KIP-207);
+      from the group coordinator also ``{readable: true}``: "latest" is then the highest
+      offset a consumer may have read
+  bounds {parts: [PartitionBounds], closed, opening, host}: from the log actors, one-way after
+      appends (a request when partitions open or close)
+  broker_epochs {epochs}: from the broker agent (cluster mode), when ``/brokers/ids`` changes
+  throttle {rate, parts: [ThrottledReplica]}: from the controller (broker agent)
+Sends: ``get_bounds`` to every log actor when it (re)starts; ``watch`` to a log actor before
+serving a partition not watched (or with less than half its lease left); ``replica_progress``
+to the leader's log actor when a follower fetched; ``get_broker_epochs`` to the controller.
+Invariants: no record byte passes through here (the processor sends the regions with
+``os.sendfile``); only a partition's leader serves it; a consumer reads up to the high
+watermark (``read_committed``: the last stable offset, with the aborted transactions it
+overlaps), a follower up to the log end; a long poll is answered before its processor gives up
+(``max_wait_ms`` capped below ``request.timeout.ms``); a ``replica_id`` is a claim: it needs
+that broker's live ``broker_epoch`` (else STALE_BROKER_EPOCH) and a place in the replica set
+(else REPLICA_NOT_AVAILABLE), and only an offset inside the leader's log is progress.
 """
 from __future__ import annotations
 

@@ -1,19 +1,17 @@
 """The file layer and the clock the log uses: the only way ``log/`` touches the disk or time.
 
-Both are injected into ``Log`` (and the cleaner) so tests can fail any operation (ENOSPC, EIO)
-or simulate a crash at the N-th operation, and control time. ``FileLayer`` is stateless:
-safe to share between logs and threads; each method is one system call (or a tiny loop of
-them) and raises ``OSError`` as the OS does. The log turns ``OSError`` into ``StorageError``.
-
-Index files are written through ``mmap`` (as Kafka does): their bytes are not routed through
-this layer, only their creation, allocation, truncation, flushing and renaming.
-
-``DescriptorCache``: the descriptors of files that are not being written (closed segments'
-``.log`` and index files, every file the fetch actor reads) are a bounded, least recently
-used cache per process, reopened on demand. Only an active segment keeps its own descriptors.
-Without it, a log actor held one descriptor per segment and the fetch actor two per
-partition: ``segment.bytes=71`` and 21,000 produces, or 10,000 partitions, ran a process out
-of descriptors (EMFILE) and the broker could not start again.
+``FileLayer`` and ``system_now_ms`` are injected into ``Log`` and the cleaner, so tests can fail
+any operation (ENOSPC, EIO), simulate a crash at the N-th one, and control time. Each method is
+one system call (or a tiny loop of them) raising ``OSError`` as the OS does; the log turns it
+into ``StorageError``. Index bytes go through ``mmap``; only index files' creation, allocation,
+truncation, flushing and renaming come here. ``SyncBatch`` makes many new partitions durable
+together (one commit, fsyncs in parallel).
+Per process: ``DescriptorCache`` (``descriptors()``) holds the descriptors of files not being
+written, a bounded LRU reopened on demand; ``ActiveSegments`` (``active_segments()``) bounds the
+active segments holding their own descriptors and index maps, suspending the least recently
+written.
+Invariants: ``FileLayer`` is stateless and safe to share between logs and threads; the
+descriptor cache never closes a descriptor in use, and is thread-safe.
 """
 from __future__ import annotations
 

@@ -1,28 +1,18 @@
 """Sparse offset and time indexes of a segment: entry formats, lookups, and the writer.
 
-Formats (docs/FORMAT.md): ``.index`` holds 8-byte entries ``(relative offset u32, position
-u32)`` big-endian, one per ``index.interval.bytes`` of log; ``.timeindex`` holds 12-byte
-entries ``(timestamp i64, relative offset u32)`` meaning "every record below base + relative
-offset has a timestamp <= timestamp". Both are strictly increasing in every field and never
-hold an entry with position 0 / relative offset 0, so the zero fill of a preallocated file
-ends the valid entries and a binary search finds that end.
-
-Lookups (``offset_floor``, ``position_floor``, ``time_floor_below``, ``count_*``) are
-``bisect`` over an entry source with O(log n) probes, never a loop over entries. A source is
-anything with ``entry_bytes(i, size)``: ``BufferSource`` over bytes/mmap (the writer's own
-index, or a closed segment's index read once) or ``FileSource`` over a file descriptor that
-another process is writing (``LogReader``), probing with ``pread``. Entries are never
-trusted beyond the bound the caller passes (a byte position or a relative offset); callers
-also verify the batch an entry points to before using it.
-
-``IndexPolicy`` is the one rule deciding when an entry is due (one per
-``index.interval.bytes`` of log, never at position 0; a time entry when the max timestamp
-grew), followed by the append path (``LogSegment.add_batch_entries``), by recovery's scans
-and by the cleaner's rebuilds, so a rebuilt index equals the one appends would have written.
-
-``IndexWriter`` (single writer: the partition's log actor) appends entries through an mmap
-of a file allocated a page at a time (doubling as it fills, up to ``segment.index.bytes``)
-and trims the file when its segment rolls or the log closes.
+Formats (docs/FORMAT.md): ``.index`` entries ``(relative offset u32, position u32)``;
+``.timeindex`` entries ``(timestamp i64, relative offset u32)``: every record below base +
+relative offset has a timestamp <= timestamp. Lookups (``offset_floor``, ``position_floor``,
+``time_floor_below``, ``count_*``) bisect an entry source: ``BufferSource`` over bytes or an
+mmap, ``FileSource`` over a file another process writes (``pread``).
+``IndexPolicy`` is the one rule deciding when an entry is due, followed by the append path, by
+recovery and by the cleaner's rebuilds. ``IndexWriter`` (single writer: the partition's log
+actor) appends through an mmap of a file grown a page at a time (doubling, up to
+``segment.index.bytes``) and trims it when its segment rolls or the log closes.
+Invariants: entries strictly increase in every field and none has position 0 / relative offset
+0, so a preallocated file's zero fill ends the valid entries; entries are never trusted beyond
+the caller's bound, and callers verify the batch an entry points to; a rebuilt index equals the
+one appends would have written.
 """
 from __future__ import annotations
 

@@ -1,25 +1,18 @@
 """Opening a partition directory: leftovers, swaps, index checks, and crash recovery.
 
-Called once by ``Log.__init__`` (single-threaded, before any append), in the partition's
-log actor. ``load_log`` returns a ``LoadedLog``: the segments (the last one active) and the
-offsets it found, which ``Log`` adopts in one place (``Log._adopt``); it does not import
-``log.log``. Steps:
-
-1. Read the clean-shutdown marker and the checkpoint (log start, recovery point, high
-   watermark); a missing or unreadable checkpoint means "recover everything".
-2. Finish or roll back interrupted work: a ``<base>.log.swap`` (a compaction that reached its
-   commit point) replaces ``<base>.log`` and that segment's indexes are rebuilt; ``.cleaned``,
-   ``.tmp``, ``.deleted`` files, stray index ``.swap`` files and indexes without a ``.log``
-   are removed.
-3. Segments below the recovery point are trusted; their indexes get a cheap sanity check
-   (sizes, last entry must point at the batch it names) and are rebuilt if it fails.
-4. From the segment holding the recovery point (unclean start) or the active segment's last
-   index entry (clean start), every batch is validated (``recovery.scan_segment``). The
-   first bad one ends the log: the file is truncated there and later segments are deleted.
-   Nothing raises on bad data; the ``RecoveryReport`` says what was dropped.
-
-The checkpoint file's format (``partition.checkpoint``, docs/FORMAT.md) is here too: read by
-the loader, written by ``Log.checkpoint`` with ``Checkpoint.encode``.
+Called once by ``Log.__init__`` in the partition's log actor (single-threaded, before any
+append). ``load_log`` returns a ``LoadedLog`` (the segments, the last one active, and the
+offsets found) that ``Log`` adopts in one place (``Log._adopt``); it never imports ``log.log``.
+1. Read the clean-shutdown marker and the checkpoint; a missing or unreadable one means
+   "recover everything".
+2. Complete a compaction whose ``<base>.log.swap`` exists; remove ``.cleaned``, ``.tmp``,
+   ``.deleted``, stray index ``.swap`` files and indexes without a ``.log``.
+3. Trust segments below the recovery point, after a sanity check of their indexes (rebuilt if
+   it fails).
+4. From the recovery point (unclean start) or the active segment's last index entry (clean
+   start), validate every batch (``recovery.scan_segment``); the first bad one ends the log.
+Invariants: nothing raises on bad data (the ``RecoveryReport`` says what was dropped). The
+checkpoint file's format (``partition.checkpoint``, ``Checkpoint.encode``) is here too.
 """
 from __future__ import annotations
 

@@ -1,23 +1,20 @@
 """The durable log of one partition: segments, indexes, retention, flush, checkpoints, recovery.
 
-Runs inside the partition's log actor and is called by nothing else: ``Log`` is single
-writer and not thread-safe. Readers in other processes use ``LogReader`` (``log.reader``)
-over the same directory, told the bounds (``Log.bounds()``) by the log actor. Layout and
-byte formats: docs/FORMAT.md; flows: docs/ARCHITECTURE.md (Storage).
-
-Invariants the class keeps (and the tests check):
-
-- Segments are ordered by base offset; every batch of segment *i* has offsets below the
-  base offset of segment *i + 1*; only the last segment (the active one) is written.
-- Every byte below a segment's ``size`` is a whole, validated batch. An append writes the
-  whole batch or nothing: a failed write is truncated away before the error is raised (or,
-  if that fails too, before the next append).
-- Offsets only grow: log start <= high watermark <= log end, recovery point <= log end.
-- Files are only ever deleted after a rename to ``.deleted`` (retention) or replaced by an
-  atomic rename (checkpoints, compaction swaps), so a crash at any point is recoverable.
-
-Time and I/O are injected: ``now_ms`` (a callable) and ``files`` (``log.files.FileLayer``).
-Every ``OSError`` surfaces as ``StorageError`` (KAFKA_STORAGE_ERROR) with the log consistent.
+Runs inside the partition's log actor and is called by nothing else: ``Log`` is single writer
+and not thread-safe. Other processes read through ``LogReader`` (``log.reader``), told the
+bounds (``Log.bounds()``) by the log actor. Formats: docs/FORMAT.md; flows:
+docs/ARCHITECTURE.md (Storage). Time and I/O are injected: ``now_ms`` and ``files``
+(``log.files.FileLayer``).
+Invariants (the tests check them):
+- segments are ordered by base offset, each batch's offsets below the next segment's base;
+  only the last (active) segment is written;
+- every byte below a segment's ``size`` is a whole, validated batch; an append writes the whole
+  batch or nothing (a failed write is truncated away before the error is raised, or before the
+  next append);
+- log start <= high watermark <= log end, recovery point <= log end; offsets only grow;
+- files are deleted only after a rename to ``.deleted``, or replaced by an atomic rename, so a
+  crash at any point is recoverable;
+- every ``OSError`` surfaces as ``StorageError`` (KAFKA_STORAGE_ERROR) with the log consistent.
 """
 from __future__ import annotations
 

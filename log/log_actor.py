@@ -1,76 +1,30 @@
 """The log actor: the single writer of a set of partition logs, and each one's replica role.
 
-Process: ``log-<i>`` (``num.log.threads`` of them). Each partition is placed on exactly one
-by a stable hash (``actors.names.placement``); within the process every partition is
-an independent ``Log`` and appends to it are serialized by this actor's one loop, which is
-what "a log actor per partition" means here without a process per partition (a process
-costs ~25 MiB; thousands of partitions must not cost thousands of processes).
-Owns: the ``Log`` objects of its partitions (segments, indexes, checkpoints, leader-epoch
-cache) and each partition's replica state (``PartitionLog``): leader or follower, leader epoch,
-ISR, the followers' progress, the high watermark and the purgatory of acks=all produces.
-In single-broker mode every partition is led here at epoch 0 with an ISR of one, so the
-high watermark is the log end.
-Accepts (addresses and message parts: ``odradek.actors.names``):
-  produce {acks, timeout_ms, parts: [ProducePart], errors: [PartError]}  + batch frames
-        from a handler, which has checked every batch's CRC (this actor checks sizes and
-        header fields); answered straight to the client's processor (no hop back); an
-        acks=all produce waits here until the high watermark passes it
-  delete_records {parts: [DeleteRecordsPart]}
-  offset_for_leader_epoch {parts: [EpochQuery]}
-  assign {open, close, configure}   from the controller (open: as leader at epoch 0)
-  become {parts: [...]}             from the controller (cluster mode): leader or follower
-  replica_progress {parts: [ReplicaProgress]}   one-way from the fetch actor: a follower fetched
-  follower_state / truncate / truncate_fully / replicate   from the replica fetcher
-  get_bounds {only?: [[topic, partition]]}   from the fetch actor (after it restarts), the group
-                                    and transaction coordinators and (only its _schemas-0, every
-                                    0.2 s) the schema registry; answered {parts: [PartitionBounds], host}
-  write_markers {markers: [[topic, partition, producer_id, epoch, commit, coordinator_epoch]],
-                 acks, timeout_ms}  from the transaction coordinator: a commit or abort
-                                    marker (control batch) per partition led here, answered
-                                    (acks -1) once replicated to the ISR
-  describe_log_dirs {topics: [[topic, [partition]]] | null}   from a handler (DESCRIBE_LOG_DIRS):
-                                    -> {parts: [[topic, partition, size, offset_lag]]}, every
-                                    hosted partition asked for, led or followed
-  describe_producers {parts: [[topic, partition]]}   from the transaction coordinator
-                                    (DESCRIBE_PRODUCERS): -> {parts: [[topic, partition, code,
-                                    message, [[producer_id, epoch, last_sequence,
-                                    last_timestamp, txn_first_offset]]]]}, leaders only
-Sends ``alter_isr`` to the controller (the ISR change is applied only once ZooKeeper took
-it: a deposed leader's change fails there). Tells the fetch actor, once per batch of
-messages, every partition that changed (``bounds {parts: [PartitionBounds], closed, host}``:
-its ``LogBounds``, leader epoch, role and last stable offset): that is how long-poll fetches
-learn that data arrived. Appends, markers and high-watermark moves are told only for the
-partitions the fetch actor *watches* (it serves them: a lease it renews with each fetch or
-list-offsets, ``watch``); a partition nobody reads costs no message per append. Every other
-change (a role, an opening or closing, a truncation, retention) is always told.
-Producer ids: a batch whose producer id its partition does not know yet must carry the tag
-of an id a transaction coordinator handed out (``log.producer_ids``), else
-INVALID_PRODUCER_ID_MAPPING; the sequence checks are the ``Log``'s (``log.producer_state``);
-a retried batch is answered with its first append's offsets.
-  watch {parts: [[topic, partition]], seconds}   from the fetch actor, which serves these
-                                    partitions: tell it their appends for ``seconds``, opening
-                                    any still waiting to open (a fetch or list-offsets waits
-                                    for them); their bounds go at once, then the answer {}
-Opening lazily: ``on_start`` asks the controller for the assignment and registers every
-partition as not yet open (``unopened``: no file is touched), so the actor, and the broker,
-is ready at once whatever the partition count and however many need recovery after a
-kill -9. The partitions then open in the background, ``OPEN_PER_TURN`` per loop turn
-(``call_later(0)`` slices, at most ``OPEN_SLICE_S`` of work each, the internal topics
-first): a clean one reads its checkpoints, an unclean one recovers (``log.recovery``). Any
-request touching a partition not open yet opens it first (``_partition``), bounded by that
-one partition's recovery: nothing is refused NOT_LEADER_OR_FOLLOWER or
-UNKNOWN_TOPIC_OR_PARTITION for a partition that exists but is still opening. The fetch
-actor learns the still-opening set (``opening`` in the first ``bounds`` push and in the
-``get_bounds`` answer) and asks ``watch`` before serving a fetch or list-offsets
-that touches one; every partition's bounds reach it when it opens. In cluster mode the
-assignment entry's role (leader, epoch, ISR) is applied as each partition opens. A
-partition that fails to open stays offline, logged. ``stats`` counts ``opening``; timers
-(retention, flush, checkpoints, compaction, ISR shrink) see only open partitions; a
-partition still unopened at stop is left as it is on disk.
-Timers: retention (``log.retention.check.interval.ms``, also producer-id expiration,
-``producer.id.expiration.ms``), flush (``flush.ms``), checkpoints,
-compaction (``log.cleaner.backoff.ms``), ISR shrink (``replica.lag.time.max.ms``).
-The message shapes are in docs/REPLICATION.md.
+Process: ``log-<i>`` (``num.log.threads``); a partition lives on the one
+``actors.names.placement`` picks. Owns each hosted partition's ``Log`` (segments, indexes,
+checkpoints, epochs, producer state) and replica state (``PartitionLog``: role, leader epoch,
+ISR, followers' progress, high watermark, the acks=all purgatory, transactional batches held).
+Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``):
+  produce + batch frames: from a handler, or a coordinator or the schema registry for its
+      internal topic; answered to the client's processor (acks=all: once the high watermark
+      passes it)
+  delete_records / offset_for_leader_epoch / describe_log_dirs: from a handler
+  assign / become: from the controller: open, close, configure; leader or follower
+  follower_state / truncate / truncate_fully / replicate: from the replica fetcher
+  replica_progress: one-way, from the fetch actor: a follower fetched
+  get_bounds {only?}: from the fetch actor, the coordinators and the schema registry
+  watch: from the fetch actor: tell it these partitions' appends for a lease
+  write_markers / txn_check / describe_producers: from the transaction coordinator
+  txn_added: one-way, chained for the transaction coordinator: a partition joined a
+      producer's transaction; its held batches are appended
+Sends: ``get_assignment`` and ``alter_isr`` to the controller; ``bounds`` to the fetch actor
+after each batch of messages (appends only for watched partitions); ``fsynced`` to the replica
+fetcher; a request's chained ``then`` messages (``actors.names.chain_sent``); ``shutdown`` to
+the supervisor when its log directory fails.
+Invariants: a partition's appends are serialized by this one loop; partitions open lazily in
+the background and a request touching one not yet open opens it first, never refused for it;
+a producer id a partition does not know must carry a coordinator's tag (``log.producer_ids``),
+else INVALID_PRODUCER_ID_MAPPING; a retried batch is answered with its first append's offsets.
 """
 from __future__ import annotations
 

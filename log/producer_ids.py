@@ -1,24 +1,17 @@
 """Producer ids: how they are made unique, and how a broker knows it handed one out.
 
-A library (no process of its own), used by the transaction coordinator (which hands ids
-out, ``coordinator/txn_coordinator.py``) and by the log actors (which refuse a batch whose
-producer id no broker of the cluster handed out). Kafka trusts whatever id a client puts in
-a batch; Odradek does not: an id is ``counter << TAG_BITS | tag``, where ``counter`` is unique
-in the cluster (allocated in blocks, durably) and ``tag`` is the first ``TAG_BITS`` bits of a
-keyed BLAKE2b of the counter under the cluster's secret producer-id key. A log actor checks
-the tag the first time a partition sees an id (afterwards the partition's producer state
-knows it), so a client that makes an id up is refused (INVALID_PRODUCER_ID_MAPPING) with a
-chance of 2**-24 per guess, and no state is shared between the coordinator and the log
-actors. Ids stay positive 63-bit integers, opaque to every Kafka client.
-
-The key and the block allocator live:
-
-- single broker: ``<data dir>/meta/producer-id.key`` (32 random bytes, created once, 0600)
-  and ``<data dir>/meta/producer-id.block`` (the next free counter, written durably before
-  any id of a new block is handed out);
-- cluster mode: ZooKeeper ``/odradek/producer_id_key`` and Kafka's
-  ``/latest_producer_id_block`` (JSON ``{"version": 1, "broker", "block_start",
-  "block_end"}``, claimed with a conditional write, so two brokers never share a block).
+A library, used by the transaction coordinator (which hands ids out) and the log actors (which
+refuse a batch whose producer id no broker of the cluster handed out). An id is
+``counter << TAG_BITS | tag``: ``counter`` unique in the cluster (allocated in blocks,
+durably), ``tag`` the first ``TAG_BITS`` bits of a keyed BLAKE2b of the counter under the
+cluster's producer-id key. Where the key and the next block live: single broker,
+``<data dir>/meta/producer-id.key`` (0600) and ``producer-id.block``; cluster mode, ZooKeeper
+``/odradek/producer_id_key`` and Kafka's ``/latest_producer_id_block`` (claimed with a
+conditional write).
+Invariants: a log actor checks the tag the first time a partition sees an id, so a made-up id
+is refused (INVALID_PRODUCER_ID_MAPPING) with a chance of 2**-24 per guess, and the coordinator
+and the log actors share no state; a block is written durably before any of its ids is handed
+out, and two brokers never share one; ids are positive 63-bit integers, opaque to clients.
 """
 from __future__ import annotations
 

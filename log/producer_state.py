@@ -1,34 +1,18 @@
-"""Producer state of one partition: per producer id, its epoch and its last 32 batches.
+"""Producer state of one partition: per producer id, its epoch and its last batches.
 
-Kafka's ``ProducerStateManager`` (KIP-98, KIP-360), owned by the partition's ``Log`` and so by
-its log actor (single writer, not thread-safe, no process of its own). It lets the leader
-refuse what an idempotent producer must not get twice or out of order, from the batch
-*header* fields only (producerId, producerEpoch, baseSequence, lastOffsetDelta): no record
-is decoded.
-
-``check(pid, epoch, first_seq, last_seq)`` before an append, on the leader:
-
-- the batch repeats one of the producer's last ``MAX_CACHED_BATCHES`` batches (same epoch,
-  same first and last sequence): returns that batch's ``BatchMetadata`` (its offsets); the
-  caller answers success with the original base offset and writes nothing (Kafka's
-  DUPLICATE_SEQUENCE_NUMBER semantics);
-- an older epoch: ``InvalidProducerEpochError`` (INVALID_PRODUCER_EPOCH);
-- a newer epoch must start at sequence 0, the same epoch must continue at last + 1
-  (``2**31 - 1`` wraps to 0): else ``OutOfOrderSequenceError`` (OUT_OF_ORDER_SEQUENCE_NUMBER);
-- an id this partition does not know, with a sequence other than 0:
-  ``UnknownProducerIdError`` (UNKNOWN_PRODUCER_ID; the producer bumps its epoch, KIP-360).
-
-``update(...)`` after the append (leader), for every batch a follower copies (no checks:
-the leader made them) and for every batch replayed on recovery.
-
-Durability: ``snapshot(offset)`` writes ``<20-digit offset>.snapshot`` (Kafka's name; the
-state of every batch below ``offset``; format in docs/FORMAT.md) with temp file, fsync,
-rename. The log writes one at each segment roll and at clean close; on open it loads the
-latest snapshot at or below its log end and replays the batch headers after it.
-
-Producer-id expiration (``producer.id.expiration.ms``): ``expire(now)`` forgets producers
-whose last batch timestamp is older; a later batch of theirs with a sequence other than 0
-gets UNKNOWN_PRODUCER_ID.
+Kafka's producer state manager (KIP-98, KIP-360), owned by the partition's ``Log`` (single
+writer, not thread-safe). From batch header fields only (no record decoded):
+``check(pid, epoch, first_seq, last_seq)`` on the leader before an append: a repeat of one of
+the last ``MAX_CACHED_BATCHES`` returns that batch's ``BatchMetadata`` (answered with its
+original offsets, nothing written); an older epoch raises ``InvalidProducerEpochError``; a new
+epoch not at sequence 0 or a gap raises ``OutOfOrderSequenceError`` (``2**31 - 1`` wraps to 0);
+an unknown id at a sequence other than 0 raises ``UnknownProducerIdError``.
+``update(...)`` after the leader's append, for every batch a follower copies and every batch
+replayed on recovery. ``snapshot(offset)`` writes ``<20-digit offset>.snapshot`` (docs/FORMAT.md)
+at each segment roll and clean close; on open the log loads the latest at or below its end and
+replays the headers after it. ``expire(now)`` forgets producers idle past
+``producer.id.expiration.ms``.
+Invariants: snapshots are written with temp file, fsync, rename; a refused batch changes nothing.
 """
 from __future__ import annotations
 

@@ -1,22 +1,16 @@
 """Read planning shared by ``Log`` and ``LogReader``; ``LogReader`` for other processes.
 
 ``plan_read`` and ``plan_offset_for_time`` map an offset or a timestamp to byte ranges of
-segment files over any ordered list of ``SegmentView`` objects: bisect on base offsets, then
-the segment's index, then a short header scan (``log.segment``). ``Log.read`` calls them
-with its own segments; ``LogReader`` with read-only views of the same directory.
-
-``LogReader(dir)`` is for the fetch actor, which runs in a different process from the
-partition's writer (the log actor). It never writes. It trusts only what it is told: the
-bounds (``LogBounds``: log start/end offset, high watermark, the active segment and its byte
-size) that the log actor sends after each append, roll, truncation, retention or compaction
-(``Log.bounds()``). Bytes and index entries beyond those bounds are ignored, whatever the
-files hold. Call ``update(bounds)``; it re-lists the directory when the segment set changed.
-Not thread-safe: one reader per thread.
-
-A ``ReadResult`` names ``(path, position, length)`` slices of whole batches: serve them with
-``os.sendfile`` or ``read_bytes()``. A slice stays valid while its file exists; a compaction
-swap replaces a closed segment's file under the same name, so check ``first_offset`` against
-the first header served (``read_bytes`` does) and retry on mismatch.
+segment files over ordered ``SegmentView``s (bisect on base offsets, the index, a short header
+scan). ``LogReader(dir)`` is the fetch actor's (and the coordinators' replays) read-only view
+of a directory the log actor writes; ``update(bounds)`` takes the ``LogBounds`` the log actor
+sends and re-lists the directory when the segment set changed. A ``ReadResult`` names
+``(path, position, length)`` slices of whole batches, served with ``os.sendfile`` or
+``read_bytes()``.
+Invariants: never writes; bytes and index entries beyond the bounds it was told are ignored,
+whatever the files hold; not thread-safe (one reader per thread); a compaction swap may replace
+a closed segment under the same name, so ``first_offset`` is checked against the first header
+served (``read_bytes`` does) and a mismatch retried.
 """
 from __future__ import annotations
 

@@ -1,14 +1,11 @@
 """Validating scans of segment files, index rebuilding rules, and the recovery report.
 
-Used by ``Log`` while it opens a partition directory (single-threaded, before any append)
-and by nothing else. ``scan_segment`` reads a ``.log`` with large buffered reads and checks
-every batch: header fields, length within the file, CRC (zlib.crc32, C speed), offsets
-strictly increasing. It stops at the first bad batch and says why; the caller truncates the
-file there (the longest valid prefix) and deletes later segments. It never raises on bad
-data, only on I/O errors.
-
-The scan adds index entries by ``log.index.IndexPolicy``, the rule the append path follows,
-so a rebuilt index equals the one appends would have written.
+Used by the loader while it opens a partition directory (single-threaded, before any append),
+and by nothing else. ``scan_segment`` reads a ``.log`` in large buffered reads and checks every
+batch: header fields, length within the file, CRC, offsets strictly increasing; it stops at the
+first bad batch and says why, and the caller truncates there and deletes later segments. It adds
+index entries by ``log.index.IndexPolicy``, so a rebuilt index equals the one appends wrote.
+Invariant: never raises on bad data, only on I/O errors.
 """
 from __future__ import annotations
 

@@ -1,57 +1,27 @@
 """The replica fetcher: a follower's pull of each partition it follows from the partition's leader.
 
-Process: ``replica_fetcher`` (one per broker, cluster mode only).
-Owns: one fetch session per leader broker, a worker *thread* holding a blocking
-``network.client.BrokerConnection`` to that broker's inter-broker listener, with its TLS and
-SASL (``inter.broker.listener.name``; ``ClientSecurity.inter_broker``) (threads never touch this actor's
-ZeroMQ sockets: they hand each answer back through ``Actor.post``), and what it knows of each
-followed partition (leader, leader epoch, fetch offset, the leader's high watermark).
+Process: ``replica_fetcher`` (one per broker, cluster mode only). Owns, per leader broker, a
+fetch session: a worker thread holding a blocking ``network.client.BrokerConnection`` to its
+inter-broker listener (TLS, SASL, BROKER_PROOF); per followed partition, its leader, leader
+epoch, fetch offset and the leader's high watermark; the follower-side replication throttle.
 Accepts:
-  follow {parts: [{topic, partition, leader, leader_epoch}], brokers: {"<id>": [host, port]}}
-        from the controller (broker agent): add or update partitions; a new leader or leader
-        epoch re-runs truncation. Answered ``{}`` at once; the work is asynchronous.
-  unfollow {parts: [[topic, partition]]}  likewise; answered ``{}``.
-  broker_epochs {epochs: {"<id>": czxid}}  from the broker agent (asked for with
-        ``get_broker_epochs`` at start): this broker's own epoch goes with every FETCH, which
-        the leader refuses (STALE_BROKER_EPOCH, retried after the backoff) until it knows it.
-  throttle {rate, parts: [[topic, partition]]}   from the controller (broker agent): the
-        followed partitions whose replica here is throttled (the topic's
-        ``follower.replication.throttled.replicas``, out of the ISR), whose fetches share
-        ``follower.replication.throttled.rate`` bytes/s (``log.throttle.Quota``). Answered ``{}``.
-Sends, to the log actor hosting a partition (``log-<placement>``):
-  follower_state {parts: [[topic, partition]]}
-        -> {parts: [[topic, partition, error_code, latest_epoch, log_end_offset]]}
-  truncate {parts: [[topic, partition, leader_epoch, end_offset]]}
-        -> {parts: [[topic, partition, error_code, log_end_offset]]}
-  truncate_fully {parts: [[topic, partition, offset]]}  -> same reply
-  replicate {parts: [[topic, partition, frame, leader_epoch, high_watermark, log_start_offset]]}
-        + the leader's batches as frames (frame -1: watermarks only) -> same reply, at once
-        (not waiting for the group commit: the fsynced offset it carries may be behind)
-and, to the leader's listener (TCP): OFFSET_FOR_LEADER_EPOCH (23) and FETCH (1) with
-``replica_id`` = this broker's id.
-Accepts from the log actors, one-way:
-  fsynced {parts: [[topic, partition, fsynced_offset]]}  a group commit of a followed
-        partition ended (``log.flush.before.ack``): its log is on the disk below that offset.
-        If the session's FETCH is in flight (parked at the leader for want of data), a
-        progress report (a FETCH with ``progress_only``, answered at once, no data) tells
-        the leader on a second connection, so the high watermark does not wait for new data
-        or the fetch's max wait; otherwise the next FETCH carries it.
-
-Per partition: truncate first (newly followed, new leader or epoch, or the leader said
-OFFSET_OUT_OF_RANGE): ask the log actor for its latest epoch and end, ask the leader where
-that epoch ends (KIP-101/KIP-279), have the log actor cut there; then fetch from the log end
-the log actor reports. Per leader: one FETCH in flight, and the next only after the log
-actors have appended the last one's batches, because the leader takes our fetch offset for
-our log end (that advances its high watermark and keeps us in its ISR); but not after their
-fsync, which runs while the next FETCH is on its way (``fsynced`` above).
-
-Errors per partition: FENCED_LEADER_EPOCH (the leader is at a newer epoch than we were told)
-stops the partition until the next ``follow`` for it; NOT_LEADER_OR_FOLLOWER and
-UNKNOWN_LEADER_EPOCH (the leader has not heard of its election yet, or leadership moved and
-the controller will tell us) are retried after ``replica.fetch.backoff.ms``;
-OFFSET_OUT_OF_RANGE truncates again, or starts the log empty at the leader's log start when we
-are below it; a corrupt batch is logged and refetched after the backoff. A failed connection
-backs the whole session off and reconnects. ``stats()`` reports it all to ``odradek status``.
+  follow {parts, brokers}: from the controller (broker agent): add or update partitions;
+      answered ``{}`` at once, the work is asynchronous
+  unfollow {parts}: likewise
+  broker_epochs {epochs}: from the broker agent: this broker's epoch goes with every FETCH
+  throttle {rate, parts}: from the controller: the followed partitions throttled here
+  fsynced {parts}: one-way, from the log actors: a followed partition's group commit ended;
+      told to the leader at once (a ``progress_only`` FETCH) if the session's FETCH waits there
+Sends: ``follower_state``, ``truncate``, ``truncate_fully`` and ``replicate`` to the log actor
+hosting a partition (shapes: docs/REPLICATION.md); OFFSET_FOR_LEADER_EPOCH and FETCH (with
+``replica_id``) to the leader over TCP; ``get_broker_epochs`` to the controller at start.
+Invariants: worker threads never touch the actor's sockets (answers come back by ``post``); a
+partition truncates before it fetches (newly followed, new leader or epoch, or
+OFFSET_OUT_OF_RANGE: where the leader says our latest epoch ends, KIP-101/KIP-279); per leader
+one FETCH in flight, the next once the log actors appended the last one's batches, not after
+their fsync; FENCED_LEADER_EPOCH stops a partition until the next ``follow``;
+NOT_LEADER_OR_FOLLOWER, UNKNOWN_LEADER_EPOCH and a corrupt batch (logged) retry after
+``replica.fetch.backoff.ms``; a failed connection backs the session off and reconnects.
 """
 from __future__ import annotations
 

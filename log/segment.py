@@ -1,13 +1,12 @@
 """One segment's read side: locating offsets, timestamps and read spans. Shared code.
 
-``SegmentView`` holds the lookup logic used by both the writer (``Log``, in the partition's
-log-actor process) and ``LogReader`` (in the fetch actor's process): binary search over the
-sparse index, verification of the entry found (the batch at that position must start at the
-offset the entry names, else the index is ignored and flagged), then a short scan of batch
-headers. Subclasses say where index entries and bytes come from and how far they may be
-trusted (``size``: bytes of the ``.log`` known to hold whole, valid batches).
-
-Nothing here decodes records, except ``find_record_at_time`` (ListOffsets by timestamp),
+``SegmentView`` holds the lookups used by both the writer (``Log``, in the log actor) and
+``LogReader`` (in the fetch actor): binary search over the sparse index, a check of the entry
+found (the batch there must start at the offset it names, else the index is ignored and
+flagged), then a short scan of batch headers. Subclasses say where entries and bytes come from
+and how far they may be trusted (``size``: bytes known to hold whole, valid batches). File
+names of a segment are spelled here.
+Invariant: nothing decodes records, except ``find_record_at_time`` (ListOffsets by timestamp),
 which decodes the one batch it lands on.
 """
 from __future__ import annotations

@@ -1,13 +1,13 @@
 """One segment as its writer sees it: the active segment's files and index writers, sealing,
-truncation, index rebuilds. Runs inside the partition's log actor (through ``Log`` and the
-loader, ``log.loader``); single writer, not thread-safe.
+truncation, index rebuilds.
 
-``LogSegment`` extends the shared read side (``log.segment.SegmentView``) with the write
-side: an active segment holds its own ``.log`` descriptor and two ``IndexWriter``s (indexes
-grow by ``log.index.IndexPolicy``); a closed one holds no descriptor and reads through the
-process's descriptor cache (``log.files.descriptors()``). ``create_segment`` starts a new
-active segment; ``LogSegment.delete`` removes one at once (no ``.deleted`` rename: used for
-empty segments, truncation and recovery cuts). File names: ``log.segment``.
+Runs inside the partition's log actor (through ``Log`` and ``log.loader``); single writer, not
+thread-safe. ``LogSegment`` extends ``log.segment.SegmentView`` with the write side: an active
+segment holds its own ``.log`` descriptor and two ``IndexWriter``s (entries by
+``log.index.IndexPolicy``); a closed one reads through the process's descriptor cache
+(``log.files.descriptors()``). ``create_segment`` starts a new active segment;
+``LogSegment.delete`` removes one at once (no ``.deleted`` rename: for empty segments,
+truncation and recovery cuts).
 """
 from __future__ import annotations
 

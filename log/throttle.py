@@ -1,13 +1,12 @@
 """A replication throttle: a byte rate that a set of replicas' traffic must keep to on average.
 
-Pure and clock-driven (the caller passes ``now``, in seconds), shared by the follower side
-(``log.replica_fetcher``: ``follower.replication.throttled.rate``) and the leader side
-(``log.fetch_actor``: ``leader.replication.throttled.rate``). Like Kafka's replication quota,
-traffic is measured after the fact: a fetch may take the budget below zero, and throttled
-replicas then wait until the rate has paid it back, so over any few seconds the bytes moved
-stay within about one fetch of ``rate`` x time, plus what an idle spell saved up before them
-(at most ``BURST_SECONDS`` of the rate: replicas that stopped fetching a while catch up in
-one burst, as Kafka's windowed quota lets them).
+Pure and clock-driven (the caller passes ``now``, in seconds); ``Quota`` is used by the
+follower side (``log.replica_fetcher``, ``follower.replication.throttled.rate``) and the leader
+side (``log.fetch_actor``, ``leader.replication.throttled.rate``). Traffic is measured after the
+fact, as Kafka's replication quota does: a fetch may take the budget below zero, and throttled
+replicas then wait until the rate has paid it back.
+Invariant: over any few seconds the bytes moved stay within about one fetch of rate x time,
+plus at most ``BURST_SECONDS`` of the rate saved up while idle.
 """
 from __future__ import annotations
 

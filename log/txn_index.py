@@ -1,16 +1,15 @@
 """The aborted-transactions index of one partition: ``aborted.txnindex`` next to its segments.
 
-Owned by the partition's ``Log`` (so by its log actor, the single writer); read by the log
-actor to give the fetch actor the aborted ranges a ``read_committed`` fetch must carry, so
-no fetch scans the log for abort markers. Entries are Kafka's ``.txnindex`` layout
-(docs/FORMAT.md): 34 bytes, big-endian: version int16 (0), producer id int64, first offset
-int64, last offset int64 (the abort marker's), last stable offset int64 (at the abort).
-Unlike Kafka, one file per partition, not one per segment (entries below the log start
-are dropped when the file is rewritten on truncation or retention).
-
-Durability: an entry is appended when its abort marker is; the file is not fsynced on its
-own: recovery replays the log after the producer snapshot and re-adds a missing entry
-(``add`` ignores an entry it has).
+Written by the partition's ``Log`` (so by its log actor, the single writer); read by the fetch
+actor, which gives a ``read_committed`` fetch the aborted ranges it overlaps, so no fetch scans
+the log for abort markers. Entries are Kafka's ``.txnindex`` layout (docs/FORMAT.md): 34 bytes,
+big-endian: version int16 (0), producer id int64, first offset int64, last offset int64 (the
+abort marker's), last stable offset int64. One file per partition, not one per segment as in
+Kafka (entries below the log start are dropped when the file is rewritten on truncation or
+retention).
+Invariants: an entry is appended when its abort marker is; the file is not fsynced on its own:
+recovery replays the log after the producer snapshot and re-adds a missing entry (``add``
+ignores an entry it has).
 """
 from __future__ import annotations
 

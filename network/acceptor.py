@@ -1,41 +1,23 @@
 """Acceptor: the addresses clients dial. Admission, then hand-off of each connection.
 
-Runs in its own process (actor ``acceptor``, one per broker). It owns the listening TCP
-sockets, one per listener of ``listeners`` (network/listeners.py; bound in ``on_start``;
-their addresses are reported in ``ready_fields`` and a restarted acceptor rebinds
-``args["bound_ports"]``), the connection counts per processor, per IP and per listener, and
-the broker-wide client quota buckets (``quotas.Ledger``: every processor reports its usage
-to it, so a client's connections on several processors share one quota).
-
-Before accepting (new connections wait in the kernel's backlog meanwhile, none is refused for
-it): ``max.connection.creation.rate`` (all listeners) and
-``listener.name.<name>.max.connection.creation.rate`` (token buckets of one second's worth:
-when one is empty its listening sockets are not watched until the next token), and
-``listener.name.<name>.max.connections`` (a listener at its limit is not watched until one
-of its connections closes), as Kafka's acceptor waits (KIP-612, KIP-402).
-
-For each accepted connection: admission (the address's ``connection_creation_rate`` quota,
-KIP-612: a connection over it is held unread for the throttle time, then closed, as Kafka
-does, so a client reconnecting in a loop is slowed down; ``max.connections.per.ip``: over it
-the socket is closed at once and counted; at ``max.connections`` the new socket is held while processors,
-busiest first, are asked to ``shed_idle`` (close their least recently used idle connection,
-as Kafka does); the first that did makes room, and if none had one the new socket is closed),
-then the file descriptor is passed
-with ``socket.send_fds`` over the Unix socket ``<run_dir>/<processor>.sock`` to the running
-processor with the fewest connections (one that fails is skipped), with ``<listener name>
-<client ip>`` as the datagram (the processor applies the listener's security protocol, and
-names the address and listener in its ``conn_closed`` even when the client left before it
-could ask its address), and our copy is closed.
-No client byte is ever read here (TLS and SASL happen in the processor).
-
-Messages it accepts: ``_members`` for the processor role (from the supervisor);
-``conn_closed {processor, ip, listener}`` (one-way, from processors); ``quota_usage
-{entries}`` (request, from processors every ``quotas.SYNC_INTERVAL`` while a quota is in
-use; answered ``{balances}``, network/quotas.py). It asks each processor for
-``connections`` when the processor set changes or after its own restart, and starts
-accepting only when the counts are rebuilt, so limits hold across its restarts; it asks
-processors to ``shed_idle`` at ``max.connections`` (replies ``{closed: bool}``; a processor
-sends its ``conn_closed`` before that reply, so the count is already down when it arrives).
+Process: ``acceptor`` (one per broker).
+Owns: the listening sockets, one per listener of ``listeners`` (bound in ``on_start``; a
+restarted acceptor rebinds ``args["bound_ports"]``), the connection counts per processor, per
+IP and per listener, and the broker-wide client quota buckets (``quotas.Ledger``).
+Accepts:
+  conn_closed {processor, ip, listener}: one-way, from a processor
+  quota_usage {entries}: from a processor every ``quotas.SYNC_INTERVAL`` while a quota is in
+      use; answered ``{balances}`` (network/quotas.py)
+and ``_members`` of the processor role from the supervisor.
+Sends: each accepted descriptor to the running processor with the fewest connections
+(``socket.send_fds`` over ``<run_dir>/<processor>.sock``, with ``<listener> <client ip>`` as
+the datagram); ``connections`` to every processor when their set changes or after its own
+restart; ``shed_idle`` to processors, busiest first, at ``max.connections`` (``{closed}``).
+Invariants: never reads a client byte (TLS and SASL are the processor's); accepts nothing until
+the counts are rebuilt, so limits hold across its restarts; rates and per-listener limits make
+connections wait in the backlog, never refused for it; over ``max.connections.per.ip`` a socket
+is closed at once; over its address's ``connection_creation_rate`` held, then closed (KIP-612).
+All limits: docs/ARCHITECTURE.md, "Limits and back-pressure".
 """
 from __future__ import annotations
 

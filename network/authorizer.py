@@ -1,23 +1,15 @@
-"""ACLs and the authorization decision, as Kafka's AclAuthorizer makes it. Pure, no I/O
-(the ACLs come from network/secstore.py; the handlers call ``Authorizer.authorize``).
+"""ACLs and the authorization decision, as Kafka's AclAuthorizer makes it. Pure, no I/O (the ACLs
+come from network/secstore.py; the handlers call ``Authorizer.authorize``).
 
-An ACL: principal (``User:alice``, ``User:*``), host (``*`` or an IP), resource type (Topic,
-Group, Cluster, TransactionalId), pattern type (LITERAL: the name, or ``*`` for every name;
-PREFIXED: every name starting with it), resource name, operation (Read, Write, Create,
-Delete, Alter, Describe, ClusterAction, DescribeConfigs, AlterConfigs, IdempotentWrite, All)
-and permission (Allow, Deny). Kafka's rules: super users may do everything; a matching Deny
-wins over any Allow; ``All`` matches every operation; Read, Write, Delete and Alter imply
-Describe, and AlterConfigs implies DescribeConfigs; a resource no ACL matches is allowed only
-with ``allow.everyone.if.no.acl.found``.
-
-Fast: ACLs are indexed by resource type, then literal name or prefix; a decision looks up
-the name, ``*`` and each prefix of the name (a dict lookup per length), and decisions are
-cached until the ACLs change.
-
-``requirements(api, body, transactional)`` is Kafka's per-API operation table over the
-internal request shapes (docs/PROTOCOL.md): the (operation, resource type, name) each request
-needs; ``transactional`` is what the broker read in a Produce's batches
-(``has_transactional_batch``), never what the client says.
+An ACL: principal (``User:alice``, ``User:*``), host, resource type (Topic, Group, Cluster,
+TransactionalId), pattern type (LITERAL, or PREFIXED), resource name, operation, permission
+(Allow, Deny). Kafka's rules: super users may do everything; a matching Deny wins over any
+Allow; ``All`` matches every operation; Read, Write, Delete and Alter imply Describe, and
+AlterConfigs implies DescribeConfigs; a resource no ACL matches is allowed only with
+``allow.everyone.if.no.acl.found``. Decisions are cached until the ACLs change.
+``requirements(api, body, transactional)`` is Kafka's per-API operation table over the internal
+request shapes: the (operation, resource type, name) each request needs. Invariant:
+``transactional`` is what the broker read in a Produce's batches, never what the client says.
 """
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
-"""HTTP Basic authentication against the broker's SCRAM credentials, for the broker's HTTP
-listeners other than the console (the schema registry; the HTTP proxy): one check, one
-place, so every HTTP front accepts the same users with the same passwords as the Kafka
-listeners (docs/SECURITY.md).
+"""HTTP Basic authentication against the broker's SCRAM credentials, for the HTTP listeners other
+than the console (the schema registry, the HTTP proxy): every HTTP front accepts the same users
+and passwords as the Kafka listeners (docs/SECURITY.md).
 
-Used in the HTTP server threads of the actor that serves the listener; sends and accepts
-no message. The credentials are read where the processors read them (``network.secstore``:
-a file under ``log.dirs``, or ZooKeeper's ``/config/users`` in cluster mode), so a user
-added or a password changed applies at the next request.
-
-The check (RFC 5802): SaltedPassword = Hi(password, salt, iterations), ClientKey =
-HMAC(SaltedPassword, "Client Key"), StoredKey = H(ClientKey), compared in constant time
-with the stored StoredKey (``sasl.check_password``), SCRAM-SHA-512's credential first, then
-SCRAM-SHA-256's. A user that does not exist costs the same time (a decoy credential is
-checked). Hi is thousands of HMACs (milliseconds), and Basic sends the password with every
-request, so a successful check is remembered (at most ``CACHE_SIZE``, keyed by a keyed hash
-of user, password and the StoredKey it matched: a changed or deleted credential misses the
-cache and is checked again). A failure waits ``failed.authentication.delay.ms`` and is
-logged as an ``audit:`` line naming the user, never the password.
+Runs in the HTTP server threads of the actor serving the listener; no message. Credentials come
+from ``network.secstore`` as the processors read them, so a change applies at the next request.
+``BasicAuth.verify`` derives the StoredKey (RFC 5802) and compares in constant time
+(``sasl.check_password``), SCRAM-SHA-512's credential first, then SCRAM-SHA-256's.
+Invariants: an unknown user costs the same time (a decoy credential is checked); a success is
+remembered (at most ``CACHE_SIZE``) under a keyed hash of user, password and StoredKey, so a
+changed or deleted credential is checked again; a failure waits
+``failed.authentication.delay.ms`` and is logged ``audit:`` with the user, never the password.
 """
 from __future__ import annotations
 

@@ -1,25 +1,20 @@
 """The blocking request/answer client of one broker connection: send, then wait for the answer.
 
-Runs in the client's process (the command line, tools, pipeline sinks, the broker's own
-connections to other brokers: the replica fetcher, the controller's channels, the transaction
-coordinator's markers; tests). A thin wrapper over ``network.connection.Connection`` (the one
-pipelined connection class: framing, correlation ids, callbacks, TLS/SASL set-up), adding
-connect retries with backoff and answers kept until their caller collects them. **Not
-thread-safe**: one ``BrokerConnection`` per thread (or the caller's own lock); that keeps the
-hot path free of locks.
+Runs in the client's process (the command line, tools, pipeline sinks, tests, and the broker's
+own connections to other brokers: the replica fetcher, the controller's channels, the
+transaction coordinator's markers). A thin wrapper over ``network.connection.Connection``
+adding connect retries with backoff (``reconnect_backoff_ms`` up to
+``reconnect_backoff_max_ms``) and answers kept until their caller collects them.
 
     conn = BrokerConnection("127.0.0.1", 9092, client_id="me")
     conn.request(ApiKey.METADATA, {}).body            # one round trip
     corrs = [conn.send(ApiKey.PING, {"i": i}) for i in range(8)]   # pipelining
     replies = [conn.receive(c) for c in corrs]
 
-Responses are matched by correlation id. A response whose body carries a non-zero top-level
-``error_code`` raises ``OdradekError`` with the broker's code and message. If the connection
-drops, every request in flight on it fails with NETWORK_EXCEPTION (retriable: its outcome is
-unknown); the next request reconnects, retrying with exponential backoff (from
-``reconnect_backoff_ms`` up to ``reconnect_backoff_max_ms``) until its own timeout. A
-``receive`` that times out (REQUEST_TIMED_OUT) gives up on that request alone: the connection
-stays, and a late answer to it is dropped.
+Invariants: not thread-safe (one ``BrokerConnection`` per thread); a non-zero top-level
+``error_code`` raises ``OdradekError``; a dropped connection fails every request in flight on it
+with NETWORK_EXCEPTION; a ``receive`` that times out (REQUEST_TIMED_OUT) gives up on that
+request alone, and a late answer to it is dropped.
 """
 from __future__ import annotations
 

@@ -1,14 +1,12 @@
 """The bundled client's side of a secure listener: TLS and SASL on a freshly connected socket.
 
-Runs in the client's process (network/connection.py Connection, under network/client.py
-BrokerConnection and odradek/cluster.py, so Producer, Consumer, Admin and the command line). Options carry
-kafka-python's names: ``security_protocol`` (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL),
-``sasl_mechanism`` (PLAIN, SCRAM-SHA-256, SCRAM-SHA-512), ``sasl_plain_username``,
-``sasl_plain_password``, ``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``,
-``ssl_check_hostname``. ``secure(sock, host)`` runs, blocking, the TLS handshake and the
-native SASL exchange (SaslHandshake, SaslAuthenticate; docs/PROTOCOL.md) and, for a broker's
-own connections to the others (``inter_broker``), the proof that it is one (BROKER_PROOF), and
-returns the socket to use. The password is kept only in this object and never logged or put in an error.
+Runs in the client's process (under network/connection.py: Producer, Consumer, Admin, the
+command line, the broker's own inter-broker connections). Options carry kafka-python's names
+(``security_protocol``, ``sasl_mechanism``, ``sasl_plain_username``, ``sasl_plain_password``,
+``ssl_cafile``, ``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``). ``secure(sock,
+host)`` runs, blocking, the TLS handshake, the native SASL exchange and, for a broker's own
+connections (``inter_broker``), BROKER_PROOF, and returns the socket to use.
+Invariant: the password is kept only in this object, never logged or put in an error.
 """
 from __future__ import annotations
 

@@ -1,24 +1,17 @@
 """The client side of one broker connection: framing, correlation ids, pipelining, callbacks.
 
-Runs in the client's process (the bundled Producer/Consumer/Admin through ``odradek.cluster``,
-the command line, the broker's own connections to other brokers through
-``network.client.BrokerConnection``, tests). Nothing here starts a thread.
-
-- ``Connection``: one TCP socket to one broker, **owned by one thread** (the producer's
-  sender thread, the consumer's caller, ...). Requests are written without waiting, many in
-  flight at once; each may carry a callback that ``poll()``/``read()`` calls with
-  ``(frame, error)`` when its answer arrives (matched by correlation id). It exposes
-  ``fileno()`` so its owner can wait on several connections and a wake-up pipe at once
-  (``wait_any``). ``request`` is the blocking one-request convenience;
-  ``network.client.BrokerConnection`` is the blocking request/answer client built on it.
-- ``parse_bootstrap``: ``"host:port,host:port"`` -> addresses, for every client.
-
-Errors: a lost connection fails every request in flight on it with NETWORK_EXCEPTION
-(retriable: the outcome is unknown); ``check_timeouts`` closes a connection whose oldest
-request waited past ``request_timeout_ms`` the same way (as Kafka does). A response body
-with a non-zero top-level ``error_code`` reaches its callback as an error made by the
-connection's ``error`` factory (``odradek.errors.error_for`` in the bundled clients, a plain
-``OdradekError`` by default: this layer does not import the top one).
+Runs in the client's process (the bundled clients through ``odradek.cluster``, the command
+line, the broker's own connections through ``network.client.BrokerConnection``, tests).
+``Connection`` owns one TCP socket to one broker, owned in turn by one thread: requests are
+written without waiting, many in flight, each with an optional callback that ``poll()`` /
+``read()`` calls with ``(frame, error)``; ``fileno()`` lets its owner wait on several
+connections and a wake-up pipe (``wait_any``); ``request`` is the blocking one-request
+convenience. ``parse_bootstrap`` turns ``"host:port,..."`` into addresses.
+Invariants: nothing here starts a thread; a lost connection fails every request in flight with
+NETWORK_EXCEPTION, and ``check_timeouts`` closes a connection whose oldest request waited past
+``request_timeout_ms`` the same way; a non-zero top-level ``error_code`` reaches the callback as
+an error from the connection's ``error`` factory (a plain ``OdradekError`` by default: this
+layer does not import the top one).
 """
 from __future__ import annotations
 

@@ -1,7 +1,5 @@
-"""The SCRAM credential APIs (KIP-554), served by the request handlers: users managed with
-Kafka's own tools and admin clients, stored where ``odradek users`` keeps them
-(``network/secstore.py``: a file under the data directory, or ZooKeeper's ``/config/users``
-in cluster mode, so every broker sees a change at once).
+"""The SCRAM credential APIs (KIP-554), served by the request handlers; stored through
+network/secstore.py (a file under the data directory, or ZooKeeper's ``/config/users``).
 
   DESCRIBE_USER_SCRAM_CREDENTIALS {users: [name] | null (all)}
       -> {error_code, error_message, results: [{user, error_code, error_message,
@@ -10,14 +8,13 @@ in cluster mode, so every broker sees a change at once).
                                 upsertions: [{name, mechanism, iterations, salt, salted_password}]}
       -> {results: [{user, error_code, error_message}]}, one per user named
 
-Mechanisms are named ("SCRAM-SHA-256", "SCRAM-SHA-512"); the Kafka codec maps Kafka's numbers.
-The client sends SaltedPassword, never the password (RFC 5802's Hi(password, salt, i)); the
-stored form (StoredKey, ServerKey) is derived from it here. Kafka's checks, per user, in
-Kafka's order: an empty name (UNACCEPTABLE_CREDENTIAL), a (user, mechanism) altered twice
-in one request (DUPLICATE_RESOURCE), an unknown mechanism (UNSUPPORTED_SASL_MECHANISM),
-iterations outside 4096..16384 or an empty salt or salted password (UNACCEPTABLE_CREDENTIAL),
-deleting a credential that does not exist (RESOURCE_NOT_FOUND). A user's changes are applied
-together or not at all; secrets never appear in an answer or a log line.
+Kafka's checks, per user, in Kafka's order: an empty name (UNACCEPTABLE_CREDENTIAL), a (user,
+mechanism) altered twice (DUPLICATE_RESOURCE), an unknown mechanism
+(UNSUPPORTED_SASL_MECHANISM), iterations outside 4096..16384 or an empty salt or salted
+password (UNACCEPTABLE_CREDENTIAL), deleting a missing credential (RESOURCE_NOT_FOUND).
+Invariants: the client sends SaltedPassword, never the password, and the stored form
+(StoredKey, ServerKey) is derived here; a user's changes apply together or not at all; secrets
+never appear in an answer or a log line.
 """
 from __future__ import annotations
 

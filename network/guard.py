@@ -1,20 +1,17 @@
-"""Authorization in the request handlers (parallel, never on a log actor): the handler-side
-glue between the ACL file (network/secstore.py), the matcher (network/authorizer.py) and the
-requests, plus the ACL APIs (CreateAcls 30, DescribeAcls 29, DeleteAcls 31) and the audit
-log of denied operations.
+"""Authorization in the request handlers: the glue between the ACLs (network/secstore.py), the
+matcher (network/authorizer.py) and the requests, the ACL APIs (DescribeAcls 29, CreateAcls 30,
+DeleteAcls 31) and the audit log of denied operations.
 
-Runs in each handler process (``RequestHandler.guard``). ``check`` is called once per request
-before dispatch: with ``authorizer`` off it allows everything; on, every (operation,
-resource) of ``authorizer.requirements`` must be allowed for the request's ``principal``
-(set by the processor that authenticated the connection) or the request is answered with
-TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED; Produce and Fetch are answered per topic (the
-handler serves the allowed topics and fails the denied ones' partitions), but a Produce of
-transactional batches without Write on its ``transactional_id`` (or without one, authorizer
-on or off) fails whole, TRANSACTIONAL_ID_AUTHORIZATION_FAILED, as Kafka's. ``allowed`` is
-Metadata's: all topics lists those the principal may Describe, a named one it may not
-is answered TOPIC_AUTHORIZATION_FAILED, and is auto-created only with Create on it. The ACLs are re-read when the file changes (any handler, any
-``odradek acls`` writes it), so a change reaches every handler within
-``secstore.CHECK_INTERVAL``.
+Runs in each handler process (``RequestHandler.guard``). ``check`` runs once per request before
+dispatch: with ``authorizer`` off it allows everything; on, every (operation, resource) of
+``authorizer.requirements`` must be allowed for the request's ``principal``, else
+TOPIC_/GROUP_/CLUSTER_AUTHORIZATION_FAILED. Produce and Fetch are answered per topic; a Produce
+of transactional batches without Write on its ``transactional_id`` (or without one) fails whole,
+TRANSACTIONAL_ID_AUTHORIZATION_FAILED, authorizer on or off. ``allowed`` is Metadata's: topics
+the principal may Describe; a named one it may not is TOPIC_AUTHORIZATION_FAILED, auto-created
+only with Create on it.
+Invariants: never runs on a log actor; the ACLs are re-read when their file changes, so a
+change reaches every handler within ``secstore.CHECK_INTERVAL``.
 """
 from __future__ import annotations
 

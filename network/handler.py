@@ -1,44 +1,26 @@
-"""RequestHandler: stateless API logic (``num.io.threads`` of them run, as a scalable pool).
+"""RequestHandler: stateless API logic, a pool of ``num.io.threads``.
 
-Runs in its own process (actor ``handler-<i>``). It owns nothing but its configuration:
-any handler can answer any request, so the pool can grow, shrink and restart freely.
-
-Messages it accepts: ``request {api, v, client, conn, peer, body, t}`` + payload frames,
-from a processor; ``metadata {snapshot}`` from the controller (the topic cache: the only
-state it keeps, a copy). It answers the processor (``reply_to``) with ``_reply {body}`` +
-frames, or ``_error {code, message}``, or forwards the request to the actor that owns the
-data, which then answers the processor directly (one hop fewer than a reply through here).
-Addresses and message parts come from ``odradek.actors.names``:
-
-  PRODUCE                          -> the log actor hosting the partitions (scatter/gather
-                                      here when a request spans several log actors):
-                                      ``produce {acks, timeout_ms, parts: [ProducePart],
-                                      errors: [PartError]}`` + one frame per part
-  DELETE_RECORDS, OFFSET_FOR_LEADER_EPOCH -> the log actors, ``{parts: [DeleteRecordsPart]}``,
-                                      ``{parts: [EpochQuery]}`` (gathered here)
-  FETCH, LIST_OFFSETS              -> the fetch actor
-  CREATE_TOPICS, DELETE_TOPICS,
-  topic INCREMENTAL_ALTER_CONFIGS  -> the controller
-  the group APIs (CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT/FETCH, FIND_COORDINATOR,
-  LIST/DESCRIBE/DELETE_GROUPS, CONSUMER_GROUP_DESCRIBE, LEAVE_GROUP, and the classic
-  JOIN_GROUP, SYNC_GROUP, HEARTBEAT) -> the group coordinator
-  INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, END_TXN, TXN_OFFSET_COMMIT,
-  WRITE_TXN_MARKERS (between brokers), LIST/DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS
-                                   -> the transaction coordinator
-  DESCRIBE_LOG_DIRS                -> every log actor, ``describe_log_dirs {topics}`` (gathered here)
-  METADATA, API_VERSIONS, DESCRIBE_CONFIGS, PING, the ACL APIs and the SCRAM credential APIs
-  (DESCRIBE/ALTER_USER_SCRAM_CREDENTIALS, ``network/credentials.py``): answered here
-
-It sends ``scale`` and ``status`` requests to the supervisor for the dynamic broker config
-``num.io.threads``, answering the client from the callback: nothing here blocks.
-
-A request stamped (``t``) before this incarnation started was addressed to a handler that
-died; its processor already failed it, so it is refused, never run twice.
-
-Dispatch is one flat table, ``API -> method``; each method parses the body, acts, replies.
-A body of the wrong shape gets INVALID_REQUEST naming the field; the handler survives
-anything a client sends (the runtime turns an unexpected exception into an
-UNKNOWN_SERVER_ERROR reply and keeps serving).
+Process: ``handler-<i>`` (a scalable pool). Owns nothing but its configuration and a copy of
+the topic metadata, so any handler answers any request and the pool grows, shrinks and restarts
+freely. Dispatch is one flat table, API -> method: parse the body, authorize (``network.guard``),
+act, reply.
+Accepts:
+  request {api, v, client, conn, peer, body, t} + payload frames: from a processor; answered
+      to it (``_reply {body, files?}`` + frames or ``_error``), or forwarded to the actor owning
+      the data, which answers the processor
+  metadata {snapshot}: from the controller, the topic cache; answered ``{version}``
+Sends (addresses and parts: ``odradek.actors.names``): ``produce`` to the partitions' log
+actors (scattered and gathered here when it spans several); ``delete_records``,
+``offset_for_leader_epoch``, ``describe_log_dirs`` to the log actors (gathered here);
+``fetch``, ``list_offsets`` to the fetch actor; ``group_request`` to the group coordinator;
+``txn_request`` to the transaction coordinator; topic, partition, config, election and
+inter-broker requests to the controller; ``scale`` and ``status`` to the supervisor
+(``num.io.threads``). Metadata, ApiVersions, DescribeConfigs, Ping, the ACL and SCRAM APIs are
+answered here.
+Invariants: nothing blocks; a request stamped (``t``) before this incarnation started is
+refused NETWORK_EXCEPTION (its processor already failed it), never run twice; a body of the
+wrong shape is INVALID_REQUEST naming the field; any other exception is UNKNOWN_SERVER_ERROR
+and the handler keeps serving.
 """
 from __future__ import annotations
 

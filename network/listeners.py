@@ -3,9 +3,9 @@
 config, the acceptor, the processors and the handlers share it.
 
 ``listeners = "PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093"``: each entry is
-``NAME://host:port``. NAME is a security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT,
-SASL_SSL) or a name that ``listener.security.protocol.map`` (``NAME:PROTOCOL,...``) maps to
-one, as in Kafka. Names are unique; a port appears once (0 excepted: any free port).
+``NAME://host:port``. NAME is a security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) or a
+name ``listener.security.protocol.map`` (``NAME:PROTOCOL,...``) maps to one, as in Kafka.
+Invariants: names are unique; a port appears once (0 excepted: any free port).
 """
 from __future__ import annotations
 

@@ -1,88 +1,26 @@
-"""Processor: owns a share of the client connections (``num.network.threads`` of them run).
+"""Processor: owns a share of the client connections (``num.network.threads`` of them).
 
-Runs in its own process (actor ``processor-<i>``). It owns:
-  * the client TCP sockets handed to it by the acceptor (received with ``recv_fds`` on the
-    Unix socket ``<run_dir>/<name>.sock``), each non-blocking and watched in the actor's
-    poll loop, with its decoder, its write queue and its response slots;
-  * the routing of each connection to one request handler (the connection is *pinned*).
-
-Messages it accepts:
-  * from handlers (or any actor a handler forwarded to): ``_reply {body, files?}`` +
-    payload frames, or ``_error {code, message}``, answering the ``request`` it sent;
-  * ``_members`` for the handler role (from the supervisor): re-pin connections; for the
-    fetch actor's and the coordinators': when one died or came back, fail the requests in
-    flight a handler forwarded there (``FORWARDED_TO``: they died with it);
-  * ``connections`` (request, from the acceptor after its restart): ``{ips: {ip: n}, listeners: {name: n}}``;
-  * ``shed_idle`` (request, from the acceptor): ``{closed: bool}``.
-It sends ``request {api, v, client, conn, peer, body}`` + payload frames to handlers
-(reply_to = itself) and the one-way ``conn_closed {processor, ip, listener}`` to the acceptor, and every
-``quotas.SYNC_INTERVAL`` while a quota is in use ``quota_usage {entries}`` (request) to the
-acceptor, which answers ``{balances}``: the broker-wide quota buckets (network/quotas.py).
-
-Ordering: a connection's requests go, in order, to its pinned handler (each hop is FIFO
-per pair of actors), and responses are written in request order (an early answer waits in
-its slot). When the pinned handler leaves the pool the connection sends nothing more until
-its requests there are answered, then re-pins. If the handler *died*, its requests fail at
-once with NETWORK_EXCEPTION (retriable: the outcome is unknown, as when a connection drops);
-late answers to them are ignored. Requests forwarded to the fetch actor or a coordinator are
-failed the same way when it dies or comes back (a follower would otherwise wait out its
-fetch timeout, ``replica.lag.time.max.ms`` by default, and leave the ISR; a JoinGroup held in
-the group coordinator's purgatory or an EndTxn its coordinator was completing, the client's
-request timeout), with COORDINATOR_NOT_AVAILABLE for a coordinator's.
-
-Limits and back-pressure (docs/ARCHITECTURE.md, "Limits and back-pressure"): back-pressure
-is always "stop reading", never growth.
-  * At ``queued.max.requests`` requests in flight the processor stops reading every
-    connection with ``PAUSED_PIPELINE`` or more requests awaiting their answers until the
-    count falls below (those with fewer go on: a few connections pipelining long polls must
-    not stop everyone else); a connection whose handler is being changed stops reading on
-    its own.
-  * Bytes: what a connection has *sent* is charged to the processor's
-    ``queued.max.request.bytes`` as it is received (never what a size prefix announces: a
-    prefix and nothing more costs its few bytes and delays no one), and a request's bytes
-    stay charged until it is answered. A read takes at most what is left of the budget; when
-    nothing is, a connection that wants to read waits, unread, until some comes back (then
-    every one waiting is watched again and each reads what is left at its turn), except one: the first refused in the middle of a frame may read
-    the rest of that frame past the budget (the *overdraft*), so a frame larger than what
-    is left still arrives whole and two half-received frames cannot wait on each other.
-    Held in all: the budget plus one frame.
-  * Before SASL authentication a frame announcing more than ``sasl.server.max.receive.size``
-    (512 KiB, Kafka's name and default) closes the connection at once, logged.
-  * Per connection: at ``PIPELINE_MAX`` requests awaiting their answers, or
-    ``ANSWER_BYTES_MAX`` bytes of answers the client has not read, its requests are no
-    longer read until it reads its answers.
-  * Deadlines: a request must arrive whole within ``request.timeout.ms`` of its first byte
-    (the clock stops while the processor holds the connection back, not while the
-    client's unread answers do), else the connection is closed (slowloris); the
-    idle clock (``connections.max.idle.ms``) restarts on a whole request or an answer
-    written, never on a stray byte.
-  * ``shed_idle`` (request, from the acceptor at ``max.connections``): close this
-    processor's least recently used idle connection; replies ``{closed: bool}``.
-
-Writes never block: a full kernel buffer leaves the rest queued and watches POLLOUT.
-Responses may name file regions (``files: [[path, position, length]]``); they follow the
-frames on the wire and are written with ``os.sendfile`` (zero-copy), except on a TLS
-connection, where they are read and copied through TLS (as in Kafka: docs/SECURITY.md).
-A Kafka fetch's regions go the same way when their batch headers (read, not the records)
-show only whole magic-2 batches; otherwise they are read here and ``as_kafka_records``
-converts the native batches (counters ``kafka_fetch_sendfile`` / ``kafka_fetch_copied``).
-
-Security (docs/SECURITY.md): each connection arrives with its listener's name (the datagram
-the acceptor sends with the descriptor) and gets that listener's security protocol. On SSL
-and SASL_SSL the socket is wrapped with ``network.tls`` and the TLS handshake runs
-non-blocking in this loop (it must finish within ``request.timeout.ms``). On
-SASL_PLAINTEXT and SASL_SSL a connection must authenticate within ``request.timeout.ms`` of
-its arrival (else it is closed, as a TLS handshake must finish in that time), sends no frame
-over ``sasl.server.max.receive.size`` meanwhile, and is served nothing but ApiVersions,
-SaslHandshake and SaslAuthenticate (a Kafka connection that sends anything else is closed,
-as Kafka does; a native one is answered ILLEGAL_SASL_STATE and closed); this processor answers
-those itself (``core.sasl``; credentials from ``network.secstore``). A failed
-authentication is answered after ``failed.authentication.delay.ms`` and the connection
-closed. Every request carries its connection's ``principal`` (``User:name``, the
-certificate's ``User:<subject>``, or ``User:ANONYMOUS``) and ``listener`` to the handler,
-which authorizes it, and ``broker``: the broker id the connection proved with BROKER_PROOF
-(answered here: a nonce, then its HMAC under the cluster's key), else None; only a proven
-broker may send the inter-broker APIs (docs/SECURITY.md, "Inter-broker requests").
+Process: ``processor-<i>``. Owns the client sockets the acceptor hands it (``recv_fds`` on
+``<run_dir>/<name>.sock``; non-blocking, in its poll loop), each with its decoder (native or
+Kafka, told apart by the first bytes), TLS, SASL state, write queue and response slots, and the
+pinning of each connection to one handler; its share of the client quotas (network/quotas.py).
+Accepts:
+  connections: from the acceptor after its restart; answered
+      ``{ips: {ip: n}, listeners: {name: n}}``
+  shed_idle: from the acceptor at ``max.connections``: close the least recently used idle
+      connection; answered ``{closed: bool}`` (after its ``conn_closed``)
+and the runtime's ``_members`` (handlers: re-pin; the fetch actor and coordinators: fail what
+was forwarded there when one restarts); ``_reply {body, files?}`` / ``_error`` answer its requests.
+Sends: ``request {api, v, client, conn, peer, body, t, principal, listener, broker}`` + frames to
+the connection's pinned handler; ``conn_closed`` (one-way) and ``quota_usage`` to the acceptor.
+Answers ApiVersions, SASL and BROKER_PROOF itself.
+Invariants: a connection's answers are written in request order; when the actor holding its
+requests dies (its handler, or the fetch actor or a coordinator a handler forwarded them to:
+``FORWARDED_TO``) they fail at once, retriable, and late answers are ignored; back-pressure is
+always "stop reading", never growth, within the limits of docs/ARCHITECTURE.md "Limits and
+back-pressure"; writes never block; file regions go by ``os.sendfile`` except over TLS; before
+authentication a SASL connection is served only ApiVersions and the SASL APIs
+(docs/SECURITY.md).
 """
 from __future__ import annotations
 

@@ -1,28 +1,18 @@
 """Client quotas, as Kafka's: per user and client id, produce and fetch byte rates
 (``producer_byte_rate``, ``consumer_byte_rate``) and request time (``request_percentage``,
-KIP-124), and per IP address the connection creation rate (``connection_creation_rate``,
-KIP-612); set with ``odradek configs --entity-type users|clients|ips``. The quotas come
-from network/secstore.py, re-read when changed.
+KIP-124); per IP the connection creation rate (``connection_creation_rate``, KIP-612). Set with
+``odradek configs``; read from network/secstore.py.
 
-``Quotas`` runs in each processor (network/processor.py), which owns the connections:
-nothing is dropped; an answer that takes a (user, client id) over a quota carries
-``throttle_time_ms``, the time it takes to bring the usage back to the quota, and the
-connection is muted (not read) that long; the answer goes at once to clients that wait the
-time out themselves (KIP-219), else it is held back that long (Kafka's throttling).
-
-A token bucket per (user, client id, kind): it fills at the quota's rate up to
-BURST_SECONDS' worth (a short burst, so a measured rate stays close to the quota); each
-produce request (its size), fetch answer (its size) or request (its time, in microseconds:
-``request_percentage`` N is N% of one thread's time, N * 10,000 us a second) takes from it;
-a negative balance is the delay. Produce with acks=0 (no answer to hold) is not throttled.
-
-One quota per broker, whatever the processor: every SYNC_INTERVAL a processor that used a
-quota sends what it took since its last report (``report``) to the acceptor, whose
-``Ledger`` holds the broker-wide buckets, takes the usage of every processor from them and
-answers each bucket's broker-wide balance; the processor's bucket becomes that balance less
-what it took since the report (``synced``). Between reports a processor throttles against
-its own bucket, so the hot path sends nothing; a client spread over several processors can
-overrun by at most one interval's worth before the next report charges it back.
+``Quotas`` runs in each processor: a token bucket per (user, client id, kind), filling at the
+quota's rate up to ``BURST_SECONDS``' worth; a produce (its size), a fetch answer (its size) or
+a request (its time; ``request_percentage`` N is N% of one thread's time) takes from it, and a
+negative balance is the delay: the answer carries ``throttle_time_ms`` and the connection is not
+read that long; the answer is held back that long unless the client waits itself (KIP-219).
+``Ledger`` runs in the acceptor: every ``SYNC_INTERVAL`` a processor that used a quota reports
+what it took (``report``) and adopts the acceptor's answer, each bucket's broker-wide balance
+(``synced``).
+Invariants: nothing is dropped; acks=0 produce is not throttled; between reports the hot path
+sends nothing, so a client spread over processors overruns by at most one interval's worth.
 """
 from __future__ import annotations
 

@@ -1,25 +1,17 @@
-"""Durable security state: SCRAM credentials and ACLs. Single-broker mode: each a private
-JSON file under ``<log.dirs>/security/`` (directory 0700, files 0600). Cluster mode
-(``zookeeper.connect`` set): each one ZooKeeper node shared by every broker, ``/config/users``
-and ``/kafka-acl`` under the cluster's chroot (JSON; written with a version check, read
-through a watch, so a change made through any broker reaches every process of every broker
-that watches it: pushed, as Kafka's change notifications do).
+"""Durable security state: SCRAM credentials and ACLs. Single broker: each a private JSON file
+under ``<log.dirs>/security/``. Cluster mode: ZooKeeper's ``/config/users`` and ``/kafka-acl``
+under the cluster's chroot (written with a version check, read through a watch).
 
-Used in the processes that need them: the processors read credentials (authentication),
-the handlers read ACLs (authorization) and write both (CreateAcls, DeleteAcls,
-AlterUserScramCredentials), and ``odradek users`` / ``odradek acls`` write them on a
-stopped (or running) broker's data directory. Writers take an exclusive ``flock`` on the
-file's ``.lock`` and replace the file atomically (temp file, fsync, rename), so readers
-never see half a file. A reader re-reads when the file's (mtime, size, inode, mode, owner)
-changed: a change made by any writer reaches every process of the broker at its next check
-(at most ``CHECK_INTERVAL`` later), which is how a running broker learns of it.
-
-Trust. Whoever can write these files is the broker's super user. Writers create the data
-and security directories 0700 and the files 0600 whatever the umask (``private_dir``), and
-a file or directory that belongs to another user or that group or others may write is
-refused: ``check`` at the broker's start (it does not start, saying why), and at every
-re-read (the content read before is kept, and the refusal logged), and by writers (which
-would otherwise copy a planted file's content into their own).
+Used by the processors (credentials), the handlers (ACLs; both written by CreateAcls,
+DeleteAcls, AlterUserScramCredentials) and ``odradek users`` / ``odradek acls`` (also on a
+stopped broker's data directory).
+Invariants: writers take an exclusive ``flock`` on the file's ``.lock`` and replace the file
+atomically (temp file, fsync, rename), so readers never see half a file; a reader re-reads when
+the file's (mtime, size, inode, mode, owner) changed, so a change reaches every process within
+``CHECK_INTERVAL``. Whoever can write these files is the broker's super user: directories are
+0700 and files 0600 whatever the umask (``private_dir``), and a file or directory another user
+owns or others may write is refused (``check`` at start: the broker does not start; at each
+re-read: the old content is kept, logged; by writers).
 """
 from __future__ import annotations
 

@@ -1,16 +1,12 @@
-"""TLS contexts for the SSL and SASL_SSL listeners and for clients, with the standard
-library's ``ssl`` (OpenSSL). No I/O beyond reading the PEM files named in the config.
+"""TLS contexts for the SSL and SASL_SSL listeners and for clients, with the standard library's
+``ssl``. No I/O beyond reading the PEM files named in the config.
 
-Broker side (``server_context``): ``ssl.certfile`` + ``ssl.keyfile`` (PEM), ``ssl.cafile``
-for client certificates, ``ssl.client.auth`` = required | requested | none (mutual TLS);
-TLS 1.2 at least. The processor (network/processor.py) wraps each accepted socket of a TLS
-listener with it and runs the handshake non-blocking in its poll loop.
-
-Client side (``client_context``): kafka-python's option names (``ssl_cafile``,
-``ssl_certfile``, ``ssl_keyfile``, ``ssl_check_hostname``).
-
-``principal`` names a client by its certificate subject as Kafka's default principal
-builder does: ``User:`` + the distinguished name in RFC 2253 order (``CN=alice,O=example``).
+Broker side (``server_context``): ``ssl.certfile`` + ``ssl.keyfile``, ``ssl.cafile`` for client
+certificates, ``ssl.client.auth`` = required | requested | none; TLS 1.2 at least. The processor
+wraps each socket of a TLS listener with it and runs the handshake non-blocking in its loop.
+Client side (``client_context``): kafka-python's option names (network/clientauth.py).
+``principal`` names a client by its certificate subject as Kafka's default principal builder
+does: ``User:`` + the distinguished name in RFC 2253 order (``CN=alice,O=example``).
 """
 from __future__ import annotations
 

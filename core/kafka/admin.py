@@ -1,32 +1,15 @@
-"""Kafka's admin APIs, translated onto the broker's internal ones (registered in ``apis``).
+"""Kafka's admin APIs, translated onto the broker's internal ones (registered in ``apis``). Pure.
 
-Pure, no I/O; runs in the processor (imported by ``core/kafka/apis.py``). Each entry
-turns a Kafka request body (kio's field names) into the internal request a native client
-sends for the same job (docs/PROTOCOL.md), and the internal answer back into Kafka's
-response. The handler routes them as it routes the native ones (topic changes, partition
-creation, elections and reassignments to the controller, which in cluster mode relays them
-to the controller broker and answers NOT_CONTROLLER when there is none).
-
-  CreateTopics (19)            -> CREATE_TOPICS
-  DeleteTopics (20)            -> DELETE_TOPICS
-  DeleteRecords (21)           -> DELETE_RECORDS
-  DescribeConfigs (32)         -> DESCRIBE_CONFIGS (sources and synonyms as Kafka reports them)
-  AlterConfigs (33)            -> INCREMENTAL_ALTER_CONFIGS: every topic-level key the request
-                                  leaves out is deleted (Kafka's replace-all semantics)
-  CreatePartitions (37)        -> CREATE_PARTITIONS
-  ElectLeaders (43)            -> ELECT_LEADERS
-  IncrementalAlterConfigs (44) -> INCREMENTAL_ALTER_CONFIGS (SET, DELETE, APPEND, SUBTRACT)
-  AlterPartitionReassignments (45), ListPartitionReassignments (46) -> the same internal APIs
-  DescribeCluster (60)         -> METADATA for no topics (brokers, cluster id, controller)
-  DescribeLogDirs (35)         -> DESCRIBE_LOG_DIRS (the log actors' partitions and sizes)
-  Describe/AlterUserScramCredentials (50, 51) -> the same internal APIs (mechanisms by name)
-  OffsetDelete (47)            -> OFFSET_DELETE, at the group's coordinator
-
-Checks that need no broker state (duplicate names, a null config value, an explicit
-assignment of the wrong shape, an unknown resource type) are answered here, per item, as
-Kafka does: ``to_internal`` leaves such items out of the internal request and keeps their
-errors in the decoded request (``_refused``), which ``from_internal`` merges back in the
-request's order.
+Each entry turns a Kafka request body (kio's field names) into the internal request a native
+client sends for the same job (docs/PROTOCOL.md), and the internal answer back. Mostly the same
+key; the exceptions: AlterConfigs (33) becomes INCREMENTAL_ALTER_CONFIGS, deleting every
+topic-level key the request leaves out (Kafka's replace-all); DescribeCluster (60) becomes
+METADATA for no topics. Families: topics, partitions, records, configs, elections,
+reassignments, log dirs, SCRAM credentials, OffsetDelete (versions: docs/KAFKA.md).
+Invariant: checks that need no broker state (duplicate names, a null config value, a malformed
+assignment, an unknown resource type) are answered here per item, as Kafka does:
+``to_internal`` leaves such items out and keeps their errors (``_refused``), which
+``from_internal`` merges back in the request's order.
 """
 from __future__ import annotations
 

@@ -1,22 +1,15 @@
-"""The translation table between Kafka requests and the broker's internal requests.
+"""The translation table between Kafka requests and the broker's internal requests. Pure.
 
-Pure, no I/O. One entry per Kafka API key (``register``): the versions served, and two
-functions that carry a request across:
-
-* ``to_internal(version, request) -> (body, frames)``: the Kafka request body (a dict with
-  kio's field names, see ``schema``) becomes the internal ``request`` body the native
-  protocol sends for the same API (docs/PROTOCOL.md), plus its payload frames;
-* ``from_internal(version, request, reply, payload) -> dict | list``: the internal answer
-  (``reply`` = the reply's fields, ``payload`` = its payload frames, file regions already
-  read) becomes the Kafka response body: a dict that ``schema`` encodes, or ready buffers;
-* ``error(version, request, code, message) -> dict``: the response when the broker
-  answered with an error for the whole request (Kafka's getErrorResponse): the code on
-  every partition, or at the top level.
-
-``internal`` names the internal API key (Kafka's own key unless the entry says otherwise);
-``local`` answers in the processor, without a handler (ApiVersions). ``groups.py`` and
-``admin.py`` register their families here on import. ApiVersions advertises exactly this
-table.
+One ``Api`` per Kafka key (``register``): the versions served, and
+``to_internal(version, request) -> (body, frames)``: the Kafka body (kio's field names) becomes
+the internal body of the same API (docs/PROTOCOL.md) plus payload frames;
+``from_internal(version, request, reply, payload)``: the internal answer becomes the Kafka
+response (a dict ``schema`` encodes, or ready buffers);
+``error(version, request, code, message)``: the response when the whole request failed (the
+code on every partition, or at the top level).
+``internal`` names the internal key when it differs; ``local`` answers in the processor without
+a handler (ApiVersions). The other families register themselves on import (end of this module).
+Invariant: ApiVersions advertises exactly this table.
 """
 from __future__ import annotations
 

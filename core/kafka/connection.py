@@ -1,12 +1,11 @@
-"""One Kafka connection's protocol state, held by the processor (network/processor.py).
+"""One Kafka connection's protocol state, held by the processor (network/processor.py). Pure.
 
-Pure, no I/O. ``next()`` turns the bytes fed in into the processor's ``codec.Frame``s: the
-SAME internal request a native client sends (``{api, v, corr, client, body}`` + payload
-frames), plus ``kafka``, the context needed to answer (registry entry, version, decoded
-request). A request answered without a handler (ApiVersions, an unsupported version)
-comes out as a Frame whose header holds ``answer``: the response's buffers. ``answer()``
-encodes the internal reply as the Kafka response for that request's key, version and
-correlation id.
+``next()`` turns the bytes fed in into ``codec.Frame``s carrying the same internal request a
+native client sends (``{api, v, corr, client, body}`` + payload frames), plus ``kafka``: what is
+needed to answer (registry entry, version, decoded request). A request answered without a
+handler (ApiVersions, an unsupported version) comes out as a Frame whose header holds
+``answer``, the response's buffers. ``answer()`` encodes the internal reply as the Kafka
+response for that request's key, version and correlation id.
 """
 from __future__ import annotations
 

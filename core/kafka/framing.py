@@ -1,14 +1,11 @@
 """Kafka framing: size-prefixed requests in, size-prefixed responses out. Pure, no I/O.
 
-A request is ``i32 size, i16 api_key, i16 api_version, i32 correlation_id, nullable
-string client_id`` (request header v1), then, for a flexible version (header v2), tagged
-fields, then the body. A response is ``i32 size, i32 correlation_id`` (header v0), plus
-tagged fields for a flexible version (header v1), then the body.
-
-``sniff`` tells a Kafka connection from a native one by its first 9 bytes (the rule is in
-docs/PROTOCOL.md): a native frame's byte 8 opens a msgpack map (>= 0x80); a Kafka
-request's byte 8 is the top byte of a non-negative correlation id (< 0x80) and bytes 4-5
-hold a Kafka API key.
+A request: i32 size, i16 api_key, i16 api_version, i32 correlation_id, nullable string
+client_id (header v1), tagged fields for a flexible version (header v2), the body. A response:
+i32 size, i32 correlation_id (header v0), tagged fields if flexible (header v1), the body.
+``sniff`` tells a Kafka connection from a native one by its first 9 bytes (docs/PROTOCOL.md):
+a native frame's byte 8 opens a msgpack map (>= 0x80); a Kafka request's byte 8 is the top
+byte of a non-negative correlation id (< 0x80) and bytes 4-5 hold a Kafka API key.
 """
 from __future__ import annotations
 

@@ -1,23 +1,14 @@
-"""The Kafka group APIs, translated to the group coordinator's internal requests.
+"""The Kafka group APIs, translated to the group coordinator's internal requests. Pure.
 
-Pure, no I/O; registered into ``apis.REGISTRY`` on import (apis.py imports this module).
-Each entry carries a Kafka request (kio's field names, see ``schema``) to the internal body
-docs/PROTOCOL.md documents for the same API key, and the coordinator's answer back:
-
-  FindCoordinator (10, v0-v5; v4+ batched keys)    -> FIND_COORDINATOR
-  OffsetCommit (8, v2-v9)                          -> OFFSET_COMMIT
-  OffsetFetch (9, v1-v9; v8+ several groups)       -> OFFSET_FETCH
-  JoinGroup (11, v0-v9), SyncGroup (14, v0-v5),
-  Heartbeat (12, v0-v4), LeaveGroup (13, v0-v5)    -> the classic protocol (coordinator.classic_group)
-  ListGroups (16, v0-v5), DescribeGroups (15, v0-v5),
-  DeleteGroups (42, v0-v2)                         -> the same internal APIs, both kinds of group
-  ConsumerGroupHeartbeat (68, v0-v1), ConsumerGroupDescribe (69, v0-v1) -> KIP-848, topic ids
-        mapped to names and back through the topic ids the broker's Metadata gives
-
-Also here: Kafka's *consumer protocol* (the bytes a classic consumer puts in JoinGroup
-metadata and SyncGroup assignments: ConsumerProtocolSubscription / Assignment), which the
-coordinator decodes to show a classic group's assignment, and encodes to describe a KIP-848
-group to a classic DescribeGroups.
+Registered into ``apis`` on import. Each entry carries a Kafka request (kio's field names) to
+the internal body of the same key (docs/PROTOCOL.md) and the coordinator's answer back:
+FindCoordinator, OffsetCommit, OffsetFetch, the classic protocol (JoinGroup, SyncGroup,
+Heartbeat, LeaveGroup), ListGroups, DescribeGroups, DeleteGroups (both kinds of group), and
+KIP-848's ConsumerGroupHeartbeat and ConsumerGroupDescribe (topic ids mapped to names and back).
+Versions: docs/KAFKA.md.
+Also Kafka's consumer protocol (the subscription and assignment bytes a classic consumer puts
+in JoinGroup and SyncGroup), which the coordinator decodes to show a classic group's
+assignment and encodes to describe a KIP-848 group to a classic DescribeGroups.
 """
 from __future__ import annotations
 

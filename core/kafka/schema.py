@@ -1,13 +1,9 @@
-"""Kafka bodies as plain dicts, through kio (types generated from Kafka's JSON schemas).
+"""Kafka bodies as plain dicts, through kio (types generated from Kafka's JSON schemas). Pure.
 
-``decode_request(api, version, view)`` -> dict with Kafka's field names (snake_case, as
-kio names them); ``encode_response(api, version, dict)`` -> bytes. Times are integers in
-ms both ways (kio's timedelta/datetime fields are converted here), error codes plain ints,
-topic ids ``uuid.UUID``; a field the dict leaves out takes its schema default (or the
-zero of its type), so translations write only what they know. Pure, no I/O.
-
-Why kio: its readers are native (a Produce request with five partitions decodes in about
-14 us) and it covers every version of every API; writing is kio's Python writer.
+``decode_request(api, version, view)`` -> dict with Kafka's field names (snake_case, as kio
+names them); ``encode_response(api, version, dict)`` -> bytes. Times are integers in ms both
+ways, error codes plain ints, topic ids ``uuid.UUID``; a field the dict leaves out takes its
+schema default (or the zero of its type), so translations write only what they know.
 """
 from __future__ import annotations
 

@@ -1,12 +1,10 @@
 """Kafka's security APIs. Pure, no I/O.
 
-* SaslHandshake (17) and SaslAuthenticate (36): answered by the processor that owns the
-  connection (authentication happens once, where the connection is), through ``sasl_answer``
-  and the connection's ``sasl.Session``; registered here so ApiVersions lists them. After
-  SaslHandshake v0 the tokens come raw (size-prefixed, no header; ``framing.RAW_SASL``)
-  and are answered raw by ``raw_sasl_answer``, as Kafka's pre-1.0 clients expect.
-* DescribeAcls (29), CreateAcls (30), DeleteAcls (31): translated to the internal requests
-  the handlers serve (docs/PROTOCOL.md) and back.
+SaslHandshake (17) and SaslAuthenticate (36) are answered by the processor that owns the
+connection, through ``sasl_answer`` and the connection's ``sasl.Session``; registered here so
+ApiVersions lists them. After SaslHandshake v0 the tokens come raw (size-prefixed, no header;
+``framing.RAW_SASL``) and ``raw_sasl_answer`` answers them raw. DescribeAcls (29), CreateAcls
+(30) and DeleteAcls (31) are translated to the internal requests the handlers serve and back.
 """
 from __future__ import annotations
 

@@ -1,11 +1,9 @@
-"""The Kafka listener's transaction family: InitProducerId (22), AddPartitionsToTxn (24),
-AddOffsetsToTxn (25), EndTxn (26), TxnOffsetCommit (28), and the admin APIs of
-kafka-transactions.sh: DescribeProducers (61), DescribeTransactions (65), ListTransactions
-(66), all served by the transaction coordinator actor.
+"""The Kafka listener's transaction family, served by the transaction coordinator actor. Pure.
 
-Pure, no I/O; registers itself in ``core.kafka.apis`` (the families tuple at the end of
-that module imports it). The internal request is the native API of the same key
-(docs/PROTOCOL.md), served by the transaction coordinator actor.
+InitProducerId (22), AddPartitionsToTxn (24), AddOffsetsToTxn (25), EndTxn (26),
+TxnOffsetCommit (28), and kafka-transactions.sh's DescribeProducers (61), DescribeTransactions
+(65), ListTransactions (66). Registered in ``core.kafka.apis`` on import; each becomes the
+native API of the same key (docs/PROTOCOL.md).
 """
 from __future__ import annotations
 
