@@ -1,6 +1,7 @@
 """Listeners as Kafka names them: ``listeners``, ``advertised.listeners``,
 ``listener.security.protocol.map`` and ``inter.broker.listener.name``. Pure, no I/O; the
-config, the acceptor, the processors and the handlers share it.
+config, the acceptor, the processors and the handlers share it, and the console and the HTTP
+proxy find how to reach their own broker here (``own_client``).
 
 ``listeners = "PLAINTEXT://127.0.0.1:9092,SASL_SSL://127.0.0.1:9093"``: each entry is
 ``NAME://host:port``. NAME is a security protocol (PLAINTEXT, SSL, SASL_PLAINTEXT, SASL_SSL) or a
