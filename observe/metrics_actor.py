@@ -31,8 +31,8 @@ import threading
 import time
 
 import psutil
-import waitress
 
+from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.runtime import Actor
 from odradek.core.protocol import ErrorCode, OdradekError, http_address
@@ -44,12 +44,7 @@ log = logging.getLogger("odradek.metrics")
 GATHER_TIMEOUT = 0.8  # seconds an actor has to answer a scrape (a scrape must answer within 1 s)
 LIVE_TIMEOUT = 2.0  # seconds the loop has to run a posted callback for /health/live
 HTTP_THREADS = 8  # requests served at once (a message browser page may take BROWSE_TIMEOUT); more wait
-# waitress (not wsgiref, which Python's documentation says was not reviewed for security): its
-# event loop reads each request whole before a worker thread sees it, so a slow client holds
-# a connection slot (at most connection_limit, closed after channel_timeout idle), never a worker
-HTTP_SETTINGS = dict(threads=HTTP_THREADS, connection_limit=100, channel_timeout=30,
-                     max_request_header_size=64 * 1024, max_request_body_size=1024 * 1024,  # forms are small
-                     asyncore_use_poll=True, ident="odradek", expose_tracebacks=False)
+HTTP_SETTINGS = http_listener.http_settings("odradek", 1024 * 1024, HTTP_THREADS)  # forms are small
 
 
 def admin_address(config: dict) -> tuple[str, int] | None:
@@ -105,16 +100,12 @@ class MetricsActor(Actor):
         from odradek.observe.hostcheck import HostCheck, known_names
         app = HostCheck(make_app(self), known_names(self.config, address[0]))  # no DNS rebinding
         try:
-            server = waitress.create_server(app, host=address[0], port=address[1], **HTTP_SETTINGS)
+            self.server, self.host, self.port = http_listener.serve(app, address, HTTP_SETTINGS, "admin-http")
         except OSError as exc:  # the broker serves clients all the same; say why there is no console
             log.error("admin.listener %s:%d cannot be bound (%s): no metrics, health or console over HTTP; "
                       "set admin.listener to a free address, or empty to turn it off", *address,
                       exc.strerror or exc)
             return
-        self.server = server
-        port = getattr(server, "effective_port", None)  # one address; several (localhost: ::1 and 127.0.0.1) else
-        self.host, self.port = address[0], int(port if port is not None else server.effective_listen[0][1])  # waitress: a str
-        threading.Thread(target=server.run, name="admin-http", daemon=True).start()
         self.sampler = Sampler(self.gather, self.history)
         self.sampler.start()
         log.info("metrics, health and console on http://%s:%d/", self.host, self.port)
@@ -122,9 +113,7 @@ class MetricsActor(Actor):
     def on_stop(self) -> None:
         if self.sampler is not None:
             self.sampler.stop()
-        if self.server is not None:
-            self.server.task_dispatcher.shutdown(timeout=2)  # its worker threads (a page may be waiting)
-            self.server.close()  # the listening socket(s)
+        http_listener.stop(self.server)
 
     def ready_fields(self) -> dict:
         return {"admin_host": self.host, "admin_port": self.port}
