@@ -29,6 +29,7 @@ use an SSL one with the broker's own TLS settings. Any POST from another origin 
 """
 from __future__ import annotations
 
+import base64
 import datetime
 import gzip
 import json
@@ -277,7 +278,7 @@ def make_app(actor) -> bottle.Bottle:
         except Exception as exc:  # the broker did not answer: no session without its clients
             bottle.response.status = 503
             return view("login", title="Sign in", next=next_, message=f"The broker did not answer: {exc}")
-        s = signin.begin(user, own)
+        s = signin.begin(user, own, "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode())
         bottle.response.set_cookie(COOKIE, s.token, path="/", httponly=True, samesite="strict", max_age=SESSION_MAX)
         bottle.redirect(next_)
 

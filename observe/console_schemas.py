@@ -156,13 +156,10 @@ def _protobuf(schema: str, payload: bytes) -> str:
 
 
 def authorization() -> str | None:
-    """HTTP Basic of the signed-in user, whose password the console keeps for its own clients."""
+    """HTTP Basic of the signed-in user (kept by its session, whether or not the broker has a
+    SASL listener for the console's own clients), None when nobody signed in."""
     session = bottle.request.environ.get("odradek.session")
-    security = getattr(getattr(session, "clients", None), "security", None) or {}
-    user, password = security.get("sasl_plain_username"), security.get("sasl_plain_password")
-    if not user:
-        return None
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()
+    return getattr(session, "basic", None)
 
 
 def renderer(registry: Registry, render):

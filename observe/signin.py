@@ -56,14 +56,15 @@ def loopback(host: str) -> bool:
 
 
 class Session:
-    __slots__ = ("token", "user", "csrf", "began", "used", "clients")
+    __slots__ = ("token", "user", "csrf", "began", "used", "clients", "basic")
 
-    def __init__(self, user: str, clients, now: float):
+    def __init__(self, user: str, clients, now: float, basic: str | None = None):
         self.token = secrets.token_urlsafe(32)
         self.csrf = secrets.token_urlsafe(32)
         self.user = user
         self.began = self.used = now
         self.clients = clients  # the console's broker clients acting as this user (or shared ones)
+        self.basic = basic  # HTTP Basic as this user, for the broker's other HTTP listeners (the registry)
 
     @property
     def principal(self) -> str:
@@ -94,9 +95,9 @@ class SignIn:
         log.warning("audit: console: sign-in as %r from %s failed (wrong user name or password)", user[:256], peer)
         time.sleep(self.delay)
 
-    def begin(self, user: str, clients) -> Session:
+    def begin(self, user: str, clients, basic: str | None = None) -> Session:
         now = self.clock()
-        session = Session(user, clients, now)
+        session = Session(user, clients, now, basic)
         with self._lock:
             self._expire(now)
             while len(self._sessions) >= SESSIONS_MAX:

@@ -93,3 +93,33 @@ def test_the_schemas_page_lists_subjects_and_shows_versions(shared_broker, produ
 def test_framed():
     assert framed(b"\x00\x00\x00\x00\x07abc") == (7, b"abc")
     assert framed(b"\x01\x00\x00\x00\x07abc") is None and framed(b"\x00\x00") is None and framed(None) is None
+
+
+def test_a_signed_in_user_sees_the_schemas_page_on_a_broker_with_users_but_no_sasl_listener(tmp_path):
+    """The console asks the registry as the signed-in user (HTTP Basic). Its user's password
+    used to be kept only by its SASL clients, which a broker with users but only a PLAINTEXT
+    listener does not make: the page then asked anonymously and the registry answered 401."""
+    import base64
+    import urllib.request
+
+    from odradek.network import secstore
+    from tests.conftest import BrokerProcess
+    from tests.observability.test_console_signin import Http
+
+    secstore.Users(str(tmp_path)).add("admin", "admin-secret", iterations=4096)
+    broker = BrokerProcess(str(tmp_path), {"listeners": "PLAINTEXT://127.0.0.1:0"}).start()
+    try:
+        request = urllib.request.Request(
+            broker.schema_registry_url.rstrip("/") + "/subjects/plain-orders-value/versions", method="POST",
+            data=json.dumps({"schema": json.dumps(USER_V1)}).encode(),
+            headers={"Content-Type": "application/vnd.schemaregistry.v1+json",
+                     "Authorization": "Basic " + base64.b64encode(b"admin:admin-secret").decode()})
+        with urllib.request.urlopen(request, timeout=30) as r:
+            assert json.loads(r.read())["id"] > 0
+        client = Http(broker.console_url)
+        status, _, body = client.sign_in("admin", "admin-secret")
+        assert status == 303 and client.cookie, body
+        status, _, body = client.call("GET", "/schemas")
+        assert status == 200 and "plain-orders-value" in body, (status, body[:2000])
+    finally:
+        broker.discard()
