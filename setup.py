@@ -7,4 +7,7 @@ the install still succeeds and the broker uses the Python reference, saying so i
 """
 from setuptools import Extension, setup
 
-setup(ext_modules=[Extension("odradek.log._recordscan", ["log/_recordscan.c"], optional=True)])
+setup(ext_modules=[Extension("odradek.log._recordscan", ["log/_recordscan.c"], optional=True),
+                   # the bundled consumer's Records of a native batch (odradek/_recordbuild.c);
+                   # optional too: without it the consumer builds them in Python
+                   Extension("odradek._recordbuild", ["odradek/_recordbuild.c"], optional=True)])
