@@ -63,7 +63,8 @@ def _modules() -> dict[str, pathlib.Path]:
 
 MODULES = _modules()
 # C extensions (setup.py): importable, their source imports nothing of the project
-EXTENSIONS = {"odradek.log._recordscan": ROOT / "log" / "_recordscan.c"}
+EXTENSIONS = {"odradek.log._recordscan": ROOT / "log" / "_recordscan.c",
+              "odradek._recordbuild": ROOT / "odradek" / "_recordbuild.c"}
 
 
 def _layer(path: pathlib.Path) -> int:
