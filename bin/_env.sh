@@ -7,9 +7,9 @@ VENV="$ODRADEK_ROOT/.venv"
 ensure_env() {
     local extras="$1"
     local want
-    # setup.py and the C source it builds too: a changed extension is rebuilt, never left stale
+    # setup.py and the C sources it builds too: a changed extension is rebuilt, never left stale
     want="$(cat "$ODRADEK_ROOT/pyproject.toml" "$ODRADEK_ROOT/setup.py" "$ODRADEK_ROOT/core/_recordscan.c" \
-        | sha256sum | cut -c1-16)"
+        "$ODRADEK_ROOT/odradek/_recordbuild.c" | sha256sum | cut -c1-16)"
     local stamp="$VENV/.odradek-installed"
     if [ ! -x "$VENV/bin/python" ]; then
         local py="${PYTHON:-}"

@@ -75,6 +75,10 @@ _read_header = fmt.HEADER.unpack_from
 _HEADER_SIZE = fmt.HEADER_SIZE
 _MAGIC = fmt.MAGIC
 _MAGICS = (fmt.MAGIC, kafka_batch.MAGIC)  # native batches and Kafka's (written by Kafka producers)
+try:  # a native batch's Records in C (odradek/_recordbuild.c, built by setup.py); optional:
+    from odradek._recordbuild import records as _build_records  # else built in Python below
+except ImportError:
+    _build_records = None
 
 
 # ---- fetch-answer parsing (pure; unit-tested without a broker) -------------------------------
@@ -135,6 +139,14 @@ def _decode_native(view, pos: int, end: int, h, topic: str, partition: int, min_
         rows = _unpackb(data, use_list=False, raw=False)
         if len(rows) != n:
             raise ValueError(f"{len(rows)} records, header says {n}")
+        if _build_records is not None and h.last_offset_delta == n - 1:
+            # the common shape (consecutive offsets, one time for the batch) in C; None: another shape
+            log_time = h.attributes & fmt.TIMESTAMP_TYPE_BIT
+            out = _build_records(Record, topic, partition, h.base_offset,
+                                 h.max_timestamp if log_time else h.first_timestamp, rows, not log_time,
+                                 min_offset - h.base_offset)
+            if out is not None:
+                return out
         ods, tds, keys, values, headers = zip(*rows)
     except OdradekError as exc:  # beyond the bound, or not lz4
         raise _unreadable(exc, topic, partition, h) from None

@@ -61,7 +61,8 @@ def _modules() -> dict[str, pathlib.Path]:
 
 MODULES = _modules()
 # C extensions (setup.py): importable, their source imports nothing of the project
-EXTENSIONS = {"odradek.core._recordscan": ROOT / "core" / "_recordscan.c"}
+EXTENSIONS = {"odradek.core._recordscan": ROOT / "core" / "_recordscan.c",
+              "odradek._recordbuild": ROOT / "odradek" / "_recordbuild.c"}
 
 
 def _layer(path: pathlib.Path) -> int:

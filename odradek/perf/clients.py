@@ -480,6 +480,8 @@ def consume_main(argv: list[str]) -> int:
     ap.add_argument("--record-size", type=int, default=100, help="size of prefilled records")
     ap.add_argument("--partitions", type=int, default=1, help="partitions if the topic must be created")
     ap.add_argument("--fetch-size", type=int, default=1 << 20, help="max_partition_fetch_bytes")
+    ap.add_argument("--keys", type=int, default=0, help="prefill keyed records, cycling through this many distinct "
+                    "keys (0: keyless); a topic already holding --messages records is read as it is")
     ap.add_argument("--max-poll-records", type=int, default=500, help="records per poll (Kafka's default)")
     ap.add_argument("--consumer-props", nargs="*", default=[], metavar="KEY=VALUE",
                     help="librdkafka consumer properties for --client confluent (over perf's)")
@@ -494,7 +496,7 @@ def consume_main(argv: list[str]) -> int:
     if clients != ["odradek"] or args.runs > 1 or args.local or args.broker_pid:
         return _side_by_side(args, clients, "consume", {})
     count = _ensure_topic(args.bootstrap_server, args.topic, args.partitions)
-    _prefill(args.bootstrap_server, args.topic, count, args.messages, args.record_size)
+    _prefill(args.bootstrap_server, args.topic, count, args.messages, args.record_size, args.keys)
     ours = run_consume(args.bootstrap_server, args.topic, count, args.messages, args.fetch_size,
                        args.max_poll_records, args.timeout, args.reporting_interval)
     if args.plot:
@@ -508,7 +510,7 @@ def consume_main(argv: list[str]) -> int:
     return 0 if ours["records"] >= args.messages else 1
 
 
-def _prefill(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> None:
+def _prefill(bootstrap: str, topic: str, partitions: int, n: int, size: int, keys: int = 0) -> None:
     from odradek.consumer import Consumer
     from odradek.producer import Producer
     from odradek.types import TopicPartition
@@ -517,11 +519,13 @@ def _prefill(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> 
         have = sum(c.end_offsets(tps).values()) - sum(c.beginning_offsets(tps).values())
     if have >= n:
         return
-    print(f"Prefilling '{topic}' with {n - have} records of {size} bytes (not timed).", flush=True)
+    print(f"Prefilling '{topic}' with {n - have} records of {size} bytes{f', {keys} keys' if keys else ''} "
+          f"(not timed).", flush=True)
     value = random_payload(size)
+    key_list = _keys(keys)
     with Producer(bootstrap, acks=1, linger_ms=5) as p:
-        for _ in range(n - have):
-            p.send(topic, value)
+        for i in range(n - have):
+            p.send(topic, value, key=key_list[i % keys] if keys else None)
 
 
 class _ConsumeClock:
@@ -725,7 +729,7 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
     return result
 
 
-def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size: int) -> None:
+def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size: int, keys: int = 0) -> None:
     from confluent_kafka import Consumer as KafkaConsumer, Producer as KafkaProducer, TopicPartition as KTP
     c = KafkaConsumer({"bootstrap.servers": bootstrap, "group.id": "perf-prefill", "enable.auto.commit": False})
     try:
@@ -740,12 +744,13 @@ def _prefill_confluent(bootstrap: str, topic: str, partitions: int, n: int, size
     print(f"Prefilling '{topic}' with {n - have} records of {size} bytes through confluent-kafka (not timed).",
           flush=True)
     value = random_payload(size)
+    key_list = _keys(keys)
     p = KafkaProducer({"bootstrap.servers": bootstrap, **confluent_props({"acks": "1", "linger.ms": 5,
                                                                           "compression.type": "lz4"})})
-    for _ in range(n - have):
+    for i in range(n - have):
         while True:
             try:
-                p.produce(topic, value)
+                p.produce(topic, value, key=key_list[i % keys] if keys else None)
                 break
             except BufferError:
                 p.poll(0.005)
@@ -820,7 +825,7 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
             if what == "consume":
                 n = args.messages
                 (_prefill if c == "odradek" else _prefill_confluent)(bootstrap, topic, args.partitions, n,
-                                                                     args.record_size)
+                                                                     args.record_size, args.keys)
         for run in range(args.runs):
             for c in clients:
                 topic = args.topic if c == "odradek" else f"{args.topic}-{c}"

@@ -105,3 +105,47 @@ def test_decoding_leaves_the_garbage_collectors_setting_as_it_found_it(enabled):
         assert gc.isenabled() is enabled
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def _shapes() -> list:
+    """Batches of every shape the C builder serves or declines (odradek/_recordbuild.c)."""
+    from odradek.producer import encode_rows
+    appended = bytearray(batch(3, [b"a", b"b"], ts=5))
+    fmt.set_log_append_time(appended, 777)
+    return [
+        batch(10, [b"a", b"b", b"c"]),                                         # one time, keyless
+        encode_rows([b"a", b"b"], 5000, 5000, "lz4", [b"k1", None]),           # keyed, lz4
+        encode_rows([(0, 0, b"k", b"c", ()), (1, 7, None, b"d", ())], 5000, 5007, None),  # own times
+        fmt.encode_records([fmt.Record(5, 1, None, b"x", []), fmt.Record(9, 1, b"k", b"y", [])]),  # gaps
+        fmt.encode_batch([(b"k", b"v", [("trace", b"1")])]),                   # headers
+        bytes(appended),                                                       # log-append time
+    ]
+
+
+@pytest.mark.parametrize("min_offset", [0, 1, 4, 11, 100])
+def test_records_built_in_c_equal_those_built_in_python(monkeypatch, min_offset):
+    """The consumer builds a native batch's Records in C when it can (odradek/_recordbuild.c);
+    the Python path is the reference: same Records, same type, from every shape and position."""
+    from odradek import consumer
+    if consumer._build_records is None:
+        pytest.skip("odradek._recordbuild is not built here (setup.py's optional extension)")
+    for buf in _shapes():
+        fast = records_of(buf, min_offset)
+        monkeypatch.setattr(consumer, "_build_records", None)
+        reference = records_of(buf, min_offset)
+        monkeypatch.undo()
+        assert fast == reference and all(type(r) is Record for r in fast)
+
+
+@pytest.mark.parametrize("built_in_c", [True, False])
+def test_a_batch_whose_rows_are_not_records_is_corrupt(monkeypatch, built_in_c):
+    """Rows of the wrong shape (here 4 fields) are CORRUPT_MESSAGE naming the batch, on both paths."""
+    from odradek import consumer
+    from odradek.producer import encode_rows
+    if built_in_c and consumer._build_records is None:
+        pytest.skip("odradek._recordbuild is not built here")
+    if not built_in_c:
+        monkeypatch.setattr(consumer, "_build_records", None)
+    data = encode_rows([(0, 0, b"k", b"c"), (1, 0, None, b"d")], 5000, 5000, None)
+    with pytest.raises(errors.CorruptMessageError, match="t-3.*offset 0"):
+        records_of(data)

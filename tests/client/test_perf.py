@@ -79,3 +79,16 @@ def test_consume_times_from_the_first_records_and_reports_the_start_up_apart(scr
     assert result["records"] == 3000 and result["records_per_sec"] > 0 and result["first_record_s"] >= 0
     assert any(re.match(r"^\d+ records consumed after the first batch, [\d.]+ records/sec", ln) for ln in lines)
     assert any(re.match(r"^first records [\d.]+ s after the start$", ln) for ln in lines)
+
+
+def test_consume_with_keys_prefills_a_keyed_topic_then_reads_it(scripted, capsys):
+    """``perf consume --keys N`` writes keyed records (N distinct keys, murmur2 over the
+    partitions) before it reads them: the keyed consume row of docs/BENCHMARKS.md (issue 30)."""
+    broker = scripted({"keyed": 3})
+    code = perf.consume_main(["--bootstrap-server", broker.bootstrap, "--topic", "keyed", "--partitions", "3",
+                              "--messages", "3000", "--keys", "7", "--record-size", "50", "--reporting-interval",
+                              "0", "--no-redis"])
+    assert code == 0 and "7 keys" in capsys.readouterr().out
+    written = [r for p in range(3) for r in broker.records("keyed", p)]
+    assert len(written) == 3000 and {r.key for r in written} == {b"key-%06d" % k for k in range(7)}
+    assert all(len(broker.records("keyed", p)) > 0 for p in range(3))
