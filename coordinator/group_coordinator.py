@@ -2,16 +2,13 @@
 
 Process: ``group_coordinator`` (one per broker).
 Owns: the groups and committed offsets of the ``__consumer_offsets`` partitions this broker
-leads (the coordinator of group G is the leader of partition ``partition_for(G)``; a snapshot
-without ``state``, a single broker, leads them all). It owns them through plain objects handed
-the actor's ``Outbox`` and ``Clock`` in ``on_start``, each module's header saying what it owns:
-``GroupTable`` (group_table), ``Leadership`` (group_leadership), ``GroupWriter``
-(group_writes), ``Purgatory`` (group_purgatory) and one object per API family
-(group_api_consumer, group_api_classic, group_api_offsets, group_api_admin). This module keeps
-the assembly, the entry point, the metadata, and ``TopicCreation``: the topic is created
-through the controller on the first heartbeat, join, sync or commit (and, in cluster mode, a
-FIND_COORDINATOR); meanwhile requests wait, and if the controller fails they are answered
-COORDINATOR_NOT_AVAILABLE.
+leads (group G's is ``partition_for(G)``; a single broker leads them all), through plain
+objects handed the actor's ``Outbox`` and ``Clock`` in ``on_start``, each module's header
+saying what it owns: ``GroupTable`` (group_table), ``Leadership`` (group_leadership),
+``GroupWriter`` (group_writes), ``Purgatory`` (group_purgatory) and one object per API family
+(group_api_consumer, _classic, _offsets, _admin). Here: the assembly, the entry point, the
+metadata, and ``TopicCreation`` (the topic created through the controller on the first
+heartbeat, join, sync or commit, or a cluster's FIND_COORDINATOR; requests wait meanwhile).
 Accepts:
   group_request {api, body, client, peer, metadata_version}  from a request handler: the group
       APIs (FIND_COORDINATOR, CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, SYNC_GROUP, HEARTBEAT,
