@@ -10,8 +10,9 @@ can be produced from its form), groups
 (lag, offset reset, delete), charts (``observe.history``), sign-in.
 Invariants: nothing in a page loads from the internet (``observe/static`` serves the
 stylesheet and the chart script); a broker's error answer is a page with its status (404 for
-a missing topic or group), never a traceback; internal topics are never deleted nor written. When the
-admin listener is reachable beyond loopback or the broker has SASL users (``observe.signin``),
+a missing topic or group), never a traceback; internal topics are never deleted nor
+written. When the admin listener is reachable beyond loopback or the broker has SASL users
+(``observe.signin``),
 every page but ``/metrics``, ``/health/*`` and ``/static/*`` needs a signed-in session, every
 POST its CSRF token, and each page and action what the user's ACLs allow; a signed-in user's
 requests to the broker go as that user (SASL) when the broker has a SASL listener, so the

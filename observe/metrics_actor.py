@@ -8,9 +8,10 @@ behind ``observe.hostcheck``); the charts' history (``observe.history.Sampler``,
 Accepts:
   loop  not a message: ``on_loop(start, timeout)`` is the HTTP threads' way onto the actor's
       loop (``post()``, then a future awaited at most ``timeout``); a ``loop`` message would fail
-Sends (at scrape time and every ``history.INTERVAL`` for the charts): ``status`` to the supervisor (the actor
-table) and ``_metrics`` to every actor running at the previous scrape and any the new table
-adds (each answers with its counters, histograms and gauges: ``actors.metrics``).
+Sends (at scrape time and every ``history.INTERVAL`` for the charts): ``status`` to the
+supervisor (the actor table) and ``_metrics`` to every actor running at the previous scrape
+and any the new table adds (each answers with its counters, histograms and gauges:
+``actors.metrics``).
 Invariants: the loop never blocks on HTTP and the HTTP threads never touch its sockets or
 state; an actor that does not answer within ``GATHER_TIMEOUT`` is reported missing
 (``odradek_scrape_actor_answered 0``). The console talks to the broker as a client (``Admin``,

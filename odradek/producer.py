@@ -17,8 +17,8 @@ batch's bytes, ``producer_sender`` the sender and idempotence, ``producer_txn`` 
 Invariants: a partition's records land in ``send`` order through every retry; with
 idempotence (on by default) each is stored once whatever the retries; a transactional
 producer never bumps its epoch itself, and once fenced (PRODUCER_FENCED,
-INVALID_PRODUCER_EPOCH) raises ``ProducerFencedError`` on every later call; ``send`` blocks (at most
-``max_block_ms``) only for a topic's first metadata and when ``buffer_memory`` is full.
+INVALID_PRODUCER_EPOCH) raises ``ProducerFencedError`` on every later call; ``send`` blocks
+(at most ``max_block_ms``) only for a topic's first metadata and when ``buffer_memory`` is full.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Writing a DataFrame to Odradek topics: streaming exactly once per micro-batch task, batch at-least-once
-(docs/PIPELINE.md, "Write options", says how).
+"""Writing a DataFrame to Odradek topics: streaming exactly once per micro-batch task, batch
+at-least-once (docs/PIPELINE.md, "Write options", says how).
 
 Where it runs: ``write()`` in each executor task (one ``TopicWriter`` per task: one
 connection per leader, opened on first use, closed before the task returns); ``commit`` and

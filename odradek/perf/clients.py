@@ -1,7 +1,7 @@
 """Benchmarks shaped like Kafka's perf tools: ``odradek perf produce | consume | e2e |
 replicated | failover | scrape`` (docs/BENCHMARKS.md has the figures and their commands).
 
-    odradek perf produce --local --client odradek,confluent --runs 3 --num-records 2000000 --no-redis
+    odradek perf produce --local --client odradek,confluent --runs 3 --num-records 2000000
     odradek perf consume --topic perf --messages 2000000
     odradek perf e2e --topic perf-e2e --num-records 10000 --throughput 1000
     odradek perf replicated --runs 3 --cpu       # acks=all / acks=1 / RF 1 on a 3-broker local cluster
