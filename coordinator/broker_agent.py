@@ -1,28 +1,26 @@
 """The broker agent: the half of a cluster broker's ``controller`` actor that applies what the
 active controller decides (every broker runs it, the controller's own broker included).
 
-Process: ``controller`` (a ``BrokerAgent`` object, owned by the actor
+Process: ``controller`` (a ``BrokerAgent`` object of the actor
 ``coordinator.cluster_controller.ClusterController``, which hands it its collaborators and
-dispatches these messages to it).
+dispatches to it; no messages of its own).
 Owns: this broker's view of the cluster (the last UPDATE_METADATA: ``snapshot_data``), the
 last LEADER_AND_ISR entry of each partition it hosts (``hosted``: a restarted log actor gets
-its partitions and roles back from it), the highest controller epoch seen (older ones
-are refused with STALE_CONTROLLER_EPOCH), and the broker epoch of every live broker
-(``broker_epochs``: the czxid of its ``/brokers/ids/<id>``, watched from ZooKeeper), which
-it pushes (``broker_epochs {epochs}``) to the fetch actor, which lets only a live broker
-fetch as a replica, and to the replica fetcher, which proves this broker's own with it.
-Accepts:
-  broker_request {api, body}   forwarded by a handler: LEADER_AND_ISR -> ``become`` to the log
-        actors, then ``follow``/``unfollow`` to the replica fetcher; UPDATE_METADATA ->
-        ``metadata`` to every handler and the group coordinator (and new topic configs to the
-        log actors); STOP_REPLICA -> ``assign {close}``; CONTROLLED_SHUTDOWN, ELECT_LEADERS,
-        CREATE_PARTITIONS and ALTER/LIST_PARTITION_REASSIGNMENTS go to the active controller
-        (``coordinator.active_controller``) if this broker is it, else are relayed to its broker
-  alter_isr {topic, partition, leader_epoch, isr, zk_version}   from a leading log actor: a
-        conditional write of the partition's state node, then an ISR change notification
-  get_metadata / get_assignment   from handlers, the group coordinator, log actors
-  get_broker_epochs             from the fetch actor and the replica fetcher, when they start
-  _drain                        from the supervisor on SIGTERM: the controlled shutdown
+its partitions and roles back from it), the highest controller epoch seen, the broker epoch
+of every live broker (``broker_epochs``: the czxid of its ``/brokers/ids/<id>``, watched in
+ZooKeeper) and the replication throttles (``coordinator.throttles``).
+Serves, for the actor: LEADER_AND_ISR, UPDATE_METADATA and STOP_REPLICA (``handle_request``),
+``alter_isr`` from a leading log actor (a conditional write of the partition's state node,
+then an ISR change notification), ``get_metadata``, ``get_assignment``,
+``get_broker_epochs``, ``set_throttle_rates``, the controlled shutdown, and the relay of
+controller requests to the active controller's broker.
+Sends: LEADER_AND_ISR -> ``become`` to the log actors, then ``follow``/``unfollow`` to the
+replica fetcher; UPDATE_METADATA -> ``metadata`` to every handler and the group coordinator,
+``assign {configure}`` to log actors whose topic configs changed; STOP_REPLICA -> ``unfollow``,
+``assign {close}``; ``broker_epochs {epochs}`` to the fetch actor (only a live broker fetches
+as a replica) and the replica fetcher (which proves this broker's own with it).
+Invariant: a request of an older controller epoch than the highest seen is refused
+STALE_CONTROLLER_EPOCH.
 """
 from __future__ import annotations
 

@@ -1,17 +1,13 @@
 """The classic consumer-group protocol (JoinGroup / SyncGroup / Heartbeat / LeaveGroup):
 a pure state machine, no I/O, time passed in as ``now`` (ms).
 
-Single owner: the group coordinator actor (``coordinator.group_coordinator``) holds every
-``ClassicGroup`` and is the only caller; the tests drive it with a fake clock. Nothing here
-sends a message, reads a clock or touches a file.
-
-A JoinGroup or SyncGroup that must wait (for the other members, for the leader's
-assignment) is *held*: the method returns ``None`` and the answer appears later in
-``outbox`` as ``(kind, member_id, body)`` with kind ``"join"`` or ``"sync"``; the coordinator
-drains it after every call (``take_outbox``) and answers the held requests. Sync answers are
-due only after the group's record is stored (``changed`` is set whenever the durable state
-moved: a generation completed with its assignments, the group became empty, a static member
-was replaced): the coordinator writes the record, then answers.
+Single owner: the group coordinator's ``GroupTable`` (``coordinator.group_table``) holds
+every ``ClassicGroup``; only the coordinator's parts call it (the tests, with a fake clock).
+A JoinGroup or SyncGroup that must wait is *held*: the method returns ``None`` and the answer
+appears later in ``outbox`` as ``(kind, member_id, body)``, kind ``"join"`` or ``"sync"``,
+which the coordinator drains after every call (``take_outbox``). ``changed`` is set whenever
+the durable state moved (a generation completed, the group emptied, a static member was
+replaced): the coordinator writes the group's record before it sends the sync answers.
 
 Group states and transitions (Kafka's GroupMetadata)::
 

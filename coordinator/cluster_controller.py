@@ -1,32 +1,29 @@
 """The controller actor in cluster mode: this broker's ZooKeeper session, its broker agent and,
 on the one broker that wins the election, the controller of the cluster.
 
-Process: ``controller`` (one per broker), started first, as in single-broker mode.
-Owns: the kazoo client (its own threads; every watch and async answer comes back to this
-actor's loop through ``Actor.post``), this broker's registration ``/brokers/ids/<id>``
-(made once the broker is ready and its address known), its candidacy for ``/controller``,
-the controller channel (``coordinator.channel``: a sender thread per broker) and the relay
-(a channel of one, to the active controller's broker), and, by composition, the objects that
-do the work, each handed its collaborators (the kazoo client, a channel, the config, and an
-``Outbox``: this actor's way to send, ``coordinator.controller_kit``):
-- ``agent``, a ``coordinator.broker_agent.BrokerAgent`` (every broker): applies LEADER_AND_ISR
-  / UPDATE_METADATA / STOP_REPLICA to the local actors, writes its leaders' ISR changes, and
-  owns the replication throttles (``coordinator.throttles``);
-- ``controller``, a ``coordinator.active_controller.ActiveController``, made when this broker
-  wins the election and dropped when it loses it (None otherwise): partition state, leader
-  election, topic changes, reassignments (``coordinator.reassignment``);
-- ``stray_logs`` (``coordinator.stray_logs``) and ``roster`` (new handlers get the snapshot).
+Process: ``controller`` (one per broker, started first, as in single-broker mode).
+Owns: the kazoo client (its threads hand every watch and answer to this actor's loop through
+``Actor.post``), this broker's registration ``/brokers/ids/<id>`` (made once it is ready and
+its address known), its candidacy for ``/controller``, the controller channel
+(``coordinator.channel``) and the relay to the active controller's broker, and, by
+composition, objects handed their collaborators (the kazoo client, a channel, the config, an
+``Outbox`` of ``coordinator.controller_kit``): ``agent`` (``coordinator.broker_agent``, every
+broker: applies the controller's decisions here, owns the replication throttles),
+``controller`` (``coordinator.active_controller``, only while this broker is the elected
+controller, else None), ``stray_logs`` and ``roster``.
 Accepts:
-  get_metadata, get_assignment, get_broker_epochs, alter_isr, set_throttle_rates, _drain
+  get_metadata, get_assignment, get_broker_epochs, alter_isr, set_throttle_rates
         -> the agent (``coordinator.broker_agent`` says what each does)
-  get_broker_configs, set_broker_configs {configs}   this broker's run-time values of Kafka's
-        dynamic broker configs Odradek does not implement, as in single-broker mode
-        (``coordinator.controller_kit.BrokerConfigStore``, in this broker's data directory)
-  broker_request {api, body}   LEADER_AND_ISR / UPDATE_METADATA / STOP_REPLICA -> the agent;
+  get_broker_configs, set_broker_configs {configs}   the run-time broker configs, as in
+        single-broker mode (``controller_kit.BrokerConfigStore``)
+  broker_request {api, body}   LEADER_AND_ISR, UPDATE_METADATA, STOP_REPLICA -> the agent;
         ELECT_LEADERS, CONTROLLED_SHUTDOWN, CREATE_PARTITIONS, ALTER/LIST_PARTITION_REASSIGNMENTS
-        -> the active controller, or relayed to its broker (CONTROLLED_SHUTDOWN: refused here)
-  create_topics / delete_topics / alter_topic_configs {body}   from a handler: the active
-        controller, else relayed to the controller's broker over TCP
+        -> the active controller, or relayed to its broker
+  create_topics, delete_topics, alter_topic_configs {body}   from a handler: the active
+        controller, or relayed to its broker over TCP
+Sends: what the agent and the active controller send (their headers); ``status`` to the
+supervisor (this broker's address, for its registration).
+The runtime's ``_drain`` (from the supervisor on SIGTERM) runs the agent's controlled shutdown.
 """
 from __future__ import annotations
 

@@ -1,34 +1,27 @@
 """The controller actor (single-broker mode): the one writer of topic metadata.
 
-Process: its own actor process, ``controller``, started first.
-Owns: the ``TopicRegistry`` (``<log.dirs>/meta/topics.json``).
-The metadata snapshot has the same shape in both modes (docs/REPLICATION.md): here this
-broker leads every partition at leader epoch 0 with an ISR of itself. Cluster mode runs
-``coordinator.cluster_controller.ClusterController`` instead, another actor; what the two
-share (the handler roster, leftover ``-delete`` directories) is in
+Process: ``controller`` (one per broker, started first). Cluster mode runs
+``coordinator.cluster_controller.ClusterController`` instead; what the two share is in
 ``coordinator.controller_kit``, used by each, not inherited.
+Owns: the ``TopicRegistry`` (``<log.dirs>/meta/topics.json``) and the run-time broker configs
+(``controller_kit.BrokerConfigStore``). Its snapshot has the cluster's shape
+(docs/REPLICATION.md): this broker leads every partition at leader epoch 0, ISR itself.
 Accepts:
-  get_metadata                 -> the metadata snapshot (handlers fetch it at start)
-  get_assignment {host}        -> {open: [{topic, partition, topic_id}], configs: {topic: config}}:
-                                 the partitions a log actor process hosts, each topic's config once
-  create_topics {body}         forwarded by a handler; answered to the client's processor
+  get_metadata                 -> the metadata snapshot
+  get_assignment {host}        -> {open: [{topic, partition, topic_id}], configs}: the
+                                  partitions a log actor process hosts
+  create_topics {body}         from a handler; answered to the client's processor
   delete_topics {body}         likewise
-  alter_topic_configs {body}   likewise (the topic resources of IncrementalAlterConfigs)
-  get_broker_configs           -> {configs: {name: value}}: the run-time values of Kafka's dynamic
-                               broker configs Odradek does not implement (controller_kit.BrokerConfigStore)
-  set_broker_configs {configs: {name: value or null}}   from a handler (AlterConfigs on the
-                               broker, checked there); answered {} once written
-  broker_request {api, body}   the controller APIs a handler forwards (CREATE_PARTITIONS; on one
-                               broker ELECT_LEADERS has no election to make and there are no
-                               reassignments to list or make)
-Pushes, and waits for every acknowledgement before it answers a change, so a client that
-created a topic can produce to it at once (read-your-writes):
-  metadata {snapshot}             to every running request handler (and, one-way, to the
-                                  group coordinator)
-  assign {open, close, configure} to the log actor processes hosting affected partitions
-
-Args (from the broker assembly): ``data_dir``, ``topic_defaults`` (topic-level names),
-``log_hosts`` (number of log actor processes), ``config`` (the broker config).
+  alter_topic_configs {body}   likewise (IncrementalAlterConfigs' topic resources)
+  get_broker_configs           -> {configs: {name: value}}
+  set_broker_configs {configs} from a handler (AlterConfigs on the broker); {} once written
+  broker_request {api, body}   CREATE_PARTITIONS; ELECT_LEADERS and the reassignment APIs
+                               (nothing to elect or move on one broker)
+Sends: ``metadata {snapshot}`` to every running request handler and (one-way) the group
+coordinator, ``assign {open, close, configure}`` to the log actor processes hosting the
+partitions a change touches.
+Invariant: a change is answered only after every handler and log actor acknowledged it, so a
+client that created a topic can produce to it at once.
 """
 from __future__ import annotations
 

@@ -1,8 +1,7 @@
 """The consumer-group state machine (KIP-848 style): pure, no I/O, time passed in as ``now``.
 
-Single owner: the group coordinator actor (``coordinator.group_coordinator``) holds every
-``ConsumerGroup`` and is the only caller; the tests drive it with a fake clock. Nothing
-here sends a message, reads a clock or touches a file.
+Single owner: the group coordinator's ``GroupTable`` (``coordinator.group_table``) holds
+every ``ConsumerGroup``; only the coordinator's parts call it (the tests, with a fake clock).
 
 Protocol, in the manner of Kafka's new consumer protocol:
 

@@ -1,101 +1,28 @@
-"""The group coordinator actor: consumer groups and their committed offsets.
+"""The group coordinator actor: consumer groups (KIP-848 and classic) and their committed offsets.
 
-Process: ``group_coordinator`` (one per broker), started after the fetch actor and before
-the request handlers.
-Owns: the ``ConsumerGroup``s (``coordinator.group``, the pure state machine) and the cache
-of committed offsets of the groups this broker coordinates: as in Kafka, the coordinator of
-group G is the leader of ``__consumer_offsets`` partition ``partition_for(G)``. Their
-durable form is that compacted internal topic (records: ``coordinator.offsets``), written
-through the log actor hosting each partition like any produce; the coordinator is the only
-writer of the partitions it leads.
-
-Ownership follows the metadata snapshot (docs/REPLICATION.md): fetched from the controller
-at start (``get_metadata``), pushed by it on every change (``metadata``), polled every
-``METADATA_REFRESH``. This broker leads partition p iff ``state[p].leader`` is its
-``broker_id``; a snapshot without ``state`` (single-broker mode) makes it the leader of
-every partition. Gaining a partition loads it; losing one unloads it (its groups and
-offsets leave memory, its held heartbeats are answered NOT_COORDINATOR).
-
-Loading replays a partition from its files read-only (``log.reader.LogReader``, up to the
-log end the hosting log actor reports with ``get_bounds``: on a new leader everything it
-has becomes committed). At start the partitions led then are loaded before the actor
-reports ready, so no request sees a half-loaded coordinator. A partition gained later is
-loaded asynchronously: ``get_bounds`` is a request with a callback, the replay runs in
-slices between other messages, and requests for its groups are answered
-COORDINATOR_LOAD_IN_PROGRESS until it is done. Reading the files directly, not through the
-fetch actor, keeps loading independent of the fetch actor. Requests for a group whose
-partition another broker leads: NOT_COORDINATOR, naming the partition and its leader.
-
-The topic is created through the controller on the first heartbeat or commit (as Kafka
-does), so a broker that never serves a group shows no internal topic; in cluster mode
-(``zookeeper.connect`` set) a FIND_COORDINATOR creates it too, as clients only ever reach a
-coordinator through one. Its replication factor is ``offsets.topic.replication.factor``
-(the controller caps it at the live brokers). If the controller cannot (NOT_CONTROLLER in
-cluster mode, or any error) the waiting requests get COORDINATOR_NOT_AVAILABLE and the next
-request tries again.
-
+Process: ``group_coordinator`` (one per broker).
+Owns: the groups and committed offsets of the ``__consumer_offsets`` partitions this broker
+leads (group G's is ``partition_for(G)``; a single broker leads them all), through plain
+objects handed the actor's ``Outbox`` and ``Clock`` in ``on_start``, each module's header
+saying what it owns: ``GroupTable`` (group_table), ``Leadership`` (group_leadership),
+``GroupWriter`` (group_writes), ``Purgatory`` (group_purgatory) and one object per API family
+(group_api_consumer, _classic, _offsets, _admin). Here: the assembly, the entry point, the
+metadata, and ``TopicCreation`` (the topic created through the controller on the first
+heartbeat, join, sync or commit, or a cluster's FIND_COORDINATOR; requests wait meanwhile).
 Accepts:
-  group_request {api, body, client, peer, metadata_version}  forwarded by a request handler;
-        answered straight to the client's processor (``_reply {body}`` or ``_error``):
-        CONSUMER_GROUP_HEARTBEAT, OFFSET_COMMIT, OFFSET_FETCH, FIND_COORDINATOR (key_type 0,
-        and 1 for transactional ids: the leader of the id's ``__transaction_state``
-        partition, this broker on a single broker), LIST_GROUPS,
-        DESCRIBE_GROUPS, CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS, LEAVE_GROUP (administrative
-        removal; a classic member's leave), and the classic protocol: JOIN_GROUP, SYNC_GROUP,
-        HEARTBEAT (``coordinator.classic_group``; a JoinGroup or SyncGroup that must wait is
-        held in ``held_classic`` and answered when the group moves on, SyncGroup answers
-        after the group's record is stored)
-  metadata {snapshot}  pushed by the controller; replies ``{version}`` (the version it holds)
-  txn_offsets_end {producer_id, commit, offsets}  from the transaction coordinator: the
-        offsets a committed transaction carried (TXN_OFFSET_COMMIT) are stored; replies
-        ``{error_code, message}`` once they are
-Sends: ``produce`` to log actors (offsets and group records, acks=-1 with ``timeout_ms`` =
-``COMMIT_TIMEOUT_MS``), ``get_bounds`` to log actors (loading), ``list_offsets`` to the
-fetch actor (a commit beyond the high watermark is refused), ``get_metadata`` and
-``create_topics`` to the controller, ``create_state_topic`` to the transaction coordinator
-(a FindCoordinator for a transactional id before ``__transaction_state`` exists), ``status``
-to the supervisor (its own advertised address when the snapshot has no port for it yet, for
-FindCoordinator).
-
-Durability before answers: a commit is answered once its record is replicated to the ISR
-(the log actor answers an acks=-1 produce when the high watermark passes it: at once on one
-broker); a heartbeat that changed its group is answered once the group's record is, so a
-new coordinator never hands out an epoch an older one had already given to someone else.
-A failed write fails the request with a retriable code, as Kafka maps them: leadership lost
-(NOT_LEADER_OR_FOLLOWER, FENCED_LEADER_EPOCH, KAFKA_STORAGE_ERROR) -> NOT_COORDINATOR;
-NOT_ENOUGH_REPLICAS -> COORDINATOR_NOT_AVAILABLE; REQUEST_TIMED_OUT -> REQUEST_TIMED_OUT for
-a commit, COORDINATOR_NOT_AVAILABLE for a heartbeat (``commit_error``, ``group_write_error``).
-
-Classic groups and KIP-848 groups (the ``GroupTable``'s ``classic`` and ``groups``) share one name space:
-a group id is one group of one kind. A classic JoinGroup to a KIP-848 group with members is
-INCONSISTENT_GROUP_PROTOCOL, a ConsumerGroupHeartbeat to a classic group with members
-GROUP_ID_NOT_FOUND (Kafka's answers without online migration); an empty group of one kind
-becomes the other. A classic group's record (``{"classic": ClassicGroup.to_record()}`` under
-the same ``["g", group]`` key) is written when a generation completes (Stable, with the
-assignments) and when the group empties, as Kafka writes its GroupMetadata; a new
-coordinator resumes it Stable at that generation, members keep heartbeating.
-
-Heartbeats long-poll: a heartbeat with ``wait_ms`` that brings no news for its member is
-held up to ``wait_ms`` (a purgatory, as the fetch actor holds fetches) and answered as soon
-as the group changes for that member, so a rebalance takes round trips, not heartbeat
-intervals. A newer heartbeat of the same member answers the held one at once.
-
-The actor owns plain objects, each with its own state, handed its collaborators (the
-actor's ``Outbox`` of ``coordinator.controller_kit``, the injected ``Clock``, the other
-objects it works with) in ``on_start``; each module's opening says what it owns:
-  ``group_table``         ``GroupTable`` (groups, committed offsets, emptiness), ``TopicView``
-  ``group_leadership``    ``Leadership``: following the metadata, loading gained partitions
-                          (``offsets_replay``), unloading lost ones
-  ``group_writes``        ``GroupWriter``: appending records through the log actors; write errors
-  ``group_purgatory``     ``Purgatory``: the held heartbeats and held classic requests
-  ``group_api_consumer``  ``ConsumerApi``: CONSUMER_GROUP_HEARTBEAT
-  ``group_api_classic``   ``ClassicApi``: JOIN_GROUP, SYNC_GROUP, HEARTBEAT (the classic protocol)
-  ``group_api_offsets``   ``OffsetsApi``: OFFSET_COMMIT, OFFSET_FETCH, a transaction's offsets, expiry
-  ``group_api_admin``     ``AdminApi``: FIND_COORDINATOR, LIST/DESCRIBE/DELETE_GROUPS, LEAVE_GROUP
-  ``group_requests``      group ids, topic-partition lists (fields: ``core.fields``)
-This module keeps the assembly, the topic's creation on first use (``TopicCreation``), the
-entry point (``group_request``: queueing, the coordinator check, the dispatch table), the
-metadata messages and the tick.
+  group_request {api, body, client, peer, metadata_version}  from a request handler: the group
+      APIs (FIND_COORDINATOR, CONSUMER_GROUP_HEARTBEAT, JOIN_GROUP, SYNC_GROUP, HEARTBEAT,
+      LEAVE_GROUP, OFFSET_COMMIT, OFFSET_FETCH, LIST_GROUPS, DESCRIBE_GROUPS,
+      CONSUMER_GROUP_DESCRIBE, DELETE_GROUPS), answered straight to the client's processor
+  metadata {snapshot}  pushed by the controller; replies {version}
+  txn_offsets_end {producer_id, commit, offsets}  from a transaction coordinator; replies
+      {error_code, message} once the committed transaction's offsets are stored
+Sends: ``produce`` (acks=-1) and ``get_bounds`` to log actors, ``list_offsets`` to the fetch
+actor, ``get_metadata`` and ``create_topics`` to the controller, ``create_state_topic`` to the
+transaction coordinator, ``status`` to the supervisor.
+Invariants: the only writer of the partitions it leads; an answer that depends on a record
+goes out once the ISR has it; requests for a partition being loaded get
+COORDINATOR_LOAD_IN_PROGRESS, for one led elsewhere NOT_COORDINATOR (naming the leader).
 """
 from __future__ import annotations
 

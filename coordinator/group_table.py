@@ -8,7 +8,9 @@ no messages, no clock of their own (``now`` and ``wall`` are passed in).
 classic ones (``classic``: ``coordinator.classic_group.ClassicGroup``), the committed offsets
 (``offsets``) and when each group became empty (``empty_since``, wall ms: the retention of
 its offsets counts from then). Invariant: a group id is one group of one kind (never in both
-``groups`` and ``classic``).
+``groups`` and ``classic``): a classic JoinGroup to a KIP-848 group with members is
+INCONSISTENT_GROUP_PROTOCOL, a ConsumerGroupHeartbeat to a classic group with members
+GROUP_ID_NOT_FOUND, and an empty group of one kind becomes the other.
 ``TopicView`` owns the snapshot, its version, and the topics' partition counts and Kafka topic
 ids (KIP-848 requests name topics by id).
 """

@@ -7,11 +7,11 @@ Runs in the coordinator's process; no messages of its own. Reads the files read-
 a byte budget so a large partition loads between other messages.
 
 What cannot be read is skipped and logged (topic, partition, offset, why), never raised: one
-unreadable record must not stop a coordinator, nor the broker from starting (issue 27, item
-1). Skipped: a record the coordinator cannot parse (it calls ``skip``); a batch whose records
-do not decode (CRC, compression, record framing), by its offsets; after a batch header that
-is impossible, the rest of its segment (no framing past it can be trusted). Control batches
-(transaction markers) hold no coordinator state and are passed over quietly.
+unreadable record must not stop a coordinator, nor the broker from starting. Skipped: a record
+the coordinator cannot parse (it calls ``skip``); a batch whose records do not decode (CRC,
+compression, record framing), by its offsets; after a batch header that is impossible, the
+rest of its segment (no framing past it can be trusted). Control batches (transaction markers)
+hold no coordinator state and are passed over quietly.
 """
 from __future__ import annotations
 

@@ -1,42 +1,20 @@
 """The schema registry actor: Confluent's Schema Registry REST API on a listener of its own.
 
-Process: ``schema_registry`` (one per broker, started after the acceptor and before the
-metrics actor, so stopped just after it).
+Process: ``schema_registry`` (one per broker).
 Owns: the ``SchemaRegistry`` (``coordinator.schema_registry``, the pure state machine), the
-listener ``schema.registry.listener`` (empty: the actor idles) and its HTTP server (waitress,
-as the metrics actor's), whose WSGI application is ``coordinator.registry_http``.
-Durable form: the compacted internal topic ``_schemas`` (one partition), of which this actor
-is the only writer, through the log actor hosting it (``produce`` acks=-1). It is created
-through the controller on the first write; at start it is replayed from its files
-(``coordinator.internal_replay``: a record that cannot be read is logged and skipped) before
-the actor reports ready, so the registry answers only once it has every schema.
-
-Threads. HTTP threads never touch the registry: each request is turned into an operation
-and handed to the loop with ``post()``, awaited on a future with ``ANSWER_TIMEOUT``. On the
-loop, reads are answered at once; writes run one at a time (``_writes``, a queue): planned
-against the state, their records appended, then applied and answered, so two concurrent
-registrations never hand out one id twice.
-
-Cluster mode (``zookeeper.connect`` set): every broker serves the registry, one writes.
-``_schemas`` is created with a replication factor of up to ``REPLICATION`` (the live brokers,
-at most 3). Each broker's registry follows its own replica: every ``FOLLOW_INTERVAL`` it asks
-its log actor for the partition's bounds (``get_bounds`` of that one partition) and replays
-the new records up to the high watermark (``_follow``, ``_sync``), so reads are answered
-locally; who leads the partition it learns from the controller's metadata before each write
-(and, while it hosts no replica, every ``METADATA_INTERVAL`` and before a read when what it
-knows is older than ``FOLLOW_INTERVAL``). Writes are made by the registry of the broker leading ``_schemas``-0 only:
-before planning one it replays up to its log end (everything an earlier leader wrote that
-reached it), and it appends with acks=-1, fenced by the partition's leader epoch (a deposed
-leader's append fails); the records are applied by the replay that follows the append. A
-broker that does not lead answers ``Forward``: its HTTP thread sends the request to the
-leader's registry, whose URL every registry publishes in ZooKeeper (``ADDRESSES``,
-``{broker id: url}``). A registry that stops leading, or finds its log truncated, replays
-from the start. A broker hosting no replica forwards reads too. Until its first replay a
-broker holds reads (at most ``ANSWER_TIMEOUT``). docs/SCHEMAS.md, "Cluster mode".
-
-Sends: ``get_metadata`` and ``create_topics`` to the controller; ``get_bounds`` and
-``produce`` to the log actor hosting ``_schemas``-0. Accepts nothing but the runtime's own
-messages.
+listener ``schema.registry.listener`` (empty: the actor idles) and its HTTP server (waitress;
+WSGI application ``coordinator.registry_http``), and the registry's durable form, the
+compacted one-partition topic ``_schemas``, created through the controller on the first write.
+Accepts: nothing of its own (HTTP threads hand each operation to the loop with ``post()`` and
+wait on a future, at most ``ANSWER_TIMEOUT``).
+Sends: ``get_metadata`` and ``create_topics`` to the controller; ``get_bounds`` and ``produce``
+(acks=-1) to the log actor hosting ``_schemas``-0.
+Invariants: the only writer of ``_schemas`` (in a cluster, the registry of the broker leading
+``_schemas``-0; the others forward writes to it at the URL it publishes in ZooKeeper, and
+follow their own replica for reads: docs/SCHEMAS.md, "Cluster mode"); an append is fenced by
+the partition's leader epoch. HTTP threads never touch the registry; writes run one at a time
+on the loop (planned, appended, then applied), so no id is handed out twice. Reads are
+answered only after the first replay of ``_schemas`` (at start, before the actor is ready).
 """
 from __future__ import annotations
 

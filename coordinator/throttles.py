@@ -1,32 +1,24 @@
 """Replication throttles, the broker side: which replicas a reassignment is adding here, and
 the rates their traffic must keep to.
 
-Process: ``controller`` (a ``Throttles`` object is owned by the broker agent,
-``coordinator.broker_agent.BrokerAgent``, which the cluster's controller actor owns).
-Owns: this broker's throttle rates, ``leader.replication.throttled.rate`` and
-``follower.replication.throttled.rate`` (bytes/s): the broker config, overridden at run time
-by IncrementalAlterConfigs on the broker (``odradek reassign --execute --throttle``), which
-is kept where Kafka keeps it, ``/config/brokers/<id>``, so it outlives a restart.
-Accepts (through the actor, ``coordinator.cluster_controller``):
-  set_throttle_rates {rates: {name: bytes/s or null}}   from a handler (null: back to the
-        broker config); answered ``{}`` once recorded in ZooKeeper
-Sends ``throttle`` to the replica fetcher (the partitions this broker follows whose
-replicas here are throttled: their fetches share the follower rate) and to the fetch actor
-(the replicas of partitions led here whose fetches are throttled: what they fetch shares the
-leader rate) whenever LEADER_AND_ISR, UPDATE_METADATA (a topic's configs), STOP_REPLICA or a
-rate changes, and in full whenever either of them (re)starts (``on_members``), so a restart
-never loses them.
-
-Which replicas are throttled is Kafka's: each topic's ``leader.replication.throttled.replicas``
-and ``follower.replication.throttled.replicas`` configs, ``*`` or ``partition:broker,...``
-(``odradek reassign --execute --throttle`` sets them for the partitions it moves: the leader
-list names their current replicas, the follower list the ones being added; ``--verify``
-removes them when the moves are done). On the leader side, partition p is throttled here
-when ``p:<this broker>`` (or ``*``) is in the leader list, and then the fetches of its
-replicas outside the ISR are; on the follower side, when ``p:<this broker>`` (or ``*``) is in
-the follower list and this replica is outside the ISR. "The ISR" is the one of the
-partition's last LEADER_AND_ISR (which every move's steps send), as Kafka throttles only
-replicas out of sync.
+Process: ``controller`` (a ``Throttles`` object owned by the broker agent,
+``coordinator.broker_agent.BrokerAgent``; no messages of its own).
+Owns: this broker's ``leader.replication.throttled.rate`` and
+``follower.replication.throttled.rate`` (bytes/s): the broker config, overridden at run time by
+``set_throttle_rates {rates: {name: bytes/s or null}}`` (IncrementalAlterConfigs on the broker,
+through the actor: ``set_rates``), written where Kafka keeps them, ``/config/brokers/<id>``, so
+they outlive a restart (if ZooKeeper cannot be reached they apply until a restart).
+Sends ``throttle`` to the replica fetcher (the partitions followed here whose replica here is
+throttled: their fetches share the follower rate) and to the fetch actor (the replicas of
+partitions led here whose fetches are throttled: they share the leader rate) whenever
+LEADER_AND_ISR, UPDATE_METADATA (a topic's configs), STOP_REPLICA or a rate changes, and in
+full whenever either of them (re)starts.
+Which replicas are throttled is Kafka's rule, from each topic's
+``leader.replication.throttled.replicas`` and ``follower.replication.throttled.replicas``
+(``*`` or ``partition:broker,...``): partition p's replicas outside the ISR, on the leader side
+when ``p:<this broker>`` (or ``*``) is in the leader list; this broker's replica of p, on the
+follower side, when it is in the follower list and outside the ISR. The ISR is the one of
+p's last LEADER_AND_ISR.
 """
 from __future__ import annotations
 

@@ -1,85 +1,31 @@
 """The transaction coordinator actor: producer ids (InitProducerId) and transactions.
 
-Process: ``txn_coordinator`` (one per broker), started after the group coordinator and
-before the request handlers.
-Owns, by composition, plain objects each handed its collaborators (the actor's ``Outbox``
-of ``coordinator.controller_kit``, the wall ``clock`` in ms, the broker's ``TxnSite``):
-- ``producer_ids``, a ``coordinator.txn_producer_ids.ProducerIds``: the block of producer ids
-  handed out here and the key they are tagged with;
-- ``state``, a ``coordinator.txn_state_log.TxnStateLog``: the ``Transaction`` of every
-  transactional id coordinated here (``coordinator.transaction``, the pure state machine),
-  the leadership of ``__transaction_state`` and the writing of its records;
-- ``markers``, a ``coordinator.txn_markers.MarkerWriter``: a prepared transaction's markers,
-  the EndTxn requests waiting for them, the connections to other brokers;
-- ``pipeline``, a ``coordinator.txn_pipeline.PipelinedRequests``: each id's requests in
-  order, and an EndTxn with ``expect`` checked before it commits;
-- ``reaper``, a ``TimeoutReaper``: transactions open past their timeout aborted.
-This module keeps the API handlers: parse the request, call the part, answer.
-
-Which transactional ids (as Kafka): the coordinator of id T is the leader of
-``__transaction_state`` partition ``partition_for(T)`` (one partition on a single broker,
-``transaction.state.log.num.partitions`` in a cluster, replicated
-``transaction.state.log.replication.factor`` times). Leadership follows the metadata
-snapshot (polled from the controller every ``METADATA_REFRESH``): a partition gained is
-loaded (``get_bounds`` from its log actor, then its files replayed read-only up to the log
-end; requests for its ids meanwhile: COORDINATOR_LOAD_IN_PROGRESS), a partition lost is
-dropped (its ids' waiting EndTxn answered NOT_COORDINATOR); ids of a partition led elsewhere:
-NOT_COORDINATOR. A loaded transaction found PREPARE_COMMIT/ABORT gets its markers written
-again; one found ONGOING is aborted when its timeout passes (or when its producer
-restarts). FindCoordinator key_type 1 is answered by the group coordinator from the same
-snapshot; it asks this actor to create the topic (``create_state_topic``).
-
+Process: ``txn_coordinator`` (one per broker).
+Owns: the transactions of the transactional ids whose ``__transaction_state`` partition
+(``partition_for(id)``) this broker leads, through plain objects handed the actor's ``Outbox``,
+the wall ``clock`` (ms) and the broker's ``TxnSite``: ``ProducerIds`` (txn_producer_ids),
+``TxnStateLog`` (txn_state_log: the ``Transaction`` state machines of ``coordinator.transaction``,
+the partitions' leadership, loading and records), ``MarkerWriter`` (txn_markers),
+``PipelinedRequests`` (txn_pipeline) and ``TimeoutReaper`` (here: every
+``transaction.abort.timed.out.transaction.cleanup.interval.ms`` it aborts the transactions open
+past their ``transaction.timeout.ms``, their producer fenced). This module keeps the API
+handlers: parse the request, call the part, answer.
 Accepts:
-  txn_request {api, body}  forwarded by a request handler; answered straight to the
-        client's processor:
-        INIT_PRODUCER_ID {transactional_id, transaction_timeout_ms, producer_id, producer_epoch}
-            -> {error_code, producer_id, producer_epoch}. Without a transactional id every
-            call gets a new producer id at epoch 0 (a producer bumps its epoch itself,
-            KIP-360). With one: the transactional id's producer id, its epoch bumped (an
-            older instance is fenced: PRODUCER_FENCED); an open transaction is aborted first
-            (CONCURRENT_TRANSACTIONS meanwhile: the client retries).
-        ADD_PARTITIONS_TO_TXN (v0-3 shape: {transactional_id, producer_id, producer_epoch,
-            topics: [{name, partitions}]}) -> {results: [{name, results: [{partition_index,
-            partition_error_code}]}]}
-        ADD_OFFSETS_TO_TXN {transactional_id, producer_id, producer_epoch, group_id}
-        TXN_OFFSET_COMMIT {transactional_id, group_id, producer_id, producer_epoch, topics}: the
-            offsets are kept in the transaction (and its durable record) until it ends
-        END_TXN {transactional_id, producer_id, producer_epoch, committed} -> {error_code},
-            answered once every partition's marker is written (so a committed transaction
-            is readable by read_committed consumers when commit returns).
-        WRITE_TXN_MARKERS {broker_id, broker_epoch, markers: [[topic, partition, producer_id,
-            producer_epoch, commit, coordinator_epoch]], producer_id, commit, offsets: {group:
-            [[topic, partition, offset, leader_epoch, metadata]]}} -> {error_code, parts:
-            [[topic, partition, error_code, message]], groups: [[group, error_code, message]]}:
-            another broker's coordinator writing markers to partitions led here (and a
-            committed transaction's offsets to groups coordinated here). Cluster mode only;
-            the request is authorized as ClusterAction by the handler, and ``broker_epoch``
-            must be the live ZooKeeper registration of ``broker_id`` (as a follower's fetch,
-            log/fetch_actor.py), else STALE_BROKER_EPOCH: the identity is checked, not
-            believed.
-        LIST_TRANSACTIONS {state_filters, producer_id_filters, duration_filter} -> {error_code,
-            unknown_state_filters, transaction_states: [{transactional_id, producer_id,
-            transaction_state}]}: the ids coordinated here (a client asks every broker);
-        DESCRIBE_TRANSACTIONS {transactional_ids} -> {transaction_states: [{error_code,
-            transactional_id, transaction_state, transaction_timeout_ms,
-            transaction_start_time_ms, producer_id, producer_epoch, topics: [{topic,
-            partitions}]}]} (NOT_COORDINATOR, TRANSACTIONAL_ID_NOT_FOUND per id);
-        DESCRIBE_PRODUCERS {topics: [{name, partition_indexes}]} -> Kafka's shape, from the
-            log actors (``describe_producers``) of the partitions led here;
-        WRITE_TXN_MARKERS with ``broker_id`` -1: an operator's abort (``odradek transactions
-            abort``), abort markers only, no identity to check beyond the handler's
-            ClusterAction.
-  create_state_topic {}  (one-way, from the group coordinator's FindCoordinator)
-Sends: ``write_markers`` to the log actors hosting the transaction's partitions led here,
-WRITE_TXN_MARKERS (TCP) to the leaders of the others, ``txn_offsets_end`` to the group
-coordinator (here or, through WRITE_TXN_MARKERS, on the broker leading the group's
-``__consumer_offsets`` partition) for a committed transaction with offsets (the marker
-writer); ``produce`` (acks=all) of the transaction records, ``get_bounds`` to log actors;
-``get_metadata``, ``create_topics`` (the state log) and ``get_broker_epochs`` (the marker
-writer) to the controller; ``txn_check`` (the pipeline) and ``describe_producers`` to log
-actors. Timer: every ``transaction.abort.timed.out.transaction.cleanup.interval.ms``, the
-reaper aborts transactions open longer than their ``transaction.timeout.ms`` and fences
-their producer (epoch bumped).
+  txn_request {api, body}  from a request handler, answered straight to the client's
+      processor: INIT_PRODUCER_ID, ADD_PARTITIONS_TO_TXN, ADD_OFFSETS_TO_TXN, TXN_OFFSET_COMMIT,
+      END_TXN (answered once every marker is written), WRITE_TXN_MARKERS (another broker's
+      coordinator, or ``broker_id`` -1: an operator's abort), LIST_TRANSACTIONS,
+      DESCRIBE_TRANSACTIONS, DESCRIBE_PRODUCERS (shapes: docs/PROTOCOL.md)
+  create_state_topic {}  one-way, from the group coordinator (a FindCoordinator for a
+      transactional id before ``__transaction_state`` exists)
+Sends: ``produce`` (acks=all), ``get_bounds``, ``write_markers``, ``txn_check`` and
+``describe_producers`` to log actors; ``txn_offsets_end`` to the group coordinator;
+``get_metadata``, ``create_topics`` and ``get_broker_epochs`` to the controller;
+WRITE_TXN_MARKERS over TCP to the leaders of partitions led elsewhere.
+Invariants: requests for an id whose partition is being loaded get
+COORDINATOR_LOAD_IN_PROGRESS, led elsewhere NOT_COORDINATOR; a WRITE_TXN_MARKERS from a
+broker is served only if ``broker_epoch`` is that broker's live ZooKeeper registration
+(STALE_BROKER_EPOCH otherwise).
 """
 from __future__ import annotations
 

@@ -10,12 +10,8 @@ here), the ids whose markers are in flight (``in_flight``, the marker writer's s
 actor's ``Outbox``, ``handle(msg)`` (the actor's dispatch, for a request released) and
 ``end(msg, txn_id, pid, epoch, committed)`` (the actor's EndTxn, once the records are there).
 Sends: ``txn_check`` to the log actors of the partitions an EndTxn names.
-
-Why park: the EndTxn answer chained to the markers may reach the client before the markers'
-answer reaches the coordinator, and its next transaction must not be refused
-CONCURRENT_TRANSACTIONS for that; once one request of an id is parked, so is every later one
-(a pipelined EndTxn follows its AddPartitionsToTxn on the same connection, and must not
-overtake it).
+Invariants: an id's requests are handled in arrival order: while its markers are in flight
+they are parked, and once one is parked so is every later one (docs/DECISIONS.md).
 """
 from __future__ import annotations
 

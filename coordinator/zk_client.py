@@ -1,15 +1,11 @@
 """The controller actor's kazoo client, whose blocking calls give up.
 
-kazoo's blocking calls (``get``, ``exists``, ``create``, a transaction's ``commit``...) wait
-for their answer without a limit, and a request made while the connection is being
-re-established waits in kazoo's queue until it is. The controller actor makes such calls on
-its own loop, so a ZooKeeper that cannot be reached (a partition, a server restarting) held
-the loop past ``supervisor.liveness.timeout.ms``: the supervisor killed the actor (seen in the
-short chaos schedule, 30 s at a time), and with it this broker's session.
-
-Here every blocking call waits at most ``request_timeout`` seconds and then raises kazoo's
-``ConnectionLoss``, which every caller already treats as "ZooKeeper unreachable: not known,
-retried later". Calls given an explicit timeout and the asynchronous API are unchanged.
+Process: ``controller`` (the cluster controller actor's one ZooKeeper client).
+Invariant: every blocking call (``get``, ``exists``, ``create``, a transaction's ``commit``...)
+waits at most ``request_timeout`` seconds, then raises kazoo's ``ConnectionLoss``, which every
+caller treats as "ZooKeeper unreachable: not known, retried later", so an unreachable
+ZooKeeper never holds the actor's loop past ``supervisor.liveness.timeout.ms``. Calls given
+an explicit timeout and the asynchronous API are kazoo's, unchanged.
 """
 from __future__ import annotations
 

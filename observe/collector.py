@@ -16,9 +16,9 @@ cheaper where a broker with many partitions makes it big:
   the counters and the latency histograms (22 lines per API: most of a small broker's
   scrape). One formatted line per sample from a label string cached between scrapes (a
   partition's ``partition="3",topic="t"`` does not change), instead of
-  ``prometheus_client``'s per-sample label validation and escaping, which took two thirds
-  of a 10,000-partition scrape and half of a small broker's. The other families (gauges,
-  the actor table) go through ``generate_latest``.
+  ``prometheus_client``'s per-sample label validation and escaping (docs/BENCHMARKS.md,
+  "Metrics and console"). The other families (gauges, the actor table) go through
+  ``generate_latest``.
 """
 from __future__ import annotations
 

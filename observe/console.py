@@ -3,29 +3,20 @@
 Runs on the metrics actor's HTTP server threads. It reaches the broker two ways, never
 through the actor's sockets: ``actor.gather()`` / ``actor.status()`` / ``actor.live()``
 (handed to the actor's loop, answered by message), and the broker's own Kafka listener as
-a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool. Nothing in a
-page loads from the internet: the stylesheet and the chart script are served from
-``observe/static``.
-
-Pages: ``/`` cluster and actor tree; ``/security`` ACLs and users (added and deleted by
-those who may Alter the cluster: CreateAcls, DeleteAcls, AlterUserScramCredentials); ``/brokers``
-each live broker's listeners, replicas, leaders, under-replicated partitions and disk
-(DescribeLogDirs); ``/topics`` sizes, record counts, search, internal
-topics hidden and never deleted (create; delete with the name typed again); ``/topics/<t>``
-partitions, leaders, ISR, sizes, configs marked where set (alter); ``/topics/<t>/messages``
-the message browser (``observe.browse``: across partitions, newest or oldest first, paged);
-``/groups`` (members, lag, topics, search) and ``/groups/<g>`` (assignments, lag per
-partition; offset reset, to an offset too, with a dry run first, delete); ``/charts`` (uPlot) the last hour
-(``/api/history``, kept by ``observe.history``) then live (``/api/totals``); ``/login`` and
-``/logout``. A broker's error answer is a page with its status (404 for a missing topic or
-group, ``broker_error``), never a traceback.
-Sign-in and ACLs (``observe.signin``): when the admin listener is reachable from beyond
-loopback or the broker has SASL users, every page but ``/metrics``, ``/health/*`` and
-``/static/*`` needs a signed-in session, every POST its CSRF token, and each page and action
-what the user's ACLs allow. A signed-in user's requests to the broker go as that user
-(SASL on a SASL_PLAINTEXT listener, else a SASL_SSL one) when the broker has one, so the
-broker's own authorizer applies to them too. Without a PLAINTEXT listener the shared clients
-use an SSL one with the broker's own TLS settings. Any POST from another origin is refused, signed in or not.
+a client (``Admin``, ``GroupAdmin``, ``Consumer``), like any operator tool.
+Owns: the pages (docs/OBSERVABILITY.md, "Web console", lists them): cluster and actor tree,
+security (ACLs, users), brokers, topics and their messages (``observe.browse``; a record
+can be produced from its form), groups
+(lag, offset reset, delete), charts (``observe.history``), sign-in.
+Invariants: nothing in a page loads from the internet (``observe/static`` serves the
+stylesheet and the chart script); a broker's error answer is a page with its status (404 for
+a missing topic or group), never a traceback; internal topics are never deleted nor
+written. When the admin listener is reachable beyond loopback or the broker has SASL users
+(``observe.signin``),
+every page but ``/metrics``, ``/health/*`` and ``/static/*`` needs a signed-in session, every
+POST its CSRF token, and each page and action what the user's ACLs allow; a signed-in user's
+requests to the broker go as that user (SASL) when the broker has a SASL listener, so the
+broker's own authorizer applies too. A POST from another origin is refused, signed in or not.
 """
 from __future__ import annotations
 

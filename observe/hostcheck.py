@@ -1,23 +1,15 @@
-"""The admin listener's Host check: the defence of every HTTP request against DNS rebinding.
+"""The admin listener's Host check: the defence of every HTTP request against DNS rebinding
+(docs/DECISIONS.md says why a Host check).
 
 Runs on the metrics actor's HTTP server threads, as a WSGI middleware around the whole
 application (``/metrics``, ``/health/*``, the console, its static files and 404s alike).
 Owns nothing but the set of host names it accepts, fixed at start.
-
-Why: a web page on any site can make the visitor's browser send requests to a console on
-127.0.0.1 by making its own host name resolve to 127.0.0.1 (DNS rebinding). The browser
-then treats the console as the attacker's own origin, so an ``Origin`` check passes, and
-the open console (loopback, no SASL users: no sign-in) would do what the page asks. The one
-thing the page cannot choose is the ``Host`` header: the browser sends the attacker's host
-name. So every request whose ``Host`` is not a name this console is known by is refused
-with 421 Misdirected Request before any route runs.
-
-Accepted host names: IP address literals (a rebinding page has a DNS name, never an IP
-literal), ``localhost`` and its subdomains (RFC 6761: they resolve to loopback only), the
-``admin.listener`` host, the hosts of ``listeners`` and ``advertised.listeners``, and, when
-the admin listener is bound to every address (``0.0.0.0``/``::``), this machine's host name
-and fully qualified name. A request without a ``Host`` (HTTP/1.0 tools) is not a browser's
-and is served.
+Invariant: a request whose ``Host`` is not a name this console is known by is refused with
+421 Misdirected Request before any route runs. Accepted: IP address literals, ``localhost``
+and its subdomains (RFC 6761: loopback only), the ``admin.listener`` host, the hosts of
+``listeners`` and ``advertised.listeners``, and, when the admin listener is bound to every
+address (``0.0.0.0``/``::``), this machine's host name and fully qualified name. A request
+without a ``Host`` (HTTP/1.0 tools) is not a browser's and is served.
 """
 from __future__ import annotations
 

@@ -1,26 +1,21 @@
 """The metrics actor: Prometheus metrics, health checks and the web console over HTTP.
 
-Process: ``metrics`` (one per broker, started last, after the acceptor, so stopped first).
-Owns: the admin listener (``admin.listener``; empty turns the actor's HTTP side off), an
-HTTP server (waitress: an event loop and ``HTTP_THREADS`` workers) that serves ``/metrics``
-(Prometheus text, through ``prometheus_client``), ``/health/live``, ``/health/ready`` and
-the console (``observe.console``, behind ``observe.hostcheck``), and the charts' history.
-
-Threads. The HTTP server runs on threads of its own (its loop, its workers), and the charts'
-history sampler (``observe.history.Sampler``) on one more; they never touch this actor's
-ZeroMQ sockets or state: what needs the broker is handed to the actor's loop with
-``post()`` and awaited on a ``concurrent.futures.Future`` with a timeout. The loop never
-blocks on HTTP. The console's pages talk to the broker as a client (``Admin``,
-``Consumer`` over TCP on the broker's own listener), as any operator's tool would.
-
-Sends (at scrape time, and every 10 s for the charts' history; on the loop): ``status`` to
-the supervisor (the actor table: pids, states, restarts, RSS, CPU, messages handled) and,
-at the same time, ``_metrics`` to every actor running at the previous scrape (then to any
-the new table adds; each answers with its counters, histograms and scrape-time gauges:
+Process: ``metrics`` (one per broker, started last, so stopped first).
+Owns: the admin listener (``admin.listener``; empty turns the HTTP side off) and its HTTP
+server (waitress: a loop and ``HTTP_THREADS`` workers) serving ``/metrics`` (Prometheus text,
+``prometheus_client``), ``/health/live``, ``/health/ready`` and the console (``observe.console``
+behind ``observe.hostcheck``); the charts' history (``observe.history.Sampler``, a thread).
+Accepts:
+  loop  not a message: ``on_loop(start, timeout)`` is the HTTP threads' way onto the actor's
+      loop (``post()``, then a future awaited at most ``timeout``); a ``loop`` message would fail
+Sends (at scrape time and every ``history.INTERVAL`` for the charts): ``status`` to the
+supervisor (the actor table) and ``_metrics`` to every actor running at the previous scrape
+and any the new table adds (each answers with its counters, histograms and gauges:
 ``actors.metrics``).
-Answers that do not come within ``GATHER_TIMEOUT`` are reported as missing
-(``odradek_scrape_actor_answered 0``), never waited for longer. Accepts nothing but the
-runtime's own messages.
+Invariants: the loop never blocks on HTTP and the HTTP threads never touch its sockets or
+state; an actor that does not answer within ``GATHER_TIMEOUT`` is reported missing
+(``odradek_scrape_actor_answered 0``). The console talks to the broker as a client (``Admin``,
+``Consumer`` over its own listener).
 """
 from __future__ import annotations
 

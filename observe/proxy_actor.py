@@ -1,21 +1,17 @@
-"""The HTTP proxy actor: Confluent REST Proxy's v3 produce and v2 consumers on a listener of
-its own (docs/SCHEMAS.md, "HTTP proxy").
+"""The HTTP proxy actor: Confluent REST Proxy's v3 produce and v2 consumers on a listener of its
+own (docs/SCHEMAS.md, "HTTP proxy").
 
-Process: ``http_proxy`` (one per broker, started after the schema registry, before the
-metrics actor, so stopped just after it).
+Process: ``http_proxy`` (one per broker).
 Owns: the listener ``http.proxy.listener`` (empty: the actor idles) and its HTTP server
-(``actors.http_listener``: waitress), whose WSGI application is ``observe.proxy_http``; the
-principals' Kafka clients and the v2 consumer instances (``observe.proxy_clients``), and a
-reaper thread that closes idle ones every ``REAP_INTERVAL`` seconds.
-
-Threads. The HTTP threads serve requests with the bundled Kafka clients, which talk to this
-broker over its own listeners like any client (so SASL and ACLs apply as to any client);
-they never touch this actor's sockets. What they need from the actor's loop (the
-supervisor's ``status``: the bound listeners, the registry's address) is handed to it with
-``post()`` and awaited on a future with ``STATUS_TIMEOUT``. Schemas are read from the schema
-registry over HTTP, as a client would (the request's own ``Authorization`` passed on).
-
-Sends: ``status`` to the supervisor. Accepts nothing but the runtime's own messages.
+(``actors.http_listener``: waitress; WSGI application ``observe.proxy_http``), the principals'
+Kafka clients and v2 consumer instances (``observe.proxy_clients``), and a reaper thread that
+closes idle ones every ``REAP_INTERVAL`` seconds.
+Accepts: nothing of its own.
+Sends: ``status`` to the supervisor (the bound listeners, the registry's address), handed to the
+loop with ``post()`` and awaited at most ``STATUS_TIMEOUT``.
+Invariants: HTTP threads never touch the actor's sockets; they talk to this broker with the
+bundled clients over its own listeners, so SASL and ACLs apply as to any client, and read
+schemas from the registry over HTTP with the request's own ``Authorization``.
 """
 from __future__ import annotations
 

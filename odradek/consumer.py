@@ -1,42 +1,23 @@
-"""Consumer: reads assigned partitions with pipelined long-poll fetches.
-
-Threads: none of its own. Everything runs in the thread that calls ``poll`` (or iterates);
-**not thread-safe**, like kafka-python's consumer: use one consumer per thread.
+"""Consumer: reads assigned partitions with pipelined long-poll fetches (docs/CLIENT.md,
+"Consumer", says what each setting does and how).
 
     with Consumer("127.0.0.1:9092", auto_offset_reset="earliest") as c:
         c.assign([TopicPartition("orders", 0)])
         for record in c:              # Record(topic, partition, offset, timestamp, key, value, headers)
             ...
 
-Prefetching: each assigned partition has at most one FETCH in flight, and a new one is
-sent as soon as the previous answer's batch *headers* have been read (no record decoding
-needed to know the next offset) and before its records are decoded, as long as less than
-``max_partition_fetch_bytes`` of that partition is buffered undecoded. So the broker reads
-the next chunk while this process decodes the last one, and memory stays bounded at about
-two fetches per partition. Fetches of partitions led by one broker share one request.
-
-Decoding happens in ``poll``, batch by batch, only as far as ``max_records`` needs:
-CRC check (``check_crcs``), lz4, one ``msgpack.unpackb`` per batch, then the ``Record``
-tuples are built in bulk by C iterators (``zip``/``map`` over the decoded columns).
-
-Positions: ``position(tp)`` is the offset of the next record ``poll`` returns. A partition
-without one (just assigned, ``seek_to_beginning``/``seek_to_end``, or answered
-OFFSET_OUT_OF_RANGE) gets one from ListOffsets per ``auto_offset_reset``
-("earliest", "latest", or "none": raise ``OffsetOutOfRangeError`` from ``poll``).
-
-Fetch answers are read defensively: the last batch of a partition may be torn or
-zero-padded (ignored: the next fetch starts there), a batch may start before the fetch
-offset (its earlier records are skipped).
-
-Transactions: control batches (commit/abort markers) are never handed out. With
-``isolation_level="read_committed"`` fetches read up to the last stable offset and the
-records of aborted transactions are skipped, from the aborted ranges each fetch answer
-carries (docs/TRANSACTIONS.md).
-
-Groups: with ``group_id``, ``subscribe(topics | pattern, on_assign, on_revoke)`` joins the
-group and the coordinator assigns partitions; ``commit``/``commit_async``/``committed`` and
-auto-commit work on the group's offsets. The membership (a heartbeat thread, incremental
-reconciliation run at the start of each ``poll``) lives in ``odradek.group``.
+Threads: none of its own; everything runs in the thread that calls ``poll`` (or iterates).
+Not thread-safe: one consumer per thread.
+Owns: each assigned partition's position (``position(tp)``: the offset of the next record
+``poll`` returns; a partition without one gets it from ListOffsets per ``auto_offset_reset``),
+its fetch in flight and its undecoded buffer; with ``group_id``, the group membership
+(``odradek.group``: subscribe, heartbeats, commits).
+Invariants: at most one FETCH in flight per partition, the next sent once the last answer's
+batch headers are read, and at most ``max_partition_fetch_bytes`` of a partition buffered
+undecoded, so memory stays near two fetches per partition; records come out in offset order
+from the position on (a torn last batch is ignored, records before the position skipped);
+control batches are never returned, and with ``isolation_level="read_committed"`` nothing
+past the last stable offset nor of an aborted transaction.
 """
 from __future__ import annotations
 

@@ -1,104 +1,24 @@
-"""Producer: batches records per partition and sends them from a background thread.
-
-Threads: the caller's (``send``, ``flush``, ``close``; any number of caller threads may
-share one producer) and one **sender thread** started by the constructor, which owns
-every broker connection (a transactional producer has a third, below). Between them the record accumulator (``odradek/accumulator.py``,
-Kafka's RecordAccumulator) holds the open and closed batches under its lock; whichever
-thread closes a batch encodes it, and the sender thread (``_Sender``, handed the
-accumulator, the metadata and its settings) alone writes requests, reads answers and
-resolves futures.
+"""Producer: batches records per partition and sends them from a background thread
+(docs/CLIENT.md, "Producer", says what each setting does and how).
 
     with Producer("127.0.0.1:9092", acks=1, linger_ms=5) as p:
         handle = p.send("orders", b"value", key=b"customer-42")
         print(handle.result(timeout=10))      # RecordMetadata(topic, partition, offset, timestamp)
 
-Life of a record:
-1. ``send`` appends the value alone (a record without headers or timestamp: no object per
-   record; its key, if any, in the batch's list of keys) or a row ``(index, ts_delta, key,
-   value, headers)`` to the open batch of its partition; ``pack_rows`` turns the lists into
-   the record-batch format's msgpack at C speed. A key seen before finds its partition's
-   open batch in one lookup (``_key_memo``: key -> the accumulator's slot of the partition).
-   It returns a ``FutureRecordMetadata``, a two-slot handle
-   (batch, index) over the batch's one ``concurrent.futures.Future``.
-2. A batch closes when it reaches ``batch_size`` bytes (counted as key + value lengths plus
-   a small per-record overhead), when it is ``linger_ms`` old, or on ``flush``.
-3. The thread that closes a batch encodes it (msgpack + lz4 + CRC, ``core.records``
-   layout). The sender groups closed batches by leader into PRODUCE requests of at most
-   ``max_request_size`` bytes (several partitions, and several batches of a partition, per
-   request) and pipelines up to ``max_in_flight`` requests per broker.
-4. The answer resolves each batch's future with its base offset; a retriable error (or a
-   lost connection) requeues the batch after ``retry_backoff_ms``, at most ``retries``
-   times and never past ``delivery_timeout_ms``; a leader or topic error also refreshes
-   metadata first. Other errors fail the batch's future with the broker's error class.
-
-Partitioning: a record with a ``partition`` goes there; with a key, to
-``(murmur2(key) & 0x7fffffff) % partitions``, Kafka's default partitioner (stable across
-processes, runs and machines, and the partition a Kafka producer picks for the same key);
-without either, to the topic's *sticky*
-partition, a random one kept until its batch closes, so keyless records fill whole batches.
-
-Ordering: records of a partition land in ``send`` order, through every retry. Up to
-``max_in_flight`` requests are in flight per broker, but at most one per partition
-(``max_in_flight_per_partition``; a request carries as many of the partition's closed
-batches as fit in ``max_request_size``), so a request refused with a retriable error has no
-later batch of its partition in flight to overtake it; a batch waiting for a retry holds
-back the later batches of its partition, and a partition with a request in flight to one
-broker sends nothing to another (its new leader) until it is answered. Unlike Kafka without
-idempotence, ``max_in_flight`` > 1 does not reorder.
-
-Idempotence (``enable_idempotence``, on by default as in Kafka's producer since 3.0): the
-sender asks a broker for a producer id (InitProducerId) before its first request and stamps
-each batch, when it is first sent, with the producer id, epoch and the partition's next
-sequence number (header fields covered by the CRC: it is recomputed, no record is touched).
-A retried batch keeps its stamp, so the partition's leader recognises a retry of a batch it
-already appended (an answer lost, a connection cut, a leader that failed over) and answers
-with the original offsets instead of appending it twice. A retried batch goes alone in its
-request for its partition, first attempts may share one. OUT_OF_ORDER_SEQUENCE_NUMBER,
-UNKNOWN_PRODUCER_ID (the partition forgot the producer) and INVALID_PRODUCER_ID_MAPPING
-refuse a batch without writing it. If an earlier batch of the partition is unresolved, the
-refused one is simply sent again after it. Otherwise the partition no longer follows the
-producer's sequence and the producer bumps its epoch (KIP-360; a new producer id when the
-epoch is exhausted or refused). Each partition moves to the new epoch once none of its
-batches is in doubt (a batch in doubt is sent again with its own stamp: if it was written it
-is recognised, not written twice); then its sequence restarts at 0 and its unwritten batches
-are stamped anew. The refused partition sends nothing new until then; the others go on.
-At most 32 batches of a partition are stamped from its oldest unresolved one on (the leader
-recognises a retry among a producer's last 32). Kafka's constraints hold: idempotence needs acks=all, retries > 0 and
-``max_in_flight`` <= 5; set explicitly with anything else it is an error, left at the
-default (None) it is then simply off.
-
-Transactions (``transactional_id``; docs/TRANSACTIONS.md): ``init_transactions`` gets the
-transactional id's producer id and epoch from the coordinator (fencing older instances);
-``send`` works only between ``begin_transaction`` and ``commit_transaction`` /
-``abort_transaction``; when a partition's first batch of the transaction opens, a third
-thread (the *adder*) adds the partition to the transaction (AddPartitionsToTxn; partitions
-opened meanwhile go in one request) while the batch fills; the sender sends the partition's
-batches once the coordinator stored it (Kafka's producer adds partitions at ``send`` as
-well), or, when the partition's leader is the coordinator's broker, before the answer,
-marked ``txn_unverified``: the leader appends them only once the coordinator told it the
-partition is stored. Batches carry the transactional bit. The caller's thread sends
-AddOffsetsToTxn/TxnOffsetCommit. A commit does not wait for the produce answers before it
-ends the transaction: the sender writes EndTxn right behind the transaction's last batches,
-naming each partition's last sequence not yet acknowledged (``expect``), and the
-coordinator commits once those partitions' log actors confirm the batches are written and
-replicated (one round trip less a transaction; docs/TRANSACTIONS.md). Where that cannot
-be checked (a partition led by another broker than the coordinator) or is refused, the
-commit falls back to Kafka's order: a flush, then EndTxn once no AddPartitionsToTxn is in
-flight. An abort always takes that order. A fenced
-producer (PRODUCER_FENCED, INVALID_PRODUCER_EPOCH) is fatal: every later call raises
-``ProducerFencedError``; a failed record makes ``commit_transaction`` raise
-``TransactionAbortableError``. A transactional producer never bumps its epoch itself.
-
-Timestamps: a record sent without ``timestamp_ms`` carries the time its batch was opened
-(one clock read per batch instead of per record; at most ``linger_ms`` earlier than the
-``send`` call while the sender keeps up). ``timestamp_ms`` sets it exactly.
-
-``send`` blocks (up to ``max_block_ms``) only to learn a topic's partitions the first time
-and when ``buffer_memory`` bytes are waiting to be sent (back-pressure).
-
-Modules: this one is the API (``Producer``) and the hot path (``send``); ``producer_encoding``
-the partitioner and a batch's bytes; ``producer_sender`` the sender thread and idempotence;
-``producer_txn`` transactions. ``odradek/accumulator.py`` holds the batches between them.
+Threads: the callers' (``send``, ``flush``, ``close``; any number may share one producer), one
+sender thread, started by the constructor, that owns every broker connection, and for a
+transactional producer the *adder* thread. Between them the record accumulator
+(``odradek/accumulator.py``) holds the batches under its lock; whichever thread closes a batch
+encodes it; only the sender thread writes requests, reads answers and resolves futures (so
+``add_done_callback`` functions run on it).
+Owns: the API (``Producer``) and the hot path (``send``: a record to its partition's open
+batch, a ``FutureRecordMetadata`` back); ``producer_encoding`` has the partitioner and a
+batch's bytes, ``producer_sender`` the sender and idempotence, ``producer_txn`` transactions.
+Invariants: a partition's records land in ``send`` order through every retry; with
+idempotence (on by default) each is stored once whatever the retries; a transactional
+producer never bumps its epoch itself, and once fenced (PRODUCER_FENCED,
+INVALID_PRODUCER_EPOCH) raises ``ProducerFencedError`` on every later call; ``send`` blocks
+(at most ``max_block_ms``) only for a topic's first metadata and when ``buffer_memory`` is full.
 """
 from __future__ import annotations
 

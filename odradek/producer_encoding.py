@@ -1,4 +1,4 @@
-"""The producer's encoding (odradek/producer.py, "Life of a record" and "Partitioning"): Kafka's
+"""The producer's encoding (docs/CLIENT.md, "Producer": partitioning): Kafka's
 default partitioner (``murmur2``, ``partition_for_key``) and a batch's bytes (``encode_rows``:
 the rows packed by ``pack_rows`` as msgpack, compressed, under the ``core.records`` header and its
 CRC, or Kafka's magic-2 batch for the Kafka codecs). Runs on whichever thread closes a batch.

@@ -1,7 +1,8 @@
-"""The producer's sender thread (odradek/producer.py, "Life of a record", "Ordering" and
-"Idempotence"): ``_Sender`` drains closed batches from the accumulator, writes PRODUCE requests
-to their leaders, reads the answers and resolves the futures; ``_Idempotence`` is its producer
-id, epoch and per-partition sequences. Everything here runs on the sender thread.
+"""The producer's sender thread (docs/CLIENT.md, "Producer": its delivery, ordering and
+exactly-once paragraphs): ``_Sender`` drains closed batches from the accumulator, writes
+PRODUCE requests to their leaders, reads the answers and resolves the futures;
+``_Idempotence`` is its producer id, epoch and per-partition sequences. Everything here runs
+on the sender thread.
 """
 from __future__ import annotations
 

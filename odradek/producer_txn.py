@@ -1,5 +1,5 @@
-"""A transactional producer's state and its coordinator requests (odradek/producer.py,
-"Transactions"; docs/TRANSACTIONS.md): ``_Transactions`` runs on the caller's thread and the
+"""A transactional producer's state and its coordinator requests (docs/CLIENT.md, "Producer",
+and docs/TRANSACTIONS.md): ``_Transactions`` runs on the caller's thread and the
 *adder* thread it starts; the sender calls ``send_end`` to write a pipelined EndTxn.
 """
 from __future__ import annotations

@@ -15,16 +15,13 @@ The plan is Kafka's JSON, ``{"version": 1, "partitions": [{"topic", "partition",
 ``--generate`` places each topic as topic creation does (Kafka's assignment over the given
 brokers, rack-alternating when they all have ``broker.rack``) and prints the current
 assignment (keep it: executing it rolls back) and the proposal. ``--throttle`` (bytes/s)
-sets ``leader.replication.throttled.rate`` and ``follower.replication.throttled.rate`` on
-every live broker, and, as Kafka's tool, the moved topics' ``leader.replication.throttled.replicas``
-(each moving partition's current replicas, which serve the copy) and
-``follower.replication.throttled.replicas`` (its replicas being added), so the rate holds
-only the move's traffic. ``--verify`` removes the topics' lists once the plan's moves are
-done and the brokers' rates once nothing is moving; ``--cancel`` does both at once (as
-Kafka's without ``--preserve-throttles``). ``--verify`` asks the controller what is moving
-(ListPartitionReassignments), which lists a move until every broker's metadata shows its
-end, so the replica sets it then reads from a broker's metadata are the final ones. The
-moves themselves run in the controller (docs/REPLICATION.md).
+sets both replication throttled rates on every live broker and, as Kafka's tool, the moved
+topics' throttled replica lists (leader: each moving partition's current replicas; follower:
+those being added), so the rate holds only the move's traffic. ``--verify`` removes the lists
+once the plan's moves are done and the rates once nothing is moving; ``--cancel`` does both
+(as Kafka's without ``--preserve-throttles``). A move is listed by the controller until every
+broker's metadata shows its end, so what ``--verify`` then reads is final. The moves run in
+the controller (docs/REPLICATION.md).
 """
 from __future__ import annotations
 

@@ -1,35 +1,22 @@
-"""Writing a DataFrame to Odradek topics: streaming exactly once per micro-batch task, batch at-least-once.
+"""Writing a DataFrame to Odradek topics: streaming exactly once per micro-batch task, batch
+at-least-once (docs/PIPELINE.md, "Write options", says how).
 
 Where it runs: ``write()`` in each executor task (one ``TopicWriter`` per task: one
 connection per leader, opened on first use, closed before the task returns); ``commit`` and
-``abort`` on the driver with the tasks' ``WriteCommit`` messages.
-
+``abort`` on the driver with the tasks' ``WriteCommit`` messages (the micro-batch id and the
+offset ranges a task appended; the driver logs them and warns when a committed batch id comes
+again).
 Columns: ``value`` (binary or string) and optionally ``key`` (binary or string), ``topic``
 (string; else the ``topic`` option), ``partition`` (int; else by key hash, as the bundled
 Producer does, so a key lands on one partition whichever client wrote it; else one partition
 per chunk of keyless rows, rotating), ``headers`` (``array<struct<key: string, value: binary>>``).
-
-Delivery: each task encodes its rows into record batches per partition and sends them as
-pipelined PRODUCE requests (``kafka.acks``, default all); a retriable error or a lost
-connection resends the batch until ``kafkaProducer.retryTimeoutMs``: a batch may land twice,
-never zero times once the task succeeded. The commit protocol makes a re-run visible: every
-task returns a ``WriteCommit`` with the micro-batch id it wrote for (Spark's
-``streaming.sql.batchId``) and the offset ranges it appended; the driver logs them per batch
-id and warns when a batch id it already committed comes again. With ``batchIdHeader=NAME``
-every record also carries ``NAME = "<queryId>:<batchId>"``, so a consumer can drop a re-run
-micro-batch's duplicates (Spark re-runs a micro-batch under the same id).
-
-Exactly once (streaming, ``exactlyOnce``, on by default): each task writes its rows through a
-transactional ``Producer`` whose ``transactional.id`` is ``<transactionalIdPrefix><queryId>-<task>``
-(stable across task retries and query restarts from the checkpoint), and in the same
-transaction records the micro-batch as done: an offset ``batchId + 1`` committed for the group
-of the same name (on the first partition it wrote). A retried task (or a re-run micro-batch)
-first calls ``init_transactions``, which fences the earlier attempt and aborts whatever it left
-open, then reads that group's committed offsets: if this batch id is already recorded the rows
-are not written again. So each micro-batch's rows are visible to read_committed consumers
-exactly once, provided the source gives a micro-batch the same rows when it is re-run (as
-replayable sources do, Odradek's and Kafka's included) and the task's partitioning is the
-same. read_uncommitted consumers also see an aborted attempt's rows.
+Invariants: once a task succeeded none of its rows is lost; without ``exactlyOnce`` (and in
+batch writes) a retried batch may land twice (``batchIdHeader`` lets a consumer drop a re-run
+micro-batch's records). With ``exactlyOnce`` (streaming, the default) a task writes through a
+transactional ``Producer`` (``transactional.id`` ``<transactionalIdPrefix><queryId>-<task>``,
+stable across retries and restarts) and records the micro-batch as done in the same
+transaction (offset ``batchId + 1`` for the group of that name), so a micro-batch's rows are
+visible to read_committed consumers once, given a replayable source and the same partitioning.
 """
 from __future__ import annotations
 

@@ -7,13 +7,19 @@ loop's dispatch).
 
   latency      request/reply, one in flight: round trip; one hop = half of it
   messages/s   one-way messages with a payload, the driver keeping the peer's mailbox fed;
-               the peer acknowledges every ``--ack-every`` messages (credit), so nothing is
-               dropped and the sender never runs ahead unboundedly
+               the peer acknowledges every quarter of the driver's window (credit), so
+               nothing is dropped and the sender never runs ahead unboundedly
   bytes/s      the same stream's payload bytes per second
 
 for 100 B and 64 KiB payloads by default.
 
     python -m odradek.bench.hop [--sizes 100,65536] [--seconds 3]
+
+Accepts (``Echo``):
+  ping  + payload frame: answered with the same frames
+  data  + payload frame: counted; with {ack} answered by ``credit {count}`` to that actor
+Accepts (``Driver``):
+  credit {count}  from the echo: how many ``data`` messages it has counted
 """
 from __future__ import annotations
 

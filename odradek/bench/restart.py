@@ -16,7 +16,7 @@ checkout's interpreter measures that code on the same data ("before" and "after"
         Prints each run and the medians.
 
 Every process it starts is stopped by PID (``LocalBroker.kill``/``discard``). A tool, run by
-hand; the figures go to docs/BENCHMARKS.md (issue 18, "4. Partitions").
+hand; the figures go to docs/BENCHMARKS.md ("Latency, keyed produce, partitions", 4.).
 """
 from __future__ import annotations
 

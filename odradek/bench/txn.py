@@ -1,8 +1,7 @@
 """``odradek perf txn``: what transactions cost (docs/BENCHMARKS.md, "Exactly-once").
 
-Issue 12's goal: a transactional producer committing every 1,000 records of 100 B reaches
-300,000 records/s on one broker, with the commit latency's p50/p99 reported. Runs in the
-command's process; with no ``--bootstrap-server`` it starts one broker of its own
+A transactional producer's throughput (records/s) and its commits' latency (p50, p99). Runs
+in the command's process; with no ``--bootstrap-server`` it starts one broker of its own
 (odradek.local.LocalBroker: 127.0.0.1, an ephemeral port, a temporary directory).
 
 Each run writes ``--num-records`` records of ``--record-size`` bytes to a fresh topic of

@@ -5,8 +5,8 @@ below the healed cluster's high watermarks, ``[[partition, offset, value]]``) an
 replica comparison. Anomalies (each a count and up to ``EXAMPLES`` examples):
 
 - ``lost``: acknowledged values absent from the final read;
-- ``duplicates``: values stored at more than one offset (extra copies counted: expected
-  until the idempotent producer exists);
+- ``duplicates``: values stored at more than one offset (extra copies counted;
+  reported, not judged);
 - ``inconsistent_offsets``: an offset seen holding two values, by any observer
   (acknowledgement, any poll, the final read);
 - ``unseen``: values in the final read no group member ever polled;

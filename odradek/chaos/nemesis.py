@@ -1,41 +1,18 @@
 """The nemesis: faults injected into a running local cluster, one at a time and combined.
 
 Runs in a thread of the chaos runner's process. Owns nothing but what it breaks: it acts on
-the ``LocalCluster`` (kill, restart, pause), the ``FaultProxy`` (network rules), the broker's
-files (power loss) and a tmpfs it mounts for one broker (full disk). Every fault is a
-``Fault`` with ``start()`` and ``heal()``; both are written to the ``History`` (``fault`` /
-``heal`` events) so the report can draw them.
-
-Faults (``FAULTS``; each picks its broker from the live cluster state when it starts):
-
-- ``kill-leader`` / ``kill-follower`` / ``kill-controller``: kill -9, restart at heal;
-- ``kill-repeat``: kill -9 and restart the leader of partition 0 three times in a row;
-- ``pause-leader``: SIGSTOP of every process of the broker past the ZooKeeper session
-  timeout (a zombie leader), SIGCONT at heal;
-- ``partition-brokers``: the broker cannot reach the other brokers nor they it;
-- ``partition-oneway``: its packets to other brokers are lost, theirs to it arrive;
-- ``partition-zk``: the broker cannot reach ZooKeeper; ``partition-clients``: clients
-  cannot reach the broker (its links to brokers and ZooKeeper work);
-- ``delay``: 200 ms added to every chunk to and from the broker; ``drop``: its connections
-  reset and every new one refused;
-- ``power-loss``: kill -9, then every segment of the broker cut back to its size at its
-  last fsync (``chaos.fsync_trace``, when the runner started the brokers with it; else to
-  the recovery point in ``partition.checkpoint``, a harsher model), random garbage appended,
-  later segments removed (docs/RELIABILITY.md: the model);
-- ``power-cut``: the same, for every broker at once (frozen first, so none outlives
-  another): every partition's last in-sync replicas lose what they had not fsynced, which
-  loses nothing acknowledged with ``log.flush.before.ack`` (the default); restart at heal;
-- ``slow-disk``: the broker's log actors (the only writers of its files) are stopped
-  80 ms of every 100 ms: every write, flush and read of its partitions stalls;
-- ``full-disk``: the broker's data directory is a tmpfs the runner mounted; filled to the
-  last byte, emptied and the broker restarted at heal (Kafka takes a failed log directory
-  offline until a restart);
-- ``zk-restart``: ZooKeeper killed, started again at heal on the same port;
-- ``clock-jump``: the broker's clocks jump forward 1-10 minutes (libfaketime, only when the
-  runner started brokers with it).
-
-The schedule draws every fault once per round, in an order drawn from ``seed``. Combined faults: with ``combine`` > 0 a fault may start together with a second one that hits
-the same broker or ZooKeeper, so a majority of replicas always survives.
+the ``LocalCluster`` (kill, restart, pause), the ``FaultProxy`` (network rules), the brokers'
+files (power loss) and a tmpfs it mounts for one broker (full disk).
+Each fault of ``FAULTS`` (docs/RELIABILITY.md has the table: what each does, what heals it) is
+a ``Fault`` with ``start()`` and ``heal()``, both written to the ``History`` (``fault`` /
+``heal`` events) so the report can draw them; it picks its broker from the live cluster state
+when it starts. ``power-loss`` cuts segments back to their size at their last fsync
+(``chaos.fsync_trace``, when the runner started the brokers with it; else to the recovery
+point in ``partition.checkpoint``, a harsher model); ``clock-jump`` needs libfaketime and
+``full-disk`` the runner's tmpfs.
+The schedule draws every fault once per round, in an order drawn from ``seed``. With
+``combine`` > 0 a fault of ``COMBINABLE`` may start together with a second one on the same
+broker or ZooKeeper, so a majority of replicas survives every fault but ``power-cut``.
 """
 from __future__ import annotations
 

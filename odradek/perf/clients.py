@@ -1,41 +1,23 @@
-"""Benchmarks shaped like Kafka's perf tools: ``odradek perf produce | consume | e2e``.
+"""Benchmarks shaped like Kafka's perf tools: ``odradek perf produce | consume | e2e |
+replicated | failover | scrape`` (docs/BENCHMARKS.md has the figures and their commands).
 
-Each runs the workload against Odradek, then (when ``redis-server`` is on PATH and the
-``redis`` package is importable; neither is a dependency of Odradek) the same workload
-against Redis Streams on a redis-server it starts itself on 127.0.0.1 (ephemeral port,
-``appendonly yes``, ``appendfsync no``: a log in the page cache, like Odradek's acks=1
-without flush), and prints the ratio. ``--no-redis`` skips that part.
-
-    odradek perf produce --topic perf --num-records 2000000 --record-size 100 --throughput -1 \\
-        --producer-props acks=1 linger.ms=5 compression.type=lz4
+    odradek perf produce --local --client odradek,confluent --runs 3 --num-records 2000000
     odradek perf consume --topic perf --messages 2000000
     odradek perf e2e --topic perf-e2e --num-records 10000 --throughput 1000
     odradek perf replicated --runs 3 --cpu       # acks=all / acks=1 / RF 1 on a 3-broker local cluster
     odradek perf failover --session-timeout-ms 6000 3000 --runs 5
 
-``produce`` and ``consume`` take ``--client odradek|confluent`` (the bundled client, the
-default, or confluent-kafka through the Kafka protocol on the same listener: the same
-workload, Kafka's property names passed to librdkafka), a comma list to run several side
-by side (interleaved, ``--runs`` each, medians), ``--local`` to start a broker of their own
-for the run (127.0.0.1, temp dir, stopped after), and then report the broker's CPU (psutil
-over its process tree: ``--broker-pid`` for a running one) per produced batch and per
-record. With one partition a produce request carries one batch, so batches are counted by
-the client (the bundled producer's ``metrics()``; librdkafka's Produce request count).
-
-    odradek perf produce --local --client odradek,confluent --runs 3 --num-records 2000000 --no-redis
-    odradek perf consume --local --client odradek,confluent --runs 3 --messages 2000000 --no-redis
-
-``replicated`` and ``failover`` start their own ZooKeeper and brokers on 127.0.0.1
-(``odradek.local.LocalCluster``, data in a temp dir) and stop them in a ``finally``;
-``replicated --bootstrap-server`` uses a running cluster instead. No Redis comparison.
-
-Threads and processes: ``produce`` and ``consume`` run in this process (the Producer adds
-its sender thread). ``e2e`` produces here and consumes in a child process, so the two
-sides do not share a GIL; latency is send() to receipt, measured with CLOCK_MONOTONIC
-(shared by all processes of the host) stamped into each value's first 8 bytes.
-
-Latency in ``produce`` is sampled: every ``--latency-sample``-th record (default 100) gets
-a completion callback; each such sample is send() to acknowledgement of that record.
+``produce`` and ``consume`` run here (the Producer adds its sender thread); ``--client``
+picks the bundled client or confluent-kafka on the Kafka protocol (a comma list runs them
+interleaved, ``--runs`` each, medians); ``--local`` starts a broker of their own; they report
+the broker's CPU (psutil over its process tree) per batch and per record, and, unless
+``--no-redis``, the same workload against Redis Streams on a redis-server they start
+(``appendfsync no``: a log in the page cache). ``e2e`` consumes in a child process (no shared
+GIL); its latency is send() to receipt, from a CLOCK_MONOTONIC stamp in each value's first 8
+bytes. ``produce``'s latency is sampled: every ``--latency-sample``-th record, send() to
+acknowledgement. ``replicated`` and ``failover`` start their own ZooKeeper and brokers on
+127.0.0.1 (``odradek.local.LocalCluster``, data in a temporary directory) and stop them in a
+``finally``; ``replicated --bootstrap-server`` uses a running cluster instead.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """``odradek perf console``: how long the console's pages take on a broker with many topics
-and groups (issue 29's goal: every page under 200 ms with 1,000 topics and 100 groups).
+and groups, against the goal of every page under 200 ms (``GOAL_MS``; docs/BENCHMARKS.md,
+"Console page loads").
 
 Starts its own broker (127.0.0.1, ephemeral ports, a temp dir, stopped in a ``finally``),
 creates ``--topics`` topics (one partition each) and ``--groups`` groups (each with offsets
