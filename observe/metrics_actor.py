@@ -5,9 +5,8 @@ Owns: the admin listener (``admin.listener``; empty turns the HTTP side off) and
 server (waitress: a loop and ``HTTP_THREADS`` workers) serving ``/metrics`` (Prometheus text,
 ``prometheus_client``), ``/health/live``, ``/health/ready`` and the console (``observe.console``
 behind ``observe.hostcheck``); the charts' history (``observe.history.Sampler``, a thread).
-Accepts:
-  loop  not a message: ``on_loop(start, timeout)`` is the HTTP threads' way onto the actor's
-      loop (``post()``, then a future awaited at most ``timeout``); a ``loop`` message would fail
+Accepts: no message of its own (the runtime's). The HTTP threads reach the actor's loop with
+``run_run_on_loop(start, timeout)``: ``post()``, then a future awaited at most ``timeout``.
 Sends (at scrape time and every ``history.INTERVAL`` for the charts): ``status`` to the
 supervisor (the actor table) and ``_metrics`` to every actor running at the previous scrape
 and any the new table adds (each answers with its counters, histograms and gauges:
@@ -114,7 +113,7 @@ class MetricsActor(Actor):
         return {"admin_host": self.host, "admin_port": self.port}
 
     # ---- called from HTTP threads: hand the work to the loop, wait with a timeout ---------
-    def on_loop(self, start, timeout: float):
+    def run_on_loop(self, start, timeout: float):
         """Run ``start(done)`` on the actor's loop; it calls ``done(result)`` (or
         ``done(exception)``) when finished. Returns the result; raises TimeoutError."""
         future: concurrent.futures.Future = concurrent.futures.Future()
@@ -136,18 +135,18 @@ class MetricsActor(Actor):
     def gather(self, timeout: float = GATHER_TIMEOUT) -> Snapshot:
         """Every actor's metrics and the supervisor's table, gathered by message, and each
         actor's process times (read here, on the HTTP thread: /proc, not the loop)."""
-        snap = self.on_loop(functools.partial(self._gather, timeout), timeout * 2 + 1.0)
+        snap = self.run_on_loop(functools.partial(self._gather, timeout), timeout * 2 + 1.0)
         snap.processes = self._processes.read(snap.status.get("actors") or ())
         return snap
 
     def status(self, timeout: float = 2.0) -> dict:
         """The supervisor's ``status`` (the actor tree, the broker's address)."""
-        return self.on_loop(functools.partial(self._ask_status, timeout), timeout + 1.0)
+        return self.run_on_loop(functools.partial(self._ask_status, timeout), timeout + 1.0)
 
     def live(self) -> bool:
         """True if the loop runs a posted callback within LIVE_TIMEOUT."""
         try:
-            return self.on_loop(lambda done: done(True), LIVE_TIMEOUT)
+            return self.run_on_loop(lambda done: done(True), LIVE_TIMEOUT)
         except TimeoutError:
             return False
 
