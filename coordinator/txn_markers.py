@@ -22,7 +22,7 @@ import threading
 from typing import Callable
 
 from odradek.actors.message import REPLY, Message
-from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, chain_sent, log_host
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, PartOutcome, TxnMarker, chain_sent, log_host
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState
@@ -166,10 +166,10 @@ class MarkerWriter:
                 self.state.refresh_metadata()  # a topic newer than our snapshot: retried with the next one
             elif at == site.broker_id:
                 local.setdefault(log_host(topic, partition, site.log_hosts), []).append(
-                    [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
+                    TxnMarker(topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch))
             elif at >= 0:
                 remote.setdefault(at, {"markers": [], "offsets": {}})["markers"].append(
-                    [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
+                    TxnMarker(topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch))
         return local, remote, nothing, unrouted
 
     def write(self, t: Transaction, chain: list | None = None, end: Message | None = None) -> bool:
@@ -370,12 +370,12 @@ class MarkerWriter:
         self.broker_epoch(broker, lambda known: checked(known) if known == claimed
                           else self.broker_epoch(broker, checked, refresh=True))
 
-    def write_here(self, msg: Message, markers: list, offsets: dict, commit: bool, producer_id) -> None:
+    def write_here(self, msg: Message, markers: list[TxnMarker], offsets: dict, commit: bool, producer_id) -> None:
         """Markers written by the log actors leading their partitions here, and offsets stored
         by this broker's group coordinator; ``msg`` answered with each one's outcome."""
         per_host: dict[str, list] = {}
         for m in markers:
-            per_host.setdefault(log_host(m[0], m[1], self.site.log_hosts), []).append(m)
+            per_host.setdefault(log_host(m.topic, m.partition, self.site.log_hosts), []).append(m)
         out = {"parts": [], "groups": []}
         left = {"n": len(per_host) + (1 if offsets else 0)}
 
@@ -386,7 +386,7 @@ class MarkerWriter:
 
         def logs_answered(reply: Message, sent: list) -> None:
             if reply.is_error:
-                out["parts"] += [[m[0], m[1], reply.error_code, reply.error_message] for m in sent]
+                out["parts"] += [PartOutcome(m.topic, m.partition, reply.error_code, reply.error_message) for m in sent]
             else:
                 out["parts"] += [list(p) for p in reply.get("parts") or ()]
             one_done()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
+from odradek.actors.names import TxnCheck, TxnMarker
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter
@@ -137,8 +138,8 @@ def test_markers_go_to_the_local_log_actor_or_the_partitions_leader_and_a_delete
     rec, state, markers, _released = marker_writer(clock)
     t = prepared(state, clock, [("t", 0), ("t", 1), ("gone", 0)])
     local, remote, nothing, unrouted = markers.route(t, True)
-    assert local == {"log-0": [["t", 0, t.producer_id, t.epoch, True, 3]]}
-    assert remote == {2: {"markers": [["t", 1, t.producer_id, t.epoch, True, 3]], "offsets": {}}}
+    assert local == {"log-0": [TxnMarker("t", 0, t.producer_id, t.epoch, True, 3)]}
+    assert remote == {2: {"markers": [TxnMarker("t", 1, t.producer_id, t.epoch, True, 3)], "offsets": {}}}
     assert nothing == [] and not unrouted  # "gone" is newer than the snapshot: asked again
     assert [r[1] for r in rec.requests] == ["get_metadata"]
     clock.now += 5000
@@ -154,7 +155,8 @@ def test_markers_written_complete_the_transaction_answer_its_end_txn_and_release
     markers.wait_end("t1", end)
     assert markers.write(t) and markers.in_flight == {"t1"}
     (to, type_, fields, answered), = rec.requests
-    assert (to, type_, fields["markers"]) == ("log-0", "write_markers", [["t", 0, t.producer_id, t.epoch, True, 3]])
+    assert (to, type_, fields["markers"]) == ("log-0", "write_markers",
+                                              [TxnMarker("t", 0, t.producer_id, t.epoch, True, 3)])
     answered(Message("_reply", 1, None, {"parts": [["t", 0, 0, ""]]}))
     assert t.state == TxnState.COMPLETE_COMMIT and markers.in_flight == set() and released == ["t1"]
     assert rec.replies == [(end, {"body": {"error_code": 0}})] and "t1" in state.complete_due
@@ -239,7 +241,8 @@ def test_an_end_txn_whose_records_are_not_all_there_fails_concurrent_transaction
         p.checks_for("t1", t.producer_id, t.epoch, [["c", 0, 4]])
     assert outside.value.code == ErrorCode.INVALID_TXN_STATE
     checks = p.checks_for("t1", t.producer_id, t.epoch, [["a", 0, 4], ["b", 0, 9]])
-    assert checks == {"log-0": [["a", 0, t.producer_id, t.epoch, 4], ["b", 0, t.producer_id, t.epoch, 9]]}
+    assert checks == {"log-0": [TxnCheck("a", 0, t.producer_id, t.epoch, 4),
+                                TxnCheck("b", 0, t.producer_id, t.epoch, 9)]}
     end = request(ApiKey.END_TXN, "t1")
     p.check_then_end(end, "t1", t.producer_id, t.epoch, checks)
     assert p.park(ApiKey.TXN_OFFSET_COMMIT, {"transactional_id": "t1"}, request(ApiKey.TXN_OFFSET_COMMIT, "t1"))
