@@ -297,3 +297,21 @@ def test_the_actor_hands_its_parts_the_same_clock_outbox_and_state():
     assert c.markers.state is c.state and c.pipeline.state is c.state and c.reaper.txns is c.state.txns
     assert c.pipeline.in_flight is c.markers.in_flight
     assert c.state.clock is clock and c.markers.clock is clock and c.reaper.clock is clock
+
+
+def test_write_txn_markers_reads_each_marker_by_name_and_refuses_one_that_is_not_a_marker():
+    c = TxnCoordinator("txn_coordinator", "/nonexistent")
+    rec, clock = Recorder(), Clock()
+    c.site = TxnSite(1, False, "/nonexistent", 1)
+    c.assemble(rec.outbox, clock, ProducerIds.__new__(ProducerIds), None, 900000)
+    msg = request(ApiKey.WRITE_TXN_MARKERS, "")
+    for bad in (["t", 0, 5, 0, False], ["t", 0, 5, 0, 0, 0], ("t", 0, 5, 0, False, 0), "t"):
+        with pytest.raises(OdradekError) as refused:
+            c.write_txn_markers(msg, {"broker_id": -1, "markers": [bad]})
+        assert refused.value.code == ErrorCode.INVALID_REQUEST and "each marker must be" in refused.value.message
+    with pytest.raises(OdradekError) as commit:  # an operator may abort only
+        c.write_txn_markers(msg, {"broker_id": -1, "markers": [["t", 0, 5, 0, True, 0]]})
+    assert commit.value.code == ErrorCode.INVALID_REQUEST and "only write abort markers" in commit.value.message
+    c.write_txn_markers(msg, {"broker_id": -1, "producer_id": 5, "markers": [["t", 0, 5, 0, False, 0]]})
+    (to, type_, fields, _callback), = rec.requests
+    assert (to, type_) == ("log-0", "write_markers") and fields["markers"] == [TxnMarker("t", 0, 5, 0, False, 0)]
