@@ -93,8 +93,8 @@ from odradek.log.log import Log
 from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
 from odradek.actors.names import PartOutcome, TxnAdded, TxnCheck, TxnMarker
-from odradek.log.txn_partition import MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend, \
-    TxnPartition
+from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
+                                       TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.log")
@@ -211,12 +211,12 @@ class DelayedProduce:
 
 class DelayedMarkers(DelayedProduce):
     """Transaction markers written with acks=all (``write_markers {acks: -1}``), waiting for
-    the high watermark as an acks=all produce does; answered ``{parts: [[topic, partition,
-    code, message]]}``. ``results`` is the list of per-marker entries."""
+    the high watermark as an acks=all produce does; answered ``{parts: [PartOutcome]}``.
+    ``results`` is the list of per-marker entries."""
     __slots__ = ()
 
     def body(self) -> dict:
-        return {"parts": [[e["topic"], e["partition"], e["error_code"], e.get("error_message", "")]
+        return {"parts": [PartOutcome(e["topic"], e["partition"], e["error_code"], e.get("error_message", ""))
                           for e in self.results]}
 
 
@@ -1023,7 +1023,7 @@ class LogActor(Actor):
             held = p.txn.not_leading()
             if held:
                 self._release_held(p, held, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                                     f"{p.topic}-{p.partition}: leadership moved to broker {leader}"))
+                                             f"{p.topic}-{p.partition}: leadership moved to broker {leader}"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                            f"{p.topic}-{p.partition}: leadership moved to broker {leader} before "
