@@ -220,6 +220,19 @@ class PartOutcome(NamedTuple):
     message: str
 
 
+class Chained(NamedTuple):
+    """A message a log actor sends on its requester's behalf (``reply_to``: the requester)
+    once the produce or write_markers carrying it (``then: [Chained]``) is written
+    (``chain_sent``): ``corr`` is the requester's correlation id for the answer it expects,
+    or of its own requester's request when ``type`` is the runtime's reply
+    (``Actor.answer_chained``)."""
+
+    to: str
+    type: str
+    fields: dict
+    corr: int
+
+
 def chain_sent(answer: dict) -> bool:
     """Whether a log actor's answer to a produce or write_markers carrying ``then`` means it
     sent those chained messages: every partition written (a write_markers answer is ``{parts:

@@ -88,7 +88,7 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, TxnAdded, TxnMarker, log_host
+from odradek.actors.names import CONTROLLER, Chained, TxnAdded, TxnMarker, log_host
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
@@ -338,7 +338,7 @@ class TxnCoordinator(Actor):
                 continue
             per_host.setdefault(log_host(topic, partition, self.site.log_hosts), []).append(
                 TxnAdded(topic, partition, t.producer_id, t.epoch))
-        return [[host, "txn_added", {"parts": parts}, 0] for host, parts in per_host.items()]
+        return [Chained(host, "txn_added", {"parts": parts}, 0) for host, parts in per_host.items()]
 
     def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = (_name(body, "transactional_id"), field(body, "producer_id", int),

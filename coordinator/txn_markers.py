@@ -22,7 +22,7 @@ import threading
 from typing import Callable
 
 from odradek.actors.message import REPLY, Message
-from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, PartOutcome, TxnMarker, chain_sent, log_host
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, Chained, PartOutcome, TxnMarker, chain_sent, log_host
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState
@@ -119,9 +119,9 @@ class MarkerWriter:
     def forget_chained(self, chain: list) -> None:
         """Chained messages that will not be sent: forget the requests among them (an answer
         to our requester carries the requester's correlation id, not one of ours)."""
-        for item in chain:
-            if item[1] != REPLY:
-                self.outbox.cancel_request(item[3])
+        for item in map(Chained._make, chain):
+            if item.type != REPLY:
+                self.outbox.cancel_request(item.corr)
 
     # ---- writing them ------------------------------------------------------------------------
     def route(self, t: Transaction, commit: bool) -> tuple[dict, dict, list, bool]:
@@ -262,7 +262,8 @@ class MarkerWriter:
             if chain is None:
                 self.outbox.request(host, type_, fields, callback=local_answered, timeout=MARKER_TIMEOUT)
             else:
-                chain.append([host, type_, fields, self.outbox.expect(local_answered, host, type_, MARKER_TIMEOUT)])
+                chain.append(Chained(host, type_, fields, self.outbox.expect(local_answered, host, type_,
+                                                                             MARKER_TIMEOUT)))
 
         def remote_answered(broker: int, body: dict | None, error: OdradekError | None) -> None:
             if error is not None:

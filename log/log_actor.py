@@ -92,7 +92,7 @@ from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
-from odradek.actors.names import PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.actors.names import Chained, PartOutcome, TxnAdded, TxnCheck, TxnMarker
 from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
                                        TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
@@ -1307,7 +1307,7 @@ class LogActor(Actor):
                 self._send_chained(msg, fields)
 
     def _send_chained(self, msg: Message, answer: dict) -> None:
-        """A produce or write_markers with ``then: [[to, type, fields, corr], ...]`` (the
+        """A produce or write_markers with ``then: [Chained]`` (the
         transaction coordinator's records and markers): once every partition of it is written
         (and, acks=all, replicated), send those messages on the requester's behalf, answered
         to it under its ``corr`` (its next requests: the markers after the PREPARE record), or
@@ -1317,15 +1317,15 @@ class LogActor(Actor):
         if not chain_sent(answer) or not msg.reply_to:
             return
         for item in msg.fields["then"]:
-            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
-                    and isinstance(item[1], str) and isinstance(item[2], dict) and isinstance(item[3], int)):
+            c = Chained._make(item) if isinstance(item, list) and len(item) == len(Chained._fields) else None
+            if c is None or not (isinstance(c.to, str) and isinstance(c.type, str) and isinstance(c.fields, dict)
+                                 and isinstance(c.corr, int)):
                 log.error("%s: dropping a malformed chained message from %s: %r", self.name, msg.reply_to, item)
                 continue
-            to, type_, fields, corr = item
             try:
-                self.send(to, type_, fields, corr=corr, reply_to=msg.reply_to)
+                self.send(c.to, c.type, c.fields, corr=c.corr, reply_to=msg.reply_to)
             except MailboxFull:  # the requester's timeout retries it
-                log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, type_, to)
+                log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, c.type, c.to)
 
     # ---- timers ------------------------------------------------------------------------
     def _each(self, what: str, fn, changes_bounds: bool = True, keys: list | None = None, start: int = 0) -> None:
