@@ -160,13 +160,72 @@ class ThrottledReplica(NamedTuple):
     replica: int
 
 
+# The transaction coordinator's parts (docs/TRANSACTIONS.md, "The commit path"): not on the
+# per-record path, so a receiver rebuilds each entry with ``T._make`` (which refuses a wrong
+# number of fields) and reads it by name.
+class TxnMarker(NamedTuple):
+    """A commit or abort marker for one partition: ``write_markers {markers: [TxnMarker]}``
+    (coordinator -> log actor) and WRITE_TXN_MARKERS' ``markers`` (broker -> broker)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+
+
+class TxnAdded(NamedTuple):
+    """The coordinator stored ``topic-partition`` in the producer's open transaction:
+    ``txn_added {parts: [TxnAdded]}`` (one-way, coordinator -> log actor, chained)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+
+
+class TxnCheck(NamedTuple):
+    """Are the producer's batches through ``last_seq`` written and replicated here, in its
+    open transaction? ``txn_check {parts: [TxnCheck], wait_ms}`` (coordinator -> log actor)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    last_seq: int
+
+
+class PartOutcome(NamedTuple):
+    """A log actor's answer for one partition of ``write_markers`` or ``txn_check``
+    (``{parts: [PartOutcome]}``): ``code`` 0 and ``message`` "" when it was done."""
+
+    topic: str
+    partition: int
+    code: int
+    message: str
+
+
+class Chained(NamedTuple):
+    """A message a log actor sends on its requester's behalf (``reply_to``: the requester)
+    once the produce or write_markers carrying it (``then: [Chained]``) is written
+    (``chain_sent``): ``corr`` is the requester's correlation id for the answer it expects,
+    or of its own requester's request when ``type`` is the runtime's reply
+    (``Actor.answer_chained``)."""
+
+    to: str
+    type: str
+    fields: dict
+    corr: int
+
+
 def chain_sent(answer: dict) -> bool:
     """Whether a log actor's answer to a produce or write_markers carrying ``then`` means it
     sent those chained messages: every partition written (a write_markers answer is ``{parts:
-    [[topic, partition, code, message]]}``, at least one; a produce's, Kafka's ``{body}``)."""
+    [PartOutcome]}``, at least one; a produce's, Kafka's ``{body}``)."""
     try:
         if "parts" in answer:
-            return bool(answer["parts"]) and all(part[2] == 0 for part in answer["parts"])
+            return bool(answer["parts"]) and all(PartOutcome._make(part).code == 0 for part in answer["parts"])
         return all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
     except (KeyError, TypeError, IndexError):
         return False

@@ -34,7 +34,7 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, log_host
+from odradek.actors.names import CONTROLLER, Chained, TxnAdded, TxnMarker, log_host
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
@@ -64,6 +64,16 @@ def _name(body: dict, name: str) -> str:
     if not value:
         raise BadRequest(f"field '{name}' must not be empty")
     return value
+
+
+def _marker(entry) -> TxnMarker:
+    """One of WRITE_TXN_MARKERS' ``markers``, read by name (INVALID_REQUEST if it is not one)."""
+    m = TxnMarker._make(entry) if isinstance(entry, list) and len(entry) == len(TxnMarker._fields) else None
+    if m is None or not (isinstance(m.topic, str) and isinstance(m.commit, bool) and all(
+            isinstance(x, int) for x in (m.partition, m.producer_id, m.producer_epoch, m.coordinator_epoch))):
+        raise OdradekError(f"each marker must be [topic, partition, producer_id, producer_epoch, commit, "
+                           f"coordinator_epoch], got {entry!r}", ErrorCode.INVALID_REQUEST)
+    return m
 
 
 class TimeoutReaper:
@@ -273,8 +283,8 @@ class TxnCoordinator(Actor):
             if topic == OFFSETS_TOPIC or not self.state.leads(topic, partition):
                 continue
             per_host.setdefault(log_host(topic, partition, self.site.log_hosts), []).append(
-                [topic, partition, t.producer_id, t.epoch])
-        return [[host, "txn_added", {"parts": parts}, 0] for host, parts in per_host.items()]
+                TxnAdded(topic, partition, t.producer_id, t.epoch))
+        return [Chained(host, "txn_added", {"parts": parts}, 0) for host, parts in per_host.items()]
 
     def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = (_name(body, "transactional_id"), field(body, "producer_id", int),
@@ -362,13 +372,9 @@ class TxnCoordinator(Actor):
         markers, offsets = body.get("markers") or [], body.get("offsets") or {}
         if not isinstance(markers, list) or not isinstance(offsets, dict):
             raise OdradekError("markers must be a list and offsets a map", ErrorCode.INVALID_REQUEST)
-        for m in markers:
-            if not (isinstance(m, list) and len(m) == 6 and isinstance(m[0], str)
-                    and all(isinstance(x, int) for x in (m[1], m[2], m[3], m[5])) and isinstance(m[4], bool)):
-                raise OdradekError(f"each marker must be [topic, partition, producer_id, producer_epoch, commit, "
-                                   f"coordinator_epoch], got {m!r}", ErrorCode.INVALID_REQUEST)
+        markers = [_marker(m) for m in markers]
         if broker == -1:  # an operator's abort of a hanging transaction (odradek transactions abort)
-            if body.get("commit") or offsets or any(m[4] for m in markers):
+            if body.get("commit") or offsets or any(m.commit for m in markers):
                 raise OdradekError("broker_id -1 (an operator, not a broker) may only write abort markers, "
                                    "without offsets", ErrorCode.INVALID_REQUEST)
             log.info("operator abort: markers %s", markers)

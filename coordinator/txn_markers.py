@@ -22,7 +22,7 @@ import threading
 from typing import Callable
 
 from odradek.actors.message import REPLY, Message
-from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, chain_sent, log_host
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, Chained, PartOutcome, TxnMarker, chain_sent, log_host
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState
@@ -119,9 +119,9 @@ class MarkerWriter:
     def forget_chained(self, chain: list) -> None:
         """Chained messages that will not be sent: forget the requests among them (an answer
         to our requester carries the requester's correlation id, not one of ours)."""
-        for item in chain:
-            if item[1] != REPLY:
-                self.outbox.cancel_request(item[3])
+        for item in map(Chained._make, chain):
+            if item.type != REPLY:
+                self.outbox.cancel_request(item.corr)
 
     # ---- writing them ------------------------------------------------------------------------
     def route(self, t: Transaction, commit: bool) -> tuple[dict, dict, list, bool]:
@@ -166,10 +166,10 @@ class MarkerWriter:
                 self.state.refresh_metadata()  # a topic newer than our snapshot: retried with the next one
             elif at == site.broker_id:
                 local.setdefault(log_host(topic, partition, site.log_hosts), []).append(
-                    [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
+                    TxnMarker(topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch))
             elif at >= 0:
                 remote.setdefault(at, {"markers": [], "offsets": {}})["markers"].append(
-                    [topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch])
+                    TxnMarker(topic, partition, t.producer_id, t.epoch, commit, coordinator_epoch))
         return local, remote, nothing, unrouted
 
     def write(self, t: Transaction, chain: list | None = None, end: Message | None = None) -> bool:
@@ -262,7 +262,8 @@ class MarkerWriter:
             if chain is None:
                 self.outbox.request(host, type_, fields, callback=local_answered, timeout=MARKER_TIMEOUT)
             else:
-                chain.append([host, type_, fields, self.outbox.expect(local_answered, host, type_, MARKER_TIMEOUT)])
+                chain.append(Chained(host, type_, fields, self.outbox.expect(local_answered, host, type_,
+                                                                             MARKER_TIMEOUT)))
 
         def remote_answered(broker: int, body: dict | None, error: OdradekError | None) -> None:
             if error is not None:
@@ -370,12 +371,12 @@ class MarkerWriter:
         self.broker_epoch(broker, lambda known: checked(known) if known == claimed
                           else self.broker_epoch(broker, checked, refresh=True))
 
-    def write_here(self, msg: Message, markers: list, offsets: dict, commit: bool, producer_id) -> None:
+    def write_here(self, msg: Message, markers: list[TxnMarker], offsets: dict, commit: bool, producer_id) -> None:
         """Markers written by the log actors leading their partitions here, and offsets stored
         by this broker's group coordinator; ``msg`` answered with each one's outcome."""
         per_host: dict[str, list] = {}
         for m in markers:
-            per_host.setdefault(log_host(m[0], m[1], self.site.log_hosts), []).append(m)
+            per_host.setdefault(log_host(m.topic, m.partition, self.site.log_hosts), []).append(m)
         out = {"parts": [], "groups": []}
         left = {"n": len(per_host) + (1 if offsets else 0)}
 
@@ -386,7 +387,7 @@ class MarkerWriter:
 
         def logs_answered(reply: Message, sent: list) -> None:
             if reply.is_error:
-                out["parts"] += [[m[0], m[1], reply.error_code, reply.error_message] for m in sent]
+                out["parts"] += [PartOutcome(m.topic, m.partition, reply.error_code, reply.error_message) for m in sent]
             else:
                 out["parts"] += [list(p) for p in reply.get("parts") or ()]
             one_done()

@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import log_host
+from odradek.actors.names import TxnCheck, log_host
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import TxnState
 from odradek.coordinator.txn_state_log import TxnStateLog
@@ -75,7 +75,7 @@ class PipelinedRequests:
     def checks_for(self, txn_id: str, pid: int, epoch: int, expect) -> dict:
         """``expect``: ``[[topic, partition, last_seq]]``, the partitions whose produce answers
         the client had not received when it sent EndTxn, each with the last sequence it sent
-        there. Returns ``{log host: [[topic, partition, pid, epoch, last_seq]]}`` to check
+        there. Returns ``{log host: [TxnCheck]}`` to check
         before committing, {} if the transaction is not open (the usual EndTxn path answers:
         a retry, a fenced producer). Every partition must be in the transaction and led by
         this broker (else CONCURRENT_TRANSACTIONS: the client waits for its answers and ends
@@ -104,7 +104,7 @@ class PipelinedRequests:
                                    f"here; end the transaction again once they are acknowledged",
                                    ErrorCode.CONCURRENT_TRANSACTIONS)
             by_host.setdefault(log_host(topic, partition, self.state.site.log_hosts), []).append(
-                [topic, partition, pid, epoch, last_seq])
+                TxnCheck(topic, partition, pid, epoch, last_seq))
         return by_host
 
     def check_then_end(self, msg: Message, txn_id: str, pid: int, epoch: int, by_host: dict) -> None:

@@ -199,8 +199,8 @@ class TxnStateLog:
     def persist(self, t: Transaction, then, fail, attempt: int = 0, chain: list | None = None) -> None:
         """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
         could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE, or
-        NOT_COORDINATOR once leadership moved). ``chain``: messages (``[to, type, fields,
-        corr]``: requests whose answers are ``expect``-ed here, or the answer to one of our
+        NOT_COORDINATOR once leadership moved). ``chain``: messages (``actors.names.Chained``:
+        requests whose answers are ``expect``-ed here, or the answer to one of our
         requesters, ``answer_chained``) the log actor sends once the record is
         stored, none if it is not (``fail`` then forgets them)."""
         if not self.partitions:

@@ -44,9 +44,11 @@ from odradek.core.errors import StorageError
 from odradek.log.epochs import epoch_mismatch
 from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
-from odradek.core.records import (HEADER_SIZE, LOG_OVERHEAD, OFFSET_ATTRIBUTES, OFFSET_LENGTH,
-                                 OFFSET_PRODUCER_EPOCH, OFFSET_PRODUCER_ID, TRANSACTIONAL_BIT, BatchHeader)
+from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
+from odradek.actors.names import Chained, PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
+                                       TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
 
 log = logging.getLogger("odradek.log")
@@ -55,10 +57,6 @@ CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
 SYNC_THREADS = 4  # group commits in flight at once, of different partitions (each mostly waits in fsync)
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
-MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
-TXN_HOLD = 2.0  # seconds a batch sent before its partition's AddPartitionsToTxn was stored waits for the word
-_ATTRIBUTES = struct.Struct(">h")  # at OFFSET_ATTRIBUTES
-_EPOCH = struct.Struct(">h")  # at OFFSET_PRODUCER_EPOCH
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 _BATCH_LENGTH = struct.Struct(">i")  # at OFFSET_LENGTH
 _PRODUCER_ID = struct.Struct(">q")  # at OFFSET_PRODUCER_ID
@@ -123,7 +121,7 @@ class PartitionLog:
     """One hosted partition: its log and its replica state."""
     __slots__ = ("topic", "partition", "topic_id", "log", "leader", "leader_epoch", "isr", "replicas",
                  "zk_version", "followers", "waiting", "isr_change_in_flight", "pending_isr", "high_watermark_floor",
-                 "txn_checks", "txn_added", "held", "on_synced")
+                 "txn", "on_synced")
 
     def __init__(self, topic: str, partition: int, topic_id: str, log_: Log):
         self.topic, self.partition, self.topic_id, self.log = topic, partition, topic_id, log_
@@ -144,12 +142,9 @@ class PartitionLog:
         # "latest" is not answered (KIP-207's OFFSET_NOT_AVAILABLE), never an offset that went
         # back. -1 when following.
         self.high_watermark_floor = -1
-        self.txn_checks: list = []  # [(producer id, epoch, last sequence, DelayedTxnCheck, row)] waiting here
-        # the coordinator's word that a producer's open transaction holds this partition
-        # (``txn_added``: producer id -> epoch), and the batches sent before that word came
-        # (``held``: [HeldAppend]); docs/TRANSACTIONS.md, "The commit path"
-        self.txn_added: dict[int, int] = {}
-        self.held: list = []
+        # the transaction work of the partition: the coordinator's txn_added words, the batches
+        # held for them, the txn_checks waiting here (docs/TRANSACTIONS.md, "The commit path")
+        self.txn = TxnPartition(topic, partition, log_)
         # [(offset, callback(error))]: run once the log is fsynced past ``offset`` (or with the
         # error of a failed fsync): acks=1 produces, a follower's replicate answer
         self.on_synced: list = []
@@ -170,35 +165,13 @@ class DelayedProduce:
 
 class DelayedMarkers(DelayedProduce):
     """Transaction markers written with acks=all (``write_markers {acks: -1}``), waiting for
-    the high watermark as an acks=all produce does; answered ``{parts: [[topic, partition,
-    code, message]]}``. ``results`` is the list of per-marker entries."""
+    the high watermark as an acks=all produce does; answered ``{parts: [PartOutcome]}``.
+    ``results`` is the list of per-marker entries."""
     __slots__ = ()
 
     def body(self) -> dict:
-        return {"parts": [[e["topic"], e["partition"], e["error_code"], e.get("error_message", "")]
+        return {"parts": [PartOutcome(e["topic"], e["partition"], e["error_code"], e.get("error_message", ""))
                           for e in self.results]}
-
-
-class HeldAppend:
-    """A transactional batch whose producer sent it before knowing the partition is in its
-    transaction (``txn_unverified``): appended once the coordinator's ``txn_added`` comes,
-    refused (retriable) after ``TXN_HOLD``. ``entry`` is its row of the produce's answer."""
-    __slots__ = ("pid", "epoch", "batch", "delayed", "entry", "timer")
-
-    def __init__(self, pid: int, epoch: int, batch, delayed: DelayedProduce, entry: dict):
-        self.pid, self.epoch, self.batch, self.delayed, self.entry = pid, epoch, batch, delayed, entry
-        self.timer = None
-
-
-class DelayedTxnCheck:
-    """A ``txn_check`` (the transaction coordinator's, before it commits a transaction the
-    client ended without waiting for its produce answers) waiting for some of its partitions.
-    ``rows``: ``[topic, partition, code, message]`` each, answered together; ``waiting_on``:
-    the partitions it still waits in."""
-    __slots__ = ("msg", "rows", "waiting_on", "timer")
-
-    def __init__(self, msg: Message):
-        self.msg, self.rows, self.waiting_on, self.timer = msg, [], [], None
 
 
 class LogActor(Actor):
@@ -381,42 +354,36 @@ class LogActor(Actor):
         close it (a hanging transaction, KIP-890). Returns the answer row, filled in later,
         if the batch is held; None to append it now."""
         p = self._partition((topic, partition))
-        if p is None or p.leader != self.broker_id or len(batch) < HEADER_SIZE:
+        if p is None or p.leader != self.broker_id:
             return None  # the usual append answers
-        mv = memoryview(batch)
-        pid = _PRODUCER_ID.unpack_from(mv, OFFSET_PRODUCER_ID)[0]
-        epoch = _EPOCH.unpack_from(mv, OFFSET_PRODUCER_EPOCH)[0]
-        if pid < 0 or not _ATTRIBUTES.unpack_from(mv, OFFSET_ATTRIBUTES)[0] & TRANSACTIONAL_BIT \
-                or p.txn_added.get(pid) == epoch:
+        producer = p.txn.must_hold(batch)
+        if producer is None:
             return None
-        e = p.log.producers.get(pid)
-        if e is not None and e.txn_first_offset >= 0 and e.epoch == epoch and not any(h.pid == pid for h in p.held):
-            return None  # its transaction is open here already: the coordinator stored the partition
+        pid, epoch = producer
         entry = {"index": partition, "error_code": 0}
         held = HeldAppend(pid, epoch, batch, delayed, entry)
         held.timer = self.call_later(TXN_HOLD, lambda: self._release_held(p, [held], (
             ErrorCode.CONCURRENT_TRANSACTIONS, f"{topic}-{partition}: the transaction coordinator has not said yet "
                                                f"that this partition is in producer {pid}'s transaction; retry")))
-        p.held.append(held)
+        p.txn.hold(held)
         delayed.waiting_on.append(p)
         return entry
 
     def on_txn_added(self, msg: Message) -> None:
         """The transaction coordinator stored partitions in a producer's transaction
-        (``parts``: [[topic, partition, pid, epoch]]; sent by the record's log actor once
-        stored). Batches held for it are appended now, in the order they came. One-way."""
+        (``parts``: [TxnAdded]; sent by the record's log actor once stored). Batches held for
+        it are appended now, in the order they came. One-way."""
         self.answered_elsewhere(msg)  # nobody waits for an answer
         for entry in msg.get("parts") or ():
             try:
-                topic, partition, pid, epoch = entry
-                p = self._partition((topic, partition))
+                added = TxnAdded._make(entry)
+                p = self._partition((added.topic, added.partition))
             except (TypeError, ValueError):
                 log.warning("%s: malformed txn_added entry %r", self.name, entry)
                 continue
             if p is None or p.leader != self.broker_id:
                 continue
-            p.txn_added[int(pid)] = int(epoch)
-            mine = [h for h in p.held if h.pid == pid and h.epoch == epoch]
+            mine = p.txn.word_came(added)
             if mine:
                 self._release_held(p, mine)
 
@@ -424,11 +391,8 @@ class LogActor(Actor):
         """Append ``items`` (held batches of ``p``, in order), or fail them with ``error``;
         answer each produce that waits for nothing more."""
         for held in items:
-            if held not in p.held:
+            if not p.txn.release(held):
                 continue  # released already (the word and its timer crossed)
-            p.held.remove(held)
-            if held.timer is not None:
-                held.timer.cancel()
             delayed = held.delayed
             delayed.waiting_on.remove(p)
             if error is not None:
@@ -467,9 +431,8 @@ class LogActor(Actor):
     def _expire_produce(self, delayed: DelayedProduce) -> None:
         """The produce's timeout passed: its unreplicated partitions fail REQUEST_TIMED_OUT."""
         for p in set(delayed.waiting_on):
-            for held in [h for h in p.held if h.delayed is delayed]:
-                p.held.remove(held)
-                held.timer.cancel()
+            for held in p.txn.held_for(delayed):
+                p.txn.release(held)
                 held.entry.update(error_code=int(ErrorCode.REQUEST_TIMED_OUT),
                                   error_message=f"{p.topic}-{p.partition}: not in the producer's transaction in time")
             for _, d, entry in p.waiting:
@@ -524,7 +487,7 @@ class LogActor(Actor):
             self._data_changed((p.topic, p.partition))
         if p.waiting:
             self._complete_waiting(p)
-        if p.txn_checks:
+        if p.txn.checks:
             self._settle_txn_checks(p)
 
     def on_replica_progress(self, msg: Message) -> None:
@@ -697,7 +660,7 @@ class LogActor(Actor):
 
     def on_write_markers(self, msg: Message) -> None:
         """Transaction markers from the transaction coordinator (WriteTxnMarkers): a control
-        batch per partition led here. Answers ``{parts: [[topic, partition, code, message]]}``;
+        batch per partition led here (``markers``: [TxnMarker]). Answers ``{parts: [PartOutcome]}``;
         with ``acks`` -1 (what the coordinator sends, as Kafka appends markers) once the high
         watermark passed each marker (NOT_ENOUGH_REPLICAS before writing when the ISR is below
         ``min.insync.replicas``; REQUEST_TIMED_OUT after ``timeout_ms``), so a marker the
@@ -707,7 +670,8 @@ class LogActor(Actor):
         delayed = DelayedMarkers(msg, results)
         for entry in msg.get("markers") or ():
             try:
-                topic, partition, pid, epoch, commit, coordinator_epoch = entry
+                marker = TxnMarker._make(entry)
+                topic, partition = marker.topic, marker.partition
                 p = self._partition((topic, partition))
                 if p is None or p.leader != self.broker_id:
                     raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
@@ -716,8 +680,7 @@ class LogActor(Actor):
                     raise OdradekError(f"{topic}-{partition}: {len(p.isr)} in-sync replica(s) {p.isr}, "
                                        f"min.insync.replicas is {p.log.config.min_insync_replicas}",
                                        ErrorCode.NOT_ENOUGH_REPLICAS)
-                info = p.log.append_marker(int(pid), int(epoch), bool(commit), int(coordinator_epoch), p.leader_epoch)
-                p.txn_added.pop(int(pid), None)  # that transaction is over here
+                info = p.txn.write_marker(marker, p.leader_epoch)
                 self._data_changed((topic, partition))
                 if self.flush_before_ack:
                     self._unsynced.add((topic, partition))
@@ -731,7 +694,7 @@ class LogActor(Actor):
                 results.append({"topic": None, "partition": None, "error_code": int(ErrorCode.INVALID_REQUEST),
                                 "error_message": f"malformed marker {entry!r}: {exc}"})
             except OdradekError as exc:
-                results.append({"topic": entry[0], "partition": entry[1], "error_code": int(exc.code),
+                results.append({"topic": topic, "partition": partition, "error_code": int(exc.code),
                                 "error_message": exc.message})
         if delayed.waiting_on:
             timeout = msg.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
@@ -744,84 +707,48 @@ class LogActor(Actor):
         """The transaction coordinator asks, before it commits a transaction whose client sent
         EndTxn without waiting for its produce answers (``expect``, docs/TRANSACTIONS.md):
         are producer ``pid``'s batches at ``epoch`` through sequence ``last_seq`` written here,
-        in its open transaction, and replicated as acks=all requires? ``parts``:
-        ``[[topic, partition, pid, epoch, last_seq]]``; answered ``{parts: [[topic, partition,
-        code, message]]}`` once each is (0), or refused, or after ``wait_ms`` (the produce may
-        still be on its way: CONCURRENT_TRANSACTIONS then, the client ends it again once its
-        records are acknowledged)."""
+        in its open transaction, and replicated as acks=all requires? ``parts``: [TxnCheck];
+        answered ``{parts: [PartOutcome]}`` once each is (0), or refused, or after ``wait_ms``
+        (the produce may still be on its way: CONCURRENT_TRANSACTIONS then, the client ends it
+        again once its records are acknowledged). The verdicts are the partition's ``txn``'s
+        (``log.txn_partition``)."""
         check = DelayedTxnCheck(msg)
         for entry in msg.get("parts") or ():
             try:
-                topic, partition, pid, epoch, last_seq = entry
-                pid, epoch, last_seq = int(pid), int(epoch), int(last_seq)
+                ask = TxnCheck._make(entry)
+                ask = ask._replace(producer_id=int(ask.producer_id), producer_epoch=int(ask.producer_epoch),
+                                   last_seq=int(ask.last_seq))
             except (TypeError, ValueError) as exc:
-                check.rows.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed check {entry!r}: {exc}"])
+                check.rows.append(PartOutcome(None, None, int(ErrorCode.INVALID_REQUEST),
+                                              f"malformed check {entry!r}: {exc}"))
                 continue
-            row = [topic, partition, 0, ""]
-            check.rows.append(row)
-            p = self._partition((topic, partition))
+            part = CheckedPart(ask, check)
+            check.rows.append(part)
+            p = self._partition((ask.topic, ask.partition))
             if p is None or p.leader != self.broker_id:
-                row[2:] = [int(ErrorCode.NOT_LEADER_OR_FOLLOWER), f"{topic}-{partition}: broker {self.broker_id} "
-                                                                  f"is not its leader"]
+                part.code = int(ErrorCode.NOT_LEADER_OR_FOLLOWER)
+                part.message = f"{ask.topic}-{ask.partition}: broker {self.broker_id} is not its leader"
                 continue
-            verdict = self._txn_verdict(p, pid, epoch, last_seq)
-            if verdict is None:
-                check.waiting_on.append(p)
-                p.txn_checks.append((pid, epoch, last_seq, check, row))
-            else:
-                row[2:] = verdict
+            p.txn.check(part, len(p.isr))
         if not check.waiting_on:
-            self.reply(msg, {"parts": check.rows})
+            self.reply(msg, check.body())
             return
         wait_ms = msg.get("wait_ms")
         if not (isinstance(wait_ms, int) and 0 <= wait_ms <= MAX_TXN_CHECK_WAIT_MS):
             wait_ms = MAX_TXN_CHECK_WAIT_MS
         check.timer = self.call_later(wait_ms / 1000, lambda: self._expire_txn_check(check))
 
-    def _txn_verdict(self, p: PartitionLog, pid: int, epoch: int, last_seq: int) -> list | None:
-        """``[0, ""]`` if the check holds, ``[code, message]`` if it never will, None to wait."""
-        e = p.log.producers.get(pid)
-        if e is not None and e.epoch > epoch:
-            return [int(ErrorCode.INVALID_PRODUCER_EPOCH), f"{p.topic}-{p.partition}: producer {pid} is at epoch "
-                                                           f"{e.epoch} here, not {epoch}"]
-        if e is None or e.epoch != epoch or e.last_seq != last_seq:
-            return None  # its batches are still on their way
-        if e.txn_first_offset < 0:
-            return [int(ErrorCode.INVALID_TXN_STATE), f"{p.topic}-{p.partition}: producer {pid} has no open "
-                                                      f"transaction here (it was ended)"]
-        if p.log.high_watermark <= e.window[-1] or len(p.isr) < p.log.config.min_insync_replicas:
-            return None  # written, not yet replicated to the ISR
-        return [0, ""]
-
     def _settle_txn_checks(self, p: PartitionLog) -> None:
         """After an append or a follower's progress: answer the checks that hold now."""
-        left = []
-        for item in p.txn_checks:
-            pid, epoch, last_seq, check, row = item
-            verdict = self._txn_verdict(p, pid, epoch, last_seq)
-            if verdict is None:
-                left.append(item)
-                continue
-            row[2:] = verdict
-            check.waiting_on.remove(p)
-            if not check.waiting_on:
-                check.timer.cancel()
-                self.reply(check.msg, {"parts": check.rows})
-        p.txn_checks = left
+        for check in p.txn.settle(len(p.isr)):
+            check.timer.cancel()
+            self.reply(check.msg, check.body())
 
     def _expire_txn_check(self, check: DelayedTxnCheck) -> None:
-        for p in set(check.waiting_on):
-            mine = [item for item in p.txn_checks if item[3] is check]
-            p.txn_checks = [item for item in p.txn_checks if item[3] is not check]
-            for pid, epoch, last_seq, _, row in mine:
-                e = p.log.producers.get(pid)
-                row[2:] = [int(ErrorCode.CONCURRENT_TRANSACTIONS),
-                           f"{p.topic}-{p.partition}: producer {pid} epoch {epoch} not written through sequence "
-                           f"{last_seq} and replicated in time (here: "
-                           + ("nothing of it" if e is None else f"epoch {e.epoch}, last sequence {e.last_seq}")
-                           + f", high watermark {p.log.high_watermark})"]
+        for txn in set(check.waiting_on):
+            txn.expire(check)
         check.waiting_on.clear()
-        self.reply(check.msg, {"parts": check.rows})
+        self.reply(check.msg, check.body())
 
     def on_describe_producers(self, msg: Message) -> None:
         out = []
@@ -1047,10 +974,10 @@ class LogActor(Actor):
             p.leader, p.leader_epoch = leader, epoch
             p.followers = {}
             p.high_watermark_floor = -1
-            p.txn_added.clear()
-            if p.held:
-                self._release_held(p, list(p.held), (ErrorCode.NOT_LEADER_OR_FOLLOWER,
-                                                     f"{p.topic}-{p.partition}: leadership moved to broker {leader}"))
+            held = p.txn.not_leading()
+            if held:
+                self._release_held(p, held, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
+                                             f"{p.topic}-{p.partition}: leadership moved to broker {leader}"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER,
                                            f"{p.topic}-{p.partition}: leadership moved to broker {leader} before "
@@ -1183,8 +1110,8 @@ class LogActor(Actor):
         self.unopened.pop((topic, partition), None)
         p = self.logs.pop((topic, partition), None)
         if p is not None:
-            if p.held:
-                self._release_held(p, list(p.held),
+            if p.txn.held:
+                self._release_held(p, list(p.txn.held),
                                    (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
             if p.waiting:
                 self._complete_waiting(p, (ErrorCode.NOT_LEADER_OR_FOLLOWER, f"{topic}-{partition} was closed"))
@@ -1334,7 +1261,7 @@ class LogActor(Actor):
                 self._send_chained(msg, fields)
 
     def _send_chained(self, msg: Message, answer: dict) -> None:
-        """A produce or write_markers with ``then: [[to, type, fields, corr], ...]`` (the
+        """A produce or write_markers with ``then: [Chained]`` (the
         transaction coordinator's records and markers): once every partition of it is written
         (and, acks=all, replicated), send those messages on the requester's behalf, answered
         to it under its ``corr`` (its next requests: the markers after the PREPARE record), or
@@ -1344,15 +1271,15 @@ class LogActor(Actor):
         if not chain_sent(answer) or not msg.reply_to:
             return
         for item in msg.fields["then"]:
-            if not (isinstance(item, list) and len(item) == 4 and isinstance(item[0], str)
-                    and isinstance(item[1], str) and isinstance(item[2], dict) and isinstance(item[3], int)):
+            c = Chained._make(item) if isinstance(item, list) and len(item) == len(Chained._fields) else None
+            if c is None or not (isinstance(c.to, str) and isinstance(c.type, str) and isinstance(c.fields, dict)
+                                 and isinstance(c.corr, int)):
                 log.error("%s: dropping a malformed chained message from %s: %r", self.name, msg.reply_to, item)
                 continue
-            to, type_, fields, corr = item
             try:
-                self.send(to, type_, fields, corr=corr, reply_to=msg.reply_to)
+                self.send(c.to, c.type, c.fields, corr=c.corr, reply_to=msg.reply_to)
             except MailboxFull:  # the requester's timeout retries it
-                log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, type_, to)
+                log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, c.type, c.to)
 
     # ---- timers ------------------------------------------------------------------------
     def _each(self, what: str, fn, changes_bounds: bool = True, keys: list | None = None, start: int = 0) -> None:

@@ -29,6 +29,7 @@ import sys
 import time
 
 from odradek import client_properties
+from odradek.actors.names import TxnMarker
 from odradek.cluster import Cluster
 from odradek.network.clientauth import ClientSecurity
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
@@ -194,9 +195,10 @@ def cmd_abort(cluster: Cluster, args, out) -> int:
         raise OdradekError(f"no transaction is open at offset {args.start_offset} of {args.topic}-{args.partition} "
                            f"(describe-producers lists the open ones)", ErrorCode.INVALID_TXN_STATE)
     a = match[0]
+    marker = TxnMarker(args.topic, args.partition, a["producer_id"], a["producer_epoch"], False, 0)
     body = cluster.request_node(leader, ApiKey.WRITE_TXN_MARKERS, {
         "broker_id": -1, "broker_epoch": -1, "producer_id": a["producer_id"], "commit": False, "offsets": {},
-        "markers": [[args.topic, args.partition, a["producer_id"], a["producer_epoch"], False, 0]]}).header["body"]
+        "markers": [marker]}).header["body"]
     for topic, partition, code, message in body.get("parts") or ():
         if code:
             raise OdradekError(f"{topic}-{partition}: {message}", ErrorCode.of(code))

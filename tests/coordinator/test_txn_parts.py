@@ -8,6 +8,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
+from odradek.actors.names import TxnCheck, TxnMarker
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter
@@ -137,8 +138,8 @@ def test_markers_go_to_the_local_log_actor_or_the_partitions_leader_and_a_delete
     rec, state, markers, _released = marker_writer(clock)
     t = prepared(state, clock, [("t", 0), ("t", 1), ("gone", 0)])
     local, remote, nothing, unrouted = markers.route(t, True)
-    assert local == {"log-0": [["t", 0, t.producer_id, t.epoch, True, 3]]}
-    assert remote == {2: {"markers": [["t", 1, t.producer_id, t.epoch, True, 3]], "offsets": {}}}
+    assert local == {"log-0": [TxnMarker("t", 0, t.producer_id, t.epoch, True, 3)]}
+    assert remote == {2: {"markers": [TxnMarker("t", 1, t.producer_id, t.epoch, True, 3)], "offsets": {}}}
     assert nothing == [] and not unrouted  # "gone" is newer than the snapshot: asked again
     assert [r[1] for r in rec.requests] == ["get_metadata"]
     clock.now += 5000
@@ -154,7 +155,8 @@ def test_markers_written_complete_the_transaction_answer_its_end_txn_and_release
     markers.wait_end("t1", end)
     assert markers.write(t) and markers.in_flight == {"t1"}
     (to, type_, fields, answered), = rec.requests
-    assert (to, type_, fields["markers"]) == ("log-0", "write_markers", [["t", 0, t.producer_id, t.epoch, True, 3]])
+    assert (to, type_, fields["markers"]) == ("log-0", "write_markers",
+                                              [TxnMarker("t", 0, t.producer_id, t.epoch, True, 3)])
     answered(Message("_reply", 1, None, {"parts": [["t", 0, 0, ""]]}))
     assert t.state == TxnState.COMPLETE_COMMIT and markers.in_flight == set() and released == ["t1"]
     assert rec.replies == [(end, {"body": {"error_code": 0}})] and "t1" in state.complete_due
@@ -239,7 +241,8 @@ def test_an_end_txn_whose_records_are_not_all_there_fails_concurrent_transaction
         p.checks_for("t1", t.producer_id, t.epoch, [["c", 0, 4]])
     assert outside.value.code == ErrorCode.INVALID_TXN_STATE
     checks = p.checks_for("t1", t.producer_id, t.epoch, [["a", 0, 4], ["b", 0, 9]])
-    assert checks == {"log-0": [["a", 0, t.producer_id, t.epoch, 4], ["b", 0, t.producer_id, t.epoch, 9]]}
+    assert checks == {"log-0": [TxnCheck("a", 0, t.producer_id, t.epoch, 4),
+                                TxnCheck("b", 0, t.producer_id, t.epoch, 9)]}
     end = request(ApiKey.END_TXN, "t1")
     p.check_then_end(end, "t1", t.producer_id, t.epoch, checks)
     assert p.park(ApiKey.TXN_OFFSET_COMMIT, {"transactional_id": "t1"}, request(ApiKey.TXN_OFFSET_COMMIT, "t1"))
@@ -294,3 +297,21 @@ def test_the_actor_hands_its_parts_the_same_clock_outbox_and_state():
     assert c.markers.state is c.state and c.pipeline.state is c.state and c.reaper.txns is c.state.txns
     assert c.pipeline.in_flight is c.markers.in_flight
     assert c.state.clock is clock and c.markers.clock is clock and c.reaper.clock is clock
+
+
+def test_write_txn_markers_reads_each_marker_by_name_and_refuses_one_that_is_not_a_marker():
+    c = TxnCoordinator("txn_coordinator", "/nonexistent")
+    rec, clock = Recorder(), Clock()
+    c.site = TxnSite(1, False, "/nonexistent", 1)
+    c.assemble(rec.outbox, clock, ProducerIds.__new__(ProducerIds), None, 900000)
+    msg = request(ApiKey.WRITE_TXN_MARKERS, "")
+    for bad in (["t", 0, 5, 0, False], ["t", 0, 5, 0, 0, 0], ("t", 0, 5, 0, False, 0), "t"):
+        with pytest.raises(OdradekError) as refused:
+            c.write_txn_markers(msg, {"broker_id": -1, "markers": [bad]})
+        assert refused.value.code == ErrorCode.INVALID_REQUEST and "each marker must be" in refused.value.message
+    with pytest.raises(OdradekError) as commit:  # an operator may abort only
+        c.write_txn_markers(msg, {"broker_id": -1, "markers": [["t", 0, 5, 0, True, 0]]})
+    assert commit.value.code == ErrorCode.INVALID_REQUEST and "only write abort markers" in commit.value.message
+    c.write_txn_markers(msg, {"broker_id": -1, "producer_id": 5, "markers": [["t", 0, 5, 0, False, 0]]})
+    (to, type_, fields, _callback), = rec.requests
+    assert (to, type_) == ("log-0", "write_markers") and fields["markers"] == [TxnMarker("t", 0, 5, 0, False, 0)]
