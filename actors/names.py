@@ -18,9 +18,13 @@ tuples in that order instead of calling the constructor. The path:
     fetch -> log-<i>     get_bounds (answered {parts: [PartitionBounds], host});
                          replica_progress {parts: [ReplicaProgress]} (one-way)
     controller -> fetch  throttle {rate, parts: [ThrottledReplica]}
+    txn_coordinator -> log-<i>
+                         write_markers {markers: [TxnMarker]}, txn_check {parts: [TxnCheck],
+                         wait_ms} (both answered {parts: [PartOutcome]}); txn_added {parts:
+                         [TxnAdded]} (one-way, chained)
 
-``chain_sent``: a produce or write_markers may carry ``then: [[to, type, fields, corr]]``,
-messages the log actor sends for its sender once every partition was written.
+``chain_sent``: a produce or write_markers may carry ``then: [Chained]``, messages the log
+actor sends for its sender once every partition was written.
 """
 from __future__ import annotations
 

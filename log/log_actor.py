@@ -14,9 +14,12 @@ Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``
   replica_progress: one-way, from the fetch actor: a follower fetched
   get_bounds {only?}: from the fetch actor, the coordinators and the schema registry
   watch: from the fetch actor: tell it these partitions' appends for a lease
-  write_markers / txn_check / describe_producers: from the transaction coordinator
-  txn_added: one-way, chained for the transaction coordinator: a partition joined a
-      producer's transaction; its held batches are appended
+  write_markers {markers: [TxnMarker]}: from the transaction coordinator -> {parts: [PartOutcome]}
+  txn_check {parts: [TxnCheck], wait_ms}: from the transaction coordinator -> {parts:
+      [PartOutcome]} (both kept by each partition's ``TxnPartition``, log/txn_partition.py)
+  describe_producers {parts}: from the transaction coordinator
+  txn_added {parts: [TxnAdded]}: one-way, chained for the transaction coordinator: a
+      partition joined a producer's transaction; its held batches are appended
 Sends: ``get_assignment`` and ``alter_isr`` to the controller; ``bounds`` to the fetch actor
 after each batch of messages (appends only for watched partitions); ``fsynced`` to the replica
 fetcher; a request's chained ``then`` messages (``actors.names.chain_sent``); ``shutdown`` to
