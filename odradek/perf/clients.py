@@ -1237,6 +1237,10 @@ def replicated_main(argv: list[str]) -> int:
     ap.add_argument("--brokers", type=int, default=3, help="brokers of the local cluster")
     ap.add_argument("--num-records", type=int, default=1000000)
     ap.add_argument("--record-size", type=int, default=100)
+    ap.add_argument("--throughput", type=float, default=-1,
+                    help="records/s the producer sends at (-1: as fast as it can); at a fixed rate the p99 "
+                         "column is the latency at that load (send() to acknowledgement, every "
+                         "--latency-sample-th record)")
     ap.add_argument("--partitions", type=int, default=6)
     ap.add_argument("--min-insync-replicas", type=int, default=2, help="topic min.insync.replicas (capped at the RF)")
     ap.add_argument("--configs", default="all:3,1:3,all:1",
@@ -1272,7 +1276,8 @@ def replicated_main(argv: list[str]) -> int:
                for a, rf in configs}
     tag = f"{os.getpid()}-{int(time.time())}"
     try:
-        print(f"odradek perf replicated: {args.num_records} records of {args.record_size} bytes per run, "
+        rate = "as fast as it can" if args.throughput <= 0 else f"at {args.throughput:,.0f} records/s"
+        print(f"odradek perf replicated: {args.num_records} records of {args.record_size} bytes per run, {rate}, "
               f"{args.partitions} partitions, min.insync.replicas {args.min_insync_replicas}, "
               f"{args.runs} run(s) of {', '.join(results)}; cluster {bootstrap}; load average "
               f"{' '.join(map(str, load_before))}", flush=True)
@@ -1288,7 +1293,8 @@ def replicated_main(argv: list[str]) -> int:
                 cpu = _ActorCpu(cluster) if (cluster is not None and args.cpu) else None
                 if cpu:
                     cpu.start()
-                r = run_produce(bootstrap, topic, args.num_records, args.record_size, -1, producer_kwargs(props),
+                r = run_produce(bootstrap, topic, args.num_records, args.record_size, args.throughput,
+                                producer_kwargs(props),
                                 args.latency_sample, args.reporting_interval)
                 if cpu:
                     c = cpu.stop()
@@ -1322,6 +1328,7 @@ def replicated_main(argv: list[str]) -> int:
     if args.json:
         print(json.dumps({"started": started, "load_before": load_before, "load_after": loadavg(),
                           "num_records": args.num_records, "record_size": args.record_size,
+                          "throughput": args.throughput,
                           "partitions": args.partitions, "min_insync_replicas": args.min_insync_replicas,
                           "results": results}))
     return 0 if errors == 0 else 1
