@@ -725,6 +725,10 @@ class LogActor(Actor):
                 out.append([topic, partition, int(exc.code), -1, -1])
                 log.warning("%s-%d: %s", topic, partition, exc.message)
         if not waits:
+            if self._unsynced and self._sync_pool is not None:
+                # a follower's fsync is what its leader's high watermark waits for: begun before
+                # the answer wakes the fetcher (which would take the CPU first on a busy machine)
+                self._start_syncs()
             self.reply(msg, {"parts": out})
             return
         left = [len(waits)]
@@ -1358,8 +1362,6 @@ class LogActor(Actor):
         p.on_synced = keep
 
     def after_batch(self) -> None:
-        if self._unsynced and self._sync_pool is not None:
-            self._start_syncs()
         if self._fsynced_out:
             try:
                 self.send(REPLICA_FETCHER, "fsynced", {"parts": [[t, q, end] for (t, q), end in
@@ -1373,6 +1375,15 @@ class LogActor(Actor):
                 self.send(FETCH_ACTOR, "bounds", self._take_changes())
             except MailboxFull:  # the next batch tries again
                 self._dirty, self._closed, self._announce_opening = dirty, closed, announce
+        self._send_answers()
+        if self._unsynced and self._sync_pool is not None:
+            # after the fetch actor heard of the new data: a follower's FETCH parked there is
+            # answered first (its fsync, not the leader's, is the longer path to the high
+            # watermark), and a new fsync thread does not hold the GIL before these sends
+            self._start_syncs()
+            self._send_answers()  # what a sync with nothing to do (or failing to begin) let go
+
+    def _send_answers(self) -> None:
         answers, self._answers = self._answers, []
         for msg, fields in answers:
             self.reply(msg, fields)
