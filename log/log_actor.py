@@ -74,6 +74,7 @@ The message shapes are in docs/REPLICATION.md.
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
@@ -99,6 +100,14 @@ log = logging.getLogger("odradek.log")
 
 CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
 SYNC_THREADS = 4  # group commits in flight at once, of different partitions (each mostly waits in fsync)
+# A follower fsyncs a replicate's partitions on its loop, before answering, when they are few
+# and the disk has been fast: its answer then says "fsynced", its fetcher's next FETCH tells
+# the leader, and no thread hand-offs or progress report lie on the acknowledgement's path
+# (issue 33's hop-by-hop trace: those hand-offs cost more than a fast disk's fsync). Any
+# slower fsync among the last INLINE_SYNC_WINDOW sends the fsyncs back to the threads.
+INLINE_SYNC_PARTS = 2
+INLINE_SYNC_MAX_S = 0.002
+INLINE_SYNC_WINDOW = 16
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
@@ -253,6 +262,7 @@ class LogActor(Actor):
     _sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
     _unsynced: set = frozenset()
     _fsynced_out: dict | None = None
+    _fsync_seconds: collections.deque | tuple = ()  # the last fsyncs' durations (on_start)
     dir_offline: str | None = None  # why the log directory is offline (a failed fsync), or None
 
     def on_start(self) -> None:
@@ -281,6 +291,8 @@ class LogActor(Actor):
         self._syncing: set[tuple[str, int]] = set()  # a sync in flight (one per partition)
         # followed partitions whose durable end moved, to tell the replica fetcher (``fsynced``)
         self._fsynced_out: dict[tuple[str, int], int] = {}
+        # how long the last fsyncs took (appended by the fsync threads too: a deque is thread-safe)
+        self._fsync_seconds = collections.deque(maxlen=INLINE_SYNC_WINDOW)
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync") \
             if self.flush_before_ack else None
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
@@ -726,6 +738,8 @@ class LogActor(Actor):
                 log.warning("%s-%d: %s", topic, partition, exc.message)
         if not waits:
             if self._unsynced and self._sync_pool is not None:
+                if not wait_for_sync:
+                    self._sync_inline(out)
                 # a follower's fsync is what its leader's high watermark waits for: begun before
                 # the answer wakes the fetcher (which would take the CPU first on a busy machine)
                 self._start_syncs()
@@ -1298,8 +1312,47 @@ class LogActor(Actor):
                 self._run_synced(p)
                 continue
             self._syncing.add(key)
-            self._sync_pool.submit(job.run).add_done_callback(
+            self._sync_pool.submit(self._run_sync_job, job).add_done_callback(
                 lambda future, p=p, job=job: self.post(lambda: self._synced(p, job)))
+
+    def _sync_inline(self, rows: list) -> None:
+        """A follower's few appended partitions on a fast disk: fsync them here, before the
+        answer (``rows``, whose fsynced offsets it updates; see INLINE_SYNC_PARTS). A partition
+        with a sync in flight on a thread is left to it (their ends must not cross)."""
+        keys = [(row[0], row[1]) for row in rows if row[2] == 0 and row[4] < row[3]]
+        if not keys or len(keys) > INLINE_SYNC_PARTS or any(k in self._syncing for k in keys) or \
+                (self._fsync_seconds and max(self._fsync_seconds) > INLINE_SYNC_MAX_S):
+            return
+        for row in rows:
+            key = (row[0], row[1])
+            p = self.logs.get(key)
+            if key not in keys or p is None:
+                continue
+            try:
+                job = p.log.begin_sync()
+            except OdradekError as exc:
+                self._run_synced(p, exc)
+                continue
+            self._unsynced.discard(key)
+            if job is not None:
+                start = time.perf_counter()
+                job.run()
+                self._fsync_seconds.append(time.perf_counter() - start)
+                if job.error is not None:
+                    self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
+                    row[2], row[4] = int(job.error.code), -1
+                    return
+                p.log.end_sync(job)
+                self._run_synced(p)
+            row[4] = min(p.log.durable_end, row[3])
+            if p.log.durable_end < p.log.log_end_offset:
+                self._unsynced.add(key)
+
+    def _run_sync_job(self, job):
+        start = time.perf_counter()
+        job.run()
+        self._fsync_seconds.append(time.perf_counter() - start)
+        return job
 
     def _synced(self, p: PartitionLog, job) -> None:
         """On the loop, a sync ended: the log's durable end moves, and what waited for it goes
