@@ -1301,15 +1301,8 @@ class LogActor(Actor):
         for key in [k for k in self._unsynced if k not in self._syncing]:
             self._unsynced.discard(key)
             p = self.logs.get(key)
-            if p is None:
-                continue
-            try:
-                job = p.log.begin_sync()
-            except OdradekError as exc:
-                self._run_synced(p, exc)
-                continue
+            job = None if p is None else self._begin_sync(p)
             if job is None:
-                self._run_synced(p)
                 continue
             self._syncing.add(key)
             self._sync_pool.submit(self._run_sync_job, job).add_done_callback(
@@ -1328,16 +1321,10 @@ class LogActor(Actor):
             p = self.logs.get(key)
             if key not in keys or p is None:
                 continue
-            try:
-                job = p.log.begin_sync()
-            except OdradekError as exc:
-                self._run_synced(p, exc)
-                continue
             self._unsynced.discard(key)
+            job = self._begin_sync(p)
             if job is not None:
-                start = time.perf_counter()
-                job.run()
-                self._fsync_seconds.append(time.perf_counter() - start)
+                self._run_sync_job(job)
                 if job.error is not None:
                     self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
                     row[2], row[4] = int(job.error.code), -1
@@ -1348,7 +1335,20 @@ class LogActor(Actor):
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)
 
+    def _begin_sync(self, p: PartitionLog):
+        """``p``'s next group commit (``Log.begin_sync``), or None: nothing to fsync (what
+        waited for it goes now) or it cannot begin (what waited gets the error)."""
+        try:
+            job = p.log.begin_sync()
+        except OdradekError as exc:
+            self._run_synced(p, exc)
+            return None
+        if job is None:
+            self._run_synced(p)
+        return job
+
     def _run_sync_job(self, job):
+        """Run a group commit (on a thread, or on the loop: ``_sync_inline``), timed."""
         start = time.perf_counter()
         job.run()
         self._fsync_seconds.append(time.perf_counter() - start)
