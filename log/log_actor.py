@@ -31,6 +31,7 @@ else INVALID_PRODUCER_ID_MAPPING; a retried batch is answered with its first app
 """
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import logging
 import os
@@ -58,6 +59,14 @@ log = logging.getLogger("odradek.log")
 
 CLOSE_THREADS = 16  # logs closed at once on stop (each close is mostly fsync)
 SYNC_THREADS = 4  # group commits in flight at once, of different partitions (each mostly waits in fsync)
+# A follower fsyncs a replicate's partitions on its loop, before answering, when they are few
+# and the disk has been fast: its answer then says "fsynced", its fetcher's next FETCH tells
+# the leader, and no thread hand-offs or progress report lie on the acknowledgement's path
+# (issue 33's hop-by-hop trace: those hand-offs cost more than a fast disk's fsync). Any
+# slower fsync among the last INLINE_SYNC_WINDOW sends the fsyncs back to the threads.
+INLINE_SYNC_PARTS = 2
+INLINE_SYNC_MAX_S = 0.002
+INLINE_SYNC_WINDOW = 16
 ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
@@ -183,6 +192,7 @@ class LogActor(Actor):
     _sync_pool: concurrent.futures.ThreadPoolExecutor | None = None
     _unsynced: set = frozenset()
     _fsynced_out: dict | None = None
+    _fsync_seconds: collections.deque | tuple = ()  # the last fsyncs' durations (on_start)
     dir_offline: str | None = None  # why the log directory is offline (a failed fsync), or None
 
     def on_start(self) -> None:
@@ -211,6 +221,8 @@ class LogActor(Actor):
         self._syncing: set[tuple[str, int]] = set()  # a sync in flight (one per partition)
         # followed partitions whose durable end moved, to tell the replica fetcher (``fsynced``)
         self._fsynced_out: dict[tuple[str, int], int] = {}
+        # how long the last fsyncs took (appended by the fsync threads too: a deque is thread-safe)
+        self._fsync_seconds = collections.deque(maxlen=INLINE_SYNC_WINDOW)
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync") \
             if self.flush_before_ack else None
         assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
@@ -645,6 +657,12 @@ class LogActor(Actor):
                 out.append([topic, partition, int(exc.code), -1, -1])
                 log.warning("%s-%d: %s", topic, partition, exc.message)
         if not waits:
+            if self._unsynced and self._sync_pool is not None:
+                if not wait_for_sync:
+                    self._sync_inline(out)
+                # a follower's fsync is what its leader's high watermark waits for: begun before
+                # the answer wakes the fetcher (which would take the CPU first on a busy machine)
+                self._start_syncs()
             self.reply(msg, {"parts": out})
             return
         left = [len(waits)]
@@ -1167,19 +1185,58 @@ class LogActor(Actor):
         for key in [k for k in self._unsynced if k not in self._syncing]:
             self._unsynced.discard(key)
             p = self.logs.get(key)
-            if p is None:
-                continue
-            try:
-                job = p.log.begin_sync()
-            except OdradekError as exc:
-                self._run_synced(p, exc)
-                continue
+            job = None if p is None else self._begin_sync(p)
             if job is None:
-                self._run_synced(p)
                 continue
             self._syncing.add(key)
-            self._sync_pool.submit(job.run).add_done_callback(
+            self._sync_pool.submit(self._run_sync_job, job).add_done_callback(
                 lambda future, p=p, job=job: self.post(lambda: self._synced(p, job)))
+
+    def _sync_inline(self, rows: list) -> None:
+        """A follower's few appended partitions on a fast disk: fsync them here, before the
+        answer (``rows``, whose fsynced offsets it updates; see INLINE_SYNC_PARTS). A partition
+        with a sync in flight on a thread is left to it (their ends must not cross)."""
+        keys = [(row[0], row[1]) for row in rows if row[2] == 0 and row[4] < row[3]]
+        if not keys or len(keys) > INLINE_SYNC_PARTS or any(k in self._syncing for k in keys) or \
+                (self._fsync_seconds and max(self._fsync_seconds) > INLINE_SYNC_MAX_S):
+            return
+        for row in rows:
+            key = (row[0], row[1])
+            p = self.logs.get(key)
+            if key not in keys or p is None:
+                continue
+            self._unsynced.discard(key)
+            job = self._begin_sync(p)
+            if job is not None:
+                self._run_sync_job(job)
+                if job.error is not None:
+                    self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
+                    row[2], row[4] = int(job.error.code), -1
+                    return
+                p.log.end_sync(job)
+                self._run_synced(p)
+            row[4] = min(p.log.durable_end, row[3])
+            if p.log.durable_end < p.log.log_end_offset:
+                self._unsynced.add(key)
+
+    def _begin_sync(self, p: PartitionLog):
+        """``p``'s next group commit (``Log.begin_sync``), or None: nothing to fsync (what
+        waited for it goes now) or it cannot begin (what waited gets the error)."""
+        try:
+            job = p.log.begin_sync()
+        except OdradekError as exc:
+            self._run_synced(p, exc)
+            return None
+        if job is None:
+            self._run_synced(p)
+        return job
+
+    def _run_sync_job(self, job):
+        """Run a group commit (on a thread, or on the loop: ``_sync_inline``), timed."""
+        start = time.perf_counter()
+        job.run()
+        self._fsync_seconds.append(time.perf_counter() - start)
+        return job
 
     def _synced(self, p: PartitionLog, job) -> None:
         """On the loop, a sync ended: the log's durable end moves, and what waited for it goes
@@ -1242,8 +1299,6 @@ class LogActor(Actor):
         p.on_synced = keep
 
     def after_batch(self) -> None:
-        if self._unsynced and self._sync_pool is not None:
-            self._start_syncs()
         if self._fsynced_out:
             try:
                 self.send(REPLICA_FETCHER, "fsynced", {"parts": [[t, q, end] for (t, q), end in
@@ -1257,6 +1312,15 @@ class LogActor(Actor):
                 self.send(FETCH_ACTOR, "bounds", self._take_changes())
             except MailboxFull:  # the next batch tries again
                 self._dirty, self._closed, self._announce_opening = dirty, closed, announce
+        self._send_answers()
+        if self._unsynced and self._sync_pool is not None:
+            # after the fetch actor heard of the new data: a follower's FETCH parked there is
+            # answered first (its fsync, not the leader's, is the longer path to the high
+            # watermark), and a new fsync thread does not hold the GIL before these sends
+            self._start_syncs()
+            self._send_answers()  # what a sync with nothing to do (or failing to begin) let go
+
+    def _send_answers(self) -> None:
         answers, self._answers = self._answers, []
         for msg, fields in answers:
             self.reply(msg, fields)

@@ -10,6 +10,7 @@ the disk" is a state the test can look at. ``log.flush.before.ack=false`` (Kafka
 checked against the same actor."""
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import os
 import threading
@@ -22,6 +23,7 @@ from odradek.log.files import FileLayer
 from odradek.log.log import CLEAN_SHUTDOWN, Log
 from odradek.log.log_actor import PartitionLog
 from odradek.core.records import encode_batch
+from odradek.core.protocol import ErrorCode
 from tests.log.test_isr_changes import LeaderUnderTest
 
 
@@ -56,7 +58,12 @@ class Actor(LeaderUnderTest):
         self.replies: list[tuple[Message, dict]] = []
         self.sent: list[tuple[str, str, dict]] = []
         self._fsynced_out = {}
+        self._fsync_seconds = collections.deque(maxlen=16)
         self.data_dir = "/data"
+
+    def slow_disk(self) -> None:
+        """Recent fsyncs were slow: a follower's fsyncs go to the threads (not on its loop)."""
+        self._fsync_seconds.append(1.0)
 
     def send(self, to, type_, fields=None, frames=(), **kwargs):
         self.sent.append((to, type_, fields))
@@ -215,6 +222,7 @@ def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsy
     after the append with what is fsynced so far, and the group commit's end goes to the
     replica fetcher on its own (``fsynced``), which tells the leader at once."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)  # broker 2 follows broker 1
+    actor.slow_disk()
     msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
@@ -308,3 +316,114 @@ def test_after_an_unclean_stop_what_recovery_kept_is_fsynced_before_it_counts(tm
         assert files.synced, "the recovered segment was not fsynced"
     finally:
         again.close()
+
+
+def test_a_follower_begins_its_fsync_before_it_answers_replicate(make):
+    """The leader's high watermark waits for the follower's fsync (the progress report), not
+    for its answer to the fetcher: the fsync is begun before the answer, which wakes the
+    fetcher and on a busy machine would take the CPU first (issue 33's hop-by-hop trace:
+    ~0.5 ms from the append to the fsync's start when it began after the answer)."""
+    actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
+    actor.slow_disk()
+    seen = []
+    reply = actor.reply
+    actor.reply = lambda msg, fields=None, frames=(): (seen.append(set(actor._syncing)), reply(msg, fields))
+    msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
+                  [encode_batch([(None, b"v")] * 10)])
+    actor.on_replicate(msg)
+    assert seen == [{("t", 0)}], "replicate was answered before the follower's fsync began"
+    actor.after_batch()
+    files.release()
+    actor.settle()
+    assert [m for m in actor.sent if m[1] == "fsynced"] == [("replica_fetcher", "fsynced", {"parts": [["t", 0, 10]]})]
+
+
+def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(make):
+    """A follower's FETCH parked at the fetch actor is woken by ``bounds``; the leader's own
+    fsync has slack (the followers' round trip is longer), so the new data is announced first
+    and the fsync thread, which takes the GIL when it starts, comes after."""
+    actor, p, files = make(isr=[1, 2, 3])
+    seen = []
+    send = actor.send
+    actor.send = lambda to, type_, fields=None, frames=(), **kw: (
+        seen.append((type_, set(actor._syncing))), send(to, type_, fields, frames, **kw))
+    msg = produce(actor, acks=-1)
+    assert ("bounds", set()) in seen, f"the fsync began before the fetch actor heard of the data: {seen}"
+    assert ("t", 0) in actor._syncing  # and it did begin, in the same batch
+    files.release()
+    actor.settle()
+    assert p.log.durable_end == 10 and answered(actor, msg) is None  # the followers have not fetched
+
+
+def test_acks_1_with_nothing_left_to_fsync_is_answered_in_the_same_batch(make):
+    """An acks=1 produce whose batch an fsync already covers when the batch ends (a duplicate
+    of an idempotent producer, or a sync that found nothing to do) is answered by the same
+    ``after_batch``, though the syncs now begin after the answers are sent."""
+    actor, p, files = make(isr=[2])
+    files.release()
+    first = produce(actor, acks=1)
+    actor.settle()
+    assert answered(actor, first)["error_code"] == 0
+    p.on_synced.append((p.log.log_end_offset, lambda error: actor._answers.append((first, {"late": True}))))
+    actor._unsynced.add(("t", 0))  # a sync that finds nothing to do
+    actor.after_batch()
+    assert (first, {"late": True}) in actor.replies
+
+
+def replicate(actor, partitions=(0,), n=10) -> Message:
+    msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", q, i, 1, 0, 0] for i, q in enumerate(partitions)]},
+                  [encode_batch([(None, b"v")] * n) for _ in partitions])
+    actor.on_replicate(msg)
+    actor.after_batch()
+    return msg
+
+
+def test_a_follower_on_a_fast_disk_fsyncs_before_it_answers_so_its_next_fetch_tells_the_leader(make):
+    """A fast disk (no recent fsync over INLINE_SYNC_MAX_S) and few partitions: the follower
+    fsyncs on its loop before answering, its answer says so, and the next FETCH carries it:
+    no fsync thread, no ``fsynced`` message, no progress report on the acknowledgement's path
+    (the trace: their hand-offs cost more than a 0.2 ms fsync)."""
+    actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
+    msg = replicate(actor)
+    assert [fields for m, fields in actor.replies if m is msg] == [{"parts": [["t", 0, 0, 10, 10]]}]
+    assert p.log.durable_end == 10 and not actor._syncing and not actor._unsynced
+    assert not [m for m in actor.sent if m[1] == "fsynced"]
+    assert len(actor._fsync_seconds) == 1  # timed, to send the next ones to the threads if slow
+
+
+def test_a_slow_fsync_or_many_partitions_send_a_followers_fsyncs_back_to_the_threads(make, tmp_path):
+    actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
+    actor._fsync_seconds.append(0.0021)  # one fsync over 2 ms among the last 16
+    msg = replicate(actor)
+    assert [fields for m, fields in actor.replies if m is msg] == [{"parts": [["t", 0, 0, 10, 0]]}]
+    assert ("t", 0) in actor._syncing
+    files.release()
+    actor.settle()
+    assert p.log.durable_end == 10
+    # three partitions in one replicate: the threads, whatever the disk
+    actor2, _, files2 = make(isr=[1, 2], broker_id=2, leader=1)
+    files2.release()
+    for q in (1, 2):
+        actor2.logs[("t", q)] = q_log = PartitionLog("t", q, "id", Log(str(tmp_path / f"q-{q}"), LogConfig(),
+                                                                      files=files2))
+        actor2._become(q_log, {"leader": 1, "leader_epoch": 1, "isr": [1, 2], "replicas": [1, 2, 3],
+                               "zk_version": 1})
+    msg = replicate(actor2, partitions=(0, 1, 2))
+    ((_, fields),) = [(m, f) for m, f in actor2.replies if m is msg]
+    assert [row[4] for row in fields["parts"]] == [0, 0, 0]
+    actor2.settle()
+    for q in (1, 2):
+        actor2.logs[("t", q)].log.close()
+
+
+def test_a_failed_inline_fsync_answers_the_error_and_takes_the_directory_offline(make):
+    actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
+
+    def fail(fd):
+        raise OSError(5, "Input/output error")
+    files.fsync = fail
+    msg = replicate(actor)
+    ((_, fields),) = [(m, f) for m, f in actor.replies if m is msg]
+    assert fields["parts"][0][2] == int(ErrorCode.KAFKA_STORAGE_ERROR) and fields["parts"][0][4] == -1
+    assert actor.dir_offline and p.log.durable_end == 0
+    assert ("supervisor", "shutdown") in [(m[0], m[1]) for m in actor.sent]
