@@ -10,7 +10,9 @@ Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``
       passes it)
   delete_records / offset_for_leader_epoch / describe_log_dirs: from a handler
   assign / become: from the controller: open, close, configure; leader or follower
-  follower_state / truncate / truncate_fully / replicate: from the replica fetcher
+  follower_state / truncate / truncate_fully / replicate: from the replica fetcher (replicate
+      is answered once its fsync has begun, or on a fast disk once it is done: the next
+      FETCH then carries the proof; else ``fsynced`` follows)
   replica_progress: one-way, from the fetch actor: a follower fetched
   get_bounds {only?}: from the fetch actor, the coordinators and the schema registry
   watch: from the fetch actor: tell it these partitions' appends for a lease
