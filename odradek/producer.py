@@ -184,7 +184,8 @@ class Producer:
         # The batches between send() and the sender thread (odradek/accumulator.py)
         compression = self.compression
         self._acc = RecordAccumulator(
-            self._cluster, lambda rows, keys, base_ts, max_ts: encode_rows(rows, base_ts, max_ts, compression, keys),
+            self._cluster,
+            lambda rows, keys, base_ts, max_ts, plain: encode_rows(rows, base_ts, max_ts, compression, keys, plain),
             linger=self.linger, batch_size=batch_size, buffer_memory=buffer_memory, max_block=self.max_block,
             delivery_timeout=self.delivery_timeout)
         self._append = self._acc.append  # bound once: send() calls it per record
