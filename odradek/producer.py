@@ -84,10 +84,12 @@ class Producer:
         self.retries = retries
         self.retry_backoff = retry_backoff_ms / 1000
         self.max_in_flight = max_in_flight
-        # Requests of one partition in flight at once. One keeps the partition's order through
-        # every retry (nothing sent after a refused request can overtake it), with or without
-        # idempotence; the sequence numbers then also make a retry recognisable.
-        self.max_in_flight_per_partition = 1
+        # Requests of one partition in flight at once. Without idempotence one, which keeps the
+        # partition's order through every retry (nothing sent after a refused request can
+        # overtake it). With it, as many as the connection allows (at most 5, as in Kafka): the
+        # leader refuses a batch whose sequence does not follow the last it wrote, so a request
+        # after a refused one cannot overtake it, and retries go one at a time (``_send_to``).
+        self.max_in_flight_per_partition = max_in_flight if self.idempotent else 1
         self.request_timeout_ms = request_timeout_ms
         self.delivery_timeout = delivery_timeout_ms / 1000
         self.max_block = max_block_ms / 1000
@@ -104,7 +106,8 @@ class Producer:
         # The batches between send() and the sender thread (odradek/accumulator.py)
         compression = self.compression
         self._acc = RecordAccumulator(
-            self._cluster, lambda rows, keys, base_ts, max_ts: encode_rows(rows, base_ts, max_ts, compression, keys),
+            self._cluster,
+            lambda rows, keys, base_ts, max_ts, plain: encode_rows(rows, base_ts, max_ts, compression, keys, plain),
             linger=self.linger, batch_size=batch_size, buffer_memory=buffer_memory, max_block=self.max_block,
             delivery_timeout=self.delivery_timeout)
         self._append = self._acc.append  # bound once: send() calls it per record

@@ -57,11 +57,13 @@ KAFKA_CODECS = ("gzip", "snappy", "zstd")
 CODECS = (None, "lz4", *KAFKA_CODECS)
 
 
-def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str], keys: list | None = None) -> bytes:
+def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str], keys: list | None = None,
+                plain: bool = False) -> bytes:
     """One record batch (``core.records`` layout, base offset 0) from ``rows``: each item is
     either a value (bytes: a record with no headers and the batch's timestamp; its key is
     ``keys[i]``, or None when ``keys`` is None) or a full row ``(offset_delta,
     timestamp_delta, key, value, headers)``; offset deltas are the positions 0..n-1.
+    ``plain``: the caller knows every row is a value and every key bytes (``pack_rows``).
     ``KAFKA_CODECS``: a magic-2 batch instead."""
     if compression in KAFKA_CODECS:
         return kafka_batch.encode([fmt.Record(i, base_ts, None if keys is None else keys[i], r, [])
@@ -70,7 +72,7 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
                                    for i, r in enumerate(rows)],
                                   base_offset=0, first_timestamp=base_ts, max_timestamp=max_ts, compression=compression)
     n = len(rows)
-    payload = pack_rows(rows, keys)
+    payload = pack_rows(rows, keys, plain)
     attributes = 0
     if compression == "lz4":
         payload = cramjam.lz4.compress_block(payload)  # lz4 block, little-endian u32 size first
@@ -83,7 +85,7 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
     return bytes(out)
 
 
-def pack_rows(rows: list, keys: list | None = None) -> bytes:
+def pack_rows(rows: list, keys: list | None = None, plain: bool = False) -> bytes:
     """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows
     (``keys``, when given, holds the key of each plain value; see ``encode_rows``).
 
@@ -92,18 +94,23 @@ def pack_rows(rows: list, keys: list | None = None) -> bytes:
     ``send`` can queue a bare value (and its key, in ``keys``) instead of a row tuple. When
     every value has the same length (the usual benchmark and a common workload), each
     value's framing is one cached string: "end of the previous row + this row's position,
-    timestamp, key and bin header"; keyed values the same, with the key between."""
+    timestamp, key and bin header"; keyed values the same, with the key between.
+    ``plain`` (every row bytes, every key bytes: the accumulator knows it without looking)
+    skips the scans that check it (~20 ns a record each)."""
     n = len(rows)
-    types = set(map(type, rows))
-    if keys is not None:
-        if types == _ONLY_BYTES and None not in keys:
-            return _pack_keyed(rows, keys)
-        rows = [(i, 0, k, r, ()) if r.__class__ is bytes else r for i, (r, k) in enumerate(zip(rows, keys))]
-        types = _ONLY_TUPLES
-    if types != _ONLY_BYTES:
-        if types == _ONLY_TUPLES:  # full rows only: msgpack packs them as they are
+    if not plain:
+        types = set(map(type, rows))
+        if types == _ONLY_BYTES and (keys is None or None not in keys):
+            plain = True
+        elif keys is not None:
+            rows = [(i, 0, k, r, ()) if r.__class__ is bytes else r for i, (r, k) in enumerate(zip(rows, keys))]
             return _packb(rows)
-        return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+        elif types == _ONLY_TUPLES:  # full rows only: msgpack packs them as they are
+            return _packb(rows)
+        else:
+            return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+    if keys is not None:
+        return _pack_keyed(rows, keys)
     parts = [None] * (2 * n)
     parts[1::2] = rows
     lengths = set(map(len, rows))
@@ -119,24 +126,51 @@ def pack_rows(rows: list, keys: list | None = None) -> bytes:
 
 
 def _pack_keyed(rows: list, keys: list) -> bytes:
-    """``pack_rows`` of plain values with a key each (bytes): four strings per record, (end
-    of the previous row + position, timestamp, key's bin header), key, value's bin header,
-    value, the first and third cached when the keys, or the values, have one length."""
+    """``pack_rows`` of plain values with a key each (bytes). Values of one length (the usual
+    case): three strings a record, (end of the previous row + position and timestamp), the
+    key's cached *blob* (its bin header, the key, the value's bin header: ``_KEY_BLOBS``) and
+    the value. Else four: (... + the key's bin header), key, value's bin header, value."""
     n = len(rows)
+    lengths = set(map(len, rows))
+    if len(lengths) == 1:
+        parts = [None] * (3 * n)
+        parts[0::3] = _framing_for(None, n, keyed=True)[:n]
+        parts[1::3] = map(_key_blobs(lengths.pop()).__getitem__, keys)
+        parts[2::3] = rows
+        return _array_header(n) + b"".join(parts) + b"\x90"
     parts = [None] * (4 * n)
     parts[1::4] = keys
     parts[3::4] = rows
-    key_lengths = set(map(len, keys))
-    if len(key_lengths) == 1:
-        parts[0::4] = _framing_for(key_lengths.pop(), n, keyed=True)[:n]
-    else:
-        parts[0::4] = map(add, _framing_for(None, n, keyed=True)[:n], map(_BIN_HEADER.__getitem__, map(len, keys)))
-    lengths = set(map(len, rows))
-    if len(lengths) == 1:
-        parts[2::4] = [_BIN_HEADER[lengths.pop()]] * n
-    else:
-        parts[2::4] = map(_BIN_HEADER.__getitem__, map(len, rows))
+    parts[0::4] = map(add, _framing_for(None, n, keyed=True)[:n], map(_BIN_HEADER.__getitem__, map(len, keys)))
+    parts[2::4] = map(_BIN_HEADER.__getitem__, map(len, rows))
     return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+class _KeyBlobs(dict):
+    """key -> its bin header + key + the bin header of a value of this dict's length: a keyed
+    record's middle in one string. Keys up to ``KEY_BLOB_MAX`` bytes are kept (at most
+    ``KEY_BLOBS`` of them, then it starts over); longer ones are made each time."""
+
+    def __init__(self, value_length: int):
+        super().__init__()
+        self.value_header = _BIN_HEADER[value_length]
+
+    def __missing__(self, key: bytes) -> bytes:
+        blob = _BIN_HEADER[len(key)] + key + self.value_header
+        if len(key) <= KEY_BLOB_MAX:
+            if len(self) >= KEY_BLOBS:
+                self.clear()
+            self[key] = blob
+        return blob
+
+
+def _key_blobs(value_length: int) -> _KeyBlobs:
+    blobs = _KEY_BLOBS.get(value_length)
+    if blobs is None:
+        if len(_KEY_BLOBS) >= 16:
+            _KEY_BLOBS.clear()
+        blobs = _KEY_BLOBS[value_length] = _KeyBlobs(value_length)
+    return blobs
 
 
 def _row_prefixes(n: int) -> list:
@@ -182,3 +216,6 @@ _ONLY_TUPLES = {tuple}
 _ROW_PREFIX: list = []
 _FRAMING: dict = {}  # (keyed, key or value length) -> framing strings by position (at most 64 kept)
 _BIN_HEADER = _BinHeaders()
+KEY_BLOBS = 65536  # keys a value length's _KeyBlobs keeps (then it starts over)
+KEY_BLOB_MAX = 256  # bytes: longer keys are not kept
+_KEY_BLOBS: dict = {}  # value length -> _KeyBlobs (at most 16 lengths kept)

@@ -182,7 +182,8 @@ class _Sender:
         self.stopping = False
         self.stop_deadline: float | None = None
         self.metadata_wanted = False
-        self.in_flight: dict[tuple, list] = {}  # (topic, partition) -> [node, batches, requests in flight]
+        # (topic, partition) -> [node, batches, requests in flight, of them those carrying a retry]
+        self.in_flight: dict[tuple, list] = {}
         self.requests = self.batches = self.retried = 0
         self.idem = _Idempotence()  # the idempotent producer's per-partition state
 
@@ -316,7 +317,14 @@ class _Sender:
         """Send batches to one broker in requests (up to ``max_in_flight`` of them, each at
         most ``max_request_size``); returns those that must wait. A partition with
         ``max_in_flight_per_partition`` requests in flight sends nothing more until one is
-        answered, and a batch that does not fit holds back its partition's later ones."""
+        answered, and a batch that does not fit holds back its partition's later ones.
+
+        Idempotence (several requests of a partition in flight): a retried batch goes only
+        when nothing of its partition is in flight, alone, and nothing else of the partition
+        goes while it is in flight, so retries go one at a time in sequence order (Kafka's
+        producer does the same). The leader's sequence check keeps the order of what is in
+        flight: when a request is refused unwritten, the partition's later requests in flight
+        are refused OUT_OF_ORDER_SEQUENCE_NUMBER and sent again after it (``_Idempotence.refused``)."""
         conn = self._conn(node)
         if conn is None:
             retry_at = time.monotonic() + self.retry_backoff  # one time for all: they stay together
@@ -347,7 +355,7 @@ class _Sender:
             for b in batches:
                 tp = (b.topic, b.partition)
                 busy = in_flight.get(tp)
-                if tp in held or (busy is not None and busy[2] >= limit) or \
+                if tp in held or (busy is not None and (busy[2] >= limit or busy[3] or b.attempts)) or \
                         (group and size + len(b.data) > self.max_request_size) or \
                         (idempotent and tp in retried and (retried[tp] or b.attempts)) or \
                         (idempotent and b.stamp is None and len(window.get(tp, ())) + fresh.get(tp, 0) >= MAX_STAMPED):
@@ -394,11 +402,13 @@ class _Sender:
         in_flight = self.in_flight
         for tp, bs in layout:
             busy = in_flight.get(tp)
+            retry = bs[0].attempts > 1  # a retry goes alone (``_send_to``)
             if busy is None:
-                in_flight[tp] = [node, len(bs), 1]
+                in_flight[tp] = [node, len(bs), 1, retry]
             else:
                 busy[1] += len(bs)
                 busy[2] += 1
+                busy[3] += retry
         self.requests += 1
         self.batches += len(group)
         if self.acks == 0:
@@ -457,6 +467,7 @@ class _Sender:
             if busy is not None:
                 busy[1] -= len(bs)
                 busy[2] -= 1
+                busy[3] -= bs[0].attempts > 1
                 if busy[2] <= 0:
                     del in_flight[tp]
 

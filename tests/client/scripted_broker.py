@@ -20,6 +20,12 @@ never answered: the connection stays open) apply to the next PRODUCE;
 for PRODUCE/FETCH/LIST_OFFSETS/OFFSET_COMMIT, per topic for CREATE_TOPICS, top-level
 otherwise); ``("drop", api)`` closes the connection on the next request of ``api``.
 
+An idempotent producer's batches are checked as a leader does (simplified): a batch repeating
+one the producer wrote is answered with its offset and not written again; one that does not
+follow the producer's last sequence (or, in a new epoch, does not start at 0) is refused
+OUT_OF_ORDER_SEQUENCE_NUMBER, the first batch of a producer the partition does not know with
+a sequence other than 0 UNKNOWN_PRODUCER_ID; nothing of a refused partition's frame is written.
+
 Leadership is checked as a replicated broker does: PRODUCE, FETCH and LIST_OFFSETS for a
 partition this broker does not lead get NOT_LEADER_OR_FOLLOWER; a ``current_leader_epoch``
 older than the partition's is FENCED_LEADER_EPOCH, a newer one UNKNOWN_LEADER_EPOCH.
@@ -55,6 +61,8 @@ class ScriptedCluster:
         self.coordinator = 0
         self.committed: dict[tuple, int] = {}  # (group, topic, partition) -> offset
         self.metadata_lag: dict[int, dict] = {}  # node -> {tp: [leader, epoch]} it answers instead (stale)
+        # (tp, producer id) -> [epoch, last sequence written, {(first, last sequence): base offset}]
+        self.producers: dict[tuple, list] = {}
 
     def start(self, n: int) -> list["ScriptedBroker"]:
         return [ScriptedBroker(self.topics, cluster=self, node_id=i) for i in range(n)]
@@ -202,7 +210,7 @@ class ScriptedBroker:
             reply = {"error_code": 0, "node_id": node, "host": "127.0.0.1", "port": b.port, "key": body.get("key")}
         elif api == ApiKey.CONSUMER_GROUP_HEARTBEAT:
             reply = self._heartbeat(body)
-        elif api == ApiKey.INIT_PRODUCER_ID:  # an idempotent producer's id (no sequence checks here)
+        elif api == ApiKey.INIT_PRODUCER_ID:  # an idempotent producer's id (its sequences: _check_sequences)
             reply = {"error_code": 0, "producer_id": 1000 + len(self.requests), "producer_epoch": 0}
         else:
             reply = {"error_code": int(ErrorCode.INVALID_REQUEST), "error_message": "not scripted"}
@@ -258,14 +266,56 @@ class ScriptedBroker:
                 data = bytearray(frames[p["frame"]])
                 with self.lock:
                     base = self.end[tp]
+                    refused = self._check_sequences(tp, data)
+                    if refused:
+                        parts.append({"index": p["index"], "error_code": refused, "error_message": "scripted sequence"})
+                        continue
                     for hpos, hdr in fmt.iter_batches(data):
+                        seen = self._written_before(tp, hdr)
+                        if seen is not None:  # a retry of a batch written before: its offset, not written again
+                            base = seen if hpos == 0 else base
+                            continue
                         fmt.patch_base_offset(data, self.end[tp], pos=hpos)
                         self.logs[tp].append((self.end[tp], bytes(data[hpos:hpos + hdr.size])))
+                        self._remember(tp, hdr, self.end[tp])
                         self.end[tp] += hdr.record_count
                 parts.append({"index": p["index"], "error_code": 0, "base_offset": base,
                               "log_append_time_ms": -1, "log_start_offset": 0})
             out.append({"name": t["name"], "partitions": parts})
         return {"topics": out}
+
+    # ---- idempotence: the leader's sequence check (log/producer_state.py, simplified) ------------------
+    def _written_before(self, tp: tuple, hdr) -> int | None:
+        """The base offset of this producer's batch with these sequences, if written already."""
+        entry = self.cluster.producers.get((tp, hdr.producer_id)) if hdr.producer_id >= 0 else None
+        if entry is None or entry[0] != hdr.producer_epoch:
+            return None
+        return entry[2].get((hdr.base_sequence, hdr.base_sequence + hdr.last_offset_delta))
+
+    def _check_sequences(self, tp: tuple, data: bytearray) -> int:
+        """OUT_OF_ORDER_SEQUENCE_NUMBER (nothing of the frame written) when a batch of a known
+        producer neither repeats one of its written batches nor follows its last sequence, as
+        a real leader refuses it; 0 otherwise. Lock held."""
+        expected: dict = {}
+        for _, hdr in fmt.iter_batches(data):
+            if hdr.producer_id < 0 or self._written_before(tp, hdr) is not None:
+                continue
+            entry = self.cluster.producers.get((tp, hdr.producer_id))
+            last = expected.get(hdr.producer_id, -1 if entry is None or entry[0] != hdr.producer_epoch else entry[1])
+            if hdr.base_sequence != last + 1:
+                return int(ErrorCode.UNKNOWN_PRODUCER_ID if entry is None and hdr.producer_id not in expected
+                           else ErrorCode.OUT_OF_ORDER_SEQUENCE_NUMBER)
+            expected[hdr.producer_id] = hdr.base_sequence + hdr.last_offset_delta
+        return 0
+
+    def _remember(self, tp: tuple, hdr, offset: int) -> None:
+        if hdr.producer_id < 0:
+            return
+        entry = self.cluster.producers.get((tp, hdr.producer_id))
+        if entry is None or entry[0] != hdr.producer_epoch:
+            entry = self.cluster.producers[(tp, hdr.producer_id)] = [hdr.producer_epoch, -1, {}]
+        entry[1] = hdr.base_sequence + hdr.last_offset_delta
+        entry[2][(hdr.base_sequence, entry[1])] = offset
 
     def _fetch(self, body: dict, code: int) -> tuple[dict, list]:
         out, frames = [], []

@@ -17,7 +17,7 @@ from odradek.producer import encode_rows
 def accumulator(**kw) -> RecordAccumulator:
     settings = dict(linger=3600.0, batch_size=1 << 20, buffer_memory=1 << 30, max_block=60.0, delivery_timeout=120.0)
     settings.update(kw)
-    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, keys, base, top: encode_rows(rows, base, top, None, keys),
+    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, keys, base, top, plain: encode_rows(rows, base, top, None, keys, plain),
                             **settings)
     return acc
 
@@ -117,8 +117,8 @@ def test_the_sender_encodes_lingering_batches_without_the_lock_and_keeps_each_pa
     (keyed records over many partitions close most batches by linger). A batch a caller fills
     meanwhile still comes after the lingering one of its partition."""
     held = []
-    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, keys, base, top: (held.append(acc.lock.locked()),
-                                                                              encode_rows(rows, base, top, None, keys))[1],
+    acc = RecordAccumulator(Cluster("127.0.0.1:1"), lambda rows, keys, base, top, plain: (held.append(acc.lock.locked()),
+                                                                                     encode_rows(rows, base, top, None, keys, plain))[1],
                             linger=5.0, batch_size=100, buffer_memory=1 << 30, max_block=60.0, delivery_timeout=120.0)
     try:
         first = acc.append("t", 0, b"a", None, (), None, 10, count=1)
@@ -151,3 +151,33 @@ def test_a_partitions_slot_follows_its_open_batch_for_keyed_records(acc):
     _, _, ready = acc.drain(0.0, force=True)
     assert [[(r.key, r.value) for r in fmt.decode_batch(b.data)] for b in ready] == \
         [[(b"k", b"a"), (b"k2", b"b"), (b"k", b"big")], [(b"k", b"e")]]
+
+
+@pytest.mark.parametrize("order", [("keyless", "keyed"), ("keyed", "keyless"), ("keyed", "row"), ("row", "keyed"),
+                                   ("keyed", "slot"), ("keyless", "slot"), ("keyed", "keyed")])
+def test_a_batch_mixing_keyed_keyless_values_and_full_rows_encodes_each_record(order):
+    """A batch of values with bytes keys only is encoded without a look at its rows
+    (``Batch.plain``, pack_rows' scans skipped); a keyless value, a full row or a keyed value
+    after keyless ones makes the batch one that pack_rows checks. Each record must decode as sent."""
+    acc = accumulator()
+    try:
+        sent = []
+        slot = acc.slot("t", 0)
+        for i in range(4):
+            for kind in order:
+                value, key = b"v%d-%s" % (i, kind.encode()), b"k%d" % i
+                if kind == "keyless":
+                    h, key = acc.append("t", 0, value, None, (), None, 10, count=1), None
+                elif kind == "keyed":
+                    h = acc.append("t", 0, value, key, (), None, 10, count=1)
+                elif kind == "slot":
+                    h = acc.append_keyed(slot, value, key, 10) or acc.append("t", 0, value, key, (), None, 10, count=1)
+                else:
+                    h = acc.append("t", 0, value, key, (("h", b"1"),), None, 10, count=1)
+                sent.append((h._index, key, value))
+        expect_plain = set(order) in ({"keyed"}, {"keyed", "slot"})
+        assert h._batch.plain is expect_plain
+        _, _, ready = acc.drain(0.0, force=True)
+        assert [(r.offset, r.key, r.value) for r in fmt.decode_batch(ready[0].data)] == sent
+    finally:
+        acc.release()

@@ -53,7 +53,10 @@ def test_plain_values_of_mixed_lengths_pack_like_msgpack_too():
 def test_keyed_values_pack_byte_for_byte_like_msgpack_of_full_rows(key_sizes, value_sizes, count):
     keys = [bytes([i % 13]) * key_sizes[i % len(key_sizes)] for i in range(count)]
     values = [bytes([i % 251]) * value_sizes[i % len(value_sizes)] for i in range(count)]
-    assert pack_rows(values, keys) == msgpack.packb([(i, 0, k, v, ()) for i, (k, v) in enumerate(zip(keys, values))])
+    expected = msgpack.packb([(i, 0, k, v, ()) for i, (k, v) in enumerate(zip(keys, values))])
+    assert pack_rows(values, keys) == expected
+    assert pack_rows(values, keys, plain=True) == expected  # the accumulator's word, no scans
+    assert pack_rows(values, keys, plain=True) == expected  # again: the keys' cached blobs
 
 
 def test_keyed_batches_mixing_keyless_values_and_full_rows_keep_each_record():

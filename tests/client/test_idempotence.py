@@ -6,6 +6,7 @@ import collections
 import os
 import random
 import signal
+import socket
 import threading
 import time
 
@@ -13,6 +14,7 @@ import pytest
 
 from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.cluster import Connection
+from odradek.errors import error_for
 from odradek.core.records import encode_batch
 from odradek.core.protocol import ApiKey, ErrorCode
 from odradek.producer_sender import MAX_STAMPED
@@ -153,6 +155,59 @@ def test_batches_piled_up_behind_a_request_go_together_and_a_lost_answer_to_them
         assert max(per_request) > 1 and max(per_request) <= MAX_STAMPED, per_request
         assert p.metrics()["retries"] >= 1
     assert read_all(shared_broker.bootstrap, "piled", 1)[0] == values
+
+
+def test_several_requests_of_a_partition_in_flight_stay_in_order_and_once_when_the_connection_is_cut(shared_broker):
+    """Idempotence lets a partition have several requests in flight (up to max_in_flight, as
+    Kafka's producer: issue 33, an acks=all round trip now holds fsyncs). Three times, once a
+    request is answered while a later one of its partition is in flight, the answers are held
+    back until three are (the broker appended all three), then the producer's socket is shut
+    down and the three are lost: each
+    batch is retried in sequence order, one request at a time, and the leader recognises the
+    written ones by their sequence. Every record is stored once, in send order.
+    Fails without the change (one request a partition at a time): ``most in flight 1``."""
+    with Admin(shared_broker.bootstrap) as admin:
+        admin.create_topic("cut", partitions=1)
+    # a batch a request (uncompressed ~2 KB batches): the MAX_STAMPED batches a partition may
+    # have in flight span many requests
+    with Producer(shared_broker.bootstrap, linger_ms=0, batch_size=2000, max_request_size=2500, compression=None,
+                  retry_backoff_ms=20, request_timeout_ms=5000) as p:
+        p.send("cut", b"warm-up").result(10)
+        sender = p._sender
+        original = sender._on_response
+        held, most, cuts, settling = [], [0], [], [False]
+
+        def lose_three_in_flight(layout, frame, err, node):
+            busy = sender.in_flight.get(("cut", 0))
+            most[0] = max(most[0], busy[2] if busy is not None else 0)
+            if settling[0]:  # the answers (or failures) of what was in flight at the cut go through
+                original(layout, frame, err, node)
+                settling[0] = ("cut", 0) in sender.in_flight
+                return
+            if len(cuts) < 3 and err is None and (held or busy[2] > 1) and \
+                    not any(b.attempts > 1 for _, bs in layout for b in bs):
+                held.append(layout)  # answered; the producer has not heard yet: still in flight
+                if len(held) < 3:
+                    return
+                cuts.append(len(held))
+                sender.conns[node].sock.shutdown(socket.SHUT_RDWR)  # a real cut: later requests fail too
+                lost = error_for(ErrorCode.NETWORK_EXCEPTION, "connection cut (test)")
+                for earlier in held:
+                    original(earlier, None, lost, node)
+                held.clear()
+                settling[0] = ("cut", 0) in sender.in_flight
+                return
+            return original(layout, frame, err, node)
+
+        sender._on_response = lose_three_in_flight
+        values = [b"%05d" % i + b"x" * 95 for i in range(4000)]  # ~19 records a batch
+        handles = [p.send("cut", v) for v in values]
+        p.flush(60)
+        assert most[0] > 1, f"most in flight {most[0]}"
+        assert len(cuts) == 3 and p.metrics()["retries"] >= 9
+        assert all(h.exception() is None for h in handles) and p.metrics()["sequence_resets"] == 0
+        assert [h.result().offset for h in handles] == list(range(1, len(values) + 1))
+    assert read_all(shared_broker.bootstrap, "cut", 1)[0] == [b"warm-up"] + values
 
 
 def test_a_batch_whose_answers_keep_getting_lost_is_recognised_after_later_batches_are_written(shared_broker):

@@ -66,10 +66,19 @@ def test_retries_stop_at_the_retries_limit(scripted):
 def test_a_connection_lost_after_the_append_is_retried_and_the_duplicate_is_visible(scripted):
     broker = scripted({"t": 1})
     broker.faults.append(("drop_after_append",))
-    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=10) as p:
+    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=10, enable_idempotence=False) as p:
         meta = p.send("t", b"v").result(10)
     assert meta.offset == 1  # the first append's answer was lost; the retry is acknowledged
     assert [r.value for r in broker.records("t", 0)] == [b"v", b"v"]
+
+
+def test_with_idempotence_the_retry_after_a_lost_answer_is_recognised_and_stored_once(scripted):
+    broker = scripted({"t": 1})  # it checks sequences as a leader does
+    broker.faults.append(("drop_after_append",))
+    with Producer(broker.bootstrap, linger_ms=0, retry_backoff_ms=10) as p:
+        meta = p.send("t", b"v").result(10)
+        assert p.metrics()["retries"] == 1
+    assert meta.offset == 0 and [r.value for r in broker.records("t", 0)] == [b"v"]
 
 
 def test_acks_0_resolves_with_offset_minus_one_without_waiting_for_an_answer(scripted):

@@ -43,7 +43,7 @@ def test_batches_whose_leader_cannot_be_reached_wait_again_in_the_order_they_wer
     metadata = Cluster(cl.brokers[0].bootstrap, retry_backoff_ms=50, request_timeout_ms=5000)
     metadata.refresh(["t"])
     cl.brokers[1].kill()  # the metadata still names broker 1, whose port now refuses connections
-    acc = RecordAccumulator(metadata, lambda rows, keys, base, top: encode_rows(rows, base, top, None, keys), linger=3600.0,
+    acc = RecordAccumulator(metadata, lambda rows, keys, base, top, plain: encode_rows(rows, base, top, None, keys, plain), linger=3600.0,
                             batch_size=1 << 20, buffer_memory=1 << 30, max_block=10.0, delivery_timeout=120.0)
     sender = _Sender(acc, metadata, acks=-1, ack_timeout_ms=4000, idempotent=True, retries=100, retry_backoff=0.05,
                      max_in_flight=5, max_in_flight_per_partition=1, max_request_size=1 << 20,

@@ -28,7 +28,7 @@ def test_batches_waiting_for_their_partitions_answer_do_not_make_the_sender_spin
     broker.faults.append(("silent",))
     metadata = Cluster(broker.bootstrap, retry_backoff_ms=50, request_timeout_ms=5000)
     metadata.refresh(["t"])
-    acc = RecordAccumulator(metadata, lambda rows, keys, base, top: encode_rows(rows, base, top, None, keys), linger=3600.0,
+    acc = RecordAccumulator(metadata, lambda rows, keys, base, top, plain: encode_rows(rows, base, top, None, keys, plain), linger=3600.0,
                             batch_size=1 << 20, buffer_memory=1 << 30, max_block=10.0, delivery_timeout=120.0)
     sender = _Sender(acc, metadata, acks=-1, ack_timeout_ms=4000, idempotent=False, retries=100, retry_backoff=0.05,
                      max_in_flight=5, max_in_flight_per_partition=1, max_request_size=1 << 20,
