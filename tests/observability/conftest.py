@@ -1,5 +1,9 @@
-"""One broker shared by a module's tests (its start is the slow part on a loaded machine);
-each test uses topics and groups of its own, so they do not see each other's numbers."""
+"""One broker shared by the console's modules (its start is the slow part on a loaded machine):
+``shared_broker`` is started once for the package and kept until its last module ends (each
+test uses topics and groups of its own, named apart across the modules, so they do not see
+each other's numbers; none stops, kills or reconfigures it). A module whose checks count
+what the whole broker saw (metrics: connections, client ids under a cap) overrides
+``shared_broker`` with ``module_broker``, a broker of its own."""
 from __future__ import annotations
 
 import urllib.request
@@ -9,12 +13,23 @@ import pytest
 from tests.conftest import BrokerProcess
 
 
-@pytest.fixture(scope="module")
-def shared_broker(tmp_path_factory):
-    b = BrokerProcess(str(tmp_path_factory.mktemp("obs-broker")), {})
+def _started(tmp_path_factory, name: str):
+    b = BrokerProcess(str(tmp_path_factory.mktemp(name)), {})
     b.start()
-    yield b
-    b.discard()  # kill -9: its data is thrown away; a graceful stop takes seconds
+    try:
+        yield b
+    finally:
+        b.discard()  # kill -9: its data is thrown away; a graceful stop takes seconds
+
+
+@pytest.fixture(scope="package")
+def shared_broker(tmp_path_factory):
+    yield from _started(tmp_path_factory, "obs-broker")
+
+
+@pytest.fixture(scope="module")
+def module_broker(tmp_path_factory):
+    yield from _started(tmp_path_factory, "obs-module-broker")
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:
