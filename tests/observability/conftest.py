@@ -10,26 +10,17 @@ import urllib.request
 
 import pytest
 
-from tests.conftest import BrokerProcess
-
-
-def _started(tmp_path_factory, name: str):
-    b = BrokerProcess(str(tmp_path_factory.mktemp(name)), {})
-    b.start()
-    try:
-        yield b
-    finally:
-        b.discard()  # kill -9: its data is thrown away; a graceful stop takes seconds
+from tests.conftest import running_broker
 
 
 @pytest.fixture(scope="package")
 def shared_broker(tmp_path_factory):
-    yield from _started(tmp_path_factory, "obs-broker")
+    yield from running_broker(tmp_path_factory, "obs-broker")
 
 
 @pytest.fixture(scope="module")
 def module_broker(tmp_path_factory):
-    yield from _started(tmp_path_factory, "obs-module-broker")
+    yield from running_broker(tmp_path_factory, "obs-module-broker")
 
 
 def http_get(url: str, timeout: float = 10.0) -> tuple[int, str]:

@@ -7,14 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import BrokerProcess
+from tests.conftest import running_broker
 
 
 @pytest.fixture(scope="package")
 def shared_broker(tmp_path_factory):
-    b = BrokerProcess(str(tmp_path_factory.mktemp("registry-broker")), {})
-    b.start()
-    try:
-        yield b
-    finally:
-        b.discard()
+    yield from running_broker(tmp_path_factory, "registry-broker")
