@@ -53,14 +53,20 @@ def broker(start_broker) -> BrokerProcess:
     return start_broker()
 
 
-@pytest.fixture(scope="module")
-def shared_broker(tmp_path_factory) -> BrokerProcess:
-    b = BrokerProcess(str(tmp_path_factory.mktemp("shared-broker")), {})
+def running_broker(tmp_path_factory, name: str):
+    """A generator for a fixture of any scope: one broker with the tests' defaults, started,
+    yielded and killed (``yield from running_broker(tmp_path_factory, "my-broker")``)."""
+    b = BrokerProcess(str(tmp_path_factory.mktemp(name)), {})
     b.start()
     try:
         yield b
     finally:
         b.discard()
+
+
+@pytest.fixture(scope="module")
+def shared_broker(tmp_path_factory) -> BrokerProcess:
+    yield from running_broker(tmp_path_factory, "shared-broker")
 
 
 @pytest.fixture(scope="module")

@@ -25,6 +25,18 @@ from tests.conftest import ROOT
 from tests.network.helpers import actor, connect, kill9, wait_until
 
 
+@pytest.fixture
+def broker(shared_broker):
+    """The module's broker (tests/conftest.py's ``shared_broker``): each test has a topic and
+    a group of its own; the one that kills an actor of the broker takes ``own_broker``."""
+    return shared_broker
+
+
+@pytest.fixture
+def own_broker(start_broker):
+    return start_broker()
+
+
 class Worker:
     def __init__(self, broker, path: str, group: str = "g", topic: str = "t", instance: str | None = None,
                  session_ms: int | None = None, heartbeat_ms: int = 3000):
@@ -188,20 +200,21 @@ def stable_with(broker, n_members: int, group: str = "g") -> bool:
 
 
 def test_a_join_moves_only_what_the_new_member_takes_while_the_others_keep_consuming(broker, workers, tmp_path):
-    create_topic(broker, "t", 6)
-    load = Load(broker, "t", 6)
+    topic, group = "join", "join-group"
+    create_topic(broker, topic, 6)
+    load = Load(broker, topic, 6)
     try:
-        w1 = Worker(broker, str(tmp_path / "w1"))
+        w1 = Worker(broker, str(tmp_path / "w1"), group, topic)
         workers.append(w1)
         wait_until(lambda: len(w1.owned()) == 6, what="w1 to own everything")
-        w2 = Worker(broker, str(tmp_path / "w2"))
+        w2 = Worker(broker, str(tmp_path / "w2"), group, topic)
         workers.append(w2)
-        wait_until(lambda: stable_with(broker, 2) and len(w2.owned()) == 3, what="w1 and w2 to settle")
+        wait_until(lambda: stable_with(broker, 2, group) and len(w2.owned()) == 3, what="w1 and w2 to settle")
         before = {w.path: w.owned() for w in (w1, w2)}
         t_join = time.monotonic()
-        w3 = Worker(broker, str(tmp_path / "w3"))
+        w3 = Worker(broker, str(tmp_path / "w3"), group, topic)
         workers.append(w3)
-        wait_until(lambda: stable_with(broker, 3) and len(w3.owned()) == 2, what="w3 to take its share")
+        wait_until(lambda: stable_with(broker, 3, group) and len(w3.owned()) == 2, what="w3 to take its share")
         t_done = time.monotonic()
         # Only what w3 took moved; each old member kept the rest.
         after = {w.path: w.owned() for w in (w1, w2)}
@@ -221,13 +234,14 @@ def test_a_join_moves_only_what_the_new_member_takes_while_the_others_keep_consu
 
 
 def test_kill_9_of_a_member_moves_its_partitions_within_the_session_timeout(broker, workers, tmp_path):
-    create_topic(broker, "t", 4)
-    load = Load(broker, "t", 4)
+    topic, group = "member-kill", "member-kill-group"
+    create_topic(broker, topic, 4)
+    load = Load(broker, topic, 4)
     try:
-        w1 = Worker(broker, str(tmp_path / "w1"), session_ms=3000)
-        w2 = Worker(broker, str(tmp_path / "w2"), session_ms=3000)
+        w1 = Worker(broker, str(tmp_path / "w1"), group, topic, session_ms=3000)
+        w2 = Worker(broker, str(tmp_path / "w2"), group, topic, session_ms=3000)
         workers += [w1, w2]
-        wait_until(lambda: stable_with(broker, 2) and len(w1.owned()) == 2 and len(w2.owned()) == 2,
+        wait_until(lambda: stable_with(broker, 2, group) and len(w1.owned()) == 2 and len(w2.owned()) == 2,
                    what="two members to settle")
         time.sleep(0.5)
         w2.kill()
@@ -243,21 +257,22 @@ def test_kill_9_of_a_member_moves_its_partitions_within_the_session_timeout(brok
 
 
 def test_a_static_member_restarting_within_its_session_timeout_moves_nothing(broker, workers, tmp_path):
-    create_topic(broker, "t", 4)
-    load = Load(broker, "t", 4)
+    topic, group = "static", "static-group"
+    create_topic(broker, topic, 4)
+    load = Load(broker, topic, 4)
     try:
-        w1 = Worker(broker, str(tmp_path / "w1"), instance="a", session_ms=20000)
-        w2 = Worker(broker, str(tmp_path / "w2"), instance="b", session_ms=20000)
+        w1 = Worker(broker, str(tmp_path / "w1"), group, topic, instance="a", session_ms=20000)
+        w2 = Worker(broker, str(tmp_path / "w2"), group, topic, instance="b", session_ms=20000)
         workers += [w1, w2]
-        wait_until(lambda: stable_with(broker, 2) and len(w1.owned()) == 2 and len(w2.owned()) == 2,
+        wait_until(lambda: stable_with(broker, 2, group) and len(w1.owned()) == 2 and len(w2.owned()) == 2,
                    what="two static members to settle")
-        epoch, mine = group_description(broker)["group_epoch"], w1.owned()
+        epoch, mine = group_description(broker, group)["group_epoch"], w1.owned()
         w2_events = len([e for e in w2.events() if e[0] in "AV"])
         w1.kill()
-        w1b = Worker(broker, str(tmp_path / "w1b"), instance="a", session_ms=20000)
+        w1b = Worker(broker, str(tmp_path / "w1b"), group, topic, instance="a", session_ms=20000)
         workers.append(w1b)
         wait_until(lambda: w1b.owned() == mine, what="the restarted member to get its partitions back")
-        assert group_description(broker)["group_epoch"] == epoch
+        assert group_description(broker, group)["group_epoch"] == epoch
         assert len([e for e in w2.events() if e[0] in "AV"]) == w2_events, "the other member saw a rebalance"
     finally:
         acked = load.stop()
@@ -266,7 +281,8 @@ def test_a_static_member_restarting_within_its_session_timeout_moves_nothing(bro
         w.stop()
 
 
-def test_kill_9_of_the_coordinator_loses_no_commit(broker, workers, tmp_path):
+def test_kill_9_of_the_coordinator_loses_no_commit(own_broker, workers, tmp_path):
+    broker = own_broker  # kill -9 of one of its actors: a broker of this test's own
     create_topic(broker, "t", 4)
     load = Load(broker, "t", 4)
     try:
@@ -300,23 +316,24 @@ def test_kill_9_of_the_coordinator_loses_no_commit(broker, workers, tmp_path):
 
 
 def test_stress_20_consumers_on_60_partitions_joining_and_leaving_at_random(broker, workers, tmp_path):
-    create_topic(broker, "t", 60)
-    load = Load(broker, "t", 60, rate=3000)
+    topic, group = "stress", "stress-group"
+    create_topic(broker, topic, 60)
+    load = Load(broker, topic, 60, rate=3000)
     rng = random.Random(5)
     live: list[Worker] = []
     n = 0
     try:
         for _ in range(20):
             n += 1
-            w = Worker(broker, str(tmp_path / f"w{n}"), session_ms=5000)
+            w = Worker(broker, str(tmp_path / f"w{n}"), group, topic, session_ms=5000)
             workers.append(w)
             live.append(w)
-        wait_until(lambda: stable_with(broker, 20), timeout=120, what="20 members to settle")
+        wait_until(lambda: stable_with(broker, 20, group), timeout=120, what="20 members to settle")
         for _ in range(12):
             action = rng.choice(["join", "leave", "kill"])
             if action == "join" or len(live) < 5:
                 n += 1
-                w = Worker(broker, str(tmp_path / f"w{n}"), session_ms=5000)
+                w = Worker(broker, str(tmp_path / f"w{n}"), group, topic, session_ms=5000)
                 workers.append(w)
                 live.append(w)
             elif action == "leave":
@@ -326,7 +343,7 @@ def test_stress_20_consumers_on_60_partitions_joining_and_leaving_at_random(brok
                 w = live.pop(rng.randrange(len(live)))
                 w.kill()
             time.sleep(rng.uniform(0.1, 1.5))
-        wait_until(lambda: stable_with(broker, len(live)), timeout=120, what="the group to settle")
+        wait_until(lambda: stable_with(broker, len(live), group), timeout=120, what="the group to settle")
         # The coordinator counts a partition given when it answers; the worker logs it once
         # its poll has applied the answer: wait for that too.
         wait_until(lambda: sorted(p for w in live for p in w.owned()) == list(range(60)), timeout=60,
@@ -352,12 +369,13 @@ def _poll_until(consumers, predicate, timeout=30.0):
 
 
 def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins_when_it_polls_again(broker):
-    create_topic(broker, "t", 4)
+    topic, group = "stops-polling", "stops-polling-group"
+    create_topic(broker, topic, 4)
     revoked = []
-    with Consumer(broker.bootstrap, group_id="g", max_poll_interval_ms=1500) as slow, \
-            Consumer(broker.bootstrap, group_id="g") as busy:
-        slow.subscribe(["t"], on_revoke=lambda tps, lost=False: revoked.append((set(tps), lost)))
-        busy.subscribe(["t"])
+    with Consumer(broker.bootstrap, group_id=group, max_poll_interval_ms=1500) as slow, \
+            Consumer(broker.bootstrap, group_id=group) as busy:
+        slow.subscribe([topic], on_revoke=lambda tps, lost=False: revoked.append((set(tps), lost)))
+        busy.subscribe([topic])
         _poll_until([slow, busy], lambda: len(slow.assignment()) == 2 and len(busy.assignment()) == 2)
         # slow stops polling: after max_poll_interval_ms its heartbeat thread leaves the group.
         deadline = time.monotonic() + 30
@@ -369,6 +387,7 @@ def test_a_member_that_stops_polling_gives_its_partitions_up_and_rejoins_when_it
 
 
 def test_pattern_subscription_commit_async_and_committed(broker):
+    group = "pattern-group"
     create_topic(broker, "orders-eu", 1)
     create_topic(broker, "orders-us", 1)
     create_topic(broker, "other", 1)
@@ -377,7 +396,7 @@ def test_pattern_subscription_commit_async_and_committed(broker):
             p.send(t, value=b"x", partition=0)
         p.flush()
     done = threading.Event()
-    with Consumer(broker.bootstrap, group_id="g", auto_offset_reset="earliest", enable_auto_commit=False) as c:
+    with Consumer(broker.bootstrap, group_id=group, auto_offset_reset="earliest", enable_auto_commit=False) as c:
         c.subscribe(pattern=r"orders-.*")
         got = []
         deadline = time.monotonic() + 30

@@ -54,8 +54,8 @@ def test_a_missing_path_is_one_line_on_stderr_and_exit_1(tmp_path):
     assert out.returncode == 1 and len(out.stderr.strip().splitlines()) == 1 and "nope" in out.stderr
 
 
-def test_topics_produce_and_consume_round_trip_with_keys(broker):
-    bs = ["--bootstrap-server", broker.bootstrap]
+def test_topics_produce_and_consume_round_trip_with_keys(shared_broker):
+    bs = ["--bootstrap-server", shared_broker.bootstrap]
     made = odradek("topics", "--create", "--topic", "cli", "--partitions", "2", "--config", "retention.ms=60000", *bs)
     assert made.returncode == 0, made.stderr
     assert "cli" in odradek("topics", "--list", *bs).stdout.split()
@@ -74,8 +74,8 @@ def test_topics_produce_and_consume_round_trip_with_keys(broker):
     assert gone.returncode == 1 and "UNKNOWN_TOPIC_OR_PARTITION" in gone.stderr
 
 
-def test_creating_an_existing_topic_is_one_line_naming_it(broker):
-    bs = ["--bootstrap-server", broker.bootstrap]
+def test_creating_an_existing_topic_is_one_line_naming_it(shared_broker):
+    bs = ["--bootstrap-server", shared_broker.bootstrap]
     assert odradek("topics", "--create", "--topic", "dup", *bs).returncode == 0
     again = odradek("topics", "--create", "--topic", "dup", *bs)
     assert again.returncode == 1 and "dup" in again.stderr and "TOPIC_ALREADY_EXISTS" in again.stderr

@@ -16,6 +16,14 @@ from odradek.types import TopicPartition
 from tests.observability.conftest import http_get
 
 
+@pytest.fixture(scope="module")
+def shared_broker(module_broker):
+    """A broker of this module's own, not the package's (tests/observability/conftest.py):
+    its counts (open connections, client ids under a cap, request errors) take in every
+    client the broker has seen."""
+    return module_broker
+
+
 def scrape(broker) -> dict:
     """{(sample name, sorted labels): value} of one scrape, parsed by prometheus_client."""
     status, text = http_get(broker.console_url + "metrics")

@@ -23,6 +23,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from odradek import Admin, Consumer, Producer
 from tests.observability.conftest import http_get
 
+
+@pytest.fixture(scope="module")
+def shared_broker(module_broker):
+    """A broker of this module's own, not the package's (tests/observability/conftest.py):
+    counters at 0 before they move, and what promtool and Prometheus read, are of the
+    whole broker."""
+    return module_broker
+
+
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 PROMTOOL, PROMETHEUS = shutil.which("promtool"), shutil.which("prometheus")
 needs_prometheus = pytest.mark.skipif(PROMTOOL is None or PROMETHEUS is None,

@@ -31,7 +31,8 @@ def alive(pids):
     return out
 
 
-def test_status_prints_the_actor_tree_with_every_role(broker):
+def test_status_prints_the_actor_tree_with_every_role(shared_broker):
+    broker = shared_broker  # only read: the module's broker
     proc = odradek(broker, "status")
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
@@ -109,7 +110,8 @@ def test_kill_9_of_the_supervisor_takes_every_actor_with_it_and_a_restart_works(
         conn.close()
 
 
-def test_a_second_broker_on_the_same_data_directory_is_refused(broker):
+def test_a_second_broker_on_the_same_data_directory_is_refused(shared_broker):
+    broker = shared_broker  # the refused one never starts: the module's broker will do
     env = dict(os.environ, PYTHONPATH=ROOT)
     proc = subprocess.run([sys.executable, "-m", "odradek", "serve", *broker.set_args], capture_output=True,
                           text=True, timeout=60, env=env)
