@@ -15,19 +15,14 @@ docs/TRANSACTIONS.md, "The commit path", says what each part is for.
 """
 from __future__ import annotations
 
-import struct
-
 from odradek.actors.message import Message
 from odradek.actors.names import PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.core.kafka_batch import LENGTH_AND_ATTRIBUTES, PRODUCER_FIELDS
 from odradek.core.protocol import ErrorCode
-from odradek.core.records import (HEADER_SIZE, OFFSET_ATTRIBUTES, OFFSET_PRODUCER_EPOCH, OFFSET_PRODUCER_ID,
-                                 TRANSACTIONAL_BIT)
+from odradek.core.records import HEADER_SIZE, OFFSET_PRODUCER_ID, TRANSACTIONAL_BIT
 
 MAX_TXN_CHECK_WAIT_MS = 10000  # the longest a txn_check waits for its producer's batches
 TXN_HOLD = 2.0  # seconds a batch sent before its partition's AddPartitionsToTxn was stored waits for the word
-_ATTRIBUTES = struct.Struct(">h")  # at OFFSET_ATTRIBUTES
-_EPOCH = struct.Struct(">h")  # at OFFSET_PRODUCER_EPOCH
-_PRODUCER_ID = struct.Struct(">q")  # at OFFSET_PRODUCER_ID
 
 
 class HeldAppend:
@@ -88,10 +83,8 @@ class TxnPartition:
         is open here already)."""
         if len(batch) < HEADER_SIZE:
             return None  # the usual append answers
-        mv = memoryview(batch)
-        pid = _PRODUCER_ID.unpack_from(mv, OFFSET_PRODUCER_ID)[0]
-        epoch = _EPOCH.unpack_from(mv, OFFSET_PRODUCER_EPOCH)[0]
-        if pid < 0 or not _ATTRIBUTES.unpack_from(mv, OFFSET_ATTRIBUTES)[0] & TRANSACTIONAL_BIT \
+        pid, epoch, _ = PRODUCER_FIELDS.unpack_from(batch, OFFSET_PRODUCER_ID)
+        if pid < 0 or not LENGTH_AND_ATTRIBUTES.unpack_from(batch)[1] & TRANSACTIONAL_BIT \
                 or self.added.get(pid) == epoch:
             return None
         e = self.log.producers.get(pid)
