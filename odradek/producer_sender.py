@@ -162,6 +162,14 @@ class _Idempotence:
             b.retry_at = time.monotonic()
 
 
+class _InFlight:
+    """A partition's requests in flight: to which broker, how many, how many carry a retry."""
+    __slots__ = ("node", "requests", "retries")
+
+    def __init__(self, node: int, retry: bool):
+        self.node, self.requests, self.retries = node, 1, int(retry)
+
+
 class _Sender:
     """The sender thread's state and loop: everything here runs on that thread only. It takes
     closed batches from the accumulator (``drain``), sends them to their leaders through the
@@ -182,8 +190,7 @@ class _Sender:
         self.stopping = False
         self.stop_deadline: float | None = None
         self.metadata_wanted = False
-        # (topic, partition) -> [node, batches, requests in flight, of them those carrying a retry]
-        self.in_flight: dict[tuple, list] = {}
+        self.in_flight: dict[tuple, _InFlight] = {}  # (topic, partition) -> its requests in flight
         self.requests = self.batches = self.retried = 0
         self.idem = _Idempotence()  # the idempotent producer's per-partition state
 
@@ -294,7 +301,7 @@ class _Sender:
                 waiting.append(batch)
                 continue
             busy = in_flight.get(tp)
-            if busy is not None and busy[0] != leader:
+            if busy is not None and busy.node != leader:
                 held.add(tp)
                 waiting.append(batch)
                 continue
@@ -355,7 +362,7 @@ class _Sender:
             for b in batches:
                 tp = (b.topic, b.partition)
                 busy = in_flight.get(tp)
-                if tp in held or (busy is not None and (busy[2] >= limit or busy[3] or b.attempts)) or \
+                if tp in held or (busy is not None and (busy.requests >= limit or busy.retries or b.attempts)) or \
                         (group and size + len(b.data) > self.max_request_size) or \
                         (idempotent and tp in retried and (retried[tp] or b.attempts)) or \
                         (idempotent and b.stamp is None and len(window.get(tp, ())) + fresh.get(tp, 0) >= MAX_STAMPED):
@@ -404,11 +411,10 @@ class _Sender:
             busy = in_flight.get(tp)
             retry = bs[0].attempts > 1  # a retry goes alone (``_send_to``)
             if busy is None:
-                in_flight[tp] = [node, len(bs), 1, retry]
+                in_flight[tp] = _InFlight(node, retry)
             else:
-                busy[1] += len(bs)
-                busy[2] += 1
-                busy[3] += retry
+                busy.requests += 1
+                busy.retries += retry
         self.requests += 1
         self.batches += len(group)
         if self.acks == 0:
@@ -465,10 +471,9 @@ class _Sender:
         for tp, bs in layout:
             busy = in_flight.get(tp)
             if busy is not None:
-                busy[1] -= len(bs)
-                busy[2] -= 1
-                busy[3] -= bs[0].attempts > 1
-                if busy[2] <= 0:
+                busy.requests -= 1
+                busy.retries -= bs[0].attempts > 1
+                if busy.requests <= 0:
                     del in_flight[tp]
 
     def _on_unacked(self, layout: list, err: OdradekError | None) -> None:

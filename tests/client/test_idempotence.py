@@ -179,12 +179,12 @@ def test_several_requests_of_a_partition_in_flight_stay_in_order_and_once_when_t
 
         def lose_three_in_flight(layout, frame, err, node):
             busy = sender.in_flight.get(("cut", 0))
-            most[0] = max(most[0], busy[2] if busy is not None else 0)
+            most[0] = max(most[0], busy.requests if busy is not None else 0)
             if settling[0]:  # the answers (or failures) of what was in flight at the cut go through
                 original(layout, frame, err, node)
                 settling[0] = ("cut", 0) in sender.in_flight
                 return
-            if len(cuts) < 3 and err is None and (held or busy[2] > 1) and \
+            if len(cuts) < 3 and err is None and (held or busy.requests > 1) and \
                     not any(b.attempts > 1 for _, bs in layout for b in bs):
                 held.append(layout)  # answered; the producer has not heard yet: still in flight
                 if len(held) < 3:
