@@ -569,19 +569,18 @@ class RequestHandler(Actor):
         An AddPartitionsToTxn naming an internal topic's partitions adds none (Kafka's
         handleAddPartitionsToTxnRequest: a client may not write them, authorizer or not)."""
         if msg.get("api") == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
-            self._add_partitions_refused(msg, body, {t.get("name") for t in field(body, "topics", list)
-                                                     if isinstance(t, dict) and is_internal_topic(t.get("name"))})
+            self._add_partitions_refused(msg, body, set())
             return
         self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.get("api"), "body": body}, ())
 
-    def _add_partitions_refused(self, msg: Message, body: dict, refused: set) -> None:
+    def _add_partitions_refused(self, msg: Message, body: dict, denied: set) -> None:
         """An AddPartitionsToTxn that adds nothing, as Kafka answers it: the partitions of the
-        ``refused`` topics (internal, or not writable by the principal) get
+        ``denied`` topics (not writable by the principal) and of internal topics get
         TOPIC_AUTHORIZATION_FAILED, the request's others OPERATION_NOT_ATTEMPTED."""
         self.reply(msg, {"body": {"results": [
             {"name": t.get("name"), "results": [
                 {"partition_index": p, "partition_error_code": int(
-                    ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.get("name") in refused
+                    ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.get("name") in denied or is_internal_topic(t.get("name"))
                     else ErrorCode.OPERATION_NOT_ATTEMPTED)} for p in field(t, "partitions", list)]}
             for t in field(body, "topics", list) if isinstance(t, dict)]}})
 
