@@ -36,12 +36,11 @@ import struct
 import time
 from typing import Any, Callable
 
-import zmq
 
 from odradek.actors.message import Message
 from odradek.actors.metrics import BoundedLabels
 from odradek.actors.names import ACCEPTOR, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, socket_path
-from odradek.actors.runtime import Actor, MailboxFull, make_private
+from odradek.actors.runtime import POLLERR, POLLIN, POLLOUT, Actor, MailboxFull, make_private
 from odradek.core import kafka_batch, records
 from odradek.core import codec, sasl
 from odradek.network import listeners as listeners_mod, quotas, secstore, tls
@@ -52,8 +51,6 @@ log = logging.getLogger("odradek.processor")
 
 RECV_SIZE = 256 * 1024  # bytes asked of one recv()
 IOV_MAX = 512  # buffers per sendmsg()
-# plain ints: pyzmq's enum flags cost 0.5-0.8 us per ``&``/``|`` on every socket event
-POLLIN, POLLOUT, POLLERR = int(zmq.POLLIN), int(zmq.POLLOUT), int(zmq.POLLERR)
 RESUME_FRACTION = 0.9  # reading resumes when in-flight falls below this share of the cap
 SWEEP_INTERVAL_MAX = 1.0  # seconds between idle/timeout sweeps (less when the limits are small)
 STOP_DRAIN_SECONDS = 2.0  # how long a stopping processor waits for in-flight answers
@@ -429,10 +426,10 @@ class Processor(Actor):
         try:
             conn.sock.do_handshake()
         except ssl.SSLWantReadError:
-            self._set_events(conn, zmq.POLLIN)
+            self._set_events(conn, POLLIN)
             return
         except ssl.SSLWantWriteError:
-            self._set_events(conn, zmq.POLLOUT)
+            self._set_events(conn, POLLOUT)
             return
         except (ssl.SSLError, OSError) as exc:
             self.counters["tls_failed"] += 1
