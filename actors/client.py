@@ -13,6 +13,7 @@ from typing import Any, Sequence
 import zmq
 
 from odradek.actors.message import Message, encode_header
+from odradek.actors.messages import REPLIES
 from odradek.actors.runtime import LINGER_MS, await_reply, mailbox_address, mailbox_path, make_private
 
 _seq = itertools.count()
@@ -39,16 +40,19 @@ class MailboxClient:
             self._peers[name] = sock
         return sock
 
-    def send(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+    def send(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+        """One-way ``body``, a message of actors.messages (as ``Actor.send``)."""
+        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
         self._peer(to).send_multipart([encode_header(type_, 0, None, fields), *frames], copy=False)
 
-    def request(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+    def request(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
                 timeout: float = 5.0) -> Message:
-        """Send and wait for the answer. Raises OdradekError on an ``_error`` reply or on
-        timeout (REQUEST_TIMED_OUT)."""
+        """Send and wait for the answer (its body of the request's answer class). Raises
+        OdradekError on an ``_error`` reply or on timeout (REQUEST_TIMED_OUT)."""
+        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
         corr = next(self._corr)
         self._peer(to).send_multipart([encode_header(type_, corr, self.name, fields), *frames], copy=False)
-        return await_reply(self.inbox, corr, timeout, f"no answer from {to} to '{type_}'")
+        return await_reply(self.inbox, corr, timeout, f"no answer from {to} to '{type_}'", answer=REPLIES.get(type_))
 
     def close(self) -> None:
         for sock in self._peers.values():

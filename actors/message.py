@@ -7,15 +7,19 @@ A message on the wire is a ZeroMQ multipart message::
 
 ``type`` names the message (``"produce"``, ``"_reply"``, ...); types starting with ``_`` belong
 to the runtime. ``corr`` is a correlation id chosen by the requester (0 one-way); ``reply_to``
-the actor the answer goes to (``None`` one-way); ``fields`` a msgpack-able dict or ``None``.
-Replies reuse the request's ``corr``: ``_reply`` carries the answer's fields, ``_error``
-``{"code", "message"}`` with a code of ``core.protocol.ErrorCode``.
+the actor the answer goes to (``None`` one-way); ``fields`` the body: a NamedTuple declared in
+``actors.messages`` (an array of its fields on the wire) or ``None``. ``decode`` rebuilds a
+body of a declared type as its class; an answer's (``_reply``) class is the one the requester
+expects for what it asked (``REPLIES``), given to ``decode`` or ``typed_reply``. ``_error``
+carries ``ErrorReply`` (a code of ``core.protocol.ErrorCode``).
 """
 from __future__ import annotations
 
 from typing import Any, NamedTuple, Sequence
 
 import msgpack
+
+from odradek.actors.messages import BODIES, ErrorReply
 
 REPLY = "_reply"
 ERROR = "_error"
@@ -31,7 +35,7 @@ class Message(NamedTuple):
     type: str
     corr: int = 0
     reply_to: str | None = None
-    fields: dict | None = None
+    fields: Any = None  # the body: a NamedTuple of actors.messages, or None
     frames: Sequence[Any] = ()
 
     @property
@@ -45,13 +49,14 @@ class Message(NamedTuple):
     @property
     def error_code(self) -> int:
         """The error code of an ``_error`` reply, 0 otherwise."""
-        return self.fields["code"] if self.type == ERROR else 0
+        return self.fields.code if self.type == ERROR else 0
 
     @property
     def error_message(self) -> str:
-        return self.fields.get("message", "") if self.type == ERROR else ""
+        return self.fields.message if self.type == ERROR else ""
 
     def get(self, key: str, default: Any = None) -> Any:
+        """A field of a body not yet declared in actors.messages (a dict): goes once all are."""
         return self.fields.get(key, default) if self.fields else default
 
 
@@ -59,13 +64,14 @@ class MalformedMessage(Exception):
     """A frame 0 that is not a valid header: a bug or a foreign sender, never a user error."""
 
 
-def encode_header(type_: str, corr: int = 0, reply_to: str | None = None,
-                  fields: dict | None = None) -> bytes:
+def encode_header(type_: str, corr: int = 0, reply_to: str | None = None, fields: Any = None) -> bytes:
     return _packb([type_, corr, reply_to, fields])
 
 
 def decode(frames: Sequence[Any]) -> Message:
-    """Turn received multipart frames into a Message. Raises MalformedMessage."""
+    """Turn received multipart frames into a Message whose body is its declared class (a
+    ``_reply``'s stays the array: the requester knows its class, ``typed_reply``). Raises
+    MalformedMessage, also for a body whose type is declared but whose fields do not fit it."""
     if not frames:
         raise MalformedMessage("empty multipart message")
     head = frames[0]
@@ -74,11 +80,31 @@ def decode(frames: Sequence[Any]) -> Message:
         t, corr, reply_to, fields = _unpackb(raw, raw=False)
     except Exception as exc:  # msgpack raises several types; all mean the same here
         raise MalformedMessage(f"undecodable header: {exc}") from None
-    if not isinstance(t, str) or not isinstance(corr, int) or not (reply_to is None or isinstance(reply_to, str)) \
-            or not (fields is None or isinstance(fields, dict)):
+    if not isinstance(t, str) or not isinstance(corr, int) or not (reply_to is None or isinstance(reply_to, str)):
         raise MalformedMessage("header fields of the wrong type")
+    if fields is not None:
+        cls = BODIES.get(t)
+        if cls is not None:
+            fields = _typed(cls, fields, t)
+        elif not isinstance(fields, (dict, list)):
+            raise MalformedMessage("header fields of the wrong type")
     return Message(t, corr, reply_to, fields, frames[1:])
 
 
-def error_fields(code: int, message: str) -> dict:
-    return {"code": int(code), "message": message}
+def _typed(cls: type, fields: Any, what: str) -> Any:
+    if type(fields) is not list or len(fields) != len(cls._fields):
+        raise MalformedMessage(f"'{what}' needs the {len(cls._fields)} fields of {cls.__name__}, "
+                               f"got {type(fields).__name__} {fields!r:.80}")
+    return tuple.__new__(cls, fields)
+
+
+def typed_reply(msg: Message, cls: type | None) -> Message:
+    """``msg``, an answer to a request whose answer class is ``cls`` (``REPLIES``), with its body
+    as that class. Raises MalformedMessage if the fields do not fit it."""
+    if cls is None or msg.type != REPLY or msg.fields is None or type(msg.fields) is dict:
+        return msg
+    return msg._replace(fields=_typed(cls, msg.fields, f"answer {cls.__name__}"))
+
+
+def error_fields(code: int, message: str, detail: Any = None) -> ErrorReply:
+    return ErrorReply(int(code), message, detail)

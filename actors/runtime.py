@@ -38,7 +38,9 @@ from typing import Any, Callable, Sequence
 
 import zmq
 
-from odradek.actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, error_fields
+from odradek.actors.message import ERROR, REPLY, MalformedMessage, Message, decode, encode_header, typed_reply
+from odradek.actors.messages import (REPLIES, ActorMetrics, Chained, Done, ErrorReply, Fence, Heartbeat, Name, Pong, Ready,
+                                     StartFailed)
 from odradek.actors.metrics import Metrics
 from odradek.core.protocol import ErrorCode, OdradekError
 
@@ -158,7 +160,8 @@ class Actor:
         self._timers: list[tuple[float, int, Timer]] = []
         self._timer_seq = itertools.count()
         self._corr = itertools.count(1)
-        self._waiting: dict[int, tuple[Callable[[Message], Any], Timer | None]] = {}
+        # requests sent, not yet answered: corr -> (callback, timeout timer, the answer's class)
+        self._waiting: dict[int, tuple[Callable[[Message], Any], Timer | None, type | None]] = {}
         self._unanswered: dict[tuple[str, int], str] = {}  # requests received, not yet answered
         self._stopping = False
         self._running = False
@@ -197,7 +200,7 @@ class Actor:
         (one message per batch instead of one per message)."""
 
     def stats(self) -> dict:
-        """Extra numbers for ``odradek status`` (merged into the heartbeat)."""
+        """Extra numbers for ``odradek status`` (the heartbeat's ``stats``)."""
         return {}
 
     def metric_gauges(self) -> list:
@@ -239,9 +242,18 @@ class Actor:
             self._peers[name] = sock
         return sock
 
-    def send(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+    def send(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
              corr: int = 0, reply_to: str | None = None) -> None:
-        """One-way message to the actor named ``to``. Raises MailboxFull, never blocks."""
+        """One-way message to the actor named ``to``: ``body`` is a message of actors.messages
+        (a type's name and its ``fields`` dict while not every message is declared there).
+        Raises MailboxFull, never blocks."""
+        if type(body) is str:
+            self._transmit(to, body, fields, frames, corr, reply_to)
+        else:
+            self._transmit(to, body.TYPE, body, frames, corr, reply_to)
+
+    def _transmit(self, to: str, type_: str, fields: Any, frames: Sequence[Any], corr: int,
+                  reply_to: str | None) -> None:
         sock = self._peers.get(to) or self._peer(to)
         header = encode_header(type_, corr, reply_to, fields)
         try:
@@ -256,17 +268,19 @@ class Actor:
         except zmq.Again:
             raise MailboxFull(f"mailbox of {to} is full ({MAILBOX_HWM} messages queued)") from None
 
-    def request(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+    def request(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
                 callback: Callable[[Message], Any] | None = None, timeout: float | None = 30.0) -> int:
-        """Send a request; ``callback(reply)`` runs on the ``_reply`` or ``_error`` answer,
-        or with a REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr.
-        If the peer's queue is full the callback runs at once, before this returns, with a
-        REQUEST_TIMED_OUT error."""
+        """Send a request (``body`` as for ``send``); ``callback(reply)`` runs on the ``_reply``
+        (its body of the request's answer class, ``REPLIES``) or ``_error`` answer, or with a
+        REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr. If the peer's
+        queue is full the callback runs at once, before this returns, with a REQUEST_TIMED_OUT
+        error."""
+        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
         corr = self.expect(callback or _ignore, to, type_, timeout)
         try:
-            self.send(to, type_, fields, frames, corr=corr, reply_to=self.name)
+            self._transmit(to, type_, fields, frames, corr, self.name)
         except MailboxFull as exc:
-            self._complete(corr, Message(ERROR, corr, None, error_fields(exc.code, exc.message)))
+            self._complete(corr, Message(ERROR, corr, None, ErrorReply(exc.code, exc.message)))
         return corr
 
     def expect(self, callback: Callable[[Message], Any], to: str, type_: str, timeout: float | None = 30.0) -> int:
@@ -278,87 +292,104 @@ class Actor:
         timer = None
         if timeout is not None:
             timer = self.call_later(timeout, lambda: self._expire(corr, to, type_, timeout))
-        self._waiting[corr] = (callback, timer)
+        self._waiting[corr] = (callback, timer, REPLIES.get(type_))
         return corr
 
     def _expire(self, corr: int, to: str, type_: str, timeout: float) -> None:
         if corr in self._waiting:
-            self._complete(corr, Message(ERROR, corr, None, error_fields(
+            self._complete(corr, Message(ERROR, corr, None, ErrorReply(
                 ErrorCode.REQUEST_TIMED_OUT, f"no answer from {to} to '{type_}' within {timeout:g}s")))
 
     def _complete(self, corr: int, reply: Message) -> None:
-        callback, timer = self._waiting.pop(corr, (None, None))
+        callback, timer, cls = self._waiting.pop(corr, _NOT_WAITING)
         if timer is not None:
             timer.cancel()
         if callback is not None:
+            if cls is not None:
+                try:
+                    reply = typed_reply(reply, cls)
+                except MalformedMessage as exc:
+                    log.error("%s: %s", self.name, exc)
+                    reply = Message(ERROR, corr, None, ErrorReply(ErrorCode.UNKNOWN_SERVER_ERROR, str(exc)))
             callback(reply)
 
     def cancel_request(self, corr: int) -> None:
         """Forget a request: a late answer to it is ignored."""
-        _, timer = self._waiting.pop(corr, (None, None))
+        _, timer, _ = self._waiting.pop(corr, _NOT_WAITING)
         if timer is not None:
             timer.cancel()
 
-    def reply(self, msg: Message, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
-        """Answer a request with ``_reply``. A one-way message is answered by nothing."""
+    def reply(self, msg: Message, fields: Any = None, frames: Sequence[Any] = ()) -> None:
+        """Answer a request with ``_reply``: ``fields`` is a body of the request's answer class
+        (``actors.messages.REPLIES``). A one-way message is answered by nothing."""
         if not msg.reply_to:
             return
         self._unanswered.pop((msg.reply_to, msg.corr), None)
         self._send_answer(msg.reply_to, REPLY, msg.corr, fields, frames)
 
-    def reply_error(self, msg: Message, code: int, message: str, extra: dict | None = None) -> None:
-        """Answer with ``_error``; ``extra`` fields ride along for a requester that reads them."""
+    def reply_error(self, msg: Message, code: int, message: str, detail: Any = None) -> None:
+        """Answer with ``_error``; ``detail`` rides along for a requester that reads it."""
         if not msg.reply_to:
             return
         self._unanswered.pop((msg.reply_to, msg.corr), None)
-        fields = error_fields(code, message)
-        if extra:
-            fields.update(extra)
-        self._send_answer(msg.reply_to, ERROR, msg.corr, fields, ())
+        self._send_answer(msg.reply_to, ERROR, msg.corr, ErrorReply(int(code), message, detail), ())
 
-    def reply_to(self, reply_to: str, corr: int, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+    def reply_to(self, reply_to: str, corr: int, fields: Any = None, frames: Sequence[Any] = ()) -> None:
         """Answer a request held elsewhere (a purgatory): by its reply address and corr."""
         self._unanswered.pop((reply_to, corr), None)
         self._send_answer(reply_to, REPLY, corr, fields, frames)
 
     def reply_error_to(self, reply_to: str, corr: int, code: int, message: str) -> None:
         self._unanswered.pop((reply_to, corr), None)
-        self._send_answer(reply_to, ERROR, corr, error_fields(code, message), ())
+        self._send_answer(reply_to, ERROR, corr, ErrorReply(int(code), message), ())
 
     def _send_answer(self, to: str, type_: str, corr: int, fields, frames) -> None:
         try:
-            self.send(to, type_, fields, frames, corr=corr)
+            self._transmit(to, type_, fields, frames, corr, None)
         except MailboxFull:
             log.error("%s: could not answer %s (corr %d): its mailbox is full", self.name, to, corr)
 
-    def answer_chained(self, msg: Message, fields: dict | None = None) -> list:
-        """``msg``'s answer as a chained message (``[to, type, fields, corr]``) for another
-        actor to send on our behalf once it did its part (a log actor, once a record is
-        stored): one hop less than that actor answering us and us answering. Call
-        ``answered_elsewhere(msg)`` once it is sent, or answer ``msg`` as usual if it is not."""
-        return [msg.reply_to, REPLY, fields or {}, msg.corr]
+    def answer_chained(self, msg: Message, fields: Any = None) -> Chained:
+        """``msg``'s answer as a chained message for another actor to send on our behalf once
+        it did its part (a log actor, once a record is stored): one hop less than that actor
+        answering us and us answering. Call ``answered_elsewhere(msg)`` once it is sent, or
+        answer ``msg`` as usual if it is not."""
+        return Chained(msg.reply_to, REPLY, fields, msg.corr)
+
+    def send_chained(self, chained: Chained, reply_to: str) -> None:
+        """Send a message chained to one we were asked for, on ``reply_to``'s behalf (its body
+        as it came, already the wire's array). Raises MailboxFull."""
+        self._transmit(chained.to, chained.type, chained.fields, (), chained.corr, reply_to)
 
     def answered_elsewhere(self, msg: Message) -> None:
         """``msg`` was answered by another actor on our behalf: it is no longer open here."""
         self._unanswered.pop((msg.reply_to, msg.corr), None)
 
-    def forward(self, msg: Message, to: str, type_: str | None = None, fields: dict | None = None,
+    def forward(self, msg: Message, to: str, body: Any = None, fields: dict | None = None,
                 frames: Sequence[Any] | None = None) -> None:
-        """Pass a request on: the next actor answers the original requester directly."""
+        """Pass a request on as ``body`` (itself, if None): the next actor answers the original
+        requester directly."""
         if msg.reply_to:
             self._unanswered.pop((msg.reply_to, msg.corr), None)
-        self.send(to, type_ or msg.type, msg.fields if fields is None else fields,
-                  msg.frames if frames is None else frames, corr=msg.corr, reply_to=msg.reply_to)
+        if body is None:
+            type_, fields = msg.type, msg.fields
+        elif type(body) is str:
+            type_ = body
+        else:
+            type_, fields = body.TYPE, body
+        self._transmit(to, type_, fields, msg.frames if frames is None else frames, msg.corr, msg.reply_to)
 
-    def call(self, to: str, type_: str, fields: dict | None = None, frames: Sequence[Any] = (),
+    def call(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
              timeout: float = 10.0) -> Message:
-        """Blocking request, for ``on_start`` only (fetching the state an actor needs
-        before it reports ready). Other messages arriving meanwhile are kept and handled
-        once the loop runs. Raises OdradekError on an ``_error`` answer or timeout."""
+        """Blocking request (``body`` as for ``send``), for ``on_start`` only (fetching the
+        state an actor needs before it reports ready). Other messages arriving meanwhile are
+        kept and handled once the loop runs. Raises OdradekError on an ``_error`` answer or
+        timeout."""
+        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
         corr = next(self._corr)
-        self.send(to, type_, fields, frames, corr=corr, reply_to=self.name)
+        self._transmit(to, type_, fields, frames, corr, self.name)
         return await_reply(self.mailbox, corr, timeout, f"{self.name}: no answer from {to} to '{type_}'",
-                           keep=self._early.append)
+                           keep=self._early.append, answer=REPLIES.get(type_))
 
     def hold(self, msg: Message) -> None:
         """Nothing to do: a received request stays open until answered or forwarded.
@@ -462,12 +493,10 @@ class Actor:
             except Exception as exc:
                 if self.supervisor:  # say why, so a broker that cannot start can tell its operator
                     why = exc.message if isinstance(exc, OdradekError) else f"{type(exc).__name__}: {exc}"
-                    self.send(self.supervisor, "_start_failed", {"name": self.name, "pid": os.getpid(),
-                                                                 "error": why})
+                    self.send(self.supervisor, StartFailed(self.name, os.getpid(), why))
                 raise
             if self.supervisor:
-                self.send(self.supervisor, "_ready", {"name": self.name, "pid": os.getpid(),
-                                                      **self.ready_fields()})
+                self.send(self.supervisor, Ready(self.name, os.getpid(), self.ready_fields()))
                 self.call_every(HEARTBEAT_INTERVAL, self._heartbeat)
             if ready:
                 ready()
@@ -573,62 +602,59 @@ class Actor:
     def _heartbeat(self) -> None:
         if self.supervisor:
             try:
-                self.send(self.supervisor, "_heartbeat", self.heartbeat_fields())
+                self.send(self.supervisor, self.heartbeat_fields())
             except MailboxFull:
                 pass
 
-    def heartbeat_fields(self) -> dict:
-        fields = {"name": self.name, "pid": os.getpid(), "processed": self.processed,
-                  "open": len(self._unanswered), "waiting": len(self._waiting), "progress": self.progress}
-        fields.update(self.stats())
-        return fields
+    def heartbeat_fields(self) -> Heartbeat:
+        return Heartbeat(self.name, os.getpid(), self.processed, len(self._unanswered), len(self._waiting),
+                         self.progress, self.stats())
 
     def on__stop(self, msg: Message) -> None:
-        self.reply(msg, {"name": self.name})
+        self.reply(msg, Name(self.name))
         self.stop()
 
     def on__drain(self, msg: Message) -> None:
         """The supervisor is about to stop the tree (specs with ``drain``): finish what must
         happen while every other actor still runs, then answer. Default: nothing to do."""
-        self.reply(msg, {})
+        self.reply(msg, Done())
 
     def on__ping(self, msg: Message) -> None:
-        self.reply(msg, {"name": self.name, "pid": os.getpid()})
+        self.reply(msg, Pong(self.name, os.getpid()))
 
     def on__stats(self, msg: Message) -> None:
         self.reply(msg, self.heartbeat_fields())
 
     def on__metrics(self, msg: Message) -> None:
         """From the metrics actor at scrape time: this actor's counters, histograms, gauges."""
-        self.reply(msg, {"name": self.name, **self.metrics.snapshot(), "gauges": self.metric_gauges()})
+        self.reply(msg, ActorMetrics(self.name, self.metrics.snapshot(), self.metric_gauges()))
 
     def on__members(self, msg: Message) -> None:
         """From the supervisor: the running members of a role this actor watches. Names in
         ``retired`` are leaving the pool: after re-routing, send each a ``_fence`` (our last
         message to it), then acknowledge."""
-        role, members = msg.get("role"), list(msg.get("members") or [])
-        retired = list(msg.get("retired") or [])
+        role, members, retired = msg.fields
         self.members[role] = members
         self.on_members(role, members, retired)
         for name in retired:
             try:
-                self.send(name, "_fence", {"sender": self.name})
+                self.send(name, Fence(self.name))
             except MailboxFull:
                 log.error("%s: could not fence %s: mailbox full", self.name, name)
-        self.reply(msg, {"name": self.name})
+        self.reply(msg, Name(self.name))
 
     def on__retire(self, msg: Message) -> None:
         """Leave a pool without failing a request: wait for a ``_fence`` from each sender
         named in ``fences`` (each sends it after its last message to us) and for our own
         open and outstanding requests to finish, then stop (``timeout`` caps the wait)."""
         self.retiring = True
-        self._fences_expected = set(msg.get("fences", [])) - self._fences_seen
-        self.reply(msg, {"name": self.name})
-        self.call_later(msg.get("timeout", 10.0), self.stop)
+        self._fences_expected = set(msg.fields.fences) - self._fences_seen
+        self.reply(msg, Name(self.name))
+        self.call_later(msg.fields.timeout, self.stop)
         self._leave_check = self.call_every(0.01, self._maybe_leave)
 
     def on__fence(self, msg: Message) -> None:
-        sender = msg.get("sender")
+        sender = msg.fields.sender
         self._fences_seen.add(sender)
         self._fences_expected.discard(sender)
 
@@ -661,7 +687,7 @@ class Actor:
             self.reply_error_to(reply_to, corr, ErrorCode.NETWORK_EXCEPTION,
                                 f"{self.name} is stopping; '{type_}' was not completed, retry")
         for corr in list(self._waiting):
-            self._complete(corr, Message(ERROR, corr, None, error_fields(
+            self._complete(corr, Message(ERROR, corr, None, ErrorReply(
                 ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} stopped before an answer arrived")))
         path = mailbox_path(self.run_dir, self.name)
         for sock in self._peers.values():
@@ -687,16 +713,20 @@ def _ignore(_msg: Message) -> None:
     pass
 
 
+_NOT_WAITING = (None, None, None)
+
+
 def _nothing() -> None:
     pass
 
 
 def await_reply(sock: zmq.Socket, corr: int, timeout: float, what: str,
-                keep: Callable[[Any], Any] | None = None) -> Message:
+                keep: Callable[[Any], Any] | None = None, answer: type | None = None) -> Message:
     """Block on ``sock`` until the answer to ``corr`` arrives (for code outside an actor's
-    loop: ``Actor.call`` at start-up, ``MailboxClient``). Other messages go to ``keep``
-    (raw frames) or are dropped (late answers to requests that timed out). Raises
-    OdradekError on an ``_error`` answer, REQUEST_TIMED_OUT after ``timeout`` seconds."""
+    loop: ``Actor.call`` at start-up, ``MailboxClient``), its body of class ``answer``. Other
+    messages go to ``keep`` (raw frames) or are dropped (late answers to requests that timed
+    out). Raises OdradekError on an ``_error`` answer or an answer that does not fit
+    ``answer``, REQUEST_TIMED_OUT after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
         left = deadline - time.monotonic()
@@ -712,7 +742,10 @@ def await_reply(sock: zmq.Socket, corr: int, timeout: float, what: str,
         if msg.corr == corr and msg.is_reply:
             if msg.is_error:
                 raise OdradekError(msg.error_message, ErrorCode.of(msg.error_code))
-            return msg
+            try:
+                return typed_reply(msg, answer)
+            except MalformedMessage as exc:
+                raise OdradekError(f"{what}: {exc}", ErrorCode.UNKNOWN_SERVER_ERROR) from None
         if keep is not None:
             keep(frames)
 

@@ -36,6 +36,7 @@ import psutil
 
 from odradek.actors.launch import SOCKET_GLOB, Launcher
 from odradek.actors.message import Message
+from odradek.actors.messages import BrokerStatus, Drain, Heartbeat, Members, Pid, Retire, Scaled, Stop
 from odradek.actors.names import SUPERVISOR, pool_member
 from odradek.actors.runtime import Actor, actor_main
 from odradek.core.protocol import ErrorCode, OdradekError
@@ -96,7 +97,7 @@ class Child:
         self.last_exit: int | None = None
         self.last_error = ""  # why its last start failed, as it said
         self.last_heartbeat = 0.0
-        self.heartbeat: dict = {}
+        self.heartbeat: Heartbeat | None = None
         self.sample: dict = {}
         self.ready_info: dict = {}
         self.ps: psutil.Process | None = None
@@ -218,26 +219,29 @@ class Supervisor(Actor):
 
     # ---- messages from children ------------------------------------------------------
     def on__start_failed(self, msg: Message) -> None:
-        child = self.children.get(msg.get("name"))
-        if child is not None and child.pid == msg.get("pid"):
-            child.last_error = str(msg.get("error") or "")
+        failed = msg.fields
+        child = self.children.get(failed.name)
+        if child is not None and child.pid == failed.pid:
+            child.last_error = str(failed.error or "")
             log.error("%s could not start: %s", child.name, child.last_error)
 
     def on__ready(self, msg: Message) -> None:
-        child = self.children.get(msg.get("name"))
-        if child is None or child.pid != msg.get("pid"):
+        ready = msg.fields
+        child = self.children.get(ready.name)
+        if child is None or child.pid != ready.pid:
             return
         child.state = "running" if child.state in ("starting", "restarting") else child.state
         child.last_heartbeat = self.clock()
-        child.ready_info = {k: v for k, v in msg.fields.items() if k not in ("name", "pid")}
+        child.ready_info = ready.info
         log.info("%s ready (pid %d)", child.name, child.pid)
         if self.ready:
             self._announce(child)
 
     def on__heartbeat(self, msg: Message) -> None:
-        child = self.children.get(msg.get("name"))
-        if child is not None and child.pid == msg.get("pid"):
-            child.heartbeat = msg.fields
+        beat = msg.fields
+        child = self.children.get(beat.name)
+        if child is not None and child.pid == beat.pid:
+            child.heartbeat = beat
             child.last_heartbeat = self.clock()
 
     def _announce(self, child: Child) -> None:
@@ -245,25 +249,25 @@ class Supervisor(Actor):
         self._broadcast_members(child.spec)
         for spec in self.specs:
             if child.spec.role in spec.watchers:
-                self._send_quiet(child.name, "_members", self._members_fields(spec))
+                self._send_quiet(child.name, self._members_of(spec))
 
-    def _members_fields(self, spec: ChildSpec) -> dict:
+    def _members_of(self, spec: ChildSpec, retired: list | None = None) -> Members:
         members = [c.name for c in self.children.values() if c.spec is spec and c.state == "running"]
-        return {"role": spec.role, "members": members}
+        return Members(spec.role, members, retired or [])
 
     def _broadcast_members(self, spec: ChildSpec) -> None:
-        fields = self._members_fields(spec)
+        members = self._members_of(spec)
         for watcher in self._running_of(spec.watchers):
-            self._send_quiet(watcher.name, "_members", fields)
+            self._send_quiet(watcher.name, members)
 
     def _running_of(self, roles) -> list[Child]:
         return [c for c in self.children.values() if c.spec.role in roles and c.state == "running"]
 
-    def _send_quiet(self, to: str, type_: str, fields: dict) -> None:
+    def _send_quiet(self, to: str, body) -> None:
         try:
-            self.send(to, type_, fields)
+            self.send(to, body)
         except OdradekError as exc:
-            log.warning("could not tell %s about %s: %s", to, type_, exc)
+            log.warning("could not tell %s about %s: %s", to, body.TYPE, exc)
 
     # ---- deaths and restarts ---------------------------------------------------------
     def _on_exit(self, child: Child, proc) -> None:
@@ -350,7 +354,7 @@ class Supervisor(Actor):
     def on_status(self, msg: Message) -> None:
         self.reply(msg, self.status())
 
-    def status(self) -> dict:
+    def status(self) -> BrokerStatus:
         rows = []
         for child in self.children.values():
             hb, sample = child.heartbeat, child.sample
@@ -358,27 +362,27 @@ class Supervisor(Actor):
                          "state": child.state, "restarts": child.restarts,
                          "last_exit": child.last_exit,
                          "rss": sample.get("rss"), "cpu": sample.get("cpu"), "fds": sample.get("fds"),
-                         "processed": hb.get("processed"), "open": hb.get("open"),
-                         "backlog": hb.get("backlog", 0), "progress": hb.get("progress", ""),
+                         "processed": hb and hb.processed, "open": hb and hb.open,
+                         "backlog": hb.stats.get("backlog", 0) if hb else 0, "progress": hb.progress if hb else "",
                          "uptime": round(time.time() - child.started_at, 1) if child.started_at else None})
         launcher = self.launcher
-        return {"supervisor": {"pid": os.getpid(), "state": "running" if self.ready else "starting",
-                               "actor_start": launcher.method if launcher else None,
-                               "fork_server": launcher.server_pid if launcher else None, **self.info},
-                "actors": [r for r in rows if r["state"] != "stopped"]}
+        return BrokerStatus({"pid": os.getpid(), "state": "running" if self.ready else "starting",
+                             "actor_start": launcher.method if launcher else None,
+                             "fork_server": launcher.server_pid if launcher else None, **self.info},
+                            [r for r in rows if r["state"] != "stopped"])
 
     def on_shutdown(self, msg: Message) -> None:
         """From the control endpoint, or one-way from an actor that cannot go on (``fatal``:
         why, e.g. a log actor whose log directory failed): then logged, and the exit code 1."""
-        fatal = msg.get("fatal")
+        fatal = msg.fields.fatal
         if fatal and self.fatal is None:
             self.fatal, self.exit_code = f"{fatal}; shutting the broker down", 1
             log.critical(self.fatal)
-        self.reply(msg, {"pid": os.getpid()})
+        self.reply(msg, Pid(os.getpid()))
         self.stop()
 
     def on_scale(self, msg: Message) -> None:
-        role, count = msg.get("role"), msg.get("count")
+        role, count = msg.fields
         spec = next((s for s in self.specs if s.role == role), None)
         if spec is None or not spec.scalable:
             scalable = [s.role for s in self.specs if s.scalable]
@@ -395,7 +399,7 @@ class Supervisor(Actor):
         elif count < len(current):
             self._scale_down(spec, current, count, msg)
         else:
-            self.reply(msg, {"role": role, "count": count})
+            self.reply(msg, Scaled(role, count))
 
     def _scale_up(self, spec: ChildSpec, count: int, msg: Message) -> None:
         used = {c.name for c in self.children.values()}
@@ -419,7 +423,7 @@ class Supervisor(Actor):
             return
         if all(self.children[n].state != "starting" for n in job["new"]):
             del self._scaling[spec.role]
-            self.reply(job["msg"], {"role": spec.role, "count": spec.count, "added": job["new"]})
+            self.reply(job["msg"], Scaled(spec.role, spec.count, added=job["new"]))
         else:
             self.call_later(0.01, lambda: self._check_scale_up(spec))
 
@@ -429,8 +433,7 @@ class Supervisor(Actor):
         for child in leaving:
             child.state = "retiring"
         spec.count = count
-        fields = self._members_fields(spec)
-        fields["retired"] = [c.name for c in leaving]
+        members = self._members_of(spec, retired=[c.name for c in leaving])
         watchers = self._running_of(spec.watchers)
         job = {"msg": msg, "leaving": [c.name for c in leaving], "acks": set(w.name for w in watchers)}
         self._scaling[spec.role] = job
@@ -440,9 +443,9 @@ class Supervisor(Actor):
             # finish what they hold and exit on their own; the change is answered now.
             fences = [w.name for w in watchers]
             for child in leaving:
-                self._send_quiet(child.name, "_retire", {"fences": fences, "timeout": 10.0})
+                self._send_quiet(child.name, Retire(fences, 10.0))
             del self._scaling[spec.role]
-            self.reply(msg, {"role": spec.role, "count": count, "removed": job["leaving"]})
+            self.reply(msg, Scaled(spec.role, count, removed=job["leaving"]))
 
         if not watchers:
             retire_all()
@@ -451,7 +454,7 @@ class Supervisor(Actor):
                 job["acks"].discard(w)
                 if not job["acks"]:
                     retire_all()
-            self.request(watcher.name, "_members", fields, callback=acked, timeout=10.0)
+            self.request(watcher.name, members, callback=acked, timeout=10.0)
 
     def _forget_retired(self, child: Child) -> None:
         if self.children.get(child.name) is child:
@@ -464,14 +467,14 @@ class Supervisor(Actor):
             # a drain phase while the whole tree still runs (a cluster broker hands its
             # partitions' leadership away); up to half the shutdown time
             try:
-                self.call(child.name, "_drain", {}, timeout=max(0.1, self.policy.shutdown_timeout / 2))
+                self.call(child.name, Drain(), timeout=max(0.1, self.policy.shutdown_timeout / 2))
             except OdradekError as exc:
                 log.warning("%s did not drain: %s", child.name, exc.message)
         for spec in reversed(self.specs):
             group = [c for c in self.children.values() if c.spec is spec and c.alive()]
             for child in group:
                 child.state = "stopping"
-                self._send_quiet(child.name, "_stop", {})
+                self._send_quiet(child.name, Stop())
             for child in group:
                 left = max(0.0, deadline - time.monotonic())
                 child.process.join(left)

@@ -248,10 +248,10 @@ class BrokerAgent:
             if problem is not None:
                 why = f"{topic}-{partition}: ISR not changed: {problem}"
                 code = ErrorCode.REQUEST_TIMED_OUT if unknown else ErrorCode.INVALID_UPDATE_VERSION
-                extra = None if held is None else {"held": {
+                detail = None if held is None else {
                     "leader": held.leader, "leader_epoch": held.leader_epoch, "isr": list(held.isr),
-                    "zk_version": held.zk_version}}
-                self.outbox.post(lambda: self.outbox.reply_error(msg, code, why, extra))
+                    "zk_version": held.zk_version}
+                self.outbox.post(lambda: self.outbox.reply_error(msg, code, why, detail))
                 return
             self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", to_json([[topic, partition]]), sequence=True)
             self.outbox.post(lambda: self.outbox.reply(msg, {"zk_version": version}))

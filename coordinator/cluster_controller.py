@@ -32,6 +32,7 @@ import logging
 import time
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Status
 from odradek.actors.runtime import Actor
 from odradek.coordinator.active_controller import WRITE_RETRIES, ActiveController
 from odradek.coordinator.broker_agent import BrokerAgent
@@ -306,7 +307,7 @@ class ClusterController(Actor):
             self.address = endpoints[listeners_mod.inter_broker(self.config).name]
             self._maybe_register()
         if self.supervisor:
-            self.request(self.supervisor, "status", callback=learned, timeout=5.0)
+            self.request(self.supervisor, Status(), callback=learned, timeout=5.0)
 
     def _elect(self) -> None:
         """Stand for election: create ``/controller`` and bump ``/controller_epoch`` in one

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Status
 from odradek.actors.names import TXN_COORDINATOR
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import EMPTY, GroupError
@@ -172,14 +173,14 @@ class AdminApi:
             return
 
         def learned(status: Message) -> None:
-            addr = (status.fields or {}).get("supervisor", {}).get("address") if not status.is_error else None
+            addr = status.fields.supervisor.get("address") if not status.is_error else None
             if addr:
                 h, _, p = str(addr).rpartition(":")
                 self.address = (host if cfg.get("advertised.listeners") else h, int(p))
                 then(self.address)
             else:
                 then((host, port))
-        self.outbox.request(self.supervisor, "status", callback=learned, timeout=5.0)
+        self.outbox.request(self.supervisor, Status(), callback=learned, timeout=5.0)
 
     def list_groups(self, msg: Message, body: dict) -> None:
         states = {str(s).lower() for s in field(body, "states_filter", list, [])}

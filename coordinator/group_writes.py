@@ -16,7 +16,7 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import ProducePart
+from odradek.actors.messages import ProducePart
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import ConsumerGroup
 from odradek.coordinator.group_leadership import Leadership

@@ -19,7 +19,8 @@ import logging
 import os
 from typing import Iterator
 
-from odradek.actors.names import LogBounds, partition_dir
+from odradek.actors.names import partition_dir
+from odradek.actors.messages import LogBounds
 from odradek.core.errors import CorruptRecordError, StorageError
 from odradek.log.reader import LogReader, list_log_bases
 from odradek.core.records import Record, decode_batch, iter_batches

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 
-from odradek.actors.names import LogBounds, PartitionBounds
+from odradek.actors.messages import LogBounds, PartitionBounds
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import OffsetsView
 from odradek.core.protocol import OFFSETS_TOPIC

@@ -29,7 +29,8 @@ import urllib.request
 
 from odradek.actors import http_listener
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, LogBounds, PartitionBounds, ProducePart, log_host
+from odradek.actors.names import CONTROLLER, log_host
+from odradek.actors.messages import LogBounds, PartitionBounds, ProducePart
 from odradek.actors.runtime import Actor
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders

@@ -26,7 +26,8 @@ import json
 import logging
 from typing import Any, Callable
 
-from odradek.actors.names import FETCH_ACTOR, REPLICA_FETCHER, ThrottledReplica
+from odradek.actors.names import FETCH_ACTOR, REPLICA_FETCHER
+from odradek.actors.messages import ThrottledReplica
 from odradek.coordinator.zk_state import BROKER_CONFIGS, to_json
 from odradek.log.throttle import UNLIMITED
 

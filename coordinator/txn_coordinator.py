@@ -34,7 +34,8 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, Chained, TxnAdded, TxnMarker, log_host
+from odradek.actors.names import CONTROLLER, log_host
+from odradek.actors.messages import Chained, TxnAdded, TxnMarker
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState

@@ -22,7 +22,8 @@ import threading
 from typing import Callable
 
 from odradek.actors.message import REPLY, Message
-from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, Chained, PartOutcome, TxnMarker, chain_sent, log_host
+from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, log_host
+from odradek.actors.messages import Chained, PartOutcome, TxnMarker, chain_sent
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState

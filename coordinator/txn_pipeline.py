@@ -18,7 +18,8 @@ from __future__ import annotations
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import TxnCheck, log_host
+from odradek.actors.names import log_host
+from odradek.actors.messages import TxnCheck
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import TxnState
 from odradek.coordinator.txn_state_log import TxnStateLog

@@ -23,7 +23,8 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, LogBounds, log_host
+from odradek.actors.names import CONTROLLER, log_host
+from odradek.actors.messages import LogBounds
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders, partition_for
@@ -199,7 +200,7 @@ class TxnStateLog:
     def persist(self, t: Transaction, then, fail, attempt: int = 0, chain: list | None = None) -> None:
         """Write ``t``'s record (acks=all), then ``then()``; ``fail(OdradekError)`` if it
         could not be stored (the client retries: COORDINATOR_NOT_AVAILABLE, or
-        NOT_COORDINATOR once leadership moved). ``chain``: messages (``actors.names.Chained``:
+        NOT_COORDINATOR once leadership moved). ``chain``: messages (``actors.messages.Chained``:
         requests whose answers are ``expect``-ed here, or the answer to one of our
         requesters, ``answer_chained``) the log actor sends once the record is
         stored, none if it is not (``fail`` then forgets them)."""

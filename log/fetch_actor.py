@@ -33,7 +33,8 @@ from odradek.actors.message import Message
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log.epochs import epoch_mismatch
 from odradek.core.errors import OffsetOutOfRangeError
-from odradek.actors.names import CONTROLLER, LOG, LogBounds, partition_dir
+from odradek.actors.names import CONTROLLER, LOG, partition_dir
+from odradek.actors.messages import LogBounds
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, LogReader

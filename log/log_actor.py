@@ -24,7 +24,7 @@ Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``
       partition joined a producer's transaction; its held batches are appended
 Sends: ``get_assignment`` and ``alter_isr`` to the controller; ``bounds`` to the fetch actor
 after each batch of messages (appends only for watched partitions); ``fsynced`` to the replica
-fetcher; a request's chained ``then`` messages (``actors.names.chain_sent``); ``shutdown`` to
+fetcher; a request's chained ``then`` messages (``actors.messages.chain_sent``); ``shutdown`` to
 the supervisor when its log directory fails.
 Invariants: a partition's appends are serialized by this one loop; partitions open lazily in
 the background and a request touching one not yet open opens it first, never refused for it;
@@ -42,7 +42,7 @@ import struct
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, SUPERVISOR, chain_sent, partition_dir
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, REPLICA_FETCHER, SUPERVISOR, partition_dir
 from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log import cleaner, producer_ids
 from odradek.core.config import LogConfig
@@ -52,7 +52,7 @@ from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
-from odradek.actors.names import Chained, PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.actors.messages import Chained, PartOutcome, Shutdown, TxnAdded, TxnCheck, TxnMarker, chain_sent
 from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
                                        TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
@@ -565,7 +565,7 @@ class LogActor(Actor):
             if reply.is_error:
                 log.warning("%s-%d: ISR change to %s not recorded: %s", p.topic, p.partition, isr,
                             reply.error_message)
-                held = reply.get("held")
+                held = reply.fields.detail
                 if reply.error_code == ErrorCode.INVALID_UPDATE_VERSION and held:
                     self._adopt_held_isr(p, epoch, held)
                 return  # else unknown (ZooKeeper unreachable, no answer): still pending, retried
@@ -1284,7 +1284,7 @@ class LogActor(Actor):
         self._unsynced.clear()
         self.unopened.clear()  # never opened from an offline directory
         try:
-            self.send(SUPERVISOR, "shutdown", {"fatal": f"log directory {self.data_dir} is offline: {why}"})
+            self.send(SUPERVISOR, Shutdown(f"log directory {self.data_dir} is offline: {why}"))
         except MailboxFull:
             log.critical("could not ask the supervisor to shut the broker down")
 
@@ -1341,12 +1341,12 @@ class LogActor(Actor):
             return
         for item in msg.fields["then"]:
             c = Chained._make(item) if isinstance(item, list) and len(item) == len(Chained._fields) else None
-            if c is None or not (isinstance(c.to, str) and isinstance(c.type, str) and isinstance(c.fields, dict)
-                                 and isinstance(c.corr, int)):
+            if c is None or not (isinstance(c.to, str) and isinstance(c.type, str)
+                                 and isinstance(c.fields, (dict, list, type(None))) and isinstance(c.corr, int)):
                 log.error("%s: dropping a malformed chained message from %s: %r", self.name, msg.reply_to, item)
                 continue
             try:
-                self.send(c.to, c.type, c.fields, corr=c.corr, reply_to=msg.reply_to)
+                self.send_chained(c, msg.reply_to)
             except MailboxFull:  # the requester's timeout retries it
                 log.warning("%s: could not pass %r on to %s: its mailbox is full", self.name, c.type, c.to)
 

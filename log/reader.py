@@ -19,7 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import NamedTuple, Sequence
 
-from odradek.actors.names import LogBounds
+from odradek.actors.messages import LogBounds
 from odradek.log import index as ix
 from odradek.core.errors import OffsetOutOfRangeError, StorageError
 from odradek.log.files import descriptors

@@ -16,7 +16,7 @@ docs/TRANSACTIONS.md, "The commit path", says what each part is for.
 from __future__ import annotations
 
 from odradek.actors.message import Message
-from odradek.actors.names import PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.actors.messages import PartOutcome, TxnAdded, TxnCheck, TxnMarker
 from odradek.core.kafka_batch import LENGTH_AND_ATTRIBUTES, PRODUCER_FIELDS
 from odradek.core.protocol import ErrorCode
 from odradek.core.records import HEADER_SIZE, OFFSET_PRODUCER_ID, TRANSACTIONAL_BIT

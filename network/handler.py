@@ -31,8 +31,8 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.names import (CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR,
-                                   DeleteRecordsPart, EpochQuery, PartError, log_host, log_host_name)
+from odradek.actors.messages import DeleteRecordsPart, EpochQuery, ErrorReply, PartError, Scale, Status
+from odradek.actors.names import CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, log_host, log_host_name
 from odradek.actors.runtime import Actor
 from odradek.core.config import kafka_value
 from odradek.core.errors import RecordErrors
@@ -844,8 +844,7 @@ class RequestHandler(Actor):
                     r["error_code"], r["error_message"] = reply.error_code, reply.error_message
             self.reply(msg, {"body": {"resources": results}})
 
-        self.request(self.supervisor, "scale", {"role": HANDLER, "count": scale_to}, callback=scaled,
-                     timeout=SCALE_TIMEOUT)
+        self.request(self.supervisor, Scale(HANDLER, scale_to), callback=scaled, timeout=SCALE_TIMEOUT)
 
     # ---- helpers ---------------------------------------------------------------------------
     def _resolve_list_ops(self, res: dict) -> None:
@@ -937,19 +936,19 @@ class RequestHandler(Actor):
     def _ask_status(self, callback: Callable[[Message], None]) -> None:
         """The supervisor's status (live pool size, bound address), without blocking."""
         if self.supervisor:
-            self.request(self.supervisor, "status", callback=callback, timeout=5.0)
+            self.request(self.supervisor, Status(), callback=callback, timeout=5.0)
         else:
-            callback(Message("_error", 0, None, {"code": -1, "message": "no supervisor"}))
+            callback(Message("_error", 0, None, ErrorReply(-1, "no supervisor")))
 
     def _learn_address(self, status: Message) -> None:
-        address = (status.fields or {}).get("supervisor", {}).get("address") if not status.is_error else None
+        address = status.fields.supervisor.get("address") if not status.is_error else None
         if address and self.advertised[1] == 0:
             host, _, port = str(address).rpartition(":")
             if not self.config.get("advertised.listeners"):
                 self.advertised = (host, int(port))
             else:
                 self.advertised = (self.advertised[0], int(port))
-        bound = (status.fields or {}).get("supervisor", {}).get("listeners") if not status.is_error else None
+        bound = status.fields.supervisor.get("listeners") if not status.is_error else None
         for name, address in (bound or {}).items():
             host, _, port = str(address).rpartition(":")
             mine = self.listener_addresses.get(name)
@@ -960,7 +959,7 @@ class RequestHandler(Actor):
     def _handler_count(status: Message) -> int | None:
         if status.is_error:
             return None
-        actors = (status.fields or {}).get("actors") or []
+        actors = status.fields.actors
         return sum(1 for a in actors if a.get("role") == HANDLER and a.get("state") not in ("retiring", "stopped"))
 
 

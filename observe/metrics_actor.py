@@ -28,6 +28,7 @@ import psutil
 
 from odradek.actors import http_listener
 from odradek.actors.message import Message
+from odradek.actors.messages import ScrapeMetrics, Status
 from odradek.actors.runtime import Actor
 from odradek.core.protocol import ErrorCode, OdradekError, http_address
 from odradek.observe.collector import Snapshot
@@ -154,8 +155,8 @@ class MetricsActor(Actor):
     def _ask_status(self, timeout: float, done) -> None:
         def answered(reply: Message) -> None:
             done(OdradekError(reply.error_message, ErrorCode.of(reply.error_code)) if reply.is_error
-                 else reply.fields)
-        self.request(self.supervisor, "status", callback=answered, timeout=timeout)
+                 else reply.fields._asdict())
+        self.request(self.supervisor, Status(), callback=answered, timeout=timeout)
 
     def _gather(self, timeout: float, done) -> None:
         """``status`` to the supervisor and ``_metrics`` to the actors running at the last
@@ -178,7 +179,7 @@ class MetricsActor(Actor):
 
         def got(name: str, reply: Message) -> None:
             if not reply.is_error:
-                answers[name] = reply.fields
+                answers[name] = {"name": reply.fields.name, **reply.fields.snapshot, "gauges": reply.fields.gauges}
             left[0] -= 1
             finish()
 
@@ -187,7 +188,7 @@ class MetricsActor(Actor):
                 if name not in answers:
                     answers[name] = None
                     left[0] += 1
-                    self.request(name, "_metrics", callback=functools.partial(got, name), timeout=timeout)
+                    self.request(name, ScrapeMetrics(), callback=functools.partial(got, name), timeout=timeout)
 
         def with_status(status) -> None:
             if isinstance(status, BaseException):

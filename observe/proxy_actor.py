@@ -26,6 +26,7 @@ import urllib.request
 
 from odradek.actors import http_listener
 from odradek.actors.message import Message
+from odradek.actors.messages import Status
 from odradek.actors.runtime import Actor
 from odradek.network.basic_auth import BasicAuth
 from odradek.core.protocol import http_address
@@ -104,9 +105,9 @@ class HttpProxyActor(Actor):
 
         def answered(reply: Message) -> None:
             if not future.done():
-                future.set_result({} if reply.is_error else reply.fields.get("supervisor") or {})
+                future.set_result({} if reply.is_error else reply.fields.supervisor)
 
-        self.post(lambda: self.request(self.supervisor, "status", callback=answered, timeout=STATUS_TIMEOUT))
+        self.post(lambda: self.request(self.supervisor, Status(), callback=answered, timeout=STATUS_TIMEOUT))
         try:
             info = future.result(STATUS_TIMEOUT + 1)
         except concurrent.futures.TimeoutError:

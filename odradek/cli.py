@@ -88,6 +88,7 @@ def fmt_bytes(n, sep: str = "") -> str:
 
 def cmd_status(args) -> int:
     from odradek.actors.client import MailboxClient
+    from odradek.actors.messages import Status
     from odradek import tools
     run_dir = tools.run_dir_of(args.bootstrap_server) if args.bootstrap_server else cfg.run_dir(_load(args))
     import os
@@ -95,7 +96,7 @@ def cmd_status(args) -> int:
         raise OdradekError(f"no broker is running with run directory {run_dir} (start one with `odradek serve`, "
                            f"or pass --bootstrap-server, or the same --config/--set it uses)")
     with MailboxClient(run_dir) as client:
-        status = client.request("supervisor", "status", timeout=args.timeout).fields
+        status = client.request("supervisor", Status(), timeout=args.timeout).fields._asdict()
     if args.bootstrap_server:
         tools.check_status_address(status, args.bootstrap_server)
     if args.json:

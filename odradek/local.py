@@ -167,9 +167,10 @@ class LocalBroker:
     def status(self, timeout: float = 5.0) -> dict:
         """The supervisor's status (``odradek status --json``)."""
         from odradek.actors.client import MailboxClient
+        from odradek.actors.messages import Status
         from odradek.actors.names import SUPERVISOR
         with MailboxClient(self.run_dir) as client:
-            return client.request(SUPERVISOR, "status", timeout=timeout).fields
+            return client.request(SUPERVISOR, Status(), timeout=timeout).fields._asdict()
 
     def actor(self, name: str) -> dict:
         return next(a for a in self.status()["actors"] if a["name"] == name)

@@ -29,7 +29,7 @@ import sys
 import time
 
 from odradek import client_properties
-from odradek.actors.names import TxnMarker
+from odradek.actors.messages import TxnMarker
 from odradek.cluster import Cluster
 from odradek.network.clientauth import ClientSecurity
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError

@@ -121,8 +121,9 @@ def _move(cluster, bootstrap: str, throttle: int, window: float, producer: _Prod
 def _replicated_bytes(cluster, broker: int) -> int:
     """Bytes the broker's replica fetcher has appended (all of it the move's, on a new broker)."""
     from odradek.actors.client import MailboxClient
+    from odradek.actors.messages import Stats
     with MailboxClient(cluster.broker(broker).run_dir) as client:
-        return client.request("replica_fetcher", "_stats", timeout=10.0).get("replicated_bytes", 0)
+        return client.request("replica_fetcher", Stats(), timeout=10.0).fields.stats.get("replicated_bytes", 0)
 
 
 def main(argv: list[str]) -> int:

@@ -12,6 +12,7 @@ from odradek.actors.supervisor import ChildSpec
 from odradek.local import LocalBroker, free_port_is
 from odradek.network.client import BrokerConnection
 from odradek.core.protocol import ApiKey
+from odradek.actors.messages import Status
 
 from tests.actors.test_runtime import ECHO, run_tree
 
@@ -112,7 +113,7 @@ def test_no_actor_holds_a_pipe_of_the_fork_server_so_only_the_supervisor_keeps_i
     child a copy. Were one left in an actor, a kill -9 of the supervisor would leave the server
     and every actor running (what failed before)."""
     t = tree([ECHO])
-    sup = t.client.request("supervisor", "status").fields["supervisor"]
+    sup = t.client.request("supervisor", Status()).fields.supervisor
     assert sup["actor_start"] == "forkserver"
     server = sup["fork_server"]
     assert psutil.Process(server).ppid() == t.proc.pid
@@ -177,7 +178,7 @@ def test_an_actor_still_stopping_when_the_fork_server_died_is_not_replaced_befor
     stopping (closing files). Its successor must not start (bind its mailbox, its port, open
     its files) until it has exited."""
     t = tree([{"role": "slow", "cls": "tests.actors.echo:SlowStop", "args": {"stop_seconds": 3.0}}])
-    server = t.client.request("supervisor", "status").fields["supervisor"]["fork_server"]
+    server = t.client.request("supervisor", Status()).fields.supervisor["fork_server"]
     old = psutil.Process(t.status()["slow"]["pid"])
     os.kill(server, signal.SIGKILL)
     while running([old]):
@@ -213,7 +214,7 @@ def test_pause_and_resume_of_the_whole_broker_including_the_fork_server_restarts
 def test_spawn_remains_available_as_the_start_method(tree, monkeypatch):
     monkeypatch.setenv("ODRADEK_ACTOR_START", "spawn")
     t = tree([ECHO])
-    sup = t.client.request("supervisor", "status").fields["supervisor"]
+    sup = t.client.request("supervisor", Status()).fields.supervisor
     assert sup["actor_start"] == "spawn" and sup["fork_server"] is None
     before = t.status()["echo-0"]
     assert psutil.Process(before["pid"]).ppid() == t.proc.pid

@@ -14,6 +14,7 @@ from odradek.actors.client import MailboxClient
 from odradek.actors.message import Message, decode, encode_header, MalformedMessage
 from odradek.actors.runtime import Actor
 from odradek.core.protocol import ErrorCode, OdradekError
+from odradek.actors.messages import Scale, Status, Stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -42,7 +43,7 @@ class Tree:
         self.client = MailboxClient(run_dir)
 
     def status(self):
-        return {a["name"]: a for a in self.client.request("supervisor", "status").fields["actors"]}
+        return {a["name"]: a for a in self.client.request("supervisor", Status()).fields.actors}
 
     def wait_for(self, pred, timeout=15.0):
         deadline = time.monotonic() + timeout
@@ -114,7 +115,7 @@ def test_pending_requests_get_an_error_when_the_actor_stops(tree):
         from odradek.actors.message import encode_header as enc
         holder._peer("echo-1").send_multipart([enc("hold", 99, holder.name, {})])
         time.sleep(0.2)
-        t.client.request("echo-1", "_stop")
+        t.client.request("echo-1", Stop())
         assert holder.inbox.poll(5000), "the held request was never answered"
         answer = decode(holder.inbox.recv_multipart())
         assert answer.is_error and answer.corr == 99
@@ -204,8 +205,8 @@ def test_scaling_a_pool_up_and_down_fails_no_request(tree):
     try:
         for n in (4, 1, 3, 1):
             time.sleep(0.3)
-            reply = t.client.request("supervisor", "scale", {"role": "echo", "count": n}, timeout=30)
-            assert reply.fields["count"] == n
+            reply = t.client.request("supervisor", Scale("echo", n), timeout=30)
+            assert reply.fields.count == n
             assert t.wait_for(lambda: len([a for a in t.status().values() if a["role"] == "echo"]) == n)
         time.sleep(0.3)
     finally:
@@ -217,10 +218,10 @@ def test_scaling_a_pool_up_and_down_fails_no_request(tree):
 def test_scaling_a_role_that_cannot_scale_or_to_a_bad_count_is_refused(tree):
     t = tree([ECHO, {"role": "relay", "cls": "tests.actors.echo:Relay"}])
     with pytest.raises(OdradekError) as err:
-        t.client.request("supervisor", "scale", {"role": "relay", "count": 2})
+        t.client.request("supervisor", Scale("relay", 2))
     assert err.value.code == ErrorCode.INVALID_CONFIG and "echo" in err.value.message
     with pytest.raises(OdradekError) as err:
-        t.client.request("supervisor", "scale", {"role": "echo", "count": 0})
+        t.client.request("supervisor", Scale("echo", 0))
     assert "from 1 to 64" in err.value.message
 
 

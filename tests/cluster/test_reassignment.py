@@ -19,6 +19,7 @@ from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.errors import InvalidPartitionsError, InvalidReplicaAssignmentError, NoReassignmentInProgressError
 from tests.cluster.test_faults import create_replicated_topic, finish, wait_healed
 from odradek.actors.names import partition_dir
+from odradek.actors.messages import Stats
 from tests.cluster.verify import Workload, assert_replicas_identical
 
 pytestmark = pytest.mark.slow
@@ -151,7 +152,7 @@ def fetcher_stats(cluster, broker: int) -> dict:
     """The replica fetcher's own numbers, asked of it now (``_stats``)."""
     from odradek.actors.client import MailboxClient
     with MailboxClient(cluster.broker(broker).run_dir) as client:
-        return client.request("replica_fetcher", "_stats", timeout=5.0).fields
+        return client.request("replica_fetcher", Stats(), timeout=5.0).fields.stats
 
 
 def reassign_cli(capsys, cluster, *args) -> str:

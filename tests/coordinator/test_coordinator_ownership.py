@@ -23,6 +23,7 @@ from odradek.coordinator.group_writes import commit_error, group_write_error
 from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
+from odradek.actors.messages import Stats
 from tests.network.helpers import wait_until
 
 N = 4  # offsets partitions
@@ -286,14 +287,14 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
 
     t = threading.Thread(target=held)
     t.start()
-    wait_until(lambda: cluster.client.request("group_coordinator", "_stats").fields["held"] == 1,
+    wait_until(lambda: cluster.client.request("group_coordinator", Stats()).fields.stats["held"] == 1,
                what="the heartbeat to be held")
     assert cluster.push(cluster_snapshot(12, leaders=(2, 1, 1, -1))) == {"version": 12}
     t.join(30)
     assert out["took"] < 10 and out["error"].code == ErrorCode.NOT_COORDINATOR
     assert f"{OFFSETS_TOPIC}-0" in out["error"].message
     assert cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": mine}).code == ErrorCode.NOT_COORDINATOR
-    stats = cluster.client.request("group_coordinator", "_stats").fields
+    stats = cluster.client.request("group_coordinator", Stats()).fields.stats
     assert stats["partitions_led"] == 2 and stats["groups"] == 0  # the moved group left memory
     # An older snapshot (a slow poll) changes nothing.
     assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == {"version": 12}

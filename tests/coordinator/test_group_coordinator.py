@@ -11,6 +11,7 @@ from odradek.coordinator.group import tps_of
 from odradek.coordinator.offsets import Committed, OffsetsView, expired, group_record, offset_record
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
+from odradek.actors.messages import Stats
 from tests.network.helpers import actor, connect, kill9, wait_until
 
 
@@ -59,7 +60,7 @@ def fetch_offsets(conn, group="g"):
 def coordinator_stats(broker) -> dict:
     from odradek.actors.client import MailboxClient
     with MailboxClient(broker.run_dir) as client:
-        return client.request("group_coordinator", "_stats", timeout=5.0).fields
+        return client.request("group_coordinator", Stats(), timeout=5.0).fields.stats
 
 
 def describe(conn, group="g"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.names import TxnCheck, TxnMarker
+from odradek.actors.messages import TxnCheck, TxnMarker
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter

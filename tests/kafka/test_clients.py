@@ -17,6 +17,7 @@ from odradek import Admin, Consumer, Producer
 from odradek.actors.client import MailboxClient
 from odradek import TopicPartition as OdradekTP
 from odradek.producer import partition_for_key
+from odradek.actors.messages import Stats
 
 
 CODECS = ["none", "gzip", "snappy", "lz4", "zstd"]
@@ -142,7 +143,7 @@ def processor_counts(broker, name: str) -> int:
     answer is counted before the client can have it)."""
     names = [a["name"] for a in broker.status()["actors"] if a["name"].rsplit("-", 1)[0] == "processor"]
     with MailboxClient(broker.run_dir) as client:
-        return sum(client.request(n, "_stats", timeout=10).fields.get(name, 0) for n in names)
+        return sum(client.request(n, Stats(), timeout=10).fields.stats.get(name, 0) for n in names)
 
 
 def test_a_kafka_consumer_reads_a_partition_whose_batches_alternate_between_both_producers(

@@ -18,6 +18,7 @@ import threading
 import pytest
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Shutdown
 from odradek.core.config import LogConfig
 from odradek.log.files import FileLayer
 from odradek.log.log import CLEAN_SHUTDOWN, Log
@@ -65,8 +66,8 @@ class Actor(LeaderUnderTest):
         """Recent fsyncs were slow: a follower's fsyncs go to the threads (not on its loop)."""
         self._fsync_seconds.append(1.0)
 
-    def send(self, to, type_, fields=None, frames=(), **kwargs):
-        self.sent.append((to, type_, fields))
+    def send(self, to, body, fields=None, frames=(), **kwargs):
+        self.sent.append((to, body, fields) if isinstance(body, str) else (to, body.TYPE, body))
 
     def post(self, callback) -> None:
         self.posted.append(callback)
@@ -259,8 +260,8 @@ def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_dow
         assert entry["error_code"] == 56 and "fsync failed" in entry["error_message"]  # KAFKA_STORAGE_ERROR
     assert (p.log.durable_end, p.log.high_watermark) == (0, 0)
     assert [m[1:] for m in actor.sent if m[0] == "supervisor"] == [
-        ("shutdown", {"fatal": f"log directory {actor.data_dir} is offline: an fsync of t-0 failed: "
-                               f"fsync failed: Input/output error (errno 5)"})]
+        ("shutdown", Shutdown(f"log directory {actor.data_dir} is offline: an fsync of t-0 failed: "
+                              f"fsync failed: Input/output error (errno 5)"))]
 
     del files.fsync  # the disk "heals": its next fsync would succeed, and prove nothing
     synced = files.synced

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from odradek.actors.message import ERROR, REPLY, Message, error_fields
+from odradek.actors.message import ERROR, REPLY, Message
+from odradek.actors.messages import ErrorReply
 from odradek.actors.metrics import Metrics
 from odradek.core.config import LogConfig
 from odradek.log.log import Log
@@ -68,7 +69,7 @@ def answer(actor: LeaderUnderTest, code: int = 0, message: str = "", **fields) -
     """Answer the oldest unanswered alter_isr; returns what it asked."""
     asked, callback = actor.asked.pop(0)
     if code:
-        callback(Message(ERROR, fields={**error_fields(code, message), **fields}))
+        callback(Message(ERROR, fields=ErrorReply(code, message, fields.get("held"))))
     else:
         callback(Message(REPLY, fields=fields))
     return asked

@@ -9,7 +9,8 @@ import pytest
 from odradek.actors.client import MailboxClient
 from odradek.actors.message import decode, encode_header
 from odradek.actors.supervisor import Supervisor, run_supervisor
-from odradek.actors.names import PartitionBounds, placement
+from odradek.actors.names import placement
+from odradek.actors.messages import PartitionBounds
 from odradek.core.records import decode_batch, encode_batch, iter_batches
 from odradek import config as cfg
 from odradek.broker import actor_specs

@@ -14,6 +14,7 @@ from odradek.actors.names import placement
 from odradek.core import records as fmt
 from odradek.log import replica_fetcher as rf
 from odradek.core.protocol import ApiKey, ErrorCode
+from odradek.actors.messages import Ping, Stats, Stop
 from tests.log.leader_stub import LeaderStub
 
 
@@ -279,8 +280,8 @@ class Cluster:
         for t in self.threads:
             t.start()
         self.client = MailboxClient(run_dir)
-        self.client.request("log-0", "_ping")
-        self.client.request("replica_fetcher", "_ping")
+        self.client.request("log-0", Ping())
+        self.client.request("replica_fetcher", Ping())
 
     def follow(self, parts, leader=1):
         return self.client.request("replica_fetcher", "follow", {
@@ -288,7 +289,7 @@ class Cluster:
             "brokers": self.brokers}).fields
 
     def stats(self):
-        return self.client.request("replica_fetcher", "_stats").fields
+        return self.client.request("replica_fetcher", Stats()).fields.stats
 
     def wait_for(self, pred, timeout=10.0):
         deadline = time.monotonic() + timeout
@@ -303,7 +304,7 @@ class Cluster:
     def stop(self):
         for name in ("replica_fetcher", "log-0"):
             try:
-                self.client.request(name, "_stop", timeout=5)
+                self.client.request(name, Stop(), timeout=5)
             except Exception:
                 pass
         for t in self.threads:

@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.names import PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.actors.messages import PartOutcome, TxnAdded, TxnCheck, TxnMarker
 from odradek.core import kafka_batch
 from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.core.records import Record

@@ -13,6 +13,7 @@ import time
 import msgpack
 
 from odradek.core.protocol import ApiKey, ErrorCode
+from odradek.actors.messages import Stats
 
 from tests.network.helpers import connect, raw_request, raw_socket, read_responses, wait_until
 
@@ -38,7 +39,7 @@ def stats(broker, name: str = "processor-0") -> dict:
     """An actor's own numbers, asked of it directly (``_stats``)."""
     from odradek.actors.client import MailboxClient
     with MailboxClient(broker.run_dir) as client:
-        return client.request(name, "_stats", timeout=5).fields
+        return client.request(name, Stats(), timeout=5).fields.stats
 
 
 def test_frames_announcing_100_mb_do_not_make_the_processor_allocate_them(start_broker):

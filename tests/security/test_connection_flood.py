@@ -11,6 +11,7 @@ import pytest
 from odradek.local import LocalBroker
 from odradek.core import codec
 from odradek.core.protocol import ApiKey
+from odradek.actors.messages import Stats
 
 
 @pytest.fixture(scope="module")
@@ -90,4 +91,4 @@ def test_connections_past_the_creation_rate_wait_in_the_backlog_and_are_all_serv
             s.close()
     from odradek.actors.client import MailboxClient
     with MailboxClient(rate_limited_broker.run_dir) as client:  # 20 past the burst waited for tokens
-        assert client.request("acceptor", "_stats", timeout=10).fields.get("creation_rate_throttled", 0) > 0
+        assert client.request("acceptor", Stats(), timeout=10).fields.stats.get("creation_rate_throttled", 0) > 0

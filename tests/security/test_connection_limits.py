@@ -17,6 +17,7 @@ from odradek.actors.client import MailboxClient
 from odradek.local import LocalBroker
 from odradek.core import codec
 from odradek.core.protocol import ApiKey
+from odradek.actors.messages import Stats
 from tests.security.fixtures import listeners_of
 
 LISTENER_MAX = 5
@@ -76,7 +77,7 @@ def _open_on(broker, listener: str) -> int:
 
 def _acceptor_stats(broker) -> dict:
     with MailboxClient(broker.run_dir) as client:
-        return client.request("acceptor", "_stats", timeout=10).fields
+        return client.request("acceptor", Stats(), timeout=10).fields.stats
 
 
 def test_a_flood_on_a_listener_past_its_max_connections_waits_and_leaves_the_other_listener_served(limits_broker):

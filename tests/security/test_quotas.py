@@ -12,6 +12,7 @@ import pytest
 from odradek import Admin, Consumer, Producer
 from odradek.local import LocalBroker
 from odradek.types import TopicPartition
+from odradek.actors.messages import ScrapeMetrics
 
 RATE = 200_000  # bytes/s
 RECORDS, SIZE = 1200, 1000
@@ -244,7 +245,7 @@ def _throttled_count(broker, kind: str) -> int:
     total = 0
     with MailboxClient(broker.run_dir) as client:
         for name in ("processor-0", "processor-1"):
-            for metric, labels, buckets, _sum in client.request(name, "_metrics", timeout=10).fields["histograms"]:
+            for metric, labels, buckets, _sum in client.request(name, ScrapeMetrics(), timeout=10).fields.snapshot["histograms"]:
                 if metric == "throttle_ms" and labels == [kind]:
                     total += sum(buckets)
     return total

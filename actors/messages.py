@@ -1,0 +1,360 @@
+"""Every message actors send each other, declared once: its type, its body's fields, the body
+of its answer.
+
+Pure (standard library only), layer 2. A body is a NamedTuple registered under its message type
+by ``@message("type", reply=Answer)``; on the wire it is a msgpack array of its fields in order
+(``actors.message``), and the receiver's runtime rebuilds the same class from the array
+(``Body._make``, which refuses a wrong number of fields), so a handler reads ``msg.fields.acks``
+by name. The answer's class is known to the requester's runtime from the type it asked, and
+``_error`` answers are ``ErrorReply``. Parts inside a body (``ProducePart``, ``TxnMarker``) are
+NamedTuples too: they arrive as lists of the same fields; the per-record path unpacks them
+(``for topic, partition, frame in body.parts``) and other receivers rebuild them with
+``T._make``. Senders on the produce/fetch path may build a body with ``tuple.__new__(T, ...)``
+(no Python frame).
+
+Types starting with ``_`` belong to the runtime (``actors.runtime``). A test's own actor declares
+its test-only messages the same way, in its own module.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+BODIES: dict[str, type] = {}  # message type -> its body's class
+REPLIES: dict[str, type] = {}  # request type -> its answer's body class (absent: no fields)
+
+
+def message(type_: str, reply: type | None = None) -> Callable[[type], type]:
+    """Register a body class as message ``type_`` (``cls.TYPE``), answered by ``reply``."""
+    def register(cls: type) -> type:
+        if BODIES.setdefault(type_, cls) is not cls:
+            raise ValueError(f"message type {type_!r} declared twice")
+        cls.TYPE = type_
+        if reply is not None:
+            REPLIES[type_] = reply
+        return cls
+    return register
+
+
+# ---- the runtime's own (actors.runtime, actors.supervisor) -----------------------------------
+class ErrorReply(NamedTuple):
+    """``_error``: a request failed; ``code`` is ``core.protocol.ErrorCode``. ``detail``: what a
+    requester that asked may act on (an ISR change refused: the state the node holds)."""
+
+    code: int
+    message: str
+    detail: Any = None
+
+
+message("_error")(ErrorReply)
+
+
+class Name(NamedTuple):
+    """An answer that only says who answered (``_stop``, ``_members``, ``_retire``)."""
+
+    name: str
+
+
+class Done(NamedTuple):
+    """An answer with nothing to say but that it is done."""
+
+
+class Pong(NamedTuple):
+    name: str
+    pid: int
+
+
+class Heartbeat(NamedTuple):
+    """Once a second to the supervisor, and the answer to ``_stats``: the runtime's counters
+    and the actor's own (``Actor.stats``: ``backlog``, ...)."""
+
+    name: str
+    pid: int
+    processed: int
+    open: int
+    waiting: int
+    progress: str
+    stats: dict
+
+
+class ActorMetrics(NamedTuple):
+    """The answer to ``_metrics``: ``Metrics.snapshot()`` and ``Actor.metric_gauges()``."""
+
+    name: str
+    snapshot: dict
+    gauges: list
+
+
+@message("_stop", reply=Name)
+class Stop(NamedTuple):
+    pass
+
+
+@message("_drain", reply=Done)
+class Drain(NamedTuple):
+    pass
+
+
+@message("_ping", reply=Pong)
+class Ping(NamedTuple):
+    pass
+
+
+@message("_stats", reply=Heartbeat)
+class Stats(NamedTuple):
+    pass
+
+
+@message("_metrics", reply=ActorMetrics)
+class ScrapeMetrics(NamedTuple):
+    pass
+
+
+@message("_members", reply=Name)
+class Members(NamedTuple):
+    """The running members of a role; ``retired``: those leaving the pool on purpose."""
+
+    role: str
+    members: list
+    retired: list = []
+
+
+@message("_retire", reply=Name)
+class Retire(NamedTuple):
+    """Leave the pool once each sender in ``fences`` sent its ``_fence`` (``timeout`` s at most)."""
+
+    fences: list
+    timeout: float = 10.0
+
+
+@message("_fence")
+class Fence(NamedTuple):
+    """One-way: ``sender``'s last message to an actor leaving its pool."""
+
+    sender: str
+
+
+message("_heartbeat")(Heartbeat)
+
+
+@message("_ready")
+class Ready(NamedTuple):
+    """One-way to the supervisor once ``on_start`` returned; ``info``: ``Actor.ready_fields``."""
+
+    name: str
+    pid: int
+    info: dict
+
+
+@message("_start_failed")
+class StartFailed(NamedTuple):
+    name: str
+    pid: int
+    error: str
+
+
+# ---- the supervisor's control endpoint (odradek status, the handler pool's scaling) -----------
+class BrokerStatus(NamedTuple):
+    """The actor tree: the supervisor's facts and a row per running actor (``odradek status``)."""
+
+    supervisor: dict
+    actors: list
+
+
+@message("status", reply=BrokerStatus)
+class Status(NamedTuple):
+    pass
+
+
+class Pid(NamedTuple):
+    pid: int
+
+
+@message("shutdown", reply=Pid)
+class Shutdown(NamedTuple):
+    """Stop the broker; ``fatal``: why an actor cannot go on (exit code 1), None if asked to."""
+
+    fatal: str | None = None
+
+
+class Scaled(NamedTuple):
+    role: str
+    count: int
+    added: list = []
+    removed: list = []
+
+
+@message("scale", reply=Scaled)
+class Scale(NamedTuple):
+    """Resize a scalable pool (the handlers) to ``count`` members."""
+
+    role: str
+    count: int
+
+
+# ---- the request path: processors, handlers, log actors, the fetch actor, the acceptor ----------
+# (issue 31 item 1, branch msg-data: declare this path's messages here, below this line)
+
+
+# ---- the controller, the broker agent and replication --------------------------------------
+# (issue 31 item 1, branch msg-cluster: declare these messages here, below this line)
+
+
+# ---- the group and transaction coordinators -------------------------------------------------
+# (issue 31 item 1, branch msg-txn: declare these messages here, below this line)
+
+
+# ---- parts of messages (moved here from actors/names.py) --------------------------------------
+class ProducePart(NamedTuple):
+    """One partition of a produce: ``frame`` indexes the message's frames (its record batch)."""
+
+    topic: str
+    partition: int
+    frame: int
+
+
+class PartError(NamedTuple):
+    """A partition the handler refused before any log actor saw it."""
+
+    topic: str
+    partition: int
+    code: int
+    message: str
+
+
+class DeleteRecordsPart(NamedTuple):
+    topic: str
+    partition: int
+    offset: int
+
+
+class EpochQuery(NamedTuple):
+    """OffsetForLeaderEpoch of one partition: where ``leader_epoch`` ended."""
+
+    topic: str
+    partition: int
+    current_leader_epoch: int
+    leader_epoch: int
+
+
+class LogBounds(NamedTuple):
+    """What the writer tells readers: offsets and the trusted extent of the active segment."""
+
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    active_base_offset: int
+    active_size: int
+    generation: int  # changes whenever the set of segment files changes
+
+
+class PartitionBounds(NamedTuple):
+    """A partition as its log actor last saw it: its ``LogBounds`` (fields 2 to 7), the leader
+    epoch, whether this broker leads it, its replica set, its last stable offset, and (leading)
+    the log end its leader epoch began at, which the high watermark must reach before "latest"
+    is answered (``log.log_actor.PartitionLog.high_watermark_floor``)."""
+
+    topic: str
+    partition: int
+    log_start_offset: int
+    log_end_offset: int
+    high_watermark: int
+    active_base_offset: int
+    active_size: int
+    generation: int
+    leader_epoch: int
+    leader: bool
+    replicas: list = ()
+    last_stable_offset: int | None = None  # None: the high watermark
+    high_watermark_floor: int = -1  # -1: following, or nothing to wait for
+
+    @property
+    def bounds(self) -> LogBounds:
+        return LogBounds(*self[2:8])
+
+
+class ReplicaProgress(NamedTuple):
+    """A follower (``replica``, its broker id) fetched from ``offset``: its log end, of which
+    ``fsynced`` is on its disk (left out when the fetch did not say: the whole log end)."""
+
+    topic: str
+    partition: int
+    replica: int
+    offset: int
+    fsynced: int | None = None
+
+
+class ThrottledReplica(NamedTuple):
+    topic: str
+    partition: int
+    replica: int
+
+
+# The transaction coordinator's parts (docs/TRANSACTIONS.md, "The commit path"): not on the
+# per-record path, so a receiver rebuilds each entry with ``T._make`` (which refuses a wrong
+# number of fields) and reads it by name.
+class TxnMarker(NamedTuple):
+    """A commit or abort marker for one partition: ``write_markers {markers: [TxnMarker]}``
+    (coordinator -> log actor) and WRITE_TXN_MARKERS' ``markers`` (broker -> broker)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    commit: bool
+    coordinator_epoch: int
+
+
+class TxnAdded(NamedTuple):
+    """The coordinator stored ``topic-partition`` in the producer's open transaction:
+    ``txn_added {parts: [TxnAdded]}`` (one-way, coordinator -> log actor, chained)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+
+
+class TxnCheck(NamedTuple):
+    """Are the producer's batches through ``last_seq`` written and replicated here, in its
+    open transaction? ``txn_check {parts: [TxnCheck], wait_ms}`` (coordinator -> log actor)."""
+
+    topic: str
+    partition: int
+    producer_id: int
+    producer_epoch: int
+    last_seq: int
+
+
+class PartOutcome(NamedTuple):
+    """A log actor's answer for one partition of ``write_markers`` or ``txn_check``
+    (``{parts: [PartOutcome]}``): ``code`` 0 and ``message`` "" when it was done."""
+
+    topic: str
+    partition: int
+    code: int
+    message: str
+
+
+class Chained(NamedTuple):
+    """A message a log actor sends on its requester's behalf (``reply_to``: the requester)
+    once the produce or write_markers carrying it (``then: [Chained]``) is written
+    (``chain_sent``): ``corr`` is the requester's correlation id for the answer it expects,
+    or of its own requester's request when ``type`` is the runtime's reply
+    (``Actor.answer_chained``)."""
+
+    to: str
+    type: str
+    fields: dict
+    corr: int
+
+
+def chain_sent(answer: dict) -> bool:
+    """Whether a log actor's answer to a produce or write_markers carrying ``then`` means it
+    sent those chained messages: every partition written (a write_markers answer is ``{parts:
+    [PartOutcome]}``, at least one; a produce's, Kafka's ``{body}``)."""
+    try:
+        if "parts" in answer:
+            return bool(answer["parts"]) and all(PartOutcome._make(part).code == 0 for part in answer["parts"])
+        return all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
+    except (KeyError, TypeError, IndexError):
+        return False
