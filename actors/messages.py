@@ -193,6 +193,35 @@ class Scale(NamedTuple):
 
 # ---- the request path: processors, handlers, log actors, the fetch actor, the acceptor ----------
 # (issue 31 item 1, branch msg-data: declare this path's messages here, below this line)
+class Response(NamedTuple):
+    """The answer to a client's ``request``, sent to its processor by whichever actor served it (a
+    handler, or the actor it forwarded the request to: a log actor, the fetch actor, a coordinator,
+    the controller): Kafka's response ``body``, the payload frames beside it, ``files`` regions
+    ``[path, position, length]`` the processor sends after the frames (``os.sendfile``), and
+    ``remote_ms`` how long a purgatory held it (the processor's remote-time histogram)."""
+
+    body: dict
+    files: list = []
+    remote_ms: float = 0.0
+
+
+@message("request", reply=Response)
+class Request(NamedTuple):
+    """A client's request, from the processor to the handler its connection is pinned to (the Kafka
+    request's payload as frames): its API key and version, client id, connection id and peer, the
+    decoded ``body``, when the processor sent it (``t``), who the connection authenticated as, its
+    listener and, for a connection that proved it is a broker, that broker's id."""
+
+    api: int
+    v: int
+    client: str | None
+    conn: int
+    peer: str
+    body: dict
+    t: float
+    principal: str | None
+    listener: str
+    broker: int | None
 
 
 # ---- the controller, the broker agent and replication --------------------------------------
