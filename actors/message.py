@@ -84,7 +84,7 @@ def decode(frames: Sequence[Any]) -> Message:
         raise MalformedMessage("header fields of the wrong type")
     if fields is not None:
         cls = BODIES.get(t)
-        if cls is not None:
+        if cls is not None and type(fields) is not dict:  # TRANSITIONAL (issue 31): a dict body stays a dict
             fields = _typed(cls, fields, t)
         elif not isinstance(fields, (dict, list)):
             raise MalformedMessage("header fields of the wrong type")
