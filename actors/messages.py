@@ -224,6 +224,178 @@ class Request(NamedTuple):
     broker: int | None
 
 
+@message("produce", reply=Response)
+class Produce(NamedTuple):
+    """Append batches (``parts``: [ProducePart], indexing the frames): from a handler (forwarded,
+    so the log actor answers the processor, or gathered by the handler), a coordinator or the
+    schema registry for its internal topic (acks 0: one-way). ``errors``: [PartError] the handler
+    refused, answered with the rest; ``txn_unverified``: docs/TRANSACTIONS.md; ``then``:
+    [Chained] sent once every partition is written (``chain_sent``)."""
+
+    acks: int
+    parts: list
+    timeout_ms: int = 30000
+    errors: list = []
+    txn_unverified: bool = False
+    then: list = []
+
+
+@message("fetch", reply=Response)
+class Fetch(NamedTuple):
+    """A Fetch (Kafka's internal ``body``), from a handler to the fetch actor."""
+
+    body: dict
+
+
+@message("list_offsets", reply=Response)
+class ListOffsets(NamedTuple):
+    """A ListOffsets, from a handler (forwarded) or the group coordinator (``readable``: "latest"
+    is the highest offset a consumer may have read) to the fetch actor."""
+
+    body: dict
+    readable: bool = False
+
+
+@message("bounds", reply=Done)
+class Bounds(NamedTuple):
+    """A log actor (``host``) to the fetch actor, one-way after appends (a request when partitions
+    open or close): ``parts`` [PartitionBounds] changed, ``closed`` [[topic, partition]], and
+    once at start the partitions still ``opening``. Also the answer to ``get_bounds``."""
+
+    parts: list
+    closed: list
+    host: str
+    opening: list = []
+
+
+@message("get_bounds", reply=Bounds)
+class GetBounds(NamedTuple):
+    """Every open partition's bounds from a log actor (``only``: these [[topic, partition]]):
+    from the fetch actor when it (re)starts, the coordinators and the schema registry."""
+
+    only: list | None = None
+
+
+@message("replica_progress")
+class FollowersFetched(NamedTuple):
+    """One-way, the fetch actor to a leader's log actor: followers fetched (``parts``:
+    [ReplicaProgress])."""
+
+    parts: list
+
+
+@message("delete_records", reply=Response)
+class DeleteRecords(NamedTuple):
+    """A handler to a log actor: ``parts`` [DeleteRecordsPart] it hosts."""
+
+    parts: list
+
+
+@message("offset_for_leader_epoch", reply=Response)
+class OffsetForLeaderEpoch(NamedTuple):
+    """A handler to a log actor: ``parts`` [EpochQuery] it hosts."""
+
+    parts: list
+
+
+class ProducerState(NamedTuple):
+    """A producer id's state in a partition (a row of ``PartitionProducers.producers``)."""
+
+    producer_id: int
+    producer_epoch: int
+    last_sequence: int
+    last_timestamp: int
+    current_txn_start_offset: int
+
+
+class PartitionProducers(NamedTuple):
+    """One partition of a ``describe_producers`` answer: ``code`` 0, or why it has no rows."""
+
+    topic: str | None
+    partition: int | None
+    code: int
+    message: str
+    producers: list  # [ProducerState]
+
+
+class Producers(NamedTuple):
+    parts: list  # [PartitionProducers]
+
+
+@message("describe_producers", reply=Producers)
+class DescribeProducers(NamedTuple):
+    """The transaction coordinator to a log actor: the producers of ``parts`` [[topic, partition]]."""
+
+    parts: list
+
+
+class LogDirParts(NamedTuple):
+    """The answer to ``describe_log_dirs``: ``parts`` [[topic, partition, size, offset lag]]."""
+
+    parts: list
+
+
+@message("describe_log_dirs", reply=LogDirParts)
+class DescribeLogDirs(NamedTuple):
+    """A handler to every log actor: its partitions of ``topics`` [[topic, [partition]]] (None: all)."""
+
+    topics: list | None = None
+
+
+@message("watch", reply=Done)
+class Watch(NamedTuple):
+    """The fetch actor to a log actor: tell me ``parts``' [[topic, partition]] appends (``bounds``)
+    for ``seconds`` (a lease); one-way to renew one, a request to wait for the bounds."""
+
+    parts: list
+    seconds: float
+
+
+class ProcessorConnections(NamedTuple):
+    """A processor's open connections, per client IP and per listener."""
+
+    processor: str
+    ips: dict
+    listeners: dict
+
+
+@message("connections", reply=ProcessorConnections)
+class Connections(NamedTuple):
+    """The acceptor to a processor after its (the acceptor's) restart or a new processor."""
+
+
+class Shed(NamedTuple):
+    closed: bool
+
+
+@message("shed_idle", reply=Shed)
+class ShedIdle(NamedTuple):
+    """The acceptor at ``max.connections`` to a processor: close your least recently used idle
+    connection (answered after its ``conn_closed``)."""
+
+
+class Balances(NamedTuple):
+    """The broker-wide quota buckets' balances (network/quotas.py ``Ledger.charge``)."""
+
+    balances: list
+
+
+@message("quota_usage", reply=Balances)
+class QuotaUsage(NamedTuple):
+    """A processor to the acceptor: its quota usage since its last report."""
+
+    entries: list
+
+
+@message("conn_closed")
+class ConnClosed(NamedTuple):
+    """One-way, a processor to the acceptor: a connection from ``ip`` on ``listener`` closed."""
+
+    processor: str
+    ip: str
+    listener: str
+
+
 # ---- the controller, the broker agent and replication --------------------------------------
 # (issue 31 item 1, branch msg-cluster: declare these messages here, below this line)
 
@@ -382,6 +554,8 @@ def chain_sent(answer: dict) -> bool:
     sent those chained messages: every partition written (a write_markers answer is ``{parts:
     [PartOutcome]}``, at least one; a produce's, Kafka's ``{body}``)."""
     try:
+        if type(answer) is Response:  # a produce's
+            return all(part["error_code"] == 0 for topic in answer.body["topics"] for part in topic["partitions"])
         if "parts" in answer:
             return bool(answer["parts"]) and all(PartOutcome._make(part).code == 0 for part in answer["parts"])
         return all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])

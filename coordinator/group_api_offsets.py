@@ -19,6 +19,7 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import ListOffsets
 from odradek.actors.names import FETCH_ACTOR
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import GroupError
@@ -123,7 +124,7 @@ class OffsetsApi:
                                    f"cannot check the offset against the log: {reply.error_message}")
                     del wanted[tp]
             else:
-                for t in reply.fields["body"]["topics"]:
+                for t in reply.fields.body["topics"]:
                     for p in t["partitions"]:
                         tp = (t["name"], p["index"])
                         if tp not in wanted:
@@ -142,7 +143,7 @@ class OffsetsApi:
                             del wanted[tp]
             then()
 
-        self.outbox.request(FETCH_ACTOR, "list_offsets", {"body": body, "readable": True}, callback=checked,
+        self.outbox.request(FETCH_ACTOR, ListOffsets(body, readable=True), callback=checked,
                             timeout=WRITE_TIMEOUT)
 
     def _write_commit(self, msg: Message, gid: str, wanted: dict, results: dict) -> None:

@@ -24,6 +24,7 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import GetBounds
 from odradek.actors.names import log_host
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group_table import TopicView
@@ -65,14 +66,14 @@ class Leadership:
             by_host.setdefault(self.host(p), []).append(p)
         for host, parts in by_host.items():
             try:
-                fields = self.outbox.call(host, "get_bounds", timeout=60.0).fields
+                answer = self.outbox.call(host, GetBounds(), timeout=60.0).fields
             except OdradekError as exc:
                 log.warning("%s: no bounds from %s at start (%s); loading in the background", OFFSETS_TOPIC,
                             host, exc.message)
-                fields = {}
+                answer = None
             for p in parts:
                 ld = self.loading[p] = OffsetsReplay(p, next(self.tokens), led[p])
-                bounds = bounds_of(fields, p)
+                bounds = bounds_of(answer, p)
                 if bounds is None:
                     self._ask_bounds(ld)
                     continue
@@ -108,7 +109,7 @@ class Leadership:
             ld.begin(bounds, self.data_dir)
             self._replay_slice(ld)
 
-        self.outbox.request(self.host(ld.partition), "get_bounds", callback=answered, timeout=60.0)
+        self.outbox.request(self.host(ld.partition), GetBounds(), callback=answered, timeout=60.0)
 
     def _replay_slice(self, ld: OffsetsReplay) -> None:
         """One slice of an asynchronous load; the next one runs after pending messages."""

@@ -7,7 +7,7 @@ no state of its own. Collaborators, handed in: the ``Leadership`` (the partition
 whether it is still led and loaded here: its load token), the ``GroupTable`` (the group's
 emptiness, stored with its record), the ``TopicView`` (this broker's id), the actor's
 ``Outbox`` and ``refresh()`` (a write refused for leadership asks the controller again).
-Sends: ``produce {acks: -1, timeout_ms, parts: [ProducePart]}`` + the batch to a log actor.
+Sends: ``produce`` (``Produce``, acks -1) + the batch to a log actor.
 """
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.messages import ProducePart
+from odradek.actors.messages import Produce, ProducePart
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import ConsumerGroup
 from odradek.coordinator.group_leadership import Leadership
@@ -117,7 +117,7 @@ class GroupWriter:
                 code, why = reply.error_code or int(ErrorCode.UNKNOWN_SERVER_ERROR), reply.error_message
             else:
                 try:
-                    p = reply.fields["body"]["topics"][0]["partitions"][0]
+                    p = reply.fields.body["topics"][0]["partitions"][0]
                     code, why = p.get("error_code") or 0, p.get("error_message") or ""
                 except (KeyError, IndexError, TypeError):
                     code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
@@ -127,6 +127,6 @@ class GroupWriter:
                     self.refresh()  # learn the new leader; the push may be on its way too
             done(code, why)
 
-        self.outbox.request(leadership.host(partition), "produce",
-                     {"acks": -1, "timeout_ms": COMMIT_TIMEOUT_MS, "parts": [ProducePart(OFFSETS_TOPIC, partition, 0)]},
-                            [batch], callback=answered, timeout=WRITE_TIMEOUT)
+        self.outbox.request(leadership.host(partition),
+                            Produce(-1, [ProducePart(OFFSETS_TOPIC, partition, 0)], COMMIT_TIMEOUT_MS),
+                            frames=[batch], callback=answered, timeout=WRITE_TIMEOUT)

@@ -12,16 +12,17 @@ from __future__ import annotations
 
 import time
 
-from odradek.actors.messages import LogBounds, PartitionBounds
+from odradek.actors.messages import Bounds, LogBounds, PartitionBounds
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import OffsetsView
 from odradek.core.protocol import OFFSETS_TOPIC
 
 
-def bounds_of(fields: dict, partition: int, topic: str = OFFSETS_TOPIC) -> LogBounds | None:
+def bounds_of(answer: Bounds | None, partition: int, topic: str = OFFSETS_TOPIC) -> LogBounds | None:
     """The bounds of ``topic``'s ``partition`` (an internal topic's) in a ``get_bounds``
-    answer; None if the log actor does not host it, or hosts it but (still) as a follower."""
-    for part in fields.get("parts") or ():
+    answer (None: no answer); None if the log actor does not host it, or hosts it but (still)
+    as a follower."""
+    for part in () if answer is None else answer.parts:
         part = PartitionBounds(*part)
         if part.topic == topic and part.partition == partition:
             return part.bounds if part.leader else None  # a follower: not the leader yet

@@ -30,7 +30,7 @@ import urllib.request
 from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import LogBounds, PartitionBounds, ProducePart
+from odradek.actors.messages import GetBounds, LogBounds, PartitionBounds, Produce, ProducePart
 from odradek.actors.runtime import Actor
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders
@@ -122,8 +122,8 @@ class SchemaRegistryActor(Actor):
         self.exists = SCHEMAS_TOPIC in (snapshot.get("topics") or {})
         if not self.exists:
             return
-        fields = self.call(self._host(), "get_bounds", {"only": [[SCHEMAS_TOPIC, 0]]}, timeout=60.0).fields
-        bounds = next((PartitionBounds(*p).bounds for p in fields.get("parts") or ()
+        answer = self.call(self._host(), GetBounds([[SCHEMAS_TOPIC, 0]]), timeout=60.0).fields
+        bounds = next((PartitionBounds(*p).bounds for p in answer.parts
                        if p[0] == SCHEMAS_TOPIC and p[1] == 0), None)
         if bounds is None:
             raise OdradekError(f"{SCHEMAS_TOPIC}-0 exists but {self._host()} does not host it",
@@ -298,7 +298,7 @@ class SchemaRegistryActor(Actor):
         ``metadata`` (a write), or when this broker hosts no replica (at most every
         ``METADATA_INTERVAL``): a follow of a hosted replica costs one filtered ``get_bounds``."""
         def bounds(reply: Message, asked: bool) -> None:
-            parts = () if reply.is_error else reply.fields.get("parts") or ()
+            parts = () if reply.is_error else reply.fields.parts
             p = next((PartitionBounds(*p) for p in parts if p[0] == SCHEMAS_TOPIC and p[1] == 0), None)
             if p is None and not asked and (not self.synced or
                                             time.monotonic() - self._metadata_at >= METADATA_INTERVAL):
@@ -311,7 +311,7 @@ class SchemaRegistryActor(Actor):
             then()
 
         def ask_bounds(asked: bool) -> None:
-            self.request(self._host(), "get_bounds", {"only": [[SCHEMAS_TOPIC, 0]]},
+            self.request(self._host(), GetBounds([[SCHEMAS_TOPIC, 0]]),
                          callback=lambda reply: bounds(reply, asked), timeout=10.0)
 
         if metadata:
@@ -433,15 +433,14 @@ class SchemaRegistryActor(Actor):
                 then(f"{ErrorCode.of(reply.error_code).name}: {reply.error_message}")
                 return
             try:
-                p = reply.fields["body"]["topics"][0]["partitions"][0]
+                p = reply.fields.body["topics"][0]["partitions"][0]
                 code, why = p.get("error_code") or 0, p.get("error_message") or ""
             except (KeyError, IndexError, TypeError):
                 code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
             then(f"{ErrorCode.of(code).name}: {why}" if code else None)
 
-        self.request(self._host(), "produce",
-                     {"acks": -1, "timeout_ms": WRITE_TIMEOUT_MS, "parts": [ProducePart(SCHEMAS_TOPIC, 0, 0)]},
-                     [encode_batch(records)], callback=answered, timeout=WRITE_TIMEOUT_MS / 1000 + 5)
+        self.request(self._host(), Produce(-1, [ProducePart(SCHEMAS_TOPIC, 0, 0)], WRITE_TIMEOUT_MS),
+                     frames=[encode_batch(records)], callback=answered, timeout=WRITE_TIMEOUT_MS / 1000 + 5)
 
     def _create(self, then) -> None:
         """Create ``_schemas`` (one partition, compacted) through the controller, as Confluent's

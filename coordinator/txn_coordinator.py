@@ -35,7 +35,8 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import Chained, TxnAdded, TxnMarker
+from odradek.actors.messages import (Chained, DescribeProducers, GetBounds, PartitionProducers, ProducerState, TxnAdded,
+                                     TxnMarker)
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
@@ -133,7 +134,7 @@ class TxnCoordinator(Actor):
         host = self.state.host_of(partition)
         deadline = time.monotonic() + LOAD_DEADLINE
         while time.monotonic() < deadline:
-            bounds = bounds_of(self.call(host, "get_bounds", timeout=LOAD_DEADLINE).fields, partition, TXN_STATE_TOPIC)
+            bounds = bounds_of(self.call(host, GetBounds(), timeout=LOAD_DEADLINE).fields, partition, TXN_STATE_TOPIC)
             if bounds is not None:
                 self.state.install(partition, bounds)
                 return
@@ -460,10 +461,10 @@ class TxnCoordinator(Actor):
                                                              f"{name}-{p} is not hosted here", []))
                 by_topic.setdefault(name, []).append({
                     "partition_index": p, "error_code": code, "error_message": why or None,
-                    "active_producers": [{"producer_id": pid, "producer_epoch": epoch, "last_sequence": seq,
-                                          "last_timestamp": ts, "coordinator_epoch": -1,
-                                          "current_txn_start_offset": first}
-                                         for pid, epoch, seq, ts, first in producers]})
+                    "active_producers": [{"producer_id": s.producer_id, "producer_epoch": s.producer_epoch,
+                                          "last_sequence": s.last_sequence, "last_timestamp": s.last_timestamp,
+                                          "coordinator_epoch": -1, "current_txn_start_offset": s.current_txn_start_offset}
+                                         for s in producers]})
             self.reply(msg, {"body": {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}})
 
         def answered(reply: Message, sent: list) -> None:
@@ -471,8 +472,10 @@ class TxnCoordinator(Actor):
                 for name, p in sent:
                     found[(name, p)] = (reply.error_code, reply.error_message, [])
             else:
-                for name, p, code, why, producers in reply.get("parts") or ():
-                    found[(name, p)] = (code, why, producers)
+                for part in reply.fields.parts:
+                    part = PartitionProducers._make(part)
+                    found[(part.topic, part.partition)] = (part.code, part.message,
+                                                           [ProducerState._make(row) for row in part.producers])
             left["n"] -= 1
             if not left["n"]:
                 answer()
@@ -480,5 +483,5 @@ class TxnCoordinator(Actor):
         if not per_host:
             answer()
         for host, sent in per_host.items():
-            self.request(host, "describe_producers", {"parts": sent},
+            self.request(host, DescribeProducers(sent),
                          callback=lambda reply, sent=sent: answered(reply, sent), timeout=30.0)

@@ -24,7 +24,7 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import LogBounds
+from odradek.actors.messages import GetBounds, LogBounds, Produce, ProducePart
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders, partition_for
@@ -155,7 +155,7 @@ class TxnStateLog:
                 self.outbox.later(LOAD_RETRY, lambda: partition in self.loading and self.load(partition))
             else:
                 self.install(partition, bounds)
-        self.outbox.request(self.host_of(partition), "get_bounds", callback=answered, timeout=30.0)
+        self.outbox.request(self.host_of(partition), GetBounds(), callback=answered, timeout=30.0)
 
     def install(self, partition: int, bounds: LogBounds) -> None:
         loaded = []
@@ -221,7 +221,7 @@ class TxnStateLog:
             code, why = (reply.error_code, reply.error_message) if reply.is_error else (0, "")
             if not reply.is_error:
                 try:
-                    part = reply.fields["body"]["topics"][0]["partitions"][0]
+                    part = reply.fields.body["topics"][0]["partitions"][0]
                     code, why = part.get("error_code") or 0, part.get("error_message") or ""
                 except (KeyError, IndexError, TypeError):
                     code, why = int(ErrorCode.UNKNOWN_SERVER_ERROR), "malformed answer from the log actor"
@@ -238,11 +238,10 @@ class TxnStateLog:
             else:
                 then()
 
-        fields = {"acks": -1, "timeout_ms": int(WRITE_TIMEOUT * 1000), "parts": [[TXN_STATE_TOPIC, partition, 0]]}
-        if chain:
-            fields["then"] = chain
-        self.outbox.request(self.host_of(partition), "produce", fields, [encode_batch([(key, value)])],
-                            callback=answered, timeout=WRITE_TIMEOUT)
+        self.outbox.request(self.host_of(partition),
+                            Produce(-1, [ProducePart(TXN_STATE_TOPIC, partition, 0)], int(WRITE_TIMEOUT * 1000),
+                                    then=chain or []),
+                            frames=[encode_batch([(key, value)])], callback=answered, timeout=WRITE_TIMEOUT)
 
     def defer_complete(self, t: Transaction) -> None:
         """The COMPLETE record of ``t``, not waited for: the markers are what makes the outcome

@@ -34,7 +34,7 @@ from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log.epochs import epoch_mismatch
 from odradek.core.errors import OffsetOutOfRangeError
 from odradek.actors.names import CONTROLLER, LOG, partition_dir
-from odradek.actors.messages import LogBounds
+from odradek.actors.messages import Done, FollowersFetched, GetBounds, LogBounds, Response, Watch
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, LogReader
@@ -115,17 +115,18 @@ class FetchActor(Actor):
         if role == LOG:  # after our own restart, or a log actor's: learn every partition
             self.watch_until.clear()  # a restarted log actor watches nothing
             for host in members:
-                self.request(host, "get_bounds", callback=self._bounds_reply, timeout=30.0)
+                self.request(host, GetBounds(), callback=self._bounds_reply, timeout=30.0)
 
     def _bounds_reply(self, reply: Message) -> None:
         if not reply.is_error:
-            self._apply(reply.get("parts") or [], [], reply.get("host"), reply.get("opening") or ())
+            parts, _closed, host, opening = reply.fields
+            self._apply(parts, [], host, opening)
 
     def on_bounds(self, msg: Message) -> None:
         """One-way after appends; a request (answered) when a log actor opens or closes
         partitions, so the controller hears of a new topic only after we can serve it."""
-        self._apply(msg.get("parts") or [], msg.get("closed") or [], msg.get("host"), msg.get("opening") or ())
-        self.reply(msg, {})
+        self._apply(*msg.fields)
+        self.reply(msg, Done())
 
     def _apply(self, parts, closed, host, opening=()) -> None:
         for topic, partition in opening:
@@ -208,7 +209,7 @@ class FetchActor(Actor):
                 self.reply_error(msg, exc.code, exc.message)
 
     def on_fetch(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         max_wait = min(_int(body, "max_wait_ms", 500), self.max_wait_ms)
         parts = []
         for t in body.get("topics") or []:
@@ -237,7 +238,7 @@ class FetchActor(Actor):
             if replica < 0:
                 raise OdradekError("progress_only is a follower's progress report (replica_id >= 0)",
                                    ErrorCode.INVALID_REQUEST)
-            self.reply(msg, {"body": {"error_code": 0, "topics": []}, "files": []})
+            self.reply(msg, Response({"error_code": 0, "topics": []}))
             return
         if self._try(req, final=max_wait == 0):
             return
@@ -270,7 +271,7 @@ class FetchActor(Actor):
                 renew.setdefault(role[2], []).append(key)
         for host, wanted in renew.items():
             try:
-                self.send(host, "watch", _watch_fields(wanted))
+                self.send(host, _watch(wanted))
             except MailboxFull:
                 continue  # asked again by the next fetch; the lease still holds
             for key in wanted:
@@ -295,7 +296,7 @@ class FetchActor(Actor):
                 self.reply_error(msg, exc.code, exc.message)
 
         for host, wanted in need.items():
-            self.request(host, "watch", _watch_fields(wanted),
+            self.request(host, _watch(wanted),
                          callback=lambda reply, wanted=wanted: watched(reply, wanted), timeout=60.0)
         return True
 
@@ -326,10 +327,8 @@ class FetchActor(Actor):
         self.served_bytes += total
         self._count_out(req.replica, topics, records)
         body = {"error_code": 0, "topics": [{"name": t, "partitions": ps} for t, ps in answer_topics]}
-        answer = {"body": body, "files": files}
-        if req.since is not None:
-            answer["remote_ms"] = (time.monotonic() - req.since) * 1000
-        self.reply(req.msg, answer)
+        self.reply(req.msg, tuple.__new__(Response, (
+            body, files, 0.0 if req.since is None else (time.monotonic() - req.since) * 1000)))
         return True
 
     def _check_broker_epoch(self, replica: int, claimed) -> None:
@@ -377,7 +376,7 @@ class FetchActor(Actor):
                 per_host.setdefault(role[2], []).append(  # a ReplicaProgress
                     [topic, partition, replica, offset] if synced is None else [topic, partition, replica, offset, synced])
         for host, progress in per_host.items():
-            self.send(host, "replica_progress", {"parts": progress})
+            self.send(host, FollowersFetched(progress))
 
     def _read(self, topic, partition, offset, part_max, budget: int, first: bool, epoch=-1,
               replica: int = -1, committed: bool = False) -> tuple[dict, list, int]:
@@ -461,21 +460,22 @@ class FetchActor(Actor):
 
     # ---- list offsets --------------------------------------------------------------------
     def on_list_offsets(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body, readable = msg.fields
+        body = body or {}
         keys = [(t.get("name"), p.get("index")) for t in body.get("topics") or [] if isinstance(t, dict)
                 for p in t.get("partitions") or [] if isinstance(p, dict)]
         if self._fresh_first(msg, keys, self.on_list_offsets):
             return
         topics = []
         committed = body.get("isolation_level") == 1  # read_committed: "latest" is the last stable offset
-        readable = msg.get("readable") is True  # the group coordinator's check of a commit (never a client's)
+        readable = readable is True  # the group coordinator's check of a commit (never a client's)
         for t in body.get("topics") or []:
             parts = []
             for p in t.get("partitions") or []:
                 parts.append(self._offset_for(t.get("name"), p.get("index"), p.get("timestamp", LATEST_TIMESTAMP),
                                               p.get("current_leader_epoch", -1), committed, readable))
             topics.append({"name": t.get("name"), "partitions": parts})
-        self.reply(msg, {"body": {"topics": topics}})
+        self.reply(msg, Response({"topics": topics}))
 
     def _offset_for(self, topic, partition, ts, epoch=-1, committed: bool = False, readable: bool = False) -> dict:
         """ListOffsets of one partition. ``readable``: "latest" is the highest offset a consumer
@@ -515,8 +515,8 @@ class FetchActor(Actor):
         return entry
 
 
-def _watch_fields(keys: list) -> dict:
-    return {"parts": [list(k) for k in keys], "seconds": WATCH_LEASE}
+def _watch(keys: list) -> Watch:
+    return Watch([list(k) for k in keys], WATCH_LEASE)
 
 
 def _unsettled(entry: dict, topic: str, partition: int, high_watermark: int, floor: int) -> dict:

@@ -52,7 +52,8 @@ from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
-from odradek.actors.messages import Chained, PartOutcome, Shutdown, TxnAdded, TxnCheck, TxnMarker, chain_sent
+from odradek.actors.messages import (Bounds, Chained, Done, LogDirParts, PartitionProducers, PartOutcome, Producers,
+                                     ProducerState, Response, Shutdown, TxnAdded, TxnCheck, TxnMarker, chain_sent)
 from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
                                        TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
@@ -287,15 +288,15 @@ class LogActor(Actor):
 
     # ---- produce -----------------------------------------------------------------------
     def on_produce(self, msg: Message) -> None:
-        fields, frames = msg.fields, msg.frames
-        acks = fields.get("acks", 1)
+        acks, parts, timeout, errors, unverified, _then = msg.fields
+        frames = msg.frames
         results: dict[str, list] = {}
         delayed = DelayedProduce(msg, results) if msg.reply_to and (
             acks == -1 or (acks == 1 and self.flush_before_ack)) else None
-        for topic, partition, code, message in fields.get("errors") or ():
+        for topic, partition, code, message in errors or ():
             results.setdefault(topic, []).append(_error(partition, code, message))
-        unverified = delayed is not None and acks == -1 and fields.get("txn_unverified") is True
-        for topic, partition, frame in fields["parts"]:
+        unverified = delayed is not None and acks == -1 and unverified is True
+        for topic, partition, frame in parts:
             if unverified:
                 entry = self._hold_unverified(topic, partition, frames[frame], delayed)
                 if entry is not None:
@@ -307,7 +308,6 @@ class LogActor(Actor):
         if delayed is not None and delayed.waiting_on:
             if acks == 1:  # waits for the leader's fsync only: answered by _produce_synced
                 return
-            timeout = fields.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
             timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
             delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
             return
@@ -514,7 +514,7 @@ class LogActor(Actor):
         fetched what this leader does not have, and believing it would let a follower into
         the ISR, and past the high watermark, without the data."""
         now = _now_ms()
-        for topic, partition, replica, offset, *fsynced in msg.get("parts") or ():
+        for topic, partition, replica, offset, *fsynced in msg.fields.parts:
             p = self._partition((topic, partition))
             if p is None or p.leader != self.broker_id:
                 continue
@@ -601,7 +601,7 @@ class LogActor(Actor):
 
     def on_offset_for_leader_epoch(self, msg: Message) -> None:
         out: dict[str, list] = {}
-        for topic, partition, current, wanted in msg.get("parts") or ():
+        for topic, partition, current, wanted in msg.fields.parts:
             entry = {"index": partition, "error_code": 0, "leader_epoch": -1, "end_offset": -1}
             p = self._partition((topic, partition))
             problem = self._epoch_problem(p, topic, partition, current)
@@ -610,7 +610,7 @@ class LogActor(Actor):
             elif isinstance(wanted, int):
                 entry["leader_epoch"], entry["end_offset"] = p.log.end_offset_for_epoch(wanted)
             out.setdefault(topic, []).append(entry)
-        self.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in out.items()]}})
+        self.reply(msg, Response({"topics": [{"name": t, "partitions": ps} for t, ps in out.items()]}))
 
     def _epoch_problem(self, p, topic, partition, current) -> tuple[int, str] | None:
         if p is None or p.leader != self.broker_id:
@@ -775,7 +775,7 @@ class LogActor(Actor):
 
     def on_describe_producers(self, msg: Message) -> None:
         out = []
-        for entry in msg.get("parts") or ():
+        for entry in msg.fields.parts:
             try:
                 topic, partition = entry
                 p = self._partition((topic, partition))
@@ -784,14 +784,15 @@ class LogActor(Actor):
                 if p.leader != self.broker_id:
                     raise OdradekError(f"{topic}-{partition}: broker {self.broker_id} is not its leader",
                                        ErrorCode.NOT_LEADER_OR_FOLLOWER)
-                out.append([topic, partition, 0, "", [
-                    [pid, e.epoch, e.last_seq, e.last_timestamp, e.txn_first_offset]
-                    for pid, e in sorted(p.log.producers.producers.items())]])
+                out.append(PartitionProducers(topic, partition, 0, "", [
+                    ProducerState(pid, e.epoch, e.last_seq, e.last_timestamp, e.txn_first_offset)
+                    for pid, e in sorted(p.log.producers.producers.items())]))
             except (TypeError, ValueError) as exc:
-                out.append([None, None, int(ErrorCode.INVALID_REQUEST), f"malformed partition {entry!r}: {exc}", []])
+                out.append(PartitionProducers(None, None, int(ErrorCode.INVALID_REQUEST),
+                                              f"malformed partition {entry!r}: {exc}", []))
             except OdradekError as exc:
-                out.append([entry[0], entry[1], int(exc.code), exc.message, []])
-        self.reply(msg, {"parts": out})
+                out.append(PartitionProducers(entry[0], entry[1], int(exc.code), exc.message, []))
+        self.reply(msg, Producers(out))
 
     def on_describe_log_dirs(self, msg: Message) -> None:
         """DESCRIBE_LOG_DIRS: each hosted partition (``topics`` null: all; else
@@ -799,7 +800,7 @@ class LogActor(Actor):
         offset lag]``; the lag is Kafka's for a current log (how far the log end trails the
         high watermark). A partition still waiting to open is measured from its segment
         files, without opening it (lag 0)."""
-        wanted = msg.get("topics")
+        wanted = msg.fields.topics
         if wanted is None:
             keys = list(self.logs) + list(self.unopened)
         else:
@@ -811,7 +812,7 @@ class LogActor(Actor):
                 out.append([*key, p.log.size, max(0, p.log.high_watermark - p.log.log_end_offset)])
             else:
                 out.append([*key, _files_size(partition_dir(self.data_dir, *key)), 0])
-        self.reply(msg, {"parts": out})
+        self.reply(msg, LogDirParts(out))
 
     def on_follower_state(self, msg: Message) -> None:
         out = []
@@ -868,7 +869,7 @@ class LogActor(Actor):
 
     def on_delete_records(self, msg: Message) -> None:
         out: dict[str, list] = {}
-        for topic, partition, offset in msg.get("parts") or ():
+        for topic, partition, offset in msg.fields.parts:
             p = self._partition((topic, partition))
             entry = {"index": partition, "low_watermark": -1, "error_code": 0}
             try:
@@ -885,7 +886,7 @@ class LogActor(Actor):
             except OdradekError as exc:
                 entry.update(error_code=int(exc.code), error_message=exc.message)
             out.setdefault(topic, []).append(entry)
-        self.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in out.items()]}})
+        self.reply(msg, Response({"topics": [{"name": t, "partitions": ps} for t, ps in out.items()]}))
 
     # ---- assignment from the controller -------------------------------------------------
     def on_assign(self, msg: Message) -> None:
@@ -947,7 +948,7 @@ class LogActor(Actor):
         """The fetch actor learns of a change before the controller does, so a client that
         created a topic can fetch from it at once. If the fetch actor is down, it asks
         every log actor for bounds when it is back; acknowledge anyway."""
-        self.request(FETCH_ACTOR, "bounds", self._take_changes(), timeout=5.0, callback=lambda _r: done())
+        self.request(FETCH_ACTOR, self._take_changes(), timeout=5.0, callback=lambda _r: done())
 
     def on_become(self, msg: Message) -> None:
         """LEADER_AND_ISR, this process's share: each partition becomes leader or follower at
@@ -1055,18 +1056,18 @@ class LogActor(Actor):
         their appends for ``seconds`` (its lease, renewed while it serves them), opening any
         still waiting for the background opening. Their bounds go now, in ``after_batch``,
         then the answer (the same pipe: it has them when its retry runs)."""
-        seconds = msg.get("seconds")
+        parts, seconds = msg.fields
         if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not 0 < seconds <= 3600:
             raise OdradekError(f"seconds must be in (0, 3600], got {seconds!r}", ErrorCode.INVALID_REQUEST)
         until = time.monotonic() + seconds
-        for part in msg.get("parts") or ():
+        for part in parts or ():
             if isinstance(part, (list, tuple)) and len(part) == 2:
                 key = (part[0], part[1])
                 if self._partition(key) is not None:
                     self._leases[key] = until
                     self._dirty.add(key)
         if msg.reply_to:
-            self._answers.append((msg, {}))
+            self._answers.append((msg, Done()))
 
     def _data_changed(self, key: tuple[str, int]) -> None:
         """An append, a marker or a high-watermark move: the fetch actor hears of it if it
@@ -1157,10 +1158,10 @@ class LogActor(Actor):
         first: the coordinators asking load them at once."""
         for key in [k for k in self.unopened if is_internal_topic(k[0])]:
             self._partition(key)
-        only = msg.get("only")  # a few partitions: not every one's bounds (10,000 of them) for them
+        only = msg.fields.only  # a few partitions: not every one's bounds (10,000 of them) for them
         logs = self.logs.values() if only is None else [self.logs[k] for k in map(tuple, only) if k in self.logs]
-        self.reply(msg, {"parts": [self._bounds(pl) for pl in logs], "host": self.name,
-                         "opening": [list(k) for k in self.unopened] if only is None else []})
+        self.reply(msg, Bounds([self._bounds(pl) for pl in logs], [], self.name,
+                               [list(k) for k in self.unopened] if only is None else []))
 
     def _bounds(self, p: PartitionLog) -> list:
         """The partition's ``PartitionBounds``, built as a plain list (after every batch of
@@ -1168,15 +1169,15 @@ class LogActor(Actor):
         return [p.topic, p.partition, *p.log.bounds(), p.leader_epoch, p.leader == self.broker_id, p.replicas,
                 p.log.last_stable_offset, p.high_watermark_floor]
 
-    def _take_changes(self) -> dict:
+    def _take_changes(self) -> Bounds:
         parts = [self._bounds(self.logs[key]) for key in self._dirty if key in self.logs]
         closed, self._closed = self._closed, []
         self._dirty.clear()
-        changes = {"parts": parts, "closed": closed, "host": self.name}
+        opening = []
         if self._announce_opening:  # once, at start: the partitions the fetch actor must ask for
-            changes["opening"] = [list(k) for k in self.unopened]
+            opening = [list(k) for k in self.unopened]
             self._announce_opening = False
-        return changes
+        return Bounds(parts, closed, self.name, opening)
 
     # ---- group commit ------------------------------------------------------------------
     def _start_syncs(self) -> None:
@@ -1311,7 +1312,7 @@ class LogActor(Actor):
         if self._dirty or self._closed or self._announce_opening:
             dirty, closed, announce = set(self._dirty), list(self._closed), self._announce_opening
             try:
-                self.send(FETCH_ACTOR, "bounds", self._take_changes())
+                self.send(FETCH_ACTOR, self._take_changes())
             except MailboxFull:  # the next batch tries again
                 self._dirty, self._closed, self._announce_opening = dirty, closed, announce
         self._send_answers()
@@ -1326,10 +1327,15 @@ class LogActor(Actor):
         answers, self._answers = self._answers, []
         for msg, fields in answers:
             self.reply(msg, fields)
-            if msg.fields and msg.fields.get("then"):
-                self._send_chained(msg, fields)
+            fields_of = msg.fields
+            if type(fields_of) is dict:  # TRANSITIONAL (issue 31): a body not yet declared (write_markers)
+                then = fields_of.get("then")
+            else:  # a produce's or a write_markers' chained messages
+                then = getattr(fields_of, "then", None)
+            if then:
+                self._send_chained(msg, fields, then)
 
-    def _send_chained(self, msg: Message, answer: dict) -> None:
+    def _send_chained(self, msg: Message, answer, then: list) -> None:
         """A produce or write_markers with ``then: [Chained]`` (the
         transaction coordinator's records and markers): once every partition of it is written
         (and, acks=all, replicated), send those messages on the requester's behalf, answered
@@ -1339,7 +1345,7 @@ class LogActor(Actor):
         forgets them, or answers itself)."""
         if not chain_sent(answer) or not msg.reply_to:
             return
-        for item in msg.fields["then"]:
+        for item in then:
             c = Chained._make(item) if isinstance(item, list) and len(item) == len(Chained._fields) else None
             if c is None or not (isinstance(c.to, str) and isinstance(c.type, str)
                                  and isinstance(c.fields, (dict, list, type(None))) and isinstance(c.corr, int)):
@@ -1410,13 +1416,11 @@ def _now_ms() -> int:
     return int(time.monotonic() * 1000)
 
 
-def _produce_body(results: dict, held_since: float | None = None) -> dict:
+def _produce_body(results: dict, held_since: float | None = None) -> Response:
     """The produce answer; ``remote_ms`` (the processor's remote-time histogram) when it
     waited for the ISR since ``held_since``."""
-    body = {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}}
-    if held_since is not None:
-        body["remote_ms"] = (time.monotonic() - held_since) * 1000
-    return body
+    return tuple.__new__(Response, ({"topics": [{"name": t, "partitions": ps} for t, ps in results.items()]}, [],
+                                    0.0 if held_since is None else (time.monotonic() - held_since) * 1000))
 
 
 def _error(partition: int, code: int, message: str) -> dict:

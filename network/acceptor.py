@@ -4,15 +4,15 @@ Process: ``acceptor`` (one per broker).
 Owns: the listening sockets, one per listener of ``listeners`` (bound in ``on_start``; a
 restarted acceptor rebinds ``args["bound_ports"]``), the connection counts per processor, per
 IP and per listener, and the broker-wide client quota buckets (``quotas.Ledger``).
-Accepts:
-  conn_closed {processor, ip, listener}: one-way, from a processor
-  quota_usage {entries}: from a processor every ``quotas.SYNC_INTERVAL`` while a quota is in
-      use; answered ``{balances}`` (network/quotas.py)
+Accepts (bodies: ``odradek.actors.messages``):
+  conn_closed: one-way, from a processor
+  quota_usage: from a processor every ``quotas.SYNC_INTERVAL`` while a quota is in use;
+      answered ``Balances`` (network/quotas.py)
 and ``_members`` of the processor role from the supervisor.
 Sends: each accepted descriptor to the running processor with the fewest connections
 (``socket.send_fds`` over ``<run_dir>/<processor>.sock``, with ``<listener> <client ip>`` as
 the datagram); ``connections`` to every processor when their set changes or after its own
-restart; ``shed_idle`` to processors, busiest first, at ``max.connections`` (``{closed}``).
+restart; ``shed_idle`` to processors, busiest first, at ``max.connections`` (``Shed``).
 Invariants: never reads a client byte (TLS and SASL are the processor's); accepts nothing until
 the counts are rebuilt, so limits hold across its restarts; rates and per-listener limits make
 connections wait in the backlog, never refused for it; over ``max.connections.per.ip`` a socket
@@ -27,6 +27,7 @@ import logging
 import socket
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Balances, Connections, ShedIdle
 from odradek.actors.runtime import Actor
 from odradek.network import listeners as listeners_mod, quotas
 from odradek.actors.names import PROCESSOR, socket_path
@@ -117,8 +118,8 @@ class Acceptor(Actor):
 
     # ---- the broker-wide client quotas (network/quotas.py) ---------------------------------
     def on_quota_usage(self, msg: Message) -> None:
-        entries = msg.get("entries")
-        self.reply(msg, {"balances": self.ledger.charge(entries if isinstance(entries, list) else [], self.clock())})
+        entries = msg.fields.entries
+        self.reply(msg, Balances(self.ledger.charge(entries if isinstance(entries, list) else [], self.clock())))
 
     # ---- counts ------------------------------------------------------------------------
     def on_members(self, role: str, members: list[str], retired: list[str]) -> None:
@@ -132,7 +133,7 @@ class Acceptor(Actor):
                 self.by_processor[name] = collections.Counter()
                 self.by_processor_listener[name] = collections.Counter()
                 self._awaiting.add(name)
-                self.request(name, "connections", callback=lambda reply, n=name: self._rebuilt(n, reply),
+                self.request(name, Connections(), callback=lambda reply, n=name: self._rebuilt(n, reply),
                              timeout=REBUILD_TIMEOUT)
         if not self._awaiting:
             self._start_accepting()
@@ -151,13 +152,13 @@ class Acceptor(Actor):
     def _rebuilt(self, name: str, reply: Message) -> None:
         self._awaiting.discard(name)
         if name in self.by_processor and not reply.is_error:
-            counts = collections.Counter({ip: int(n) for ip, n in (reply.get("ips") or {}).items()})
+            counts = collections.Counter({ip: int(n) for ip, n in (reply.fields.ips or {}).items()})
             old = self.by_processor[name]
             self.per_ip.subtract(old)
             self.per_ip.update(counts)
             self.total += sum(counts.values()) - sum(old.values())
             self.by_processor[name] = counts
-            by_listener = collections.Counter({l: int(n) for l, n in (reply.get("listeners") or {}).items()})
+            by_listener = collections.Counter({l: int(n) for l, n in (reply.fields.listeners or {}).items()})
             self.per_listener.subtract(self.by_processor_listener.get(name, collections.Counter()))
             self.per_listener.update(by_listener)
             self.by_processor_listener[name] = by_listener
@@ -165,14 +166,13 @@ class Acceptor(Actor):
             self._start_accepting()
 
     def on_conn_closed(self, msg: Message) -> None:
-        name, ip = msg.get("processor"), msg.get("ip")
+        name, ip, listener = msg.fields
         counts = self.by_processor.get(name)
         if counts is None or counts[ip] <= 0:
             return
         counts[ip] -= 1
         self.per_ip[ip] -= 1
         self.total -= 1
-        listener = msg.get("listener")
         by_listener = self.by_processor_listener.get(name)
         if by_listener is not None and by_listener[listener] > 0:
             by_listener[listener] -= 1
@@ -313,7 +313,7 @@ class Acceptor(Actor):
                     self.counters["refused_max_connections"] += 1
             return
         name, rest = processors[0], processors[1:]
-        self.request(name, "shed_idle", callback=lambda _reply: self._shed_next(sock, ip, listener, rest),
+        self.request(name, ShedIdle(), callback=lambda _reply: self._shed_next(sock, ip, listener, rest),
                      timeout=SHED_TIMEOUT)
 
     def _admit(self, sock: socket.socket, ip: str, listener: str) -> None:

@@ -50,10 +50,11 @@ class Guard:
         return self._authorizer
 
     @staticmethod
-    def who(fields: dict) -> tuple[str, str]:
-        return fields.get("principal") or ANONYMOUS, str(fields.get("peer") or "").rpartition(":")[0]
+    def who(request) -> tuple[str, str]:
+        """The principal and host of a ``request`` (an ``actors.messages.Request``)."""
+        return request.principal or ANONYMOUS, str(request.peer or "").rpartition(":")[0]
 
-    def check(self, fields: dict, api: int, body: dict, frames=()) -> dict[str, str]:
+    def check(self, fields, api: int, body: dict, frames=()) -> dict[str, str]:
         """Raises OdradekError (an *_AUTHORIZATION_FAILED code) for a request not allowed.
         Produce, a consumer's Fetch and AddPartitionsToTxn are answered per topic, as Kafka
         does: their denied topics are returned (name -> why) for TOPIC_AUTHORIZATION_FAILED on
@@ -74,7 +75,7 @@ class Guard:
         for operation, resource, name in az.requirements(api, body, transactional):
             if not auth.authorize(principal, host, operation, resource, name) and not (
                     (operation, resource, name) == az.IDEMPOTENT and auth.authorize_any(principal, host, "Write", "Topic")):
-                self._audit(principal, fields.get("peer"), operation, resource, name)
+                self._audit(principal, fields.peer, operation, resource, name)
                 if self.metrics is not None:
                     self.metrics.inc("authorization_denied", (operation, resource))
                 why = f"{principal} is not allowed to {operation} {resource} '{name}'"
@@ -84,15 +85,15 @@ class Guard:
                 raise OdradekError(why, az.DENIED[resource])
         return denied
 
-    def check_inter_broker(self, fields: dict, api: int, body: dict) -> None:
+    def check_inter_broker(self, fields, api: int, body: dict) -> None:
         """An inter-broker request (``authorizer.broker_claim``) is served only over a
-        connection that proved it is the broker the request names (``fields["broker"]``, set
+        connection that proved it is the broker the request names (``fields.broker``, set
         by the processor), or, with the authorizer on, for a principal granted ClusterAction on
         the cluster (Kafka's rule); else CLUSTER_AUTHORIZATION_FAILED, audited."""
         field = az.broker_claim(api, body)
         if field is None:
             return
-        proven, claimed = fields.get("broker"), body.get(field)
+        proven, claimed = fields.broker, body.get(field)
         name = ApiKey(api).name
         if proven is not None:
             if claimed != proven or isinstance(claimed, bool):
@@ -102,14 +103,14 @@ class Guard:
         principal, host = self.who(fields)
         if self.enabled and self.authorizer().authorize(principal, host, "ClusterAction", "Cluster", az.CLUSTER):
             return
-        self._audit(principal, fields.get("peer"), "ClusterAction", "Cluster", az.CLUSTER)
+        self._audit(principal, fields.peer, "ClusterAction", "Cluster", az.CLUSTER)
         if self.metrics is not None:
             self.metrics.inc("authorization_denied", ("ClusterAction", "Cluster"))
         raise OdradekError(f"{name}{' as a replica' if field == 'replica_id' else ''} is sent only by the brokers "
                            f"of this cluster, over a connection that proved it (BROKER_PROOF); {principal} did not",
                            ErrorCode.CLUSTER_AUTHORIZATION_FAILED)
 
-    def allowed(self, fields: dict, operation: str, resource: str, name: str) -> bool:
+    def allowed(self, fields, operation: str, resource: str, name: str) -> bool:
         """Whether the request's principal may (no audit: for what Metadata shows or does)."""
         if not self.enabled:
             return True

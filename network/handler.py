@@ -4,10 +4,10 @@ Process: ``handler-<i>`` (a scalable pool). Owns nothing but its configuration a
 the topic metadata, so any handler answers any request and the pool grows, shrinks and restarts
 freely. Dispatch is one flat table, API -> method: parse the body, authorize (``network.guard``),
 act, reply.
-Accepts:
-  request {api, v, client, conn, peer, body, t} + payload frames: from a processor; answered
-      to it (``_reply {body, files?}`` + frames or ``_error``), or forwarded to the actor owning
-      the data, which answers the processor
+Accepts (bodies: ``odradek.actors.messages``):
+  request (``Request``) + payload frames: from a processor; answered to it (``Response`` +
+      frames or ``_error``), or forwarded to the actor owning the data, which answers the
+      processor
   metadata {snapshot}: from the controller, the topic cache; answered ``{version}``
 Sends (addresses and parts: ``odradek.actors.names``): ``produce`` to the partitions' log
 actors (scattered and gathered here when it spans several); ``delete_records``,
@@ -31,7 +31,8 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.messages import DeleteRecordsPart, EpochQuery, ErrorReply, PartError, Scale, Status
+from odradek.actors.messages import (DeleteRecords, DeleteRecordsPart, DescribeLogDirs, EpochQuery, ErrorReply, Fetch,
+                                     ListOffsets, OffsetForLeaderEpoch, PartError, Produce, Response, Scale, Status)
 from odradek.actors.names import CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, log_host, log_host_name
 from odradek.actors.runtime import Actor
 from odradek.core.config import kafka_value
@@ -197,13 +198,13 @@ class RequestHandler(Actor):
             ApiKey.OFFSET_FOR_LEADER_EPOCH: self.offset_for_leader_epoch,
             ApiKey.DESCRIBE_LOG_DIRS: self.describe_log_dirs,
             ApiKey.DESCRIBE_USER_SCRAM_CREDENTIALS: lambda msg, body: self.reply(
-                msg, {"body": self.credentials.describe(body)}),
+                msg, Response(self.credentials.describe(body))),
             ApiKey.ALTER_USER_SCRAM_CREDENTIALS: lambda msg, body: self.reply(
-                msg, {"body": self.credentials.alter(body)}),
+                msg, Response(self.credentials.alter(body))),
             **{api: self.to_group_coordinator for api in GROUP_APIS},
             **{api: self.to_txn_coordinator for api in TXN_APIS},
             **{api: self.to_controller_actor for api in CONTROLLER_APIS},
-            **{api: lambda msg, body: self.reply(msg, {"body": self.guard.serve(msg.get("api"), body)})
+            **{api: lambda msg, body: self.reply(msg, Response(self.guard.serve(msg.fields.api, body)))
                for api in ACL_APIS},
         }
         self.guard = Guard(self.config, self.args.get("data_dir") or ".", self.metrics)  # ACLs (authorizer = true)
@@ -231,11 +232,11 @@ class RequestHandler(Actor):
 
     # ---- the one entry point -------------------------------------------------------------
     def on_request(self, msg: Message) -> None:
-        fields = msg.fields or {}
-        if fields.get("t", self.started_at) < self.started_at:
+        fields = msg.fields
+        if fields.t < self.started_at:
             self.reply_error(msg, ErrorCode.NETWORK_EXCEPTION, "sent to a handler that has since restarted")
             return
-        api, version, body = fields.get("api"), fields.get("v", 0), fields.get("body")
+        api, version, body = fields.api, fields.v, fields.body
         method = self.dispatch.get(api)
         if method is None:
             raise OdradekError(f"unknown API key {api!r}", ErrorCode.INVALID_REQUEST)
@@ -248,7 +249,7 @@ class RequestHandler(Actor):
         if api in BODY_SHAPES:
             check_shape(body, BODY_SHAPES[api])
         picked_up = time.time()
-        self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.get("t", picked_up)) * 1000)
+        self.metrics.observe("request_queue_ms", (api,), (picked_up - fields.t) * 1000)
         try:
             self.guard.check_inter_broker(fields, api, body)  # only a proven broker (CLUSTER_AUTHORIZATION_FAILED)
             denied = self.guard.check(fields, api, body, msg.frames)  # raises *_AUTHORIZATION_FAILED if denied
@@ -260,7 +261,7 @@ class RequestHandler(Actor):
             raise
         except Exception:  # a bug: name whose request it was (the runtime logs the traceback and answers)
             log.error("%s: %s v%s from %s (client '%s') failed", self.name, ApiKey(api).name, version,
-                      fields.get("peer"), fields.get("client"))
+                      fields.peer, fields.client)
             raise
         finally:
             self.metrics.observe("request_local_ms", (api,), (time.time() - picked_up) * 1000)
@@ -287,19 +288,19 @@ class RequestHandler(Actor):
             self.produce_from_client(msg, body, errors)
             return
         if not kept:
-            self.reply(msg, {"body": {"error_code": 0, **_partition_body(errors, [], FETCH_ERROR)}})
+            self.reply(msg, Response({"error_code": 0, **_partition_body(errors, [], FETCH_ERROR)}))
             return
 
         def merged(reply: Message) -> None:
             if reply.is_error:
                 self.reply_error(msg, reply.error_code, reply.error_message)
                 return
-            out = dict(reply.fields)
+            out = reply.fields
             # after the served partitions: their records (records_size each) come first, in body order
             extra = _partition_body(errors, [], FETCH_ERROR)["topics"]
-            out["body"] = {**out["body"], "topics": list(out["body"].get("topics") or []) + extra}
-            self.reply(msg, out, reply.frames)
-        self.request(FETCH_ACTOR, "fetch", {"body": body}, callback=merged, timeout=GATHER_TIMEOUT + 30)
+            self.reply(msg, out._replace(body={**out.body, "topics": list(out.body.get("topics") or []) + extra}),
+                       reply.frames)
+        self.request(FETCH_ACTOR, Fetch(body), callback=merged, timeout=GATHER_TIMEOUT + 30)
 
     def produce_from_client(self, msg: Message, body: dict, denied: list | None = None) -> None:
         """Produce's entry: the partitions of internal topics are refused here, before the
@@ -318,19 +319,18 @@ class RequestHandler(Actor):
         timeout = field(body, "timeout_ms", int, 30000)
         if acks == 0:  # nobody waits: one-way to each log actor
             for host, (parts, frames) in per_host.items():
-                self.send(host, "produce", {"acks": 0, "parts": parts}, frames)
+                self.send(host, tuple.__new__(Produce, (0, parts, timeout, [], False, [])), frames=frames)
             return
-        base = {"acks": acks, "timeout_ms": timeout}
-        if acks == -1 and body.get("txn_unverified") is True:
-            base["txn_unverified"] = True  # docs/TRANSACTIONS.md, "The commit path"
+        unverified = acks == -1 and body.get("txn_unverified") is True  # docs/TRANSACTIONS.md, "The commit path"
         if not per_host:
-            self.reply(msg, {"body": _partition_body(errors, [], PRODUCE_ERROR, record_errors)})
+            self.reply(msg, Response(_partition_body(errors, [], PRODUCE_ERROR, record_errors)))
             return
         if len(per_host) == 1 and not record_errors:  # per-record errors are answered from here (_gather)
             host, (parts, frames) = next(iter(per_host.items()))
-            self.forward(msg, host, "produce", {**base, "parts": parts, "errors": errors}, frames)
+            self.forward(msg, host, tuple.__new__(Produce, (acks, parts, timeout, errors, unverified, [])),
+                         frames=frames)
             return
-        self._gather(msg, [(host, "produce", {**base, "parts": parts}, frames)
+        self._gather(msg, [(host, tuple.__new__(Produce, (acks, parts, timeout, [], unverified, [])), frames)
                            for host, (parts, frames) in per_host.items()], errors, PRODUCE_ERROR, record_errors)
 
     def _route(self, msg: Message, topics: list) -> tuple[dict, list, dict]:
@@ -387,8 +387,8 @@ class RequestHandler(Actor):
 
     def _gather(self, msg: Message, targets: list, errors: list, blank: dict,
                 record_errors: dict | None = None) -> None:
-        """Scatter ``targets`` (to, type, fields, frames); answer with the merged bodies
-        (``record_errors``: ``_partition_body``'s)."""
+        """Scatter ``targets`` (to, body with ``parts``, frames), each answered a ``Response``;
+        answer with the merged bodies (``record_errors``: ``_partition_body``'s)."""
         pending = {"n": len(targets), "topics": {}}
 
         def merge(reply: Message, parts: list) -> None:
@@ -396,30 +396,30 @@ class RequestHandler(Actor):
                 for name, index, _ in parts:
                     errors.append(PartError(name, index, reply.error_code, reply.error_message))
             else:
-                for t in reply.fields["body"]["topics"]:
+                for t in reply.fields.body["topics"]:
                     pending["topics"].setdefault(t["name"], []).extend(t["partitions"])
             pending["n"] -= 1
             if pending["n"] == 0:
-                self.reply(msg, {"body": _partition_body(errors, pending["topics"].items(), blank, record_errors)})
+                self.reply(msg, Response(_partition_body(errors, pending["topics"].items(), blank, record_errors)))
 
-        for to, type_, fields, frames in targets:
-            self.request(to, type_, fields, frames, timeout=GATHER_TIMEOUT,
-                         callback=lambda r, parts=fields["parts"]: merge(r, parts))
+        for to, request, frames in targets:
+            self.request(to, request, frames=frames, timeout=GATHER_TIMEOUT,
+                         callback=lambda r, parts=request.parts: merge(r, parts))
 
     def delete_records(self, msg: Message, body: dict) -> None:
         body, refused = _without_internal_partitions(body, "delete records of")
-        self._to_log_actors(msg, body, "delete_records", lambda t, i, p: DeleteRecordsPart(t, i, p.get("offset")),
+        self._to_log_actors(msg, body, DeleteRecords, lambda t, i, p: DeleteRecordsPart(t, i, p.get("offset")),
                             DELETE_RECORDS_ERROR, refused)
 
     def offset_for_leader_epoch(self, msg: Message, body: dict) -> None:
         """A follower asks where a leader epoch ended: the log actors hosting the partitions answer."""
-        self._to_log_actors(msg, body, "offset_for_leader_epoch",
+        self._to_log_actors(msg, body, OffsetForLeaderEpoch,
                             lambda t, i, p: EpochQuery(t, i, p.get("current_leader_epoch", -1),
                                                        p.get("leader_epoch", -1)), EPOCH_ERROR)
 
-    def _to_log_actors(self, msg: Message, body: dict, type_: str, part_of: Callable[[str, int, dict], tuple],
+    def _to_log_actors(self, msg: Message, body: dict, kind: type, part_of: Callable[[str, int, dict], tuple],
                        blank: dict, refused: list | None = None) -> None:
-        """Send each log actor ``type_ {parts: [part_of(topic, partition, p)]}`` for the
+        """Send each log actor ``kind(parts=[part_of(topic, partition, p)])`` for the
         request's partitions it hosts; answer with the merged per-partition entries (and the
         ``refused`` ones, already failed)."""
         per_host: dict[str, list] = {}
@@ -434,9 +434,9 @@ class RequestHandler(Actor):
                 else:
                     per_host.setdefault(self._host(name, index), []).append(part_of(name, index, p))
         if not per_host:
-            self.reply(msg, {"body": _partition_body(errors, [], blank)})
+            self.reply(msg, Response(_partition_body(errors, [], blank)))
             return
-        self._gather(msg, [(host, type_, {"parts": parts}, ()) for host, parts in per_host.items()], errors, blank)
+        self._gather(msg, [(host, kind(parts), ()) for host, parts in per_host.items()], errors, blank)
 
     def describe_log_dirs(self, msg: Message, body: dict) -> None:
         """Every log actor names the partitions it hosts (of ``topics``, or all) with their
@@ -455,7 +455,7 @@ class RequestHandler(Actor):
             if reply.is_error:
                 pending["failed"] = pending["failed"] or (reply.error_code, reply.error_message)
             else:
-                pending["parts"].extend(reply.get("parts") or ())
+                pending["parts"].extend(reply.fields.parts)
             pending["n"] -= 1
             if pending["n"]:
                 return
@@ -471,47 +471,46 @@ class RequestHandler(Actor):
                 total, usable = usage.total, usage.free
             except OSError:
                 total = usable = -1
-            self.reply(msg, {"body": {"error_code": 0, "results": [
+            self.reply(msg, Response({"error_code": 0, "results": [
                 {"error_code": 0, "log_dir": data_dir, "total_bytes": total, "usable_bytes": usable,
-                 "topics": [{"name": t, "partitions": ps} for t, ps in per_topic.items()]}]}})
+                 "topics": [{"name": t, "partitions": ps} for t, ps in per_topic.items()]}]}))
 
         for i in range(self.log_hosts):
-            self.request(log_host_name(i), "describe_log_dirs", {"topics": topics}, callback=merge,
+            self.request(log_host_name(i), DescribeLogDirs(topics), callback=merge,
                          timeout=GATHER_TIMEOUT)
 
     def to_controller_actor(self, msg: Message, body: dict) -> None:
-        api = msg.get("api")
+        api = msg.fields.api
         self._change_topics(msg, body, "broker_request", lambda b: {"api": api, "body": b})
 
     def to_fetch_actor(self, msg: Message, body: dict) -> None:
-        self.forward(msg, FETCH_ACTOR, "fetch" if msg.get("api") == ApiKey.FETCH else "list_offsets",
-                     {"body": body}, ())
+        self.forward(msg, FETCH_ACTOR, Fetch(body) if msg.fields.api == ApiKey.FETCH else ListOffsets(body), frames=())
 
     def to_group_coordinator(self, msg: Message, body: dict) -> None:
         """Group APIs: the coordinator answers the processor. The metadata version lets it
         notice topics it has not heard of yet."""
-        fields = {"api": msg.get("api"), "body": body, "client": msg.get("client"), "peer": msg.get("peer"),
+        fields = {"api": msg.fields.api, "body": body, "client": msg.fields.client, "peer": msg.fields.peer,
                   "metadata_version": self.metadata_version}
-        if msg.get("api") == ApiKey.FIND_COORDINATOR and len(self.listener_addresses) > 1:
+        if msg.fields.api == ApiKey.FIND_COORDINATOR and len(self.listener_addresses) > 1:
             # This broker's address as seen from the listener the client came in on (SASL_SSL, ...).
             self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT, callback=lambda reply: (
                 self._ask_status(lambda st: self._learn_address(st) or self._coordinator_on_listener(msg, reply))
                 if any(p == 0 for _h, p in self.listener_addresses.values())
                 else self._coordinator_on_listener(msg, reply)))
             return
-        if msg.get("api") == ApiKey.OFFSET_FETCH and self.guard.enabled and any(
+        if msg.fields.api == ApiKey.OFFSET_FETCH and self.guard.enabled and any(
                 g.get("topics") is None for g in offset_fetch_groups(body)):
             # Kafka's OffsetFetch of all topics: the committed offsets of the topics one may Describe
             self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
                          callback=lambda reply: self._describable_offsets(msg, reply))
             return
-        if body.get("include_authorized_operations") and msg.get("api") in (ApiKey.DESCRIBE_GROUPS,
+        if body.get("include_authorized_operations") and msg.fields.api in (ApiKey.DESCRIBE_GROUPS,
                                                                          ApiKey.CONSUMER_GROUP_DESCRIBE):
             # Kafka's include_authorized_operations (KIP-430): the principal's operations on each group
             self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
                          callback=lambda reply: self._with_group_operations(msg, reply))
             return
-        if msg.get("api") == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields or {}, "Describe", "Cluster",
+        if msg.fields.api == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields, "Describe", "Cluster",
                                                                            "kafka-cluster"):
             # Kafka's ListGroups: without Describe on the cluster, the groups one may Describe, no error
             self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
@@ -525,7 +524,7 @@ class RequestHandler(Actor):
             return
         body = dict(reply.get("body") or {})
         body["groups"] = [g for g in body.get("groups") or () if isinstance(g, dict) and
-                          self.guard.allowed(msg.fields or {}, "Describe", "Group", str(g.get("group_id")))]
+                          self.guard.allowed(msg.fields, "Describe", "Group", str(g.get("group_id")))]
         self.reply(msg, {**reply.fields, "body": body})
 
     def _with_group_operations(self, msg: Message, reply: Message) -> None:
@@ -533,7 +532,7 @@ class RequestHandler(Actor):
             self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
             return
         body = dict(reply.get("body") or {})
-        body["groups"] = [{**g, "authorized_operations": self._operations(msg.fields or {}, "Group",
+        body["groups"] = [{**g, "authorized_operations": self._operations(msg.fields, "Group",
                                                                           str(g.get("group_id")))}
                           if isinstance(g, dict) and not g.get("error_code") else g
                           for g in body.get("groups") or ()]
@@ -547,7 +546,7 @@ class RequestHandler(Actor):
         for g in offset_fetch_groups(body):
             if isinstance(g.get("topics"), list):
                 g["topics"] = [t for t in g["topics"] if isinstance(t, dict) and
-                               self.guard.allowed(msg.fields or {}, "Describe", "Topic", str(t.get("name")))]
+                               self.guard.allowed(msg.fields, "Describe", "Topic", str(t.get("name")))]
         self.reply(msg, {**reply.fields, "body": body})
 
     def _coordinator_on_listener(self, msg: Message, reply: Message) -> None:
@@ -555,7 +554,7 @@ class RequestHandler(Actor):
             self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
             return
         body = dict(reply.get("body") or {})
-        listener = msg.get("listener")
+        listener = msg.fields.listener
         for entry in [body] + [c for c in body.get("coordinators") or () if isinstance(c, dict)]:  # v4+: several
             node = entry.get("node_id")
             if node == self.broker_id and listener in self.listener_addresses:
@@ -568,10 +567,10 @@ class RequestHandler(Actor):
         """InitProducerId and the transaction APIs: the transaction coordinator answers the processor.
         An AddPartitionsToTxn naming an internal topic's partitions adds none (Kafka's
         handleAddPartitionsToTxnRequest: a client may not write them, authorizer or not)."""
-        if msg.get("api") == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
+        if msg.fields.api == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
             self._add_partitions_refused(msg, body, set())
             return
-        self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.get("api"), "body": body}, ())
+        self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.fields.api, "body": body}, ())
 
     def _add_partitions_refused(self, msg: Message, body: dict, denied: set) -> None:
         """An AddPartitionsToTxn that adds nothing, as Kafka answers it: the partitions of the
@@ -585,7 +584,7 @@ class RequestHandler(Actor):
             for t in field(body, "topics", list) if isinstance(t, dict)]}})
 
     def to_controller(self, msg: Message, body: dict) -> None:
-        kind = "create_topics" if msg.get("api") == ApiKey.CREATE_TOPICS else "delete_topics"
+        kind = "create_topics" if msg.fields.api == ApiKey.CREATE_TOPICS else "delete_topics"
         self._change_topics(msg, body, kind, lambda b: {"body": b})
 
     def _change_topics(self, msg: Message, body: dict, type_: str, fields_of: Callable[[dict], dict]) -> None:
@@ -595,7 +594,7 @@ class RequestHandler(Actor):
         and native APIs, the CLI, the console) comes through here; the coordinators ask their
         own broker's controller directly (in a cluster it relays to the controller's broker,
         through a handler there: a creation as its coordinator asks for it passes)."""
-        api = msg.get("api")
+        api = msg.fields.api
         change = TOPIC_CHANGES.get(api)
         items = body.get(change[0]) if change else None
         names = [_topic_name(i) for i in items if _refused_change(api, i)] if isinstance(items, list) else []
@@ -624,16 +623,16 @@ class RequestHandler(Actor):
 
     # ---- APIs ----------------------------------------------------------------------------
     def ping(self, msg: Message, body: dict) -> None:
-        self.reply(msg, {"body": body}, msg.frames)
+        self.reply(msg, Response(body), msg.frames)
 
     def api_versions(self, msg: Message, body: dict) -> None:
         apis = [{"api_key": int(k), "name": k.name, "min_version": lo, "max_version": hi}
                 for k, (lo, hi) in SUPPORTED.items()]
-        self.reply(msg, {"body": {"error_code": 0, "api_keys": apis}})
+        self.reply(msg, Response({"error_code": 0, "api_keys": apis}))
 
     def metadata(self, msg: Message, body: dict) -> None:
         requested = field(body, "topics", list, None)
-        fields = msg.fields or {}
+        fields = msg.fields
         # All topics: those the principal may Describe; a topic asked for by name that it may
         # not: TOPIC_AUTHORIZATION_FAILED, whether it exists or not (Kafka's answers).
         names = [n for n in sorted(self.topics) if self.guard.allowed(fields, "Describe", "Topic", n)] \
@@ -702,7 +701,7 @@ class RequestHandler(Actor):
 
     def _metadata(self, msg: Message, topics: list) -> None:
         brokers = []
-        listener = (msg.fields or {}).get("listener")
+        listener = msg.fields.listener
         for node, (host, port) in sorted(self.brokers.items(), key=lambda kv: int(kv[0])):
             if int(node) == self.broker_id:
                 host, port = self.listener_addresses.get(listener, self.advertised)
@@ -711,15 +710,15 @@ class RequestHandler(Actor):
             rack = self.racks.get(str(node))  # Kafka's nullable field: only brokers with broker.rack carry it
             brokers.append({"node_id": int(node), "host": host, "port": port, **({"rack": rack} if rack else {})})
         if not brokers:
-            host, port = self.listener_addresses.get((msg.fields or {}).get("listener"), self.advertised)
+            host, port = self.listener_addresses.get(msg.fields.listener, self.advertised)
             brokers = [{"node_id": self.broker_id, "host": host, "port": port}]
-        asked = (msg.get("body") or {}).get("include_cluster_authorized_operations")
+        asked = msg.fields.body.get("include_cluster_authorized_operations")
         self.reply(msg, {"body": {
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
             "topics": topics,
-            **({"cluster_authorized_operations": self._operations(msg.fields or {}, "Cluster", CLUSTER)}
+            **({"cluster_authorized_operations": self._operations(msg.fields, "Cluster", CLUSTER)}
                if asked else {}),
         }})
 

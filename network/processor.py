@@ -4,15 +4,14 @@ Process: ``processor-<i>``. Owns the client sockets the acceptor hands it (``rec
 ``<run_dir>/<name>.sock``; non-blocking, in its poll loop), each with its decoder (native or
 Kafka, told apart by the first bytes), TLS, SASL state, write queue and response slots, and the
 pinning of each connection to one handler; its share of the client quotas (network/quotas.py).
-Accepts:
-  connections: from the acceptor after its restart; answered
-      ``{ips: {ip: n}, listeners: {name: n}}``
+Accepts (bodies: ``odradek.actors.messages``):
+  connections: from the acceptor after its restart; answered ``ProcessorConnections``
   shed_idle: from the acceptor at ``max.connections``: close the least recently used idle
-      connection; answered ``{closed: bool}`` (after its ``conn_closed``)
+      connection; answered ``Shed`` (after its ``conn_closed``)
 and the runtime's ``_members`` (handlers: re-pin; the fetch actor and coordinators: fail what
-was forwarded there when one restarts); ``_reply {body, files?}`` / ``_error`` answer its requests.
-Sends: ``request {api, v, client, conn, peer, body, t, principal, listener, broker}`` + frames to
-the connection's pinned handler; ``conn_closed`` (one-way) and ``quota_usage`` to the acceptor.
+was forwarded there when one restarts); ``Response`` (+ frames) / ``_error`` answer its requests.
+Sends: ``request`` (``Request``) + frames to the connection's pinned handler; ``conn_closed``
+(one-way) and ``quota_usage`` to the acceptor.
 Answers ApiVersions, SASL and BROKER_PROOF itself.
 Invariants: a connection's answers are written in request order; when the actor holding its
 requests dies (its handler, or the fetch actor or a coordinator a handler forwarded them to:
@@ -37,7 +36,9 @@ import time
 from typing import Any, Callable
 
 
-from odradek.actors.message import Message
+from odradek.actors.message import ERROR, Message
+from odradek.actors.messages import (Balances, ConnClosed, ErrorReply, ProcessorConnections, QuotaUsage, Request,
+                                     Response, Shed)
 from odradek.actors.metrics import BoundedLabels
 from odradek.actors.names import ACCEPTOR, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, socket_path
 from odradek.actors.runtime import POLLERR, POLLIN, POLLOUT, Actor, MailboxFull, make_private
@@ -78,12 +79,26 @@ CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
 CLIENT_ID_KEPT = 256  # characters of a client id a connection keeps for its log lines
 
 
-def _client_throttles(slot: list) -> bool:
+class Slot:
+    """A request's place in its connection's answer order: ``bufs``, its answer's buffers once
+    known (None until then). A request sent on (not answered here) also has its metrics label
+    ``api`` (None otherwise), when it ``arrived`` and was ``answered`` (its timings), its Kafka
+    context (None: native) and ``no_quota`` (a proven broker's, or failed by the broker)."""
+
+    __slots__ = ("corr", "bufs", "api", "arrived", "answered", "kafka", "no_quota")
+
+    def __init__(self, corr: int, bufs: list | None = None, api: int | None = None, arrived: float = 0.0,
+                 kafka: tuple | None = None, no_quota: bool = False):
+        self.corr, self.bufs, self.api, self.arrived, self.answered = corr, bufs, api, arrived, 0.0
+        self.kafka, self.no_quota = kafka, no_quota
+
+
+def _client_throttles(slot: Slot) -> bool:
     """Whether the client waits out an answer's ``throttle_time_ms`` itself (KIP-219: Kafka's
     Produce v6+ and Fetch v8+), so the answer may go at once; older Kafka versions and the
     native protocol (whose bundled client does not wait) get the answer held back instead."""
-    ctx = slot[5]
-    return ctx is not None and ctx[1] >= (6 if slot[2] == ApiKey.PRODUCE else 8)
+    ctx = slot.kafka
+    return ctx is not None and ctx[1] >= (6 if slot.api == ApiKey.PRODUCE else 8)
 
 
 def _nbytes(buf: Any) -> int:
@@ -191,8 +206,7 @@ class Connection:
         self.peer = f"{peer[0]}:{peer[1]}"
         self.decoder = codec.Decoder(max_size)
         self.handler: str | None = None
-        # [client corr, buffers or None] (+ [api, arrived, answered] for a request, for its timings)
-        self.slots: collections.deque[list] = collections.deque()
+        self.slots: collections.deque[Slot] = collections.deque()  # in request order
         self.at_handler = 0  # requests out at the pinned handler
         self.wq: collections.deque[Any] = collections.deque()  # buffers and FileRegions to write
         self.events = 0
@@ -236,7 +250,7 @@ class InFlight:
 
     __slots__ = ("conn", "slot", "handler", "sent", "corr", "done", "reserved")
 
-    def __init__(self, conn: Connection, slot: list, handler: str, sent: float, reserved: int):
+    def __init__(self, conn: Connection, slot: Slot, handler: str, sent: float, reserved: int):
         self.conn, self.slot, self.handler, self.sent = conn, slot, handler, sent
         self.corr = 0
         self.done = False
@@ -396,7 +410,7 @@ class Processor(Actor):
     def on_connections(self, msg: Message) -> None:
         ips = collections.Counter(conn.ip for conn in self.conns.values())
         by_listener = collections.Counter(conn.listener for conn in self.conns.values())
-        self.reply(msg, {"processor": self.name, "ips": dict(ips), "listeners": dict(by_listener)})
+        self.reply(msg, ProcessorConnections(self.name, dict(ips), dict(by_listener)))
 
     def on_shed_idle(self, msg: Message) -> None:
         """The acceptor is at max.connections: make room by closing the least recently used
@@ -406,7 +420,7 @@ class Processor(Actor):
             self.counters["shed_idle"] += 1
             self._close(min(idle, key=lambda c: c.last_active),
                         "least recently used idle connection, closed to admit a new one at max.connections")
-        self.reply(msg, {"closed": bool(idle)})
+        self.reply(msg, Shed(bool(idle)))
 
     # ---- socket events -----------------------------------------------------------------
     def _on_socket(self, conn: Connection, events: int) -> None:
@@ -616,9 +630,9 @@ class Processor(Actor):
         self._audit("authentication", conn, f"authentication failed on listener {conn.listener}: {failure}")
         return codec.Frame({"corr": corr, "answer": bufs, "close": failure}, [])
 
-    def _answer_late(self, conn: Connection, slot: list, bufs: list) -> None:
+    def _answer_late(self, conn: Connection, slot: Slot, bufs: list) -> None:
         if not conn.closed:
-            slot[1] = bufs
+            slot.bufs = bufs
             self._mark_dirty(conn)
 
     def _pump(self, conn: Connection) -> None:
@@ -773,19 +787,18 @@ class Processor(Actor):
         if conn.kafka is None and (conn.principal is None or h["api"] in ANSWERED_HERE):
             h = self._native_gate(conn, h) or h
         if "close" in h:  # authentication failed: answered after failed.authentication.delay.ms, then closed
-            slot = [h["corr"], None]
+            slot = Slot(h["corr"])
             conn.slots.append(slot)
             conn.closing = f"authentication failed: {h['close']}"
             self.call_later(self.auth_delay, functools.partial(self._answer_late, conn, slot, h["answer"]))
             return
         if "answer" in h:  # a Kafka request answered without a handler (ApiVersions, ...)
-            conn.slots.append([h["corr"], h["answer"]])
+            conn.slots.append(Slot(h["corr"], h["answer"]))
             conn.requests += 1
             self._answered(conn)
             return
-        fields = {"api": h["api"], "v": h["v"], "client": h["client"], "conn": conn.id, "peer": conn.peer,
-                  "body": h["body"], "t": time.time(), "principal": conn.principal, "listener": conn.listener,
-                  "broker": conn.broker}
+        request = tuple.__new__(Request, (h["api"], h["v"], h["client"], conn.id, conn.peer, h["body"], time.time(),
+                                          conn.principal, conn.listener, conn.broker))
         api = h["api"] if h["api"] in KNOWN_APIS else -1  # bounded labels, whatever a client sends
         self.metrics.inc("requests", (api,))
         client = h["client"][:CLIENT_ID_KEPT] if isinstance(h["client"], str) else ""
@@ -796,19 +809,19 @@ class Processor(Actor):
         if h["api"] == ApiKey.PRODUCE and isinstance(h["body"], dict) and h["body"].get("acks") == 0:
             # Kafka's acks=0: the client waits for nothing, so there is no response slot.
             try:
-                self.send(conn.handler, "request", fields, frame.frames)
+                self.send(conn.handler, request, frames=frame.frames)
             except MailboxFull:
                 self.counters["dropped_acks0"] += 1
             conn.requests += 1
             return
-        slot = [h["corr"], None, api, self.clock(), 0.0, h.get("kafka"),  # + Kafka context or None
-                conn.broker is not None]  # no quota: a proven broker's request (or failed here, ``_fail``)
+        slot = Slot(h["corr"], None, api, self.clock(), h.get("kafka"),
+                    conn.broker is not None)  # no quota: a proven broker's request (or failed here, ``_fail``)
         conn.slots.append(slot)
         conn.requests += 1
         rec = InFlight(conn, slot, conn.handler, self.clock(), size)
         self.reserved += size
         conn.at_handler += 1
-        rec.corr = self.request(conn.handler, "request", fields, frame.frames,
+        rec.corr = self.request(conn.handler, request, frames=frame.frames,
                                 callback=functools.partial(self._on_answer, rec), timeout=None)
         if not rec.done:
             self._inflight[rec.corr] = rec
@@ -824,35 +837,34 @@ class Processor(Actor):
         conn = rec.conn
         if rec.handler == conn.handler:
             conn.at_handler -= 1
-        corr = rec.slot[0]
-        rec.slot[4] = self.clock()
+        slot = rec.slot
+        corr, slot.answered = slot.corr, self.clock()
+        answer = None if reply.type == ERROR else reply.fields
+        if answer is not None and type(answer) is not Response:
+            # TRANSITIONAL (issue 31): removed once every answer is a Response
+            answer = answer or {}
+            answer = Response(answer.get("body") or {}, answer.get("files") or [], answer.get("remote_ms", 0.0))
         # Kafka's remote time: what the answering actor held it in a purgatory (acks=all, long poll)
-        self.metrics.observe("request_remote_ms", (rec.slot[2],), (reply.fields or {}).get("remote_ms", 0))
-        throttle = 0.0 if rec.slot[6] else self._quota_delay(conn, rec, reply)
-        if throttle > 0 and rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
+        self.metrics.observe("request_remote_ms", (slot.api,), 0 if answer is None else answer.remote_ms)
+        throttle = 0.0 if slot.no_quota else self._quota_delay(conn, rec, reply, answer)
+        if throttle > 0 and slot.api in (ApiKey.PRODUCE, ApiKey.FETCH) and answer is not None:
             # the answer says how long (KIP-219); the connection is muted that long
-            fields = reply.fields or {}
-            reply = reply._replace(fields={**fields, "body": {**(fields.get("body") or {}),
-                                                              "throttle_time_ms": math.ceil(throttle * 1000)}})
+            answer = answer._replace(body={**answer.body, "throttle_time_ms": math.ceil(throttle * 1000)})
+        if answer is None:
+            self.metrics.inc("errors", (slot.api, reply.fields.code))
         if conn.kafka is not None:
-            fields = reply.fields or {}
-            if reply.type == "_error":
-                self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
-            rec.slot[1] = conn.kafka.answer(rec.slot[5], corr, reply.type, fields,
-                                            self._kafka_payload(conn, reply, fields.get("files")))
-        elif reply.type == "_error":
-            fields = reply.fields or {}
-            self.metrics.inc("errors", (rec.slot[2], fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR)))
-            rec.slot[1] = codec.encode_error(corr, fields.get("code", ErrorCode.UNKNOWN_SERVER_ERROR),
-                                             fields.get("message", ""))
+            slot.bufs = conn.kafka.answer(slot.kafka, corr, reply.type, reply.fields if answer is None else answer,
+                                          [] if answer is None else self._kafka_payload(conn, reply, answer.files))
+        elif answer is None:
+            slot.bufs = codec.encode_error(corr, reply.fields.code, reply.fields.message)
         else:
-            rec.slot[1] = self._response(corr, reply, conn.tls)
+            slot.bufs = self._response(corr, answer, reply.frames, conn.tls)
         if throttle > 0:
             conn.muted = max(conn.muted, self.clock() + throttle)
-            if not _client_throttles(rec.slot) or reply.type == "_error":  # no throttle_time_ms to wait out:
+            if not _client_throttles(slot) or answer is None:  # no throttle_time_ms to wait out:
                 # hold its answer back for the time
-                rec.slot[1], bufs = None, rec.slot[1]
-                self.call_later(throttle, functools.partial(self._release_throttled, conn, rec.slot, bufs))
+                slot.bufs, bufs = None, slot.bufs
+                self.call_later(throttle, functools.partial(self._release_throttled, conn, slot, bufs))
             self.call_later(throttle, functools.partial(self._unmute, conn))
         self._answered(conn)
 
@@ -871,29 +883,29 @@ class Processor(Actor):
         self.counters["kafka_fetch_copied"] += 1
         return list(reply.frames) + _read_regions(files)
 
-    def _release_throttled(self, conn: Connection, slot: list, bufs: list) -> None:
+    def _release_throttled(self, conn: Connection, slot: Slot, bufs: list) -> None:
         if not conn.closed:
-            slot[1] = bufs
+            slot.bufs = bufs
             self._answered(conn)
 
-    def _quota_delay(self, conn: Connection, rec: InFlight, reply: Message) -> float:
+    def _quota_delay(self, conn: Connection, rec: InFlight, reply: Message, answer: Response | None) -> float:
         """Seconds this connection is over its quotas by with this answer, 0 within them
         (network/quotas.py): the byte rate (a produce request's size, a fetch answer's) and
         the request time (from the hand-off to the answer, less what a purgatory held it:
-        Kafka's local time, with the wait in the actors' mailboxes). The larger one counts."""
+        Kafka's local time, with the wait in the actors' mailboxes). The larger one counts.
+        ``answer``: None for an ``_error``."""
         if not self.quotas.store.data():  # no quota set anywhere (the usual case): nothing to count
             return 0.0
         now = self.clock()
-        fields = reply.fields or {}
-        used = max(0.0, now - rec.sent - fields.get("remote_ms", 0) / 1000)
+        used = max(0.0, now - rec.sent - (0 if answer is None else answer.remote_ms) / 1000)
         delay = self.quotas.delay(conn.principal, conn.client, "request", used * 1e6, now)
         if delay > 0:
             self.metrics.observe("throttle_ms", ("request",), delay * 1000)
         kind = "request"
-        if rec.slot[2] in (ApiKey.PRODUCE, ApiKey.FETCH) and reply.type != "_error":
-            produce = rec.slot[2] == ApiKey.PRODUCE
+        if rec.slot.api in (ApiKey.PRODUCE, ApiKey.FETCH) and answer is not None:
+            produce = rec.slot.api == ApiKey.PRODUCE
             nbytes = rec.reserved if produce else (sum(_nbytes(b) for b in reply.frames) +
-                                                   sum(int(f[2]) for f in fields.get("files") or ()))
+                                                   sum(int(f[2]) for f in answer.files or ()))
             byte_delay = self.quotas.delay(conn.principal, conn.client, "produce" if produce else "fetch",
                                            nbytes, now)
             if byte_delay > 0:
@@ -914,12 +926,12 @@ class Processor(Actor):
         if not entries:
             return
         self._quota_report_out = True
-        self.request(ACCEPTOR, "quota_usage", {"entries": entries}, callback=self._quotas_synced, timeout=1.0)
+        self.request(ACCEPTOR, QuotaUsage(entries), callback=self._quotas_synced, timeout=1.0)
 
     def _quotas_synced(self, reply: Message) -> None:
         self._quota_report_out = False
         if not reply.is_error:
-            self.quotas.synced(reply.get("balances") or [], self.clock())
+            self.quotas.synced(reply.fields.balances or [], self.clock())
 
     def _unmute(self, conn: Connection) -> None:
         """The throttle time is over (the latest of the connection's throttled answers):
@@ -933,15 +945,14 @@ class Processor(Actor):
         conn.muted = 0.0
         self._answered(conn)
 
-    def _response(self, corr: int, reply: Message, copy: bool = False) -> list:
-        fields = reply.fields or {}
-        files = fields.get("files")
+    def _response(self, corr: int, answer: Response, frames, copy: bool = False) -> list:
+        body, files = answer.body or {}, answer.files
         if not files:
-            return codec.encode_response(corr, fields.get("body") or {}, reply.frames)
+            return codec.encode_response(corr, body, frames)
         if copy:  # TLS: the file's bytes must pass through the cipher, so no sendfile
-            return codec.encode_response(corr, fields.get("body") or {}, list(reply.frames) + _read_regions(files))
+            return codec.encode_response(corr, body, list(frames) + _read_regions(files))
         regions = [FileRegion(str(p), int(pos), int(n)) for p, pos, n in files]
-        bufs = codec.encode_response(corr, fields.get("body") or {}, reply.frames, [r.left for r in regions])
+        bufs = codec.encode_response(corr, body, frames, [r.left for r in regions])
         bufs.extend(regions)
         return bufs
 
@@ -956,8 +967,8 @@ class Processor(Actor):
 
     def _fail(self, rec: InFlight, code: ErrorCode, message: str) -> None:
         self.cancel_request(rec.corr)
-        rec.slot[6] = True  # the broker's failure, not the client's use: no quota is charged for it
-        self._on_answer(rec, Message("_error", rec.corr, None, {"code": int(code), "message": message}))
+        rec.slot.no_quota = True  # the broker's failure, not the client's use: no quota is charged for it
+        self._on_answer(rec, Message(ERROR, rec.corr, None, ErrorReply(int(code), message)))
 
     # ---- writing responses in request order --------------------------------------------
     def _mark_dirty(self, conn: Connection) -> None:
@@ -977,23 +988,23 @@ class Processor(Actor):
             if conn.closed:
                 continue
             slots = conn.slots
-            while slots and slots[0][1] is not None:
+            while slots and slots[0].bufs is not None:
                 slot = slots.popleft()
-                conn.wq_bytes += sum(_nbytes(b) for b in slot[1] if not isinstance(b, FileRegion))
-                conn.wq.extend(slot[1])
-                if len(slot) > 2:
+                conn.wq_bytes += sum(_nbytes(b) for b in slot.bufs if not isinstance(b, FileRegion))
+                conn.wq.extend(slot.bufs)
+                if slot.api is not None:
                     self._timed(slot)
             self._write(conn)
         if self._regrant:
             self._grant()
 
-    def _timed(self, slot: list) -> None:
+    def _timed(self, slot: Slot) -> None:
         """A response leaves its slot for the socket: its total time (arrival here to the
         write) and its response-send part (answer received to the write, Kafka's response
         queue + send), per API."""
-        now, api = self.clock(), (slot[2],)
-        self.metrics.observe("request_total_ms", api, (now - slot[3]) * 1000)
-        self.metrics.observe("response_send_ms", api, (now - slot[4]) * 1000)
+        now, api = self.clock(), (slot.api,)
+        self.metrics.observe("request_total_ms", api, (now - slot.arrived) * 1000)
+        self.metrics.observe("response_send_ms", api, (now - slot.answered) * 1000)
 
     def _write(self, conn: Connection) -> None:
         wq = conn.wq
@@ -1099,7 +1110,7 @@ class Processor(Actor):
             self._end_overdraft()
         self._settle(conn)
         if exc.corr is not None:
-            conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
+            conn.slots.append(Slot(exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)))
         self._mark_dirty(conn)
 
     def _answer_bad(self, conn: Connection, exc: codec.BadRequest) -> None:
@@ -1108,7 +1119,7 @@ class Processor(Actor):
         self.counters["rejected"] += 1
         log.info("%s: %s sent a bad request (%s): %s", self.name, conn.who(), exc.code.name, exc.message)
         conn.last_active = self.clock()
-        conn.slots.append([exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)])
+        conn.slots.append(Slot(exc.corr, codec.encode_error(exc.corr, exc.code, exc.message)))
         self._mark_dirty(conn)
 
     def _close(self, conn: Connection, why: str) -> None:
@@ -1140,7 +1151,7 @@ class Processor(Actor):
 
     def _tell_acceptor_closed(self, ip: str, listener: str) -> None:
         try:
-            self.send(ACCEPTOR, "conn_closed", {"processor": self.name, "ip": ip, "listener": listener})
+            self.send(ACCEPTOR, ConnClosed(self.name, ip, listener))
         except MailboxFull:
             log.warning("%s: could not tell the acceptor a connection from %s closed", self.name, ip)
 
@@ -1214,7 +1225,7 @@ class Processor(Actor):
         if known is None or known == members:
             return  # the first word (nothing lost), or nothing changed
         apis, code, message = FORWARDED_TO[role]
-        lost = self._fail_inflight(lambda rec: rec.slot[2] in apis, message, code)
+        lost = self._fail_inflight(lambda rec: rec.slot.api in apis, message, code)
         if lost:
             log.warning("%s: %s %s; failed %d requests in flight there", self.name, role,
                         "is back" if members else "died", lost)

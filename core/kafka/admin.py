@@ -104,8 +104,8 @@ def _assignment_problem(assignments: list, parts: int, rf: int) -> tuple[int, st
     return None
 
 
-def create_topics_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    answered = {t["name"]: t for t in (reply.get("body") or {}).get("topics") or ()}
+def create_topics_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    answered = {t["name"]: t for t in (reply.body or {}).get("topics") or ()}
     refused = _refused(request)
     out = []
     for t in request.get("topics") or []:
@@ -149,8 +149,8 @@ def delete_topics_to_internal(version: int, request: dict) -> tuple[dict, list]:
     return {"topics": [n for n in dict.fromkeys(names) if n is not None]}, []
 
 
-def delete_topics_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    answered = {t["name"]: t for t in (reply.get("body") or {}).get("topics") or ()}
+def delete_topics_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    answered = {t["name"]: t for t in (reply.body or {}).get("topics") or ()}
     refused = _refused(request)
     out = []
     for i, name in enumerate(_delete_names(request)):
@@ -182,11 +182,11 @@ def delete_records_to_internal(version: int, request: dict) -> tuple[dict, list]
                        for t in request.get("topics") or []]}, []
 
 
-def delete_records_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def delete_records_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"topics": [{"name": t["name"], "partitions": [
         {"partition_index": p["index"], "low_watermark": p.get("low_watermark", -1),
          "error_code": p.get("error_code", 0)} for p in t["partitions"]]}
-        for t in (reply.get("body") or {}).get("topics") or ()]}
+        for t in (reply.body or {}).get("topics") or ()]}
 
 
 def delete_records_error(version: int, request: dict, code: int, message: str) -> dict:
@@ -214,8 +214,8 @@ def describe_configs_to_internal(version: int, request: dict) -> tuple[dict, lis
     return {"resources": out}, []
 
 
-def describe_configs_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    answered = {(r.get("type"), r.get("name")): r for r in (reply.get("body") or {}).get("resources") or ()}
+def describe_configs_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    answered = {(r.get("type"), r.get("name")): r for r in (reply.body or {}).get("resources") or ()}
     refused, synonyms = _refused(request), bool(request.get("include_synonyms"))
     out = []
     for i, r in enumerate(request.get("resources") or []):
@@ -314,8 +314,8 @@ def incremental_alter_to_internal(version: int, request: dict) -> tuple[dict, li
     return _alter_to_internal(request, changes)
 
 
-def alter_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    answered = {(r.get("type"), r.get("name")): r for r in (reply.get("body") or {}).get("resources") or ()}
+def alter_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    answered = {(r.get("type"), r.get("name")): r for r in (reply.body or {}).get("resources") or ()}
     refused = _refused(request)
     out = []
     for i, r in enumerate(request.get("resources") or []):
@@ -362,8 +362,8 @@ def create_partitions_to_internal(version: int, request: dict) -> tuple[dict, li
             "validate_only": bool(request.get("validate_only"))}, []
 
 
-def create_partitions_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    answered = {r["name"]: r for r in (reply.get("body") or {}).get("results") or ()}
+def create_partitions_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    answered = {r["name"]: r for r in (reply.body or {}).get("results") or ()}
     refused = _refused(request)
     out = []
     for t in request.get("topics") or []:
@@ -395,8 +395,8 @@ def elect_to_internal(version: int, request: dict) -> tuple[dict, list]:
                                                           for t in tps]}, []
 
 
-def elect_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def elect_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     per_topic: dict[str, list] = {}
     for p in body.get("partitions") or ():
         per_topic.setdefault(p["topic"], []).append({"partition_id": p["partition"],
@@ -425,8 +425,8 @@ def alter_reassignments_to_internal(version: int, request: dict) -> tuple[dict, 
                                            for p in t["partitions"]]} for t in request.get("topics") or []]}, []
 
 
-def alter_reassignments_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def alter_reassignments_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "error_message": body.get("error_message") or None,
             "responses": [{"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"], "error_code": p.get("error_code", 0),
@@ -446,8 +446,8 @@ def list_reassignments_to_internal(version: int, request: dict) -> tuple[dict, l
         {"name": t["name"], "partition_indexes": list(t["partition_indexes"])} for t in topics]}, []
 
 
-def list_reassignments_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def list_reassignments_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "error_message": body.get("error_message") or None,
             "topics": [{"name": t["name"], "partitions": [
                 {"partition_index": p["partition_index"], "replicas": p.get("replicas") or [],
@@ -470,8 +470,8 @@ def describe_cluster_to_internal(version: int, request: dict) -> tuple[dict, lis
     return {"topics": [], "allow_auto_topic_creation": False, **asked}, []
 
 
-def describe_cluster_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def describe_cluster_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     brokers = [{"broker_id": b["node_id"], "host": b["host"], "port": b["port"], "rack": b.get("rack")}
                for b in body.get("brokers") or ()]
     return {"error_code": 0, "endpoint_type": request.get("endpoint_type", 1), "cluster_id": body.get("cluster_id"),
@@ -496,8 +496,8 @@ def describe_log_dirs_to_internal(version: int, request: dict) -> tuple[dict, li
                                                    for t in topics]}, []
 
 
-def describe_log_dirs_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def describe_log_dirs_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "results": body.get("results") or []}
 
 
@@ -521,8 +521,8 @@ def describe_scram_to_internal(version: int, request: dict) -> tuple[dict, list]
     return {"users": None if users is None else [u["name"] for u in users]}, []
 
 
-def describe_scram_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def describe_scram_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "error_message": body.get("error_message"), "results": [
         {"user": r["user"], "error_code": r.get("error_code", 0), "error_message": r.get("error_message"),
          "credential_infos": [{"mechanism": SCRAM_TYPES.get(c["mechanism"], 0), "iterations": c["iterations"]}
@@ -548,10 +548,10 @@ def alter_scram_to_internal(version: int, request: dict) -> tuple[dict, list]:
                            for u in request.get("upsertions") or ()]}, []
 
 
-def alter_scram_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def alter_scram_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"results": [{"user": r["user"], "error_code": r.get("error_code", 0),
                          "error_message": r.get("error_message")}
-                        for r in (reply.get("body") or {}).get("results") or ()]}
+                        for r in (reply.body or {}).get("results") or ()]}
 
 
 def alter_scram_error(version: int, request: dict, code: int, message: str) -> dict:
@@ -573,8 +573,8 @@ def offset_delete_to_internal(version: int, request: dict) -> tuple[dict, list]:
         for t in request.get("topics") or ()]}, []
 
 
-def offset_delete_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def offset_delete_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "topics": body.get("topics") or []}
 
 

@@ -3,7 +3,8 @@
 One ``Api`` per Kafka key (``register``): the versions served, and
 ``to_internal(version, request) -> (body, frames)``: the Kafka body (kio's field names) becomes
 the internal body of the same API (docs/PROTOCOL.md) plus payload frames;
-``from_internal(version, request, reply, payload)``: the internal answer becomes the Kafka
+``from_internal(version, request, reply, payload)``: the internal answer (``reply``, an
+``actors.messages.Response``: its ``body``) becomes the Kafka
 response (a dict ``schema`` encodes, or ready buffers);
 ``error(version, request, code, message)``: the response when the whole request failed (the
 code on every partition, or at the top level).
@@ -103,8 +104,8 @@ def _by_id(request: dict) -> set:
             and t.get("topic_id") is not None and t["topic_id"].int != 0}
 
 
-def metadata_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def metadata_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     ids = _by_id(request)
     names = {t.get("name") for t in request.get("topics") or ()} if ids else None
     topics = []
@@ -208,8 +209,8 @@ def _read_string(view, at: int, flex: bool) -> tuple[str | None, int]:
     return bytes(view[at:at + n]).decode("utf-8", "replace"), at + n
 
 
-def produce_from_internal(version: int, request: dict, reply: dict, payload: list) -> list:
-    body = reply.get("body") or {}
+def produce_from_internal(version: int, request: dict, reply, payload: list) -> list:
+    body = reply.body or {}
     return encode_produce(version, [(t["name"], t["partitions"]) for t in body.get("topics") or ()],
                           body.get("throttle_time_ms", 0))  # a quota's throttle (KIP-219), else 0
 
@@ -275,11 +276,11 @@ def fetch_to_internal(version: int, request: dict) -> tuple[dict, list]:
             "topics": topics}, []
 
 
-def fetch_from_internal(version: int, request: dict, reply: dict, payload: list) -> list:
+def fetch_from_internal(version: int, request: dict, reply, payload: list) -> list:
     """``payload``: the records as bytes (converted here), or, when the processor found only
     whole magic-2 batches in the file regions, the regions themselves (objects with ``left``,
     their length), which go into the response as they are, to be sent with ``os.sendfile``."""
-    body = reply.get("body") or {}
+    body = reply.body or {}
     if payload and all(hasattr(b, "left") for b in payload):
         regions = iter(payload)
         topics = [(t["name"], [(p, _regions_of(regions, p.get("records_size", 0))) for p in t["partitions"]])
@@ -417,8 +418,8 @@ def list_offsets_to_internal(version: int, request: dict) -> tuple[dict, list]:
         for t in request["topics"]]}, []
 
 
-def list_offsets_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def list_offsets_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"topics": [{"name": t["name"], "partitions": [
         {"partition_index": p["index"], "error_code": _list_offsets_code(version, p.get("error_code", 0)),
          "timestamp": p.get("timestamp", -1),
@@ -450,8 +451,8 @@ def epoch_to_internal(version: int, request: dict) -> tuple[dict, list]:
          "leader_epoch": p["leader_epoch"]} for p in t["partitions"]]} for t in request["topics"]]}, []
 
 
-def epoch_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def epoch_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"topics": [{"topic": t["name"], "partitions": [
         {"partition": p["index"], "error_code": p.get("error_code", 0), "leader_epoch": p.get("leader_epoch", -1),
          "end_offset": p.get("end_offset", -1)} for p in t["partitions"]]} for t in body.get("topics") or ()]}

@@ -97,13 +97,13 @@ class KafkaConnection:
         body = (api.error if api and api.error else top_level_error)(req.version, request, code, message)
         return _answered(req.corr, self._frame(req.api, req.version, req.corr, body))
 
-    def answer(self, ctx: tuple, corr: int, kind: str, fields: dict, payload: list) -> list:
-        """The response buffers for the internal reply (``kind`` "_reply" or "_error")."""
+    def answer(self, ctx: tuple, corr: int, kind: str, fields, payload: list) -> list:
+        """The response buffers for the internal reply: ``kind`` "_reply" (``fields`` a
+        ``Response``) or "_error" (an ``ErrorReply``)."""
         api, version, request = ctx
         try:
             if kind == "_error":
-                body = (api.error or top_level_error)(version, request, fields.get("code", -1),
-                                                      fields.get("message", ""))
+                body = (api.error or top_level_error)(version, request, fields.code, fields.message)
             else:
                 body = api.from_internal(version, request, fields, payload)
             return self._frame(api.key, version, corr, body)

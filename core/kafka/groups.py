@@ -103,8 +103,8 @@ def encode_subscription(topics: list[str]) -> bytes:
     return b"".join([_I16.pack(0), _I32.pack(len(topics)), *(_string(t) for t in topics), _I32.pack(-1)])
 
 
-def _body(reply: dict) -> dict:
-    return reply.get("body") or {}
+def _body(reply) -> dict:
+    return reply.body or {}
 
 
 def _nullable(value, version: int, nullable_from: int):
@@ -123,7 +123,7 @@ def find_coordinator_to_internal(version: int, request: dict) -> tuple[dict, lis
     return {"key": request["key"], "key_type": key_type}, []
 
 
-def find_coordinator_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def find_coordinator_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     if version >= 4:
         return {"coordinators": body.get("coordinators") or []}
@@ -155,7 +155,7 @@ def offset_commit_to_internal(version: int, request: dict) -> tuple[dict, list]:
             "any_offset": True}, []  # Kafka takes an offset beyond the log's end (a consumer resets there)
 
 
-def offset_commit_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def offset_commit_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"topics": [{"name": t["name"], "partitions": [
         {"partition_index": p["partition_index"], "error_code": p.get("error_code", 0)} for p in t["partitions"]]}
         for t in _body(reply).get("topics") or ()]}
@@ -191,7 +191,7 @@ def _fetched_topics(topics) -> list:
          "error_code": p.get("error_code", 0)} for p in t["partitions"]]} for t in topics or ()]
 
 
-def offset_fetch_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def offset_fetch_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     if version >= 8:
         return {"groups": [{"group_id": g.get("group_id"), "error_code": g.get("error_code", 0),
@@ -222,7 +222,7 @@ def join_group_to_internal(version: int, request: dict) -> tuple[dict, list]:
             "require_known_member_id": version >= 4}, []
 
 
-def join_group_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def join_group_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     return {"error_code": body.get("error_code", 0), "generation_id": body.get("generation_id", -1),
             "protocol_type": body.get("protocol_type"),
@@ -249,7 +249,7 @@ def sync_group_to_internal(version: int, request: dict) -> tuple[dict, list]:
                             for a in request.get("assignments") or ()]}, []
 
 
-def sync_group_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def sync_group_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     return {"error_code": body.get("error_code", 0), "protocol_type": body.get("protocol_type"),
             "protocol_name": body.get("protocol_name"), "assignment": body.get("assignment") or b""}
@@ -267,7 +267,7 @@ def heartbeat_to_internal(version: int, request: dict) -> tuple[dict, list]:
             "member_id": request["member_id"], "group_instance_id": request.get("group_instance_id")}, []
 
 
-def heartbeat_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def heartbeat_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"error_code": _body(reply).get("error_code", 0)}
 
 
@@ -283,7 +283,7 @@ def leave_group_to_internal(version: int, request: dict) -> tuple[dict, list]:
     return {"group_id": request["group_id"], "members": members}, []
 
 
-def leave_group_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def leave_group_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     members = body.get("members") or []
     if version < 3:
@@ -315,7 +315,7 @@ def list_groups_to_internal(version: int, request: dict) -> tuple[dict, list]:
             "types_filter": list(request.get("types_filter") or ())}, []
 
 
-def list_groups_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def list_groups_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     return {"error_code": body.get("error_code", 0), "groups": [
         {"group_id": g["group_id"], "protocol_type": g.get("protocol_type") or "", "group_state": _state(g),
@@ -356,7 +356,7 @@ def _described(g: dict) -> dict:
             "members": members, "authorized_operations": g.get("authorized_operations", OPERATIONS_NOT_ASKED)}
 
 
-def describe_groups_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def describe_groups_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"groups": [_described(g) for g in _body(reply).get("groups") or ()]}
 
 
@@ -373,7 +373,7 @@ def delete_groups_to_internal(version: int, request: dict) -> tuple[dict, list]:
     return {"groups_names": list(request["groups_names"])}, []
 
 
-def delete_groups_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def delete_groups_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"results": [{"group_id": r["group_id"], "error_code": r.get("error_code", 0)}
                         for r in _body(reply).get("results") or ()]}
 
@@ -422,7 +422,7 @@ def consumer_heartbeat_to_internal(version: int, request: dict) -> tuple[dict, l
             "topic_ids": True}, []
 
 
-def consumer_heartbeat_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def consumer_heartbeat_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     body = _body(reply)
     if body.get("error_code"):
         return {"error_code": body["error_code"], "error_message": body.get("error_message"), "member_epoch": -1}
@@ -451,7 +451,7 @@ def _topic_partitions(entries) -> dict:
                                   "partitions": e["partitions"]} for e in entries or ()]}
 
 
-def consumer_describe_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def consumer_describe_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     out = []
     for g in _body(reply).get("groups") or ():
         if g.get("error_code"):

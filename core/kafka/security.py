@@ -65,8 +65,8 @@ def _same(version: int, request: dict) -> tuple[dict, list]:
     return dict(request), []
 
 
-def _body(version: int, request: dict, reply: dict, payload: list) -> dict:
-    return reply.get("body") or {}
+def _body(version: int, request: dict, reply, payload: list) -> dict:
+    return reply.body or {}
 
 
 def _create_error(version: int, request: dict, code: int, message: str) -> dict:

@@ -20,8 +20,8 @@ def init_producer_id_to_internal(version: int, request: dict) -> tuple[dict, lis
             "producer_epoch": request.get("producer_epoch", -1)}, []
 
 
-def init_producer_id_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def init_producer_id_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "producer_id": body.get("producer_id", -1),
             "producer_epoch": body.get("producer_epoch", -1)}
 
@@ -44,8 +44,8 @@ def add_partitions_to_internal(version: int, request: dict) -> tuple[dict, list]
                        for t in request.get("v3_and_below_topics") or ()]}, []
 
 
-def add_partitions_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def add_partitions_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"results_by_topic_v3_and_below": [{"name": t["name"], "results_by_partition": t["results"]}
                                               for t in body.get("results") or ()]}
 
@@ -69,8 +69,8 @@ def _same_fields(*names):
     return to_internal
 
 
-def error_code_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    return {"error_code": (reply.get("body") or {}).get("error_code", 0)}
+def error_code_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    return {"error_code": (reply.body or {}).get("error_code", 0)}
 
 
 def error_code_only(version: int, request: dict, code: int, message: str) -> dict:
@@ -96,10 +96,10 @@ def txn_offset_commit_to_internal(version: int, request: dict) -> tuple[dict, li
                 for t in request.get("topics") or ()]}, []
 
 
-def txn_offset_commit_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def txn_offset_commit_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"topics": [{"name": t["name"], "partitions": [
         {"partition_index": p["partition_index"], "error_code": p.get("error_code", 0)} for p in t["partitions"]]}
-        for t in (reply.get("body") or {}).get("topics") or ()]}
+        for t in (reply.body or {}).get("topics") or ()]}
 
 
 def txn_offset_commit_error(version: int, request: dict, code: int, message: str) -> dict:
@@ -120,8 +120,8 @@ def describe_producers_to_internal(version: int, request: dict) -> tuple[dict, l
                        for t in request.get("topics") or ()]}, []
 
 
-def describe_producers_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    return {"topics": (reply.get("body") or {}).get("topics") or []}
+def describe_producers_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    return {"topics": (reply.body or {}).get("topics") or []}
 
 
 def describe_producers_error(version: int, request: dict, code: int, message: str) -> dict:
@@ -134,7 +134,7 @@ register(Api(ApiKey.DESCRIBE_PRODUCERS, 0, 0, describe_producers_to_internal, de
              describe_producers_error))
 
 
-def describe_transactions_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
+def describe_transactions_from_internal(version: int, request: dict, reply, payload: list) -> dict:
     return {"transaction_states": [
         {"error_code": s["error_code"], "transactional_id": s["transactional_id"],
          "transaction_state": s["transaction_state"], "transaction_timeout": s["transaction_timeout_ms"],
@@ -142,7 +142,7 @@ def describe_transactions_from_internal(version: int, request: dict, reply: dict
          "transaction_start_time": s["transaction_start_time_ms"] if not s["error_code"] else 0,
          "producer_id": s["producer_id"],
          "producer_epoch": s["producer_epoch"], "topics": s["topics"]}
-        for s in (reply.get("body") or {}).get("transaction_states") or ()]}
+        for s in (reply.body or {}).get("transaction_states") or ()]}
 
 
 def describe_transactions_error(version: int, request: dict, code: int, message: str) -> dict:
@@ -162,8 +162,8 @@ def list_transactions_to_internal(version: int, request: dict) -> tuple[dict, li
             "duration_filter": request.get("duration_filter", -1) if version >= 1 else -1}, []
 
 
-def list_transactions_from_internal(version: int, request: dict, reply: dict, payload: list) -> dict:
-    body = reply.get("body") or {}
+def list_transactions_from_internal(version: int, request: dict, reply, payload: list) -> dict:
+    body = reply.body or {}
     return {"error_code": body.get("error_code", 0), "unknown_state_filters": body.get("unknown_state_filters") or [],
             "transaction_states": body.get("transaction_states") or []}
 

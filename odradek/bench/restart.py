@@ -37,18 +37,13 @@ def _broker(data_dir: str, extra: list[str]) -> LocalBroker:
     return LocalBroker(data_dir, settings, start_timeout=1800.0)
 
 
-def _still_opening(broker: LocalBroker) -> int | None:
-    """Partitions the log actors have still to open; None if they do not say (eager opening)."""
+def _still_opening(broker: LocalBroker) -> int:
+    """Partitions the log actors have still to open (their ``get_bounds`` answers' ``opening``)."""
     from odradek.actors.client import MailboxClient
+    from odradek.actors.messages import GetBounds
     names = [a["name"] for a in broker.status(timeout=30.0)["actors"] if a["role"] == "log"]
-    total, said = 0, False
     with MailboxClient(broker.run_dir) as client:
-        for name in names:
-            fields = client.request(name, "get_bounds", timeout=600.0).fields
-            if "opening" in fields:
-                said = True
-                total += len(fields["opening"])
-    return total if said else None
+        return sum(len(client.request(name, GetBounds(), timeout=600.0).fields.opening) for name in names)
 
 
 def prepare(data_dir: str, partitions: int, extra: list[str]) -> None:

@@ -87,12 +87,13 @@ def _acl_lists(count: int) -> list:
 
 def _check_cost(base: str, count: int, runs: int) -> None:
     from odradek.network.guard import Guard
+    from odradek.actors.messages import Request
     from odradek.core.protocol import ApiKey
     data = os.path.join(base, "check")
     os.makedirs(data)
     secstore.Acls(data).add(_acl_lists(count))
-    fields = {"principal": "User:ANONYMOUS", "peer": "127.0.0.1:5555"}
     body = {"acks": 1, "topics": [{"name": "bench-abc", "partitions": [{"index": 0, "frame": 0}]}]}
+    fields = Request(ApiKey.PRODUCE, 0, None, 1, "127.0.0.1:5555", body, 0.0, "User:ANONYMOUS", "PLAINTEXT", None)
     for label, guard in (("check, authorizer off", Guard({}, data)),
                          (f"check, on, {count} ACLs", Guard({"authorizer": True}, data))):
         per = []

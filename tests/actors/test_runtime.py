@@ -14,7 +14,7 @@ from odradek.actors.client import MailboxClient
 from odradek.actors.message import Message, decode, encode_header, MalformedMessage
 from odradek.actors.runtime import Actor
 from odradek.core.protocol import ErrorCode, OdradekError
-from odradek.actors.messages import Scale, Status, Stop
+from odradek.actors.messages import Produce, Scale, Status, Stop
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -80,9 +80,10 @@ ECHO = {"role": "echo", "cls": "tests.actors.echo:Echo", "count": 2, "scalable":
 
 
 def test_message_header_round_trips_and_garbage_is_refused():
-    raw = encode_header("produce", 7, "processor-0", {"a": 1})
+    raw = encode_header("produce", 7, "processor-0", Produce(1, [["t", 0, 0]]))
     msg = decode([raw, b"payload"])
-    assert msg == Message("produce", 7, "processor-0", {"a": 1}, [b"payload"])
+    assert msg == Message("produce", 7, "processor-0", Produce(1, [["t", 0, 0]]), [b"payload"])
+    assert type(msg.fields) is Produce
     for bad in (b"", b"\xc1", encode_header("x")[:-1], b"\x93\x01\x02\x03"):
         with pytest.raises(MalformedMessage):
             decode([bad])

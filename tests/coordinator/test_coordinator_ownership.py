@@ -23,7 +23,7 @@ from odradek.coordinator.group_writes import commit_error, group_write_error
 from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
-from odradek.actors.messages import Stats
+from odradek.actors.messages import Bounds, Response, Stats
 from tests.network.helpers import wait_until
 
 N = 4  # offsets partitions
@@ -119,25 +119,25 @@ class FakeLog(Actor):
             self.held.append(msg)
             return
         self.bounds_asked += 1
-        self.reply(msg, {"parts": [[OFFSETS_TOPIC, p, 0, 0, 0, 0, 0, 0, 5, p not in self.following]
-                                   for p in range(N)]})
+        self.reply(msg, Bounds([[OFFSETS_TOPIC, p, 0, 0, 0, 0, 0, 0, 5, p not in self.following]
+                                for p in range(N)], [], self.name))
 
     def on_produce(self, msg):
-        self.produced.append(dict(msg.fields))
+        self.produced.append(msg.fields)
         out = []
-        for topic, p, _frame in msg.get("parts"):
+        for topic, p, _frame in msg.fields.parts:
             entry = {"index": p, "error_code": self.produce_error, "base_offset": 0 if not self.produce_error else -1}
             if self.produce_error:
                 entry["error_message"] = "fake"
             out.append({"name": topic, "partitions": [entry]})
-        self.reply(msg, {"body": {"topics": out}})
+        self.reply(msg, Response({"topics": out}))
 
 
 class FakeFetch(Actor):
     def on_list_offsets(self, msg):
         topics = [{"name": t["name"], "partitions": [{"index": p["index"], "error_code": 0, "offset": 1000}
-                                                       for p in t["partitions"]]} for t in msg.get("body")["topics"]]
-        self.reply(msg, {"body": {"topics": topics}})
+                                                       for p in t["partitions"]]} for t in msg.fields.body["topics"]]
+        self.reply(msg, Response({"topics": topics}))
 
 
 class Cluster:
@@ -202,7 +202,7 @@ def test_groups_on_partitions_led_elsewhere_get_not_coordinator_and_find_coordin
     mine, theirs, orphan = group_on(0), group_on(1), group_on(3)
     assert cluster.commit(mine) == (0, "")
     write = cluster.log.produced[-1]
-    assert write["acks"] == -1 and write["timeout_ms"] == 5000 and write["parts"] == [[OFFSETS_TOPIC, 0, 0]]
+    assert write.acks == -1 and write.timeout_ms == 5000 and write.parts == [[OFFSETS_TOPIC, 0, 0]]
     assert cluster.group(ApiKey.OFFSET_FETCH, {"group_id": mine})["topics"][0]["partitions"][0]["committed_offset"] == 1
 
     for api, body in [(ApiKey.OFFSET_COMMIT, {"group_id": theirs, "topics": []}),

@@ -5,6 +5,7 @@ test_coordinator_ownership.py (its messages, in process) and the Kafka clients' 
 from __future__ import annotations
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Produce, Response
 from odradek.coordinator.classic_group import ClassicConfig
 from odradek.coordinator.group import GroupConfig
 from odradek.coordinator.group_api_consumer import ConsumerApi
@@ -29,7 +30,7 @@ class Times:
 
 
 def stored(partition: int = 0) -> Message:
-    return Message("_reply", 1, None, {"body": {"topics": [{"partitions": [{"error_code": 0}]}]}})
+    return Message("_reply", 1, None, Response({"topics": [{"partitions": [{"error_code": 0}]}]}))
 
 
 def parts(times: Times, partitions: int = 1, led=(0,)):
@@ -106,10 +107,10 @@ def test_a_write_answered_after_the_partition_moved_fails_not_coordinator_and_a_
     outcomes = []
     writer.append("g", [offset_record("g", "t", 0, Committed(1))], lambda code, why: outcomes.append(code))
     writer.append("g", [offset_record("g", "t", 0, Committed(2))], lambda code, why: outcomes.append(code))
-    (to, type_, fields, first), (_, _, _, second) = rec.requests
-    assert (to, type_, fields["acks"]) == ("log-0", "produce", -1)
-    second(Message("_reply", 2, None, {"body": {"topics": [{"partitions": [
-        {"error_code": int(ErrorCode.NOT_LEADER_OR_FOLLOWER)}]}]}}))
+    (to, body, _fields, first), (_, _, _, second) = rec.requests
+    assert (to, type(body), body.acks) == ("log-0", Produce, -1)
+    second(Message("_reply", 2, None, Response({"topics": [{"partitions": [
+        {"error_code": int(ErrorCode.NOT_LEADER_OR_FOLLOWER)}]}]})))
     assert outcomes == [ErrorCode.NOT_LEADER_OR_FOLLOWER] and refreshed == [True]
     leadership.owned[0] = 99  # unloaded and loaded again meanwhile: the first write's state is gone
     first(stored())
@@ -184,8 +185,8 @@ def test_offsets_of_an_empty_group_expire_by_the_wall_clock_given_and_leave_a_to
     times.wall_ms += 60_000
     api.expire()
     assert table.offsets == {} and table.empty_since == {}
-    (to, type_, _fields, _cb), = rec.requests
-    assert (to, type_) == ("log-0", "produce")
+    (to, body, _fields, _cb), = rec.requests
+    assert (to, type(body)) == ("log-0", Produce)
 
 
 def test_a_transactions_offsets_before_the_topic_exists_ask_for_it_and_are_retried():

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.messages import TxnCheck, TxnMarker
+from odradek.actors.messages import Bounds, GetBounds, Produce, Response, TxnCheck, TxnMarker
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter
@@ -82,9 +82,9 @@ def test_a_load_is_asked_again_until_the_log_actor_leads_the_partition():
     rec, clock = Recorder(), Clock()
     state = state_log(rec, clock)
     state.adopt(snapshot(1, [1]))
-    (to, type_, _fields, answered), = rec.requests
-    assert (to, type_) == ("log-0", "get_bounds")
-    answered(Message("_reply", 1, None, {"parts": []}))  # not leading it yet
+    (to, body, _fields, answered), = rec.requests
+    assert (to, body) == ("log-0", GetBounds())
+    answered(Message("_reply", 1, None, Bounds([], [], "log-0")))  # not leading it yet
     assert len(rec.timers) == 1 and rec.timers[0].delay > 0
     state.adopt(snapshot(2, [2]))  # lost meanwhile: the retry asks nothing
     rec.timers[0].callback()
@@ -101,7 +101,7 @@ def test_a_deferred_complete_record_is_replaced_by_the_ids_next_record():
     assert timer.delay == COMPLETE_DEFER
     state.persist(t, lambda: None, lambda exc: None)
     assert timer.cancelled and state.complete_due == {}
-    assert [r[:2] for r in rec.requests] == [("log-0", "produce")]
+    assert [(r[0], type(r[1])) for r in rec.requests] == [("log-0", Produce)]
 
 
 def test_a_record_refused_by_a_partition_not_led_here_any_more_fails_not_coordinator():
@@ -112,8 +112,8 @@ def test_a_record_refused_by_a_partition_not_led_here_any_more_fails_not_coordin
     failed = []
     state.persist(t, lambda: None, failed.append)
     state.owned.clear()
-    rec.requests[0][3](Message("_reply", 1, None, {"body": {"topics": [{"partitions": [
-        {"error_code": int(ErrorCode.NOT_LEADER_OR_FOLLOWER), "error_message": "moved"}]}]}}))
+    rec.requests[0][3](Message("_reply", 1, None, Response({"topics": [{"partitions": [
+        {"error_code": int(ErrorCode.NOT_LEADER_OR_FOLLOWER), "error_message": "moved"}]}]})))
     assert [e.code for e in failed] == [ErrorCode.NOT_COORDINATOR] and rec.timers == []
 
 

@@ -6,6 +6,7 @@ import struct
 import msgpack
 import pytest
 
+from odradek.actors.messages import Response
 from odradek.core import kafka_batch, records
 from odradek.core.errors import CorruptRecordError
 from odradek.core import codec
@@ -95,9 +96,9 @@ def test_produce_becomes_the_internal_request_with_one_payload_frame_per_partiti
         {"name": "t", "partitions": [{"index": 0, "frame": 0}, {"index": 1, "frame": 1}]}]}
     assert [bytes(f) for f in frame.frames] == [batch, batch]
     msgpack.packb({k: v for k, v in frame.header.items() if k != "kafka"})  # what goes to the handler packs
-    out = conn.answer(frame.header["kafka"], 2, "_reply", {"body": {"topics": [{"name": "t", "partitions": [
+    out = conn.answer(frame.header["kafka"], 2, "_reply", Response({"topics": [{"name": "t", "partitions": [
         {"index": 0, "error_code": 0, "base_offset": 41, "log_append_time_ms": -1, "log_start_offset": 0},
-        {"index": 1, "error_code": 10, "error_message": "too large"}]}]}}, [])
+        {"index": 1, "error_code": 10, "error_message": "too large"}]}]}), [])
     corr, body = split_response(b"".join(out), flexible=True)
     parts = schema.decode_response(0, 9, body)["responses"][0]["partition_responses"]
     assert corr == 2 and parts[0]["base_offset"] == 41 and parts[1]["error_code"] == 10
@@ -144,10 +145,10 @@ def test_a_native_batch_is_handed_to_a_kafka_reader_as_magic_2_with_the_same_rec
 def test_a_fetch_response_carries_each_partitions_records_in_body_order():
     batch = kafka_batch.encode([records.Record(0, 1, b"k", b"v", [])], base_offset=0, first_timestamp=1,
                                max_timestamp=1)
-    reply = {"body": {"error_code": 0, "topics": [{"name": "t", "partitions": [
+    reply = Response({"error_code": 0, "topics": [{"name": "t", "partitions": [
         {"index": 0, "error_code": 0, "high_watermark": 1, "last_stable_offset": 1, "log_start_offset": 0,
          "records_size": len(batch)},
-        {"index": 1, "error_code": 1, "records_size": 0}]}]}}
+        {"index": 1, "error_code": 1, "records_size": 0}]}]})
     for version in (4, 11, 12):
         request = schema.decode_request(1, version, memoryview(
             (b"\x00" if version >= 12 else b"") + schema.encode_request(1, version, {"topics": []})))

@@ -5,6 +5,7 @@ sent them. In process, with the actors' messaging stubbed: no broker."""
 from __future__ import annotations
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Produce, Response
 from odradek.actors.runtime import Actor
 from odradek.log.log_actor import LogActor
 
@@ -15,8 +16,7 @@ OFFSETS = ["group_coordinator", "txn_offsets_end", {"producer_id": 7, "offsets":
 def log_actor():
     actor = LogActor("log-0", "/nonexistent", {}, None)
     sent, replies = [], []
-    actor.send = lambda to, type_, fields=None, frames=(), corr=0, reply_to=None: sent.append(
-        (to, type_, fields, corr, reply_to))
+    actor._transmit = lambda to, type_, fields, frames, corr, reply_to: sent.append((to, type_, fields, corr, reply_to))
     actor.reply = lambda msg, fields: replies.append((msg, fields))
     actor._answers = []
     actor._dirty, actor._closed, actor._announce_opening = set(), [], False
@@ -24,13 +24,12 @@ def log_actor():
 
 
 def produce(then) -> Message:
-    return Message("produce", 9, "txn_coordinator", {"acks": -1, "parts": [["__transaction_state", 0, 0]],
-                                                      "then": then})
+    return Message("produce", 9, "txn_coordinator", Produce(-1, [["__transaction_state", 0, 0]], then=then))
 
 
-def answer(code: int) -> dict:
-    return {"body": {"topics": [{"name": "__transaction_state", "partitions": [
-        {"index": 0, "error_code": code, "base_offset": 5 if code == 0 else -1}]}]}}
+def answer(code: int) -> Response:
+    return Response({"topics": [{"name": "__transaction_state", "partitions": [
+        {"index": 0, "error_code": code, "base_offset": 5 if code == 0 else -1}]}]})
 
 
 def test_the_chained_messages_go_once_the_record_is_written_answered_to_the_requester():

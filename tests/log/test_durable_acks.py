@@ -18,7 +18,7 @@ import threading
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.messages import Shutdown
+from odradek.actors.messages import FollowersFetched, Produce, Shutdown
 from odradek.core.config import LogConfig
 from odradek.log.files import FileLayer
 from odradek.log.log import CLEAN_SHUTDOWN, Log
@@ -110,8 +110,7 @@ def make(tmp_path):
 
 
 def produce(actor, acks: int, n: int = 10, corr: int = 1) -> Message:
-    msg = Message("produce", corr, "client", {"acks": acks, "timeout_ms": 30000, "parts": [["t", 0, 0]]},
-                  [encode_batch([(None, b"v")] * n)])
+    msg = Message("produce", corr, "client", Produce(acks, [["t", 0, 0]], 30000), [encode_batch([(None, b"v")] * n)])
     actor.on_produce(msg)
     actor.after_batch()
     return msg
@@ -120,7 +119,7 @@ def produce(actor, acks: int, n: int = 10, corr: int = 1) -> Message:
 def answered(actor, msg) -> dict | None:
     for m, fields in actor.replies:
         if m is msg:
-            return fields["body"]["topics"][0]["partitions"][0]
+            return fields.body["topics"][0]["partitions"][0]
     return None
 
 
@@ -166,10 +165,10 @@ def test_a_followers_reported_fsynced_offset_bounds_the_high_watermark(make):
     msg = produce(actor, acks=-1)
     actor.settle()
     assert p.log.durable_end == 10
-    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10, 4]]}))
+    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10, 4]])))
     assert p.log.high_watermark == 4, "counted the follower's log end past what it has fsynced"
     assert answered(actor, msg) is None
-    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10, 10]]}))
+    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10, 10]])))
     actor.after_batch()
     assert p.log.high_watermark == 10 and answered(actor, msg)["error_code"] == 0
 
@@ -184,9 +183,9 @@ def test_a_fetch_arriving_after_a_later_progress_report_does_not_take_the_fsynce
     actor.settle()
     progress = [["t", 0, 1, 10, 10], ["t", 0, 1, 10, 4]]  # the report, then the earlier FETCH
     for part in progress:
-        actor.on_replica_progress(Message("replica_progress", fields={"parts": [part]}))
+        actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([part])))
     assert p.followers[1].fsynced_offset == 10 and p.log.high_watermark == 10
-    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 6, 6]]}))
+    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 6, 6]])))
     assert p.followers[1].fsynced_offset == 6
 
 
@@ -196,7 +195,7 @@ def test_a_fetch_that_does_not_say_what_it_fsynced_vouches_for_its_log_end(make)
     files.release()
     produce(actor, acks=-1)
     actor.settle()
-    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10]]}))
+    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10]])))
     assert p.log.high_watermark == 10
 
 
@@ -206,7 +205,7 @@ def test_an_fsynced_offset_that_is_not_an_offset_is_not_progress(make):
     produce(actor, acks=-1)
     actor.settle()
     for bad in ("10", True, 10.0):
-        actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, 1, 10, bad]]}))
+        actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10, bad]])))
         assert p.log.high_watermark == 0, bad
 
 
@@ -266,8 +265,7 @@ def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_dow
     del files.fsync  # the disk "heals": its next fsync would succeed, and prove nothing
     synced = files.synced
     for topic in ("t", "u"):  # every partition of the directory, not only the one that failed
-        m = Message("produce", 9, "client", {"acks": 1, "timeout_ms": 30000, "parts": [[topic, 0, 0]]},
-                    [encode_batch([(None, b"v")])])
+        m = Message("produce", 9, "client", Produce(1, [[topic, 0, 0]], 30000), [encode_batch([(None, b"v")])])
         actor.on_produce(m)
         actor.after_batch()
         actor.settle()
@@ -346,8 +344,8 @@ def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(m
     actor, p, files = make(isr=[1, 2, 3])
     seen = []
     send = actor.send
-    actor.send = lambda to, type_, fields=None, frames=(), **kw: (
-        seen.append((type_, set(actor._syncing))), send(to, type_, fields, frames, **kw))
+    actor.send = lambda to, body, fields=None, frames=(), **kw: (
+        seen.append((getattr(body, "TYPE", body), set(actor._syncing))), send(to, body, fields, frames, **kw))
     msg = produce(actor, acks=-1)
     assert ("bounds", set()) in seen, f"the fsync began before the fetch actor heard of the data: {seen}"
     assert ("t", 0) in actor._syncing  # and it did begin, in the same batch

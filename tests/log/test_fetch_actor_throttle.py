@@ -5,12 +5,13 @@ measured 1,101,014 B/s where 3 leaders x 300,000 B/s were the limit). In process
 actor's messaging stubbed: no broker, no ZooKeeper."""
 from __future__ import annotations
 
+from odradek.actors.messages import Fetch
 from odradek.log.fetch_actor import THROTTLE_WAIT, FetchActor
 from odradek.log.throttle import UNLIMITED
 
 
 class Msg:
-    def __init__(self, fields: dict):
+    def __init__(self, fields):
         self.fields = fields
 
     def get(self, key, default=None):
@@ -33,8 +34,8 @@ def started_fetch_actor(tmp_path, cluster: bool = True):
 
 
 def replica_fetch() -> Msg:
-    return Msg({"body": {"replica_id": 2, "broker_epoch": 1002, "max_wait_ms": 0, "topics": [
-        {"name": "moving", "partitions": [{"index": 0, "fetch_offset": 0}]}]}})
+    return Msg(Fetch({"replica_id": 2, "broker_epoch": 1002, "max_wait_ms": 0, "topics": [
+        {"name": "moving", "partitions": [{"index": 0, "fetch_offset": 0}]}]}))
 
 
 def test_a_replica_fetch_before_the_first_throttle_word_waits_for_it_and_is_then_served_throttled(tmp_path):
@@ -50,8 +51,8 @@ def test_a_replica_fetch_before_the_first_throttle_word_waits_for_it_and_is_then
 
 def test_without_a_word_replica_fetches_are_served_after_the_wait_and_consumers_never_wait(tmp_path):
     actor, timers, served, _replies = started_fetch_actor(tmp_path)
-    consumer = Msg({"body": {"replica_id": -1, "max_wait_ms": 0, "topics": [
-        {"name": "moving", "partitions": [{"index": 0, "fetch_offset": 0}]}]}})
+    consumer = Msg(Fetch({"replica_id": -1, "max_wait_ms": 0, "topics": [
+        {"name": "moving", "partitions": [{"index": 0, "fetch_offset": 0}]}]}))
     actor.on_fetch(consumer)
     assert [s[0] for s in served] == [consumer]
     fetch = replica_fetch()

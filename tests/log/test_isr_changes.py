@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import ERROR, REPLY, Message
-from odradek.actors.messages import ErrorReply
+from odradek.actors.messages import ErrorReply, FollowersFetched
 from odradek.actors.metrics import Metrics
 from odradek.core.config import LogConfig
 from odradek.log.log import Log
@@ -62,7 +62,7 @@ def append(p: PartitionLog, n: int) -> None:
 
 
 def progress(actor: LeaderUnderTest, replica: int, offset: int) -> None:
-    actor.on_replica_progress(Message("replica_progress", fields={"parts": [["t", 0, replica, offset]]}))
+    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, replica, offset]])))
 
 
 def answer(actor: LeaderUnderTest, code: int = 0, message: str = "", **fields) -> dict:

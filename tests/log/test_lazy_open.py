@@ -11,6 +11,7 @@ import time
 
 from odradek import Admin, Consumer, Producer, TopicPartition
 from odradek.actors.client import MailboxClient
+from odradek.actors.messages import GetBounds
 from odradek.local import LocalBroker
 
 PARTITIONS = 6
@@ -66,7 +67,7 @@ def opening(broker: LocalBroker) -> set:
     out = set()
     with MailboxClient(broker.run_dir) as client:
         for name in names:
-            out |= {tuple(k) for k in client.request(name, "get_bounds", timeout=30).get("opening") or ()}
+            out |= {tuple(k) for k in client.request(name, GetBounds(), timeout=30).fields.opening}
     return out
 
 

@@ -7,10 +7,10 @@ import time
 import pytest
 
 from odradek.actors.client import MailboxClient
-from odradek.actors.message import decode, encode_header
+from odradek.actors.message import decode, encode_header, typed_reply
 from odradek.actors.supervisor import Supervisor, run_supervisor
 from odradek.actors.names import placement
-from odradek.actors.messages import PartitionBounds
+from odradek.actors.messages import Fetch, GetBounds, ListOffsets, PartitionBounds, Produce, Response
 from odradek.core.records import decode_batch, encode_batch, iter_batches
 from odradek import config as cfg
 from odradek.broker import actor_specs
@@ -41,10 +41,10 @@ def host(topic, p):
 
 
 def fetch_records(client, topic, partition, offset, max_wait_ms=0):
-    r = client.request("fetch", "fetch", {"body": {"max_wait_ms": max_wait_ms, "topics": [
-        {"name": topic, "partitions": [{"index": partition, "fetch_offset": offset}]}]}})
-    data = b"".join(open(path, "rb").read()[pos:pos + n] for path, pos, n in r.fields["files"])
-    part = r.fields["body"]["topics"][0]["partitions"][0]
+    r = client.request("fetch", Fetch({"max_wait_ms": max_wait_ms, "topics": [
+        {"name": topic, "partitions": [{"index": partition, "fetch_offset": offset}]}]}))
+    data = b"".join(open(path, "rb").read()[pos:pos + n] for path, pos, n in r.fields.files)
+    part = r.fields.body["topics"][0]["partitions"][0]
     values = [rec.value for p, h in iter_batches(data) for rec in decode_batch(data[p:p + h.size])]
     return part, values
 
@@ -53,9 +53,9 @@ def test_a_created_topic_takes_appends_that_the_fetch_actor_serves_as_file_regio
     r = storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 3}]}})
     assert r.fields["body"]["topics"][0]["error_code"] == 0
     for i in range(3):
-        r = storage.request(host("t", 1), "produce", {"acks": 1, "parts": [["t", 1, 0]]},
-                            [encode_batch([(None, b"v%d-%d" % (i, j)) for j in range(2)])])
-        assert r.fields["body"]["topics"][0]["partitions"][0]["base_offset"] == 2 * i
+        r = storage.request(host("t", 1), Produce(1, [["t", 1, 0]]),
+                            frames=[encode_batch([(None, b"v%d-%d" % (i, j)) for j in range(2)])])
+        assert r.fields.body["topics"][0]["partitions"][0]["base_offset"] == 2 * i
     # the fetch actor learns a partition's bounds from its log actor's ``bounds`` message,
     # sent after the append is answered: a fetch at once may see the previous bounds
     deadline = time.monotonic() + 10
@@ -71,9 +71,9 @@ def test_a_log_actors_bounds_read_as_partition_bounds_by_name(storage):
     """The log actor builds its bounds as a plain list (the produce path); the fields must be
     PartitionBounds' own, in its order, since the fetch actor and the coordinators read them so."""
     storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 1}]}})
-    storage.request(host("t", 0), "produce", {"acks": 1, "parts": [["t", 0, 0]]},
-                    [encode_batch([(None, b"a"), (None, b"b"), (None, b"c")])])
-    parts = [PartitionBounds(*p) for p in storage.request(host("t", 0), "get_bounds").fields["parts"]]
+    storage.request(host("t", 0), Produce(1, [["t", 0, 0]]),
+                    frames=[encode_batch([(None, b"a"), (None, b"b"), (None, b"c")])])
+    parts = [PartitionBounds(*p) for p in storage.request(host("t", 0), GetBounds()).fields.parts]
     (part,) = [p for p in parts if p.topic == "t"]
     assert (part.partition, part.log_start_offset, part.log_end_offset, part.high_watermark) == (0, 0, 3, 3)
     assert part.bounds.log_end_offset == 3 and part.leader and part.leader_epoch == 0
@@ -88,35 +88,35 @@ def test_a_torn_batch_and_a_partition_of_another_host_are_refused_and_nothing_is
     good = encode_batch([(None, b"ok")])
     bad = good[:-3]
     other = 1 - placement("t", 0, 2)
-    r = storage.request(host("t", 0), "produce", {"acks": 1, "parts": [["t", 0, 0]]}, [bytes(bad)])
-    assert r.fields["body"]["topics"][0]["partitions"][0]["error_code"] == 2  # CORRUPT_MESSAGE
-    r = storage.request(f"log-{other}", "produce", {"acks": 1, "parts": [["t", 0, 0]]}, [good])
-    assert r.fields["body"]["topics"][0]["partitions"][0]["error_code"] == 6  # NOT_LEADER_OR_FOLLOWER
+    r = storage.request(host("t", 0), Produce(1, [["t", 0, 0]]), frames=[bytes(bad)])
+    assert r.fields.body["topics"][0]["partitions"][0]["error_code"] == 2  # CORRUPT_MESSAGE
+    r = storage.request(f"log-{other}", Produce(1, [["t", 0, 0]]), frames=[good])
+    assert r.fields.body["topics"][0]["partitions"][0]["error_code"] == 6  # NOT_LEADER_OR_FOLLOWER
     part, values = fetch_records(storage, "t", 0, 0)
     assert part["high_watermark"] == 0 and values == []
 
 
 def test_a_long_poll_fetch_is_answered_when_data_arrives_not_at_its_deadline(storage):
     storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t"}]}})
-    storage._peer("fetch").send_multipart([encode_header("fetch", 77, storage.name, {"body": {
-        "max_wait_ms": 20000, "topics": [{"name": "t", "partitions": [{"index": 0, "fetch_offset": 0}]}]}})])
+    storage._peer("fetch").send_multipart([encode_header("fetch", 77, storage.name, Fetch({
+        "max_wait_ms": 20000, "topics": [{"name": "t", "partitions": [{"index": 0, "fetch_offset": 0}]}]}))])
     assert not storage.inbox.poll(300), "answered before any data existed"
     started = time.monotonic()
-    storage.send(host("t", 0), "produce", {"acks": 0, "parts": [["t", 0, 0]]}, [encode_batch([(None, b"x")])])
+    storage.send(host("t", 0), Produce(0, [["t", 0, 0]]), frames=[encode_batch([(None, b"x")])])
     assert storage.inbox.poll(10000)
-    reply = decode(storage.inbox.recv_multipart())
-    assert reply.corr == 77 and reply.fields["body"]["topics"][0]["partitions"][0]["records_size"] > 0
+    reply = typed_reply(decode(storage.inbox.recv_multipart()), Response)
+    assert reply.corr == 77 and reply.fields.body["topics"][0]["partitions"][0]["records_size"] > 0
     assert time.monotonic() - started < 10  # far inside max_wait_ms: it was the data that woke it
 
 
 def test_list_offsets_and_out_of_range_fetches(storage):
     storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t"}]}})
-    storage.request(host("t", 0), "produce", {"acks": 1, "parts": [["t", 0, 0]]},
-                    [encode_batch([(None, b"a"), (None, b"b")], timestamp_ms=1_000)])
-    r = storage.request("fetch", "list_offsets", {"body": {"topics": [{"name": "t", "partitions": [
+    storage.request(host("t", 0), Produce(1, [["t", 0, 0]]),
+                    frames=[encode_batch([(None, b"a"), (None, b"b")], timestamp_ms=1_000)])
+    r = storage.request("fetch", ListOffsets({"topics": [{"name": "t", "partitions": [
         {"index": 0, "timestamp": -1}, {"index": 0, "timestamp": -2}, {"index": 0, "timestamp": 500},
-        {"index": 0, "timestamp": 5_000}, {"index": 9, "timestamp": -1}]}]}})
-    offsets = [(p["error_code"], p["offset"]) for p in r.fields["body"]["topics"][0]["partitions"]]
+        {"index": 0, "timestamp": 5_000}, {"index": 9, "timestamp": -1}]}]}))
+    offsets = [(p["error_code"], p["offset"]) for p in r.fields.body["topics"][0]["partitions"]]
     assert offsets == [(0, 2), (0, 0), (0, 0), (0, -1), (3, -1)]
     for bad in (-1, 3):
         part, _ = fetch_records(storage, "t", 0, bad)
@@ -125,7 +125,7 @@ def test_list_offsets_and_out_of_range_fetches(storage):
 
 def test_deleting_a_topic_removes_its_directories_and_frees_the_name(storage):
     storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 2}]}})
-    storage.request(host("t", 0), "produce", {"acks": 1, "parts": [["t", 0, 0]]}, [encode_batch([(None, b"old")])])
+    storage.request(host("t", 0), Produce(1, [["t", 0, 0]]), frames=[encode_batch([(None, b"old")])])
     r = storage.request("controller", "delete_topics", {"body": {"topics": ["t"]}})
     assert r.fields["body"]["topics"] == [{"name": "t", "error_code": 0}]
     assert not [d for d in os.listdir(storage.data_dir) if d.startswith("t-")]

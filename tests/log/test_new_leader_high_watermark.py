@@ -22,6 +22,7 @@ from odradek.log.log_actor import PartitionLog
 from odradek.core.records import encode_batch
 from odradek.core.kafka.apis import list_offsets_from_internal
 from odradek.core.protocol import ErrorCode
+from odradek.actors.messages import Response
 from tests.log.test_isr_changes import LeaderUnderTest, progress
 
 LATEST, EARLIEST = -1, -2
@@ -97,7 +98,7 @@ def test_a_leader_alone_in_its_isr_and_a_follower_have_nothing_to_wait_for(follo
 
 @pytest.mark.parametrize("version, code", [(4, ErrorCode.LEADER_NOT_AVAILABLE), (5, ErrorCode.OFFSET_NOT_AVAILABLE)])
 def test_kafka_clients_before_list_offsets_v5_get_leader_not_available_instead(version, code):
-    reply = {"body": {"topics": [{"name": "t", "partitions": [
-        {"index": 0, "error_code": int(ErrorCode.OFFSET_NOT_AVAILABLE), "offset": -1}]}]}}
+    reply = Response({"topics": [{"name": "t", "partitions": [
+        {"index": 0, "error_code": int(ErrorCode.OFFSET_NOT_AVAILABLE), "offset": -1}]}]})
     (part,) = list_offsets_from_internal(version, {}, reply, [])["topics"][0]["partitions"]
     assert part["error_code"] == code

@@ -124,9 +124,13 @@ def test_inter_broker_apis_need_a_proven_broker_or_with_the_authorizer_on_cluste
     from odradek.network.guard import Guard
     from odradek.core.protocol import ErrorCode, OdradekError
 
+    from odradek.actors.messages import Request
+
     def refused(guard, fields, api, body):
+        request = Request(api, 0, None, 1, "127.0.0.1:1", body, 0.0, fields.get("principal"), "PLAINTEXT",
+                          fields.get("broker"))
         try:
-            guard.check_inter_broker({"peer": "127.0.0.1:1", **fields}, api, body)
+            guard.check_inter_broker(request, api, body)
         except OdradekError as exc:
             assert exc.code == ErrorCode.CLUSTER_AUTHORIZATION_FAILED
             return True

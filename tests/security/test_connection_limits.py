@@ -17,7 +17,7 @@ from odradek.actors.client import MailboxClient
 from odradek.local import LocalBroker
 from odradek.core import codec
 from odradek.core.protocol import ApiKey
-from odradek.actors.messages import Stats
+from odradek.actors.messages import Connections, Stats
 from tests.security.fixtures import listeners_of
 
 LISTENER_MAX = 5
@@ -71,7 +71,7 @@ def _readable(socks: list, timeout: float) -> list:
 def _open_on(broker, listener: str) -> int:
     """Connections the processors hold on ``listener`` now (their ``connections`` message)."""
     with MailboxClient(broker.run_dir) as client:
-        return sum(client.request(name, "connections", timeout=10).fields.get("listeners", {}).get(listener, 0)
+        return sum(client.request(name, Connections(), timeout=10).fields.listeners.get(listener, 0)
                    for name in ("processor-0", "processor-1"))
 
 

@@ -12,7 +12,7 @@ import pytest
 from odradek import Admin, Consumer, Producer
 from odradek.local import LocalBroker
 from odradek.types import TopicPartition
-from odradek.actors.messages import ScrapeMetrics
+from odradek.actors.messages import Connections, ScrapeMetrics
 
 RATE = 200_000  # bytes/s
 RECORDS, SIZE = 1200, 1000
@@ -123,7 +123,7 @@ def _connections_per_processor(broker) -> dict[str, int]:
     """Each processor's open connections, asked of it now (its ``connections`` message)."""
     from odradek.actors.client import MailboxClient
     with MailboxClient(broker.run_dir) as client:
-        return {name: sum(client.request(name, "connections", timeout=10).fields["ips"].values())
+        return {name: sum(client.request(name, Connections(), timeout=10).fields.ips.values())
                 for name in ("processor-0", "processor-1")}
 
 
