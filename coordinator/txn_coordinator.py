@@ -463,7 +463,8 @@ class TxnCoordinator(Actor):
                     "partition_index": p, "error_code": code, "error_message": why or None,
                     "active_producers": [{"producer_id": s.producer_id, "producer_epoch": s.producer_epoch,
                                           "last_sequence": s.last_sequence, "last_timestamp": s.last_timestamp,
-                                          "coordinator_epoch": -1, "current_txn_start_offset": s.current_txn_start_offset}
+                                          "coordinator_epoch": -1,
+                                          "current_txn_start_offset": s.current_txn_start_offset}
                                          for s in producers]})
             self.reply(msg, {"body": {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}})
 

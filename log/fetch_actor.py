@@ -3,13 +3,14 @@
 Process: ``fetch`` (one). Owns a read-only ``LogReader`` per partition, kept current by the log
 actors' ``bounds``; the leases of the partitions it watches; the purgatory of fetches waiting
 for data; the leader-side replication throttle; the live brokers' epochs (cluster mode).
-Accepts:
-  fetch {body}: from a handler; answered straight to the client's processor, with file regions
-  list_offsets {body}: likewise (a new leader below its floor: OFFSET_NOT_AVAILABLE, KIP-207);
-      from the group coordinator also ``{readable: true}``: "latest" is then the highest
+Accepts (bodies: ``odradek.actors.messages``):
+  fetch (Fetch): from a handler; answered straight to the client's processor (``Response``,
+      with file regions)
+  list_offsets (ListOffsets): likewise (a new leader below its floor: OFFSET_NOT_AVAILABLE,
+      KIP-207); from the group coordinator also ``readable``: "latest" is then the highest
       offset a consumer may have read
-  bounds {parts: [PartitionBounds], closed, opening, host}: from the log actors, one-way after
-      appends (a request when partitions open or close)
+  bounds (Bounds: [PartitionBounds], closed, host, opening): from the log actors, one-way
+      after appends (a request when partitions open or close)
   broker_epochs {epochs}: from the broker agent (cluster mode), when ``/brokers/ids`` changes
   throttle {rate, parts: [ThrottledReplica]}: from the controller (broker agent)
 Sends: ``get_bounds`` to every log actor when it (re)starts; ``watch`` to a log actor before

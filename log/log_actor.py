@@ -4,22 +4,23 @@ Process: ``log-<i>`` (``num.log.threads``); a partition lives on the one
 ``actors.names.placement`` picks. Owns each hosted partition's ``Log`` (segments, indexes,
 checkpoints, epochs, producer state) and replica state (``PartitionLog``: role, leader epoch,
 ISR, followers' progress, high watermark, the acks=all purgatory, transactional batches held).
-Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.names``):
-  produce + batch frames: from a handler, or a coordinator or the schema registry for its
-      internal topic; answered to the client's processor (acks=all: once the high watermark
-      passes it)
+Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.messages``):
+  produce (Produce) + batch frames: from a handler, or a coordinator or the schema registry
+      for its internal topic; answered ``Response`` to the client's processor (acks=all: once
+      the high watermark passes it)
   delete_records / offset_for_leader_epoch / describe_log_dirs: from a handler
   assign / become: from the controller: open, close, configure; leader or follower
   follower_state / truncate / truncate_fully / replicate: from the replica fetcher (replicate
       is answered once its fsync has begun, or on a fast disk once it is done: the next
       FETCH then carries the proof; else ``fsynced`` follows)
   replica_progress: one-way, from the fetch actor: a follower fetched
-  get_bounds {only?}: from the fetch actor, the coordinators and the schema registry
+  get_bounds (GetBounds): from the fetch actor, the coordinators and the schema registry ->
+      Bounds
   watch: from the fetch actor: tell it these partitions' appends for a lease
   write_markers {markers: [TxnMarker]}: from the transaction coordinator -> {parts: [PartOutcome]}
   txn_check {parts: [TxnCheck], wait_ms}: from the transaction coordinator -> {parts:
       [PartOutcome]} (both kept by each partition's ``TxnPartition``, log/txn_partition.py)
-  describe_producers {parts}: from the transaction coordinator
+  describe_producers (DescribeProducers): from the transaction coordinator -> Producers
   txn_added {parts: [TxnAdded]}: one-way, chained for the transaction coordinator: a
       partition joined a producer's transaction; its held batches are appended
 Sends: ``get_assignment`` and ``alter_isr`` to the controller; ``bounds`` to the fetch actor

@@ -839,8 +839,8 @@ class Processor(Actor):
             conn.at_handler -= 1
         slot = rec.slot
         corr, slot.answered = slot.corr, self.clock()
-        answer = None if reply.type == ERROR else reply.fields
-        if answer is not None and type(answer) is not Response:
+        answer = None if reply.type == ERROR else reply.fields  # None: an _error (ErrorReply)
+        if reply.type != ERROR and type(answer) is not Response:
             # TRANSITIONAL (issue 31): removed once every answer is a Response
             answer = answer or {}
             answer = Response(answer.get("body") or {}, answer.get("files") or [], answer.get("remote_ms", 0.0))

@@ -80,9 +80,9 @@ ECHO = {"role": "echo", "cls": "tests.actors.echo:Echo", "count": 2, "scalable":
 
 
 def test_message_header_round_trips_and_garbage_is_refused():
-    raw = encode_header("produce", 7, "processor-0", Produce(1, [["t", 0, 0]]))
+    raw = encode_header(Produce.TYPE, 7, "processor-0", Produce(1, [["t", 0, 0]]))
     msg = decode([raw, b"payload"])
-    assert msg == Message("produce", 7, "processor-0", Produce(1, [["t", 0, 0]]), [b"payload"])
+    assert msg == Message(Produce.TYPE, 7, "processor-0", Produce(1, [["t", 0, 0]]), [b"payload"])
     assert type(msg.fields) is Produce
     for bad in (b"", b"\xc1", encode_header("x")[:-1], b"\x93\x01\x02\x03"):
         with pytest.raises(MalformedMessage):

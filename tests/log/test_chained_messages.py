@@ -24,7 +24,7 @@ def log_actor():
 
 
 def produce(then) -> Message:
-    return Message("produce", 9, "txn_coordinator", Produce(-1, [["__transaction_state", 0, 0]], then=then))
+    return Message(Produce.TYPE, 9, "txn_coordinator", Produce(-1, [["__transaction_state", 0, 0]], then=then))
 
 
 def answer(code: int) -> Response:

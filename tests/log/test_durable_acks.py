@@ -110,7 +110,7 @@ def make(tmp_path):
 
 
 def produce(actor, acks: int, n: int = 10, corr: int = 1) -> Message:
-    msg = Message("produce", corr, "client", Produce(acks, [["t", 0, 0]], 30000), [encode_batch([(None, b"v")] * n)])
+    msg = Message(Produce.TYPE, corr, "client", Produce(acks, [["t", 0, 0]], 30000), [encode_batch([(None, b"v")] * n)])
     actor.on_produce(msg)
     actor.after_batch()
     return msg
@@ -165,10 +165,10 @@ def test_a_followers_reported_fsynced_offset_bounds_the_high_watermark(make):
     msg = produce(actor, acks=-1)
     actor.settle()
     assert p.log.durable_end == 10
-    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10, 4]])))
+    actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, 1, 10, 4]])))
     assert p.log.high_watermark == 4, "counted the follower's log end past what it has fsynced"
     assert answered(actor, msg) is None
-    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10, 10]])))
+    actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, 1, 10, 10]])))
     actor.after_batch()
     assert p.log.high_watermark == 10 and answered(actor, msg)["error_code"] == 0
 
@@ -183,9 +183,9 @@ def test_a_fetch_arriving_after_a_later_progress_report_does_not_take_the_fsynce
     actor.settle()
     progress = [["t", 0, 1, 10, 10], ["t", 0, 1, 10, 4]]  # the report, then the earlier FETCH
     for part in progress:
-        actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([part])))
+        actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([part])))
     assert p.followers[1].fsynced_offset == 10 and p.log.high_watermark == 10
-    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 6, 6]])))
+    actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, 1, 6, 6]])))
     assert p.followers[1].fsynced_offset == 6
 
 
@@ -195,7 +195,7 @@ def test_a_fetch_that_does_not_say_what_it_fsynced_vouches_for_its_log_end(make)
     files.release()
     produce(actor, acks=-1)
     actor.settle()
-    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10]])))
+    actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, 1, 10]])))
     assert p.log.high_watermark == 10
 
 
@@ -205,7 +205,7 @@ def test_an_fsynced_offset_that_is_not_an_offset_is_not_progress(make):
     produce(actor, acks=-1)
     actor.settle()
     for bad in ("10", True, 10.0):
-        actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, 1, 10, bad]])))
+        actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, 1, 10, bad]])))
         assert p.log.high_watermark == 0, bad
 
 
@@ -265,7 +265,7 @@ def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_dow
     del files.fsync  # the disk "heals": its next fsync would succeed, and prove nothing
     synced = files.synced
     for topic in ("t", "u"):  # every partition of the directory, not only the one that failed
-        m = Message("produce", 9, "client", Produce(1, [[topic, 0, 0]], 30000), [encode_batch([(None, b"v")])])
+        m = Message(Produce.TYPE, 9, "client", Produce(1, [[topic, 0, 0]], 30000), [encode_batch([(None, b"v")])])
         actor.on_produce(m)
         actor.after_batch()
         actor.settle()

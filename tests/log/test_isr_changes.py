@@ -62,7 +62,7 @@ def append(p: PartitionLog, n: int) -> None:
 
 
 def progress(actor: LeaderUnderTest, replica: int, offset: int) -> None:
-    actor.on_replica_progress(Message("replica_progress", fields=FollowersFetched([["t", 0, replica, offset]])))
+    actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, replica, offset]])))
 
 
 def answer(actor: LeaderUnderTest, code: int = 0, message: str = "", **fields) -> dict:

@@ -98,7 +98,7 @@ def test_a_torn_batch_and_a_partition_of_another_host_are_refused_and_nothing_is
 
 def test_a_long_poll_fetch_is_answered_when_data_arrives_not_at_its_deadline(storage):
     storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t"}]}})
-    storage._peer("fetch").send_multipart([encode_header("fetch", 77, storage.name, Fetch({
+    storage._peer("fetch").send_multipart([encode_header(Fetch.TYPE, 77, storage.name, Fetch({
         "max_wait_ms": 20000, "topics": [{"name": "t", "partitions": [{"index": 0, "fetch_offset": 0}]}]}))])
     assert not storage.inbox.poll(300), "answered before any data existed"
     started = time.monotonic()
