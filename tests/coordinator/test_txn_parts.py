@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.messages import PartOutcomes, Response, TxnCheck, TxnMarker, TxnRequest, WriteMarkers
+from odradek.actors.messages import ErrorReply, PartOutcomes, Response, TxnCheck, TxnMarker, TxnRequest, WriteMarkers
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter
@@ -173,6 +173,19 @@ def test_markers_not_written_are_retried_and_the_end_txn_still_waits():
     (retry,) = rec.timers
     retry.callback()
     assert len(rec.requests) == 2 and markers.in_flight == {"t1"}
+
+
+def test_markers_refused_by_an_error_answer_are_retried_and_the_end_txn_still_waits():
+    """An ``_error`` answer to write_markers (the log actor's mailbox full, a timeout) counts as
+    not written: the id's requests go on and the markers are retried."""
+    clock = Clock()
+    rec, state, markers, released = marker_writer(clock, cluster=False)
+    t = prepared(state, clock, [("t", 0)])
+    markers.wait_end("t1", Message(TxnRequest.TYPE, 7, "processor-0", TxnRequest(ApiKey.END_TXN, {})))
+    markers.write(t)
+    rec.requests[0][3](Message("_error", 1, None, ErrorReply(int(ErrorCode.REQUEST_TIMED_OUT), "no answer")))
+    assert t.state == TxnState.PREPARE_COMMIT and rec.replies == [] and released == ["t1"]
+    assert markers.in_flight == set() and len(rec.timers) == 1
 
 
 def test_an_id_dropped_answers_its_waiting_end_txn_not_coordinator():
