@@ -75,8 +75,8 @@ ALTER_ISR_TIMEOUT = 10.0  # seconds the controller has to record an ISR change
 DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 _BATCH_LENGTH = struct.Struct(">i")  # at OFFSET_LENGTH
-_CHAINING = frozenset(("produce", WriteMarkers.TYPE))  # the messages that may carry ``then: [Chained]``
 _PRODUCER_ID = struct.Struct(">q")  # at OFFSET_PRODUCER_ID
+_CHAINING = frozenset(("produce", WriteMarkers.TYPE))  # the messages that may carry ``then: [Chained]``
 
 
 # The background opening after a start: partitions per slice, and the most work a slice
