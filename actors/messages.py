@@ -402,6 +402,91 @@ class ConnClosed(NamedTuple):
 
 # ---- the group and transaction coordinators -------------------------------------------------
 # (issue 31 item 1, branch msg-txn: declare these messages here, below this line)
+@message("group_request", reply=Response)
+class GroupRequest(NamedTuple):
+    """A client's group API request, from its handler to the group coordinator (which answers
+    the client's processor, or the handler when it filters the answer: ACLs, listeners): the
+    API key, the decoded ``body``, the client id and peer (a classic member's), and the
+    handler's metadata version (a newer one makes the coordinator refresh its topics)."""
+
+    api: int
+    body: dict
+    client: str | None = None
+    peer: str | None = None
+    metadata_version: int = -1
+
+
+@message("txn_request", reply=Response)
+class TxnRequest(NamedTuple):
+    """A client's transaction API request (InitProducerId, the transaction and admin APIs), from
+    its handler to the transaction coordinator, which answers the client's processor."""
+
+    api: int
+    body: dict
+
+
+class OffsetsStored(NamedTuple):
+    """The group coordinator's answer to ``txn_offsets_end``: 0, or why the offsets are not
+    stored (the transaction coordinator retries)."""
+
+    error_code: int
+    message: str = ""
+
+
+@message("txn_offsets_end", reply=OffsetsStored)
+class TxnOffsetsEnd(NamedTuple):
+    """A transaction ended, from the transaction coordinator to the group coordinator: on
+    ``commit`` the ``offsets`` it carried (``{group: [[topic, partition, offset, leader_epoch,
+    metadata]]}``, TxnOffsetCommit's) are stored as an OffsetCommit's."""
+
+    producer_id: int
+    offsets: dict
+    commit: bool
+
+
+class PartOutcomes(NamedTuple):
+    """A log actor's answer to ``write_markers`` and ``txn_check``: a ``PartOutcome`` per
+    partition asked."""
+
+    parts: list
+
+
+@message("write_markers", reply=PartOutcomes)
+class WriteMarkers(NamedTuple):
+    """Commit or abort markers (``[TxnMarker]``), from the transaction coordinator to the log
+    actor leading their partitions; ``acks`` -1: answered once the ISR has them (within
+    ``timeout_ms``). ``then``: ``[Chained]`` the log actor sends once every marker is written
+    (the EndTxn's answer)."""
+
+    markers: list
+    acks: int = -1
+    timeout_ms: int = 30000
+    then: list = []
+
+
+@message("txn_check", reply=PartOutcomes)
+class TxnChecks(NamedTuple):
+    """Before an EndTxn sent ahead of its produce answers commits, from the transaction
+    coordinator to the partitions' log actors: is each ``TxnCheck`` written and replicated
+    there? Answered within ``wait_ms``."""
+
+    parts: list
+    wait_ms: int
+
+
+@message("txn_added")
+class TxnPartsAdded(NamedTuple):
+    """One-way, chained by the transaction coordinator to the record storing them: these
+    partitions (``[TxnAdded]``) joined their producers' transactions; batches held for that
+    word are appended."""
+
+    parts: list
+
+
+@message("create_state_topic")
+class CreateStateTopic(NamedTuple):
+    """One-way, from the group coordinator to the transaction coordinator: a FindCoordinator for
+    a transactional id came before ``__transaction_state`` exists; create it."""
 
 
 # ---- parts of messages (moved here from actors/names.py) --------------------------------------
@@ -539,25 +624,23 @@ class PartOutcome(NamedTuple):
 class Chained(NamedTuple):
     """A message a log actor sends on its requester's behalf (``reply_to``: the requester)
     once the produce or write_markers carrying it (``then: [Chained]``) is written
-    (``chain_sent``): ``corr`` is the requester's correlation id for the answer it expects,
-    or of its own requester's request when ``type`` is the runtime's reply
-    (``Actor.answer_chained``)."""
+    (``chain_sent``): ``fields`` its body (a message of this module: an array once it
+    travelled), ``corr`` the requester's correlation id for the answer it expects, or of its
+    own requester's request when ``type`` is the runtime's reply (``Actor.answer_chained``)."""
 
     to: str
     type: str
-    fields: dict
+    fields: Any
     corr: int
 
 
-def chain_sent(answer: dict) -> bool:
+def chain_sent(answer: Any) -> bool:
     """Whether a log actor's answer to a produce or write_markers carrying ``then`` means it
-    sent those chained messages: every partition written (a write_markers answer is ``{parts:
-    [PartOutcome]}``, at least one; a produce's, Kafka's ``{body}``)."""
+    sent those chained messages: every partition written (a write_markers answer is
+    ``PartOutcomes``, at least one part; a produce's a ``Response``, Kafka's body)."""
     try:
-        if type(answer) is Response:  # a produce's
-            return all(part["error_code"] == 0 for topic in answer.body["topics"] for part in topic["partitions"])
-        if "parts" in answer:
-            return bool(answer["parts"]) and all(PartOutcome._make(part).code == 0 for part in answer["parts"])
-        return all(part["error_code"] == 0 for topic in answer["body"]["topics"] for part in topic["partitions"])
-    except (KeyError, TypeError, IndexError):
+        if type(answer) is PartOutcomes:
+            return bool(answer.parts) and all(PartOutcome._make(part).code == 0 for part in answer.parts)
+        return all(part["error_code"] == 0 for topic in answer.body["topics"] for part in topic["partitions"])
+    except (KeyError, TypeError, IndexError, AttributeError):
         return False

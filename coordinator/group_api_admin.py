@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.messages import Status
+from odradek.actors.messages import CreateStateTopic, Response, Status
 from odradek.actors.names import TXN_COORDINATOR
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import EMPTY, GroupError
@@ -68,8 +68,8 @@ class AdminApi:
                 except OdradekError as exc:
                     self.outbox.reply_error(msg, exc.code, exc.message)
                     return
-                self.outbox.reply(msg, {"body": {"error_code": 0, "node_id": node_id, "host": host, "port": port,
-                                          "key": key}})
+                self.outbox.reply(msg, Response({"error_code": 0, "node_id": node_id, "host": host, "port": port,
+                                                 "key": key}))
             self._own_address(answer)
             return
         if not isinstance(keys, list):
@@ -84,7 +84,7 @@ class AdminApi:
                 except OdradekError as exc:
                     out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
                                 "error_message": exc.message})
-            self.outbox.reply(msg, {"body": {"coordinators": out}})
+            self.outbox.reply(msg, Response({"coordinators": out}))
         self._own_address(answer_all)
 
     def _find_txn_coordinator(self, msg: Message, body: dict) -> None:
@@ -110,8 +110,8 @@ class AdminApi:
                         return
                     out.append({"key": key, "node_id": -1, "host": "", "port": -1, "error_code": int(exc.code),
                                 "error_message": exc.message})
-            self.outbox.reply(msg, {"body": {"coordinators": out} if keys is not None
-                                    else {**out[0], "key": body.get("key")}})
+            self.outbox.reply(msg, Response({"coordinators": out} if keys is not None
+                                            else {**out[0], "key": body.get("key")}))
         self._own_address(answer)
 
     def _txn_coordinator_of(self, key, own) -> tuple[int, tuple | None]:
@@ -121,7 +121,7 @@ class AdminApi:
             return self.meta.broker_id, own
         leaders = offsets_leaders(self.meta.snapshot, self.meta.broker_id, TXN_STATE_TOPIC)
         if not leaders:
-            self.outbox.send(TXN_COORDINATOR, "create_state_topic", {})
+            self.outbox.send(TXN_COORDINATOR, CreateStateTopic())
             raise OdradekError(f"{TXN_STATE_TOPIC} is being created; retry", ErrorCode.COORDINATOR_NOT_AVAILABLE)
         p = partition_for(key, len(leaders))
         leader = leaders[p][0]
@@ -198,7 +198,7 @@ class AdminApi:
             out = [g for g in out if g["group_state"].lower() in states]
         if types:
             out = [g for g in out if g["group_type"] in types]
-        self.outbox.reply(msg, {"body": {"error_code": 0, "groups": out}})
+        self.outbox.reply(msg, Response({"error_code": 0, "groups": out}))
 
     def describe_groups(self, msg: Message, body: dict) -> None:
         ids = body.get("group_ids", body.get("groups"))
@@ -216,7 +216,7 @@ class AdminApi:
                             "error_message": f"group {gid!r} does not exist"})
                 continue
             if gid in self.table.classic:
-                if msg.get("api") == ApiKey.CONSUMER_GROUP_DESCRIBE:
+                if msg.fields.api == ApiKey.CONSUMER_GROUP_DESCRIBE:
                     out.append({"group_id": gid, "error_code": int(ErrorCode.GROUP_ID_NOT_FOUND),
                                 "error_message": f"group '{gid}' is a classic group, not a consumer group"})
                 else:
@@ -228,7 +228,7 @@ class AdminApi:
             d["members"] = [{**m, "assignment": self.meta.ids(m["assignment"]),
                              "target_assignment": self.meta.ids(m["target_assignment"])} for m in d["members"]]
             out.append({"error_code": 0, **d})
-        self.outbox.reply(msg, {"body": {"groups": out}})
+        self.outbox.reply(msg, Response({"groups": out}))
 
     def delete_groups(self, msg: Message, body: dict) -> None:
         names = body.get("groups_names", body.get("group_ids"))
@@ -239,7 +239,7 @@ class AdminApi:
         def finish() -> None:
             pending["n"] -= 1
             if pending["n"] == 0:
-                self.outbox.reply(msg, {"body": {"results": results}})
+                self.outbox.reply(msg, Response({"results": results}))
 
         for gid in names:
             error = self.leadership.coordinator_error(gid) if valid_group_id(gid) else None
@@ -303,7 +303,7 @@ class AdminApi:
             out.append({"name": name, "partitions": parts})
         answer = {"error_code": 0, "topics": out}
         if not gone:
-            self.outbox.reply(msg, {"body": answer})
+            self.outbox.reply(msg, Response(answer))
             return
         for tp in gone:
             del committed[tp]
@@ -313,7 +313,7 @@ class AdminApi:
                 self.outbox.reply_error(msg, group_write_error(code), f"offsets deleted here, but the tombstones were "
                                                                f"not stored: {error}")
             else:
-                self.outbox.reply(msg, {"body": answer})
+                self.outbox.reply(msg, Response(answer))
         self.writer.append(gid, [offset_record(gid, t, p, None) for t, p in gone], stored)
 
     def _subscribed_topics(self, g) -> set | None:
@@ -357,4 +357,4 @@ class AdminApi:
             except GroupError as exc:
                 out.append({"member_id": member_id, "error_code": int(exc.code), "error_message": exc.message})
         self.purgatory.changed(g)
-        self.writer.after_write(g, lambda: self.outbox.reply(msg, {"body": {"error_code": 0, "members": out}}), msg)
+        self.writer.after_write(g, lambda: self.outbox.reply(msg, Response({"error_code": 0, "members": out})), msg)

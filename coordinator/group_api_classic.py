@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Response
 from odradek.coordinator.classic_group import ClassicGroup, JoinRequest
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import GroupError
@@ -67,18 +68,18 @@ class ClassicApi:
                           session_timeout_ms=field(body, "session_timeout_ms", int),
                           rebalance_timeout_ms=field(body, "rebalance_timeout_ms", int, -1),
                           protocol_type=field(body, "protocol_type", str), protocols=protocols,
-                          client_id=str(msg.get("client") or ""),
-                          client_host=str(msg.get("peer") or "").rpartition(":")[0],
+                          client_id=str(msg.fields.client or ""),
+                          client_host=str(msg.fields.peer or "").rpartition(":")[0],
                           require_known_member_id=bool(body.get("require_known_member_id", True)))
         try:
             g = self._for_join(gid)
             new_id, answer = g.join(req, self.clock.now())
         except GroupError as exc:
             self.drop_if_unused(gid)
-            self.outbox.reply(msg, {"body": classic_error(exc, member_id)})
+            self.outbox.reply(msg, Response(classic_error(exc, member_id)))
             return
         if answer is not None:
-            self.outbox.reply(msg, {"body": answer})
+            self.outbox.reply(msg, Response(answer))
         else:
             self.purgatory.hold_classic((gid, "join", new_id), msg)
         self.changed(g)
@@ -105,10 +106,10 @@ class ClassicApi:
                             assignments, self.clock.now(), field(body, "protocol_type", str, None),
                             field(body, "protocol_name", str, None))
         except GroupError as exc:
-            self.outbox.reply(msg, {"body": classic_error(exc, member_id)})
+            self.outbox.reply(msg, Response(classic_error(exc, member_id)))
             return
         if answer is not None:
-            self.outbox.reply(msg, {"body": answer})
+            self.outbox.reply(msg, Response(answer))
         else:
             self.purgatory.hold_classic((gid, "sync", member_id), msg)
         self.changed(g)
@@ -124,9 +125,9 @@ class ClassicApi:
                                  f"join first", ErrorCode.UNKNOWN_MEMBER_ID)
             g.heartbeat(member_id, field(body, "generation_id", int), field(body, "group_instance_id", str, None),
                         self.clock.now())
-            self.outbox.reply(msg, {"body": {"error_code": 0}})
+            self.outbox.reply(msg, Response({"error_code": 0}))
         except GroupError as exc:
-            self.outbox.reply(msg, {"body": {"error_code": int(exc.code), "error_message": exc.message}})
+            self.outbox.reply(msg, Response({"error_code": int(exc.code), "error_message": exc.message}))
         if g is not None:
             self.changed(g)
 
@@ -145,7 +146,7 @@ class ClassicApi:
             except GroupError as exc:
                 out.append({"member_id": member_id, "group_instance_id": instance_id, "error_code": int(exc.code),
                             "error_message": exc.message})
-        self.outbox.reply(msg, {"body": {"error_code": 0, "members": out}})
+        self.outbox.reply(msg, Response({"error_code": 0, "members": out}))
         self.changed(g)
 
     def changed(self, g: ClassicGroup) -> None:
@@ -160,7 +161,7 @@ class ClassicApi:
                 continue
             held = self.purgatory.take_classic(key)
             if held is not None:
-                self.outbox.reply(held, {"body": body})
+                self.outbox.reply(held, Response(body))
         if g.members or g.generation_id:
             self.table.note_members(g.group_id, bool(g.members), self.clock.wall())
 
@@ -172,7 +173,7 @@ class ClassicApi:
                 if code:
                     body = classic_error(GroupError(f"group '{g.group_id}': its new generation was not stored "
                                                           f"({error}); rejoin", group_write_error(code)), key[2])
-                self.outbox.reply(held, {"body": body})
+                self.outbox.reply(held, Response(body))
 
         if not g.changed:
             answer()

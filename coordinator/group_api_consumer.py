@@ -11,6 +11,7 @@ classic group that has no members, holding, answering.
 from __future__ import annotations
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Response
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import ConsumerGroup, GroupError, HeartbeatRequest, tps_of
 from odradek.coordinator.group_purgatory import Purgatory
@@ -48,7 +49,7 @@ class ConsumerApi:
             subscribed_topic_names=names, subscribed_topic_regex=field(body, "subscribed_topic_regex", str, None),
             server_assignor=field(body, "server_assignor", str, None),
             owned=None if owned_entries is None else tp_pairs(owned_entries, "topic_partitions"),
-            client_id=str(msg.get("client") or ""), client_host=str(msg.get("peer") or "").rpartition(":")[0])
+            client_id=str(msg.fields.client or ""), client_host=str(msg.fields.peer or "").rpartition(":")[0])
         wait_ms = min(max(field(body, "wait_ms", int, 0), 0), MAX_WAIT_MS)
         classic = table.classic.get(gid)
         if classic is not None:
@@ -80,5 +81,5 @@ class ConsumerApi:
         if wait_ms > 0 and quiet and req.member_epoch > 0:
             self.purgatory.hold((gid, resp["member_id"]), msg, wait_ms, req.member_epoch, owned)
             return
-        self.writer.after_write(g, lambda: self.outbox.reply(msg, {"body": {"error_code": 0,
-                                                                            **meta.with_ids(resp)}}), msg)
+        self.writer.after_write(g, lambda: self.outbox.reply(msg, Response({"error_code": 0,
+                                                                                     **meta.with_ids(resp)})), msg)

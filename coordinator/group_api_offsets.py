@@ -19,7 +19,7 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.messages import ListOffsets
+from odradek.actors.messages import ListOffsets, OffsetsStored, Response
 from odradek.actors.names import FETCH_ACTOR
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import GroupError
@@ -169,18 +169,19 @@ class OffsetsApi:
 
     # ---- a committed transaction's offsets ------------------------------------------------------
     def txn_offsets_end(self, msg: Message) -> None:
-        """From the transaction coordinator: {producer_id, commit, offsets: {group: [[topic,
-        partition, offset, leader_epoch, metadata]]}}, the offsets a committed transaction
-        carried (TxnOffsetCommit). Stored (acks=all) like an OffsetCommit, then answered
-        {error_code, message}; a failure is retried by the transaction coordinator."""
-        offsets = msg.get("offsets") or {}
-        if not msg.get("commit") or not offsets:
-            self.outbox.reply(msg, {"error_code": 0, "message": ""})
+        """From the transaction coordinator (``TxnOffsetsEnd``): the offsets a committed
+        transaction carried (TxnOffsetCommit, ``{group: [[topic, partition, offset,
+        leader_epoch, metadata]]}``). Stored (acks=all) like an OffsetCommit, then answered
+        ``OffsetsStored``; a failure is retried by the transaction coordinator."""
+        end = msg.fields
+        offsets = end.offsets or {}
+        if not end.commit or not offsets:
+            self.outbox.reply(msg, OffsetsStored(0))
             return
         if not self.leadership.partitions:
             self.create_topic()
-            self.outbox.reply(msg, {"error_code": int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
-                             "message": f"{OFFSETS_TOPIC} is being created"})
+            self.outbox.reply(msg, OffsetsStored(int(ErrorCode.COORDINATOR_NOT_AVAILABLE),
+                                                 f"{OFFSETS_TOPIC} is being created"))
             return
         left = {"n": len(offsets), "code": 0, "why": ""}
         now_ms = self.clock.wall()
@@ -190,7 +191,7 @@ class OffsetsApi:
                 left["code"], left["why"] = code, why
             left["n"] -= 1
             if left["n"] <= 0:
-                self.outbox.reply(msg, {"error_code": left["code"], "message": left["why"]})
+                self.outbox.reply(msg, OffsetsStored(left["code"], left["why"]))
 
         for gid, entries in offsets.items():
             wanted = {(str(t), int(p)): Committed(int(o), int(e), str(m or ""), now_ms) for t, p, o, e, m in entries}
@@ -209,13 +210,13 @@ class OffsetsApi:
             if code:
                 entry["error_message"] = message
             by_topic.setdefault(t, []).append(entry)
-        self.outbox.reply(msg, {"body": {"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}})
+        self.outbox.reply(msg, Response({"topics": [{"name": t, "partitions": ps} for t, ps in by_topic.items()]}))
 
     def offset_fetch(self, msg: Message, body: dict) -> None:
         """One group (``group_id``, ``topics``), or several (``groups``: OffsetFetch v8+)."""
         groups = field(body, "groups", list, None)
         if groups is None:
-            self.outbox.reply(msg, {"body": self._fetched(group_id(body), field(body, "topics", list, None))})
+            self.outbox.reply(msg, Response(self._fetched(group_id(body), field(body, "topics", list, None))))
             return
         out = []
         for entry in groups:
@@ -230,7 +231,7 @@ class OffsetsApi:
             except OdradekError as exc:
                 out.append({"group_id": entry.get("group_id"), "error_code": int(exc.code),
                             "error_message": exc.message, "topics": []})
-        self.outbox.reply(msg, {"body": {"groups": out}})
+        self.outbox.reply(msg, Response({"groups": out}))
 
     def _fetched(self, gid: str, topics: list | None) -> dict:
         committed = self.table.offsets.get(gid, {})

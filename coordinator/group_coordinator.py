@@ -115,7 +115,7 @@ class TopicCreation:
         self.creating = False
         queued, self.queued = self.queued, []
         for msg in queued:
-            if not self.leadership.partitions and msg.get("api") in WRITERS:
+            if not self.leadership.partitions and msg.fields.api in WRITERS:
                 self.outbox.reply_error(msg, ErrorCode.COORDINATOR_NOT_AVAILABLE, why)
             else:
                 self.dispatch(msg)
@@ -211,11 +211,11 @@ class GroupCoordinator(Actor):
 
     # ---- the entry point --------------------------------------------------------------------
     def on_group_request(self, msg: Message) -> None:
-        version = msg.get("metadata_version")
+        version = msg.fields.metadata_version
         if isinstance(version, int) and version > self.meta.version:
             self._refresh_metadata()
         creation = self.creation
-        if creation.creating or (not self.leadership.partitions and msg.get("api") in WRITERS):
+        if creation.creating or (not self.leadership.partitions and msg.fields.api in WRITERS):
             creation.queued.append(msg)  # in order, behind the creation of the topic
             creation.ensure()
             return
@@ -228,7 +228,7 @@ class GroupCoordinator(Actor):
             self.reply_error(msg, exc.code, exc.message)
 
     def _serve(self, msg: Message) -> None:
-        api, body = msg.get("api"), msg.get("body")
+        api, body = msg.fields.api, msg.fields.body
         if not isinstance(body, dict):
             raise BadRequest("the request body must be a map")
         method = self.handlers.get(api)

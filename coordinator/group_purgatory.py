@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Response
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.group import ConsumerGroup, GroupError, tps_of
 from odradek.coordinator.group_requests import classic_error
@@ -63,12 +64,12 @@ class Purgatory:
         g = self.table.groups.get(key[0])
         resp = g.refresh(key[1], self.clock.now()) if g is not None else None
         if resp is None:
-            self.outbox.reply(held.msg, {"body": {"error_code": int(ErrorCode.UNKNOWN_MEMBER_ID),
+            self.outbox.reply(held.msg, Response({"error_code": int(ErrorCode.UNKNOWN_MEMBER_ID),
                                                   "error_message": f"member {key[1]} was removed from group "
-                                                                   f"'{key[0]}'"}})
+                                                                   f"'{key[0]}'"}))
             return
-        self.writer.after_write(g, lambda: self.outbox.reply(held.msg, {"body": {"error_code": 0,
-                                                                                 **self.meta.with_ids(resp)}}),
+        self.writer.after_write(g, lambda: self.outbox.reply(held.msg, Response({"error_code": 0,
+                                                                                          **self.meta.with_ids(resp)})),
                                 held.msg)
 
     def wake(self, g: ConsumerGroup) -> None:
@@ -91,8 +92,8 @@ class Purgatory:
     def hold_classic(self, key: tuple[str, str, str], msg: Message) -> None:
         old = self.held_classic.pop(key, None)
         if old is not None:  # the member asked again: its older request is superseded
-            self.outbox.reply(old, {"body": classic_error(GroupError(
-                "superseded by a newer request of the same member", ErrorCode.REBALANCE_IN_PROGRESS), key[2])})
+            self.outbox.reply(old, Response(classic_error(GroupError(
+                "superseded by a newer request of the same member", ErrorCode.REBALANCE_IN_PROGRESS), key[2])))
         self.held_classic[key] = msg
 
     def take_classic(self, key: tuple[str, str, str]) -> Message | None:

@@ -35,8 +35,8 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import (Chained, DescribeProducers, GetBounds, PartitionProducers, ProducerState, TxnAdded,
-                                     TxnMarker)
+from odradek.actors.messages import (Chained, DescribeProducers, GetBounds, PartitionProducers, ProducerState, Response,
+                                     TxnAdded, TxnMarker, TxnPartsAdded)
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
@@ -174,7 +174,7 @@ class TxnCoordinator(Actor):
 
     # ---- the requests ------------------------------------------------------------------------
     def on_txn_request(self, msg: Message) -> None:
-        api, body = msg.get("api"), msg.get("body")
+        api, body = msg.fields
         try:
             if not isinstance(body, dict):
                 raise OdradekError("the request body must be a map", ErrorCode.INVALID_REQUEST)
@@ -217,14 +217,14 @@ class TxnCoordinator(Actor):
             self.state.persist(t, lambda: None, failed, chain=list(words))
             return
         self.state.persist(t, lambda: self.answered_elsewhere(msg), failed,
-                           chain=[*words, self.answer_chained(msg, {"body": body})])
+                           chain=[*words, self.answer_chained(msg, Response(body))])
 
     def init_producer_id(self, msg: Message, body: dict) -> None:
         txn_id = body.get("transactional_id")
         if txn_id is not None and not isinstance(txn_id, str):
             raise OdradekError("transactional_id must be a string or null", ErrorCode.INVALID_REQUEST)
         if not txn_id:
-            self.reply(msg, {"body": {"error_code": 0, "producer_id": self.producer_ids.next(), "producer_epoch": 0}})
+            self.reply(msg, Response({"error_code": 0, "producer_id": self.producer_ids.next(), "producer_epoch": 0}))
             return
         self.state.check_owner(txn_id)
         timeout = body.get("transaction_timeout_ms", 60000)
@@ -259,7 +259,7 @@ class TxnCoordinator(Actor):
         try:
             self.state.check_owner(txn_id)
         except OdradekError as exc:
-            self.reply(msg, {"body": answer(int(exc.code))})
+            self.reply(msg, Response(answer(int(exc.code))))
             return
         t = self.state.txns.txns.get(txn_id)
         before = (t.state, set(t.partitions)) if t is not None else None
@@ -267,13 +267,13 @@ class TxnCoordinator(Actor):
             t = self.state.txns.add_partitions(txn_id, pid, epoch, wanted, self.now_ms())
         except OdradekError as exc:
             log.info("AddPartitionsToTxn %r: %s", txn_id, exc.message)
-            self.reply(msg, {"body": answer(int(exc.code))})
+            self.reply(msg, Response(answer(int(exc.code))))
             return
         if before == (t.state, t.partitions):
-            self.reply(msg, {"body": answer(0)})  # nothing new to store
+            self.reply(msg, Response(answer(0)))  # nothing new to store
             return
         added = t.partitions if before is None or before[0] != TxnState.ONGOING else t.partitions - before[1]
-        self._answer_stored(msg, t, answer(0), lambda exc: self.reply(msg, {"body": answer(int(exc.code))}),
+        self._answer_stored(msg, t, answer(0), lambda exc: self.reply(msg, Response(answer(int(exc.code)))),
                             self._added_words(t, added))
 
     def _added_words(self, t: Transaction, added) -> list:
@@ -286,7 +286,7 @@ class TxnCoordinator(Actor):
                 continue
             per_host.setdefault(log_host(topic, partition, self.site.log_hosts), []).append(
                 TxnAdded(topic, partition, t.producer_id, t.epoch))
-        return [Chained(host, "txn_added", {"parts": parts}, 0) for host, parts in per_host.items()]
+        return [Chained(host, TxnPartsAdded.TYPE, TxnPartsAdded(parts), 0) for host, parts in per_host.items()]
 
     def add_offsets(self, msg: Message, body: dict) -> None:
         txn_id, pid, epoch = (_name(body, "transactional_id"), field(body, "producer_id", int),
@@ -348,7 +348,7 @@ class TxnCoordinator(Actor):
     def _end(self, msg: Message, txn_id: str, pid: int, epoch: int, committed: bool) -> None:
         t = self.state.txns.end_txn(txn_id, pid, epoch, committed, self.now_ms())
         if t.state in COMPLETE:
-            self.reply(msg, {"body": {"error_code": 0}})
+            self.reply(msg, Response({"error_code": 0}))
             return
         self.markers.wait_end(txn_id, msg)
         # The markers this broker's log actors write go with the PREPARE record: its log actor
@@ -406,7 +406,7 @@ class TxnCoordinator(Actor):
                for t in sorted(self.state.txns.txns.values(), key=lambda t: t.txn_id)
                if (not wanted or t.state.value in wanted) and (not pids or t.producer_id in pids)
                and (duration < 0 or (t.started_ms >= 0 and t.state not in COMPLETE and now - t.started_ms >= duration))]
-        self.reply(msg, {"body": {"error_code": 0, "unknown_state_filters": unknown, "transaction_states": out}})
+        self.reply(msg, Response({"error_code": 0, "unknown_state_filters": unknown, "transaction_states": out}))
 
     def describe_transactions(self, msg: Message, body: dict) -> None:
         """DESCRIBE_TRANSACTIONS: each id's state, from its coordinator (NOT_COORDINATOR from
@@ -433,7 +433,7 @@ class TxnCoordinator(Actor):
                         "transaction_start_time_ms": t.started_ms, "producer_id": t.producer_id,
                         "producer_epoch": t.epoch,
                         "topics": [{"topic": n, "partitions": ps} for n, ps in topics.items()]})
-        self.reply(msg, {"body": {"transaction_states": out}})
+        self.reply(msg, Response({"transaction_states": out}))
 
     def describe_producers(self, msg: Message, body: dict) -> None:
         """DESCRIBE_PRODUCERS: the producer state of partitions led here, from their log
@@ -466,7 +466,7 @@ class TxnCoordinator(Actor):
                                           "coordinator_epoch": -1,
                                           "current_txn_start_offset": s.current_txn_start_offset}
                                          for s in producers]})
-            self.reply(msg, {"body": {"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}})
+            self.reply(msg, Response({"topics": [{"name": n, "partitions": ps} for n, ps in by_topic.items()]}))
 
         def answered(reply: Message, sent: list) -> None:
             if reply.is_error:

@@ -23,7 +23,8 @@ from typing import Callable
 
 from odradek.actors.message import REPLY, Message
 from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, log_host
-from odradek.actors.messages import Chained, PartOutcome, TxnMarker, chain_sent
+from odradek.actors.messages import (Chained, OffsetsStored, PartOutcome, Response, TxnMarker, TxnOffsetsEnd,
+                                     WriteMarkers, chain_sent)
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState
@@ -37,7 +38,7 @@ MARKER_TIMEOUT = 30.0  # seconds a log actor (or another broker) has to write ma
 MARKER_RETRY = 0.5
 # markers are answered once replicated to the ISR (as Kafka appends them with acks=all), before
 # the coordinator's own request timeout
-MARKERS_ACKS_ALL = {"acks": -1, "timeout_ms": int((MARKER_TIMEOUT - 5) * 1000)}
+MARKERS_TIMEOUT_MS = int((MARKER_TIMEOUT - 5) * 1000)
 CONNECT_TIMEOUT_MS = 1000
 STOP_JOIN_TIMEOUT_MS = 3000
 DELETED_AFTER_MS = 1000  # a partition missing from a snapshot this much newer than the transaction: deleted
@@ -231,22 +232,23 @@ class MarkerWriter:
             self.released(t.txn_id)
 
         def local_answered(reply: Message) -> None:
+            answer = reply.fields
             if reply.is_error:
                 left["failed"] = True
-                log.info("transaction %r: markers not written: %s", t.txn_id, reply.get("message"))
-            elif reply.get("parts") is None:  # the group coordinator's answer
-                parts_done([], not reply.get("error_code"))
-                if reply.get("error_code"):
-                    log.info("transaction %r: offsets not stored: %s", t.txn_id, reply.get("message"))
+                log.info("transaction %r: markers not written: %s", t.txn_id, reply.error_message)
+            elif type(answer) is OffsetsStored:  # the group coordinator's answer
+                parts_done([], not answer.error_code)
+                if answer.error_code:
+                    log.info("transaction %r: offsets not stored: %s", t.txn_id, answer.message)
             else:
-                if answer_with is not None and chain_sent(reply.fields):  # its log actor answered the EndTxn
+                if answer_with is not None and chain_sent(answer):  # its log actor answered the EndTxn
                     waiting = self.waiting_end.get(t.txn_id)
                     if waiting is not None and answer_with in waiting:
                         waiting.remove(answer_with)
                         if not waiting:
                             del self.waiting_end[t.txn_id]
                     self.outbox.answered_elsewhere(answer_with)
-                parts_done(reply.get("parts"), None)
+                parts_done(answer.parts, None)
             one_done()
 
         answer_with = None  # the EndTxn the markers' log actor answers (then not we)
@@ -255,16 +257,15 @@ class MarkerWriter:
             answer_with = end
         for host, markers in local.items():
             if host == GROUP_COORDINATOR:
-                type_, fields = "txn_offsets_end", {"producer_id": t.producer_id, "offsets": markers, "commit": commit}
+                body = TxnOffsetsEnd(t.producer_id, markers, commit)
             else:
-                type_, fields = "write_markers", {"markers": markers, **MARKERS_ACKS_ALL}
-                if answer_with is not None:
-                    fields["then"] = [self.outbox.answer_chained(answer_with, {"body": {"error_code": 0}})]
+                body = WriteMarkers(markers, -1, MARKERS_TIMEOUT_MS, [] if answer_with is None else [
+                    self.outbox.answer_chained(answer_with, Response({"error_code": 0}))])
             if chain is None:
-                self.outbox.request(host, type_, fields, callback=local_answered, timeout=MARKER_TIMEOUT)
+                self.outbox.request(host, body, callback=local_answered, timeout=MARKER_TIMEOUT)
             else:
-                chain.append(Chained(host, type_, fields, self.outbox.expect(local_answered, host, type_,
-                                                                             MARKER_TIMEOUT)))
+                chain.append(Chained(host, body.TYPE, body, self.outbox.expect(local_answered, host, body.TYPE,
+                                                                               MARKER_TIMEOUT)))
 
         def remote_answered(broker: int, body: dict | None, error: OdradekError | None) -> None:
             if error is not None:
@@ -290,7 +291,7 @@ class MarkerWriter:
         t = self.state.txns.markers_written(t.txn_id, written, self.clock())
         if t.state in COMPLETE:
             for msg in self.waiting_end.pop(t.txn_id, ()):
-                self.outbox.reply(msg, {"body": {"error_code": 0}})
+                self.outbox.reply(msg, Response({"error_code": 0}))
             log.debug("transaction %r %s", t.txn_id, t.state.value)
             self.state.defer_complete(t)
 
@@ -352,7 +353,7 @@ class MarkerWriter:
                 self.outbox.reply_error(msg, error.code, f"broker {leader}, the coordinator of transactional id "
                                                          f"{txn_id!r}: {error.message}")
             else:
-                self.outbox.reply(msg, {"body": answer})
+                self.outbox.reply(msg, Response(answer))
         self.broker_peer(leader, address).submit(body, MARKER_TIMEOUT, done, api=ApiKey.TXN_OFFSET_COMMIT)
         return True
 
@@ -384,28 +385,27 @@ class MarkerWriter:
         def one_done() -> None:
             left["n"] -= 1
             if left["n"] == 0:
-                self.outbox.reply(msg, {"body": {"error_code": 0, **out}})
+                self.outbox.reply(msg, Response({"error_code": 0, **out}))
 
         def logs_answered(reply: Message, sent: list) -> None:
             if reply.is_error:
                 out["parts"] += [PartOutcome(m.topic, m.partition, reply.error_code, reply.error_message) for m in sent]
             else:
-                out["parts"] += [list(p) for p in reply.get("parts") or ()]
+                out["parts"] += [list(p) for p in reply.fields.parts]
             one_done()
 
         def groups_answered(reply: Message) -> None:
-            code = reply.error_code if reply.is_error else reply.get("error_code") or 0
-            why = reply.error_message if reply.is_error else reply.get("message") or ""
+            code = reply.error_code if reply.is_error else reply.fields.error_code
+            why = reply.error_message if reply.is_error else reply.fields.message
             out["groups"] += [[g, code, why] for g in offsets]
             one_done()
 
         if not left["n"]:
-            self.outbox.reply(msg, {"body": {"error_code": 0, **out}})
+            self.outbox.reply(msg, Response({"error_code": 0, **out}))
             return
         for host, sent in per_host.items():
-            self.outbox.request(host, "write_markers", {"markers": sent, **MARKERS_ACKS_ALL},
+            self.outbox.request(host, WriteMarkers(sent, -1, MARKERS_TIMEOUT_MS),
                                 callback=lambda reply, sent=sent: logs_answered(reply, sent), timeout=MARKER_TIMEOUT)
         if offsets:
-            self.outbox.request(GROUP_COORDINATOR, "txn_offsets_end", {"producer_id": producer_id, "offsets": offsets,
-                                                                       "commit": commit},
+            self.outbox.request(GROUP_COORDINATOR, TxnOffsetsEnd(producer_id, offsets, commit),
                                 callback=groups_answered, timeout=MARKER_TIMEOUT)

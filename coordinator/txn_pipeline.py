@@ -19,7 +19,7 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import log_host
-from odradek.actors.messages import TxnCheck
+from odradek.actors.messages import PartOutcome, TxnCheck, TxnChecks
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import TxnState
 from odradek.coordinator.txn_state_log import TxnStateLog
@@ -119,9 +119,10 @@ class PipelinedRequests:
             if reply.is_error:
                 check.problem = check.problem or reply.error_message
             else:
-                for topic, partition, code, message in reply.get("parts") or ():
-                    if code:
-                        check.problem = check.problem or message or f"{topic}-{partition}: {ErrorCode.of(code).name}"
+                for part in map(PartOutcome._make, reply.fields.parts):
+                    if part.code:
+                        check.problem = check.problem or part.message or \
+                            f"{part.topic}-{part.partition}: {ErrorCode.of(part.code).name}"
             check.due -= 1
             if check.due or self.checking.get(txn_id) is not check:
                 return
@@ -137,5 +138,5 @@ class PipelinedRequests:
             self.release(txn_id)
 
         for host, parts in by_host.items():
-            self.outbox.request(host, "txn_check", {"parts": parts, "wait_ms": TXN_CHECK_WAIT_MS}, callback=answered,
+            self.outbox.request(host, TxnChecks(parts, TXN_CHECK_WAIT_MS), callback=answered,
                                 timeout=TXN_CHECK_WAIT_MS / 1000 + 5)

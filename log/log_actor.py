@@ -53,8 +53,9 @@ from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
-from odradek.actors.messages import (Bounds, Chained, Done, LogDirParts, PartitionProducers, PartOutcome, Producers,
-                                     ProducerState, Response, Shutdown, TxnAdded, TxnCheck, TxnMarker, chain_sent)
+from odradek.actors.messages import (Bounds, Chained, Done, LogDirParts, PartitionProducers, PartOutcome, PartOutcomes,
+                                     Produce, Producers, ProducerState, Response, Shutdown, TxnAdded, TxnCheck,
+                                     TxnMarker, WriteMarkers, chain_sent)
 from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
                                        TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
@@ -76,6 +77,7 @@ DEFAULT_PRODUCE_TIMEOUT_MS = 30000
 PARTITION_METADATA = "partition.metadata"  # "version: 0\ntopic_id: <id>", as Kafka writes it
 _BATCH_LENGTH = struct.Struct(">i")  # at OFFSET_LENGTH
 _PRODUCER_ID = struct.Struct(">q")  # at OFFSET_PRODUCER_ID
+_CHAINING = frozenset((Produce.TYPE, WriteMarkers.TYPE))  # the messages that may carry ``then: [Chained]``
 
 
 # The background opening after a start: partitions per slice, and the most work a slice
@@ -185,9 +187,9 @@ class DelayedMarkers(DelayedProduce):
     ``results`` is the list of per-marker entries."""
     __slots__ = ()
 
-    def body(self) -> dict:
-        return {"parts": [PartOutcome(e["topic"], e["partition"], e["error_code"], e.get("error_message", ""))
-                          for e in self.results]}
+    def body(self) -> PartOutcomes:
+        return PartOutcomes([PartOutcome(e["topic"], e["partition"], e["error_code"], e.get("error_message", ""))
+                             for e in self.results])
 
 
 class LogActor(Actor):
@@ -392,7 +394,7 @@ class LogActor(Actor):
         (``parts``: [TxnAdded]; sent by the record's log actor once stored). Batches held for
         it are appended now, in the order they came. One-way."""
         self.answered_elsewhere(msg)  # nobody waits for an answer
-        for entry in msg.get("parts") or ():
+        for entry in msg.fields.parts or ():
             try:
                 added = TxnAdded._make(entry)
                 p = self._partition((added.topic, added.partition))
@@ -684,15 +686,16 @@ class LogActor(Actor):
 
     def on_write_markers(self, msg: Message) -> None:
         """Transaction markers from the transaction coordinator (WriteTxnMarkers): a control
-        batch per partition led here (``markers``: [TxnMarker]). Answers ``{parts: [PartOutcome]}``;
+        batch per partition led here (``markers``: [TxnMarker]). Answers ``PartOutcomes``;
         with ``acks`` -1 (what the coordinator sends, as Kafka appends markers) once the high
         watermark passed each marker (NOT_ENOUGH_REPLICAS before writing when the ISR is below
         ``min.insync.replicas``; REQUEST_TIMED_OUT after ``timeout_ms``), so a marker the
         coordinator counts as written survives the leader's death."""
-        acks_all = msg.get("acks") == -1 and bool(msg.reply_to)
+        body = msg.fields
+        acks_all = body.acks == -1 and bool(msg.reply_to)
         results: list[dict] = []
         delayed = DelayedMarkers(msg, results)
-        for entry in msg.get("markers") or ():
+        for entry in body.markers or ():
             try:
                 marker = TxnMarker._make(entry)
                 topic, partition = marker.topic, marker.partition
@@ -721,7 +724,7 @@ class LogActor(Actor):
                 results.append({"topic": topic, "partition": partition, "error_code": int(exc.code),
                                 "error_message": exc.message})
         if delayed.waiting_on:
-            timeout = msg.get("timeout_ms", DEFAULT_PRODUCE_TIMEOUT_MS)
+            timeout = body.timeout_ms
             timeout = timeout if isinstance(timeout, int) and timeout >= 0 else DEFAULT_PRODUCE_TIMEOUT_MS
             delayed.timer = self.call_later(timeout / 1000, lambda: self._expire_produce(delayed))
             return
@@ -732,12 +735,12 @@ class LogActor(Actor):
         EndTxn without waiting for its produce answers (``expect``, docs/TRANSACTIONS.md):
         are producer ``pid``'s batches at ``epoch`` through sequence ``last_seq`` written here,
         in its open transaction, and replicated as acks=all requires? ``parts``: [TxnCheck];
-        answered ``{parts: [PartOutcome]}`` once each is (0), or refused, or after ``wait_ms``
+        answered ``PartOutcomes`` once each is (0), or refused, or after ``wait_ms``
         (the produce may still be on its way: CONCURRENT_TRANSACTIONS then, the client ends it
         again once its records are acknowledged). The verdicts are the partition's ``txn``'s
         (``log.txn_partition``)."""
         check = DelayedTxnCheck(msg)
-        for entry in msg.get("parts") or ():
+        for entry in msg.fields.parts or ():
             try:
                 ask = TxnCheck._make(entry)
                 ask = ask._replace(producer_id=int(ask.producer_id), producer_epoch=int(ask.producer_epoch),
@@ -757,7 +760,7 @@ class LogActor(Actor):
         if not check.waiting_on:
             self.reply(msg, check.body())
             return
-        wait_ms = msg.get("wait_ms")
+        wait_ms = msg.fields.wait_ms
         if not (isinstance(wait_ms, int) and 0 <= wait_ms <= MAX_TXN_CHECK_WAIT_MS):
             wait_ms = MAX_TXN_CHECK_WAIT_MS
         check.timer = self.call_later(wait_ms / 1000, lambda: self._expire_txn_check(check))
@@ -1328,15 +1331,10 @@ class LogActor(Actor):
         answers, self._answers = self._answers, []
         for msg, fields in answers:
             self.reply(msg, fields)
-            fields_of = msg.fields
-            if type(fields_of) is dict:  # TRANSITIONAL (issue 31): a body not yet declared (write_markers)
-                then = fields_of.get("then")
-            else:  # a produce's or a write_markers' chained messages
-                then = getattr(fields_of, "then", None)
-            if then:
-                self._send_chained(msg, fields, then)
+            if msg.type in _CHAINING:
+                self._send_chained(msg, fields)
 
-    def _send_chained(self, msg: Message, answer, then: list) -> None:
+    def _send_chained(self, msg: Message, answer) -> None:
         """A produce or write_markers with ``then: [Chained]`` (the
         transaction coordinator's records and markers): once every partition of it is written
         (and, acks=all, replicated), send those messages on the requester's behalf, answered
@@ -1344,12 +1342,13 @@ class LogActor(Actor):
         its answers to its own requesters (``Actor.answer_chained``): one hop less than its
         answer and its next message. Nothing is sent if a partition failed (the requester
         forgets them, or answers itself)."""
-        if not chain_sent(answer) or not msg.reply_to:
+        then = msg.fields.then
+        if not then or not chain_sent(answer) or not msg.reply_to:
             return
         for item in then:
-            c = Chained._make(item) if isinstance(item, list) and len(item) == len(Chained._fields) else None
+            c = Chained._make(item) if isinstance(item, (list, tuple)) and len(item) == len(Chained._fields) else None
             if c is None or not (isinstance(c.to, str) and isinstance(c.type, str)
-                                 and isinstance(c.fields, (dict, list, type(None))) and isinstance(c.corr, int)):
+                                 and isinstance(c.fields, (list, tuple, type(None))) and isinstance(c.corr, int)):
                 log.error("%s: dropping a malformed chained message from %s: %r", self.name, msg.reply_to, item)
                 continue
             try:

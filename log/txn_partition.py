@@ -16,7 +16,7 @@ docs/TRANSACTIONS.md, "The commit path", says what each part is for.
 from __future__ import annotations
 
 from odradek.actors.message import Message
-from odradek.actors.messages import PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.actors.messages import PartOutcome, PartOutcomes, TxnAdded, TxnCheck, TxnMarker
 from odradek.core.kafka_batch import LENGTH_AND_ATTRIBUTES, PRODUCER_FIELDS
 from odradek.core.protocol import ErrorCode
 from odradek.core.records import HEADER_SIZE, OFFSET_PRODUCER_ID, TRANSACTIONAL_BIT
@@ -60,8 +60,8 @@ class DelayedTxnCheck:
     def __init__(self, msg: Message):
         self.msg, self.rows, self.waiting_on, self.timer = msg, [], [], None
 
-    def body(self) -> dict:
-        return {"parts": [row.outcome() if type(row) is CheckedPart else row for row in self.rows]}
+    def body(self) -> PartOutcomes:
+        return PartOutcomes([row.outcome() if type(row) is CheckedPart else row for row in self.rows])
 
 
 class TxnPartition:

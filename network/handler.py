@@ -32,7 +32,8 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.messages import (DeleteRecords, DeleteRecordsPart, DescribeLogDirs, EpochQuery, ErrorReply, Fetch,
-                                     ListOffsets, OffsetForLeaderEpoch, PartError, Produce, Response, Scale, Status)
+                                     GroupRequest, ListOffsets, OffsetForLeaderEpoch, PartError, Produce, Response,
+                                     Scale, Status, TxnRequest)
 from odradek.actors.names import CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, log_host, log_host_name
 from odradek.actors.runtime import Actor
 from odradek.core.config import kafka_value
@@ -489,99 +490,100 @@ class RequestHandler(Actor):
     def to_group_coordinator(self, msg: Message, body: dict) -> None:
         """Group APIs: the coordinator answers the processor. The metadata version lets it
         notice topics it has not heard of yet."""
-        fields = {"api": msg.fields.api, "body": body, "client": msg.fields.client, "peer": msg.fields.peer,
-                  "metadata_version": self.metadata_version}
-        if msg.fields.api == ApiKey.FIND_COORDINATOR and len(self.listener_addresses) > 1:
+        request = msg.fields
+        api = request.api
+        ask = GroupRequest(api, body, request.client, request.peer, self.metadata_version)
+        if api == ApiKey.FIND_COORDINATOR and len(self.listener_addresses) > 1:
             # This broker's address as seen from the listener the client came in on (SASL_SSL, ...).
-            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT, callback=lambda reply: (
+            self.request(GROUP_COORDINATOR, ask, timeout=GATHER_TIMEOUT, callback=lambda reply: (
                 self._ask_status(lambda st: self._learn_address(st) or self._coordinator_on_listener(msg, reply))
                 if any(p == 0 for _h, p in self.listener_addresses.values())
                 else self._coordinator_on_listener(msg, reply)))
             return
-        if msg.fields.api == ApiKey.OFFSET_FETCH and self.guard.enabled and any(
+        if api == ApiKey.OFFSET_FETCH and self.guard.enabled and any(
                 g.get("topics") is None for g in offset_fetch_groups(body)):
             # Kafka's OffsetFetch of all topics: the committed offsets of the topics one may Describe
-            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
+            self.request(GROUP_COORDINATOR, ask, timeout=GATHER_TIMEOUT,
                          callback=lambda reply: self._describable_offsets(msg, reply))
             return
-        if body.get("include_authorized_operations") and msg.fields.api in (ApiKey.DESCRIBE_GROUPS,
-                                                                         ApiKey.CONSUMER_GROUP_DESCRIBE):
+        if body.get("include_authorized_operations") and api in (ApiKey.DESCRIBE_GROUPS,
+                                                                 ApiKey.CONSUMER_GROUP_DESCRIBE):
             # Kafka's include_authorized_operations (KIP-430): the principal's operations on each group
-            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
+            self.request(GROUP_COORDINATOR, ask, timeout=GATHER_TIMEOUT,
                          callback=lambda reply: self._with_group_operations(msg, reply))
             return
-        if msg.fields.api == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields, "Describe", "Cluster",
-                                                                           "kafka-cluster"):
+        if api == ApiKey.LIST_GROUPS and not self.guard.allowed(msg.fields, "Describe", "Cluster",
+                                                                "kafka-cluster"):
             # Kafka's ListGroups: without Describe on the cluster, the groups one may Describe, no error
-            self.request(GROUP_COORDINATOR, "group_request", fields, timeout=GATHER_TIMEOUT,
+            self.request(GROUP_COORDINATOR, ask, timeout=GATHER_TIMEOUT,
                          callback=lambda reply: self._describable_groups(msg, reply))
             return
-        self.forward(msg, GROUP_COORDINATOR, "group_request", fields, ())
+        self.forward(msg, GROUP_COORDINATOR, ask, frames=())
+
+    def _coordinator_answer(self, msg: Message, reply: Message, change: Callable[[dict], None]) -> None:
+        """Answer ``msg`` with the group coordinator's ``reply`` (a ``Response``), its body a copy
+        ``change`` edited (or its error)."""
+        if reply.is_error:
+            self.reply_error(msg, reply.error_code or ErrorCode.UNKNOWN_SERVER_ERROR, reply.error_message)
+            return
+        body = dict(reply.fields.body or {})
+        change(body)
+        self.reply(msg, reply.fields._replace(body=body))
 
     def _describable_groups(self, msg: Message, reply: Message) -> None:
-        if reply.is_error:
-            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
-            return
-        body = dict(reply.get("body") or {})
-        body["groups"] = [g for g in body.get("groups") or () if isinstance(g, dict) and
-                          self.guard.allowed(msg.fields, "Describe", "Group", str(g.get("group_id")))]
-        self.reply(msg, {**reply.fields, "body": body})
+        def allowed(body: dict) -> None:
+            body["groups"] = [g for g in body.get("groups") or () if isinstance(g, dict) and
+                              self.guard.allowed(msg.fields, "Describe", "Group", str(g.get("group_id")))]
+        self._coordinator_answer(msg, reply, allowed)
 
     def _with_group_operations(self, msg: Message, reply: Message) -> None:
-        if reply.is_error:
-            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
-            return
-        body = dict(reply.get("body") or {})
-        body["groups"] = [{**g, "authorized_operations": self._operations(msg.fields, "Group",
-                                                                          str(g.get("group_id")))}
-                          if isinstance(g, dict) and not g.get("error_code") else g
-                          for g in body.get("groups") or ()]
-        self.reply(msg, {**reply.fields, "body": body})
+        def operations(body: dict) -> None:
+            body["groups"] = [{**g, "authorized_operations": self._operations(msg.fields, "Group",
+                                                                              str(g.get("group_id")))}
+                              if isinstance(g, dict) and not g.get("error_code") else g
+                              for g in body.get("groups") or ()]
+        self._coordinator_answer(msg, reply, operations)
 
     def _describable_offsets(self, msg: Message, reply: Message) -> None:
-        if reply.is_error:
-            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
-            return
-        body = dict(reply.get("body") or {})
-        for g in offset_fetch_groups(body):
-            if isinstance(g.get("topics"), list):
-                g["topics"] = [t for t in g["topics"] if isinstance(t, dict) and
-                               self.guard.allowed(msg.fields, "Describe", "Topic", str(t.get("name")))]
-        self.reply(msg, {**reply.fields, "body": body})
+        def allowed(body: dict) -> None:
+            for g in offset_fetch_groups(body):
+                if isinstance(g.get("topics"), list):
+                    g["topics"] = [t for t in g["topics"] if isinstance(t, dict) and
+                                   self.guard.allowed(msg.fields, "Describe", "Topic", str(t.get("name")))]
+        self._coordinator_answer(msg, reply, allowed)
 
     def _coordinator_on_listener(self, msg: Message, reply: Message) -> None:
-        if reply.is_error:
-            self.reply_error(msg, reply.get("code", ErrorCode.UNKNOWN_SERVER_ERROR), reply.get("message", ""))
-            return
-        body = dict(reply.get("body") or {})
         listener = msg.fields.listener
-        for entry in [body] + [c for c in body.get("coordinators") or () if isinstance(c, dict)]:  # v4+: several
-            node = entry.get("node_id")
-            if node == self.broker_id and listener in self.listener_addresses:
-                entry["host"], entry["port"] = self.listener_addresses[listener]
-            elif isinstance(node, int) and node >= 0 and (self.endpoints.get(str(node)) or {}).get(listener):
-                entry["host"], entry["port"] = self.endpoints[str(node)][listener]
-        self.reply(msg, {**reply.fields, "body": body})
+
+        def on_listener(body: dict) -> None:
+            for entry in [body] + [c for c in body.get("coordinators") or () if isinstance(c, dict)]:  # v4+: several
+                node = entry.get("node_id")
+                if node == self.broker_id and listener in self.listener_addresses:
+                    entry["host"], entry["port"] = self.listener_addresses[listener]
+                elif isinstance(node, int) and node >= 0 and (self.endpoints.get(str(node)) or {}).get(listener):
+                    entry["host"], entry["port"] = self.endpoints[str(node)][listener]
+        self._coordinator_answer(msg, reply, on_listener)
 
     def to_txn_coordinator(self, msg: Message, body: dict) -> None:
         """InitProducerId and the transaction APIs: the transaction coordinator answers the processor.
         An AddPartitionsToTxn naming an internal topic's partitions adds none (Kafka's
         handleAddPartitionsToTxnRequest: a client may not write them, authorizer or not)."""
-        if msg.fields.api == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
+        api = msg.fields.api
+        if api == ApiKey.ADD_PARTITIONS_TO_TXN and _names_internal_topic(body):
             self._add_partitions_refused(msg, body, set())
             return
-        self.forward(msg, TXN_COORDINATOR, "txn_request", {"api": msg.fields.api, "body": body}, ())
+        self.forward(msg, TXN_COORDINATOR, TxnRequest(api, body), frames=())
 
     def _add_partitions_refused(self, msg: Message, body: dict, denied: set) -> None:
         """An AddPartitionsToTxn that adds nothing, as Kafka answers it: the partitions of the
         ``denied`` topics (not writable by the principal) and of internal topics get
         TOPIC_AUTHORIZATION_FAILED, the request's others OPERATION_NOT_ATTEMPTED."""
-        self.reply(msg, {"body": {"results": [
+        self.reply(msg, Response({"results": [
             {"name": t.get("name"), "results": [
                 {"partition_index": p, "partition_error_code": int(
                     ErrorCode.TOPIC_AUTHORIZATION_FAILED if t.get("name") in denied or is_internal_topic(t.get("name"))
                     else ErrorCode.OPERATION_NOT_ATTEMPTED)} for p in field(t, "partitions", list)]}
-            for t in field(body, "topics", list) if isinstance(t, dict)]}})
+            for t in field(body, "topics", list) if isinstance(t, dict)]}))
 
     def to_controller(self, msg: Message, body: dict) -> None:
         kind = "create_topics" if msg.fields.api == ApiKey.CREATE_TOPICS else "delete_topics"

@@ -14,7 +14,7 @@ class Timer:
 
 
 class Recorder:
-    """What the parts sent through their outbox: ``requests`` (to, type, fields, callback),
+    """What the parts sent through their outbox: ``requests`` (to, type, body, callback),
     ``replies`` (msg, fields), ``errors`` (msg, code, why), ``timers``."""
 
     def __init__(self):
@@ -25,8 +25,8 @@ class Recorder:
                              post=lambda fn: fn(), members=lambda role: [], later=self.later,
                              cancel_request=lambda corr: None)
 
-    def request(self, to, type_, fields=None, frames=(), callback=None, timeout=None):
-        self.requests.append((to, type_, fields, callback))
+    def request(self, to, body, fields=None, frames=(), callback=None, timeout=None):
+        self.requests.append((to, body, fields, callback) if isinstance(body, str) else (to, body.TYPE, body, callback))
 
     def later(self, delay, callback):
         timer = Timer(delay, callback)

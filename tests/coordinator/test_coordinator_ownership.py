@@ -23,7 +23,7 @@ from odradek.coordinator.group_writes import commit_error, group_write_error
 from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
-from odradek.actors.messages import Bounds, Response, Stats
+from odradek.actors.messages import Bounds, GroupRequest, Response, Stats
 from tests.network.helpers import wait_until
 
 N = 4  # offsets partitions
@@ -169,9 +169,8 @@ class Cluster:
             t.join(10)
 
     def group(self, api, body, timeout=5.0):
-        return self.client.request("group_coordinator", "group_request", {
-            "api": int(api), "body": body, "client": "test", "peer": "127.0.0.1:1", "metadata_version": 0},
-            timeout=timeout).fields["body"]
+        return self.client.request("group_coordinator", GroupRequest(int(api), body, "test", "127.0.0.1:1", 0),
+                                   timeout=timeout).fields.body
 
     def push(self, snapshot):
         return self.client.request("group_coordinator", "metadata", snapshot).fields
@@ -275,10 +274,10 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
         try:
             cluster2 = MailboxClient(cluster.run_dir)
             try:
-                cluster2.request("group_coordinator", "group_request", {
-                    "api": int(ApiKey.CONSUMER_GROUP_HEARTBEAT), "client": "test", "peer": "127.0.0.1:1",
-                    "body": {"group_id": mine, "member_id": r["member_id"], "member_epoch": r["member_epoch"],
-                             "topic_partitions": r["assignment"], "wait_ms": 20000}}, timeout=30)
+                cluster2.request("group_coordinator", GroupRequest(
+                    int(ApiKey.CONSUMER_GROUP_HEARTBEAT),
+                    {"group_id": mine, "member_id": r["member_id"], "member_epoch": r["member_epoch"],
+                     "topic_partitions": r["assignment"], "wait_ms": 20000}, "test", "127.0.0.1:1"), timeout=30)
             finally:
                 cluster2.close()
         except OdradekError as exc:

@@ -250,3 +250,15 @@ def test_offsets_of_an_empty_group_expire_after_the_retention_from_the_later_of_
     assert expired(committed, 10_000, 60_000, 69_999) == []
     assert expired(committed, 10_000, 60_000, 70_000) == [("t", 0)]
     assert sorted(expired(committed, 10_000, 60_000, 110_000)) == [("t", 0), ("t", 1)]
+
+
+def test_a_refusal_of_a_request_the_handler_edits_reaches_the_client_with_its_code(start_broker):
+    """DescribeGroups with ``include_authorized_operations`` is answered through the handler
+    (it adds each group's operations): the coordinator's refusal of a malformed one reaches
+    the client as INVALID_REQUEST naming the field, not as a broken answer."""
+    b = start_broker()
+    with connect(b) as c:
+        with pytest.raises(OdradekError) as e:
+            c.request(ApiKey.DESCRIBE_GROUPS, {"include_authorized_operations": True})
+        assert e.value.code == ErrorCode.INVALID_REQUEST and "group_ids" in e.value.message
+        assert describe(c, "nope")["error_code"] == ErrorCode.GROUP_ID_NOT_FOUND  # the handler still serves

@@ -5,7 +5,7 @@ test_coordinator_ownership.py (its messages, in process) and the Kafka clients' 
 from __future__ import annotations
 
 from odradek.actors.message import Message
-from odradek.actors.messages import Produce, Response
+from odradek.actors.messages import GroupRequest, OffsetsStored, Produce, Response, TxnOffsetsEnd
 from odradek.coordinator.classic_group import ClassicConfig
 from odradek.coordinator.group import GroupConfig
 from odradek.coordinator.group_api_consumer import ConsumerApi
@@ -126,7 +126,7 @@ def heartbeat(gid: str, member_id: str = "", epoch: int = 0, owned=None, wait_ms
             "wait_ms": wait_ms}
     if owned is not None:
         body["topic_partitions"] = owned
-    return Message("group_request", 3, "processor-0", {"api": ApiKey.CONSUMER_GROUP_HEARTBEAT, "body": body})
+    return Message(GroupRequest.TYPE, 3, "processor-0", GroupRequest(ApiKey.CONSUMER_GROUP_HEARTBEAT, body))
 
 
 def joined(times: Times):
@@ -134,7 +134,7 @@ def joined(times: Times):
     rec, table, meta, _leadership, writer, purgatory, _d, _ = parts(times)
     api = ConsumerApi(table, purgatory, writer, meta, rec.outbox, times.clock())
     join = heartbeat("g")
-    api.heartbeat(join, join.get("body"))
+    api.heartbeat(join, join.fields.body)
     return rec, table, meta, purgatory, api
 
 
@@ -143,15 +143,15 @@ def test_a_quiet_heartbeat_is_held_until_its_wait_and_a_moved_group_answers_it_n
     rec, _table, _meta, purgatory, api = joined(times)
     rec.requests[-1][3](stored())  # the group's record
     (_, answer), = rec.replies
-    member, epoch = answer["body"]["member_id"], answer["body"]["member_epoch"]
-    owned = [{"topic": "t", "partitions": sorted(p for e in answer["body"]["assignment"] for p in e["partitions"])}]
+    member, epoch = answer.body["member_id"], answer.body["member_epoch"]
+    owned = [{"topic": "t", "partitions": sorted(p for e in answer.body["assignment"] for p in e["partitions"])}]
     quiet = heartbeat("g", member, epoch, owned, wait_ms=5000)
-    api.heartbeat(quiet, quiet.get("body"))
+    api.heartbeat(quiet, quiet.fields.body)
     assert ("g", member) in purgatory.held and rec.timers[-1].delay == 5.0 and len(rec.replies) == 1
     rec.timers[-1].callback()  # its wait is over: answered with what it has
-    assert len(rec.replies) == 2 and rec.replies[1][1]["body"]["error_code"] == 0 and purgatory.held == {}
+    assert len(rec.replies) == 2 and rec.replies[1][1].body["error_code"] == 0 and purgatory.held == {}
     again = heartbeat("g", member, epoch, owned, wait_ms=5000)
-    api.heartbeat(again, again.get("body"))
+    api.heartbeat(again, again.fields.body)
     purgatory.drop(lambda gid: gid == "g", "this broker no longer leads it")
     assert rec.errors == [(again, ErrorCode.NOT_COORDINATOR, "group 'g' moved: this broker no longer leads it")]
     assert api.heartbeats == 3
@@ -193,14 +193,13 @@ def test_a_transactions_offsets_before_the_topic_exists_ask_for_it_and_are_retri
     times, created = Times(), []
     rec, table, leadership, api = offsets_api(times, lambda: created.append(True))
     leadership.partitions = 0
-    end = Message("txn_offsets_end", 4, "txn_coordinator", {"producer_id": 7, "commit": True,
-                                                            "offsets": {"g": [["t", 0, 5, -1, ""]]}})
+    end = Message(TxnOffsetsEnd.TYPE, 4, "txn_coordinator", TxnOffsetsEnd(7, {"g": [["t", 0, 5, -1, ""]]}, True))
     api.txn_offsets_end(end)
-    assert created == [True] and rec.replies[0][1]["error_code"] == ErrorCode.COORDINATOR_NOT_AVAILABLE
+    assert created == [True] and rec.replies[0][1].error_code == ErrorCode.COORDINATOR_NOT_AVAILABLE
     leadership.partitions = 1
     api.txn_offsets_end(end)
     rec.requests[-1][3](stored())
-    assert table.offsets["g"][("t", 0)].offset == 5 and rec.replies[-1][1] == {"error_code": 0, "message": ""}
+    assert table.offsets["g"][("t", 0)].offset == 5 and rec.replies[-1][1] == OffsetsStored(0, "")
     assert api.commits == 1
 
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.messages import Bounds, GetBounds, Produce, Response, TxnCheck, TxnMarker
+from odradek.actors.messages import (Bounds, ErrorReply, GetBounds, PartOutcomes, Produce, Response, TxnCheck, TxnMarker,
+                                     TxnRequest, WriteMarkers)
 from odradek.coordinator.transaction import TransactionManager, TxnState
 from odradek.coordinator.txn_coordinator import TimeoutReaper, TxnCoordinator
 from odradek.coordinator.txn_markers import MarkerWriter
@@ -151,34 +152,47 @@ def test_markers_written_complete_the_transaction_answer_its_end_txn_and_release
     clock = Clock()
     rec, state, markers, released = marker_writer(clock, cluster=False)
     t = prepared(state, clock, [("t", 0)])
-    end = Message("txn_request", 7, "processor-0", {})
+    end = Message(TxnRequest.TYPE, 7, "processor-0", TxnRequest(ApiKey.END_TXN, {}))
     markers.wait_end("t1", end)
     assert markers.write(t) and markers.in_flight == {"t1"}
     (to, type_, fields, answered), = rec.requests
-    assert (to, type_, fields["markers"]) == ("log-0", "write_markers",
+    assert (to, type_, fields.markers) == ("log-0", WriteMarkers.TYPE,
                                               [TxnMarker("t", 0, t.producer_id, t.epoch, True, 3)])
-    answered(Message("_reply", 1, None, {"parts": [["t", 0, 0, ""]]}))
+    answered(Message("_reply", 1, None, PartOutcomes([["t", 0, 0, ""]])))
     assert t.state == TxnState.COMPLETE_COMMIT and markers.in_flight == set() and released == ["t1"]
-    assert rec.replies == [(end, {"body": {"error_code": 0}})] and "t1" in state.complete_due
+    assert rec.replies == [(end, Response({"error_code": 0}))] and "t1" in state.complete_due
 
 
 def test_markers_not_written_are_retried_and_the_end_txn_still_waits():
     clock = Clock()
     rec, state, markers, released = marker_writer(clock, cluster=False)
     t = prepared(state, clock, [("t", 0)])
-    markers.wait_end("t1", Message("txn_request", 7, "processor-0", {}))
+    markers.wait_end("t1", Message(TxnRequest.TYPE, 7, "processor-0", TxnRequest(ApiKey.END_TXN, {})))
     markers.write(t)
-    rec.requests[0][3](Message("_reply", 1, None, {"parts": [["t", 0, int(ErrorCode.REQUEST_TIMED_OUT), "slow"]]}))
+    rec.requests[0][3](Message("_reply", 1, None, PartOutcomes([["t", 0, int(ErrorCode.REQUEST_TIMED_OUT), "slow"]])))
     assert t.state == TxnState.PREPARE_COMMIT and rec.replies == [] and released == ["t1"]
     (retry,) = rec.timers
     retry.callback()
     assert len(rec.requests) == 2 and markers.in_flight == {"t1"}
 
 
+def test_markers_refused_by_an_error_answer_are_retried_and_the_end_txn_still_waits():
+    """An ``_error`` answer to write_markers (the log actor's mailbox full, a timeout) counts as
+    not written: the id's requests go on and the markers are retried."""
+    clock = Clock()
+    rec, state, markers, released = marker_writer(clock, cluster=False)
+    t = prepared(state, clock, [("t", 0)])
+    markers.wait_end("t1", Message(TxnRequest.TYPE, 7, "processor-0", TxnRequest(ApiKey.END_TXN, {})))
+    markers.write(t)
+    rec.requests[0][3](Message("_error", 1, None, ErrorReply(int(ErrorCode.REQUEST_TIMED_OUT), "no answer")))
+    assert t.state == TxnState.PREPARE_COMMIT and rec.replies == [] and released == ["t1"]
+    assert markers.in_flight == set() and len(rec.timers) == 1
+
+
 def test_an_id_dropped_answers_its_waiting_end_txn_not_coordinator():
     clock = Clock()
     rec, state, markers, _released = marker_writer(clock)
-    end = Message("txn_request", 7, "processor-0", {})
+    end = Message(TxnRequest.TYPE, 7, "processor-0", TxnRequest(ApiKey.END_TXN, {}))
     markers.wait_end("t1", end)
     markers.in_flight.add("t1")
     markers.drop("t1", "moved")
@@ -188,13 +202,13 @@ def test_an_id_dropped_answers_its_waiting_end_txn_not_coordinator():
 
 # ---- the pipelined requests --------------------------------------------------------------------
 def request(api, txn_id: str) -> Message:
-    return Message("txn_request", 3, "processor-0", {"api": api, "body": {"transactional_id": txn_id}})
+    return Message(TxnRequest.TYPE, 3, "processor-0", TxnRequest(api, {"transactional_id": txn_id}))
 
 
 def pipeline(handled: list, in_flight: set, ended: list | None = None):
     rec, clock = Recorder(), Clock()
     state = state_log(rec, clock, cluster=False)
-    handle = lambda msg: handled.append((msg.get("api"), msg.get("body")["transactional_id"]))  # noqa: E731
+    handle = lambda msg: handled.append((msg.fields.api, msg.fields.body["transactional_id"]))  # noqa: E731
     end = lambda msg, txn_id, pid, epoch, committed: ended.append((txn_id, committed))  # noqa: E731
     return rec, state, PipelinedRequests(state, in_flight, rec.outbox, handle, end)
 
@@ -206,7 +220,7 @@ def test_the_next_transactions_add_partitions_waits_for_the_markers_in_flight_in
     CONCURRENT_TRANSACTIONS; other ids' requests go on."""
     handled, in_flight = [], {"t1"}
     _rec, _state, p = pipeline(handled, in_flight)
-    parked = [p.park(msg.get("api"), msg.get("body"), msg) for msg in (
+    parked = [p.park(*msg.fields, msg) for msg in (
         request(ApiKey.ADD_PARTITIONS_TO_TXN, "t1"), request(ApiKey.ADD_PARTITIONS_TO_TXN, "t2"),
         request(ApiKey.ADD_OFFSETS_TO_TXN, "t1"), request(ApiKey.END_TXN, "t2"))]
     assert parked == [True, False, True, False] and len(p.parked["t1"]) == 2
@@ -224,7 +238,7 @@ def test_an_end_txn_behind_a_parked_add_partitions_of_its_id_waits_behind_it():
     _rec, _state, p = pipeline(handled, in_flight)
     for api, txn_id in ((ApiKey.ADD_PARTITIONS_TO_TXN, "t1"), (ApiKey.END_TXN, "t1"), (ApiKey.END_TXN, "t2")):
         msg = request(api, txn_id)
-        if not p.park(api, msg.get("body"), msg):
+        if not p.park(api, msg.fields.body, msg):
             handled.append((api, txn_id))
     assert handled == [(ApiKey.END_TXN, "t2")] and len(p.parked["t1"]) == 2
     in_flight.discard("t1")
@@ -246,7 +260,7 @@ def test_an_end_txn_whose_records_are_not_all_there_fails_concurrent_transaction
     end = request(ApiKey.END_TXN, "t1")
     p.check_then_end(end, "t1", t.producer_id, t.epoch, checks)
     assert p.park(ApiKey.TXN_OFFSET_COMMIT, {"transactional_id": "t1"}, request(ApiKey.TXN_OFFSET_COMMIT, "t1"))
-    rec.requests[0][3](Message("_reply", 1, None, {"parts": [["a", 0, 0, ""], ["b", 0, 7, "not there yet"]]}))
+    rec.requests[0][3](Message("_reply", 1, None, PartOutcomes([["a", 0, 0, ""], ["b", 0, 7, "not there yet"]])))
     assert ended == [] and rec.errors[0][:2] == (end, ErrorCode.CONCURRENT_TRANSACTIONS)
     assert "not there yet" in rec.errors[0][2] and t.state == TxnState.ONGOING
     assert handled == [(ApiKey.TXN_OFFSET_COMMIT, "t1")] and p.checking == {}
@@ -259,7 +273,7 @@ def test_an_end_txn_whose_records_are_there_commits():
     state.txns.add_partitions("t1", t.producer_id, t.epoch, [("a", 0)], 0)
     p.check_then_end(request(ApiKey.END_TXN, "t1"), "t1", t.producer_id, t.epoch,
                      p.checks_for("t1", t.producer_id, t.epoch, [["a", 0, 4]]))
-    rec.requests[0][3](Message("_reply", 1, None, {"parts": [["a", 0, 0, ""]]}))
+    rec.requests[0][3](Message("_reply", 1, None, PartOutcomes([["a", 0, 0, ""]])))
     assert ended == [("t1", True)] and rec.errors == []
 
 
@@ -314,4 +328,4 @@ def test_write_txn_markers_reads_each_marker_by_name_and_refuses_one_that_is_not
     assert commit.value.code == ErrorCode.INVALID_REQUEST and "only write abort markers" in commit.value.message
     c.write_txn_markers(msg, {"broker_id": -1, "producer_id": 5, "markers": [["t", 0, 5, 0, False, 0]]})
     (to, type_, fields, _callback), = rec.requests
-    assert (to, type_) == ("log-0", "write_markers") and fields["markers"] == [TxnMarker("t", 0, 5, 0, False, 0)]
+    assert (to, type_) == ("log-0", WriteMarkers.TYPE) and fields.markers == [TxnMarker("t", 0, 5, 0, False, 0)]

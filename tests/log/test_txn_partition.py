@@ -12,7 +12,7 @@ import msgpack
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.messages import PartOutcome, TxnAdded, TxnCheck, TxnMarker
+from odradek.actors.messages import PartOutcome, PartOutcomes, TxnAdded, TxnCheck, TxnChecks, TxnMarker, WriteMarkers
 from odradek.core import kafka_batch
 from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.core.records import Record
@@ -45,7 +45,7 @@ def held(part: TxnPartition, pid: int = PID, epoch: int = 0, delayed=None) -> He
 
 
 def ask(pid: int = PID, epoch: int = 0, last_seq: int = 1, topic: str = "t", partition: int = 0):
-    check = DelayedTxnCheck(Message("txn_check", {}))
+    check = DelayedTxnCheck(Message(TxnChecks.TYPE, 3, "txn_coordinator", TxnChecks([], 2000)))
     part = CheckedPart(TxnCheck(topic, partition, pid, epoch, last_seq), check)
     check.rows.append(part)
     return check, part
@@ -126,7 +126,7 @@ def test_a_check_waits_until_the_batches_are_written_and_replicated_to_enough_re
     replicated(txn)
     assert txn.settle(in_sync=1) == []  # the ISR is below min.insync.replicas
     assert txn.settle(in_sync=2) == [check] and txn.checks == [] and check.waiting_on == []
-    assert check.body() == {"parts": [PartOutcome("t", 0, 0, "")]}
+    assert check.body() == PartOutcomes([PartOutcome("t", 0, 0, "")])
 
 
 def test_a_check_that_can_never_hold_is_answered_at_once(txn):
@@ -159,15 +159,15 @@ def test_a_checks_answer_keeps_the_order_asked_with_malformed_entries_in_place()
     bad = PartOutcome(None, None, int(ErrorCode.INVALID_REQUEST), "malformed")
     check.rows.insert(0, bad)
     part.code, part.message = int(ErrorCode.NOT_LEADER_OR_FOLLOWER), "not its leader"
-    body = msgpack.unpackb(msgpack.packb(check.body()))  # as the coordinator receives it
-    assert body == {"parts": [[None, None, ErrorCode.INVALID_REQUEST, "malformed"],
-                              ["t", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER, "not its leader"]]}
-    assert PartOutcome._make(body["parts"][1]).code == ErrorCode.NOT_LEADER_OR_FOLLOWER
+    body = PartOutcomes._make(msgpack.unpackb(msgpack.packb(check.body())))  # as the coordinator receives it
+    assert body.parts == [[None, None, ErrorCode.INVALID_REQUEST, "malformed"],
+                          ["t", 0, ErrorCode.NOT_LEADER_OR_FOLLOWER, "not its leader"]]
+    assert PartOutcome._make(body.parts[1]).code == ErrorCode.NOT_LEADER_OR_FOLLOWER
 
 
 def test_the_typed_parts_travel_as_the_positional_lists_they_replaced():
     marker = TxnMarker("t", 3, PID, 2, True, 7)
-    wire = msgpack.unpackb(msgpack.packb({"markers": [marker]}))["markers"][0]
+    wire = WriteMarkers._make(msgpack.unpackb(msgpack.packb(WriteMarkers([marker])))).markers[0]
     assert wire == ["t", 3, PID, 2, True, 7] and TxnMarker._make(wire).commit is True
     with pytest.raises(TypeError):
         TxnMarker._make(wire[:5])  # a receiver refuses a short entry (the log actor: INVALID_REQUEST)
