@@ -107,7 +107,7 @@ def test_a_write_answered_after_the_partition_moved_fails_not_coordinator_and_a_
     outcomes = []
     writer.append("g", [offset_record("g", "t", 0, Committed(1))], lambda code, why: outcomes.append(code))
     writer.append("g", [offset_record("g", "t", 0, Committed(2))], lambda code, why: outcomes.append(code))
-    (to, body, _fields, first), (_, _, _, second) = rec.requests
+    (to, _type, body, first), (_, _, _, second) = rec.requests
     assert (to, type(body), body.acks) == ("log-0", Produce, -1)
     second(Message("_reply", 2, None, Response({"topics": [{"partitions": [
         {"error_code": int(ErrorCode.NOT_LEADER_OR_FOLLOWER)}]}]})))
@@ -185,7 +185,7 @@ def test_offsets_of_an_empty_group_expire_by_the_wall_clock_given_and_leave_a_to
     times.wall_ms += 60_000
     api.expire()
     assert table.offsets == {} and table.empty_since == {}
-    (to, body, _fields, _cb), = rec.requests
+    (to, _type, body, _cb), = rec.requests
     assert (to, type(body)) == ("log-0", Produce)
 
 

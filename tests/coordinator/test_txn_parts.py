@@ -83,7 +83,7 @@ def test_a_load_is_asked_again_until_the_log_actor_leads_the_partition():
     rec, clock = Recorder(), Clock()
     state = state_log(rec, clock)
     state.adopt(snapshot(1, [1]))
-    (to, body, _fields, answered), = rec.requests
+    (to, _type, body, answered), = rec.requests
     assert (to, body) == ("log-0", GetBounds())
     answered(Message("_reply", 1, None, Bounds([], [], "log-0")))  # not leading it yet
     assert len(rec.timers) == 1 and rec.timers[0].delay > 0
@@ -102,7 +102,7 @@ def test_a_deferred_complete_record_is_replaced_by_the_ids_next_record():
     assert timer.delay == COMPLETE_DEFER
     state.persist(t, lambda: None, lambda exc: None)
     assert timer.cancelled and state.complete_due == {}
-    assert [(r[0], type(r[1])) for r in rec.requests] == [("log-0", Produce)]
+    assert [(r[0], type(r[2])) for r in rec.requests] == [("log-0", Produce)]
 
 
 def test_a_record_refused_by_a_partition_not_led_here_any_more_fails_not_coordinator():
