@@ -1,15 +1,50 @@
-"""Small actors used by the runtime's tests (they run in real spawned processes)."""
+"""Small actors used by the runtime's tests (they run in real spawned processes), and their
+messages, declared as the broker's are (a test's own messages live in its own module)."""
 import os
 import time
+from typing import Any, NamedTuple
 
+from odradek.actors.messages import message
 from odradek.actors.runtime import Actor
+
+
+class Echoed(NamedTuple):
+    value: Any
+    by: str
+
+
+@message("echo", reply=Echoed)
+class EchoThis(NamedTuple):
+    """Answered with ``value`` and the payload frames as they came."""
+
+    value: Any = None
+
+
+@message("hold")
+class Hold(NamedTuple):
+    """Kept unanswered: the runtime must fail it when the actor stops."""
+
+
+@message("crash")
+class Crash(NamedTuple):
+    pass
+
+
+@message("boom")
+class Boom(NamedTuple):
+    """Its handler raises: the runtime answers UNKNOWN_SERVER_ERROR."""
+
+
+@message("relay", reply=Echoed)
+class RelayThis(NamedTuple):
+    value: Any = None
 
 
 class Echo(Actor):
     """Answers ``echo`` with its fields and frames; ``hold`` is kept unanswered."""
 
     def on_echo(self, msg):
-        self.reply(msg, {"fields": msg.fields, "by": self.name}, [bytes(f) for f in msg.frames])
+        self.reply(msg, Echoed(msg.fields.value, self.name), [bytes(f) for f in msg.frames])
 
     def on_hold(self, msg):
         self.hold(msg)  # never answered: the runtime must fail it when we stop
@@ -34,7 +69,7 @@ class Relay(Actor):
             self.reply_error(msg, 8, "no echo member")
             return
         self.i += 1
-        self.forward(msg, members[self.i % len(members)], "echo")
+        self.forward(msg, members[self.i % len(members)], EchoThis(msg.fields.value))
 
 
 class Crasher(Actor):

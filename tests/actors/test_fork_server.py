@@ -13,6 +13,7 @@ from odradek.local import LocalBroker, free_port_is
 from odradek.network.client import BrokerConnection
 from odradek.core.protocol import ApiKey
 from odradek.actors.messages import Status
+from tests.actors.echo import EchoThis
 
 from tests.actors.test_runtime import ECHO, run_tree
 
@@ -185,7 +186,7 @@ def test_an_actor_still_stopping_when_the_fork_server_died_is_not_replaced_befor
         assert t.status()["slow"]["pid"] == old.pid, "a successor started while the actor was still stopping"
         time.sleep(0.1)
     assert t.wait_for(lambda: t.status()["slow"]["state"] == "running" and t.status()["slow"]["pid"] != old.pid)
-    assert t.client.request("slow", "echo", {}).fields["by"] == "slow"
+    assert t.client.request("slow", EchoThis()).fields.by == "slow"
 
 
 def test_a_graceful_stop_leaves_no_process_and_no_socket_file(local_broker):
@@ -220,7 +221,7 @@ def test_spawn_remains_available_as_the_start_method(tree, monkeypatch):
     assert psutil.Process(before["pid"]).ppid() == t.proc.pid
     os.kill(before["pid"], signal.SIGKILL)
     assert t.wait_for(lambda: t.status()["echo-0"]["restarts"] == 1 and t.status()["echo-0"]["state"] == "running")
-    assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+    assert t.client.request("echo-0", EchoThis()).fields.by == "echo-0"
 
 
 def test_a_module_that_kills_the_fork_server_at_import_falls_back_to_spawn_and_is_named(tmp_path):

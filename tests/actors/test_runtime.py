@@ -7,6 +7,8 @@ import sys
 import threading
 import time
 
+from typing import NamedTuple
+
 import psutil
 import pytest
 
@@ -15,6 +17,14 @@ from odradek.actors.message import Message, decode, encode_header, MalformedMess
 from odradek.actors.runtime import Actor
 from odradek.core.protocol import ErrorCode, OdradekError
 from odradek.actors.messages import Produce, Scale, Status, Stop
+from tests.actors.echo import Boom, Echoed, EchoThis, Hold, RelayThis
+
+
+class Undeclared(NamedTuple):
+    """A message no actor declares (and so none handles)."""
+
+
+Undeclared.TYPE = "no-such-type"
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -92,20 +102,20 @@ def test_message_header_round_trips_and_garbage_is_refused():
 def test_request_gets_the_reply_with_payload_frames_intact(tree):
     t = tree([ECHO])
     payload = os.urandom(200_000)
-    reply = t.client.request("echo-0", "echo", {"x": [1, 2]}, [payload, b"second"])
-    assert reply.fields == {"fields": {"x": [1, 2]}, "by": "echo-0"}
+    reply = t.client.request("echo-0", EchoThis({"x": [1, 2]}), frames=[payload, b"second"])
+    assert reply.fields == Echoed({"x": [1, 2]}, "echo-0") and type(reply.fields) is Echoed
     assert [bytes(f) for f in reply.frames] == [payload, b"second"]
 
 
 def test_unknown_message_and_handler_bug_get_error_replies_and_the_actor_keeps_serving(tree):
     t = tree([ECHO])
     with pytest.raises(OdradekError) as err:
-        t.client.request("echo-0", "no-such-type")
+        t.client.request("echo-0", Undeclared())
     assert err.value.code == ErrorCode.INVALID_REQUEST and "no-such-type" in err.value.message
     with pytest.raises(OdradekError) as err:
-        t.client.request("echo-0", "boom")
+        t.client.request("echo-0", Boom())
     assert err.value.code == ErrorCode.UNKNOWN_SERVER_ERROR and "ValueError: boom" in err.value.message
-    assert t.client.request("echo-0", "echo", {"still": "here"}).fields["by"] == "echo-0"
+    assert t.client.request("echo-0", EchoThis("here")).fields.by == "echo-0"
 
 
 def test_pending_requests_get_an_error_when_the_actor_stops(tree):
@@ -114,7 +124,7 @@ def test_pending_requests_get_an_error_when_the_actor_stops(tree):
     holder = MailboxClient(t.run_dir)
     try:
         from odradek.actors.message import encode_header as enc
-        holder._peer("echo-1").send_multipart([enc("hold", 99, holder.name, {})])
+        holder._peer("echo-1").send_multipart([enc(Hold.TYPE, 99, holder.name, Hold())])
         time.sleep(0.2)
         t.client.request("echo-1", Stop())
         assert holder.inbox.poll(5000), "the held request was never answered"
@@ -129,7 +139,7 @@ def test_pending_requests_get_an_error_when_the_actor_stops(tree):
 def test_request_to_a_silent_actor_times_out_with_a_clear_error(tree):
     t = tree([ECHO])
     with pytest.raises(OdradekError) as err:
-        t.client.request("nobody-here", "echo", timeout=0.3)
+        t.client.request("nobody-here", EchoThis(), timeout=0.3)
     assert err.value.code == ErrorCode.REQUEST_TIMED_OUT and "nobody-here" in err.value.message
 
 
@@ -140,7 +150,7 @@ def test_a_killed_child_is_restarted_and_status_shows_the_restart(tree):
     assert t.wait_for(lambda: t.status()["echo-0"]["restarts"] == 1 and t.status()["echo-0"]["state"] == "running")
     after = t.status()["echo-0"]
     assert after["pid"] != before["pid"] and after["last_exit"] == -signal.SIGKILL
-    assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+    assert t.client.request("echo-0", EchoThis()).fields.by == "echo-0"
 
 
 def test_a_child_that_keeps_dying_shuts_the_tree_down_naming_it(tmp_path):
@@ -163,7 +173,7 @@ def test_a_second_supervisor_on_the_same_run_dir_is_refused(tree, tmp_path):
     t = tree([ECHO])
     proc = run_tree([ECHO], t.run_dir)
     assert proc.returncode != 0 and "another broker" in proc.stderr
-    assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+    assert t.client.request("echo-0", EchoThis()).fields.by == "echo-0"
 
 
 def test_stale_sockets_of_a_killed_tree_are_cleared_at_start(tree, tmp_path):
@@ -173,7 +183,7 @@ def test_stale_sockets_of_a_killed_tree_are_cleared_at_start(tree, tmp_path):
     (run_dir / "supervisor.pid").write_text("999999")
     t = Tree(str(run_dir), [ECHO])
     try:
-        assert t.client.request("echo-0", "echo", {}).fields["by"] == "echo-0"
+        assert t.client.request("echo-0", EchoThis()).fields.by == "echo-0"
     finally:
         t.stop()
 
@@ -188,14 +198,14 @@ def test_scaling_a_pool_up_and_down_fails_no_request(tree):
         with MailboxClient(t.run_dir) as c:
             while not done.is_set():
                 try:
-                    c.request("relay", "relay", {"n": counts["ok"]}, timeout=10)
+                    c.request("relay", RelayThis(counts["ok"]), timeout=10)
                     counts["ok"] += 1
                 except OdradekError as exc:
                     errors.append(exc)
 
     def relay_knows_its_members() -> bool:  # the relay learns them just after it reports ready
         try:
-            t.client.request("relay", "relay", {"n": -1}, timeout=5)
+            t.client.request("relay", RelayThis(-1), timeout=5)
             return True
         except OdradekError:
             return False
@@ -302,4 +312,4 @@ def test_a_whole_tree_frozen_past_the_liveness_timeout_and_resumed_restarts_nobo
     time.sleep(4)  # two liveness timeouts: a wrong kill would have happened
     after = t.status()
     assert {n: a["restarts"] for n, a in after.items()} == {n: 0 for n in before}
-    assert [t.client.request(n, "echo", {}).fields["by"] for n in sorted(before)] == sorted(before)
+    assert [t.client.request(n, EchoThis()).fields.by for n in sorted(before)] == sorted(before)
