@@ -23,7 +23,7 @@ from odradek.coordinator.group_writes import commit_error, group_write_error
 from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
-from odradek.actors.messages import Stats
+from odradek.actors.messages import Metadata, MetadataVersion, Stats
 from tests.network.helpers import wait_until
 
 N = 4  # offsets partitions
@@ -90,10 +90,10 @@ class FakeController(Actor):
         self.creates = []
 
     def on_get_metadata(self, msg):
-        self.reply(msg, self.snapshot)
+        self.reply(msg, Metadata(self.snapshot))
 
     def on_create_topics(self, msg):
-        self.creates.append(msg.get("body"))
+        self.creates.append(msg.fields.body)
         self.reply_error(msg, ErrorCode.NOT_CONTROLLER, "broker 2 is the active controller")
 
 
@@ -174,7 +174,7 @@ class Cluster:
             timeout=timeout).fields["body"]
 
     def push(self, snapshot):
-        return self.client.request("group_coordinator", "metadata", snapshot).fields
+        return self.client.request("group_coordinator", Metadata(snapshot)).fields
 
     def commit(self, gid, offset=1):
         body = self.group(ApiKey.OFFSET_COMMIT, {"group_id": gid, "topics": [
@@ -249,7 +249,7 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     assert cluster.commit(mine) == (0, "")
     # Broker 1 gains partition 1, but its log actor is slow to answer get_bounds.
     cluster.client.request("log-0", "configure", {"hold_bounds": True})
-    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == {"version": 11}
+    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == MetadataVersion(11)
     err = cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": gained})
     assert err.code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS and f"{OFFSETS_TOPIC}-1" in err.message
     assert cluster.commit(mine, 2) == (0, "")  # the other partitions are served meanwhile
@@ -289,7 +289,7 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     t.start()
     wait_until(lambda: cluster.client.request("group_coordinator", Stats()).fields.stats["held"] == 1,
                what="the heartbeat to be held")
-    assert cluster.push(cluster_snapshot(12, leaders=(2, 1, 1, -1))) == {"version": 12}
+    assert cluster.push(cluster_snapshot(12, leaders=(2, 1, 1, -1))) == MetadataVersion(12)
     t.join(30)
     assert out["took"] < 10 and out["error"].code == ErrorCode.NOT_COORDINATOR
     assert f"{OFFSETS_TOPIC}-0" in out["error"].message
@@ -297,7 +297,7 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     stats = cluster.client.request("group_coordinator", Stats()).fields.stats
     assert stats["partitions_led"] == 2 and stats["groups"] == 0  # the moved group left memory
     # An older snapshot (a slow poll) changes nothing.
-    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == {"version": 12}
+    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == MetadataVersion(12)
     assert cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": mine}).code == ErrorCode.NOT_COORDINATOR
 
 
