@@ -292,7 +292,7 @@ class ClusterController(Actor):
         an advertised port 0 is the bound port: a proxy in front of the listener), from the
         supervisor once the acceptor has bound them; ``address`` is the inter-broker one's."""
         def learned(status: Message) -> None:
-            sup = (status.fields or {}).get("supervisor", {}) if not status.is_error else {}
+            sup = {} if status.is_error else status.fields.supervisor
             bound = sup.get("listeners") or {}
             if not bound or self.address is not None:
                 return
