@@ -14,7 +14,7 @@ Accepts:
   delete_topics {body}         likewise
   alter_topic_configs {body}   likewise (IncrementalAlterConfigs' topic resources)
   get_broker_configs           -> {configs: {name: value}}
-  set_broker_configs {configs} from a handler (AlterConfigs on the broker); {} once written
+  set_broker_configs {configs} from a handler (AlterConfigs on the broker); Done once written
   broker_request {api, body}   CREATE_PARTITIONS; ELECT_LEADERS and the reassignment APIs
                                (nothing to elect or move on one broker)
 Sends: ``metadata {snapshot}`` to every running request handler and (one-way) the group

@@ -6,7 +6,7 @@ inter-broker listener (TLS, SASL, BROKER_PROOF); per followed partition, its lea
 epoch, fetch offset and the leader's high watermark; the follower-side replication throttle.
 Accepts:
   follow {parts, brokers}: from the controller (broker agent): add or update partitions;
-      answered ``{}`` at once, the work is asynchronous
+      answered ``Done`` at once, the work is asynchronous
   unfollow {parts}: likewise
   broker_epochs {epochs}: from the broker agent: this broker's epoch goes with every FETCH
   throttle {rate, parts}: from the controller: the followed partitions throttled here
