@@ -649,15 +649,14 @@ class LogActor(Actor):
             topic, partition = part[0], part[1]
             try:
                 p = fn(*part)
-                end = p.log.log_end_offset
-                row = ReplicaEnd(topic, partition, 0, end, end)
+                end = synced = p.log.log_end_offset
                 self._dirty.add((topic, partition))
                 if self.flush_before_ack and p.log.durable_end < end:
-                    row = row._replace(fsynced_offset=p.log.durable_end)
+                    synced = p.log.durable_end
                     self._unsynced.add((topic, partition))
                     if wait_for_sync:
                         waits.append((p, len(out)))
-                out.append(row)
+                out.append(ReplicaEnd(topic, partition, 0, end, synced))
             except OdradekError as exc:
                 out.append(ReplicaEnd(topic, partition, int(exc.code), -1, -1))
                 log.warning("%s-%d: %s", topic, partition, exc.message)

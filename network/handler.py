@@ -792,7 +792,8 @@ class RequestHandler(Actor):
                     self.reply(msg, {"body": {"resources": done}})
                 else:
                     self._alter_broker(msg, rest, done)
-            self.request(CONTROLLER, AlterTopicConfigs({"resources": topics, "validate_only": body.get("validate_only")}),
+            self.request(CONTROLLER, AlterTopicConfigs({"resources": topics,
+                                                        "validate_only": body.get("validate_only")}),
                          callback=merged, timeout=GATHER_TIMEOUT)
             return
         self._alter_broker(msg, body, internal)  # it answers the broker resources (topic ones: ``internal``)
