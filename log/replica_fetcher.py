@@ -687,7 +687,7 @@ class ReplicaFetcher(Actor):
                 direct.append((p, truncate_entry(t, q, latest_epoch, None)[1]))
             else:
                 ask.append((p, latest_epoch))
-        self._unanswered_parts(gens, "follower_state")
+        self._unanswered_parts(gens, FollowerState.TYPE)
         if direct:
             self._send_truncate(s, direct)
         if ask and self._current(s):

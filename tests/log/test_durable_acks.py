@@ -224,7 +224,7 @@ def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsy
     replica fetcher on its own (``fsynced``), which tells the leader at once."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)  # broker 2 follows broker 1
     actor.slow_disk()
-    msg = Message("replicate", 1, "replica_fetcher", Replicate([["t", 0, 0, 1, 0, 0]]),
+    msg = Message(Replicate.TYPE, 1, "replica_fetcher", Replicate([["t", 0, 0, 1, 0, 0]]),
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
     actor.after_batch()
@@ -232,11 +232,11 @@ def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsy
     assert actor.replies, "replicate waited for the follower's fsync: its next FETCH waits for the disk"
     ((_, fields),) = actor.replies
     assert fields == ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 0)])  # log end 10, nothing fsynced yet
-    assert not [m for m in actor.sent if m[1] == "fsynced"], "said fsynced before the fsync"
+    assert not [m for m in actor.sent if m[1] == Fsynced.TYPE], "said fsynced before the fsync"
     files.release()
     actor.settle()
-    assert [m for m in actor.sent if m[1] == "fsynced"] == [
-        ("replica_fetcher", "fsynced", Fsynced([FsyncedEnd("t", 0, 10)]))]
+    assert [m for m in actor.sent if m[1] == Fsynced.TYPE] == [
+        ("replica_fetcher", Fsynced.TYPE, Fsynced([FsyncedEnd("t", 0, 10)]))]
 
 
 def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_down(make, tmp_path):
@@ -330,15 +330,15 @@ def test_a_follower_begins_its_fsync_before_it_answers_replicate(make):
     seen = []
     reply = actor.reply
     actor.reply = lambda msg, fields=None, frames=(): (seen.append(set(actor._syncing)), reply(msg, fields))
-    msg = Message("replicate", 1, "replica_fetcher", Replicate([["t", 0, 0, 1, 0, 0]]),
+    msg = Message(Replicate.TYPE, 1, "replica_fetcher", Replicate([["t", 0, 0, 1, 0, 0]]),
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
     assert seen == [{("t", 0)}], "replicate was answered before the follower's fsync began"
     actor.after_batch()
     files.release()
     actor.settle()
-    assert [m for m in actor.sent if m[1] == "fsynced"] == [
-        ("replica_fetcher", "fsynced", Fsynced([FsyncedEnd("t", 0, 10)]))]
+    assert [m for m in actor.sent if m[1] == Fsynced.TYPE] == [
+        ("replica_fetcher", Fsynced.TYPE, Fsynced([FsyncedEnd("t", 0, 10)]))]
 
 
 def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(make):
@@ -374,7 +374,7 @@ def test_acks_1_with_nothing_left_to_fsync_is_answered_in_the_same_batch(make):
 
 
 def replicate(actor, partitions=(0,), n=10) -> Message:
-    msg = Message("replicate", 1, "replica_fetcher",
+    msg = Message(Replicate.TYPE, 1, "replica_fetcher",
                   Replicate([["t", q, i, 1, 0, 0] for i, q in enumerate(partitions)]),
                   [encode_batch([(None, b"v")] * n) for _ in partitions])
     actor.on_replicate(msg)
@@ -391,7 +391,7 @@ def test_a_follower_on_a_fast_disk_fsyncs_before_it_answers_so_its_next_fetch_te
     msg = replicate(actor)
     assert [fields for m, fields in actor.replies if m is msg] == [ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 10)])]
     assert p.log.durable_end == 10 and not actor._syncing and not actor._unsynced
-    assert not [m for m in actor.sent if m[1] == "fsynced"]
+    assert not [m for m in actor.sent if m[1] == Fsynced.TYPE]
     assert len(actor._fsync_seconds) == 1  # timed, to send the next ones to the threads if slow
 
 
