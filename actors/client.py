@@ -40,18 +40,16 @@ class MailboxClient:
             self._peers[name] = sock
         return sock
 
-    def send(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = ()) -> None:
+    def send(self, to: str, body: Any, frames: Sequence[Any] = ()) -> None:
         """One-way ``body``, a message of actors.messages (as ``Actor.send``)."""
-        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
-        self._peer(to).send_multipart([encode_header(type_, 0, None, fields), *frames], copy=False)
+        self._peer(to).send_multipart([encode_header(body.TYPE, 0, None, body), *frames], copy=False)
 
-    def request(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
-                timeout: float = 5.0) -> Message:
+    def request(self, to: str, body: Any, frames: Sequence[Any] = (), timeout: float = 5.0) -> Message:
         """Send and wait for the answer (its body of the request's answer class). Raises
         OdradekError on an ``_error`` reply or on timeout (REQUEST_TIMED_OUT)."""
-        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
+        type_ = body.TYPE
         corr = next(self._corr)
-        self._peer(to).send_multipart([encode_header(type_, corr, self.name, fields), *frames], copy=False)
+        self._peer(to).send_multipart([encode_header(type_, corr, self.name, body), *frames], copy=False)
         return await_reply(self.inbox, corr, timeout, f"no answer from {to} to '{type_}'", answer=REPLIES.get(type_))
 
     def close(self) -> None:

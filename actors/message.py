@@ -55,10 +55,6 @@ class Message(NamedTuple):
     def error_message(self) -> str:
         return self.fields.message if self.type == ERROR else ""
 
-    def get(self, key: str, default: Any = None) -> Any:
-        """A field of a body not yet declared in actors.messages (a dict): goes once all are."""
-        return self.fields.get(key, default) if self.fields else default
-
 
 class MalformedMessage(Exception):
     """A frame 0 that is not a valid header: a bug or a foreign sender, never a user error."""
@@ -84,9 +80,9 @@ def decode(frames: Sequence[Any]) -> Message:
         raise MalformedMessage("header fields of the wrong type")
     if fields is not None:
         cls = BODIES.get(t)
-        if cls is not None and type(fields) is not dict:  # TRANSITIONAL (issue 31): a dict body stays a dict
+        if cls is not None:
             fields = _typed(cls, fields, t)
-        elif not isinstance(fields, (dict, list)):
+        elif type(fields) is not list:  # a type nobody declares (its receiver answers INVALID_REQUEST)
             raise MalformedMessage("header fields of the wrong type")
     return Message(t, corr, reply_to, fields, frames[1:])
 
@@ -101,7 +97,7 @@ def _typed(cls: type, fields: Any, what: str) -> Any:
 def typed_reply(msg: Message, cls: type | None) -> Message:
     """``msg``, an answer to a request whose answer class is ``cls`` (``REPLIES``), with its body
     as that class. Raises MalformedMessage if the fields do not fit it."""
-    if cls is None or msg.type != REPLY or msg.fields is None or type(msg.fields) is dict:
+    if cls is None or msg.type != REPLY or msg.fields is None:
         return msg
     return msg._replace(fields=_typed(cls, msg.fields, f"answer {cls.__name__}"))
 

@@ -26,8 +26,11 @@ REPLIES: dict[str, type] = {}  # request type -> its answer's body class (absent
 def message(type_: str, reply: type | None = None) -> Callable[[type], type]:
     """Register a body class as message ``type_`` (``cls.TYPE``), answered by ``reply``."""
     def register(cls: type) -> type:
-        if BODIES.setdefault(type_, cls) is not cls:
-            raise ValueError(f"message type {type_!r} declared twice")
+        known = BODIES.setdefault(type_, cls)
+        if known is not cls and (known.__qualname__, known._fields) != (cls.__qualname__, cls._fields):
+            # (the same class twice is a module run as __main__ and imported too: the last one wins)
+            raise ValueError(f"message type {type_!r} declared twice: {known.__qualname__}, {cls.__qualname__}")
+        BODIES[type_] = cls
         cls.TYPE = type_
         if reply is not None:
             REPLIES[type_] = reply
@@ -398,6 +401,285 @@ class ConnClosed(NamedTuple):
 
 # ---- the controller, the broker agent and replication --------------------------------------
 # (issue 31 item 1, branch msg-cluster: declare these messages here, below this line)
+class MetadataVersion(NamedTuple):
+    """A handler's answer to ``metadata``: the version it holds now."""
+
+    version: int
+
+
+@message("metadata", reply=MetadataVersion)
+class Metadata(NamedTuple):
+    """The controller's topic metadata, pushed to every handler (a request) and the group
+    coordinator (one-way) whenever it changes; also the answer to ``get_metadata``.
+    ``snapshot``: ``{version, topics, brokers, controller_id, defaults, ...}`` (docs/REPLICATION.md)."""
+
+    snapshot: dict
+
+
+@message("get_metadata", reply=Metadata)
+class GetMetadata(NamedTuple):
+    """From a handler, a coordinator or the schema registry (at start, or to catch up)."""
+
+
+class Assignment(NamedTuple):
+    """The partitions a log actor hosts: ``open``, their entries (``{topic, partition, topic_id,
+    config?}``; in a cluster the last LEADER_AND_ISR entry, with ``role``), and single-broker
+    ``configs``, each topic's configuration once."""
+
+    open: list
+    configs: dict = {}
+
+
+@message("get_assignment", reply=Assignment)
+class GetAssignment(NamedTuple):
+    """From a log actor as it starts: what ``host`` (its name) hosts."""
+
+    host: str
+
+
+class BrokerEpochs(NamedTuple):
+    """``epochs``: ``{broker id as text: czxid of its /brokers/ids registration}``, the live brokers'."""
+
+    epochs: dict
+
+
+message("broker_epochs", reply=Done)(BrokerEpochs)  # pushed by the broker agent to the fetchers
+
+
+@message("get_broker_epochs", reply=BrokerEpochs)
+class GetBrokerEpochs(NamedTuple):
+    """From the fetch actor, the replica fetcher and the transaction markers' sender."""
+
+
+@message("create_topics", reply=Response)
+class CreateTopics(NamedTuple):
+    """CreateTopics' ``body`` to the controller: forwarded by a handler (answered to the client's
+    processor), or asked by a handler (auto-creation), a coordinator or the schema registry."""
+
+    body: dict
+
+
+@message("delete_topics", reply=Response)
+class DeleteTopics(NamedTuple):
+    body: dict
+
+
+@message("alter_topic_configs", reply=Response)
+class AlterTopicConfigs(NamedTuple):
+    """IncrementalAlterConfigs' topic resources (``{resources, validate_only}``), from a handler."""
+
+    body: dict
+
+
+@message("broker_request", reply=Response)
+class BrokerRequest(NamedTuple):
+    """A controller API (LEADER_AND_ISR, UPDATE_METADATA, STOP_REPLICA, CONTROLLED_SHUTDOWN,
+    ELECT_LEADERS, CREATE_PARTITIONS, the reassignment APIs) forwarded by a handler."""
+
+    api: int
+    body: dict
+
+
+class BrokerConfigs(NamedTuple):
+    configs: dict  # {name: value as text}
+
+
+@message("get_broker_configs", reply=BrokerConfigs)
+class GetBrokerConfigs(NamedTuple):
+    """From a handler (DescribeConfigs): the broker configs set at run time."""
+
+
+@message("set_broker_configs", reply=Done)
+class SetBrokerConfigs(NamedTuple):
+    """From a handler (AlterConfigs on the broker): ``{name: value, or None to remove it}``."""
+
+    configs: dict
+
+
+@message("set_throttle_rates", reply=Done)
+class SetThrottleRates(NamedTuple):
+    """From a handler: the replication throttle rates, ``{name: bytes/s or None}``."""
+
+    rates: dict
+
+
+class IsrRecorded(NamedTuple):
+    """``alter_isr`` written: the partition state node's new version."""
+
+    zk_version: int
+
+
+@message("alter_isr", reply=IsrRecorded)
+class AlterIsr(NamedTuple):
+    """From a leading log actor: record ``isr`` if the state node is still at ``zk_version``
+    (refused with ``ErrorReply.detail`` ``{leader, leader_epoch, isr, zk_version}``, what it holds)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    isr: list
+    zk_version: int = -1
+
+
+@message("throttle", reply=Done)
+class Throttle(NamedTuple):
+    """From the broker agent: the throttled ``rate`` (bytes/s) and ``parts`` it applies to: to the
+    fetch actor ``[ThrottledReplica]`` (leader side), to the replica fetcher ``[[topic,
+    partition]]`` (follower side)."""
+
+    rate: int
+    parts: list
+
+
+class Assigned(NamedTuple):
+    """A log actor's answer to ``assign``: how many partitions it holds open, and the changes that
+    ``failed``: ``[[topic, partition, error code, message]]``."""
+
+    partitions: int
+    failed: list = []
+
+
+@message("assign", reply=Assigned)
+class Assign(NamedTuple):
+    """From the controller to a log actor: partitions to ``open``, ``close`` (``{topic, partition,
+    topic_id, delete?}``) and ``configure`` (``{topic, partition, config}``)."""
+
+    open: list = []
+    close: list = []
+    configure: list = []
+
+
+class Became(NamedTuple):
+    """A log actor's answer to ``become``: ``[[topic, partition, error code]]``."""
+
+    parts: list
+
+
+@message("become", reply=Became)
+class Become(NamedTuple):
+    """LEADER_AND_ISR's partition entries for one log actor (Kafka's, with ``role``): lead or follow."""
+
+    parts: list
+
+
+class FollowPart(NamedTuple):
+    topic: str
+    partition: int
+    leader: int
+    leader_epoch: int
+
+
+@message("follow", reply=Done)
+class Follow(NamedTuple):
+    """From the broker agent to the replica fetcher: ``parts`` [FollowPart] to fetch from their
+    leaders, whose addresses are ``brokers`` ``{id as text: [host, port]}``."""
+
+    parts: list
+    brokers: dict
+
+
+@message("unfollow", reply=Done)
+class Unfollow(NamedTuple):
+    """From the broker agent: stop fetching ``parts`` ``[[topic, partition]]``."""
+
+    parts: list
+
+
+class FsyncedEnd(NamedTuple):
+    topic: str
+    partition: int
+    offset: int  # the follower's log below it is on its disk
+
+
+@message("fsynced")
+class Fsynced(NamedTuple):
+    """One-way, from a log actor to the replica fetcher: followed partitions' group commits
+    ended (``parts`` [FsyncedEnd])."""
+
+    parts: list
+
+
+class FollowerStatePart(NamedTuple):
+    topic: str
+    partition: int
+    code: int
+    latest_epoch: int
+    log_end_offset: int
+
+
+class FollowerStates(NamedTuple):
+    parts: list  # [FollowerStatePart]
+
+
+@message("follower_state", reply=FollowerStates)
+class FollowerState(NamedTuple):
+    """From the replica fetcher before it truncates: each of ``parts`` ``[[topic, partition]]``'s
+    latest leader epoch and log end."""
+
+    parts: list
+
+
+class ReplicaEnd(NamedTuple):
+    """A follower's log after ``truncate``, ``truncate_fully`` or ``replicate``: its log end and
+    how much of it is on its disk (``fsynced_offset``, what the fetcher tells the leader)."""
+
+    topic: str
+    partition: int
+    code: int
+    log_end_offset: int
+    fsynced_offset: int
+
+
+class ReplicaEnds(NamedTuple):
+    parts: list  # [ReplicaEnd]
+
+
+class TruncatePart(NamedTuple):
+    """KIP-279: the leader said ``leader_epoch`` ended at ``end_offset`` (-1, -1: it was not asked)."""
+
+    topic: str
+    partition: int
+    leader_epoch: int
+    end_offset: int
+
+
+@message("truncate", reply=ReplicaEnds)
+class Truncate(NamedTuple):
+    parts: list  # [TruncatePart]
+
+
+class TruncateFullyPart(NamedTuple):
+    """Start empty at ``offset``, the leader's log start (we are below it)."""
+
+    topic: str
+    partition: int
+    offset: int
+
+
+@message("truncate_fully", reply=ReplicaEnds)
+class TruncateFully(NamedTuple):
+    parts: list  # [TruncateFullyPart]
+
+
+class ReplicatePart(NamedTuple):
+    """One partition of a FETCH answer for a follower's log actor: ``frame`` indexes the
+    message's frames (its batches; -1: none, only watermarks), with the leader's epoch, high
+    watermark and log start."""
+
+    topic: str
+    partition: int
+    frame: int
+    leader_epoch: int
+    high_watermark: int
+    log_start_offset: int
+
+
+@message("replicate", reply=ReplicaEnds)
+class Replicate(NamedTuple):
+    """From the replica fetcher: append the leader's batches (frames) as a follower."""
+
+    parts: list  # [ReplicatePart]
+
 
 
 # ---- the group and transaction coordinators -------------------------------------------------

@@ -242,15 +242,11 @@ class Actor:
             self._peers[name] = sock
         return sock
 
-    def send(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
-             corr: int = 0, reply_to: str | None = None) -> None:
-        """One-way message to the actor named ``to``: ``body`` is a message of actors.messages
-        (a type's name and its ``fields`` dict while not every message is declared there).
+    def send(self, to: str, body: Any, frames: Sequence[Any] = (), corr: int = 0,
+             reply_to: str | None = None) -> None:
+        """One-way message to the actor named ``to``: ``body`` is a message of actors.messages.
         Raises MailboxFull, never blocks."""
-        if type(body) is str:
-            self._transmit(to, body, fields, frames, corr, reply_to)
-        else:
-            self._transmit(to, body.TYPE, body, frames, corr, reply_to)
+        self._transmit(to, body.TYPE, body, frames, corr, reply_to)
 
     def _transmit(self, to: str, type_: str, fields: Any, frames: Sequence[Any], corr: int,
                   reply_to: str | None) -> None:
@@ -268,17 +264,17 @@ class Actor:
         except zmq.Again:
             raise MailboxFull(f"mailbox of {to} is full ({MAILBOX_HWM} messages queued)") from None
 
-    def request(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
+    def request(self, to: str, body: Any, frames: Sequence[Any] = (),
                 callback: Callable[[Message], Any] | None = None, timeout: float | None = 30.0) -> int:
         """Send a request (``body`` as for ``send``); ``callback(reply)`` runs on the ``_reply``
         (its body of the request's answer class, ``REPLIES``) or ``_error`` answer, or with a
         REQUEST_TIMED_OUT ``_error`` after ``timeout`` seconds. Returns the corr. If the peer's
         queue is full the callback runs at once, before this returns, with a REQUEST_TIMED_OUT
         error."""
-        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
+        type_ = body.TYPE
         corr = self.expect(callback or _ignore, to, type_, timeout)
         try:
-            self._transmit(to, type_, fields, frames, corr, self.name)
+            self._transmit(to, type_, body, frames, corr, self.name)
         except MailboxFull as exc:
             self._complete(corr, Message(ERROR, corr, None, ErrorReply(exc.code, exc.message)))
         return corr
@@ -365,29 +361,22 @@ class Actor:
         """``msg`` was answered by another actor on our behalf: it is no longer open here."""
         self._unanswered.pop((msg.reply_to, msg.corr), None)
 
-    def forward(self, msg: Message, to: str, body: Any = None, fields: dict | None = None,
-                frames: Sequence[Any] | None = None) -> None:
+    def forward(self, msg: Message, to: str, body: Any = None, frames: Sequence[Any] | None = None) -> None:
         """Pass a request on as ``body`` (itself, if None): the next actor answers the original
         requester directly."""
         if msg.reply_to:
             self._unanswered.pop((msg.reply_to, msg.corr), None)
-        if body is None:
-            type_, fields = msg.type, msg.fields
-        elif type(body) is str:
-            type_ = body
-        else:
-            type_, fields = body.TYPE, body
-        self._transmit(to, type_, fields, msg.frames if frames is None else frames, msg.corr, msg.reply_to)
+        type_, body = (msg.type, msg.fields) if body is None else (body.TYPE, body)
+        self._transmit(to, type_, body, msg.frames if frames is None else frames, msg.corr, msg.reply_to)
 
-    def call(self, to: str, body: Any, fields: dict | None = None, frames: Sequence[Any] = (),
-             timeout: float = 10.0) -> Message:
+    def call(self, to: str, body: Any, frames: Sequence[Any] = (), timeout: float = 10.0) -> Message:
         """Blocking request (``body`` as for ``send``), for ``on_start`` only (fetching the
         state an actor needs before it reports ready). Other messages arriving meanwhile are
         kept and handled once the loop runs. Raises OdradekError on an ``_error`` answer or
         timeout."""
-        type_, fields = (body, fields) if type(body) is str else (body.TYPE, body)
+        type_ = body.TYPE
         corr = next(self._corr)
-        self._transmit(to, type_, fields, frames, corr, self.name)
+        self._transmit(to, type_, body, frames, corr, self.name)
         return await_reply(self.mailbox, corr, timeout, f"{self.name}: no answer from {to} to '{type_}'",
                            keep=self._early.append, answer=REPLIES.get(type_))
 

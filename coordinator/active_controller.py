@@ -28,6 +28,7 @@ import uuid
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Response
 from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, Outbox, all_then
 from odradek.coordinator.reassignment import Reassignments, check_target, place_replicas
 from odradek.coordinator.topics import Topic, TopicRegistry
@@ -475,7 +476,7 @@ class ActiveController:
 
     # ---- topic changes (from a handler) --------------------------------------------------------
     def create_topics(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         validate_only = bool(body.get("validate_only"))
         results, created = [], []
         self.refresh_live_brokers()
@@ -498,7 +499,7 @@ class ActiveController:
                 results.append({"name": name, "error_code": 0, "num_partitions": parts, "replication_factor": rf})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
-        answer = lambda: self.outbox.reply(msg, {"body": {"topics": results}})  # noqa: E731
+        answer = lambda: self.outbox.reply(msg, Response({"topics": results}))  # noqa: E731
         if not created:
             answer()
             return
@@ -610,7 +611,7 @@ class ActiveController:
         return stops
 
     def delete_topics(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         results, stops = [], {}
         for name in body.get("topics") or []:
             try:
@@ -622,11 +623,11 @@ class ActiveController:
                 results.append({"name": name, "error_code": 0})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
-        answer = lambda: self.outbox.reply(msg, {"body": {"topics": results}})  # noqa: E731
+        answer = lambda: self.outbox.reply(msg, Response({"topics": results}))  # noqa: E731
         self.send_update_metadata(lambda: self._stop_deleted(stops, answer))
 
     def alter_topic_configs(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         validate_only = bool(body.get("validate_only"))
         results = []
         for res in body.get("resources") or []:
@@ -656,21 +657,21 @@ class ActiveController:
                 code = exc.code if isinstance(exc, OdradekError) else ErrorCode.INVALID_REQUEST
                 text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
                 results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
-        self.send_update_metadata(lambda: self.outbox.reply(msg, {"body": {"resources": results}}))
+        self.send_update_metadata(lambda: self.outbox.reply(msg, Response({"resources": results})))
 
     # ---- controlled shutdown -------------------------------------------------------------------
     def controlled_shutdown(self, msg: Message, body: dict) -> None:
         if not self.active:
-            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.NOT_CONTROLLER),
-                                             "error_message": f"broker {self.broker_id} is not the controller"}})
+            self.outbox.reply(msg, Response({"error_code": int(ErrorCode.NOT_CONTROLLER),
+                                             "error_message": f"broker {self.broker_id} is not the controller"}))
             return
         broker = body.get("broker_id")
         if broker not in self.live:
-            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.BROKER_NOT_AVAILABLE),
-                                             "error_message": f"broker {broker!r} is not registered"}})
+            self.outbox.reply(msg, Response({"error_code": int(ErrorCode.BROKER_NOT_AVAILABLE),
+                                             "error_message": f"broker {broker!r} is not registered"}))
             return
-        self.move_leadership_away(broker, lambda remaining: self.outbox.reply(msg, {"body": {
-            "error_code": 0, "remaining_partitions": [{"topic": t, "partition": p} for t, p in remaining]}}))
+        self.move_leadership_away(broker, lambda remaining: self.outbox.reply(msg, Response({
+            "error_code": 0, "remaining_partitions": [{"topic": t, "partition": p} for t, p in remaining]})))
 
     def move_leadership_away(self, broker: int, done: Callable[[list], None]) -> None:
         """New leaders for what ``broker`` leads, and it leaves every ISR; ``done(remaining)``
@@ -720,7 +721,7 @@ class ActiveController:
                 changes[tp] = (self.replicas(tp)[0], st.isr)
             results.append(entry)
         self._apply_leader_changes(changes)
-        self.outbox.reply(msg, {"body": {"error_code": 0, "partitions": results}})
+        self.outbox.reply(msg, Response({"error_code": 0, "partitions": results}))
 
 
 def registered_endpoints(registration: dict) -> dict[str, list]:

@@ -28,6 +28,8 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import (Assign, Become, BrokerEpochs, Follow, FollowPart, IsrRecorded, Metadata, Response,
+                                     Unfollow)
 from odradek.actors.names import FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, REPLICA_FETCHER, log_host
 from odradek.coordinator.controller_kit import SEND_TIMEOUT, ZK_RETRY, Outbox, all_then
 from odradek.coordinator.throttles import Throttles
@@ -122,15 +124,15 @@ class BrokerAgent:
         if epochs != self.broker_epochs:
             self.broker_epochs = epochs
             for role in (FETCH_ACTOR, REPLICA_FETCHER):
-                self.outbox.request(role, "broker_epochs", {"epochs": epochs}, timeout=SEND_TIMEOUT)
+                self.outbox.request(role, BrokerEpochs(epochs), timeout=SEND_TIMEOUT)
 
     def handle_request(self, msg: Message, api: int, body: dict) -> None:
         """LEADER_AND_ISR, UPDATE_METADATA or STOP_REPLICA from the controller (via a handler)."""
         epoch = body.get("controller_epoch", -1)
         if not isinstance(epoch, int) or epoch < self.seen_controller_epoch:
-            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
+            self.outbox.reply(msg, Response({"error_code": int(ErrorCode.STALE_CONTROLLER_EPOCH),
                                              "error_message": f"controller epoch {epoch} is older than "
-                                                              f"{self.seen_controller_epoch}"}})
+                                                              f"{self.seen_controller_epoch}"}))
             return
         self.seen_controller_epoch = epoch
         if api == ApiKey.LEADER_AND_ISR:
@@ -160,32 +162,30 @@ class BrokerAgent:
                     results.extend({"topic": e["topic"], "partition": e["partition"],
                                     "error_code": reply.error_code} for e in parts)
                 else:
-                    for topic, partition, code in reply.get("parts") or []:
+                    for topic, partition, code in reply.fields.parts:
                         results.append({"topic": topic, "partition": partition, "error_code": code})
                         if code == 0:
                             self.hosted[(topic, partition)] = next(
                                 e for e in parts if e["topic"] == topic and e["partition"] == partition)
                 done()
-            self.outbox.request(host, "become", {"parts": parts}, callback=became, timeout=SEND_TIMEOUT)
+            self.outbox.request(host, Become(parts), callback=became, timeout=SEND_TIMEOUT)
 
         def finished() -> None:
             self._tell_fetcher([self.hosted[(e["topic"], e["partition"])] for e in entries
                                 if (e["topic"], e["partition"]) in self.hosted])
             self.tell_throttles()
-            self.outbox.reply(msg, {"body": {"error_code": 0, "partitions": results}})
+            self.outbox.reply(msg, Response({"error_code": 0, "partitions": results}))
         all_then([lambda d, h=h, ps=ps: step(d, h, ps) for h, ps in per_host.items()], finished)
 
     def _tell_fetcher(self, entries: list[dict]) -> None:
-        follow = [{"topic": e["topic"], "partition": e["partition"], "leader": e["leader"],
-                   "leader_epoch": e["leader_epoch"]} for e in entries
+        follow = [FollowPart(e["topic"], e["partition"], e["leader"], e["leader_epoch"]) for e in entries
                   if e["leader"] != self.broker_id and e["leader"] >= 0]
         unfollow = [[e["topic"], e["partition"]] for e in entries
                     if e["leader"] == self.broker_id or e["leader"] < 0]
         if follow:
-            self.outbox.request(REPLICA_FETCHER, "follow", {"parts": follow, "brokers": self.leader_addresses},
-                                timeout=SEND_TIMEOUT)
+            self.outbox.request(REPLICA_FETCHER, Follow(follow, self.leader_addresses), timeout=SEND_TIMEOUT)
         if unfollow:
-            self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": unfollow}, timeout=SEND_TIMEOUT)
+            self.outbox.request(REPLICA_FETCHER, Unfollow(unfollow), timeout=SEND_TIMEOUT)
 
     def _update_metadata(self, msg: Message, body: dict) -> None:
         self._watch_broker_epochs()
@@ -207,14 +207,14 @@ class BrokerAgent:
                 entry["config"] = LogConfig.from_properties(config).to_properties()
                 per_host.setdefault(log_host(topic, partition, self.log_hosts), []).append(entry)
         for host, parts in per_host.items():
-            self.outbox.request(host, "assign", {"configure": parts}, timeout=SEND_TIMEOUT)
+            self.outbox.request(host, Assign(configure=parts), timeout=SEND_TIMEOUT)
         self.tell_throttles()  # a topic's throttled replica lists may have changed
-        snapshot = self.snapshot()
-        self.outbox.send(GROUP_COORDINATOR, "metadata", snapshot)
+        snapshot = Metadata(self.snapshot())
+        self.outbox.send(GROUP_COORDINATOR, snapshot)
         handlers = self.outbox.members(HANDLER)
-        steps = [lambda d, h=h: self.outbox.request(h, "metadata", snapshot, callback=lambda _r: d(),
+        steps = [lambda d, h=h: self.outbox.request(h, snapshot, callback=lambda _r: d(),
                                                     timeout=SEND_TIMEOUT) for h in handlers]
-        all_then(steps, lambda: self.outbox.reply(msg, {"body": {"error_code": 0}}))
+        all_then(steps, lambda: self.outbox.reply(msg, Response({"error_code": 0})))
 
     def _stop_replica(self, msg: Message, body: dict) -> None:
         per_host: dict[str, list] = {}
@@ -226,11 +226,11 @@ class BrokerAgent:
                 {"topic": e["topic"], "partition": e["partition"], "topic_id": e.get("topic_id", ""),
                  "delete": bool(body.get("delete"))})
         if gone:
-            self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": gone}, timeout=SEND_TIMEOUT)
+            self.outbox.request(REPLICA_FETCHER, Unfollow(gone), timeout=SEND_TIMEOUT)
             self.tell_throttles()
-        steps = [lambda d, h=h, ps=ps: self.outbox.request(h, "assign", {"close": ps}, callback=lambda _r: d(),
+        steps = [lambda d, h=h, ps=ps: self.outbox.request(h, Assign(close=ps), callback=lambda _r: d(),
                                                            timeout=SEND_TIMEOUT) for h, ps in per_host.items()]
-        all_then(steps, lambda: self.outbox.reply(msg, {"body": {"error_code": 0}}))
+        all_then(steps, lambda: self.outbox.reply(msg, Response({"error_code": 0})))
 
     def alter_isr(self, msg: Message) -> None:
         """A leader's ISR change: written only if the state node is still at the version the
@@ -240,9 +240,9 @@ class BrokerAgent:
         refusal (INVALID_UPDATE_VERSION) carries what the node holds (``held``: leader,
         leader_epoch, isr, zk_version), so a leader whose earlier change landed unheard learns
         the ISR the controller would elect from."""
-        topic, partition = msg.get("topic"), msg.get("partition")
-        st = PartitionState(self.broker_id, msg.get("leader_epoch"), msg.get("isr"),
-                            self.seen_controller_epoch)
+        ask = msg.fields
+        topic, partition = ask.topic, ask.partition
+        st = PartitionState(self.broker_id, ask.leader_epoch, ask.isr, self.seen_controller_epoch)
 
         def written(version, problem, unknown, held) -> None:
             if problem is not None:
@@ -254,14 +254,13 @@ class BrokerAgent:
                 self.outbox.post(lambda: self.outbox.reply_error(msg, code, why, detail))
                 return
             self.zk.create_async(f"{NOTIFICATIONS}/isr_change_", to_json([[topic, partition]]), sequence=True)
-            self.outbox.post(lambda: self.outbox.reply(msg, {"zk_version": version}))
-        write_isr(self.zk, state_path(topic, partition), st, msg.get("zk_version", -1), written)
+            self.outbox.post(lambda: self.outbox.reply(msg, IsrRecorded(version)))
+        write_isr(self.zk, state_path(topic, partition), st, ask.zk_version, written)
 
     def stop_following(self) -> None:
         """Controlled shutdown: this broker's replicas stop following their leaders."""
         if self.hosted:
-            self.outbox.request(REPLICA_FETCHER, "unfollow", {"parts": [list(tp) for tp in self.hosted]},
-                                timeout=SEND_TIMEOUT)
+            self.outbox.request(REPLICA_FETCHER, Unfollow([list(tp) for tp in self.hosted]), timeout=SEND_TIMEOUT)
 
     def ask_controlled_shutdown(self, done: Callable[[], None]) -> bool:
         """Ask the active controller (on another broker) to move this broker's leaderships
@@ -282,8 +281,8 @@ class BrokerAgent:
             if why:
                 self.outbox.reply_error(msg, ErrorCode.NOT_CONTROLLER, f"the controller did not answer: {why}")
             else:
-                self.outbox.reply(msg, {"body": resp})
-        if not self.to_controller(api, msg.get("body") or {}, relayed, SEND_TIMEOUT):
+                self.outbox.reply(msg, Response(resp))
+        if not self.to_controller(api, msg.fields.body or {}, relayed, SEND_TIMEOUT):
             self.outbox.reply_error(msg, ErrorCode.NOT_CONTROLLER, "no controller is known yet; retry")
 
     def to_controller(self, api: int, body: dict, callback, timeout: float) -> bool:

@@ -32,7 +32,7 @@ import logging
 import time
 
 from odradek.actors.message import Message
-from odradek.actors.messages import Status
+from odradek.actors.messages import Assignment, BrokerConfigs, BrokerEpochs, Done, Metadata, Response, Status
 from odradek.actors.runtime import Actor
 from odradek.coordinator.active_controller import WRITE_RETRIES, ActiveController
 from odradek.coordinator.broker_agent import BrokerAgent
@@ -156,25 +156,25 @@ class ClusterController(Actor):
         self.agent.on_members(role, members)
 
     def on_get_metadata(self, msg: Message) -> None:
-        self.reply(msg, self.agent.snapshot())
+        self.reply(msg, Metadata(self.agent.snapshot()))
 
     def on_get_assignment(self, msg: Message) -> None:
-        self.reply(msg, {"open": self.agent.assignment_of(msg.get("host"))})
+        self.reply(msg, Assignment(self.agent.assignment_of(msg.fields.host)))
 
     def on_get_broker_epochs(self, msg: Message) -> None:
         """From the fetch actor and the replica fetcher when they start; later changes are pushed."""
-        self.reply(msg, {"epochs": self.agent.broker_epochs or {}})
+        self.reply(msg, BrokerEpochs(self.agent.broker_epochs or {}))
 
     def on_alter_isr(self, msg: Message) -> None:
         self.agent.alter_isr(msg)
 
     def on_set_throttle_rates(self, msg: Message) -> None:
         """From a handler (IncrementalAlterConfigs on the broker): ``coordinator.throttles``."""
-        self.agent.set_throttle_rates(msg.get("rates") or {})
-        self.reply(msg, {})
+        self.agent.set_throttle_rates(msg.fields.rates or {})
+        self.reply(msg, Done())
 
     def on_get_broker_configs(self, msg: Message) -> None:
-        self.reply(msg, {"configs": self.broker_configs.values})
+        self.reply(msg, BrokerConfigs(self.broker_configs.values))
 
     def on_set_broker_configs(self, msg: Message) -> None:
         self.broker_configs.answer_set(msg, self.outbox)
@@ -184,15 +184,14 @@ class ClusterController(Actor):
         move this broker's leaderships away and take it out of the ISRs (Kafka's controlled
         shutdown), so producers and consumers move on at once instead of after a timeout."""
         if not (self.registered and self.config.get("controlled.shutdown.enable", True)):
-            self.reply(msg, {})
+            self.reply(msg, Done())
             return
         self.agent.stop_following()
         if self.controller is not None:
-            self.controller.move_leadership_away(self.broker_id,
-                                                 lambda remaining: self.reply(msg, {"remaining": remaining}))
+            self.controller.move_leadership_away(self.broker_id, lambda _remaining: self.reply(msg, Done()))
             return
-        if not self.agent.ask_controlled_shutdown(lambda: self.reply(msg, {})):
-            self.reply(msg, {"remaining": None})
+        if not self.agent.ask_controlled_shutdown(lambda: self.reply(msg, Done())):
+            self.reply(msg, Done())
 
     # ---- requests for the controller (here, or relayed to its broker) ---------------------------
     def _active_or_relay(self, msg: Message, api: int) -> ActiveController | None:
@@ -203,11 +202,11 @@ class ClusterController(Actor):
         return self.controller
 
     def on_broker_request(self, msg: Message) -> None:
-        api, body = msg.get("api"), msg.get("body") or {}
+        api, body = msg.fields.api, msg.fields.body or {}
         if api == ApiKey.CONTROLLED_SHUTDOWN:
             if self.controller is None:
-                self.reply(msg, {"body": {"error_code": int(ErrorCode.NOT_CONTROLLER),
-                                          "error_message": f"broker {self.broker_id} is not the controller"}})
+                self.reply(msg, Response({"error_code": int(ErrorCode.NOT_CONTROLLER),
+                                          "error_message": f"broker {self.broker_id} is not the controller"}))
             else:
                 self.controller.controlled_shutdown(msg, body)
             return

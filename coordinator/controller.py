@@ -14,7 +14,7 @@ Accepts:
   delete_topics {body}         likewise
   alter_topic_configs {body}   likewise (IncrementalAlterConfigs' topic resources)
   get_broker_configs           -> {configs: {name: value}}
-  set_broker_configs {configs} from a handler (AlterConfigs on the broker); {} once written
+  set_broker_configs {configs} from a handler (AlterConfigs on the broker); Done once written
   broker_request {api, body}   CREATE_PARTITIONS; ELECT_LEADERS and the reassignment APIs
                                (nothing to elect or move on one broker)
 Sends: ``metadata {snapshot}`` to every running request handler and (one-way) the group
@@ -30,6 +30,7 @@ import os
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Assign, Assigned, Assignment, BrokerConfigs, Metadata, Response
 from odradek.actors.names import GROUP_COORDINATOR, HANDLER, log_host
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import BrokerConfigStore, HandlerRoster, Outbox, remove_deleted_dirs
@@ -70,7 +71,7 @@ class Controller(Actor):
         self.roster.on_members(role, members)
 
     def on_get_metadata(self, msg: Message) -> None:
-        self.reply(msg, self.snapshot())
+        self.reply(msg, Metadata(self.snapshot()))
 
     def snapshot(self) -> dict:
         """The metadata snapshot (docs/REPLICATION.md): one broker leading everything."""
@@ -87,7 +88,7 @@ class Controller(Actor):
         10,000 partitions per log actor, one ``to_properties()`` per entry cost the
         controller ~0.7 s per log actor and made each answer ~5.6 MB (docs/BENCHMARKS.md,
         issue 18, "4. Partitions")."""
-        host = msg.get("host")
+        host = msg.fields.host
         entries: list[dict] = []
         configs: dict[str, dict] = {}
         for t in self.registry.topics.values():
@@ -95,7 +96,7 @@ class Controller(Actor):
             if mine:
                 configs[t.name] = self.registry.log_config(t.name).to_properties()
                 entries += [{"topic": t.name, "partition": p, "topic_id": t.topic_id} for p in mine]
-        self.reply(msg, {"open": entries, "configs": configs})
+        self.reply(msg, Assignment(entries, configs))
 
     def _host_of(self, topic: str, partition: int) -> str:
         return log_host(topic, partition, self.log_hosts)
@@ -107,7 +108,7 @@ class Controller(Actor):
 
     # ---- changes -----------------------------------------------------------------------
     def on_create_topics(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         validate_only = bool(body.get("validate_only"))
         opened = []
 
@@ -130,7 +131,7 @@ class Controller(Actor):
 
         results = _each_topic(body, "each topic must be a map", create)
         self._push(open_=opened, done=lambda failed: self._undo_failed_creations(
-            failed, results, lambda: self.reply(msg, {"body": {"topics": results}})))
+            failed, results, lambda: self.reply(msg, Response({"topics": results}))))
 
     def _undo_failed_creations(self, failed: list, results: list, done: Callable[[], None]) -> None:
         """A topic with a partition that could not be created (a full disk) is refused with
@@ -155,7 +156,7 @@ class Controller(Actor):
         self._push(close=closed, done=lambda _failed: done())
 
     def on_delete_topics(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         results, closed = [], []
         for name in body.get("topics") or []:
             try:
@@ -179,10 +180,10 @@ class Controller(Actor):
                 code, text = problems[result["name"]]
                 result.update(error_code=code, error_message=f"topic '{result['name']}' was removed from the "
                                                              f"metadata but not all of its files: {text}")
-        self.reply(msg, {"body": {"topics": results}})
+        self.reply(msg, Response({"topics": results}))
 
     def on_alter_topic_configs(self, msg: Message) -> None:
-        body = msg.get("body") or {}
+        body = msg.fields.body or {}
         validate_only = bool(body.get("validate_only"))
         results, changed = [], []
         for res in body.get("resources") or []:
@@ -203,34 +204,34 @@ class Controller(Actor):
                 code = exc.code if isinstance(exc, OdradekError) else ErrorCode.INVALID_REQUEST
                 text = exc.message if isinstance(exc, OdradekError) else f"malformed config change: {exc}"
                 results.append({"type": "topic", "name": name, "error_code": int(code), "error_message": text})
-        self._push(configure=changed, done=lambda _failed: self.reply(msg, {"body": {"resources": results}}))
+        self._push(configure=changed, done=lambda _failed: self.reply(msg, Response({"resources": results})))
 
     def on_get_broker_configs(self, msg: Message) -> None:
-        self.reply(msg, {"configs": self.broker_configs.values})
+        self.reply(msg, BrokerConfigs(self.broker_configs.values))
 
     def on_set_broker_configs(self, msg: Message) -> None:
         self.broker_configs.answer_set(msg, Outbox.of(self))
 
     def on_broker_request(self, msg: Message) -> None:
         """The controller APIs, as one broker answers them (cluster mode: ClusterController's)."""
-        api, body = msg.get("api"), msg.get("body") or {}
+        api, body = msg.fields.api, msg.fields.body or {}
         if api == ApiKey.CREATE_PARTITIONS:
             self._create_partitions(msg, body)
         elif api == ApiKey.ELECT_LEADERS:
             tps = body.get("topic_partitions")
             named = [(t.name, p) for t in self.registry.topics.values() for p in range(t.partitions)] \
                 if tps is None else [(t.get("topic"), p) for t in tps for p in t.get("partitions") or ()]
-            self.reply(msg, {"body": {"error_code": 0, "partitions": [
+            self.reply(msg, Response({"error_code": 0, "partitions": [
                 {"topic": t, "partition": p, "error_code": int(ErrorCode.ELECTION_NOT_NEEDED),
                  "error_message": f"broker {self.broker_id} already leads {t}-{p}: it is the only broker"}
-                for t, p in named]}})
+                for t, p in named]}))
         elif api == ApiKey.LIST_PARTITION_REASSIGNMENTS:
-            self.reply(msg, {"body": {"error_code": 0, "topics": []}})
+            self.reply(msg, Response({"error_code": 0, "topics": []}))
         elif api == ApiKey.ALTER_PARTITION_REASSIGNMENTS:
-            self.reply(msg, {"body": {"error_code": 0, "responses": [
+            self.reply(msg, Response({"error_code": 0, "responses": [
                 {"name": t.get("name"), "partitions": [self._reassign_one(t.get("name"), p)
                                                        for p in t.get("partitions") or ()]}
-                for t in body.get("topics") or ()]}})
+                for t in body.get("topics") or ()]}))
         else:
             self.reply_error(msg, ErrorCode.INVALID_REQUEST, f"API {api} is not a controller request here "
                                                              f"(one broker, no cluster)")
@@ -265,7 +266,7 @@ class Controller(Actor):
             return {"error_message": None}
 
         results = _each_topic(body, "each topic must be a map {name, count, assignments}", add)
-        self._push(open_=opened, done=lambda _failed: self.reply(msg, {"body": {"results": results}}))
+        self._push(open_=opened, done=lambda _failed: self.reply(msg, Response({"results": results})))
 
     # ---- pushing changes -------------------------------------------------------------
     def _push(self, done: Callable[[list], None], open_=(), close=(), configure=()) -> None:
@@ -273,28 +274,32 @@ class Controller(Actor):
         host could not change (``[[topic, partition, error code, message]]``). Opening: log
         hosts first, so no handler routes to a partition before it is open. Closing: handlers
         first, so none routes to a partition being closed."""
-        per_host: dict[str, dict] = {}
+        per_host: dict[str, Assign] = {}
+
+        def add(topic: str, p: int, kind: str, entry: dict) -> None:
+            host = self._host_of(topic, p)
+            change = per_host.get(host) or Assign([], [], [])
+            getattr(change, kind).append(entry)
+            per_host[host] = change
         for topic, p in open_:
-            per_host.setdefault(self._host_of(topic, p), {}).setdefault("open", []).append(
-                self._partition_entry(topic, p))
+            add(topic, p, "open", self._partition_entry(topic, p))
         for topic, p, topic_id in close:
-            per_host.setdefault(self._host_of(topic, p), {}).setdefault("close", []).append(
-                {"topic": topic, "partition": p, "topic_id": topic_id})
+            add(topic, p, "close", {"topic": topic, "partition": p, "topic_id": topic_id})
         for topic, p in configure:
-            per_host.setdefault(self._host_of(topic, p), {}).setdefault("configure", []).append(
-                self._partition_entry(topic, p))
+            add(topic, p, "configure", self._partition_entry(topic, p))
         failed: list = []
         if not per_host:
             done(failed)
             return
-        hosts = [(host, "assign", change) for host, change in per_host.items()]
-        snapshot = self.snapshot()
-        handlers = [(h, "metadata", snapshot) for h in self.members.get(HANDLER, [])]
-        self.send(GROUP_COORDINATOR, "metadata", snapshot)
+        hosts = list(per_host.items())
+        snapshot = Metadata(self.snapshot())
+        handlers = [(h, snapshot) for h in self.members.get(HANDLER, [])]
+        self.send(GROUP_COORDINATOR, snapshot)
         phases = [handlers, hosts] if close else [hosts, handlers]
         self._in_phases(phases, failed, lambda: done(failed))
 
-    def _in_phases(self, phases: list[list[tuple[str, str, dict]]], failed: list, done: Callable[[], None]) -> None:
+    def _in_phases(self, phases: list[list[tuple[str, Assign | Metadata]]], failed: list,
+                   done: Callable[[], None]) -> None:
         if not phases:
             done()
             return
@@ -304,21 +309,22 @@ class Controller(Actor):
             return
         pending = {"n": len(targets)}
 
-        def acked(reply: Message, to: str, fields: dict) -> None:
+        def acked(reply: Message, to: str, body: Assign | Metadata) -> None:
             if reply.is_error:
                 log.error("%s did not apply a metadata change: %s", to, reply.error_message)
-                failed.extend([e["topic"], e["partition"], int(ErrorCode.KAFKA_STORAGE_ERROR),
-                               f"{to} did not apply the change: {reply.error_message}"]
-                              for kind in ("open", "close") for e in fields.get(kind) or ())
-            else:
-                failed.extend((reply.fields or {}).get("failed") or ())
+                if type(body) is Assign:
+                    failed.extend([e["topic"], e["partition"], int(ErrorCode.KAFKA_STORAGE_ERROR),
+                                   f"{to} did not apply the change: {reply.error_message}"]
+                                  for e in body.open + body.close)
+            elif type(reply.fields) is Assigned:
+                failed.extend(reply.fields.failed)
             pending["n"] -= 1
             if pending["n"] == 0:
                 self._in_phases(rest, failed, done)
 
-        for to, type_, fields in targets:
-            changes = len(fields.get("open") or ()) + len(fields.get("close") or ()) if type_ == "assign" else 0
-            self.request(to, type_, fields, callback=lambda r, to=to, f=fields: acked(r, to, f),
+        for to, body in targets:
+            changes = len(body.open) + len(body.close) if type(body) is Assign else 0
+            self.request(to, body, callback=lambda r, to=to, b=body: acked(r, to, b),
                          timeout=PUSH_TIMEOUT + PUSH_TIMEOUT_PER_PARTITION * changes)
 
 

@@ -22,6 +22,7 @@ import os
 import shutil
 from typing import Any, Callable
 
+from odradek.actors.messages import Done, Metadata
 from odradek.actors.names import HANDLER
 from odradek.log.files import FileLayer
 from odradek.core.protocol import ErrorCode, OdradekError
@@ -65,9 +66,9 @@ class HandlerRoster:
 
     def on_members(self, role: str, members: list[str]) -> None:
         if role == HANDLER:
-            snapshot = self.snapshot()
+            snapshot = Metadata(self.snapshot())
             for name in set(members) - self.known:
-                self.outbox.request(name, "metadata", snapshot, timeout=self.timeout)
+                self.outbox.request(name, snapshot, timeout=self.timeout)
             self.known = set(members)
 
 
@@ -108,13 +109,13 @@ class BrokerConfigStore:
                         name, "removed" if value is None else f"set to {value!r}")
 
     def answer_set(self, msg, outbox: Outbox) -> None:
-        """``set_broker_configs {configs}``: answered ``{}`` once written, else its error."""
+        """``set_broker_configs`` (``SetBrokerConfigs``): answered ``Done`` once written, else its error."""
         try:
-            self.apply(dict(msg.get("configs") or {}))
+            self.apply(dict(msg.fields.configs or {}))
         except OdradekError as exc:
             outbox.reply_error(msg, exc.code, exc.message)
             return
-        outbox.reply(msg, {})
+        outbox.reply(msg, Done())
 
 
 def remove_deleted_dirs(data_dir: str) -> None:

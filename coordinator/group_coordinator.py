@@ -30,6 +30,7 @@ import logging
 from typing import Callable
 
 from odradek.actors.message import Message
+from odradek.actors.messages import CreateTopics, GetMetadata, MetadataVersion
 from odradek.actors.names import CONTROLLER
 from odradek.actors.runtime import Actor
 from odradek.coordinator.classic_group import ClassicConfig
@@ -84,7 +85,7 @@ class TopicCreation:
         self.creating = True
 
         def created(reply: Message) -> None:
-            result = {} if reply.is_error else reply.fields["body"]["topics"][0]
+            result = {} if reply.is_error else reply.fields.body["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
             why = reply.error_message if reply.is_error else result.get("error_message")
             fallback = max(1, len(self.meta.snapshot.get("brokers") or {}))
@@ -103,9 +104,9 @@ class TopicCreation:
             log.info("created %s (%d partitions, replication factor %d)", OFFSETS_TOPIC, n, rf)
             self.refresh(then=lambda: self.leadership.when_loaded(self.run_queued, CREATED_WAIT))
 
-        self.outbox.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+        self.outbox.request(CONTROLLER, CreateTopics({"topics": [{
             "name": OFFSETS_TOPIC, "num_partitions": n, "replication_factor": rf,
-            "configs": {"cleanup.policy": "compact", "segment.bytes": self.config["offsets.topic.segment.bytes"]}}]}},
+            "configs": {"cleanup.policy": "compact", "segment.bytes": self.config["offsets.topic.segment.bytes"]}}]}),
             callback=created, timeout=60.0)
 
     def run_queued(self, why: str = f"{OFFSETS_TOPIC} was created but is not in this broker's metadata "
@@ -141,7 +142,7 @@ class GroupCoordinator(Actor):
             max_metadata_bytes=config["group.classic.max.metadata.bytes"])
         self.assemble(config, group_config, classic_config, Outbox.of(self),
                       Clock(now=lambda: self.clock() * 1000, wall=wall_ms))
-        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields, starting=True)
+        self._adopt(self.call(CONTROLLER, GetMetadata(), timeout=60.0).fields.snapshot, starting=True)
         self.call_every(TICK_INTERVAL, self._tick)
         self.call_every(METADATA_REFRESH, self._refresh_metadata)
         self.call_every(config["offsets.retention.check.interval.ms"] / 1000, self.offsets.expire)
@@ -247,8 +248,8 @@ class GroupCoordinator(Actor):
     # ---- metadata ---------------------------------------------------------------------------
     def on_metadata(self, msg: Message) -> None:
         """The controller's push: adopt the snapshot (a newer version than ours) at once."""
-        self._adopt_and_react(msg.fields or {})
-        self.reply(msg, {"version": self.meta.version})
+        self._adopt_and_react(msg.fields.snapshot)
+        self.reply(msg, MetadataVersion(self.meta.version))
 
     def _adopt(self, snapshot: dict, starting: bool = False) -> bool:
         """Take a snapshot unless it is older than ours; True if topics changed."""
@@ -267,10 +268,10 @@ class GroupCoordinator(Actor):
     def _refresh_metadata(self, then=None) -> None:
         def adopt(reply: Message) -> None:
             if not reply.is_error:
-                self._adopt_and_react(reply.fields)
+                self._adopt_and_react(reply.fields.snapshot)
             if then is not None:
                 then()
-        self.request(CONTROLLER, "get_metadata", callback=adopt, timeout=10.0)
+        self.request(CONTROLLER, GetMetadata(), callback=adopt, timeout=10.0)
 
     # ---- the tick -----------------------------------------------------------------------------
     def _tick(self) -> None:

@@ -31,6 +31,7 @@ import logging
 import random
 
 from odradek.actors.message import Message
+from odradek.actors.messages import Response
 from odradek.coordinator.topics import check_partition_count
 from odradek.coordinator.zk_state import TOPICS, PartitionState, state_path, topic_data
 from odradek.core.protocol import ErrorCode, OdradekError
@@ -201,8 +202,8 @@ way to answer (``controller_kit.Outbox``)."""
         responses, changed, stops = [], [], {}
         topics = body.get("topics")
         if not isinstance(topics, list):
-            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "responses": [],
-                                             "error_message": "'topics' must be a list of {name, partitions}"}})
+            self.outbox.reply(msg, Response({"error_code": int(ErrorCode.INVALID_REQUEST), "responses": [],
+                                             "error_message": "'topics' must be a list of {name, partitions}"}))
             return
         for t in topics:
             name = t.get("name") if isinstance(t, dict) else None
@@ -218,8 +219,8 @@ way to answer (``controller_kit.Outbox``)."""
                 except OdradekError as exc:
                     parts.append({"partition_index": index, "error_code": int(exc.code), "error_message": exc.message})
             responses.append({"name": name, "partitions": parts})
-        answer = lambda: self.outbox.reply(msg, {"body": {"error_code": 0, "error_message": None,  # noqa: E731
-                                                          "responses": responses}})
+        answer = lambda: self.outbox.reply(msg, Response({"error_code": 0, "error_message": None,  # noqa: E731
+                                                          "responses": responses}))
         self.ctl.announce(changed, stops, lambda: (answer(), self.complete()))
 
     def _start_move(self, tp: tuple, target) -> list[int]:
@@ -288,8 +289,8 @@ way to answer (``controller_kit.Outbox``)."""
         wanted = body.get("topics")
         if wanted is not None and not isinstance(wanted, list):
             why = "'topics' must be null or a list of {name, partition_indexes}"
-            self.outbox.reply(msg, {"body": {"error_code": int(ErrorCode.INVALID_REQUEST), "topics": [],
-                                             "error_message": why}})
+            self.outbox.reply(msg, Response({"error_code": int(ErrorCode.INVALID_REQUEST), "topics": [],
+                                             "error_message": why}))
             return
         asked = None if wanted is None else {(w.get("name"), p) for w in wanted if isinstance(w, dict)
                                              for p in w.get("partition_indexes") or []}
@@ -300,8 +301,8 @@ way to answer (``controller_kit.Outbox``)."""
             if asked is None or (name, p) in asked:
                 topics.setdefault(name, []).append({"partition_index": p, "replicas": replicas,
                                                     "adding_replicas": adding, "removing_replicas": removing})
-        self.outbox.reply(msg, {"body": {"error_code": 0, "error_message": None,
-                                         "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}})
+        self.outbox.reply(msg, Response({"error_code": 0, "error_message": None,
+                                         "topics": [{"name": n, "partitions": ps} for n, ps in topics.items()]}))
 
     # ---- CreatePartitions -------------------------------------------------------------------------
     def create_partitions(self, msg: Message, body: dict) -> None:
@@ -319,7 +320,7 @@ way to answer (``controller_kit.Outbox``)."""
                 results.append({"name": name, "error_code": 0, "error_message": None})
             except OdradekError as exc:
                 results.append({"name": name, "error_code": int(exc.code), "error_message": exc.message})
-        self.ctl.announce(grown, {}, lambda: self.outbox.reply(msg, {"body": {"results": results}}))
+        self.ctl.announce(grown, {}, lambda: self.outbox.reply(msg, Response({"results": results})))
 
     def _placement_of_new(self, name, count, assignments) -> list[list[int]]:
         topic = self.ctl.registry.get(name)

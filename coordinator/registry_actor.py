@@ -30,7 +30,8 @@ import urllib.request
 from odradek.actors import http_listener
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import GetBounds, LogBounds, PartitionBounds, Produce, ProducePart
+from odradek.actors.messages import (CreateTopics, GetBounds, GetMetadata, LogBounds, PartitionBounds, Produce,
+                                     ProducePart)
 from odradek.actors.runtime import Actor
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders
@@ -118,7 +119,7 @@ class SchemaRegistryActor(Actor):
 
     def _replay_at_start(self) -> None:
         """Read ``_schemas``-0 back into the registry (blocking: before the actor is ready)."""
-        snapshot = self.call(CONTROLLER, "get_metadata", timeout=60.0).fields
+        snapshot = self.call(CONTROLLER, GetMetadata(), timeout=60.0).fields.snapshot
         self.exists = SCHEMAS_TOPIC in (snapshot.get("topics") or {})
         if not self.exists:
             return
@@ -324,11 +325,11 @@ class SchemaRegistryActor(Actor):
         def adopt(reply: Message) -> None:
             if not reply.is_error:
                 self._metadata_at = time.monotonic()
-                leaders = offsets_leaders(reply.fields, self.broker_id, SCHEMAS_TOPIC)
+                leaders = offsets_leaders(reply.fields.snapshot, self.broker_id, SCHEMAS_TOPIC)
                 self.exists = bool(leaders)
                 self.leader_id = leaders[0][0] if leaders else -1
             then()
-        self.request(CONTROLLER, "get_metadata", callback=adopt, timeout=10.0)
+        self.request(CONTROLLER, GetMetadata(), callback=adopt, timeout=10.0)
 
     def _sync(self, p: PartitionBounds | None, to_log_end: bool) -> None:
         if p is None:
@@ -446,7 +447,7 @@ class SchemaRegistryActor(Actor):
         """Create ``_schemas`` (one partition, compacted) through the controller, as Confluent's
         registry does at its first start; ``then(None)`` once it is in the metadata."""
         def created(reply: Message) -> None:
-            result = {} if reply.is_error else reply.fields["body"]["topics"][0]
+            result = {} if reply.is_error else reply.fields.body["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
             if code not in (0, None, ErrorCode.TOPIC_ALREADY_EXISTS):
                 why = reply.error_message if reply.is_error else result.get("error_message")
@@ -458,11 +459,11 @@ class SchemaRegistryActor(Actor):
             then(None)
 
         def create(brokers: int) -> None:
-            self.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+            self.request(CONTROLLER, CreateTopics({"topics": [{
                 "name": SCHEMAS_TOPIC, "num_partitions": 1, "replication_factor": max(1, min(REPLICATION, brokers)),
-                "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
+                "configs": {"cleanup.policy": "compact"}}]}), callback=created, timeout=60.0)
         if self.cluster:  # as many replicas as there are brokers, up to REPLICATION
-            self.request(CONTROLLER, "get_metadata", timeout=10.0, callback=lambda reply: create(
-                1 if reply.is_error else len(reply.fields.get("brokers") or ())))
+            self.request(CONTROLLER, GetMetadata(), timeout=10.0, callback=lambda reply: create(
+                1 if reply.is_error else len(reply.fields.snapshot.get("brokers") or ())))
         else:
             create(1)

@@ -22,6 +22,7 @@ import re
 import time
 from typing import Any, Callable
 
+from odradek.actors.messages import Assign
 from odradek.actors.names import log_host
 
 log = logging.getLogger("odradek.controller")
@@ -76,6 +77,6 @@ class StrayLogs:
                 del self.since[tp]
                 log.warning("%s-%d: this broker holds no replica of it (moved or deleted while it was away) "
                             "for %.0fs: removing its directory", tp[0], tp[1], self.delay)
-                self.request(log_host(tp[0], tp[1], self.log_hosts), "assign",
-                             {"close": [{"topic": tp[0], "partition": tp[1], "topic_id": "", "delete": True}]},
+                self.request(log_host(tp[0], tp[1], self.log_hosts),
+                             Assign(close=[{"topic": tp[0], "partition": tp[1], "topic_id": "", "delete": True}]),
                              timeout=30.0)

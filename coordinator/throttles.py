@@ -27,7 +27,7 @@ import logging
 from typing import Any, Callable
 
 from odradek.actors.names import FETCH_ACTOR, REPLICA_FETCHER
-from odradek.actors.messages import ThrottledReplica
+from odradek.actors.messages import Throttle, ThrottledReplica
 from odradek.coordinator.zk_state import BROKER_CONFIGS, to_json
 from odradek.log.throttle import UNLIMITED
 
@@ -103,9 +103,9 @@ class Throttles:
             return
         self._told = now
         if only in (None, REPLICA_FETCHER):
-            self.request(REPLICA_FETCHER, "throttle", {"rate": self.rate(RATES[1]), "parts": follower}, timeout=30.0)
+            self.request(REPLICA_FETCHER, Throttle(self.rate(RATES[1]), follower), timeout=30.0)
         if only in (None, FETCH_ACTOR):
-            self.request(FETCH_ACTOR, "throttle", {"rate": self.rate(RATES[0]), "parts": leader}, timeout=30.0)
+            self.request(FETCH_ACTOR, Throttle(self.rate(RATES[0]), leader), timeout=30.0)
 
 
 def throttled_replicas(text: str) -> set[tuple[int, int]] | None:

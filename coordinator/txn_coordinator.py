@@ -35,8 +35,8 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import (Chained, DescribeProducers, GetBounds, PartitionProducers, ProducerState, Response,
-                                     TxnAdded, TxnMarker, TxnPartsAdded)
+from odradek.actors.messages import (Chained, DescribeProducers, GetBounds, GetMetadata, PartitionProducers,
+                                     ProducerState, Response, TxnAdded, TxnMarker, TxnPartsAdded)
 from odradek.actors.runtime import Actor
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TransactionManager, TxnState
@@ -110,7 +110,7 @@ class TxnCoordinator(Actor):
                       ProducerIds(config, self.site.data_dir, broker_id, cluster_mode),
                       ClientSecurity.inter_broker(config, broker_id, self.site.data_dir) if cluster_mode else None,
                       int(config.get("transaction.max.timeout.ms", 900000)))
-        self.state.adopt(self.call(CONTROLLER, "get_metadata", timeout=30.0).fields,
+        self.state.adopt(self.call(CONTROLLER, GetMetadata(), timeout=30.0).fields.snapshot,
                          load=None if cluster_mode else self._load_now)
         interval = int(config.get("transaction.abort.timed.out.transaction.cleanup.interval.ms", 10000)) / 1000
         self.call_every(interval, self.reaper.tick)

@@ -23,8 +23,8 @@ from typing import Callable
 
 from odradek.actors.message import REPLY, Message
 from odradek.actors.names import CONTROLLER, GROUP_COORDINATOR, log_host
-from odradek.actors.messages import (Chained, OffsetsStored, PartOutcome, Response, TxnMarker, TxnOffsetsEnd,
-                                     WriteMarkers, chain_sent)
+from odradek.actors.messages import (Chained, GetBrokerEpochs, OffsetsStored, PartOutcome, Response, TxnMarker,
+                                     TxnOffsetsEnd, WriteMarkers, chain_sent)
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.offsets import offsets_leaders, partition_for
 from odradek.coordinator.transaction import COMPLETE, PREPARING, Transaction, TxnState
@@ -333,9 +333,9 @@ class MarkerWriter:
 
         def learned(reply: Message) -> None:
             if not reply.is_error:
-                self.broker_epochs = {int(b): int(e) for b, e in (reply.get("epochs") or {}).items()}
+                self.broker_epochs = {int(b): int(e) for b, e in (reply.fields.epochs or {}).items()}
             then(self.broker_epochs.get(broker))
-        self.outbox.request(CONTROLLER, "get_broker_epochs", callback=learned, timeout=10.0)
+        self.outbox.request(CONTROLLER, GetBrokerEpochs(), callback=learned, timeout=10.0)
 
     def forward_offsets(self, msg: Message, txn_id: str, body: dict) -> bool:
         """TXN_OFFSET_COMMIT reaches the *group's* coordinator (Kafka clients send it there;

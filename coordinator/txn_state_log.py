@@ -24,7 +24,7 @@ from typing import Callable
 
 from odradek.actors.message import Message
 from odradek.actors.names import CONTROLLER, log_host
-from odradek.actors.messages import GetBounds, LogBounds, Produce, ProducePart
+from odradek.actors.messages import CreateTopics, GetBounds, GetMetadata, LogBounds, Produce, ProducePart
 from odradek.coordinator.controller_kit import Outbox
 from odradek.coordinator.internal_replay import InternalReplay
 from odradek.coordinator.offsets import offsets_leaders, partition_for
@@ -91,8 +91,9 @@ class TxnStateLog:
 
     # ---- which transactional ids are ours ----------------------------------------------------
     def refresh_metadata(self) -> None:
-        self.outbox.request(CONTROLLER, "get_metadata",
-                            callback=lambda reply: None if reply.is_error else self.adopt(reply.fields), timeout=10.0)
+        self.outbox.request(CONTROLLER, GetMetadata(),
+                            callback=lambda reply: None if reply.is_error else self.adopt(reply.fields.snapshot),
+                            timeout=10.0)
 
     def adopt(self, snapshot: dict, load: Callable[[int], None] | None = None) -> None:
         """Take a newer metadata snapshot: partitions gained are loaded (by ``load(partition)``
@@ -260,7 +261,7 @@ class TxnStateLog:
     def _create_single(self, then, fail) -> None:
         """Single broker: one partition, created with the first transaction record."""
         def created(reply: Message) -> None:
-            result = {} if reply.is_error else reply.fields["body"]["topics"][0]
+            result = {} if reply.is_error else reply.fields.body["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
             if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
                 why = reply.error_message if reply.is_error else result.get("error_message")
@@ -272,9 +273,9 @@ class TxnStateLog:
             self.owned.setdefault(0, 0)
             self.outbox.later(CREATE_SETTLE, then)
 
-        self.outbox.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+        self.outbox.request(CONTROLLER, CreateTopics({"topics": [{
             "name": TXN_STATE_TOPIC, "num_partitions": 1, "replication_factor": 1,
-            "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
+            "configs": {"cleanup.policy": "compact"}}]}), callback=created, timeout=60.0)
 
     def create_state_topic(self) -> None:
         """Cluster mode: create ``__transaction_state`` through the controller (once at a
@@ -286,7 +287,7 @@ class TxnStateLog:
 
         def created(reply: Message) -> None:
             self.creating = False
-            result = {} if reply.is_error else reply.fields["body"]["topics"][0]
+            result = {} if reply.is_error else reply.fields.body["topics"][0]
             code = reply.error_code if reply.is_error else result.get("error_code")
             if code not in (0, ErrorCode.TOPIC_ALREADY_EXISTS):
                 log.info("cannot create %s yet: %s", TXN_STATE_TOPIC,
@@ -295,6 +296,6 @@ class TxnStateLog:
             log.info("created %s (%d partitions, replication factor %d)", TXN_STATE_TOPIC, n, rf)
             self.refresh_metadata()
 
-        self.outbox.request(CONTROLLER, "create_topics", {"body": {"topics": [{
+        self.outbox.request(CONTROLLER, CreateTopics({"topics": [{
             "name": TXN_STATE_TOPIC, "num_partitions": n, "replication_factor": rf,
-            "configs": {"cleanup.policy": "compact"}}]}}, callback=created, timeout=60.0)
+            "configs": {"cleanup.policy": "compact"}}]}), callback=created, timeout=60.0)

@@ -35,7 +35,7 @@ from odradek.actors.runtime import Actor, MailboxFull
 from odradek.log.epochs import epoch_mismatch
 from odradek.core.errors import OffsetOutOfRangeError
 from odradek.actors.names import CONTROLLER, LOG, partition_dir
-from odradek.actors.messages import Done, FollowersFetched, GetBounds, LogBounds, Response, Watch
+from odradek.actors.messages import Done, FollowersFetched, GetBounds, GetBrokerEpochs, LogBounds, Response, Watch
 from odradek.log import txn_index
 from odradek.log.txn_index import TxnIndex
 from odradek.log.reader import EARLIEST_TIMESTAMP, LATEST_TIMESTAMP, MAX_TIMESTAMP, LogReader
@@ -99,7 +99,7 @@ class FetchActor(Actor):
         # replica fetches held until the throttles are known (None: known, or no replicas here)
         self.before_throttles: list[Message] | None = None
         if self.args["config"].get("zookeeper.connect"):  # cluster mode: who may fetch as a replica
-            self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epochs, timeout=30.0)
+            self.request(CONTROLLER, GetBrokerEpochs(), callback=self._learn_broker_epochs, timeout=30.0)
             self.before_throttles = []
             self.call_later(THROTTLE_WAIT, self._no_throttle_word)
 
@@ -178,20 +178,20 @@ class FetchActor(Actor):
 
     def on_broker_epochs(self, msg: Message) -> None:
         self._learn_broker_epochs(msg)
-        self.reply(msg, {})
+        self.reply(msg, Done())
 
     def _learn_broker_epochs(self, msg: Message) -> None:
         if not msg.is_error:
-            self.broker_epochs = {int(b): int(e) for b, e in (msg.get("epochs") or {}).items()}
+            self.broker_epochs = {int(b): int(e) for b, e in (msg.fields.epochs or {}).items()}
 
     # ---- fetch -------------------------------------------------------------------------
     def on_throttle(self, msg: Message) -> None:
-        self.quota.set_rate(int(msg.get("rate") or UNLIMITED), time.monotonic())
+        self.quota.set_rate(int(msg.fields.rate or UNLIMITED), time.monotonic())
         if self.first_throttle:  # after a start: what the predecessor owed is not known, assume a full burst
             self.first_throttle = False
             self.quota.owe(BURST_SECONDS)
-        self.throttled = {(t, p, r) for t, p, r in msg.get("parts") or ()}
-        self.reply(msg, {})
+        self.throttled = {(t, p, r) for t, p, r in msg.fields.parts}
+        self.reply(msg, Done())
         self._serve_held_replica_fetches()
 
     def _no_throttle_word(self) -> None:

@@ -53,9 +53,11 @@ from odradek.log.files import FileLayer, SyncBatch
 from odradek.log.log import Log
 from odradek.core.records import HEADER_SIZE, LOG_OVERHEAD, OFFSET_LENGTH, OFFSET_PRODUCER_ID, BatchHeader
 from odradek.log.segment import LOG_SUFFIX
-from odradek.actors.messages import (Bounds, Chained, Done, LogDirParts, PartitionProducers, PartOutcome, PartOutcomes,
-                                     Produce, Producers, ProducerState, Response, Shutdown, TxnAdded, TxnCheck,
-                                     TxnMarker, WriteMarkers, chain_sent)
+from odradek.actors.messages import (AlterIsr, Assigned, Became, Bounds, Chained, Done, FollowerStatePart,
+                                     FollowerStates, Fsynced, FsyncedEnd, GetAssignment, LogDirParts, PartOutcome,
+                                     PartOutcomes, PartitionProducers, Produce, ProducerState, Producers, ReplicaEnd,
+                                     ReplicaEnds, Response, Shutdown, TxnAdded, TxnCheck, TxnMarker, WriteMarkers,
+                                     chain_sent)
 from odradek.log.txn_partition import (MAX_TXN_CHECK_WAIT_MS, TXN_HOLD, CheckedPart, DelayedTxnCheck, HeldAppend,
                                        TxnPartition)
 from odradek.core.protocol import ErrorCode, OdradekError, is_internal_topic
@@ -231,12 +233,12 @@ class LogActor(Actor):
         self._fsync_seconds = collections.deque(maxlen=INLINE_SYNC_WINDOW)
         self._sync_pool = concurrent.futures.ThreadPoolExecutor(SYNC_THREADS, thread_name_prefix="fsync") \
             if self.flush_before_ack else None
-        assignment = self.call(CONTROLLER, "get_assignment", {"host": self.name}, timeout=60.0)
+        assignment = self.call(CONTROLLER, GetAssignment(self.name), timeout=60.0).fields
         # Opened lazily (see "Opening lazily" above): registered now without touching a file,
         # the internal topics first in the background order (their coordinators wait on them).
         self.unopened: dict[tuple[str, int], dict] = {}
-        configs = assignment.get("configs") or {}  # single-broker: each topic's config once
-        for entry in sorted(assignment.get("open", []), key=lambda e: not is_internal_topic(e["topic"])):
+        configs = assignment.configs or {}  # single-broker: each topic's config once
+        for entry in sorted(assignment.open, key=lambda e: not is_internal_topic(e["topic"])):
             entry.setdefault("config", configs.get(entry["topic"]) or {})
             self.unopened[entry["topic"], entry["partition"]] = entry
         self._order = iter(list(self.unopened))  # the background's order (a request may open one first)
@@ -577,12 +579,11 @@ class LogActor(Actor):
                 return
             log.info("%s-%d: ISR %s -> %s", p.topic, p.partition, p.isr, isr)
             self.metrics.inc("isr_expands" if len(isr) > len(p.isr) else "isr_shrinks")
-            p.isr, p.zk_version = list(isr), reply.get("zk_version", p.zk_version)
+            p.isr, p.zk_version = list(isr), reply.fields.zk_version
             self._advance_high_watermark(p)
             self.after_batch()
 
-        self.request(CONTROLLER, "alter_isr", {"topic": p.topic, "partition": p.partition, "leader_epoch": epoch,
-                                               "isr": isr, "zk_version": p.zk_version},
+        self.request(CONTROLLER, AlterIsr(p.topic, p.partition, epoch, isr, p.zk_version),
                      callback=recorded, timeout=ALTER_ISR_TIMEOUT)
 
     def _adopt_held_isr(self, p: PartitionLog, epoch: int, held: dict) -> None:
@@ -636,8 +637,8 @@ class LogActor(Actor):
         return p
 
     def _per_partition(self, msg: Message, fn, wait_for_sync: bool = True) -> None:
-        """Run ``fn(*part)`` (it returns the partition) for each part; reply ``[topic, partition,
-        error_code, log_end_offset, fsynced_offset]`` each: the offset below which this
+        """Run ``fn(*part)`` (it returns the partition) for each part; reply a ``ReplicaEnd``
+        (``topic, partition, code, log_end_offset, fsynced_offset``) each: the offset below which this
         follower's log is on its disk, what the fetcher tells the leader. With
         ``log.flush.before.ack`` and ``wait_for_sync`` (a truncation) the reply waits until
         every partition's log end is fsynced, so it is the log end; without ``wait_for_sync``
@@ -645,21 +646,22 @@ class LogActor(Actor):
         end is told to the replica fetcher on its own (``fsynced``, ``_synced``), so the
         fetcher's next FETCH never waits for this broker's disk. With the setting off a
         follower vouches for its log end as Kafka's does."""
-        out, waits = [], []
-        for part in msg.get("parts") or ():
+        out: list[ReplicaEnd] = []
+        waits = []
+        for part in msg.fields.parts:
             topic, partition = part[0], part[1]
             try:
                 p = fn(*part)
-                row = [topic, partition, 0, p.log.log_end_offset, p.log.log_end_offset]
-                out.append(row)
+                end = synced = p.log.log_end_offset
                 self._dirty.add((topic, partition))
-                if self.flush_before_ack and p.log.durable_end < p.log.log_end_offset:
-                    row[4] = p.log.durable_end
+                if self.flush_before_ack and p.log.durable_end < end:
+                    synced = p.log.durable_end
                     self._unsynced.add((topic, partition))
                     if wait_for_sync:
-                        waits.append((p, row))
+                        waits.append((p, len(out)))
+                out.append(ReplicaEnd(topic, partition, 0, end, synced))
             except OdradekError as exc:
-                out.append([topic, partition, int(exc.code), -1, -1])
+                out.append(ReplicaEnd(topic, partition, int(exc.code), -1, -1))
                 log.warning("%s-%d: %s", topic, partition, exc.message)
         if not waits:
             if self._unsynced and self._sync_pool is not None:
@@ -668,21 +670,22 @@ class LogActor(Actor):
                 # a follower's fsync is what its leader's high watermark waits for: begun before
                 # the answer wakes the fetcher (which would take the CPU first on a busy machine)
                 self._start_syncs()
-            self.reply(msg, {"parts": out})
+            self.reply(msg, ReplicaEnds(out))
             return
         left = [len(waits)]
 
-        def synced(p: PartitionLog, row: list, error) -> None:
+        def synced(p: PartitionLog, i: int, error) -> None:
+            row = out[i]
             if error is not None:
-                row[2], row[4] = int(error.code), -1
+                out[i] = row._replace(code=int(error.code), fsynced_offset=-1)
             else:
-                row[4] = min(p.log.durable_end, row[3])
+                out[i] = row._replace(fsynced_offset=min(p.log.durable_end, row.log_end_offset))
             left[0] -= 1
             if not left[0]:
-                self._answers.append((msg, {"parts": out}))
+                self._answers.append((msg, ReplicaEnds(out)))
 
-        for p, row in waits:
-            p.on_synced.append((row[3], lambda error, p=p, row=row: synced(p, row, error)))
+        for p, i in waits:
+            p.on_synced.append((out[i].log_end_offset, lambda error, p=p, i=i: synced(p, i, error)))
 
     def on_write_markers(self, msg: Message) -> None:
         """Transaction markers from the transaction coordinator (WriteTxnMarkers): a control
@@ -820,13 +823,13 @@ class LogActor(Actor):
 
     def on_follower_state(self, msg: Message) -> None:
         out = []
-        for topic, partition in msg.get("parts") or ():
+        for topic, partition in msg.fields.parts:
             try:
                 p = self._follower(topic, partition)
-                out.append([topic, partition, 0, p.log.latest_epoch, p.log.log_end_offset])
+                out.append(FollowerStatePart(topic, partition, 0, p.log.latest_epoch, p.log.log_end_offset))
             except OdradekError as exc:
-                out.append([topic, partition, int(exc.code), -1, -1])
-        self.reply(msg, {"parts": out})
+                out.append(FollowerStatePart(topic, partition, int(exc.code), -1, -1))
+        self.reply(msg, FollowerStates(out))
 
     def on_truncate(self, msg: Message) -> None:
         """KIP-279: the leader said epoch E ended at offset X; cut to min(X, our end of E)."""
@@ -898,15 +901,16 @@ class LogActor(Actor):
         ``[[topic, partition, error code, message]]``) so the controller never reports a
         creation or deletion that did not happen."""
         failed: list = []
-        self._create_durably(msg.get("open") or (), failed)
-        for entry in msg.get("configure") or ():
+        change = msg.fields
+        self._create_durably(change.open, failed)
+        for entry in change.configure:
             p = self._partition((entry["topic"], entry["partition"]))
             if p is not None:
                 p.log.config = LogConfig.from_properties(entry["config"])
-        for entry in msg.get("close") or ():
+        for entry in change.close:
             self._attempt(failed, entry, lambda e: self._close_and_delete(
                 e["topic"], e["partition"], e["topic_id"], delete=e.get("delete", True)))
-        self._tell_fetch_actor_then(lambda: self.reply(msg, {"partitions": len(self.logs), "failed": failed}))
+        self._tell_fetch_actor_then(lambda: self.reply(msg, Assigned(len(self.logs), failed)))
 
     def _create_durably(self, entries, failed: list) -> None:
         """Open the partitions of an ``assign``. The ones whose directory does not exist yet
@@ -958,7 +962,7 @@ class LogActor(Actor):
         """LEADER_AND_ISR, this process's share: each partition becomes leader or follower at
         a leader epoch. An epoch older than the one we have is stale and refused."""
         out = []
-        for entry in msg.get("parts") or ():
+        for entry in msg.fields.parts:
             key = (entry["topic"], entry["partition"])
             try:
                 p = self._partition(key) or self._open_partition(entry)
@@ -975,7 +979,7 @@ class LogActor(Actor):
             except OSError as exc:  # a full or failing disk: this partition only, as Kafka's storage error
                 log.error("%s-%d: cannot open the replica: %s", key[0], key[1], exc)
                 out.append([key[0], key[1], int(ErrorCode.KAFKA_STORAGE_ERROR)])
-        self._tell_fetch_actor_then(lambda: self.reply(msg, {"parts": out}))
+        self._tell_fetch_actor_then(lambda: self.reply(msg, Became(out)))
 
     def _become(self, p: PartitionLog, entry: dict) -> None:
         leader, epoch = entry["leader"], entry["leader_epoch"]
@@ -1203,12 +1207,13 @@ class LogActor(Actor):
         """A follower's few appended partitions on a fast disk: fsync them here, before the
         answer (``rows``, whose fsynced offsets it updates; see INLINE_SYNC_PARTS). A partition
         with a sync in flight on a thread is left to it (their ends must not cross)."""
-        keys = [(row[0], row[1]) for row in rows if row[2] == 0 and row[4] < row[3]]
+        keys = [(row.topic, row.partition) for row in rows
+                if row.code == 0 and row.fsynced_offset < row.log_end_offset]
         if not keys or len(keys) > INLINE_SYNC_PARTS or any(k in self._syncing for k in keys) or \
                 (self._fsync_seconds and max(self._fsync_seconds) > INLINE_SYNC_MAX_S):
             return
-        for row in rows:
-            key = (row[0], row[1])
+        for i, row in enumerate(rows):
+            key = (row.topic, row.partition)
             p = self.logs.get(key)
             if key not in keys or p is None:
                 continue
@@ -1218,11 +1223,11 @@ class LogActor(Actor):
                 self._run_sync_job(job)
                 if job.error is not None:
                     self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
-                    row[2], row[4] = int(job.error.code), -1
+                    rows[i] = row._replace(code=int(job.error.code), fsynced_offset=-1)
                     return
                 p.log.end_sync(job)
                 self._run_synced(p)
-            row[4] = min(p.log.durable_end, row[3])
+            rows[i] = row._replace(fsynced_offset=min(p.log.durable_end, row.log_end_offset))
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)
 
@@ -1308,8 +1313,8 @@ class LogActor(Actor):
     def after_batch(self) -> None:
         if self._fsynced_out:
             try:
-                self.send(REPLICA_FETCHER, "fsynced", {"parts": [[t, q, end] for (t, q), end in
-                                                                 self._fsynced_out.items()]})
+                self.send(REPLICA_FETCHER, Fsynced([FsyncedEnd(t, q, end) for (t, q), end in
+                                                    self._fsynced_out.items()]))
                 self._fsynced_out.clear()
             except MailboxFull:  # the next batch tries again
                 pass

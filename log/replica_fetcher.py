@@ -6,7 +6,7 @@ inter-broker listener (TLS, SASL, BROKER_PROOF); per followed partition, its lea
 epoch, fetch offset and the leader's high watermark; the follower-side replication throttle.
 Accepts:
   follow {parts, brokers}: from the controller (broker agent): add or update partitions;
-      answered ``{}`` at once, the work is asynchronous
+      answered ``Done`` at once, the work is asynchronous
   unfollow {parts}: likewise
   broker_epochs {epochs}: from the broker agent: this broker's epoch goes with every FETCH
   throttle {rate, parts}: from the controller: the followed partitions throttled here
@@ -33,6 +33,8 @@ import time
 from typing import Any, Callable, NamedTuple
 
 from odradek.actors.message import Message
+from odradek.actors.messages import (Done, FollowerState, FollowerStatePart, GetBrokerEpochs, ReplicaEnd,
+                                     Replicate, ReplicatePart, Truncate, TruncateFully, TruncateFullyPart, TruncatePart)
 from odradek.actors.names import CONTROLLER, log_host
 from odradek.actors.runtime import Actor
 from odradek.core import records as fmt
@@ -120,17 +122,17 @@ def epoch_answers(body: dict) -> dict:
 def truncate_entry(topic: str, partition: int, latest_epoch: int, answer) -> tuple[str, Any]:
     """What to do with one partition once its log actor's state and (when asked) the leader's
     answer are known. ``answer`` is ``(error_code, leader_epoch, end_offset)`` or None when the
-    leader was not asked (an empty epoch cache). Returns ``("truncate", [topic, partition,
-    leader_epoch, end_offset])`` for the log actor, or ``("error", code)``."""
+    leader was not asked (an empty epoch cache). Returns ``("truncate", TruncatePart)`` for the
+    log actor, or ``("error", code)``."""
     if latest_epoch < 0:
-        return "truncate", [topic, partition, -1, -1]  # nothing to compare: the log actor decides
+        return "truncate", TruncatePart(topic, partition, -1, -1)  # nothing to compare: the log actor decides
     if answer is None:
         return "error", int(ErrorCode.UNKNOWN_SERVER_ERROR)
     code, epoch, end = answer
     if code:
         return "error", code
-    return "truncate", [topic, partition, epoch if isinstance(epoch, int) else -1,
-                        end if isinstance(end, int) else -1]
+    return "truncate", TruncatePart(topic, partition, epoch if isinstance(epoch, int) else -1,
+                                    end if isinstance(end, int) else -1)
 
 
 class Payload:
@@ -267,10 +269,9 @@ def group_by_host(items, hosts: int, key=lambda item: (item[0], item[1])) -> dic
     return out
 
 
-def _synced(fsynced: list, end: int) -> int:
-    """The log actor's ``fsynced_offset`` (the fifth field of its answer), at most ``end``;
-    -1 (nothing vouched for) when it is missing or not an offset."""
-    value = fsynced[0] if fsynced else -1
+def _synced(value, end: int) -> int:
+    """The log actor's ``fsynced_offset`` (``ReplicaEnd``), at most ``end``; -1 (nothing
+    vouched for) when it is not an offset."""
     return min(value, end) if isinstance(value, int) and not isinstance(value, bool) else -1
 
 
@@ -417,7 +418,7 @@ class ReplicaFetcher(Actor):
         self.throttled_bytes = 0
         self.closing = False
         self.broker_epoch = -1  # the czxid of our registration: proves our replica_id to leaders
-        self.request(CONTROLLER, "get_broker_epochs", callback=self._learn_broker_epoch, timeout=LOCAL_TIMEOUT)
+        self.request(CONTROLLER, GetBrokerEpochs(), callback=self._learn_broker_epoch, timeout=LOCAL_TIMEOUT)
         self.call_every(1.0, self._reap)
 
     def on_stop(self) -> None:
@@ -454,7 +455,7 @@ class ReplicaFetcher(Actor):
         report), as that FETCH may wait at the leader for data until its max wait; a session
         between fetches carries it in its next one."""
         sessions = set()
-        for topic, partition, end in msg.get("parts") or ():
+        for topic, partition, end in msg.fields.parts:
             p = self.parts.get((topic, partition))
             if p is None or p.state != FETCHING or not isinstance(end, int):
                 continue  # a truncation under way answers with its own fsynced offset
@@ -494,35 +495,35 @@ class ReplicaFetcher(Actor):
     # ---- from the controller -----------------------------------------------------------
     def on_broker_epochs(self, msg: Message) -> None:
         self._learn_broker_epoch(msg)
-        self.reply(msg, {})
+        self.reply(msg, Done())
 
     def _learn_broker_epoch(self, msg: Message) -> None:
         if not msg.is_error:
-            self.broker_epoch = int((msg.get("epochs") or {}).get(str(self.broker_id), -1))
+            self.broker_epoch = int((msg.fields.epochs or {}).get(str(self.broker_id), -1))
 
     def on_follow(self, msg: Message) -> None:
-        for broker, address in (msg.get("brokers") or {}).items():
+        for broker, address in (msg.fields.brokers or {}).items():
             self._set_broker(int(broker), address)
-        for entry in msg.get("parts") or ():
-            self._follow(entry["topic"], entry["partition"], int(entry["leader"]), int(entry["leader_epoch"]))
-        self.reply(msg, {})
+        for topic, partition, leader, leader_epoch in msg.fields.parts:
+            self._follow(topic, partition, int(leader), int(leader_epoch))
+        self.reply(msg, Done())
         self._attach_waiting()
         for s in list(self.sessions.values()):
             self._kick(s)
 
     def on_throttle(self, msg: Message) -> None:
-        self.quota.set_rate(int(msg.get("rate") or UNLIMITED), self.clock())
-        self.throttled = {(t, p) for t, p in msg.get("parts") or ()}
-        self.reply(msg, {})
+        self.quota.set_rate(int(msg.fields.rate or UNLIMITED), self.clock())
+        self.throttled = {(t, p) for t, p in msg.fields.parts}
+        self.reply(msg, Done())
         for s in list(self.sessions.values()):
             self._kick(s)
 
     def on_unfollow(self, msg: Message) -> None:
-        for topic, partition in msg.get("parts") or ():
+        for topic, partition in msg.fields.parts:
             p = self.parts.pop((topic, partition), None)
             if p is not None:
                 self._leave_session(p)
-        self.reply(msg, {})
+        self.reply(msg, Done())
 
     def _set_broker(self, broker: int, address) -> None:
         host, port = address[0], int(address[1])
@@ -647,7 +648,7 @@ class ReplicaFetcher(Actor):
         for p in parts:
             p.state = TRUNCATING
         for host, group in group_by_host([(p.topic, p.partition, p.gen) for p in parts], self.log_hosts).items():
-            self.request(host, "follower_state", {"parts": [[t, q] for t, q, _ in group]}, timeout=LOCAL_TIMEOUT,
+            self.request(host, FollowerState([[t, q] for t, q, _ in group]), timeout=LOCAL_TIMEOUT,
                          callback=lambda reply, s=s, group=group: self._on_follower_state(s, group, reply))
 
     def _still(self, topic: str, partition: int, gen: int, state: str) -> Followed | None:
@@ -675,7 +676,8 @@ class ReplicaFetcher(Actor):
             self._kick(s)
             return
         ask, direct = [], []
-        for t, q, code, latest_epoch, _end in reply.get("parts") or ():
+        for part in reply.fields.parts:
+            t, q, code, latest_epoch, _end = FollowerStatePart._make(part)
             p = self._still(t, q, gens.pop((t, q), -1), TRUNCATING)
             if p is None:
                 continue
@@ -685,7 +687,7 @@ class ReplicaFetcher(Actor):
                 direct.append((p, truncate_entry(t, q, latest_epoch, None)[1]))
             else:
                 ask.append((p, latest_epoch))
-        self._unanswered_parts(gens, "follower_state")
+        self._unanswered_parts(gens, FollowerState.TYPE)
         if direct:
             self._send_truncate(s, direct)
         if ask and self._current(s):
@@ -724,12 +726,14 @@ class ReplicaFetcher(Actor):
             self._send_truncate(s, todo)
         self._kick(s)
 
-    def _send_truncate(self, s: LeaderSession, todo: list, type_: str = "truncate") -> None:
-        """``todo`` = ``[(Followed, [topic, partition, ...args])]`` -> one request per log actor."""
+    def _send_truncate(self, s: LeaderSession, todo: list, kind: type = Truncate) -> None:
+        """``todo`` = ``[(Followed, TruncatePart or TruncateFullyPart)]`` -> one ``kind``
+        (``Truncate``, ``TruncateFully``) per log actor."""
         for host, group in group_by_host(todo, self.log_hosts, key=lambda item: item[0].key).items():
             sent = {(p.topic, p.partition): p.gen for p, _ in group}
-            self.request(host, type_, {"parts": [entry for _, entry in group]}, timeout=LOCAL_TIMEOUT,
-                         callback=lambda reply, s=s, sent=sent, type_=type_: self._on_truncated(s, sent, reply, type_))
+            self.request(host, kind([entry for _, entry in group]), timeout=LOCAL_TIMEOUT,
+                         callback=lambda reply, s=s, sent=sent, type_=kind.TYPE: self._on_truncated(s, sent, reply,
+                                                                                                   type_))
 
     def _on_truncated(self, s: LeaderSession, sent: dict, reply: Message, type_: str) -> None:
         if reply.is_error:
@@ -740,7 +744,8 @@ class ReplicaFetcher(Actor):
             self._kick(s)
             return
         sent = dict(sent)
-        for t, q, code, end, *fsynced in reply.get("parts") or ():
+        for part in reply.fields.parts:
+            t, q, code, end, fsynced = ReplicaEnd._make(part)
             p = self._still(t, q, sent.pop((t, q), -1), TRUNCATING)
             if p is None:
                 continue
@@ -814,7 +819,7 @@ class ReplicaFetcher(Actor):
                 log.info("%s-%d: offset %d is below the leader's log start %d: starting empty there", t, q,
                          offset, action.offset)
                 p.state, p.gen = TRUNCATING, p.gen + 1
-                fully.append((p, [t, q, action.offset]))
+                fully.append((p, TruncateFullyPart(t, q, action.offset)))
             elif action.kind == RETRUNCATE:
                 p.out_of_range += 1
                 log.info("%s-%d: offset %d is out of range at the leader; truncating again", t, q, offset)
@@ -829,7 +834,7 @@ class ReplicaFetcher(Actor):
                              self.backoff)
                 p.retry_at, p.why = now + self.backoff, action.why
         if fully:
-            self._send_truncate(s, fully, "truncate_fully")
+            self._send_truncate(s, fully, TruncateFully)
         if not todo:
             s.busy = False
             self._kick(s)
@@ -847,10 +852,10 @@ class ReplicaFetcher(Actor):
                 if action.kind == APPEND:
                     frame = len(frames)
                     frames.append(action.records)
-                parts.append([p.topic, p.partition, frame, p.leader_epoch, data.high_watermark,
-                              data.log_start_offset])
+                parts.append(ReplicatePart(p.topic, p.partition, frame, p.leader_epoch, data.high_watermark,
+                                           data.log_start_offset))
                 sent[p.key] = (p.gen, data, action)
-            self.request(host, "replicate", {"parts": parts}, frames, timeout=LOCAL_TIMEOUT,
+            self.request(host, Replicate(parts), frames=frames, timeout=LOCAL_TIMEOUT,
                          callback=lambda reply, s=s, sent=sent: self._on_replicated(s, sent, reply, pending))
 
     def _on_replicated(self, s: LeaderSession, sent: dict, reply: Message, pending: dict) -> None:
@@ -861,7 +866,8 @@ class ReplicaFetcher(Actor):
                 if p is not None:
                     self._retry_truncation(p, f"replicate: {reply.error_message}")
         else:
-            for t, q, code, end, *fsynced in reply.get("parts") or ():
+            for part in reply.fields.parts:
+                t, q, code, end, fsynced = ReplicaEnd._make(part)
                 g, data, action = sent.get((t, q), (-1, None, None))
                 p = self._still(t, q, g, FETCHING)
                 if p is None:

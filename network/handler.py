@@ -31,9 +31,11 @@ import time
 from typing import Callable
 
 from odradek.actors.message import Message
-from odradek.actors.messages import (DeleteRecords, DeleteRecordsPart, DescribeLogDirs, EpochQuery, ErrorReply, Fetch,
-                                     GroupRequest, ListOffsets, OffsetForLeaderEpoch, PartError, Produce, Response,
-                                     Scale, Status, TxnRequest)
+from odradek.actors.messages import (AlterTopicConfigs, BrokerRequest, CreateTopics, DeleteRecords, DeleteRecordsPart,
+                                     DeleteTopics, DescribeLogDirs, EpochQuery, ErrorReply, Fetch, GetBrokerConfigs,
+                                     GetMetadata, GroupRequest, ListOffsets, MetadataVersion, OffsetForLeaderEpoch,
+                                     PartError, Produce, Response, Scale, SetBrokerConfigs, SetThrottleRates, Status,
+                                     TxnRequest)
 from odradek.actors.names import CONTROLLER, FETCH_ACTOR, GROUP_COORDINATOR, HANDLER, TXN_COORDINATOR, log_host, log_host_name
 from odradek.actors.runtime import Actor
 from odradek.core.config import kafka_value
@@ -212,11 +214,11 @@ class RequestHandler(Actor):
         self.credentials = Credentials(self.args.get("data_dir") or ".", self.config)  # SCRAM users (KIP-554)
 
     def on_start(self) -> None:
-        self._adopt(self.call(CONTROLLER, "get_metadata", timeout=60.0).fields)
+        self._adopt(self.call(CONTROLLER, GetMetadata(), timeout=60.0).fields.snapshot)
 
     def on_metadata(self, msg: Message) -> None:
-        self._adopt(msg.fields)
-        self.reply(msg, {"version": self.metadata_version})
+        self._adopt(msg.fields.snapshot)
+        self.reply(msg, MetadataVersion(self.metadata_version))
 
     def _adopt(self, snapshot: dict) -> None:
         if snapshot["version"] >= self.metadata_version:
@@ -482,7 +484,7 @@ class RequestHandler(Actor):
 
     def to_controller_actor(self, msg: Message, body: dict) -> None:
         api = msg.fields.api
-        self._change_topics(msg, body, "broker_request", lambda b: {"api": api, "body": b})
+        self._change_topics(msg, body, lambda b: BrokerRequest(api, b))
 
     def to_fetch_actor(self, msg: Message, body: dict) -> None:
         self.forward(msg, FETCH_ACTOR, Fetch(body) if msg.fields.api == ApiKey.FETCH else ListOffsets(body), frames=())
@@ -586,10 +588,9 @@ class RequestHandler(Actor):
             for t in field(body, "topics", list) if isinstance(t, dict)]}))
 
     def to_controller(self, msg: Message, body: dict) -> None:
-        kind = "create_topics" if msg.fields.api == ApiKey.CREATE_TOPICS else "delete_topics"
-        self._change_topics(msg, body, kind, lambda b: {"body": b})
+        self._change_topics(msg, body, CreateTopics if msg.fields.api == ApiKey.CREATE_TOPICS else DeleteTopics)
 
-    def _change_topics(self, msg: Message, body: dict, type_: str, fields_of: Callable[[dict], dict]) -> None:
+    def _change_topics(self, msg: Message, body: dict, body_of: Callable[[dict], tuple]) -> None:
         """Forward a request to the controller; a topic change (``TOPIC_CHANGES``) that names
         internal topics has their entries refused here (INVALID_TOPIC_EXCEPTION), merged into
         the controller's answer for the others. Every client's path to the controller (Kafka
@@ -601,7 +602,7 @@ class RequestHandler(Actor):
         items = body.get(change[0]) if change else None
         names = [_topic_name(i) for i in items if _refused_change(api, i)] if isinstance(items, list) else []
         if not names:
-            self.forward(msg, CONTROLLER, type_, fields_of(body), ())
+            self.forward(msg, CONTROLLER, body_of(body), frames=())
             return
         key, results, words = change
         how = " but as its coordinator does (cleanup.policy=compact, no other config but segment.bytes)" \
@@ -610,18 +611,18 @@ class RequestHandler(Actor):
                     "error_message": _internal_topic_refusal(n, words) + how} for n in dict.fromkeys(names)]
         rest = [i for i in items if not _refused_change(api, i)]
         if not rest:
-            self.reply(msg, {"body": {results: refused}})
+            self.reply(msg, Response({results: refused}))
             return
 
         def merged(reply: Message) -> None:
             if reply.is_error:
                 self.reply_error(msg, reply.error_code, reply.error_message)
                 return
-            answer = dict(reply.fields["body"])
+            answer = dict(reply.fields.body)
             answer[results] = list(answer.get(results) or ()) + refused
-            self.reply(msg, {**reply.fields, "body": answer})
+            self.reply(msg, reply.fields._replace(body=answer))
 
-        self.request(CONTROLLER, type_, fields_of({**body, key: rest}), callback=merged, timeout=TOPIC_CHANGE_TIMEOUT)
+        self.request(CONTROLLER, body_of({**body, key: rest}), callback=merged, timeout=TOPIC_CHANGE_TIMEOUT)
 
     # ---- APIs ----------------------------------------------------------------------------
     def ping(self, msg: Message, body: dict) -> None:
@@ -678,8 +679,7 @@ class RequestHandler(Actor):
                 topics.append({"name": name, "error_code": int(ErrorCode.UNKNOWN_TOPIC_OR_PARTITION),
                                "error_message": f"topic '{name}' does not exist", "partitions": []})
         if missing and self._auto_create(body):
-            self.request(CONTROLLER, "create_topics", {"body": {"topics": [{"name": n} for n in missing]}},
-                         timeout=GATHER_TIMEOUT)
+            self.request(CONTROLLER, CreateTopics({"topics": [{"name": n} for n in missing]}), timeout=GATHER_TIMEOUT)
         if self.advertised[1] == 0 or any(p == 0 for _h, p in self.listener_addresses.values()):  # learn it once
             self._ask_status(lambda status: self._learn_address(status) or self._metadata(msg, topics))
         else:
@@ -715,14 +715,14 @@ class RequestHandler(Actor):
             host, port = self.listener_addresses.get(msg.fields.listener, self.advertised)
             brokers = [{"node_id": self.broker_id, "host": host, "port": port}]
         asked = msg.fields.body.get("include_cluster_authorized_operations")
-        self.reply(msg, {"body": {
+        self.reply(msg, Response({
             "cluster_id": self.config.get("cluster.id", "odradek"),
             "controller_id": self.controller_id,
             "brokers": brokers,
             "topics": topics,
             **({"cluster_authorized_operations": self._operations(msg.fields, "Cluster", CLUSTER)}
                if asked else {}),
-        }})
+        }))
 
     def _operations(self, fields: dict, resource: str, name: str) -> int:
         """Kafka's bit set (bit = ACL operation code) of the operations on a resource that the
@@ -735,7 +735,7 @@ class RequestHandler(Actor):
         topic_out = [self._describe_topic(res) for res in _topic_resources(body)]
         resources = self._broker_resources(body)
         if not resources:
-            self.reply(msg, {"body": {"resources": topic_out}})
+            self.reply(msg, Response({"resources": topic_out}))
             return
 
         def answer(stored: dict, status: Message) -> None:
@@ -761,16 +761,16 @@ class RequestHandler(Actor):
                                     **({"source": source} if source else {})})
                 out.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": "",
                             "configs": configs})
-            self.reply(msg, {"body": {"resources": out + topic_out}})
+            self.reply(msg, Response({"resources": out + topic_out}))
 
         def with_stored(reply: Message) -> None:
             if reply.is_error:
                 log.warning("the broker configs set at run time are not known (%s): described without them",
                             reply.error_message)
-            stored = {} if reply.is_error else dict((reply.fields or {}).get("configs") or {})
+            stored = {} if reply.is_error else dict(reply.fields.configs or {})
             self._ask_status(lambda status: answer(stored, status))
 
-        self.request(CONTROLLER, "get_broker_configs", {}, callback=with_stored, timeout=GATHER_TIMEOUT)
+        self.request(CONTROLLER, GetBrokerConfigs(), callback=with_stored, timeout=GATHER_TIMEOUT)
 
     def incremental_alter_configs(self, msg: Message, body: dict) -> None:
         resources = _topic_resources(body)
@@ -786,15 +786,15 @@ class RequestHandler(Actor):
         if topics:  # the controller owns topic configs; broker ones are handled here
             def merged(reply: Message) -> None:
                 rest = {**body, "resources": [r for r in body["resources"] if r not in resources]}
-                done = internal + (reply.fields["body"]["resources"] if not reply.is_error else [
+                done = internal + (reply.fields.body["resources"] if not reply.is_error else [
                     {"type": "topic", "name": r.get("name"), "error_code": reply.error_code,
                      "error_message": reply.error_message} for r in topics])
                 if not rest["resources"]:
-                    self.reply(msg, {"body": {"resources": done}})
+                    self.reply(msg, Response({"resources": done}))
                 else:
                     self._alter_broker(msg, rest, done)
-            self.request(CONTROLLER, "alter_topic_configs", {"body": {"resources": topics,
-                                                                      "validate_only": body.get("validate_only")}},
+            self.request(CONTROLLER, AlterTopicConfigs({"resources": topics,
+                                                        "validate_only": body.get("validate_only")}),
                          callback=merged, timeout=GATHER_TIMEOUT)
             return
         self._alter_broker(msg, body, internal)  # it answers the broker resources (topic ones: ``internal``)
@@ -817,10 +817,9 @@ class RequestHandler(Actor):
             results.append({"type": "broker", "name": res["name"], "error_code": 0, "error_message": ""})
         # the controller actor keeps them: the throttle rates (coordinator.throttles), then the
         # configs accepted without effect (controller_kit.BrokerConfigStore); then the rest
-        stores = [(what, key, changes) for what, key, changes in (
-            ("set_throttle_rates", "rates", rates), ("set_broker_configs", "configs", kept)) if changes]
+        stores = [(kind, changes) for kind, changes in ((SetThrottleRates, rates), (SetBrokerConfigs, kept)) if changes]
         if stores and not body.get("validate_only"):
-            what, key, changes = stores[0]
+            kind, changes = stores[0]
             rest = {**body, "resources": [{**r, "configs": [c for c in r.get("configs") or []
                                                             if c.get("name") not in changes]}
                                           for r in body.get("resources") or []]}
@@ -832,18 +831,18 @@ class RequestHandler(Actor):
                 for r in results[len(done):]:
                     if r["error_code"] == 0:
                         r["error_code"], r["error_message"] = reply.error_code, reply.error_message
-                self.reply(msg, {"body": {"resources": results}})
-            self.request(CONTROLLER, what, {key: changes}, timeout=GATHER_TIMEOUT, callback=stored)
+                self.reply(msg, Response({"resources": results}))
+            self.request(CONTROLLER, kind(changes), timeout=GATHER_TIMEOUT, callback=stored)
             return
         if scale_to is None:
-            self.reply(msg, {"body": {"resources": results}})
+            self.reply(msg, Response({"resources": results}))
             return
 
         def scaled(reply: Message) -> None:
             for r in results:
                 if r["error_code"] == 0 and reply.is_error:
                     r["error_code"], r["error_message"] = reply.error_code, reply.error_message
-            self.reply(msg, {"body": {"resources": results}})
+            self.reply(msg, Response({"resources": results}))
 
         self.request(self.supervisor, Scale(HANDLER, scale_to), callback=scaled, timeout=SCALE_TIMEOUT)
 

@@ -79,6 +79,8 @@ CLIENT_ID_LABEL_MAX = 100  # a longer client id counts as "(other)" too
 CLIENT_ID_KEPT = 256  # characters of a client id a connection keeps for its log lines
 
 
+_NO_BODY = Response({})  # a _reply without a body
+
 class Slot:
     """A request's place in its connection's answer order: ``bufs``, its answer's buffers once
     known (None until then). A request sent on (not answered here) also has its metrics label
@@ -839,11 +841,8 @@ class Processor(Actor):
             conn.at_handler -= 1
         slot = rec.slot
         corr, slot.answered = slot.corr, self.clock()
-        answer = None if reply.type == ERROR else reply.fields  # None: an _error (ErrorReply)
-        if reply.type != ERROR and type(answer) is not Response:
-            # TRANSITIONAL (issue 31): removed once every answer is a Response
-            answer = answer or {}
-            answer = Response(answer.get("body") or {}, answer.get("files") or [], answer.get("remote_ms", 0.0))
+        # None: an _error (ErrorReply); a _reply is a Response (the runtime typed it), an empty one if bodiless
+        answer = None if reply.type == ERROR else (reply.fields or _NO_BODY)
         # Kafka's remote time: what the answering actor held it in a purgatory (acks=all, long poll)
         self.metrics.observe("request_remote_ms", (slot.api,), 0 if answer is None else answer.remote_ms)
         throttle = 0.0 if slot.no_quota else self._quota_delay(conn, rec, reply, answer)

@@ -16,10 +16,10 @@ for 100 B and 64 KiB payloads by default.
     python -m odradek.bench.hop [--sizes 100,65536] [--seconds 3]
 
 Accepts (``Echo``):
-  ping  + payload frame: answered with the same frames
-  data  + payload frame: counted; with {ack} answered by ``credit {count}`` to that actor
+  hop_ping (Ping) + payload frame: answered with the same frames
+  hop_data (Data) + payload frame: counted; with ``ack`` answered ``Credit`` to that actor
 Accepts (``Driver``):
-  credit {count}  from the echo: how many ``data`` messages it has counted
+  hop_credit (Credit)  from the echo: how many ``hop_data`` messages it has counted
 """
 from __future__ import annotations
 
@@ -32,22 +32,45 @@ import sys
 import tempfile
 import time
 
+from typing import NamedTuple
+
+from odradek.actors.messages import message
 from odradek.actors.runtime import Actor, MailboxFull
 
 
+@message("hop_ping")
+class Ping(NamedTuple):
+    """The driver to the echo actor: answered with no body and the same frames."""
+
+
+@message("hop_data")
+class Data(NamedTuple):
+    """One-way; every ``ack``-th names the driver, which the echo actor then sends ``Credit``."""
+
+    ack: str | None = None
+
+
+@message("hop_credit")
+class Credit(NamedTuple):
+    count: int
+
+
+_DATA = Data()  # built once: the stream sends hundreds of thousands
+
+
 class Echo(Actor):
-    """Answers ``ping`` with its frames; counts ``data`` and acknowledges every ``ack`` of them."""
+    """Answers ``Ping`` with its frames; counts ``Data`` and acknowledges every ``ack`` of them."""
 
     def on_start(self) -> None:
         self.count = 0
 
-    def on_ping(self, msg) -> None:
+    def on_hop_ping(self, msg) -> None:
         self.reply(msg, None, msg.frames)
 
-    def on_data(self, msg) -> None:
+    def on_hop_data(self, msg) -> None:
         self.count += 1
-        if msg.fields and msg.fields.get("ack"):
-            self.send(msg.fields["ack"], "credit", {"count": self.count})
+        if msg.fields.ack:
+            self.send(msg.fields.ack, Credit(self.count))
 
 
 class Driver(Actor):
@@ -75,7 +98,7 @@ class Driver(Actor):
     # latency: one request in flight
     def _ping(self) -> None:
         self.t0 = time.perf_counter()
-        self.request(self.peer, "ping", None, [self.payload], callback=self._pong, timeout=10)
+        self.request(self.peer, Ping(), frames=[self.payload], callback=self._pong, timeout=10)
 
     def _pong(self, reply) -> None:
         elapsed = time.perf_counter() - self.t0
@@ -100,19 +123,19 @@ class Driver(Actor):
         self._fill()
 
     def _fill(self) -> None:
+        acked = Data(self.name)
         while self.sent - self.acked < self.window and time.perf_counter() < self.deadline:
             self.sent += 1
-            fields = {"ack": self.name} if self.sent % self.ack_every == 0 else None
             try:
-                self.send(self.peer, "data", fields, [self.payload])
+                self.send(self.peer, acked if self.sent % self.ack_every == 0 else _DATA, [self.payload])
             except MailboxFull:
                 self.sent -= 1
                 break
         if time.perf_counter() >= self.deadline and self.acked >= self.sent - self.sent % self.ack_every:
             self._finish()
 
-    def on_credit(self, msg) -> None:
-        self.acked = msg.fields["count"] - self.base
+    def on_hop_credit(self, msg) -> None:
+        self.acked = msg.fields.count - self.base
         self._fill()
 
     def _finish(self) -> None:

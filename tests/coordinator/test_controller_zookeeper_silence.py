@@ -138,7 +138,7 @@ def test_a_broker_epoch_zookeeper_does_not_answer_for_is_kept_not_dropped():
 
     told: list = []
     later: list = []
-    outbox = Outbox(send=None, request=lambda to, type_, fields, **kw: told.append((to, fields["epochs"])),
+    outbox = Outbox(send=None, request=lambda to, body, **kw: told.append((to, body.epochs)),
                     reply=None, reply_error=None, post=lambda fn: fn(), members=lambda role: [],
                     later=lambda delay, fn: later.append(fn))
     zk = Exists()

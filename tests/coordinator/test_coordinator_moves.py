@@ -11,6 +11,7 @@ import time
 import pytest
 
 from odradek.actors.client import MailboxClient
+from odradek.actors.messages import GetMetadata, Metadata, MetadataVersion
 from odradek.coordinator.offsets import OFFSETS_TOPIC, partition_for
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import Producer
@@ -25,7 +26,7 @@ def cluster_view(broker, version: int, moved: dict[int, int]) -> dict:
     broker (id 0, port 0 as in single mode) leads everything but the ``moved`` partitions
     of ``__consumer_offsets`` (partition -> leader, -1: none)."""
     with MailboxClient(broker.run_dir) as client:
-        snap = client.request("controller", "get_metadata").fields
+        snap = client.request("controller", GetMetadata()).fields.snapshot
     snap.update(version=version, broker_id=0, controller_id=0,
                 brokers={"0": ["127.0.0.1", 0], str(OTHER): ["10.9.8.7", 19092]})
     for name, t in snap["topics"].items():
@@ -37,7 +38,7 @@ def cluster_view(broker, version: int, moved: dict[int, int]) -> dict:
 
 def push(broker, snapshot: dict) -> dict:
     with MailboxClient(broker.run_dir) as client:
-        return client.request("group_coordinator", "metadata", snapshot).fields
+        return client.request("group_coordinator", Metadata(snapshot)).fields
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_groups_of_a_partition_another_broker_leads_move_there_and_come_back(b):
         t.start()
         wait_until(lambda: coordinator_stats(b)["held"] == 1, what="the heartbeat to be held")
         version = coordinator_stats(b)["metadata_version"] + 1000  # above anything the controller has
-        assert push(b, cluster_view(b, version, moved={1: OTHER})) == {"version": version}
+        assert push(b, cluster_view(b, version, moved={1: OTHER})) == MetadataVersion(version)
         t.join(30)
         assert out["took"] < 10 and out["error"].code == ErrorCode.NOT_COORDINATOR
 

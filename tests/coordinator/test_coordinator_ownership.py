@@ -14,6 +14,8 @@ import os
 import threading
 import time
 
+from typing import NamedTuple
+
 import pytest
 
 from odradek.actors.client import MailboxClient
@@ -23,7 +25,7 @@ from odradek.coordinator.group_writes import commit_error, group_write_error
 from odradek.coordinator.offsets import OFFSETS_TOPIC, led_partitions, offsets_leaders, partition_for
 from odradek.core.protocol import ApiKey, ErrorCode, OdradekError
 from odradek import config as cfg
-from odradek.actors.messages import Bounds, GroupRequest, Response, Stats
+from odradek.actors.messages import Bounds, Done, GroupRequest, Metadata, MetadataVersion, Response, Stats, message
 from tests.network.helpers import wait_until
 
 N = 4  # offsets partitions
@@ -84,16 +86,25 @@ def test_write_errors_map_to_retriable_coordinator_errors_as_in_kafka():
 
 
 # ---- fakes -------------------------------------------------------------------------------------
+@message("configure", reply=Done)
+class Configure(NamedTuple):
+    """The test to its fake log actor: what to change (None: leave it)."""
+
+    hold_bounds: bool | None = None
+    produce_error: int | None = None
+    following: list | None = None
+
+
 class FakeController(Actor):
     def on_start(self):
         self.snapshot = self.args["snapshot"]
         self.creates = []
 
     def on_get_metadata(self, msg):
-        self.reply(msg, self.snapshot)
+        self.reply(msg, Metadata(self.snapshot))
 
     def on_create_topics(self, msg):
-        self.creates.append(msg.get("body"))
+        self.creates.append(msg.fields.body)
         self.reply_error(msg, ErrorCode.NOT_CONTROLLER, "broker 2 is the active controller")
 
 
@@ -105,14 +116,15 @@ class FakeLog(Actor):
         self.following, self.bounds_asked = set(), 0  # partitions hosted as a follower
 
     def on_configure(self, msg):
-        self.hold_bounds = msg.get("hold_bounds", self.hold_bounds)
-        self.produce_error = msg.get("produce_error", self.produce_error)
-        self.following = set(msg.get("following", self.following))
+        change = msg.fields
+        self.hold_bounds = self.hold_bounds if change.hold_bounds is None else change.hold_bounds
+        self.produce_error = self.produce_error if change.produce_error is None else change.produce_error
+        self.following = self.following if change.following is None else set(change.following)
         if not self.hold_bounds:
             for m in self.held:
                 self.on_get_bounds(m)
             self.held = []
-        self.reply(msg, {})
+        self.reply(msg, Done())
 
     def on_get_bounds(self, msg):
         if self.hold_bounds:
@@ -173,7 +185,7 @@ class Cluster:
                                    timeout=timeout).fields.body
 
     def push(self, snapshot):
-        return self.client.request("group_coordinator", "metadata", snapshot).fields
+        return self.client.request("group_coordinator", Metadata(snapshot)).fields
 
     def commit(self, gid, offset=1):
         body = self.group(ApiKey.OFFSET_COMMIT, {"group_id": gid, "topics": [
@@ -228,15 +240,15 @@ def test_failed_replicated_writes_fail_commits_and_heartbeats_with_retriable_cod
     for produce_error, expected in [(ErrorCode.NOT_ENOUGH_REPLICAS, ErrorCode.COORDINATOR_NOT_AVAILABLE),
                                     (ErrorCode.REQUEST_TIMED_OUT, ErrorCode.REQUEST_TIMED_OUT),
                                     (ErrorCode.NOT_LEADER_OR_FOLLOWER, ErrorCode.NOT_COORDINATOR)]:
-        cluster.client.request("log-0", "configure", {"produce_error": int(produce_error)})
+        cluster.client.request("log-0", Configure(produce_error=int(produce_error)))
         code, message = cluster.commit(gid, 7)
         assert code == expected and produce_error.name in message
-    cluster.client.request("log-0", "configure", {"produce_error": int(ErrorCode.NOT_LEADER_OR_FOLLOWER)})
+    cluster.client.request("log-0", Configure(produce_error=int(ErrorCode.NOT_LEADER_OR_FOLLOWER)))
     err = cluster.error_of(ApiKey.CONSUMER_GROUP_HEARTBEAT, {"group_id": gid, "member_epoch": 0,
                                                              "subscribed_topic_names": ["t"]})
     assert err.code == ErrorCode.NOT_COORDINATOR
     # Nothing failed was cached: the offset is unknown, and once writes work the join works.
-    cluster.client.request("log-0", "configure", {"produce_error": 0})
+    cluster.client.request("log-0", Configure(produce_error=0))
     assert cluster.group(ApiKey.OFFSET_FETCH, {"group_id": gid})["topics"] == []
     r = cluster.group(ApiKey.CONSUMER_GROUP_HEARTBEAT, {"group_id": gid, "member_epoch": 0,
                                                         "subscribed_topic_names": ["t"]})
@@ -247,17 +259,17 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     mine, gained = group_on(0), group_on(1)
     assert cluster.commit(mine) == (0, "")
     # Broker 1 gains partition 1, but its log actor is slow to answer get_bounds.
-    cluster.client.request("log-0", "configure", {"hold_bounds": True})
-    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == {"version": 11}
+    cluster.client.request("log-0", Configure(hold_bounds=True))
+    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == MetadataVersion(11)
     err = cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": gained})
     assert err.code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS and f"{OFFSETS_TOPIC}-1" in err.message
     assert cluster.commit(mine, 2) == (0, "")  # the other partitions are served meanwhile
     # The log actor answers, but hosts partition 1 as a follower still: the coordinator asks again.
-    cluster.client.request("log-0", "configure", {"hold_bounds": False, "following": [1]})
+    cluster.client.request("log-0", Configure(hold_bounds=False, following=[1]))
     asked = cluster.log.bounds_asked
     wait_until(lambda: cluster.log.bounds_asked > asked + 2, what="get_bounds to be asked again")
     assert cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": gained}).code == ErrorCode.COORDINATOR_LOAD_IN_PROGRESS
-    cluster.client.request("log-0", "configure", {"following": []})  # its LEADER_AND_ISR arrived
+    cluster.client.request("log-0", Configure(following=[]))  # its LEADER_AND_ISR arrived
     wait_until(lambda: cluster.commit(gained)[0] == 0, what="partition 1 to load")
 
     # A member of a group on partition 0 waits in a held heartbeat; partition 0 moves to broker 2.
@@ -288,7 +300,7 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     t.start()
     wait_until(lambda: cluster.client.request("group_coordinator", Stats()).fields.stats["held"] == 1,
                what="the heartbeat to be held")
-    assert cluster.push(cluster_snapshot(12, leaders=(2, 1, 1, -1))) == {"version": 12}
+    assert cluster.push(cluster_snapshot(12, leaders=(2, 1, 1, -1))) == MetadataVersion(12)
     t.join(30)
     assert out["took"] < 10 and out["error"].code == ErrorCode.NOT_COORDINATOR
     assert f"{OFFSETS_TOPIC}-0" in out["error"].message
@@ -296,7 +308,7 @@ def test_leadership_moves_load_and_unload_partitions_without_blocking_the_others
     stats = cluster.client.request("group_coordinator", Stats()).fields.stats
     assert stats["partitions_led"] == 2 and stats["groups"] == 0  # the moved group left memory
     # An older snapshot (a slow poll) changes nothing.
-    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == {"version": 12}
+    assert cluster.push(cluster_snapshot(11, leaders=(1, 1, 1, -1))) == MetadataVersion(12)
     assert cluster.error_of(ApiKey.OFFSET_FETCH, {"group_id": mine}).code == ErrorCode.NOT_COORDINATOR
 
 

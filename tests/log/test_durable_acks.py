@@ -18,7 +18,8 @@ import threading
 import pytest
 
 from odradek.actors.message import Message
-from odradek.actors.messages import FollowersFetched, Produce, Shutdown
+from odradek.actors.messages import (FollowersFetched, Fsynced, FsyncedEnd, Produce, ReplicaEnd, ReplicaEnds, Replicate,
+                                     Shutdown)
 from odradek.core.config import LogConfig
 from odradek.log.files import FileLayer
 from odradek.log.log import CLEAN_SHUTDOWN, Log
@@ -223,18 +224,19 @@ def test_a_follower_answers_replicate_at_once_and_tells_its_fetcher_when_the_fsy
     replica fetcher on its own (``fsynced``), which tells the leader at once."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)  # broker 2 follows broker 1
     actor.slow_disk()
-    msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
+    msg = Message(Replicate.TYPE, 1, "replica_fetcher", Replicate([["t", 0, 0, 1, 0, 0]]),
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
     actor.after_batch()
     assert p.log.log_end_offset == 10
     assert actor.replies, "replicate waited for the follower's fsync: its next FETCH waits for the disk"
     ((_, fields),) = actor.replies
-    assert fields == {"parts": [["t", 0, 0, 10, 0]]}  # log end 10, nothing fsynced yet
-    assert not [m for m in actor.sent if m[1] == "fsynced"], "said fsynced before the fsync"
+    assert fields == ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 0)])  # log end 10, nothing fsynced yet
+    assert not [m for m in actor.sent if m[1] == Fsynced.TYPE], "said fsynced before the fsync"
     files.release()
     actor.settle()
-    assert [m for m in actor.sent if m[1] == "fsynced"] == [("replica_fetcher", "fsynced", {"parts": [["t", 0, 10]]})]
+    assert [m for m in actor.sent if m[1] == Fsynced.TYPE] == [
+        ("replica_fetcher", Fsynced.TYPE, Fsynced([FsyncedEnd("t", 0, 10)]))]
 
 
 def test_a_failed_fsync_takes_the_log_directory_offline_and_shuts_the_broker_down(make, tmp_path):
@@ -327,14 +329,15 @@ def test_a_follower_begins_its_fsync_before_it_answers_replicate(make):
     seen = []
     reply = actor.reply
     actor.reply = lambda msg, fields=None, frames=(): (seen.append(set(actor._syncing)), reply(msg, fields))
-    msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", 0, 0, 1, 0, 0]]},
+    msg = Message(Replicate.TYPE, 1, "replica_fetcher", Replicate([["t", 0, 0, 1, 0, 0]]),
                   [encode_batch([(None, b"v")] * 10)])
     actor.on_replicate(msg)
     assert seen == [{("t", 0)}], "replicate was answered before the follower's fsync began"
     actor.after_batch()
     files.release()
     actor.settle()
-    assert [m for m in actor.sent if m[1] == "fsynced"] == [("replica_fetcher", "fsynced", {"parts": [["t", 0, 10]]})]
+    assert [m for m in actor.sent if m[1] == Fsynced.TYPE] == [
+        ("replica_fetcher", Fsynced.TYPE, Fsynced([FsyncedEnd("t", 0, 10)]))]
 
 
 def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(make):
@@ -370,7 +373,8 @@ def test_acks_1_with_nothing_left_to_fsync_is_answered_in_the_same_batch(make):
 
 
 def replicate(actor, partitions=(0,), n=10) -> Message:
-    msg = Message("replicate", 1, "replica_fetcher", {"parts": [["t", q, i, 1, 0, 0] for i, q in enumerate(partitions)]},
+    msg = Message(Replicate.TYPE, 1, "replica_fetcher",
+                  Replicate([["t", q, i, 1, 0, 0] for i, q in enumerate(partitions)]),
                   [encode_batch([(None, b"v")] * n) for _ in partitions])
     actor.on_replicate(msg)
     actor.after_batch()
@@ -384,9 +388,9 @@ def test_a_follower_on_a_fast_disk_fsyncs_before_it_answers_so_its_next_fetch_te
     (the trace: their hand-offs cost more than a 0.2 ms fsync)."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
     msg = replicate(actor)
-    assert [fields for m, fields in actor.replies if m is msg] == [{"parts": [["t", 0, 0, 10, 10]]}]
+    assert [fields for m, fields in actor.replies if m is msg] == [ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 10)])]
     assert p.log.durable_end == 10 and not actor._syncing and not actor._unsynced
-    assert not [m for m in actor.sent if m[1] == "fsynced"]
+    assert not [m for m in actor.sent if m[1] == Fsynced.TYPE]
     assert len(actor._fsync_seconds) == 1  # timed, to send the next ones to the threads if slow
 
 
@@ -394,7 +398,7 @@ def test_a_slow_fsync_or_many_partitions_send_a_followers_fsyncs_back_to_the_thr
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
     actor._fsync_seconds.append(0.0021)  # one fsync over 2 ms among the last 16
     msg = replicate(actor)
-    assert [fields for m, fields in actor.replies if m is msg] == [{"parts": [["t", 0, 0, 10, 0]]}]
+    assert [fields for m, fields in actor.replies if m is msg] == [ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 0)])]
     assert ("t", 0) in actor._syncing
     files.release()
     actor.settle()
@@ -409,7 +413,7 @@ def test_a_slow_fsync_or_many_partitions_send_a_followers_fsyncs_back_to_the_thr
                                "zk_version": 1})
     msg = replicate(actor2, partitions=(0, 1, 2))
     ((_, fields),) = [(m, f) for m, f in actor2.replies if m is msg]
-    assert [row[4] for row in fields["parts"]] == [0, 0, 0]
+    assert [row.fsynced_offset for row in fields.parts] == [0, 0, 0]
     actor2.settle()
     for q in (1, 2):
         actor2.logs[("t", q)].log.close()
@@ -423,6 +427,6 @@ def test_a_failed_inline_fsync_answers_the_error_and_takes_the_directory_offline
     files.fsync = fail
     msg = replicate(actor)
     ((_, fields),) = [(m, f) for m, f in actor.replies if m is msg]
-    assert fields["parts"][0][2] == int(ErrorCode.KAFKA_STORAGE_ERROR) and fields["parts"][0][4] == -1
+    assert fields.parts[0].code == int(ErrorCode.KAFKA_STORAGE_ERROR) and fields.parts[0].fsynced_offset == -1
     assert actor.dir_offline and p.log.durable_end == 0
     assert ("supervisor", "shutdown") in [(m[0], m[1]) for m in actor.sent]

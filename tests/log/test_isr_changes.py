@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from odradek.actors.message import ERROR, REPLY, Message
-from odradek.actors.messages import ErrorReply, FollowersFetched
+from odradek.actors.messages import AlterIsr, ErrorReply, FollowersFetched, IsrRecorded
 from odradek.actors.metrics import Metrics
 from odradek.core.config import LogConfig
 from odradek.log.log import Log
@@ -30,14 +30,14 @@ class LeaderUnderTest(LogActor):
         self._dirty, self._closed, self._answers, self._announce_opening = set(), [], [], False
         self._leases = {}
         self.metrics = Metrics()
-        self.asked: list[tuple[dict, object]] = []  # (alter_isr fields, callback)
+        self.asked: list[tuple[AlterIsr, object]] = []  # (alter_isr body, callback)
         # Kafka's acknowledgement (log ends, not fsynced ones): these tests are about the ISR;
         # tests/log/test_durable_acks.py runs this leader with log.flush.before.ack
         self.flush_before_ack, self._sync_pool, self._unsynced, self._syncing = False, None, set(), set()
 
-    def request(self, to, type_, fields=None, frames=(), callback=None, timeout=None):
-        assert (to, type_) == ("controller", "alter_isr")
-        self.asked.append((fields, callback))
+    def request(self, to, body, fields=None, frames=(), callback=None, timeout=None):
+        assert (to, type(body)) == ("controller", AlterIsr)
+        self.asked.append((body, callback))
 
     def send(self, *args, **kwargs):
         pass
@@ -65,20 +65,20 @@ def progress(actor: LeaderUnderTest, replica: int, offset: int) -> None:
     actor.on_replica_progress(Message(FollowersFetched.TYPE, fields=FollowersFetched([["t", 0, replica, offset]])))
 
 
-def answer(actor: LeaderUnderTest, code: int = 0, message: str = "", **fields) -> dict:
+def answer(actor: LeaderUnderTest, code: int = 0, message: str = "", **fields) -> AlterIsr:
     """Answer the oldest unanswered alter_isr; returns what it asked."""
     asked, callback = actor.asked.pop(0)
     if code:
         callback(Message(ERROR, fields=ErrorReply(code, message, fields.get("held"))))
     else:
-        callback(Message(REPLY, fields=fields))
+        callback(Message(REPLY, fields=IsrRecorded(**fields)))
     return asked
 
 
 def test_a_later_isr_change_does_not_replace_an_expansion_zookeeper_may_have_applied(leader):
     actor, p = leader
     progress(actor, 3, 10)  # caught up: the leader asks for [1, 2, 3]
-    assert answer(actor, ErrorCode.REQUEST_TIMED_OUT, "no answer within 10s")["isr"] == [1, 2, 3]
+    assert answer(actor, ErrorCode.REQUEST_TIMED_OUT, "no answer within 10s").isr == [1, 2, 3]
     actor._alter_isr(p, [2])  # broker 1 fell behind a while: a shrink, answered by nobody either
     answer(actor, ErrorCode.REQUEST_TIMED_OUT, "no answer within 10s")
 
@@ -96,14 +96,14 @@ def test_a_refused_change_adopts_the_isr_the_node_holds_at_this_leaders_epoch(le
     actor._alter_isr(p, [2])
     asked = answer(actor, ErrorCode.INVALID_UPDATE_VERSION, "the state node is at version 6",
                    held={"leader": 2, "leader_epoch": 2, "isr": [1, 2, 3], "zk_version": 6})
-    assert asked["zk_version"] == 5
+    assert asked.zk_version == 5
     assert (p.isr, p.zk_version, p.pending_isr) == ([1, 2, 3], 6, [])
 
     append(p, 10)
     progress(actor, 1, 20)
     assert p.log.high_watermark == 10  # broker 3 is in the ISR the controller elects from
     actor._alter_isr(p, [1, 2])  # and the shrink is written at the version the node is at
-    assert answer(actor, zk_version=7)["zk_version"] == 6
+    assert answer(actor, zk_version=7).zk_version == 6
     assert (p.isr, p.log.high_watermark) == ([1, 2], 20)
 
 

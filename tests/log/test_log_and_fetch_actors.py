@@ -10,7 +10,8 @@ from odradek.actors.client import MailboxClient
 from odradek.actors.message import decode, encode_header, typed_reply
 from odradek.actors.supervisor import Supervisor, run_supervisor
 from odradek.actors.names import placement
-from odradek.actors.messages import Fetch, GetBounds, ListOffsets, PartitionBounds, Produce, Response
+from odradek.actors.messages import (CreateTopics, DeleteTopics, Fetch, GetBounds, ListOffsets, PartitionBounds,
+                                     Produce, Response)
 from odradek.core.records import decode_batch, encode_batch, iter_batches
 from odradek import config as cfg
 from odradek.broker import actor_specs
@@ -50,8 +51,8 @@ def fetch_records(client, topic, partition, offset, max_wait_ms=0):
 
 
 def test_a_created_topic_takes_appends_that_the_fetch_actor_serves_as_file_regions(storage):
-    r = storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 3}]}})
-    assert r.fields["body"]["topics"][0]["error_code"] == 0
+    r = storage.request("controller", CreateTopics({"topics": [{"name": "t", "num_partitions": 3}]}))
+    assert r.fields.body["topics"][0]["error_code"] == 0
     for i in range(3):
         r = storage.request(host("t", 1), Produce(1, [["t", 1, 0]]),
                             frames=[encode_batch([(None, b"v%d-%d" % (i, j)) for j in range(2)])])
@@ -70,7 +71,7 @@ def test_a_created_topic_takes_appends_that_the_fetch_actor_serves_as_file_regio
 def test_a_log_actors_bounds_read_as_partition_bounds_by_name(storage):
     """The log actor builds its bounds as a plain list (the produce path); the fields must be
     PartitionBounds' own, in its order, since the fetch actor and the coordinators read them so."""
-    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 1}]}})
+    storage.request("controller", CreateTopics({"topics": [{"name": "t", "num_partitions": 1}]}))
     storage.request(host("t", 0), Produce(1, [["t", 0, 0]]),
                     frames=[encode_batch([(None, b"a"), (None, b"b"), (None, b"c")])])
     parts = [PartitionBounds(*p) for p in storage.request(host("t", 0), GetBounds()).fields.parts]
@@ -84,7 +85,7 @@ def test_a_log_actors_bounds_read_as_partition_bounds_by_name(storage):
 def test_a_torn_batch_and_a_partition_of_another_host_are_refused_and_nothing_is_written(storage):
     # (CRCs are checked by the request handlers, before a batch reaches its log actor: see
     # tests/client for a corrupt batch sent over the wire.)
-    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 2}]}})
+    storage.request("controller", CreateTopics({"topics": [{"name": "t", "num_partitions": 2}]}))
     good = encode_batch([(None, b"ok")])
     bad = good[:-3]
     other = 1 - placement("t", 0, 2)
@@ -97,7 +98,7 @@ def test_a_torn_batch_and_a_partition_of_another_host_are_refused_and_nothing_is
 
 
 def test_a_long_poll_fetch_is_answered_when_data_arrives_not_at_its_deadline(storage):
-    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t"}]}})
+    storage.request("controller", CreateTopics({"topics": [{"name": "t"}]}))
     storage._peer("fetch").send_multipart([encode_header(Fetch.TYPE, 77, storage.name, Fetch({
         "max_wait_ms": 20000, "topics": [{"name": "t", "partitions": [{"index": 0, "fetch_offset": 0}]}]}))])
     assert not storage.inbox.poll(300), "answered before any data existed"
@@ -110,7 +111,7 @@ def test_a_long_poll_fetch_is_answered_when_data_arrives_not_at_its_deadline(sto
 
 
 def test_list_offsets_and_out_of_range_fetches(storage):
-    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t"}]}})
+    storage.request("controller", CreateTopics({"topics": [{"name": "t"}]}))
     storage.request(host("t", 0), Produce(1, [["t", 0, 0]]),
                     frames=[encode_batch([(None, b"a"), (None, b"b")], timestamp_ms=1_000)])
     r = storage.request("fetch", ListOffsets({"topics": [{"name": "t", "partitions": [
@@ -124,11 +125,11 @@ def test_list_offsets_and_out_of_range_fetches(storage):
 
 
 def test_deleting_a_topic_removes_its_directories_and_frees_the_name(storage):
-    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 2}]}})
+    storage.request("controller", CreateTopics({"topics": [{"name": "t", "num_partitions": 2}]}))
     storage.request(host("t", 0), Produce(1, [["t", 0, 0]]), frames=[encode_batch([(None, b"old")])])
-    r = storage.request("controller", "delete_topics", {"body": {"topics": ["t"]}})
-    assert r.fields["body"]["topics"] == [{"name": "t", "error_code": 0}]
+    r = storage.request("controller", DeleteTopics({"topics": ["t"]}))
+    assert r.fields.body["topics"] == [{"name": "t", "error_code": 0}]
     assert not [d for d in os.listdir(storage.data_dir) if d.startswith("t-")]
-    storage.request("controller", "create_topics", {"body": {"topics": [{"name": "t", "num_partitions": 2}]}})
+    storage.request("controller", CreateTopics({"topics": [{"name": "t", "num_partitions": 2}]}))
     part, values = fetch_records(storage, "t", 0, 0)
     assert part["error_code"] == 0 and part["high_watermark"] == 0 and values == []

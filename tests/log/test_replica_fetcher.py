@@ -14,7 +14,8 @@ from odradek.actors.names import placement
 from odradek.core import records as fmt
 from odradek.log import replica_fetcher as rf
 from odradek.core.protocol import ApiKey, ErrorCode
-from odradek.actors.messages import Ping, Stats, Stop
+from odradek.actors.messages import (Done, Follow, FollowerStatePart, FollowerStates, FollowPart, Fsynced, FsyncedEnd,
+                                     Ping, ReplicaEnd, ReplicaEnds, Stats, Stop, TruncatePart, Unfollow)
 from tests.log.leader_stub import LeaderStub
 
 
@@ -62,11 +63,11 @@ def test_epoch_request_and_answer():
 
 def test_truncation_decisions():
     # an empty epoch cache: no question to the leader, the log actor decides (-1, -1)
-    assert rf.truncate_entry("a", 0, -1, None) == ("truncate", ["a", 0, -1, -1])
+    assert rf.truncate_entry("a", 0, -1, None) == ("truncate", TruncatePart("a", 0, -1, -1))
     # the leader's answer is passed on as is: the log actor takes min(end, its own end of that epoch)
-    assert rf.truncate_entry("a", 0, 6, (0, 5, 90)) == ("truncate", ["a", 0, 5, 90])
+    assert rf.truncate_entry("a", 0, 6, (0, 5, 90)) == ("truncate", TruncatePart("a", 0, 5, 90))
     # the leader knows no epoch <= ours (UNDEFINED): still passed on, the log actor falls back
-    assert rf.truncate_entry("a", 0, 6, (0, -1, -1)) == ("truncate", ["a", 0, -1, -1])
+    assert rf.truncate_entry("a", 0, 6, (0, -1, -1)) == ("truncate", TruncatePart("a", 0, -1, -1))
     assert rf.truncate_entry("a", 0, 6, (74, -1, -1)) == ("error", 74)
     assert rf.truncate_entry("a", 0, 6, None)[0] == "error"  # the leader left it out
 
@@ -216,24 +217,24 @@ class StandInLog(Actor):
         out = []
         with self.lock:
             self.seen.append(msg.type)
-            for part in msg.get("parts"):
-                p = self.logs.get((part[0], part[1]))
+            for topic, partition, *args in msg.fields.parts:
+                p = self.logs.get((topic, partition))
                 if p is None:
-                    out.append([part[0], part[1], int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1])
+                    out.append(ReplicaEnd(topic, partition, int(ErrorCode.NOT_LEADER_OR_FOLLOWER), -1, -1))
                     continue
-                code = fn(p, *part[2:]) or 0
-                out.append([part[0], part[1], int(code), p.end if not code else -1,
-                            p.end - p.unsynced if not code else -1])
-        self.reply(msg, {"parts": out})
+                code = fn(p, *args) or 0
+                out.append(ReplicaEnd(topic, partition, int(code), p.end if not code else -1,
+                                      p.end - p.unsynced if not code else -1))
+        self.reply(msg, ReplicaEnds(out))
 
     def on_follower_state(self, msg):
         with self.lock:
             self.seen.append(msg.type)
             out = []
-            for t, q in msg.get("parts"):
+            for t, q in msg.fields.parts:
                 p = self.logs[(t, q)]
-                out.append([t, q, 0, p.epochs()[-1][0] if p.batches else -1, p.end])
-        self.reply(msg, {"parts": out})
+                out.append(FollowerStatePart(t, q, 0, p.epochs()[-1][0] if p.batches else -1, p.end))
+        self.reply(msg, FollowerStates(out))
 
     def on_truncate(self, msg):
         def truncate(p, epoch, end):
@@ -284,9 +285,8 @@ class Cluster:
         self.client.request("replica_fetcher", Ping())
 
     def follow(self, parts, leader=1):
-        return self.client.request("replica_fetcher", "follow", {
-            "parts": [{"topic": t, "partition": p, "leader": leader, "leader_epoch": e} for t, p, e in parts],
-            "brokers": self.brokers}).fields
+        return self.client.request("replica_fetcher", Follow([FollowPart(t, p, leader, e) for t, p, e in parts],
+                                                             self.brokers)).fields
 
     def stats(self):
         return self.client.request("replica_fetcher", Stats()).fields.stats
@@ -344,7 +344,7 @@ def test_an_empty_follower_copies_the_leader_keeping_offsets_and_epochs_and_foll
     leader.append("t", 1, 1)
     logs = {("t", 0): FollowerLog(4), ("t", 1): FollowerLog(4)}
     c = cluster(leader, logs)
-    assert c.follow([("t", 0, 4), ("t", 1, 4)]) == {}
+    assert c.follow([("t", 0, 4), ("t", 1, 4)]) == Done()
     assert c.wait_for(lambda: logs[("t", 0)].end == 9 and logs[("t", 1)].end == 1)
     assert offsets(logs[("t", 0)]) == leader_offsets(leader, ("t", 0)) == [(0, 4), (3, 4), (6, 4)]
     # an empty epoch cache: no question to the leader, truncate (-1, -1), then fetch
@@ -431,7 +431,7 @@ def test_a_dead_leader_backs_off_and_the_fetcher_stops_promptly(cluster):
     leader.close()  # the leader dies: connection refused from now on
     assert c.wait_for(lambda: c.stats()["leaders"]["1"]["errors"] > 0, timeout=10)
     assert c.stats()["leaders"]["1"]["connected"] is False
-    c.client.request("replica_fetcher", "unfollow", {"parts": [["t", 0]]})
+    c.client.request("replica_fetcher", Unfollow([["t", 0]]))
     assert c.wait_for(lambda: c.stats()["leaders"] == {} and c.stats()["partitions"] == 0)
     started = time.monotonic()
     c.stop()
@@ -533,10 +533,10 @@ def test_a_group_commit_that_ends_while_the_fetch_waits_at_the_leader_is_reporte
     assert not leader.reports
     with c.lock:
         follower.unsynced = 0
-    c.client.send("replica_fetcher", "fsynced", {"parts": [["t", 0, 4]]})
+    c.client.send("replica_fetcher", Fsynced([FsyncedEnd("t", 0, 4)]))
     assert c.wait_for(lambda: leader.reports == [("t", 0, 4, 4)], timeout=5), leader.reports
     assert c.stats()["progress_reports"] == 1
-    c.client.send("replica_fetcher", "fsynced", {"parts": [["t", 0, 4]]})  # nothing new: no report
-    c.client.send("replica_fetcher", "fsynced", {"parts": [["t", 0, 9]]})  # past the log end: capped
+    c.client.send("replica_fetcher", Fsynced([FsyncedEnd("t", 0, 4)]))  # nothing new: no report
+    c.client.send("replica_fetcher", Fsynced([FsyncedEnd("t", 0, 9)]))  # past the log end: capped
     time.sleep(0.2)
     assert leader.reports == [("t", 0, 4, 4)]

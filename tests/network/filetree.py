@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
+from odradek.actors.messages import Response
 from odradek.actors.supervisor import Supervisor, run_supervisor
 from odradek.network.handler import SUPPORTED, RequestHandler
 from odradek.core.protocol import ApiKey
@@ -25,8 +26,7 @@ class FileHandler(RequestHandler):
         self.dispatch[ApiKey.FETCH] = self.fetch
 
     def fetch(self, msg, body) -> None:
-        self.reply(msg, {"body": {"regions": len(body["files"])}, "files": body["files"]},
-                   [b"frame-before-files"])
+        self.reply(msg, Response({"regions": len(body["files"])}, body["files"]), [b"frame-before-files"])
 
 
 def main(run_dir: str) -> int:
