@@ -25,8 +25,8 @@ class Recorder:
                              post=lambda fn: fn(), members=lambda role: [], later=self.later,
                              cancel_request=lambda corr: None)
 
-    def request(self, to, body, fields=None, frames=(), callback=None, timeout=None):
-        self.requests.append((to, body, fields, callback) if isinstance(body, str) else (to, body.TYPE, body, callback))
+    def request(self, to, body, frames=(), callback=None, timeout=None):
+        self.requests.append((to, body.TYPE, body, callback))
 
     def later(self, delay, callback):
         timer = Timer(delay, callback)

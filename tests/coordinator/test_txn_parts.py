@@ -142,7 +142,7 @@ def test_markers_go_to_the_local_log_actor_or_the_partitions_leader_and_a_delete
     assert local == {"log-0": [TxnMarker("t", 0, t.producer_id, t.epoch, True, 3)]}
     assert remote == {2: {"markers": [TxnMarker("t", 1, t.producer_id, t.epoch, True, 3)], "offsets": {}}}
     assert nothing == [] and not unrouted  # "gone" is newer than the snapshot: asked again
-    assert [type(r[1]) for r in rec.requests] == [GetMetadata]
+    assert [type(r[2]) for r in rec.requests] == [GetMetadata]
     clock.now += 5000
     state.adopt({**state.snapshot, "version": 2})
     assert markers.route(t, True)[2] == [("gone", 0)]  # the snapshot is newer than the transaction: deleted

@@ -67,8 +67,8 @@ class Actor(LeaderUnderTest):
         """Recent fsyncs were slow: a follower's fsyncs go to the threads (not on its loop)."""
         self._fsync_seconds.append(1.0)
 
-    def send(self, to, body, fields=None, frames=(), **kwargs):
-        self.sent.append((to, body, fields) if isinstance(body, str) else (to, body.TYPE, body))
+    def send(self, to, body, frames=(), **kwargs):
+        self.sent.append((to, body.TYPE, body))
 
     def post(self, callback) -> None:
         self.posted.append(callback)

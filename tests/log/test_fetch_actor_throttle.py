@@ -5,7 +5,7 @@ measured 1,101,014 B/s where 3 leaders x 300,000 B/s were the limit). In process
 actor's messaging stubbed: no broker, no ZooKeeper."""
 from __future__ import annotations
 
-from odradek.actors.messages import Fetch
+from odradek.actors.messages import Fetch, Throttle
 from odradek.log.fetch_actor import THROTTLE_WAIT, FetchActor
 from odradek.log.throttle import UNLIMITED
 
@@ -43,7 +43,7 @@ def test_a_replica_fetch_before_the_first_throttle_word_waits_for_it_and_is_then
     fetch = replica_fetch()
     actor.on_fetch(fetch)
     assert served == [], "a replica fetch was served before the fetch actor knew which replicas are throttled"
-    actor.on_throttle(Msg({"rate": 300_000, "parts": [["moving", 0, 2]]}))
+    actor.on_throttle(Msg(Throttle(300_000, [["moving", 0, 2]])))
     assert served == [(fetch, {("moving", 0, 2)}, 300_000)]
     actor.on_fetch(replica_fetch())  # once told, at once
     assert len(served) == 2
@@ -77,9 +77,9 @@ def test_a_restarted_fetch_actor_starts_owing_a_full_burst_of_its_throttle(tmp_p
     start puts it a second's worth in debt: throttled traffic waits that long."""
     from odradek.log.throttle import BURST_SECONDS
     actor, _timers, _served, _replies = started_fetch_actor(tmp_path)
-    actor.on_throttle(Msg({"rate": 300_000, "parts": [["moving", 0, 2]]}))
+    actor.on_throttle(Msg(Throttle(300_000, [["moving", 0, 2]])))
     now = actor.quota.updated
     assert not actor.quota.allows(now)
     assert actor.quota.wait(now) >= BURST_SECONDS * 0.99
-    actor.on_throttle(Msg({"rate": 300_000, "parts": [["moving", 0, 2]]}))  # a later word owes nothing more
+    actor.on_throttle(Msg(Throttle(300_000, [["moving", 0, 2]])))  # a later word owes nothing more
     assert actor.quota.budget >= -300_000 * BURST_SECONDS

@@ -35,7 +35,7 @@ class LeaderUnderTest(LogActor):
         # tests/log/test_durable_acks.py runs this leader with log.flush.before.ack
         self.flush_before_ack, self._sync_pool, self._unsynced, self._syncing = False, None, set(), set()
 
-    def request(self, to, body, fields=None, frames=(), callback=None, timeout=None):
+    def request(self, to, body, frames=(), callback=None, timeout=None):
         assert (to, type(body)) == ("controller", AlterIsr)
         self.asked.append((body, callback))
 
