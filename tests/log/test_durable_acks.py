@@ -347,8 +347,8 @@ def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(m
     actor, p, files = make(isr=[1, 2, 3])
     seen = []
     send = actor.send
-    actor.send = lambda to, body, fields=None, frames=(), **kw: (
-        seen.append((getattr(body, "TYPE", body), set(actor._syncing))), send(to, body, fields, frames, **kw))
+    actor.send = lambda to, body, frames=(), **kw: (
+        seen.append((body.TYPE, set(actor._syncing))), send(to, body, frames, **kw))
     msg = produce(actor, acks=-1)
     assert ("bounds", set()) in seen, f"the fsync began before the fetch actor heard of the data: {seen}"
     assert ("t", 0) in actor._syncing  # and it did begin, in the same batch

@@ -54,9 +54,9 @@ def fetch_actor(tmp_path):
     actor = FetchActor("fetch", str(tmp_path), {"config": {}, "data_dir": str(tmp_path)}, None)
     actor.on_start()
     asked, sent, served = [], [], []
-    actor.request = lambda to, body, fields=None, frames=(), callback=None, timeout=None: asked.append(
+    actor.request = lambda to, body, frames=(), callback=None, timeout=None: asked.append(
         (to, body, callback))
-    actor.send = lambda to, body, fields=None, frames=(), corr=0, reply_to=None: sent.append((to, body))
+    actor.send = lambda to, body, frames=(), corr=0, reply_to=None: sent.append((to, body))
     actor.roles[KEY] = (0, True, "log-1", (0,))
     return actor, asked, sent, served
 
