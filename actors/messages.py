@@ -89,27 +89,27 @@ class ActorMetrics(NamedTuple):
 
 @message("_stop", reply=Name)
 class Stop(NamedTuple):
-    pass
+    """From the supervisor (or a test): stop; every request still open gets NETWORK_EXCEPTION."""
 
 
 @message("_drain", reply=Done)
 class Drain(NamedTuple):
-    pass
+    """From the supervisor before it stops the tree: finish what needs the others running."""
 
 
 @message("_ping", reply=Pong)
 class Ping(NamedTuple):
-    pass
+    """Are you there (tests, start-up waits)."""
 
 
 @message("_stats", reply=Heartbeat)
 class Stats(NamedTuple):
-    pass
+    """Your counters now, as the next heartbeat would carry them (tests, tools)."""
 
 
 @message("_metrics", reply=ActorMetrics)
 class ScrapeMetrics(NamedTuple):
-    pass
+    """From the metrics actor at scrape time: your counters, histograms and gauges."""
 
 
 @message("_members", reply=Name)
@@ -165,7 +165,7 @@ class BrokerStatus(NamedTuple):
 
 @message("status", reply=BrokerStatus)
 class Status(NamedTuple):
-    pass
+    """To the supervisor: the actor tree (``odradek status``, the handler, the console)."""
 
 
 class Pid(NamedTuple):
