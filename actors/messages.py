@@ -150,6 +150,8 @@ class Ready(NamedTuple):
 
 @message("_start_failed")
 class StartFailed(NamedTuple):
+    """One-way to the supervisor when ``on_start`` raised: ``error`` is what the operator reads."""
+
     name: str
     pid: int
     error: str
@@ -461,6 +463,8 @@ class CreateTopics(NamedTuple):
 
 @message("delete_topics", reply=Response)
 class DeleteTopics(NamedTuple):
+    """DeleteTopics' ``body`` (``{topics}``), from a handler to the controller."""
+
     body: dict
 
 
@@ -645,6 +649,8 @@ class TruncatePart(NamedTuple):
 
 @message("truncate", reply=ReplicaEnds)
 class Truncate(NamedTuple):
+    """From the replica fetcher: cut each partition's log where its leader's epoch ended."""
+
     parts: list  # [TruncatePart]
 
 
@@ -658,6 +664,8 @@ class TruncateFullyPart(NamedTuple):
 
 @message("truncate_fully", reply=ReplicaEnds)
 class TruncateFully(NamedTuple):
+    """From the replica fetcher: empty each partition's log and start it at the leader's log start."""
+
     parts: list  # [TruncateFullyPart]
 
 
