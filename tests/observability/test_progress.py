@@ -51,12 +51,12 @@ def test_long_work_reports_its_progress_in_the_heartbeat_once_a_second_then_clea
     now = [100.0]
     actor = Actor("log-0", "/nonexistent", clock=lambda: now[0])
     actor.report_progress("opening partitions: 1/10")
-    assert actor.heartbeat_fields()["progress"] == ""  # under a second: nothing to say
+    assert actor.heartbeat_fields().progress == ""  # under a second: nothing to say
     now[0] += 1.5
     actor.report_progress("opening partitions: 5/10")
-    assert actor.heartbeat_fields()["progress"] == "opening partitions: 5/10"
+    assert actor.heartbeat_fields().progress == "opening partitions: 5/10"
     now[0] += 0.2
     actor.report_progress("opening partitions: 6/10")
-    assert actor.heartbeat_fields()["progress"] == "opening partitions: 5/10"
+    assert actor.heartbeat_fields().progress == "opening partitions: 5/10"
     actor.report_progress("opened 10 partitions", done=True)
-    assert actor.heartbeat_fields()["progress"] == ""
+    assert actor.heartbeat_fields().progress == ""
