@@ -218,15 +218,26 @@ def random_payload(size: int) -> bytes:
     return bytes(rnd.randrange(65, 91) for _ in range(size))
 
 
-def _ensure_topic(bootstrap: str, topic: str, partitions: int) -> int:
+def _ensure_topic(bootstrap: str, topic: str, partitions: int, like: str | None = None) -> int:
+    """Create ``topic`` unless it exists: laid out as ``like`` if that exists (a peer client's own
+    topic beside the user's: the same partitions, replication factor and min.insync.replicas,
+    so both clients are measured against the same replication), else with ``partitions`` and
+    the broker's default replication factor. Returns its partition count."""
     from odradek.admin import Admin
     from odradek.errors import TopicAlreadyExistsError
     # 10,000 partitions take minutes to create on a loaded machine: the default 30 s timeout failed
     with Admin(bootstrap, request_timeout_ms=max(60000, 60 * partitions)) as admin:
-        if topic not in admin.list_topics():
+        existing = admin.list_topics()
+        if topic not in existing:
+            replication, config = -1, {}
+            if like is not None and like in existing:
+                model = admin.describe_topic(like)
+                partitions, replication = len(model.partitions), len(model.partitions[0].replicas)
+                config = {k: v for k, v in model.configs.items() if k == "min.insync.replicas"}
             try:
-                admin.create_topic(topic, partitions)
-                print(f"Created topic {topic} with {partitions} partitions.", flush=True)
+                admin.create_topic(topic, partitions, replication_factor=replication, config=config)
+                print(f"Created topic {topic} with {partitions} partitions"
+                      f"{f', laid out as {like}' if like in existing else ''}.", flush=True)
             except TopicAlreadyExistsError:  # a retried request, or another client: wait for it below
                 pass
         # a creation still under way (a retried request answered "already exists") is not in
@@ -803,7 +814,7 @@ def _side_by_side(args, clients: list[str], what: str, props: dict) -> int:
     try:
         for c in clients:  # one topic per client, written by that client's producer (its own batch format)
             topic = args.topic if c == "odradek" else f"{args.topic}-{c}"
-            _ensure_topic(bootstrap, topic, args.partitions)
+            _ensure_topic(bootstrap, topic, args.partitions, like=None if c == "odradek" else args.topic)
             if what == "consume":
                 n = args.messages
                 (_prefill if c == "odradek" else _prefill_confluent)(bootstrap, topic, args.partitions, n,
