@@ -10,8 +10,8 @@ to the runtime. ``corr`` is a correlation id chosen by the requester (0 one-way)
 the actor the answer goes to (``None`` one-way); ``fields`` the body: a NamedTuple declared in
 ``actors.messages`` (an array of its fields on the wire) or ``None``. ``decode`` rebuilds a
 body of a declared type as its class; an answer's (``_reply``) class is the one the requester
-expects for what it asked (``REPLIES``), given to ``decode`` or ``typed_reply``. ``_error``
-carries ``ErrorReply`` (a code of ``core.protocol.ErrorCode``).
+expects for what it asked (``REPLIES``), applied by ``typed_reply`` in the requester's runtime.
+``_error`` carries ``ErrorReply`` (a code of ``core.protocol.ErrorCode``).
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple, Sequence
 
 import msgpack
 
-from odradek.actors.messages import BODIES, ErrorReply
+from odradek.actors.messages import BODIES
 
 REPLY = "_reply"
 ERROR = "_error"
@@ -101,6 +101,3 @@ def typed_reply(msg: Message, cls: type | None) -> Message:
         return msg
     return msg._replace(fields=_typed(cls, msg.fields, f"answer {cls.__name__}"))
 
-
-def error_fields(code: int, message: str, detail: Any = None) -> ErrorReply:
-    return ErrorReply(int(code), message, detail)

@@ -4,7 +4,7 @@ of its answer.
 Pure (standard library only), layer 2. A body is a NamedTuple registered under its message type
 by ``@message("type", reply=Answer)``; on the wire it is a msgpack array of its fields in order
 (``actors.message``), and the receiver's runtime rebuilds the same class from the array
-(``Body._make``, which refuses a wrong number of fields), so a handler reads ``msg.fields.acks``
+(refusing a wrong number of fields, as ``Body._make`` would), so a handler reads ``msg.fields.acks``
 by name. The answer's class is known to the requester's runtime from the type it asked, and
 ``_error`` answers are ``ErrorReply``. Parts inside a body (``ProducePart``, ``TxnMarker``) are
 NamedTuples too: they arrive as lists of the same fields; the per-record path unpacks them
@@ -197,7 +197,6 @@ class Scale(NamedTuple):
 
 
 # ---- the request path: processors, handlers, log actors, the fetch actor, the acceptor ----------
-# (issue 31 item 1, branch msg-data: declare this path's messages here, below this line)
 class Response(NamedTuple):
     """The answer to a client's ``request``, sent to its processor by whichever actor served it (a
     handler, or the actor it forwarded the request to: a log actor, the fetch actor, a coordinator,
@@ -402,7 +401,6 @@ class ConnClosed(NamedTuple):
 
 
 # ---- the controller, the broker agent and replication --------------------------------------
-# (issue 31 item 1, branch msg-cluster: declare these messages here, below this line)
 class MetadataVersion(NamedTuple):
     """A handler's answer to ``metadata``: the version it holds now."""
 
@@ -689,9 +687,7 @@ class Replicate(NamedTuple):
     parts: list  # [ReplicatePart]
 
 
-
 # ---- the group and transaction coordinators -------------------------------------------------
-# (issue 31 item 1, branch msg-txn: declare these messages here, below this line)
 @message("group_request", reply=Response)
 class GroupRequest(NamedTuple):
     """A client's group API request, from its handler to the group coordinator (which answers

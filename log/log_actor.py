@@ -17,11 +17,11 @@ Accepts (shapes: docs/PROTOCOL.md, docs/REPLICATION.md, ``odradek.actors.message
   get_bounds (GetBounds): from the fetch actor, the coordinators and the schema registry ->
       Bounds
   watch: from the fetch actor: tell it these partitions' appends for a lease
-  write_markers {markers: [TxnMarker]}: from the transaction coordinator -> {parts: [PartOutcome]}
-  txn_check {parts: [TxnCheck], wait_ms}: from the transaction coordinator -> {parts:
-      [PartOutcome]} (both kept by each partition's ``TxnPartition``, log/txn_partition.py)
+  write_markers (WriteMarkers of [TxnMarker]): from the transaction coordinator -> PartOutcomes
+  txn_check (TxnChecks of [TxnCheck]): from the transaction coordinator -> PartOutcomes (both
+      kept by each partition's ``TxnPartition``, log/txn_partition.py)
   describe_producers (DescribeProducers): from the transaction coordinator -> Producers
-  txn_added {parts: [TxnAdded]}: one-way, chained for the transaction coordinator: a
+  txn_added (TxnPartsAdded of [TxnAdded]): one-way, chained for the transaction coordinator: a
       partition joined a producer's transaction; its held batches are appended
 Sends: ``get_assignment`` and ``alter_isr`` to the controller; ``bounds`` to the fetch actor
 after each batch of messages (appends only for watched partitions); ``fsynced`` to the replica
@@ -675,11 +675,7 @@ class LogActor(Actor):
         left = [len(waits)]
 
         def synced(p: PartitionLog, i: int, error) -> None:
-            row = out[i]
-            if error is not None:
-                out[i] = row._replace(code=int(error.code), fsynced_offset=-1)
-            else:
-                out[i] = row._replace(fsynced_offset=min(p.log.durable_end, row.log_end_offset))
+            out[i] = _synced_end(out[i], p.log.durable_end, error)
             left[0] -= 1
             if not left[0]:
                 self._answers.append((msg, ReplicaEnds(out)))
@@ -1223,11 +1219,11 @@ class LogActor(Actor):
                 self._run_sync_job(job)
                 if job.error is not None:
                     self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
-                    rows[i] = row._replace(code=int(job.error.code), fsynced_offset=-1)
+                    rows[i] = _synced_end(row, p.log.durable_end, job.error)
                     return
                 p.log.end_sync(job)
                 self._run_synced(p)
-            rows[i] = row._replace(fsynced_offset=min(p.log.durable_end, row.log_end_offset))
+            rows[i] = _synced_end(row, p.log.durable_end, None)
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)
 
@@ -1419,6 +1415,14 @@ def _files_size(directory: str) -> int:
 
 def _now_ms() -> int:
     return int(time.monotonic() * 1000)
+
+
+def _synced_end(row: ReplicaEnd, durable_end: int, error) -> ReplicaEnd:
+    """A follower's answer row once its partition's fsync ended: how much of its log end is on
+    disk now, or the fsync's error."""
+    if error is not None:
+        return row._replace(code=int(error.code), fsynced_offset=-1)
+    return row._replace(fsynced_offset=min(durable_end, row.log_end_offset))
 
 
 def _produce_body(results: dict, held_since: float | None = None) -> Response:

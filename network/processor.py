@@ -35,7 +35,6 @@ import struct
 import time
 from typing import Any, Callable
 
-
 from odradek.actors.message import ERROR, Message
 from odradek.actors.messages import (Balances, ConnClosed, ErrorReply, ProcessorConnections, QuotaUsage, Request,
                                      Response, Shed)
@@ -80,6 +79,7 @@ CLIENT_ID_KEPT = 256  # characters of a client id a connection keeps for its log
 
 
 _NO_BODY = Response({})  # a _reply without a body
+
 
 class Slot:
     """A request's place in its connection's answer order: ``bufs``, its answer's buffers once
