@@ -272,10 +272,12 @@ class RecordAccumulator:
             return slot
 
     def flush_futures(self) -> list:
-        """Close every open batch (linger or not); the futures of every unresolved batch."""
+        """Close every open batch (linger or not); the futures of every unresolved batch. The set
+        is copied in one C call first: the sender's ``batch_done`` shrinks it without the lock,
+        and a Python loop over it can be switched out mid-iteration."""
         with self.lock:
             self._close_lingering(time.monotonic(), force=True)
-            return [b.future for b in self._incomplete]
+            return [b.future for b in list(self._incomplete)]
 
     def drained(self) -> bool:
         """No batch open, none closed and not yet taken by the sender (``drain``)."""

@@ -181,3 +181,42 @@ def test_a_batch_mixing_keyed_keyless_values_and_full_rows_encodes_each_record(o
         assert [(r.offset, r.key, r.value) for r in fmt.decode_batch(ready[0].data)] == sent
     finally:
         acc.release()
+
+
+def test_flush_collects_futures_while_the_sender_resolves_batches_without_the_lock():
+    """``batch_done`` (the sender thread) discards from the unresolved batches without the lock;
+    ``flush`` must not iterate that set while it shrinks (CI caught "Set changed size during
+    iteration" under retries). Thread switches are forced every microsecond so the overlap that
+    a busy machine produces by chance happens on every run."""
+    import sys
+    import threading
+
+    acc = accumulator(batch_size=1)
+    old = sys.getswitchinterval()
+    try:
+        for round_ in range(20):
+            for p in range(500):
+                acc.append("t", p, b"x", None, (), None, 1, count=500)
+            _, _, ready = acc.drain(0.0, force=True)
+            assert len(ready) == 500
+            go = threading.Event()
+
+            def resolve():
+                go.wait()
+                for b in ready:
+                    acc.batch_done(b)
+
+            sender = threading.Thread(target=resolve)
+            sender.start()
+            sys.setswitchinterval(1e-6)
+            go.set()
+            try:
+                while sender.is_alive():
+                    acc.flush_futures()
+            finally:
+                sys.setswitchinterval(old)
+                sender.join()
+            assert acc.flush_futures() == []
+    finally:
+        sys.setswitchinterval(old)
+        acc.release()
