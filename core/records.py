@@ -32,12 +32,13 @@ from odradek.core.kafka_batch import (APPEND_VIEW, CRC_START, HEADER, HEADER_SIZ
 
 MAGIC = 0x4F  # 'O': Odradek's format 1; distinct from Kafka's magic 2 on purpose
 
-COMPRESSION_MASK = 0x07
+# The attribute bits are Kafka's, at the same places (docs/FORMAT.md): TIMESTAMP_TYPE_BIT (0
+# CreateTime, 1 LogAppendTime), TRANSACTIONAL_BIT (a transactional producer's batch,
+# docs/TRANSACTIONS.md), CONTROL_BIT; only the compression codes differ
+from odradek.core.kafka_batch import COMPRESSION_MASK, CONTROL_BIT, TIMESTAMP_TYPE_BIT, TRANSACTIONAL_BIT  # noqa: E402,F401
+
 COMPRESSION_NONE = 0
 COMPRESSION_LZ4 = 1
-TIMESTAMP_TYPE_BIT = 0x08  # 0 CreateTime, 1 LogAppendTime
-TRANSACTIONAL_BIT = 0x10  # a transactional producer's batch (Kafka's bit; docs/TRANSACTIONS.md)
-CONTROL_BIT = 0x20
 KNOWN_ATTRIBUTE_BITS = COMPRESSION_MASK | TIMESTAMP_TYPE_BIT | TRANSACTIONAL_BIT | CONTROL_BIT
 
 NO_TIMESTAMP = -1
