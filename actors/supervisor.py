@@ -364,6 +364,7 @@ class Supervisor(Actor):
                          "rss": sample.get("rss"), "cpu": sample.get("cpu"), "fds": sample.get("fds"),
                          "processed": hb and hb.processed, "open": hb and hb.open,
                          "backlog": hb.stats.get("backlog", 0) if hb else 0, "progress": hb.progress if hb else "",
+                         "stats": hb.stats if hb else {},
                          "uptime": round(time.time() - child.started_at, 1) if child.started_at else None})
         launcher = self.launcher
         return BrokerStatus({"pid": os.getpid(), "state": "running" if self.ready else "starting",

@@ -382,7 +382,7 @@ def replicate(actor, partitions=(0,), n=10) -> Message:
 
 
 def test_a_follower_on_a_fast_disk_fsyncs_before_it_answers_so_its_next_fetch_tells_the_leader(make):
-    """A fast disk (no recent fsync over INLINE_SYNC_MAX_S) and few partitions: the follower
+    """A fast disk (the median of the recent fsyncs under INLINE_SYNC_MAX_S) and few partitions: the follower
     fsyncs on its loop before answering, its answer says so, and the next FETCH carries it:
     no fsync thread, no ``fsynced`` message, no progress report on the acknowledgement's path
     (the trace: their hand-offs cost more than a 0.2 ms fsync)."""
@@ -394,9 +394,22 @@ def test_a_follower_on_a_fast_disk_fsyncs_before_it_answers_so_its_next_fetch_te
     assert len(actor._fsync_seconds) == 1  # timed, to send the next ones to the threads if slow
 
 
-def test_a_slow_fsync_or_many_partitions_send_a_followers_fsyncs_back_to_the_threads(make, tmp_path):
+def test_one_slow_fsync_among_fast_ones_keeps_a_followers_fsync_on_its_loop(make):
+    """A busy but fast disk: concurrent fsyncs here take 0.2-0.5 ms at the median and 2-13 ms
+    at p99, so some fsync among the last 16 is nearly always over 2 ms. The median decides;
+    under "none over 2 ms" the inline path was out of reach under load (issue 33: 97 inline
+    group commits against 2,102 on threads, ~1,000 progress reports per broker)."""
     actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
-    actor._fsync_seconds.append(0.0021)  # one fsync over 2 ms among the last 16
+    actor._fsync_seconds.extend([0.0003] * 12 + [0.013] * 3)  # 3 of the last 15 over 2 ms
+    msg = replicate(actor)
+    assert [fields for m, fields in actor.replies if m is msg] == [ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 10)])]
+    assert p.log.durable_end == 10 and not actor._syncing
+    assert actor.inline_syncs == 1 and actor.thread_syncs == 0
+
+
+def test_a_slow_disk_or_many_partitions_send_a_followers_fsyncs_back_to_the_threads(make, tmp_path):
+    actor, p, files = make(isr=[1, 2], broker_id=2, leader=1)
+    actor._fsync_seconds.extend([0.0003] * 7 + [0.0021] * 9)  # most of the last 16 over 2 ms
     msg = replicate(actor)
     assert [fields for m, fields in actor.replies if m is msg] == [ReplicaEnds([ReplicaEnd("t", 0, 0, 10, 0)])]
     assert ("t", 0) in actor._syncing

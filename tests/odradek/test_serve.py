@@ -45,6 +45,32 @@ def test_status_prints_the_actor_tree_with_every_role(shared_broker):
         assert rows[name][3] == "running" and psutil.pid_exists(int(rows[name][2]))
 
 
+def test_status_json_carries_each_actors_own_stats(shared_broker):
+    """``odradek status --json`` has each actor's stats from its heartbeat; a log actor's
+    counts its group commits on its loop and on its threads (an acks=1 produce waits for the
+    leader's fsync, so some log actor has run one)."""
+    import json
+
+    from odradek import Admin, Producer
+    broker = shared_broker
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic("status-stats", partitions=1)
+    with Producer(broker.bootstrap, acks=1) as p:
+        p.send("status-stats", b"v").result(30)
+    deadline = time.monotonic() + 30
+    while True:
+        proc = odradek(broker, "status", "--json")
+        assert proc.returncode == 0, proc.stderr
+        actors = json.loads(proc.stdout)["actors"]
+        logs = [a["stats"] for a in actors if a["role"] == "log"]
+        if sum(s.get("syncs", {}).get("threads", 0) + s.get("syncs", {}).get("inline", 0) for s in logs) >= 1:
+            break
+        assert time.monotonic() < deadline, f"no group commit in the log actors' stats: {logs}"
+        time.sleep(0.5)
+    assert all(isinstance(a["stats"], dict) for a in actors)
+    assert all("appends" in s for s in logs)
+
+
 def test_configs_alter_resizes_the_handler_pool_and_describe_shows_it(broker):
     proc = odradek(broker, "configs", "--bootstrap-server", broker.bootstrap, "--alter", "num.io.threads=3")
     assert proc.returncode == 0 and "Completed updating config for broker 0" in proc.stdout, proc.stderr
