@@ -1,7 +1,9 @@
 """The producer's encoding (docs/CLIENT.md, "Producer": partitioning): Kafka's
 default partitioner (``murmur2``, ``partition_for_key``) and a batch's bytes (``encode_rows``:
-the rows packed by ``pack_rows`` as msgpack, compressed, under the ``core.records`` header and its
-CRC, or Kafka's magic-2 batch for the Kafka codecs). Runs on whichever thread closes a batch.
+the rows packed as msgpack, compressed, under the ``core.records`` header and its CRC, or
+Kafka's magic-2 batch for the Kafka codecs). Plain values are packed in C when the optional
+extension ``odradek._recordbuild`` is built; ``pack_rows`` and the header code here are its
+Python twin and fallback (same bytes). Runs on whichever thread closes a batch.
 """
 from __future__ import annotations
 
