@@ -226,3 +226,14 @@ def test_encode_rows_uses_the_python_twin_when_the_extension_is_absent():
     assert out.returncode == 0, out.stderr
     native = _native()
     assert bytes.fromhex(out.stdout) == native.batch([b"v" * 40, b"w"], [b"k", b""], 5, 6, fmt.MAGIC)
+
+
+def test_a_batch_over_two_gib_is_refused_before_anything_is_allocated():
+    """A batch's length is an int32: 33 references to one 64 MiB value claim 2.1 GB, refused by
+    the sizing pass (only the one value is in memory)."""
+    native = _native()
+    big = bytes(64 << 20)
+    for call in (lambda: native.batch([big] * 33, None, 1, 1, fmt.MAGIC), lambda: native.pack([big] * 33, None),
+                 lambda: native.batch([b"v"] * 33, [big] * 33, 1, 1, fmt.MAGIC)):
+        with pytest.raises(ValueError, match="over 2 GiB"):
+            call()
