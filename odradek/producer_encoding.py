@@ -1,7 +1,9 @@
 """The producer's encoding (docs/CLIENT.md, "Producer": partitioning): Kafka's
 default partitioner (``murmur2``, ``partition_for_key``) and a batch's bytes (``encode_rows``:
-the rows packed by ``pack_rows`` as msgpack, compressed, under the ``core.records`` header and its
-CRC, or Kafka's magic-2 batch for the Kafka codecs). Runs on whichever thread closes a batch.
+the rows packed as msgpack, compressed, under the ``core.records`` header and its CRC, or
+Kafka's magic-2 batch for the Kafka codecs). Plain values are packed in C when the optional
+extension ``odradek._recordbuild`` is built; ``pack_rows`` and the header code here are its
+Python twin and fallback (same bytes). Runs on whichever thread closes a batch.
 """
 from __future__ import annotations
 
@@ -21,6 +23,12 @@ _packb = msgpack.Packer(use_bin_type=True).pack
 _HEADER_PACK = fmt.HEADER.pack_into
 _CRC_PACK = struct.Struct(">I").pack_into
 _crc32 = zlib.crc32
+try:  # plain batches in C (odradek/_recordbuild.c, built by setup.py); optional: else the Python below
+    from odradek import _recordbuild as _native
+    if not hasattr(_native, "batch"):  # a build from before the producer's functions
+        _native = None
+except ImportError:
+    _native = None
 
 
 def murmur2(key: bytes) -> int:
@@ -64,20 +72,35 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
     ``keys[i]``, or None when ``keys`` is None) or a full row ``(offset_delta,
     timestamp_delta, key, value, headers)``; offset deltas are the positions 0..n-1.
     ``plain``: the caller knows every row is a value and every key bytes (``pack_rows``).
-    ``KAFKA_CODECS``: a magic-2 batch instead."""
+    ``KAFKA_CODECS``: a magic-2 batch instead.
+
+    Plain values are packed in C when ``odradek._recordbuild`` is built (``_native``): an
+    uncompressed batch whole, in one allocation (``batch``); an lz4 one's rows (``pack``), then
+    compressed here. Every batch goes under its header in C (``seal``). Without the extension,
+    or for rows that are not plain, the Python below makes the same bytes (its twin)."""
     if compression in KAFKA_CODECS:
         return kafka_batch.encode([fmt.Record(i, base_ts, None if keys is None else keys[i], r, [])
                                    if isinstance(r, (bytes, bytearray, memoryview))
                                    else fmt.Record(r[0], base_ts + r[1], r[2], r[3], r[4] or [])
                                    for i, r in enumerate(rows)],
                                   base_offset=0, first_timestamp=base_ts, max_timestamp=max_ts, compression=compression)
-    n = len(rows)
-    payload = pack_rows(rows, keys, plain)
+    native = _native
+    if native is None:
+        payload = pack_rows(rows, keys, plain)
+    elif plain or _is_plain(rows, keys):
+        if compression is None:
+            return native.batch(rows, keys, base_ts, max_ts, fmt.MAGIC)
+        payload = native.pack(rows, keys)
+    else:
+        payload = _pack_rows_of(rows, keys)
     attributes = 0
     if compression == "lz4":
         payload = cramjam.lz4.compress_block(payload)  # lz4 block, little-endian u32 size first
         attributes = fmt.COMPRESSION_LZ4
+    if native is not None:
+        return native.seal(payload, attributes, len(rows), base_ts, max_ts, fmt.MAGIC)
     out = bytearray(fmt.HEADER_SIZE + len(payload))
+    n = len(rows)
     _HEADER_PACK(out, 0, 0, len(out) - fmt.LOG_OVERHEAD, -1, fmt.MAGIC, 0, attributes, n - 1,
                  base_ts, max_ts, -1, -1, -1, n)
     out[fmt.HEADER_SIZE:] = payload
@@ -87,7 +110,8 @@ def encode_rows(rows: list, base_ts: int, max_ts: int, compression: Optional[str
 
 def pack_rows(rows: list, keys: list | None = None, plain: bool = False) -> bytes:
     """The msgpack array of rows, byte for byte what ``msgpack.packb`` makes of the full rows
-    (``keys``, when given, holds the key of each plain value; see ``encode_rows``).
+    (``keys``, when given, holds the key of each plain value; see ``encode_rows``). The Python
+    twin of ``odradek._recordbuild.pack``, and ``encode_rows``' path without it.
 
     A batch of plain values (the common case) is assembled with slice assignments and one
     ``join`` from cached byte strings: no Python code and no object per record. That is why
@@ -97,20 +121,11 @@ def pack_rows(rows: list, keys: list | None = None, plain: bool = False) -> byte
     timestamp, key and bin header"; keyed values the same, with the key between.
     ``plain`` (every row bytes, every key bytes: the accumulator knows it without looking)
     skips the scans that check it (~20 ns a record each)."""
-    n = len(rows)
-    if not plain:
-        types = set(map(type, rows))
-        if types == _ONLY_BYTES and (keys is None or None not in keys):
-            plain = True
-        elif keys is not None:
-            rows = [(i, 0, k, r, ()) if r.__class__ is bytes else r for i, (r, k) in enumerate(zip(rows, keys))]
-            return _packb(rows)
-        elif types == _ONLY_TUPLES:  # full rows only: msgpack packs them as they are
-            return _packb(rows)
-        else:
-            return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
+    if not plain and not _is_plain(rows, keys):
+        return _pack_rows_of(rows, keys)
     if keys is not None:
         return _pack_keyed(rows, keys)
+    n = len(rows)
     parts = [None] * (2 * n)
     parts[1::2] = rows
     lengths = set(map(len, rows))
@@ -123,6 +138,21 @@ def pack_rows(rows: list, keys: list | None = None, plain: bool = False) -> byte
         parts[0::2] = map(b"".join, zip(heads[0::2], heads[1::2]))
         parts[2::2] = map(b"\x90".__add__, parts[2::2])
     return _array_header(n) + b"".join(parts) + b"\x90"
+
+
+def _is_plain(rows: list, keys: list | None) -> bool:
+    """Every row a value (bytes) and, with keys, no key None (``pack_rows``' fast path)."""
+    return set(map(type, rows)) == _ONLY_BYTES and (keys is None or None not in keys)
+
+
+def _pack_rows_of(rows: list, keys: list | None) -> bytes:
+    """``pack_rows`` of rows that are not all plain values: full rows, plain values between
+    them, or values of which some have no key; msgpack packs the rows as they are."""
+    if keys is not None:
+        return _packb([(i, 0, k, r, ()) if r.__class__ is bytes else r for i, (r, k) in enumerate(zip(rows, keys))])
+    if set(map(type, rows)) == _ONLY_TUPLES:  # full rows only
+        return _packb(rows)
+    return _packb([(i, 0, None, r, ()) if r.__class__ is bytes else r for i, r in enumerate(rows)])
 
 
 def _pack_keyed(rows: list, keys: list) -> bytes:
