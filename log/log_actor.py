@@ -206,7 +206,9 @@ class LogActor(Actor):
     _fsynced_out: dict | None = None
     _fsync_seconds: collections.deque | tuple = ()  # the last fsyncs' durations (on_start)
     dir_offline: str | None = None  # why the log directory is offline (a failed fsync), or None
-    inline_syncs = thread_syncs = 0  # group commits run on the loop (_sync_inline) and on threads
+    inline_syncs = thread_syncs = 0  # group commits run on the loop (_sync_inline, _sync_turn_inline) and on threads
+    appends = 0  # batches appended (on_start)
+    _appends_at_turn = 0  # ``appends`` when the last turn ended (after_batch)
 
     def on_start(self) -> None:
         self.data_dir = self.args["data_dir"]
@@ -1213,7 +1215,7 @@ class LogActor(Actor):
         keys = [(row.topic, row.partition) for row in rows
                 if row.code == 0 and row.fsynced_offset < row.log_end_offset]
         if not keys or len(keys) > INLINE_SYNC_PARTS or any(k in self._syncing for k in keys) or \
-                (self._fsync_seconds and _median(self._fsync_seconds) > INLINE_SYNC_MAX_S):
+                not self._disk_fast():
             return
         for i, row in enumerate(rows):
             key = (row.topic, row.partition)
@@ -1234,6 +1236,10 @@ class LogActor(Actor):
             rows[i] = _synced_end(row, p.log.durable_end, None)
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)
+
+    def _disk_fast(self) -> bool:
+        """The median of the last INLINE_SYNC_WINDOW fsyncs is under INLINE_SYNC_MAX_S."""
+        return not self._fsync_seconds or _median(self._fsync_seconds) <= INLINE_SYNC_MAX_S
 
     def _begin_sync(self, p: PartitionLog):
         """``p``'s next group commit (``Log.begin_sync``), or None: nothing to fsync (what
@@ -1264,14 +1270,19 @@ class LogActor(Actor):
         if job.error is not None:
             self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
         else:
-            p.log.end_sync(job)
-            self._run_synced(p)
-            self._advance_high_watermark(p)
-            if 0 <= p.leader != self.broker_id:  # following: the fetcher tells the leader at once
-                self._fsynced_out[key] = p.log.durable_end
-            if p.log.durable_end < p.log.log_end_offset:
-                self._unsynced.add(key)  # appended while it ran: the next fsync covers them
+            self._sync_ended(p, job)
         self.after_batch()
+
+    def _sync_ended(self, p: PartitionLog, job) -> None:
+        """A group commit of ``p`` succeeded: its durable end moves and what waited for it goes
+        (acks=1 answers, a follower's replicate answer, the leader's high watermark)."""
+        p.log.end_sync(job)
+        self._run_synced(p)
+        self._advance_high_watermark(p)
+        if 0 <= p.leader != self.broker_id:  # following: the fetcher tells the leader at once
+            self._fsynced_out[(p.topic, p.partition)] = p.log.durable_end
+        if p.log.durable_end < p.log.log_end_offset:
+            self._unsynced.add((p.topic, p.partition))  # appended while it ran: the next fsync covers them
 
     def _take_dir_offline(self, why: str) -> None:
         """A failed fsync takes the log directory offline, as Kafka does: Linux may drop the
@@ -1315,6 +1326,23 @@ class LogActor(Actor):
         p.on_synced = keep
 
     def after_batch(self) -> None:
+        appended, self._appends_at_turn = self.appends - self._appends_at_turn, self.appends
+        self._tell_fetcher()
+        self._tell_fetch_actor()
+        self._send_answers()
+        if self._unsynced and self._sync_pool is not None:
+            # after the fetch actor heard of the new data: a follower's FETCH parked there is
+            # answered first (its fsync, not the leader's, is the longer path to the high
+            # watermark), and a new fsync thread does not hold the GIL before these sends
+            if self._sync_turn_inline(appended):  # what the fsyncs moved: high watermarks, durable ends
+                self._tell_fetcher()
+                self._tell_fetch_actor()
+            else:
+                self._start_syncs()
+            self._send_answers()  # what a sync with nothing to do (or failing to begin) let go
+
+    def _tell_fetcher(self) -> None:
+        """The followed partitions whose durable end moved, to the replica fetcher (``fsynced``)."""
         if self._fsynced_out:
             try:
                 self.send(REPLICA_FETCHER, Fsynced([FsyncedEnd(t, q, end) for (t, q), end in
@@ -1322,20 +1350,40 @@ class LogActor(Actor):
                 self._fsynced_out.clear()
             except MailboxFull:  # the next batch tries again
                 pass
+
+    def _tell_fetch_actor(self) -> None:
+        """The partitions whose bounds moved since the last time, to the fetch actor."""
         if self._dirty or self._closed or self._announce_opening:
             dirty, closed, announce = set(self._dirty), list(self._closed), self._announce_opening
             try:
                 self.send(FETCH_ACTOR, self._take_changes())
             except MailboxFull:  # the next batch tries again
                 self._dirty, self._closed, self._announce_opening = dirty, closed, announce
-        self._send_answers()
-        if self._unsynced and self._sync_pool is not None:
-            # after the fetch actor heard of the new data: a follower's FETCH parked there is
-            # answered first (its fsync, not the leader's, is the longer path to the high
-            # watermark), and a new fsync thread does not hold the GIL before these sends
-            self._start_syncs()
-            self._send_answers()  # what a sync with nothing to do (or failing to begin) let go
 
+    def _sync_turn_inline(self, appended: int) -> bool:
+        """A quiet turn on a fast disk (at most INLINE_SYNC_PARTS batches ``appended`` in it,
+        as many partitions to fsync, none with a sync in flight): fsync them here and now, as a
+        follower does its replicate (``_sync_inline``). What waited for them (acks=1 answers,
+        the high watermark) then goes in this turn, without the fsync thread's two hand-offs
+        (issue 33: e2e at 1,000 records/s paid them on every record). A busy turn, or a slow
+        disk, leaves the fsyncs to the threads, where appends go on beside them. True if done."""
+        keys = self._unsynced
+        if appended > INLINE_SYNC_PARTS or len(keys) > INLINE_SYNC_PARTS or not self._disk_fast() or \
+                any(k in self._syncing for k in keys):
+            return False
+        for key in list(keys):
+            keys.discard(key)
+            p = self.logs.get(key)
+            job = None if p is None else self._begin_sync(p)
+            if job is None:
+                continue
+            self.inline_syncs += 1
+            self._run_sync_job(job)
+            if job.error is not None:
+                self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
+                return True
+            self._sync_ended(p, job)
+        return True
     def _send_answers(self) -> None:
         answers, self._answers = self._answers, []
         for msg, fields in answers:

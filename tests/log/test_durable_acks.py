@@ -14,6 +14,7 @@ import collections
 import concurrent.futures
 import os
 import threading
+import time
 
 import pytest
 
@@ -126,6 +127,7 @@ def answered(actor, msg) -> dict | None:
 
 def test_the_leaders_high_watermark_does_not_pass_a_batch_it_has_not_fsynced(make):
     actor, p, files = make(isr=[2])  # the leader is the whole ISR: acks=all needs its disk only
+    actor.slow_disk()  # the threads' path (a quiet turn on a fast disk fsyncs on the loop)
     msg = produce(actor, acks=-1)
     assert p.log.log_end_offset == 10
     assert (p.log.durable_end, p.log.high_watermark) == (0, 0), "counted a batch the disk does not have"
@@ -138,6 +140,7 @@ def test_the_leaders_high_watermark_does_not_pass_a_batch_it_has_not_fsynced(mak
 
 def test_one_fsync_covers_every_batch_appended_while_the_previous_one_ran(make):
     actor, p, files = make(isr=[2])
+    actor.slow_disk()  # the threads' path (a quiet turn on a fast disk fsyncs on the loop)
     first = produce(actor, acks=-1, corr=1)  # its fsync begins, and is held
     later = [produce(actor, acks=-1, corr=c) for c in range(2, 6)]  # appended meanwhile, not held up
     assert p.log.log_end_offset == 50 and answered(actor, first) is None
@@ -152,6 +155,7 @@ def test_one_fsync_covers_every_batch_appended_while_the_previous_one_ran(make):
 
 def test_acks_1_waits_for_the_leaders_fsync(make):
     actor, p, files = make(isr=[1, 2])  # a follower that never fetches: acks=1 does not wait for it
+    actor.slow_disk()  # the threads' path (a quiet turn on a fast disk fsyncs on the loop)
     msg = produce(actor, acks=1)
     assert answered(actor, msg) is None, "acks=1 acknowledged before the leader's fsync"
     files.release()
@@ -345,6 +349,7 @@ def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(m
     fsync has slack (the followers' round trip is longer), so the new data is announced first
     and the fsync thread, which takes the GIL when it starts, comes after."""
     actor, p, files = make(isr=[1, 2, 3])
+    actor.slow_disk()  # the threads' path (a quiet turn on a fast disk: test_a_quiet_turn_...)
     seen = []
     send = actor.send
     actor.send = lambda to, body, frames=(), **kw: (
@@ -355,6 +360,40 @@ def test_a_leader_tells_the_fetch_actor_of_new_data_before_it_begins_the_fsync(m
     files.release()
     actor.settle()
     assert p.log.durable_end == 10 and answered(actor, msg) is None  # the followers have not fetched
+
+
+def test_a_quiet_turn_on_a_fast_disk_fsyncs_on_the_loop_and_answers_in_it(make):
+    """One batch in a turn, a fast disk: the leader fsyncs on its loop once the fetch actor has
+    heard of the data, and the acks=1 answer and the high watermark go in the same turn, with no
+    fsync thread and no hand-off back (issue 33: e2e at 1,000 records/s paid them per record)."""
+    actor, p, files = make(isr=[2])
+    actor.after_batch()  # what _become announced
+    actor._leases[("t", 0)] = time.monotonic() + 60  # the fetch actor watches it (on_watch)
+    seen = []
+    send = actor.send
+    actor.send = lambda to, body, frames=(), **kw: (
+        seen.append((body.TYPE, p.log.durable_end)), send(to, body, frames, **kw))
+    msg = produce(actor, acks=1)
+    entry = answered(actor, msg)
+    assert entry is not None and entry["error_code"] == 0, "a quiet turn left its fsync to a thread"
+    assert (p.log.durable_end, p.log.high_watermark) == (10, 10) and not actor._syncing
+    assert (actor.inline_syncs, actor.thread_syncs, files.synced) == (1, 0, 0)  # files.synced: threads only
+    assert seen == [("bounds", 0), ("bounds", 10)], f"the new data, then the high watermark the fsync moved: {seen}"
+
+
+def test_a_busy_turn_leaves_the_leaders_fsync_to_the_threads(make):
+    """Three batches in one turn: appends must go on beside the fsync, so it runs on a thread."""
+    actor, p, files = make(isr=[2])
+    msgs = [Message(Produce.TYPE, c, "client", Produce(1, [["t", 0, 0]], 30000), [encode_batch([(None, b"v")] * 10)])
+            for c in (1, 2, 3)]
+    for m in msgs:
+        actor.on_produce(m)
+    actor.after_batch()
+    assert ("t", 0) in actor._syncing and all(answered(actor, m) is None for m in msgs)
+    files.release()
+    actor.settle()
+    assert p.log.durable_end == 30 and all(answered(actor, m)["error_code"] == 0 for m in msgs)
+    assert (actor.inline_syncs, actor.thread_syncs) == (0, 1)
 
 
 def test_acks_1_with_nothing_left_to_fsync_is_answered_in_the_same_batch(make):
