@@ -1384,6 +1384,7 @@ class LogActor(Actor):
                 return True
             self._sync_ended(p, job)
         return True
+
     def _send_answers(self) -> None:
         answers, self._answers = self._answers, []
         for msg, fields in answers:
