@@ -1214,8 +1214,7 @@ class LogActor(Actor):
         with a sync in flight on a thread is left to it (their ends must not cross)."""
         keys = [(row.topic, row.partition) for row in rows
                 if row.code == 0 and row.fsynced_offset < row.log_end_offset]
-        if not keys or len(keys) > INLINE_SYNC_PARTS or any(k in self._syncing for k in keys) or \
-                not self._disk_fast():
+        if not self._may_sync_inline(keys):
             return
         for i, row in enumerate(rows):
             key = (row.topic, row.partition)
@@ -1223,12 +1222,9 @@ class LogActor(Actor):
             if key not in keys or p is None:
                 continue
             self._unsynced.discard(key)
-            job = self._begin_sync(p)
+            job = self._sync_on_loop(p)
             if job is not None:
-                self.inline_syncs += 1
-                self._run_sync_job(job)
                 if job.error is not None:
-                    self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
                     rows[i] = _synced_end(row, p.log.durable_end, job.error)
                     return
                 p.log.end_sync(job)
@@ -1237,9 +1233,26 @@ class LogActor(Actor):
             if p.log.durable_end < p.log.log_end_offset:
                 self._unsynced.add(key)
 
-    def _disk_fast(self) -> bool:
-        """The median of the last INLINE_SYNC_WINDOW fsyncs is under INLINE_SYNC_MAX_S."""
-        return not self._fsync_seconds or _median(self._fsync_seconds) <= INLINE_SYNC_MAX_S
+    def _may_sync_inline(self, keys) -> bool:
+        """These partitions may be fsynced on the loop: a few (INLINE_SYNC_PARTS), none with a
+        sync in flight on a thread (their ends must not cross), on a fast disk (the median of
+        the last INLINE_SYNC_WINDOW fsyncs under INLINE_SYNC_MAX_S)."""
+        return 0 < len(keys) <= INLINE_SYNC_PARTS and not any(k in self._syncing for k in keys) and \
+            (not self._fsync_seconds or _median(self._fsync_seconds) <= INLINE_SYNC_MAX_S)
+
+    def _sync_on_loop(self, p: PartitionLog):
+        """``p``'s group commit run here, on the loop (``_begin_sync``'s None: nothing to
+        fsync); a failed one takes the directory offline (``job.error`` says so)."""
+        job = self._begin_sync(p)
+        if job is not None:
+            self.inline_syncs += 1
+            self._run_sync_job(job)
+            if job.error is not None:
+                self._fsync_failed(p, job)
+        return job
+
+    def _fsync_failed(self, p: PartitionLog, job) -> None:
+        self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
 
     def _begin_sync(self, p: PartitionLog):
         """``p``'s next group commit (``Log.begin_sync``), or None: nothing to fsync (what
@@ -1268,7 +1281,7 @@ class LogActor(Actor):
         if self.logs.get(key) is not p:
             return  # closed meanwhile (its waiters were answered then)
         if job.error is not None:
-            self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
+            self._fsync_failed(p, job)
         else:
             self._sync_ended(p, job)
         self.after_batch()
@@ -1368,19 +1381,15 @@ class LogActor(Actor):
         (issue 33: e2e at 1,000 records/s paid them on every record). A busy turn, or a slow
         disk, leaves the fsyncs to the threads, where appends go on beside them. True if done."""
         keys = self._unsynced
-        if appended > INLINE_SYNC_PARTS or len(keys) > INLINE_SYNC_PARTS or not self._disk_fast() or \
-                any(k in self._syncing for k in keys):
+        if appended > INLINE_SYNC_PARTS or not self._may_sync_inline(keys):
             return False
         for key in list(keys):
             keys.discard(key)
             p = self.logs.get(key)
-            job = None if p is None else self._begin_sync(p)
+            job = None if p is None else self._sync_on_loop(p)
             if job is None:
                 continue
-            self.inline_syncs += 1
-            self._run_sync_job(job)
             if job.error is not None:
-                self._take_dir_offline(f"an fsync of {p.topic}-{p.partition} failed: {job.error.message}")
                 return True
             self._sync_ended(p, job)
         return True
