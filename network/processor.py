@@ -342,8 +342,11 @@ class Processor(Actor):
             if self.mailbox.poll(50):
                 self._drain_mailbox()
             self._flush_dirty()
+        # Retriable, as a closed connection would be: a request not answered here (a produce
+        # at a frozen handler, say) may be done again at another broker; the client must not
+        # give up (BROKER_NOT_AVAILABLE is final to Kafka's clients and ours).
         for rec in list(self._inflight.values()):
-            self._fail(rec, ErrorCode.BROKER_NOT_AVAILABLE, f"{self.name} is stopping")
+            self._fail(rec, DIED_CODE, f"{self.name} is stopping; the request was not answered, retry")
         self._flush_dirty()
 
     def metric_gauges(self) -> list:

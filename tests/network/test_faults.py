@@ -103,3 +103,29 @@ def test_per_ip_limits_survive_an_acceptor_restart(start_broker):
     finally:
         for c in conns:
             c.close()
+
+
+def test_requests_in_flight_at_a_stopping_processor_fail_with_a_retriable_error(start_broker):
+    """A broker stopped with SIGTERM while requests wait at a frozen handler: the processor
+    answers them when its drain runs out, with a code the client retries elsewhere (the CI
+    run of 2026-11-29 saw three produces fail for good with BROKER_NOT_AVAILABLE)."""
+    import os
+    import signal
+    import threading
+    broker = start_broker(num_io_threads=1, request_timeout_ms=60000)
+    with connect(broker) as conn:
+        conn.request(ApiKey.PING, {})
+        handler = actor(broker, "handler-0")
+        os.kill(handler["pid"], signal.SIGSTOP)
+        try:
+            corrs = [conn.send(ApiKey.PING, {"i": i}) for i in range(3)]
+            stopper = threading.Thread(target=broker.terminate, kwargs={"timeout": 60})
+            stopper.start()
+            for corr in corrs:
+                with pytest.raises(OdradekError) as err:
+                    conn.receive(corr, timeout=30)
+                assert err.value.retriable, (err.value.code, err.value.message)
+                assert err.value.code == ErrorCode.NETWORK_EXCEPTION and "stopping" in err.value.message
+        finally:
+            os.kill(handler["pid"], signal.SIGCONT)
+        stopper.join(60)
