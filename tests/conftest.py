@@ -10,6 +10,7 @@ that no test looks at (a test of the graceful path calls ``terminate()`` itself)
 """
 from __future__ import annotations
 
+import collections
 import os
 import subprocess
 
@@ -89,3 +90,32 @@ def small_disk(tmp_path):
         pytest.skip("cannot mount a tmpfs here")
     yield str(mnt)
     subprocess.run(["umount", "-l", str(mnt)], capture_output=True)
+
+
+# ---- broker logs in a failure's report --------------------------------------------------
+LOG_TAIL_LINES = 60
+LOG_FILES_MAX = 4
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed test's report carries the tail of each broker's stderr written during it (a
+    CI run keeps nothing else: a flaky cluster test was once left with no log to read)."""
+    outcome = yield
+    report = outcome.get_result()
+    if call.when == "setup":
+        item._odradek_began = call.start  # a broker started in setup logs before the call
+    if not report.failed or call.when == "teardown":
+        return
+    factory = getattr(item.config, "_tmp_path_factory", None)
+    if factory is None:
+        return
+    began = getattr(item, "_odradek_began", call.start) - 1
+    try:
+        paths = [p for p in factory.getbasetemp().rglob("broker.stderr") if p.stat().st_mtime >= began]
+    except OSError:
+        return
+    for path in sorted(paths, key=lambda p: p.stat().st_mtime, reverse=True)[:LOG_FILES_MAX]:
+        with open(path, errors="replace") as f:
+            tail = "".join(collections.deque(f, LOG_TAIL_LINES))
+        report.sections.append((f"broker log {path.parent.name} (last {LOG_TAIL_LINES} lines)", tail))
