@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 from odradek.core import codec
 from odradek.network.clientauth import ClientSecurity
@@ -92,6 +92,9 @@ class Cluster:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._conns: dict[tuple, Connection] = {}  # address -> connection, for request_at
+        # Called with the new ``topics`` after every metadata answer is merged (on the thread
+        # that asked): caches derived from the metadata drop what it changed.
+        self.on_topics: list[Callable[[dict], None]] = []
 
     # ---- reads of the snapshot ------------------------------------------------------------------
     def partitions(self, topic: str) -> tuple | None:
@@ -215,6 +218,8 @@ class Cluster:
                                               bool(t.get("is_internal", False)), tuple(parts), topic_id)
         self.topics = topics
         self.updated_at = time.monotonic()
+        for hook in self.on_topics:
+            hook(topics)
 
     def request(self, api: int, body: dict, frames: Sequence[Any] = (), timeout: float | None = None) -> codec.Frame:
         """One blocking request to any live broker (the last one that answered first).

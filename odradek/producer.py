@@ -112,12 +112,13 @@ class Producer:
             delivery_timeout=self.delivery_timeout)
         self._append = self._acc.append  # bound once: send() calls it per record
         self._append_keyed = self._acc.append_keyed
-        # topic -> (the metadata snapshot ``Cluster.topics`` the partitions were computed from,
-        # {key: the accumulator's slot of its partition}, the topic's TopicMetadata): the keyed
-        # fast path's memo of murmur2, valid while that snapshot is current (every refresh
-        # replaces it, so a partition count change is seen at once; a refresh that kept the
-        # topic's TopicMetadata keeps the keys), KEY_MEMO keys each
-        self._key_memo: dict[str, tuple] = {}
+        # topic -> {key: the accumulator's slot of its partition}: the keyed fast path's memo
+        # of murmur2, KEY_MEMO keys each, computed for the partition count in _key_counts. A
+        # metadata answer that changes a topic's count (or drops it) drops its memo at once
+        # (``_drop_stale_keys``, a Cluster.on_topics hook), so send() checks nothing more.
+        self._key_slots: dict[str, dict] = {}
+        self._key_counts: dict[str, int] = {}
+        self._cluster.on_topics.append(self._drop_stale_keys)
         self._sender = _Sender(self._acc, self._cluster, acks=self.acks, ack_timeout_ms=self.ack_timeout_ms,
                                idempotent=self.idempotent, retries=retries, retry_backoff=self.retry_backoff,
                                max_in_flight=max_in_flight,
@@ -138,7 +139,7 @@ class Producer:
 
         One path: a record of bytes with neither partition, headers nor timestamp whose
         partition is known without a look at the metadata (keyless: the topic's sticky batch;
-        keyed: a key seen before, ``_key_memo``, straight to its partition's slot) goes to the
+        keyed: a key seen before, ``_key_slots``, straight to its partition's slot) goes to the
         accumulator if its batch is open; everything else is checked, given its partition and
         then appended the same way."""
         if partition is None and headers is None and timestamp_ms is None and value.__class__ is bytes:
@@ -147,9 +148,9 @@ class Producer:
                 if handle is not None:
                     return handle
             elif key.__class__ is bytes:
-                memo = self._key_memo.get(topic)
-                if memo is not None and memo[0] is self._cluster.topics:
-                    slot = memo[1].get(key)
+                slots = self._key_slots.get(topic)
+                if slots is not None:
+                    slot = slots.get(key)
                     if slot is not None:
                         handle = self._append_keyed(slot, value, key, len(value) + len(key) + RECORD_OVERHEAD)
                         if handle is not None:
@@ -170,18 +171,26 @@ class Producer:
         return self._append(topic, partition, value, key, headers, timestamp_ms, size, count)
 
     def _partition_of_key(self, topic: str, key: bytes, count: int) -> int:
-        """``partition_for_key``, remembered for the fast path in ``send`` (see ``_key_memo``)."""
+        """``partition_for_key``, remembered for the fast path in ``send`` (``_key_slots``)."""
         partition = partition_for_key(key, count)
-        topics = self._cluster.topics
-        meta = topics.get(topic)
-        if meta is not None and len(meta.partitions) == count:
-            memo = self._key_memo.get(topic)
-            if memo is None or memo[2] is not meta or len(memo[1]) >= KEY_MEMO:
-                memo = self._key_memo[topic] = (topics, {}, meta)
-            elif memo[0] is not topics:  # a refresh that kept this topic's metadata: the keys stay
-                memo = self._key_memo[topic] = (topics, memo[1], meta)
-            memo[1][key] = self._acc.slot(topic, partition)
+        slots = self._key_slots.get(topic)
+        if slots is None or self._key_counts.get(topic) != count or len(slots) >= KEY_MEMO:
+            self._key_counts[topic] = count
+            slots = self._key_slots[topic] = {}
+        slots[key] = self._acc.slot(topic, partition)
+        # A metadata answer merged on the sender's thread since ``count`` was read: its hook
+        # ran before or after the line above; this check covers the first case.
+        if len(self._cluster.partitions(topic) or ()) != count:
+            self._key_slots.pop(topic, None)
         return partition
+
+    def _drop_stale_keys(self, topics: dict) -> None:
+        """Cluster.on_topics: drop the memo of a topic whose partition count changed or that
+        the metadata no longer names (a count change moves keys: murmur2 mod the count)."""
+        for topic in list(self._key_slots):  # list(): one C call, while send() may add a topic
+            meta = topics.get(topic)
+            if meta is None or meta.error_code or len(meta.partitions) != self._key_counts.get(topic):
+                self._key_slots.pop(topic, None)
 
     # ---- batches (all under _lock) -------------------------------------------------------------
     def _partition_count(self, topic: str) -> int:

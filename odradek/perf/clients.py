@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import importlib.util
+import itertools
 import shutil
 import struct
 import subprocess
@@ -311,6 +312,7 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
     from odradek.producer import Producer
     value = random_payload(size)
     key_list = _keys(keys)
+    key_cycle = itertools.cycle(key_list or [None])
     stats = Stats(report_ms)
     errors = []
     throttle = Throttle(rate)
@@ -338,10 +340,10 @@ def run_produce(bootstrap: str, topic: str, n: int, size: int, rate: float, kwar
                 h = send(topic, value)
                 for _ in range(i + 1, chunk):
                     send(topic, value)
-            else:
-                h = send(topic, value, key=key_list[i % keys])
-                for j in range(i + 1, chunk):
-                    send(topic, value, key=key_list[j % keys])
+            else:  # the loop's own cost as the keyless one's: an iterator, no index arithmetic
+                h = send(topic, value, next(key_cycle))
+                for key in itertools.islice(key_cycle, chunk - i - 1):
+                    send(topic, value, key)
             h.add_done_callback(lambda h, t0=t0: on_done(h, t0))
             i = chunk
             throttle.wait(i)
@@ -661,7 +663,7 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
     """``run_produce`` through confluent-kafka: the same records, acks, codec and keys."""
     from confluent_kafka import Producer as KafkaProducer
     value = random_payload(size)
-    key_list = _keys(keys)
+    key_cycle = itertools.cycle(_keys(keys) or [None])
     stats = Stats(report_ms)
     errors: list = []
     throttle = Throttle(rate)
@@ -694,9 +696,9 @@ def run_confluent_produce(bootstrap: str, topic: str, n: int, size: int, rate: f
         chunk = min(n, i + sample_every)
         t0 = monotonic()
         for j in range(i, chunk):
+            key = next(key_cycle)
             while True:
                 try:
-                    key = None if key_list is None else key_list[j % keys]
                     if j == i:
                         produce(topic, value, key, on_delivery=lambda e, m, t0=t0: on_done(e, m, t0))
                     else:

@@ -90,3 +90,18 @@ def test_a_keyed_record_follows_the_partition_count_of_the_newest_metadata(scrip
         after = [p.send("t", b"v", key=k) for k in moved]
         p.flush()
     assert moved and [h.result().partition for h in after] == [partition_for_key(k, 7) for k in moved]
+
+
+def test_a_key_placed_by_a_partition_count_that_a_refresh_replaced_meanwhile_is_not_remembered(scripted):
+    """The memo is dropped by a hook run after each metadata merge; a key whose partition was
+    computed from the count read before a merge (on the sender's thread) must not be kept."""
+    broker = scripted({"t": 2})
+    with Producer(broker.bootstrap, linger_ms=1) as p:
+        p.send("t", b"v", key=b"k0").result(10)
+        assert b"k0" in p._key_slots["t"]
+        p._partition_of_key("t", b"stale", 5)  # as if 5 were read, then a merge said 2
+        assert "t" not in p._key_slots
+        p.send("t", b"v", key=b"k1").result(10)
+        assert p._key_counts["t"] == 2 and list(p._key_slots["t"]) == [b"k1"]
+        p._cluster.refresh(["t"])  # a refresh that keeps the count keeps the keys
+        assert list(p._key_slots["t"]) == [b"k1"]

@@ -22,6 +22,22 @@ def test_produce_prints_kafka_style_progress_and_a_summary_with_percentiles(scri
     assert sum(len(broker.records("perf", p)) for p in range(2)) == 5001  # and the warm-up record
 
 
+def test_produce_with_keys_cycles_through_them_in_order_and_each_lands_on_its_partition(scripted, capsys):
+    """``perf produce --keys N``: record i carries key i mod N (the keyed produce row of
+    docs/BENCHMARKS.md, issue 30), hashed to its partition as Kafka's partitioner does."""
+    from odradek.producer import partition_for_key
+    broker = scripted({"keyed": 3})
+    code = perf.produce_main(["--bootstrap-server", broker.bootstrap, "--topic", "keyed", "--num-records", "1000",
+                              "--keys", "7", "--record-size", "50", "--reporting-interval", "0", "--no-redis",
+                              "--producer-props", "acks=1", "linger.ms=1"])
+    assert code == 0 and "7 keys" in capsys.readouterr().out
+    keyed = {p: [r.key for r in broker.records("keyed", p) if r.key is not None] for p in range(3)}
+    assert sum(map(len, keyed.values())) == 1000
+    assert all(partition_for_key(k, 3) == p for p, ks in keyed.items() for k in ks)
+    counts = {k: sum(ks.count(k) for ks in keyed.values()) for k in {b"key-%06d" % i for i in range(7)}}
+    assert sorted(counts.values()) == [142] * 1 + [143] * 6  # 1000 = 7 * 142 + 6: keys 0..5 once more
+
+
 def test_produce_over_several_connections_deals_the_records_across_producers_in_client_processes(scripted, capsys):
     broker = scripted({"conns": 3})
     code = perf.produce_main(["--bootstrap-server", broker.bootstrap, "--topic", "conns", "--num-records", "2000",
