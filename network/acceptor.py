@@ -67,7 +67,7 @@ class Acceptor(Actor):
         self.by_processor_listener: dict[str, collections.Counter[str]] = {}  # processor -> listener -> count
         self._blocked: dict[str, str] = {}  # listener -> why it is not watched ("max", "rate")
         self._watching: set[int] = set()
-        self.ip_rates: quotas.IpRates | None = quotas.IpRates(config, self.args.get("data_dir") or ".")
+        self.ip_rates = quotas.IpRates(config, self.args.get("data_dir") or ".")
         self._ip_throttled: dict[int, socket.socket] = {}  # fd -> a socket over its address's rate, closed later
         self.ledger = quotas.Ledger()  # the broker-wide client quota buckets
         self.sockets: dict[int, tuple[socket.socket, str]] = {}  # fd -> (listening socket, listener name)
@@ -91,12 +91,7 @@ class Acceptor(Actor):
             self.sockets[sock.fileno()] = (sock, l.name)
             self.listeners[i] = l._replace(host=sock.getsockname()[0], port=sock.getsockname()[1])
         self.host, self.port = self.listeners[0].host, self.listeners[0].port
-        try:  # the quota store (ZooKeeper's in cluster mode) is reached now, not on a client's connection
-            self.ip_rates.store.data()
-        except Exception as exc:
-            log.warning("%s: per-address connection creation rates are off: cannot read the quotas: %s",
-                        self.name, exc)
-            self.ip_rates = None
+        self.ip_rates.current()  # the quota store (ZooKeeper's in cluster mode) reached now, not on a connection
         self.call_later(REBUILD_TIMEOUT, self._start_accepting)  # if a processor never answers
 
     def ready_fields(self) -> dict:
@@ -264,7 +259,7 @@ class Acceptor(Actor):
                 log.error("%s: accept failed: %s", self.name, exc)
                 self.counters["accept_errors"] += 1
                 return
-            throttle = self.ip_rates.delay(addr[0], self.clock()) if self.ip_rates is not None else 0.0
+            throttle = self.ip_rates.delay(addr[0], self.clock())
             if throttle > 0:
                 self._throttle_ip(sock, throttle)
             elif self.per_ip[addr[0]] >= self.max_per_ip:

@@ -318,6 +318,9 @@ class Processor(Actor):
         # ApiVersions gave up after 10 s.
         importlib.import_module("odradek.core.kafka.connection")
         importlib.import_module("odradek.core.kafka.security")
+        # The quota store (ZooKeeper's in cluster mode) is reached now, not on the first answer:
+        # a first read from ZooKeeper blocks this loop until it connects.
+        self.quotas.current()
 
     def on_stop(self) -> None:
         self._drain_before_stop()
@@ -843,6 +846,18 @@ class Processor(Actor):
         if rec.handler == conn.handler:
             conn.at_handler -= 1
         slot = rec.slot
+        try:
+            self._answer(rec, conn, slot, reply)
+        except Exception:  # noqa: BLE001 - never leave a connection's later answers queued behind this one
+            log.exception("%s: cannot write the answer to %s's request %d (api %s); closing the connection "
+                          "(the client retries)", self.name, conn.who(), slot.corr, slot.api)
+            self.counters["answer_errors"] += 1
+            self._close(conn, "an answer could not be written")
+        self._answered(conn)
+
+    def _answer(self, rec: InFlight, conn: Connection, slot: Slot, reply: Message) -> None:
+        """Put the answer to ``rec`` in its slot (answers go out in request order): the quota's
+        throttle, then the reply encoded for the connection's protocol."""
         corr, slot.answered = slot.corr, self.clock()
         # None: an _error (ErrorReply); a _reply is a Response (the runtime typed it), an empty one if bodiless
         answer = None if reply.type == ERROR else (reply.fields or _NO_BODY)
@@ -868,7 +883,6 @@ class Processor(Actor):
                 slot.bufs, bufs = None, slot.bufs
                 self.call_later(throttle, functools.partial(self._release_throttled, conn, slot, bufs))
             self.call_later(throttle, functools.partial(self._unmute, conn))
-        self._answered(conn)
 
     def _kafka_payload(self, conn: Connection, reply: Message, files) -> list:
         """The payload a Kafka answer is written from: the reply's frames and its file regions,
@@ -896,7 +910,7 @@ class Processor(Actor):
         the request time (from the hand-off to the answer, less what a purgatory held it:
         Kafka's local time, with the wait in the actors' mailboxes). The larger one counts.
         ``answer``: None for an ``_error``."""
-        if not self.quotas.store.data():  # no quota set anywhere (the usual case): nothing to count
+        if not self.quotas.current():  # no quota set anywhere (the usual case): nothing to count
             return 0.0
         now = self.clock()
         used = max(0.0, now - rec.sent - (0 if answer is None else answer.remote_ms) / 1000)

@@ -16,7 +16,12 @@ sends nothing, so a client spread over processors overruns by at most one interv
 """
 from __future__ import annotations
 
+import logging
+import time
+
 from odradek.network import secstore
+
+log = logging.getLogger("odradek.quotas")
 
 KINDS = {"produce": "producer_byte_rate", "fetch": "consumer_byte_rate", "request": "request_percentage"}
 IP_RATE = "connection_creation_rate"  # per IP (entity type ips), connections a second
@@ -27,6 +32,7 @@ BURST_SECONDS = 0.2  # a bucket holds this many seconds of the quota
 REQUEST_UNIT = 10_000  # request_percentage 1 = 10,000 us of time a second
 SYNC_INTERVAL = 0.1  # seconds between a processor's reports of its usage to the acceptor
 IP_HOLD_MAX = 10.0  # seconds at most an address's connection is held before it is closed
+UNREADABLE_RETRY = 1.0  # seconds without quotas after the store could not be read (then read again)
 
 
 def take(bucket: list, rate: float, amount: float, now: float) -> float:
@@ -42,18 +48,41 @@ def _buckets_room(buckets: dict) -> None:
         buckets.clear()
 
 
-class Quotas:
-    """A processor's view: its buckets, and what it took since its last report."""
+class _QuotaReader:
+    """The quotas as stored, or none while the store cannot be read at all (a quotas.json
+    that was never valid JSON, ZooKeeper out of reach on a first read): throttling is off
+    then, logged, and the store is read again UNREADABLE_RETRY later. Never raises: it runs
+    on every answer and every connection, and a quota must not cost a client its answer."""
 
     def __init__(self, config: dict, data_dir: str):
         self.store = secstore.Quotas(data_dir, config)
+        self._unreadable_until = 0.0
+
+    def current(self) -> dict:
+        if self._unreadable_until:
+            if time.monotonic() < self._unreadable_until:
+                return {}
+            self._unreadable_until = 0.0
+        try:
+            return self.store.data() or {}
+        except secstore.StoreUnreadable as exc:
+            self._unreadable_until = time.monotonic() + UNREADABLE_RETRY
+            log.warning("quotas are not applied for now: %s", exc)
+            return {}
+
+
+class Quotas(_QuotaReader):
+    """A processor's view: its buckets, and what it took since its last report."""
+
+    def __init__(self, config: dict, data_dir: str):
+        super().__init__(config, data_dir)
         self._buckets: dict[tuple, list] = {}
         self._usage: dict[tuple, list] = {}  # key -> [rate, amount] taken since the last report
 
     def rate(self, principal: str | None, client: str, kind: str) -> int:
         """The quota (bytes/s, or us/s of request time), 0 for none: the user's, else the
         client id's, else the users' and then the clients' defaults."""
-        data = self.store.data()
+        data = self.current()
         if not data:
             return 0
         key = KINDS[kind]
@@ -122,17 +151,17 @@ class Ledger:
         return out
 
 
-class IpRates:
+class IpRates(_QuotaReader):
     """Per IP address connection creation rates (KIP-612), in the acceptor: the address's own
     ``connection_creation_rate``, else the ips' ``<default>``. A connection over it is held
     unread for the throttle time and then closed, as Kafka does."""
 
     def __init__(self, config: dict, data_dir: str):
-        self.store = secstore.Quotas(data_dir, config)
+        super().__init__(config, data_dir)
         self._buckets: dict[str, list] = {}
 
     def rate(self, ip: str) -> float:
-        ips = (self.store.data() or {}).get("ips") or {}
+        ips = self.current().get("ips") or {}
         for entry in (ips.get(ip), ips.get(DEFAULT)):
             if entry and entry.get(IP_RATE):
                 return float(entry[IP_RATE])

@@ -11,7 +11,10 @@ the file's (mtime, size, inode, mode, owner) changed, so a change reaches every 
 ``CHECK_INTERVAL``. Whoever can write these files is the broker's super user: directories are
 0700 and files 0600 whatever the umask (``private_dir``), and a file or directory another user
 owns or others may write is refused (``check`` at start: the broker does not start; at each
-re-read: the old content is kept, logged; by writers).
+re-read: the old content is kept, logged; by writers). So is a file that is not JSON (edited by
+hand): the old content is kept, logged; with nothing read before, ``data`` raises
+``StoreUnreadable``, as it does while ZooKeeper cannot be reached for a first read: a store
+never stands in for its content with an empty default (no ACLs would allow everyone).
 """
 from __future__ import annotations
 
@@ -32,6 +35,11 @@ from odradek.core.protocol import ErrorCode, OdradekError
 log = logging.getLogger("odradek.security")
 CHECK_INTERVAL = 0.2  # seconds between stat() calls of a reader
 FILES = ("users.json", "acls.json", "quotas.json", "secret.json")
+
+
+class StoreUnreadable(OdradekError):
+    """A store's first read failed (a file that is not JSON, ZooKeeper out of reach): there is
+    no content to go on. Callers that can go on without it (quotas: no throttling) do."""
 
 
 def security_dir(data_dir: str) -> str:
@@ -105,8 +113,18 @@ class JsonStore:
                 self._refused = stamp
                 log.error("refusing to read %s: %s; what was read before stays in force", self.path, problem)
                 return
-            with open(self.path) as f:
-                self._data = json.load(f)
+            try:
+                with open(self.path) as f:
+                    data = json.load(f)
+            except (OSError, ValueError) as exc:  # ValueError: not JSON, or not UTF-8
+                if self._stamp is None:  # nothing read before: every read raises until it is fixed
+                    raise StoreUnreadable(f"cannot read {self.path}: {exc}; it must be the JSON the broker "
+                                          f"writes (fix or remove it)", ErrorCode.INVALID_CONFIG) from None
+                self._refused = stamp
+                log.error("cannot read %s: %s; what was read before stays in force until it is fixed",
+                          self.path, exc)
+                return
+            self._data = data
             self._stamp = stamp
             self.version += 1
 
@@ -175,7 +193,12 @@ class ZkStore:
         self.version += 1
 
     def data(self, now: float | None = None, fresh: bool = False) -> Any:  # a watch keeps it fresh
-        self._client()
+        if self._zk is None:
+            try:
+                self._client()
+            except Exception as exc:  # noqa: BLE001 - kazoo's errors and timeouts: the first read failed
+                raise StoreUnreadable(f"cannot read ZooKeeper's {self.zpath} now ({type(exc).__name__}: {exc}); "
+                                      f"retry", ErrorCode.NETWORK_EXCEPTION) from None
         return self._data
 
     def update(self, change: Callable[[Any], Any]) -> Any:

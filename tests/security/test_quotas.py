@@ -249,3 +249,61 @@ def _throttled_count(broker, kind: str) -> int:
                 if metric == "throttle_ms" and labels == [kind]:
                     total += sum(buckets)
     return total
+
+
+def test_a_quotas_file_broken_by_hand_keeps_the_quotas_read_before_and_loses_no_answer(start_broker):
+    """quotas.json edited into invalid JSON while the broker runs: each processor read it on
+    its next answer, json.load raised inside the answer's path, and that answer was never
+    written; the connection's later answers queued behind it (answers go out in request
+    order), so the producer waited out its delivery timeout. Now the bad file is refused with
+    the reason, what was read before stays in force, and every answer goes out."""
+    import os
+    broker = start_broker()
+    path = os.path.join(broker.data_dir, "security", "quotas.json")
+    topic = "quota-file"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    with Producer(broker.bootstrap, linger_ms=0, request_timeout_ms=5000, delivery_timeout_ms=12000) as producer:
+        producer.send(topic, b"before").result(10)
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write('{"clients": {"slow": {"producer_byte_rate": 100}')  # a brace short
+        deadline = time.monotonic() + 2  # every processor re-reads it within 0.2 s, on an answer
+        sent = 0
+        while time.monotonic() < deadline:
+            producer.send(topic, b"during %d" % sent).result(15)
+            sent += 1
+            time.sleep(0.01)
+    with open(broker.stderr_path) as f:
+        logged = f.read()
+    assert "quotas.json" in logged and "stays in force" in logged, logged[-3000:]
+    assert "error in callback" not in logged
+
+
+def test_quotas_that_cannot_be_read_at_all_turn_throttling_off_for_a_while_and_never_raise(tmp_path, caplog):
+    """A first read of ZooKeeper's quotas while it is out of reach (a processor whose session
+    expired during an outage: the CI run of 2026-11-29 lost a produce answer to the raw
+    SessionExpiredError) and a quotas.json that was never JSON: no quotas, logged, read again
+    a second later; the store itself says why (StoreUnreadable), and never stands in with {}."""
+    import socket
+
+    from odradek.network import quotas, secstore
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    reader = quotas.Quotas({"zookeeper.connect": f"127.0.0.1:{port}/odradek", "zookeeper.connection.timeout.ms": 300},
+                           str(tmp_path))
+    with pytest.raises(secstore.StoreUnreadable) as err:
+        reader.store.data()
+    assert err.value.code.retriable and "/config/quotas" in str(err.value)
+    assert reader.current() == {} and reader.rate("User:alice", "c", "produce") == 0
+    assert "quotas are not applied for now" in caplog.text
+
+    (tmp_path / "security").mkdir(mode=0o700)
+    (tmp_path / "security" / "quotas.json").write_text("{not json")
+    (tmp_path / "security" / "quotas.json").chmod(0o600)
+    local = quotas.Quotas({}, str(tmp_path))
+    for _ in range(2):  # every read raises until it is fixed: no silent {}
+        with pytest.raises(secstore.StoreUnreadable, match="quotas.json"):
+            local.store.data()
+    assert local.current() == {}
