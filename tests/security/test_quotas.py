@@ -280,6 +280,51 @@ def test_a_quotas_file_broken_by_hand_keeps_the_quotas_read_before_and_loses_no_
     assert "error in callback" not in logged
 
 
+def _send_one_by_kafka_client(client: str, bootstrap: str):
+    """A send function that returns once its record is acknowledged (or raises), by a real
+    Kafka client: each negotiates its own Produce and Metadata versions."""
+    if client == "confluent-kafka":
+        from confluent_kafka import Producer as CProducer
+        producer = CProducer({"bootstrap.servers": bootstrap, "linger.ms": 0, "message.timeout.ms": 12000})
+
+        def send(topic: str, value: bytes) -> None:
+            outcome = []
+            producer.produce(topic, value, on_delivery=lambda err, _msg: outcome.append(err))
+            producer.flush(15)
+            assert outcome == [None], outcome
+        return send, lambda: producer.flush(5)
+    import kafka
+    producer = kafka.KafkaProducer(bootstrap_servers=bootstrap, linger_ms=0, request_timeout_ms=12000)
+    return (lambda topic, value: producer.send(topic, value).get(15)), producer.close
+
+
+@pytest.mark.parametrize("client", ["confluent-kafka", "kafka-python"])
+def test_a_quotas_file_broken_by_hand_loses_no_answer_to_a_kafka_client(start_broker, client):
+    """The same hand-broken quotas.json under Kafka's clients: the quota is read on every
+    answer whatever the API and version, so their answers must all go out too."""
+    import os
+    broker = start_broker()
+    path = os.path.join(broker.data_dir, "security", "quotas.json")
+    topic = "quota-file-kafka"
+    with Admin(broker.bootstrap) as admin:
+        admin.create_topic(topic)
+    send, close = _send_one_by_kafka_client(client, broker.bootstrap)
+    try:
+        send(topic, b"before")
+        os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+        with open(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+            f.write('{"clients": {"slow": {"producer_byte_rate": 100}')  # a brace short
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline:
+            send(topic, b"during")
+            time.sleep(0.01)
+    finally:
+        close()
+    with open(broker.stderr_path) as f:
+        logged = f.read()
+    assert "stays in force" in logged and "error in callback" not in logged, logged[-3000:]
+
+
 def test_quotas_that_cannot_be_read_at_all_turn_throttling_off_for_a_while_and_never_raise(tmp_path, caplog):
     """A first read of ZooKeeper's quotas while it is out of reach (a processor whose session
     expired during an outage: the CI run of 2026-11-29 lost a produce answer to the raw
